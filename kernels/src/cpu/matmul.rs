@@ -1,0 +1,196 @@
+//! `y = x · Wᵀ` with f32 activations and weights stored in any [`GgmlType`], read in place.
+//!
+//! Activations are never quantized: every product is accumulated in f32 from the exactly
+//! dequantized weight, so results match `dequantize` followed by an f32 dot product up to
+//! summation order. Work is split over weight rows on rayon's global pool; within a task,
+//! groups of up to 8 activation rows share each decoded weight block.
+
+use rayon::prelude::*;
+
+use crate::quant::{GgmlType, Isa, QuantError, RowKernel};
+
+/// A weight matrix viewed in place: `rows` rows of `cols` elements of type `ty`, rows
+/// contiguous (`ty.row_bytes(cols)` bytes each).
+#[derive(Debug, Clone, Copy)]
+pub struct WeightView<'a> {
+    /// Storage type of the elements.
+    pub ty: GgmlType,
+    /// Number of rows (output features).
+    pub rows: usize,
+    /// Elements per row (input features).
+    pub cols: usize,
+    /// The `rows * ty.row_bytes(cols)` bytes, any alignment.
+    pub bytes: &'a [u8],
+}
+
+impl<'a> WeightView<'a> {
+    /// A view after checking that `cols` is a whole number of blocks and `bytes` has exactly
+    /// `rows * ty.row_bytes(cols)` bytes.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, bytes: &'a [u8]) -> Result<Self, QuantError> {
+        let rb = ty.row_bytes(cols)?;
+        let n_elems = rows.saturating_mul(cols);
+        let expected = rb
+            .checked_mul(rows)
+            .ok_or(QuantError::Overflow { ty, n_elems })?;
+        if bytes.len() != expected {
+            return Err(QuantError::ByteLength {
+                ty,
+                n_elems,
+                expected,
+                actual: bytes.len(),
+            });
+        }
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            bytes,
+        })
+    }
+
+    /// Bytes per row.
+    ///
+    /// # Panics
+    /// If `cols` is not a whole number of blocks (impossible for a view made by [`Self::new`]).
+    pub fn row_bytes(&self) -> usize {
+        let be = self.ty.block_elems();
+        assert!(
+            self.cols.is_multiple_of(be),
+            "{} columns of {} are not whole blocks",
+            self.cols,
+            self.ty
+        );
+        self.cols / be * self.ty.block_bytes()
+    }
+
+    /// The stored bytes of row `i`.
+    ///
+    /// # Panics
+    /// If `i >= rows` or the view's sizes are inconsistent.
+    pub fn row(&self, i: usize) -> &'a [u8] {
+        assert!(i < self.rows, "row {i} out of {}", self.rows);
+        let rb = self.row_bytes();
+        &self.bytes[i * rb..(i + 1) * rb]
+    }
+
+    /// Panics unless the view's sizes are consistent (views built with struct syntax).
+    fn assert_consistent(&self) {
+        let rb = self.row_bytes();
+        assert_eq!(
+            Some(self.bytes.len()),
+            rb.checked_mul(self.rows),
+            "{}x{} {} weight needs {} bytes per row",
+            self.rows,
+            self.cols,
+            self.ty,
+            rb
+        );
+    }
+}
+
+/// `out[m, n] = x[m, k] · Wᵀ` where `W` is `[n, k]` (`n = w.rows`, `k = w.cols`), on the
+/// fastest available [`Isa`]. Parallel over weight rows (rayon global pool).
+///
+/// # Panics
+/// If `x.len() != m * w.cols`, `out.len() != m * w.rows`, or `w`'s sizes are inconsistent.
+pub fn matmul(x: &[f32], m: usize, w: &WeightView<'_>, out: &mut [f32]) {
+    matmul_with(Isa::best(), x, m, w, out);
+}
+
+/// [`matmul`] on a chosen [`Isa`] (scalar if `isa` is unavailable).
+///
+/// # Panics
+/// As [`matmul`].
+pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &WeightView<'_>, out: &mut [f32]) {
+    matmul_many_with(isa, x, m, std::slice::from_ref(w), &mut [out]);
+}
+
+/// Several weights sharing the same input (Q/K/V, gate/up) in one parallel pass, paying the
+/// thread dispatch once: `outs[i]` is `[m, ws[i].rows]`.
+///
+/// # Panics
+/// If `ws.len() != outs.len()`, the weights do not all have `x.len() / m` columns, an output
+/// has the wrong length, or a weight's sizes are inconsistent.
+pub fn matmul_many(x: &[f32], m: usize, ws: &[WeightView<'_>], outs: &mut [&mut [f32]]) {
+    matmul_many_with(Isa::best(), x, m, ws, outs);
+}
+
+/// Rows per task never go below this (rayon overhead is a few µs per task).
+const MIN_TASK_ROWS: usize = 16;
+/// Below this many multiply-adds in total, everything runs on the calling thread.
+const SERIAL_MACS: usize = 1 << 16;
+
+/// One unit of parallel work: rows `r0..r0 + outs[_].len()` of weight `w`.
+struct Task<'o> {
+    w: usize,
+    r0: usize,
+    /// One output slice per activation row.
+    outs: Vec<&'o mut [f32]>,
+}
+
+/// [`matmul_many`] on a chosen [`Isa`] (scalar if `isa` is unavailable).
+///
+/// # Panics
+/// As [`matmul_many`].
+pub fn matmul_many_with(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    ws: &[WeightView<'_>],
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(ws.len(), outs.len(), "one output per weight");
+    let Some(k) = ws.first().map(|w| w.cols) else {
+        return;
+    };
+    assert_eq!(x.len(), m * k, "x must be [m, k] with k = {k}");
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert_eq!(w.cols, k, "all weights must have {k} columns");
+        w.assert_consistent();
+        assert_eq!(o.len(), m * w.rows, "output must be [m, {}]", w.rows);
+    }
+    if m == 0 {
+        return;
+    }
+
+    let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+    let macs = total_rows.saturating_mul(k).saturating_mul(m);
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = if macs < SERIAL_MACS || threads == 1 {
+        total_rows.max(1)
+    } else {
+        total_rows.div_ceil(threads * 4).max(MIN_TASK_ROWS)
+    };
+
+    // Split every output row into `chunk`-row pieces; task c of weight t gets piece c of each
+    // of its m output rows.
+    let mut tasks = Vec::new();
+    for (t, (w, o)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+        if w.rows == 0 {
+            continue;
+        }
+        let mut pieces: Vec<_> = o.chunks_mut(w.rows).map(|r| r.chunks_mut(chunk)).collect();
+        for c in 0..w.rows.div_ceil(chunk) {
+            tasks.push(Task {
+                w: t,
+                r0: c * chunk,
+                outs: pieces.iter_mut().filter_map(Iterator::next).collect(),
+            });
+        }
+    }
+
+    let run = |mut task: Task<'_>| {
+        let w = &ws[task.w];
+        let kern = RowKernel::new(isa, w.ty, k);
+        let mut scratch = vec![0f32; kern.scratch_len()];
+        let n = task.outs.first().map_or(0, |o| o.len());
+        let rb = w.row_bytes();
+        let rows = &w.bytes[task.r0 * rb..(task.r0 + n) * rb];
+        kern.run(rows, n, x, &mut task.outs, &mut scratch);
+    };
+    if tasks.len() == 1 || macs < SERIAL_MACS {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
+    }
+}

@@ -1,0 +1,9 @@
+//! CPU reference ops. Activations are f32 and row-major; weights are rows of any
+//! [`crate::quant::GgmlType`] (a linear layer `y = x Wᵀ` reads `W` as `[out_features, in_features]`).
+
+pub mod attention;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+
+pub use norm::{add_bias, add_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place};

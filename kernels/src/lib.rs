@@ -1,0 +1,17 @@
+//! ferrite's compute kernels.
+//!
+//! # Layout
+//!
+//! - [`quant`]: the GGUF tensor types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): block
+//!   layouts, dequantization, and dot products of a quantized row with f32 activations.
+//! - [`cpu`]: the CPU reference ops the engine runs (matmul over any [`quant::GgmlType`], RMSNorm,
+//!   RoPE, SiLU-and-mul, attention over a paged KV cache). They are the test oracle for every
+//!   other backend.
+//! - [`mapped`]: read-only memory-mapped files, so model weights are used in place.
+//!
+//! `unsafe` is denied workspace-wide; this crate allows it only in the modules that need it
+//! (SIMD intrinsics, the mmap call), each block with a `SAFETY:` comment.
+
+pub mod cpu;
+pub mod mapped;
+pub mod quant;

@@ -1,0 +1,479 @@
+//! Per-type AVX2 decoders: every storage type viewed as groups of 32 elements, decoded to
+//! four `__m256` of exact f32 weights, plus specialized single-row dot products for the
+//! default model's types (Q4_1, Q8_0).
+
+use std::arch::x86_64::*;
+
+use super::super::scalar::scale_min_k4;
+use super::{dot_rows, hsum};
+
+/// A storage type, viewed as consecutive groups of 32 elements.
+pub(super) trait Group {
+    /// Whether [`Group::dot1`] needs the per-group sums of `x`.
+    const NEEDS_XSUM: bool = false;
+
+    /// Decodes group `g` of a row to 32 f32s.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C must be available and `row` readable for every byte of group `g`'s block.
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4];
+
+    /// `Σ row · x` over `ng` groups.
+    ///
+    /// # Safety
+    /// As [`Group::decode`] for all `g < ng`; `x` readable for `32 * ng` f32s; if
+    /// `NEEDS_XSUM`, `xsum` readable for `ng` f32s, `xsum[g] = Σ x[32g..32g + 32]`.
+    #[inline(always)]
+    unsafe fn dot1(row: *const u8, x: *const f32, xsum: *const f32, ng: usize) -> f32 {
+        let _ = xsum;
+        // SAFETY: forwarded from the caller.
+        unsafe { dot_rows::<Self>(row, x, ng) }
+    }
+}
+
+/// The little-endian f16 at `p`, as f32.
+///
+/// # Safety
+/// `p` readable for 2 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: caller guarantees 2 readable bytes; read_unaligned has no alignment needs.
+    let bits = unsafe { p.cast::<u16>().read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// 16 bytes at `p`.
+///
+/// # Safety
+/// `p` readable for 16 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load16(p: *const u8) -> __m128i {
+    // SAFETY: caller guarantees 16 readable bytes; loadu has no alignment needs.
+    unsafe { _mm_loadu_si128(p.cast()) }
+}
+
+/// 32 bytes at `p`.
+///
+/// # Safety
+/// `p` readable for 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 32 readable bytes; loadu has no alignment needs.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// Sign-extends 16 i8 to two vectors of 8 f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn i8x16_to_f32(v: __m128i) -> (__m256, __m256) {
+    (
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))),
+    )
+}
+
+/// Zero-extends 16 u8 to two vectors of 8 f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn u8x16_to_f32(v: __m128i) -> (__m256, __m256) {
+    (
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+    )
+}
+
+/// Low nibbles (elements 0..16) and high nibbles (16..32) of a Q4_0/Q4_1 block's 16 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn nibbles16(q: __m128i) -> (__m128i, __m128i) {
+    let mask = _mm_set1_epi8(0x0F);
+    (
+        _mm_and_si128(q, mask),
+        _mm_and_si128(_mm_srli_epi16(q, 4), mask),
+    )
+}
+
+pub(super) struct F32;
+pub(super) struct F16;
+pub(super) struct BF16;
+pub(super) struct Q8_0;
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+#[allow(non_camel_case_types)]
+pub(super) struct Q4_K;
+#[allow(non_camel_case_types)]
+pub(super) struct Q5_K;
+#[allow(non_camel_case_types)]
+pub(super) struct Q6_K;
+
+impl Group for F32 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: group g is the 128 bytes at 128g (caller contract); loadu is unaligned.
+        unsafe {
+            let p = row.add(128 * g).cast::<f32>();
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        }
+    }
+}
+
+impl Group for F16 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: group g is the 64 bytes at 64g (caller contract).
+        let (a, b, c, d) = unsafe {
+            let p = row.add(64 * g);
+            (load16(p), load16(p.add(16)), load16(p.add(32)), load16(p.add(48)))
+        };
+        [
+            _mm256_cvtph_ps(a),
+            _mm256_cvtph_ps(b),
+            _mm256_cvtph_ps(c),
+            _mm256_cvtph_ps(d),
+        ]
+    }
+}
+
+impl Group for BF16 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: group g is the 64 bytes at 64g (caller contract).
+        let v = unsafe {
+            let p = row.add(64 * g);
+            [load16(p), load16(p.add(16)), load16(p.add(32)), load16(p.add(48))]
+        };
+        v.map(|h| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)))
+    }
+}
+
+impl Group for Q8_0 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: block g is the 34 bytes at 34g: d at +0, qs at +2..+34 (caller contract).
+        let (d, q0, q1) = unsafe {
+            let b = row.add(34 * g);
+            (f16_at(b), load16(b.add(2)), load16(b.add(18)))
+        };
+        let d = _mm256_set1_ps(d);
+        let (a, b) = i8x16_to_f32(q0);
+        let (c, e) = i8x16_to_f32(q1);
+        [
+            _mm256_mul_ps(a, d),
+            _mm256_mul_ps(b, d),
+            _mm256_mul_ps(c, d),
+            _mm256_mul_ps(e, d),
+        ]
+    }
+
+    #[inline(always)]
+    unsafe fn dot1(row: *const u8, x: *const f32, _xsum: *const f32, ng: usize) -> f32 {
+        // SAFETY: forwarded from the caller.
+        unsafe { q8_0_dot1(row, x, ng) }
+    }
+}
+
+impl Group for Q4_0 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: block g is the 18 bytes at 18g: d at +0, qs at +2..+18 (caller contract).
+        let (d, q) = unsafe {
+            let b = row.add(18 * g);
+            (f16_at(b), load16(b.add(2)))
+        };
+        let d = _mm256_set1_ps(d);
+        let eight = _mm_set1_epi8(8);
+        let (lo, hi) = nibbles16(q);
+        let (a, b) = i8x16_to_f32(_mm_sub_epi8(lo, eight));
+        let (c, e) = i8x16_to_f32(_mm_sub_epi8(hi, eight));
+        [
+            _mm256_mul_ps(a, d),
+            _mm256_mul_ps(b, d),
+            _mm256_mul_ps(c, d),
+            _mm256_mul_ps(e, d),
+        ]
+    }
+}
+
+impl Group for Q4_1 {
+    const NEEDS_XSUM: bool = true;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: block g is the 20 bytes at 20g: d, m at +0, +2, qs at +4..+20.
+        let (d, m, q) = unsafe {
+            let b = row.add(20 * g);
+            (f16_at(b), f16_at(b.add(2)), load16(b.add(4)))
+        };
+        let [f0, f1, f2, f3] = nibbles_magic(q);
+        let (dl, dh, m) = (
+            _mm256_set1_ps(d),
+            _mm256_set1_ps(d * (1.0 / 16.0)),
+            _mm256_set1_ps(m),
+        );
+        [
+            _mm256_fmadd_ps(f0, dl, m),
+            _mm256_fmadd_ps(f1, dl, m),
+            _mm256_fmadd_ps(f2, dh, m),
+            _mm256_fmadd_ps(f3, dh, m),
+        ]
+    }
+
+    #[inline(always)]
+    unsafe fn dot1(row: *const u8, x: *const f32, xsum: *const f32, ng: usize) -> f32 {
+        // SAFETY: forwarded from the caller.
+        unsafe { q4_1_dot1(row, x, xsum, ng) }
+    }
+}
+
+/// The 32 nibbles of a Q4_0/Q4_1 block's 16 `qs` bytes as exact floats: `[q0..8, q8..16,
+/// 16·q16..24, 16·q24..32]` (the high nibbles come out scaled by 16).
+///
+/// No int→float conversion instruction (slow on some AMD cores): each byte is shuffled into
+/// the low bits of a dword, OR-ed with the bits of 2²³, masked to one nibble, and 2²³ is
+/// subtracted back, exactly.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn nibbles_magic(q: __m128i) -> [__m256; 4] {
+    const Z: i8 = -1; // shuffle index with the high bit set: a zero byte
+    let q = _mm256_broadcastsi128_si256(q);
+    let s0 = _mm256_setr_epi8(
+        0, Z, Z, Z, 1, Z, Z, Z, 2, Z, Z, Z, 3, Z, Z, Z, 4, Z, Z, Z, 5, Z, Z, Z, 6, Z, Z, Z, 7, Z,
+        Z, Z,
+    );
+    let s1 = _mm256_setr_epi8(
+        8, Z, Z, Z, 9, Z, Z, Z, 10, Z, Z, Z, 11, Z, Z, Z, 12, Z, Z, Z, 13, Z, Z, Z, 14, Z, Z, Z,
+        15, Z, Z, Z,
+    );
+    let magic = _mm256_set1_epi32(0x4B00_0000); // 2^23 as f32 bits
+    let mlo = _mm256_set1_epi32(0x4B00_000F);
+    let mhi = _mm256_set1_epi32(0x4B00_00F0);
+    let c = _mm256_set1_ps(8_388_608.0);
+    let t0 = _mm256_or_si256(_mm256_shuffle_epi8(q, s0), magic);
+    let t1 = _mm256_or_si256(_mm256_shuffle_epi8(q, s1), magic);
+    let f = |t, mask| _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(t, mask)), c);
+    [f(t0, mlo), f(t1, mlo), f(t0, mhi), f(t1, mhi)]
+}
+
+/// The 32 bytes `q` as 4 × 8 f32 after `(q >> shift) & 0x0F` (unsigned).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn nibbles32_to_f32(q: __m256i) -> [__m256; 4] {
+    let lo = _mm256_castsi256_si128(q);
+    let hi = _mm256_extracti128_si256(q, 1);
+    let (a, b) = u8x16_to_f32(lo);
+    let (c, e) = u8x16_to_f32(hi);
+    [a, b, c, e]
+}
+
+/// Scale `d·sc` and min `dmin·m` of sub-block `s` of a Q4_K/Q5_K super-block at `b`.
+///
+/// # Safety
+/// `b` readable for 16 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k4_scale_min(b: *const u8, s: usize) -> (__m256, __m256) {
+    // SAFETY: d, dmin, scales[12] are the first 16 bytes (caller contract); [u8; 12] has
+    // alignment 1.
+    let (d, dmin, scales) = unsafe { (f16_at(b), f16_at(b.add(2)), &*b.add(4).cast::<[u8; 12]>()) };
+    let (sc, m) = scale_min_k4(s, scales);
+    (
+        _mm256_set1_ps(d * f32::from(sc)),
+        _mm256_set1_ps(dmin * f32::from(m)),
+    )
+}
+
+impl Group for Q4_K {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        let (blk, s) = (g / 8, g % 8);
+        // SAFETY: super-block `blk` is the 144 bytes at 144·blk: header 16, qs 128.
+        let ((d, m), q) = unsafe {
+            let b = row.add(144 * blk);
+            (k4_scale_min(b, s), load32(b.add(16 + 32 * (s / 2))))
+        };
+        let shift = _mm_cvtsi32_si128(4 * (s as i32 & 1));
+        let q = _mm256_and_si256(_mm256_srl_epi16(q, shift), _mm256_set1_epi8(0x0F));
+        nibbles32_to_f32(q).map(|v| _mm256_fmsub_ps(v, d, m))
+    }
+}
+
+impl Group for Q5_K {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        let (blk, s) = (g / 8, g % 8);
+        // SAFETY: super-block `blk` is the 176 bytes at 176·blk: header 16, qh 32, qs 128.
+        let ((d, m), qh, q) = unsafe {
+            let b = row.add(176 * blk);
+            (
+                k4_scale_min(b, s),
+                load32(b.add(16)),
+                load32(b.add(48 + 32 * (s / 2))),
+            )
+        };
+        let shift = _mm_cvtsi32_si128(4 * (s as i32 & 1));
+        let lo = _mm256_and_si256(_mm256_srl_epi16(q, shift), _mm256_set1_epi8(0x0F));
+        let hb = _mm256_and_si256(
+            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s as i32)),
+            _mm256_set1_epi8(1),
+        );
+        let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+        nibbles32_to_f32(q).map(|v| _mm256_fmsub_ps(v, d, m))
+    }
+}
+
+impl Group for Q6_K {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        let (blk, s) = (g / 8, g % 8);
+        let (n, j) = (s / 4, s % 4);
+        // SAFETY: super-block `blk` is the 210 bytes at 210·blk: ql 128, qh 64, scales 16,
+        // d 2; every offset below stays inside it.
+        let (ql, qh, sa, sb, d) = unsafe {
+            let b = row.add(210 * blk);
+            let sc = b.add(192 + 8 * n + 2 * j);
+            (
+                load32(b.add(64 * n + 32 * (j & 1))),
+                load32(b.add(128 + 32 * n)),
+                *sc as i8,
+                *sc.add(1) as i8,
+                f16_at(b.add(208)),
+            )
+        };
+        let lo = _mm256_and_si256(
+            _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (j as i32 >> 1))),
+            _mm256_set1_epi8(0x0F),
+        );
+        let hi = _mm256_and_si256(
+            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)),
+            _mm256_set1_epi8(3),
+        );
+        let q = _mm256_sub_epi8(
+            _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
+            _mm256_set1_epi8(32),
+        );
+        let (a, b) = i8x16_to_f32(_mm256_castsi256_si128(q));
+        let (c, e) = i8x16_to_f32(_mm256_extracti128_si256(q, 1));
+        let da = _mm256_set1_ps(d * f32::from(sa));
+        let db = _mm256_set1_ps(d * f32::from(sb));
+        [
+            _mm256_mul_ps(a, da),
+            _mm256_mul_ps(b, da),
+            _mm256_mul_ps(c, db),
+            _mm256_mul_ps(e, db),
+        ]
+    }
+}
+
+/// Block `gg` of a Q8_0 row: `(d, Σ q·x)` (as 8 partial sums).
+///
+/// # Safety
+/// AVX2/FMA/F16C; block `gg` (34 bytes at 34gg) and `x[32gg..32gg + 32]` readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_block(row: *const u8, x: *const f32, gg: usize) -> (__m256, __m256) {
+    // SAFETY: caller contract.
+    let (d, q0, q1, x0, x1, x2, x3) = unsafe {
+        let b = row.add(34 * gg);
+        let p = x.add(32 * gg);
+        (
+            f16_at(b),
+            load16(b.add(2)),
+            load16(b.add(18)),
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        )
+    };
+    let (w0, w1) = i8x16_to_f32(q0);
+    let (w2, w3) = i8x16_to_f32(q1);
+    let t = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
+    let u = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w2, x2));
+    (_mm256_set1_ps(d), _mm256_add_ps(t, u))
+}
+
+/// Single-row Q8_0: `Σ_blocks d · (Σ q·x)`, two blocks per iteration into separate
+/// accumulators (the scale FMA is the loop-carried dependency).
+///
+/// # Safety
+/// As [`Group::dot1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_dot1(row: *const u8, x: *const f32, ng: usize) -> f32 {
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut g = 0;
+    while g + 2 <= ng {
+        // SAFETY: g + 1 < ng.
+        let ((d0, s0), (d1, s1)) = unsafe { (q8_0_block(row, x, g), q8_0_block(row, x, g + 1)) };
+        a0 = _mm256_fmadd_ps(s0, d0, a0);
+        a1 = _mm256_fmadd_ps(s1, d1, a1);
+        g += 2;
+    }
+    if g < ng {
+        // SAFETY: g < ng.
+        let (d0, s0) = unsafe { q8_0_block(row, x, g) };
+        a0 = _mm256_fmadd_ps(s0, d0, a0);
+    }
+    hsum(_mm256_add_ps(a0, a1))
+}
+
+/// Single-row Q4_1: `Σ_blocks d·(Σ q·x) + m·(Σ x)`, two blocks per iteration into separate
+/// accumulators, with `Σ x` per block precomputed once per call.
+///
+/// # Safety
+/// As [`Group::dot1`] (with `xsum`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_1_dot1(row: *const u8, x: *const f32, xsum: *const f32, ng: usize) -> f32 {
+    let z = _mm256_setzero_ps();
+    let (mut a0, mut a1) = (z, z);
+    let mut mx = 0f32;
+    let sixteenth = _mm256_set1_ps(1.0 / 16.0);
+    let mut g = 0;
+    while g < ng {
+        // SAFETY: g < ng: block g is the 20 bytes at 20g, x has 32 f32s at 32g, xsum[g].
+        let (d, m, q, xs, x0, x1, x2, x3) = unsafe {
+            let b = row.add(20 * g);
+            let p = x.add(32 * g);
+            (
+                f16_at(b),
+                f16_at(b.add(2)),
+                load16(b.add(4)),
+                *xsum.add(g),
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            )
+        };
+        let [w0, w1, w2, w3] = nibbles_magic(q);
+        let lo = _mm256_fmadd_ps(w1, x1, _mm256_mul_ps(w0, x0));
+        let hi = _mm256_fmadd_ps(w3, x3, _mm256_mul_ps(w2, x2));
+        let s = _mm256_fmadd_ps(hi, sixteenth, lo);
+        if g % 2 == 0 {
+            a0 = _mm256_fmadd_ps(s, _mm256_set1_ps(d), a0);
+        } else {
+            a1 = _mm256_fmadd_ps(s, _mm256_set1_ps(d), a1);
+        }
+        mx += m * xs;
+        g += 1;
+    }
+    hsum(_mm256_add_ps(a0, a1)) + mx
+}

@@ -1,0 +1,298 @@
+//! AVX2 + FMA + F16C kernels for `y = row · x` over stored weight rows.
+//!
+//! - One activation row (`m == 1`, decode): each weight group of 32 is decoded in registers
+//!   and multiplied straight into the accumulators ([`groups::Group::dot1`]); Q4_1 and Q8_0
+//!   have hand-tuned versions.
+//! - Several rows (`m > 1`): a tile of 4 weight rows is decoded once into an L1-resident f32
+//!   buffer, then a 4×2 register-blocked microkernel ([`tile`]) runs it against every pair of
+//!   activation rows, so decode cost is shared by all `m` rows and the inner loop is pure FMA.
+//!
+//! The unsafe code is of two kinds: calling `#[target_feature]` functions, justified by the
+//! [`Avx2`] token (only constructible after runtime detection), and unaligned loads through raw
+//! pointers, justified by the length assertions in [`Avx2::rows`].
+
+use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::GgmlType;
+use super::scalar;
+
+mod groups;
+
+use groups::Group;
+
+/// Proof that the running CPU supports AVX2, FMA and F16C.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2(());
+
+static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 absent, 2 present
+
+/// Weight rows decoded together for the multi-row microkernel.
+const TILE_W: usize = 4;
+
+impl Avx2 {
+    /// The token, if the CPU has the features (detected once, then cached).
+    #[inline]
+    pub(crate) fn detect() -> Option<Self> {
+        let mut s = DETECTED.load(Ordering::Relaxed);
+        if s == 0 {
+            let ok = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            s = if ok { 2 } else { 1 };
+            DETECTED.store(s, Ordering::Relaxed);
+        }
+        (s == 2).then_some(Self(()))
+    }
+
+    /// For each `j in 0..nrows` and `i in 0..m`: `outs[i][j] = row_j · x[i*k..(i+1)*k]`, where
+    /// `rows` holds `nrows` contiguous rows of `k` elements of type `ty` and `m = outs.len()`.
+    ///
+    /// # Panics
+    /// If the slice lengths do not match `ty`, `k`, `nrows` and `m`.
+    pub(crate) fn rows(
+        self,
+        ty: GgmlType,
+        k: usize,
+        rows: &[u8],
+        nrows: usize,
+        x: &[f32],
+        outs: &mut [&mut [f32]],
+    ) {
+        let be = ty.block_elems();
+        assert!(k.is_multiple_of(be), "row length not a whole number of blocks");
+        let rb = k / be * ty.block_bytes();
+        assert_eq!(rows.len(), rb * nrows, "weight bytes");
+        assert_eq!(x.len(), outs.len() * k, "activation length");
+        for o in outs.iter() {
+            assert!(o.len() >= nrows, "output length");
+        }
+        let a = Args {
+            ty,
+            k,
+            rb,
+            rows,
+            nrows,
+            x,
+        };
+        match ty {
+            GgmlType::F32 => self.run::<groups::F32>(&a, outs),
+            GgmlType::F16 => self.run::<groups::F16>(&a, outs),
+            GgmlType::BF16 => self.run::<groups::BF16>(&a, outs),
+            GgmlType::Q8_0 => self.run::<groups::Q8_0>(&a, outs),
+            GgmlType::Q4_0 => self.run::<groups::Q4_0>(&a, outs),
+            GgmlType::Q4_1 => self.run::<groups::Q4_1>(&a, outs),
+            GgmlType::Q4_K => self.run::<groups::Q4_K>(&a, outs),
+            GgmlType::Q5_K => self.run::<groups::Q5_K>(&a, outs),
+            GgmlType::Q6_K => self.run::<groups::Q6_K>(&a, outs),
+        }
+    }
+
+    #[inline(always)]
+    fn run<G: Group>(self, a: &Args<'_>, outs: &mut [&mut [f32]]) {
+        match outs {
+            [] => {}
+            [out] => self.single::<G>(a, out),
+            _ => self.tiled::<G>(a, outs),
+        }
+    }
+
+    /// One activation row: fused decode + dot per weight row.
+    #[inline(always)]
+    fn single<G: Group>(self, a: &Args<'_>, out: &mut [f32]) {
+        let (k, x) = (a.k, a.x);
+        let ng = k / 32;
+        let xsum: Vec<f32> = if G::NEEDS_XSUM {
+            x.chunks_exact(32).map(|c| c.iter().sum()).collect()
+        } else {
+            Vec::new()
+        };
+        let tail = k % 32; // only float types have one
+        for (j, o) in out[..a.nrows].iter_mut().enumerate() {
+            let row = &a.rows[j * a.rb..(j + 1) * a.rb];
+            // SAFETY: `self` proves AVX2/FMA/F16C. `row` holds k/32 = ng whole groups (asserted
+            // in `rows`), `x` has k >= 32ng f32s and `xsum` ng sums when G needs them.
+            let mut y = unsafe { G::dot1(row.as_ptr(), x.as_ptr(), xsum.as_ptr(), ng) };
+            if tail != 0 {
+                let mut w = [0f32; 32];
+                let es = a.ty.block_bytes();
+                scalar::dequantize(a.ty, &row[(k - tail) * es..], &mut w[..tail]);
+                y += w[..tail].iter().zip(&x[k - tail..]).map(|(p, q)| p * q).sum::<f32>();
+            }
+            *o = y;
+        }
+    }
+
+    /// Several activation rows: decode 4 weight rows to f32 once, then 4×2 microkernel tiles.
+    #[inline(always)]
+    fn tiled<G: Group>(self, a: &Args<'_>, outs: &mut [&mut [f32]]) {
+        let k = a.k;
+        let direct = a.ty == GgmlType::F32; // already f32: read in place
+        let mut buf = if direct {
+            Vec::new()
+        } else {
+            vec![0f32; TILE_W * k]
+        };
+        let m = outs.len();
+        let mut j0 = 0;
+        while j0 < a.nrows {
+            let tw = TILE_W.min(a.nrows - j0);
+            let mut ptrs = [std::ptr::null::<f32>(); TILE_W];
+            for t in 0..tw {
+                let row = &a.rows[(j0 + t) * a.rb..(j0 + t + 1) * a.rb];
+                ptrs[t] = if direct {
+                    row.as_ptr().cast()
+                } else {
+                    let dst = &mut buf[t * k..(t + 1) * k];
+                    // SAFETY: AVX2 proven by `self`; `row` holds k elements of `ty`.
+                    unsafe { decode_row::<G>(a.ty, row, dst) };
+                    dst.as_ptr()
+                };
+            }
+            for t in tw..TILE_W {
+                ptrs[t] = ptrs[tw - 1]; // padding: recompute the last row, discard it
+            }
+            let mut i = 0;
+            while i < m {
+                let xp = a.x[i * k..].as_ptr();
+                if i + 2 <= m {
+                    // SAFETY: AVX2 proven by `self`; the 4 pointers each address k readable f32s
+                    // (`buf` rows, or F32 rows of exactly 4k bytes), and x rows i, i+1 exist.
+                    let r = unsafe { tile::<2>(ptrs, xp, k) };
+                    for t in 0..tw {
+                        outs[i][j0 + t] = r[t][0];
+                        outs[i + 1][j0 + t] = r[t][1];
+                    }
+                    i += 2;
+                } else {
+                    // SAFETY: as above, with one x row.
+                    let r = unsafe { tile::<1>(ptrs, xp, k) };
+                    for t in 0..tw {
+                        outs[i][j0 + t] = r[t][0];
+                    }
+                    i += 1;
+                }
+            }
+            j0 += tw;
+        }
+    }
+}
+
+/// What [`Avx2::rows`] was asked to do, after validation.
+struct Args<'a> {
+    ty: GgmlType,
+    k: usize,
+    rb: usize,
+    rows: &'a [u8],
+    nrows: usize,
+    x: &'a [f32],
+}
+
+/// Decodes one stored row of `dst.len()` elements into `dst`.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `row` holds exactly `dst.len()` elements of `ty` (the type `G`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_row<G: Group>(ty: GgmlType, row: &[u8], dst: &mut [f32]) {
+    let k = dst.len();
+    let ng = k / 32;
+    for g in 0..ng {
+        // SAFETY: g < ng whole groups in `row` (caller contract); dst has 32 f32s at 32g.
+        unsafe {
+            let v = G::decode(row.as_ptr(), g);
+            let p = dst.as_mut_ptr().add(32 * g);
+            _mm256_storeu_ps(p, v[0]);
+            _mm256_storeu_ps(p.add(8), v[1]);
+            _mm256_storeu_ps(p.add(16), v[2]);
+            _mm256_storeu_ps(p.add(24), v[3]);
+        }
+    }
+    let tail = k % 32;
+    if tail != 0 {
+        let es = ty.block_bytes();
+        scalar::dequantize(ty, &row[(k - tail) * es..], &mut dst[k - tail..]);
+    }
+}
+
+/// `Σ decode(row) · x` over `ng` groups, one activation row.
+///
+/// Per group the four products are summed as `(w0·x0 + w1·x1) + (w2·x2 + w3·x3)`, so the
+/// accumulator sees a single add per group (a short loop-carried chain).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `row` holds `ng` groups; `x` readable for `32 * ng` f32s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_rows<G: Group + ?Sized>(row: *const u8, x: *const f32, ng: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for g in 0..ng {
+        // SAFETY: g < ng, per the caller's contract, for both the group and its 32 x values.
+        let (w, x0, x1, x2, x3) = unsafe {
+            let p = x.add(32 * g);
+            (
+                G::decode(row, g),
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            )
+        };
+        let t = _mm256_fmadd_ps(w[1], x1, _mm256_mul_ps(w[0], x0));
+        let u = _mm256_fmadd_ps(w[3], x3, _mm256_mul_ps(w[2], x2));
+        acc = _mm256_add_ps(acc, _mm256_add_ps(t, u));
+    }
+    hsum(acc)
+}
+
+/// `r[t][i] = Σ_e w[t][e] · x[i*k + e]` for 4 weight rows and `X` activation rows: 4·X
+/// independent accumulators; each loaded vector feeds X (or 4) FMAs.
+///
+/// # Safety
+/// AVX2/FMA available; each `w[t]` readable for `k` f32s (any alignment); `x` for `X*k`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile<const X: usize>(w: [*const f32; TILE_W], x: *const f32, k: usize) -> [[f32; X]; TILE_W] {
+    let mut acc = [[_mm256_setzero_ps(); X]; TILE_W];
+    let k8 = k - k % 8;
+    let mut e = 0;
+    while e < k8 {
+        // SAFETY: e + 8 <= k, within every row.
+        let wv = unsafe {
+            [
+                _mm256_loadu_ps(w[0].add(e)),
+                _mm256_loadu_ps(w[1].add(e)),
+                _mm256_loadu_ps(w[2].add(e)),
+                _mm256_loadu_ps(w[3].add(e)),
+            ]
+        };
+        for i in 0..X {
+            // SAFETY: i < X and e + 8 <= k.
+            let xv = unsafe { _mm256_loadu_ps(x.add(i * k + e)) };
+            for t in 0..TILE_W {
+                acc[t][i] = _mm256_fmadd_ps(wv[t], xv, acc[t][i]);
+            }
+        }
+        e += 8;
+    }
+    let mut r = [[0f32; X]; TILE_W];
+    for t in 0..TILE_W {
+        for i in 0..X {
+            let mut s = hsum(acc[t][i]);
+            for e in k8..k {
+                // SAFETY: e < k.
+                s += unsafe { w[t].add(e).read_unaligned() * x.add(i * k + e).read() };
+            }
+            r[t][i] = s;
+        }
+    }
+    r
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}

@@ -1,0 +1,147 @@
+//! Instruction-set selection and the row kernel: stored weight rows times f32 activation rows.
+
+use std::fmt;
+
+use super::{GgmlType, QuantError, check_bytes, scalar};
+
+#[cfg(target_arch = "x86_64")]
+use super::avx2::Avx2;
+
+/// Which implementation of the kernels to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust (auto-vectorized where the compiler can); available everywhere.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C intrinsics.
+    Avx2,
+}
+
+impl Isa {
+    /// The fastest implementation this CPU supports (detected once, then cached).
+    pub fn best() -> Self {
+        if Self::Avx2.is_available() {
+            Self::Avx2
+        } else {
+            Self::Scalar
+        }
+    }
+
+    /// Whether this CPU can run `self`. Requesting an unavailable one falls back to scalar.
+    pub fn is_available(self) -> bool {
+        match self {
+            Self::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => Avx2::detect().is_some(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Avx2 => false,
+        }
+    }
+
+    /// A short lowercase name (`"scalar"`, `"avx2"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scalar => "scalar",
+            Self::Avx2 => "avx2",
+        }
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Imp {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+}
+
+/// Multiplies blocks of stored weight rows with f32 activation rows, for one type and row
+/// length; the implementation is resolved once at construction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowKernel {
+    ty: GgmlType,
+    k: usize,
+    imp: Imp,
+}
+
+impl RowKernel {
+    /// A kernel for rows of `k` elements of `ty`, using `isa` if available (else scalar).
+    pub(crate) fn new(isa: Isa, ty: GgmlType, k: usize) -> Self {
+        let imp = match isa {
+            Isa::Scalar => Imp::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Avx2::detect().map_or(Imp::Scalar, Imp::Avx2),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 => Imp::Scalar,
+        };
+        Self { ty, k, imp }
+    }
+
+    /// The f32 scratch length [`Self::run`] needs.
+    pub(crate) fn scratch_len(&self) -> usize {
+        match self.imp {
+            Imp::Scalar => self.k,
+            #[cfg(target_arch = "x86_64")]
+            Imp::Avx2(_) => 0,
+        }
+    }
+
+    /// `outs[i][j] = row_j · x[i*k..(i+1)*k]` for `j < nrows`, `i < outs.len()`, where `rows`
+    /// holds `nrows` contiguous stored rows.
+    ///
+    /// # Panics
+    /// If `rows`, `x`, an output or `scratch` (see [`Self::scratch_len`]) is too short or long.
+    pub(crate) fn run(
+        &self,
+        rows: &[u8],
+        nrows: usize,
+        x: &[f32],
+        outs: &mut [&mut [f32]],
+        scratch: &mut [f32],
+    ) {
+        let k = self.k;
+        match self.imp {
+            #[cfg(target_arch = "x86_64")]
+            Imp::Avx2(t) => t.rows(self.ty, k, rows, nrows, x, outs),
+            Imp::Scalar => {
+                let be = self.ty.block_elems();
+                assert!(k.is_multiple_of(be), "row length not a whole number of blocks");
+                let rb = k / be * self.ty.block_bytes();
+                assert_eq!(rows.len(), rb * nrows, "weight bytes");
+                assert_eq!(x.len(), outs.len() * k, "activation length");
+                let w = &mut scratch[..k];
+                for (j, row) in rows.chunks_exact(rb.max(1)).enumerate().take(nrows) {
+                    scalar::dequantize(self.ty, row, w);
+                    for (o, xi) in outs.iter_mut().zip(x.chunks_exact(k.max(1))) {
+                        o[j] = scalar::dot_f32(w, xi);
+                    }
+                }
+                if k == 0 {
+                    for o in outs.iter_mut() {
+                        o[..nrows].fill(0.0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `Σ dequantize(row) · x`: the dot product of one stored row of `x.len()` elements of `ty`
+/// with f32 activations, on the fastest available [`Isa`].
+pub fn vec_dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    vec_dot_with(Isa::best(), ty, row, x)
+}
+
+/// [`vec_dot`] on a chosen [`Isa`] (falls back to scalar if `isa` is unavailable).
+pub fn vec_dot_with(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    check_bytes(ty, x.len(), row)?;
+    let kern = RowKernel::new(isa, ty, x.len());
+    let mut scratch = vec![0f32; kern.scratch_len()];
+    let mut y = [0f32];
+    kern.run(row, 1, x, &mut [&mut y[..]], &mut scratch);
+    Ok(y[0])
+}

@@ -1,0 +1,126 @@
+//! `ferrite bench …`: measurements printed as tables in the seed files' grid format.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::{Args, Subcommand};
+use ferrite_engine::sampler::SamplingParams;
+use serde_json::json;
+
+use crate::loading::{self, ModelArgs};
+use crate::table::Table;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Prefill and decode throughput of the engine at several batch sizes.
+    Decode(DecodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DecodeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Comma-separated batch sizes.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    batch_sizes: Vec<usize>,
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// Measured runs per batch size (after one warm-up run).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Decode(args) => decode(args),
+    }
+}
+
+struct RunFigures {
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+}
+
+fn decode(args: DecodeArgs) -> Result<()> {
+    if args.runs == 0 || args.new_tokens < 2 || args.prompt_tokens == 0 {
+        bail!("--runs ≥ 1, --new-tokens ≥ 2 and --prompt-tokens ≥ 1 are needed");
+    }
+    let loaded = args.model.load()?;
+    let vocab = loaded.model.config().vocab_size as u64;
+    let (mut engine, _) = loading::engine(loaded, &args.model)?;
+    let threads = rayon::current_num_threads();
+    let mut table = Table::new(&[
+        "model", "threads", "batch", "prompt", "new", "runs", "prefill tok/s", "decode tok/s (all seqs)", "decode tok/s per seq",
+    ]);
+    let mut rows_json = Vec::new();
+    let mut next_id = 0u64;
+    for &batch in &args.batch_sizes {
+        let mut figures = Vec::new();
+        for run in 0..=args.runs {
+            // Distinct pseudo-random prompts: the work per token does not depend on the ids.
+            let requests: Vec<_> = (0..batch)
+                .map(|_| {
+                    next_id += 1;
+                    let prompt = (0..args.prompt_tokens as u64).map(|i| ((next_id * 7919 + i * 104_729) % vocab) as u32).collect();
+                    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens) };
+                    (next_id, prompt, params)
+                })
+                .collect();
+            let start = Instant::now();
+            let mut prefill_done = None;
+            let mut first_tokens = std::collections::HashSet::new();
+            engine.run_to_completion(requests, |ev| {
+                first_tokens.insert(ev.id);
+                if first_tokens.len() == batch && prefill_done.is_none() {
+                    prefill_done = Some(start.elapsed());
+                }
+                true
+            })?;
+            let total = start.elapsed().as_secs_f64();
+            let prefill = prefill_done.map_or(total, |d| d.as_secs_f64());
+            if run > 0 {
+                figures.push(RunFigures {
+                    prefill_tok_s: (batch * args.prompt_tokens) as f64 / prefill,
+                    decode_tok_s: (batch * (args.new_tokens - 1)) as f64 / (total - prefill),
+                });
+            }
+        }
+        let (pf, pf_sd) = mean_std(figures.iter().map(|f| f.prefill_tok_s));
+        let (dc, dc_sd) = mean_std(figures.iter().map(|f| f.decode_tok_s));
+        table.row(vec![
+            args.model.model.clone(),
+            threads.to_string(),
+            batch.to_string(),
+            args.prompt_tokens.to_string(),
+            args.new_tokens.to_string(),
+            args.runs.to_string(),
+            format!("{pf:.1} ± {pf_sd:.1}"),
+            format!("{dc:.1} ± {dc_sd:.1}"),
+            format!("{:.1}", dc / batch as f64),
+        ]);
+        rows_json.push(json!({
+            "model": args.model.model, "threads": threads, "batch": batch,
+            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "runs": args.runs,
+            "prefill_tok_s": { "mean": pf, "std": pf_sd },
+            "decode_tok_s": { "mean": dc, "std": dc_sd },
+        }));
+    }
+    if args.json {
+        println!("{}", serde_json::Value::Array(rows_json));
+    } else {
+        print!("{}", table.render());
+    }
+    Ok(())
+}
+
+fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let v: Vec<f64> = values.collect();
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}

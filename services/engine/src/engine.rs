@@ -1,0 +1,342 @@
+//! The step loop: `schedule → forward → sample → update`.
+//!
+//! [`Engine`] owns the model, the KV cache, the scheduler and each request's sampler. One
+//! thread calls [`Engine::step`] repeatedly; requests are added and aborted between steps.
+//! Aborting frees a request's KV blocks at once, so a cancelled client's blocks are back in the
+//! pool before the next step is planned.
+
+use std::collections::HashMap;
+
+use crate::error::{EngineError, Result};
+use crate::kv_cache::{KvCache, blocks_for};
+use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
+use crate::sampler::{SampledToken, Sampler, SamplingParams};
+use crate::scheduler::{Scheduler, SchedulerConfig, SeqId};
+
+/// Engine limits. `Default` suits the CPU.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Context length (prompt + output); `None` = the model's, capped at 8192.
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+    /// Memory for K and V; the pool gets as many blocks as fit.
+    pub kv_cache_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_model_len: None,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            block_size: 16,
+            kv_cache_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Why a request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS or stop token (or, decided by the caller, a stop string).
+    Stop,
+    /// `max_tokens` reached, or the context is full.
+    Length,
+    /// Aborted by the caller.
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// A token produced for a request in a step.
+#[derive(Debug, Clone)]
+pub struct TokenEvent {
+    pub id: SeqId,
+    pub token: SampledToken,
+    /// Set on the request's last token.
+    pub finish: Option<FinishReason>,
+}
+
+/// What one step did.
+#[derive(Debug, Default)]
+pub struct StepOutput {
+    pub events: Vec<TokenEvent>,
+    /// Tokens run through the model (prefill + decode).
+    pub num_tokens: usize,
+    pub num_preempted: usize,
+}
+
+/// Load figures, for routing and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+}
+
+#[derive(Debug)]
+struct Request {
+    sampler: Sampler,
+    stop_ids: Vec<u32>,
+}
+
+#[derive(Debug)]
+pub struct Engine {
+    model: LlamaModel,
+    kv: KvCache,
+    sched: Scheduler,
+    requests: HashMap<SeqId, Request>,
+    eos_ids: Vec<u32>,
+}
+
+impl Engine {
+    /// Sizes the KV cache from `cfg` and refuses configurations where one full-length sequence
+    /// would not fit.
+    pub fn new(model: LlamaModel, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self> {
+        let mc = model.config();
+        let max_model_len = cfg
+            .max_model_len
+            .unwrap_or(mc.max_position_embeddings.min(8192));
+        if max_model_len < 2
+            || cfg.block_size == 0
+            || cfg.max_num_seqs == 0
+            || cfg.max_num_batched_tokens == 0
+        {
+            return Err(EngineError::BadConfig(
+                "max_model_len must be ≥ 2; block size, max_num_seqs and max_num_batched_tokens ≥ 1".into(),
+            ));
+        }
+        let per_token = KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim);
+        let num_blocks = cfg.kv_cache_bytes / (per_token * cfg.block_size);
+        let needed = blocks_for(max_model_len, cfg.block_size);
+        if num_blocks < needed {
+            return Err(EngineError::BadConfig(format!(
+                "a KV cache of {} MiB holds {} tokens, less than one {max_model_len}-token sequence ({} MiB): lower max_model_len or give the KV cache more memory",
+                cfg.kv_cache_bytes >> 20,
+                num_blocks * cfg.block_size,
+                (needed * cfg.block_size * per_token) >> 20
+            )));
+        }
+        let num_blocks = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1);
+        let kv = KvCache::new(
+            mc.num_layers,
+            num_blocks as usize,
+            cfg.block_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+        );
+        let sched = Scheduler::new(
+            SchedulerConfig {
+                max_num_batched_tokens: cfg.max_num_batched_tokens,
+                max_num_seqs: cfg.max_num_seqs,
+                max_model_len,
+                block_size: cfg.block_size,
+            },
+            num_blocks,
+        );
+        Ok(Self {
+            model,
+            kv,
+            sched,
+            requests: HashMap::new(),
+            eos_ids,
+        })
+    }
+
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.sched.config().max_model_len
+    }
+
+    /// Queues a request. Refuses bad parameters, token ids outside the vocabulary, empty
+    /// prompts and prompts that can never fit, with a message saying which.
+    pub fn add_request(
+        &mut self,
+        id: SeqId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<()> {
+        if self.requests.contains_key(&id) {
+            return Err(EngineError::DuplicateRequest(id));
+        }
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        let vocab = self.model.config().vocab_size;
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        self.sched
+            .check_fits(prompt.len())
+            .map_err(EngineError::DoesNotFit)?;
+        let mut stop_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_ids.extend(&self.eos_ids);
+        }
+        self.requests.insert(
+            id,
+            Request {
+                sampler: Sampler::new(params),
+                stop_ids,
+            },
+        );
+        self.sched.add(id, prompt);
+        Ok(())
+    }
+
+    /// Drops a request and frees its KV blocks. Returns false if it was not known.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        self.requests.remove(&id);
+        self.sched.remove(id).is_some()
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        self.sched.has_work()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: self.sched.num_running(),
+            waiting: self.sched.num_waiting(),
+            kv_blocks_used: self.sched.blocks_used(),
+            kv_blocks_total: self.sched.blocks_total(),
+        }
+    }
+
+    /// Runs one step. A forward error fails the step's requests (they are removed) and is
+    /// returned.
+    pub fn step(&mut self) -> Result<StepOutput> {
+        let plan = self.sched.schedule();
+        let mut out = StepOutput {
+            num_tokens: plan.num_tokens(),
+            num_preempted: plan.preempted.len(),
+            ..StepOutput::default()
+        };
+        if plan.chunks.is_empty() {
+            return Ok(out);
+        }
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .chunks
+            .iter()
+            .filter_map(|c| {
+                let seq = self.sched.get(c.id)?;
+                Some(SeqChunk {
+                    tokens: &seq.tokens[c.start..c.start + c.len],
+                    start_pos: c.start,
+                    block_table: seq.block_table.blocks(),
+                    logits: if c.samples {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
+                })
+            })
+            .collect();
+        let logits = match self.model.forward(&chunks, &mut self.kv) {
+            Ok(l) => l,
+            Err(e) => {
+                for c in &plan.chunks {
+                    self.abort(c.id);
+                }
+                return Err(e);
+            }
+        };
+        let vocab = self.model.config().vocab_size;
+        let mut rows = logits.chunks_exact(vocab);
+        for c in &plan.chunks {
+            self.sched.mark_computed(c);
+            if !c.samples {
+                continue;
+            }
+            let Some(row) = rows.next() else { break };
+            let (Some(req), Some(seq)) = (self.requests.get_mut(&c.id), self.sched.get(c.id))
+            else {
+                continue;
+            };
+            let mut row = row.to_vec();
+            let token = req.sampler.sample(&mut row, seq.prompt(), seq.output());
+            let generated = seq.output().len() + 1;
+            let total = seq.tokens.len() + 1;
+            let finish = if req.stop_ids.contains(&token.id) {
+                Some(FinishReason::Stop)
+            } else if generated >= req.sampler.params().max_tokens
+                || total >= self.sched.config().max_model_len
+            {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            self.sched.push_token(c.id, token.id);
+            if finish.is_some() {
+                self.requests.remove(&c.id);
+                self.sched.remove(c.id);
+            }
+            out.events.push(TokenEvent {
+                id: c.id,
+                token,
+                finish,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The result of running a request to completion.
+#[derive(Debug, Clone, Default)]
+pub struct Generation {
+    pub tokens: Vec<SampledToken>,
+    pub finish: Option<FinishReason>,
+}
+
+impl Generation {
+    pub fn token_ids(&self) -> Vec<u32> {
+        self.tokens.iter().map(|t| t.id).collect()
+    }
+}
+
+impl Engine {
+    /// Adds `requests` and steps until all finish; `on_event` sees every token as it comes.
+    /// For the CLI, tests and benchmarks; a server drives [`Engine::step`] itself.
+    pub fn run_to_completion(
+        &mut self,
+        requests: Vec<(SeqId, Vec<u32>, SamplingParams)>,
+        mut on_event: impl FnMut(&TokenEvent) -> bool,
+    ) -> Result<HashMap<SeqId, Generation>> {
+        let mut results: HashMap<SeqId, Generation> = HashMap::new();
+        for (id, prompt, params) in requests {
+            self.add_request(id, prompt, params)?;
+            results.insert(id, Generation::default());
+        }
+        while self.has_unfinished() {
+            let out = self.step()?;
+            for ev in out.events {
+                let keep_going = on_event(&ev);
+                let g = results.entry(ev.id).or_default();
+                g.tokens.push(ev.token);
+                g.finish = ev.finish;
+                if !keep_going && ev.finish.is_none() {
+                    self.abort(ev.id);
+                    g.finish = Some(FinishReason::Stop);
+                }
+            }
+        }
+        Ok(results)
+    }
+}

@@ -1,0 +1,73 @@
+//! The engine's error type. `kind()` is stable: it labels metrics and maps to a gRPC code at the
+//! service boundary.
+
+use std::path::PathBuf;
+
+/// Everything the engine can refuse or fail at.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid GGUF file: {reason}")]
+    BadGguf { path: PathBuf, reason: String },
+    #[error("{path}: not a valid safetensors checkpoint: {reason}")]
+    BadSafetensors { path: PathBuf, reason: String },
+    #[error("bad model config: {0}")]
+    BadConfig(String),
+    #[error("unsupported architecture `{0}` (supported: llama, mistral, qwen2, qwen3)")]
+    UnsupportedArchitecture(String),
+    #[error("unsupported tensor type {0}")]
+    UnsupportedTensorType(String),
+    #[error("tensor `{name}`: {reason}")]
+    BadTensor { name: String, reason: String },
+    #[error("missing tensor `{0}`")]
+    MissingTensor(String),
+    #[error(
+        "model `{0}` not found: give a path to a .gguf file or a Hugging Face model directory, or one of the known names ({1})"
+    )]
+    ModelNotFound(String, String),
+    #[error("fetching the model failed: {0}")]
+    Fetch(String),
+    #[error("tokenizer: {0}")]
+    Text(#[from] ferrite_text::TextError),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("request does not fit: {0}")]
+    DoesNotFit(String),
+    #[error("duplicate request id {0}")]
+    DuplicateRequest(u64),
+    #[error("quantization: {0}")]
+    Quant(#[from] ferrite_kernels::quant::QuantError),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+impl EngineError {
+    /// A stable, low-cardinality name for this error.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Io { .. } => "io",
+            EngineError::BadGguf { .. } => "bad_gguf",
+            EngineError::BadSafetensors { .. } => "bad_safetensors",
+            EngineError::BadConfig(_) => "bad_config",
+            EngineError::UnsupportedArchitecture(_) => "unsupported_architecture",
+            EngineError::UnsupportedTensorType(_) => "unsupported_tensor_type",
+            EngineError::BadTensor { .. } => "bad_tensor",
+            EngineError::MissingTensor(_) => "missing_tensor",
+            EngineError::ModelNotFound(..) => "model_not_found",
+            EngineError::Fetch(_) => "fetch",
+            EngineError::Text(_) => "tokenizer",
+            EngineError::InvalidRequest(_) => "invalid_request",
+            EngineError::DoesNotFit(_) => "does_not_fit",
+            EngineError::DuplicateRequest(_) => "duplicate_request",
+            EngineError::Quant(_) => "quant",
+            EngineError::Stopped => "stopped",
+        }
+    }
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

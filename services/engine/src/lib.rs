@@ -1,0 +1,26 @@
+//! ferrite's inference engine: load a model, schedule requests, run the forward, sample.
+//!
+//! # Layout
+//!
+//! - [`weights`]: GGUF and safetensors readers; tensors stay in the memory map.
+//! - [`config`]: a model's shape ([`config::ModelConfig`]) from GGUF metadata or `config.json`.
+//! - [`model`]: loading ([`model::load`]) and the Llama-family forward.
+//! - [`kv_cache`]: the paged KV cache (block pool, block tables, storage).
+//! - [`scheduler`]: continuous batching with chunked prefill and preemption by recompute.
+//! - [`sampler`]: sampling parameters and token selection.
+//! - [`engine`]: the step loop (`schedule → forward → sample → update`) tying them together.
+//! - [`registry`]: models known by name, pulled into the cache on first use.
+//!
+//! The engine is synchronous and owns its state: one thread drives [`engine::Engine::step`].
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod kv_cache;
+pub mod model;
+pub mod registry;
+pub mod sampler;
+pub mod scheduler;
+pub mod weights;
+
+pub use error::{EngineError, Result};

@@ -1,0 +1,370 @@
+//! The Llama family (Llama 2/3/3.1, SmolLM2, Mistral, Qwen2/2.5, Qwen3): one layer struct with
+//! `load` and `forward`, weights borrowed in place from the checkpoint.
+//!
+//! A forward runs a batch of sequence chunks of different lengths (prefill chunks and single
+//! decode tokens mixed) as one flat `[tokens, hidden]` activation matrix, so every projection is
+//! one matmul over the whole batch; only attention looks at sequence boundaries, through each
+//! sequence's block table in the paged KV cache.
+
+use ferrite_kernels::cpu::attention::{QueryToken, paged_attention};
+use ferrite_kernels::cpu::matmul::{matmul, matmul_many};
+use ferrite_kernels::cpu::rope::{Rope, RopePairing};
+use ferrite_kernels::cpu::{
+    add_bias, add_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place,
+};
+use ferrite_kernels::quant::dequantize;
+
+use crate::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::weights::{Matrix, TensorMap};
+
+/// Which tensor names a checkpoint uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightNaming {
+    /// llama.cpp names: `blk.0.attn_q.weight`.
+    Gguf,
+    /// Hugging Face names: `model.layers.0.self_attn.q_proj.weight`.
+    HuggingFace,
+}
+
+impl WeightNaming {
+    fn global(self, gguf: &str, hf: &str) -> String {
+        match self {
+            WeightNaming::Gguf => gguf.to_owned(),
+            WeightNaming::HuggingFace => hf.to_owned(),
+        }
+    }
+
+    fn layer(self, i: usize, gguf: &str, hf: &str) -> String {
+        match self {
+            WeightNaming::Gguf => format!("blk.{i}.{gguf}"),
+            WeightNaming::HuggingFace => format!("model.layers.{i}.{hf}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Vec<f32>,
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
+    qkv_bias: Option<[Vec<f32>; 3]>,
+    qk_norm: Option<[Vec<f32>; 2]>,
+    o: Matrix,
+    ffn_norm: Vec<f32>,
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
+}
+
+impl Layer {
+    fn load(t: &TensorMap, n: WeightNaming, i: usize, c: &ModelConfig) -> Result<Self> {
+        let (h, q_dim, kv_dim, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let mat = |gguf: &str, hf: &str, rows, cols| {
+            let name = n.layer(i, gguf, hf);
+            t.matrix(&name)?.expect_shape(&name, rows, cols)
+        };
+        let vec = |gguf: &str, hf: &str, len| t.vector_of_len(&n.layer(i, gguf, hf), len);
+        let qkv_bias = if c.qkv_bias {
+            Some([
+                vec("attn_q.bias", "self_attn.q_proj.bias", q_dim)?,
+                vec("attn_k.bias", "self_attn.k_proj.bias", kv_dim)?,
+                vec("attn_v.bias", "self_attn.v_proj.bias", kv_dim)?,
+            ])
+        } else {
+            None
+        };
+        let qk_norm = if c.qk_norm {
+            Some([
+                vec("attn_q_norm.weight", "self_attn.q_norm.weight", c.head_dim)?,
+                vec("attn_k_norm.weight", "self_attn.k_norm.weight", c.head_dim)?,
+            ])
+        } else {
+            None
+        };
+        Ok(Layer {
+            attn_norm: vec("attn_norm.weight", "input_layernorm.weight", h)?,
+            q: mat("attn_q.weight", "self_attn.q_proj.weight", q_dim, h)?,
+            k: mat("attn_k.weight", "self_attn.k_proj.weight", kv_dim, h)?,
+            v: mat("attn_v.weight", "self_attn.v_proj.weight", kv_dim, h)?,
+            qkv_bias,
+            qk_norm,
+            o: mat("attn_output.weight", "self_attn.o_proj.weight", h, q_dim)?,
+            ffn_norm: vec("ffn_norm.weight", "post_attention_layernorm.weight", h)?,
+            gate: mat("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h)?,
+            up: mat("ffn_up.weight", "mlp.up_proj.weight", ffn, h)?,
+            down: mat("ffn_down.weight", "mlp.down_proj.weight", h, ffn)?,
+        })
+    }
+}
+
+/// Which logits a sequence chunk wants back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// A prefill chunk that does not reach the end of the prompt.
+    None,
+    /// The next-token logits (at the chunk's last token).
+    Last,
+    /// Logits at every token of the chunk (prompt logprobs, tests).
+    All,
+}
+
+/// One sequence's tokens in a forward: `tokens` sit at positions `start_pos..`, and the block
+/// table already has room for them.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqChunk<'a> {
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    pub block_table: &'a [u32],
+    pub logits: LogitsWanted,
+}
+
+#[derive(Debug)]
+pub struct LlamaModel {
+    cfg: ModelConfig,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Matrix,
+    rope: Rope,
+}
+
+impl LlamaModel {
+    pub fn load(t: &TensorMap, naming: WeightNaming, cfg: ModelConfig) -> Result<Self> {
+        let n = naming;
+        let embed_name = n.global("token_embd.weight", "model.embed_tokens.weight");
+        let embed =
+            t.matrix(&embed_name)?
+                .expect_shape(&embed_name, cfg.vocab_size, cfg.hidden_size)?;
+        let head_name = n.global("output.weight", "lm_head.weight");
+        let lm_head = if cfg.tie_word_embeddings && !t.contains(&head_name) {
+            embed.clone()
+        } else {
+            t.matrix(&head_name)?
+                .expect_shape(&head_name, cfg.vocab_size, cfg.hidden_size)?
+        };
+        let layers = (0..cfg.num_layers)
+            .map(|i| Layer::load(t, n, i, &cfg))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = t.vector_of_len(
+            &n.global("output_norm.weight", "model.norm.weight"),
+            cfg.hidden_size,
+        )?;
+        // Llama 3.1 GGUF files carry the scaled frequencies as per-pair divisors.
+        let freq_factors = if t.contains("rope_freqs.weight") {
+            Some(t.vector_of_len("rope_freqs.weight", cfg.rope_dim / 2)?)
+        } else {
+            None
+        };
+        let rope = build_rope(&cfg, freq_factors.as_deref());
+        Ok(Self {
+            cfg,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Bytes of weights this model reads per forward (all matrices, once).
+    pub fn weight_bytes(&self) -> usize {
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.bytes_len())
+                    .sum::<usize>()
+            })
+            .sum();
+        per_layer + self.lm_head.bytes_len()
+    }
+
+    /// Runs `seqs` through the model, writing their keys and values into `kv`. Returns the
+    /// logits each chunk asked for, in order, as rows of `vocab_size`.
+    pub fn forward(&self, seqs: &[SeqChunk<'_>], kv: &mut KvCache) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let (h, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let mut positions = Vec::new();
+        let mut owner = Vec::new();
+        for (s, seq) in seqs.iter().enumerate() {
+            let needed = (seq.start_pos + seq.tokens.len()).div_ceil(kv.block_size);
+            if seq.block_table.len() < needed {
+                return Err(EngineError::DoesNotFit(format!(
+                    "block table holds {} blocks, {needed} needed",
+                    seq.block_table.len()
+                )));
+            }
+            positions.extend(seq.start_pos..seq.start_pos + seq.tokens.len());
+            owner.extend(std::iter::repeat_n(s, seq.tokens.len()));
+        }
+        let n_tok = positions.len();
+        let mut x = vec![0f32; n_tok * h];
+        for (row, &id) in x
+            .chunks_exact_mut(h)
+            .zip(seqs.iter().flat_map(|s| s.tokens))
+        {
+            self.embed_row(id, row)?;
+        }
+        let query_tokens: Vec<QueryToken<'_>> = positions
+            .iter()
+            .zip(&owner)
+            .map(|(&pos, &s)| QueryToken {
+                block_table: seqs[s].block_table,
+                pos,
+            })
+            .collect();
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let mut xn = vec![0f32; n_tok * h];
+        let mut q = vec![0f32; n_tok * q_dim];
+        let mut k = vec![0f32; n_tok * kv_dim];
+        let mut v = vec![0f32; n_tok * kv_dim];
+        let mut attn = vec![0f32; n_tok * q_dim];
+        let mut proj = vec![0f32; n_tok * h];
+        let mut gate = vec![0f32; n_tok * c.intermediate_size];
+        let mut up = vec![0f32; n_tok * c.intermediate_size];
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut xn);
+            matmul_many(
+                &xn,
+                n_tok,
+                &[layer.q.view(), layer.k.view(), layer.v.view()],
+                &mut [&mut q, &mut k, &mut v],
+            );
+            if let Some([bq, bk, bv]) = &layer.qkv_bias {
+                add_bias(&mut q, bq);
+                add_bias(&mut k, bk);
+                add_bias(&mut v, bv);
+            }
+            if let Some([nq, nk]) = &layer.qk_norm {
+                rms_norm_in_place(&mut q, nq, c.rms_norm_eps);
+                rms_norm_in_place(&mut k, nk, c.rms_norm_eps);
+            }
+            self.rope.apply(&mut q, &positions, c.num_heads);
+            self.rope.apply(&mut k, &positions, c.num_kv_heads);
+            for (t, qt) in query_tokens.iter().enumerate() {
+                kv.write(
+                    li,
+                    qt.block_table,
+                    qt.pos,
+                    &k[t * kv_dim..(t + 1) * kv_dim],
+                    &v[t * kv_dim..(t + 1) * kv_dim],
+                );
+            }
+            paged_attention(
+                &q,
+                &query_tokens,
+                c.num_heads,
+                &kv.layer(li),
+                scale,
+                &mut attn,
+            );
+            matmul(&attn, n_tok, &layer.o.view(), &mut proj);
+            add_in_place(&mut x, &proj);
+            rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut xn);
+            matmul_many(
+                &xn,
+                n_tok,
+                &[layer.gate.view(), layer.up.view()],
+                &mut [&mut gate, &mut up],
+            );
+            silu_mul_in_place(&mut gate, &up);
+            matmul(&gate, n_tok, &layer.down.view(), &mut proj);
+            add_in_place(&mut x, &proj);
+        }
+        // Only the rows someone asked for go through the final norm and the LM head.
+        let mut picked = Vec::new();
+        let mut t0 = 0;
+        for seq in seqs {
+            let len = seq.tokens.len();
+            let rows = match seq.logits {
+                LogitsWanted::None => 0..0,
+                LogitsWanted::Last => t0 + len - 1..t0 + len,
+                LogitsWanted::All => t0..t0 + len,
+            };
+            for r in rows {
+                picked.extend_from_slice(&x[r * h..(r + 1) * h]);
+            }
+            t0 += len;
+        }
+        let n_out = picked.len() / h;
+        let mut normed = vec![0f32; picked.len()];
+        rms_norm(&picked, &self.norm, c.rms_norm_eps, &mut normed);
+        let mut logits = vec![0f32; n_out * c.vocab_size];
+        if n_out > 0 {
+            matmul(&normed, n_out, &self.lm_head.view(), &mut logits);
+        }
+        Ok(logits)
+    }
+
+    fn embed_row(&self, id: u32, out: &mut [f32]) -> Result<()> {
+        let view = self.embed.view();
+        if id as usize >= view.rows {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {id} is outside the vocabulary (size {})",
+                view.rows
+            )));
+        }
+        dequantize(view.ty, view.row(id as usize), out)?;
+        Ok(())
+    }
+}
+
+/// The rotary embedding of `cfg`, with Llama 3.1 / linear scaling folded into the frequencies.
+fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Rope {
+    let mut inv_freq = Rope::base_inv_freq(cfg.rope_theta, cfg.rope_dim);
+    let mut position_scale = 1.0;
+    match cfg.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => position_scale = 1.0 / factor,
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => {
+            // transformers' `_compute_llama3_parameters`, in f32 as there.
+            let old = original_max_position as f32;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            for f in &mut inv_freq {
+                let wavelen = 2.0 * std::f32::consts::PI / *f;
+                let scaled = if wavelen > low_wavelen {
+                    *f / factor
+                } else {
+                    *f
+                };
+                let smooth =
+                    (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                *f = if medium {
+                    (1.0 - smooth) * scaled / factor + smooth * scaled
+                } else {
+                    scaled
+                };
+            }
+        }
+    }
+    if let Some(factors) = freq_factors {
+        for (f, d) in inv_freq.iter_mut().zip(factors) {
+            *f /= d;
+        }
+    }
+    Rope {
+        inv_freq,
+        position_scale,
+        pairing: match cfg.rope_style {
+            RopeStyle::Neox => RopePairing::Half,
+            RopeStyle::Interleaved => RopePairing::Adjacent,
+        },
+        head_dim: cfg.head_dim,
+    }
+}

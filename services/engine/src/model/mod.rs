@@ -1,0 +1,138 @@
+//! Loading a model: find the checkpoint format, read the config, borrow the weights, build the
+//! tokenizer.
+
+pub mod llama;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ferrite_text::{GgufVocab, Tokenizer};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::weights::gguf::{GgufFile, GgufValue};
+use crate::weights::safetensors;
+pub use llama::{LlamaModel, LogitsWanted, SeqChunk, WeightNaming};
+
+/// The on-disk format of a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    Gguf,
+    /// A Hugging Face directory: config.json, *.safetensors, tokenizer.json.
+    Safetensors,
+}
+
+/// A model ready to run, with its tokenizer.
+#[derive(Debug)]
+pub struct LoadedModel {
+    pub model: LlamaModel,
+    /// None for a checkpoint without tokenizer files (it runs on token ids only).
+    pub tokenizer: Option<Tokenizer>,
+    pub path: PathBuf,
+    pub format: WeightFormat,
+    /// Bytes of tensor data in the checkpoint.
+    pub checkpoint_bytes: usize,
+    pub load_seconds: f64,
+}
+
+/// Loads a `.gguf` file or a Hugging Face model directory.
+pub fn load(path: &Path) -> Result<LoadedModel> {
+    let start = Instant::now();
+    let io_err = |source| EngineError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io_err)?;
+    let (model, tokenizer, format, bytes) = if meta.is_dir() {
+        load_hf_dir(path)?
+    } else {
+        load_gguf(path)?
+    };
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        path: path.to_owned(),
+        format,
+        checkpoint_bytes: bytes,
+        load_seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn load_gguf(path: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
+    let gguf = GgufFile::open(path)?;
+    let cfg = ModelConfig::from_gguf(&gguf)?;
+    let tokenizer = Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?;
+    let bytes = gguf.tensors.total_bytes();
+    let model = LlamaModel::load(&gguf.tensors, WeightNaming::Gguf, cfg)?;
+    Ok((model, Some(tokenizer), WeightFormat::Gguf, bytes))
+}
+
+fn gguf_vocab(g: &GgufFile) -> Result<GgufVocab> {
+    let key = |k: &str| format!("tokenizer.ggml.{k}");
+    let model = g
+        .get_str(&key("model"))
+        .ok_or_else(|| EngineError::BadConfig("GGUF has no tokenizer.ggml.model".into()))?
+        .to_owned();
+    let tokens = g.get_strings(&key("tokens")).ok_or_else(|| {
+        EngineError::BadConfig("GGUF has no tokenizer.ggml.tokens string array".into())
+    })?;
+    let numbers = |k: &str| -> Option<Vec<GgufValue>> {
+        g.get(&key(k)).and_then(|v| v.as_array()).map(<[_]>::to_vec)
+    };
+    let id = |k: &str| g.get_u64(&key(k)).and_then(|v| u32::try_from(v).ok());
+    Ok(GgufVocab {
+        model,
+        pre: g.get_str(&key("pre")).map(str::to_owned),
+        tokens,
+        scores: numbers("scores")
+            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect()),
+        token_types: numbers("token_type").map(|a| {
+            a.iter()
+                .map(|v| match v {
+                    GgufValue::I32(t) => *t,
+                    other => other
+                        .as_u64()
+                        .and_then(|t| i32::try_from(t).ok())
+                        .unwrap_or(1),
+                })
+                .collect()
+        }),
+        merges: g.get_strings(&key("merges")),
+        bos_id: id("bos_token_id"),
+        eos_id: id("eos_token_id"),
+        unk_id: id("unknown_token_id"),
+        pad_id: id("padding_token_id"),
+        add_bos: g.get_bool(&key("add_bos_token")),
+        add_eos: g.get_bool(&key("add_eos_token")),
+        add_space_prefix: g.get_bool(&key("add_space_prefix")),
+        chat_template: g.get_str("tokenizer.chat_template").map(str::to_owned),
+    })
+}
+
+fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read(&p).map_err(|source| EngineError::Io { path: p, source })
+    };
+    let cfg_json: serde_json::Value = serde_json::from_slice(&read("config.json")?)
+        .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
+    let cfg = ModelConfig::from_hf_config(&cfg_json)?;
+    let tokenizer_config: Option<serde_json::Value> = match read("tokenizer_config.json") {
+        Ok(raw) => Some(
+            serde_json::from_slice(&raw)
+                .map_err(|e| EngineError::BadConfig(format!("tokenizer_config.json: {e}")))?,
+        ),
+        Err(_) => None,
+    };
+    let tokenizer = match read("tokenizer.json") {
+        Ok(raw) => Some(Tokenizer::from_tokenizer_json(
+            &raw,
+            tokenizer_config.as_ref(),
+        )?),
+        Err(_) => None,
+    };
+    let tensors = safetensors::open_dir(dir)?;
+    let bytes = tensors.total_bytes();
+    let model = LlamaModel::load(&tensors, WeightNaming::HuggingFace, cfg)?;
+    Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
+}

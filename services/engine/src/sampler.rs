@@ -1,0 +1,345 @@
+//! Turning a row of logits into the next token.
+//!
+//! Order, as Hugging Face and vLLM apply them: repetition / presence / frequency penalties →
+//! temperature (0 = greedy) → top-k → top-p → min-p → draw from the renormalized distribution.
+//! Logprobs are reported from the raw model distribution (before penalties and temperature), as
+//! vLLM does by default.
+//!
+//! Each request owns its random generator; with a seed, the same request yields the same tokens
+//! whatever else is in the batch.
+
+use std::collections::HashMap;
+
+use crate::error::{EngineError, Result};
+
+/// How to pick tokens for one request. Build with [`SamplingParams::greedy`] or a struct
+/// literal, then [`SamplingParams::validate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub max_tokens: usize,
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// 0 means no top-k.
+    pub top_k: usize,
+    /// 1 means no top-p.
+    pub top_p: f32,
+    /// 0 means no min-p.
+    pub min_p: f32,
+    pub seed: Option<u64>,
+    /// 1 means none; > 1 discourages tokens already in the prompt or output.
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Generation stops after emitting any of these (the EOS ids are added unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Return this many top alternatives (with their logprobs) per token.
+    pub logprobs: Option<usize>,
+}
+
+pub const MAX_LOGPROBS: usize = 20;
+
+impl SamplingParams {
+    pub fn greedy(max_tokens: usize) -> Self {
+        Self {
+            max_tokens,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+        }
+    }
+
+    /// Checks every field's range; the message names the field and its limit.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        if self.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if !self.temperature.is_finite() || !(0.0..=100.0).contains(&self.temperature) {
+            return bad(format!(
+                "temperature {} is outside [0, 100]",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p {} is outside (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p {} is outside [0, 1]", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 10.0) {
+            return bad(format!(
+                "repetition_penalty {} is outside (0, 10]",
+                self.repetition_penalty
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} {v} is outside [-2, 2]"));
+            }
+        }
+        if let Some(n) = self.logprobs
+            && n > MAX_LOGPROBS
+        {
+            return bad(format!("logprobs {n} is above the maximum {MAX_LOGPROBS}"));
+        }
+        Ok(())
+    }
+}
+
+/// A chosen token and, if asked, its logprob and the top alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    pub id: u32,
+    /// Log-probability of `id` under the raw model distribution.
+    pub logprob: f32,
+    /// The `logprobs` most likely tokens with their logprobs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// xoshiro256** seeded through SplitMix64: small, fast, and the same on every platform.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn seeded(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Self {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// Seeded from the process's random hasher keys and the clock: for unseeded requests.
+    pub fn from_entropy() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        h.write_u128(nanos);
+        Self::seeded(h.finish())
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        r
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Picks tokens for one request.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = params.seed.map_or_else(Rng::from_entropy, Rng::seeded);
+        Self { params, rng }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` (modified in place). `prompt` and `output` are the
+    /// request's tokens so far (for the penalties).
+    pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> SampledToken {
+        let p = &self.params;
+        let raw_top = p.logprobs.map(|n| top_logprobs(logits, n));
+        let raw_lse = log_sum_exp(logits);
+        apply_penalties(logits, p, prompt, output);
+        let id = if p.temperature == 0.0 {
+            argmax(logits)
+        } else {
+            draw(logits, p, &mut self.rng)
+        };
+        // The chosen token's logprob under the raw distribution (penalties undone for it).
+        let logprob = raw_logprob(id, logits, raw_lse, p, prompt, output);
+        SampledToken {
+            id,
+            logprob,
+            top: raw_top.unwrap_or_default(),
+        }
+    }
+}
+
+/// Draws from the temperature-scaled, top-k/top-p/min-p-truncated distribution.
+fn draw(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+    let inv_t = 1.0 / p.temperature;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // Tokens with probability below e^-40 of the best can never be drawn in f64 arithmetic
+    // over a vocabulary of this size; dropping them first keeps the sort small.
+    let floor = max - 40.0 * p.temperature;
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &l)| l >= floor)
+        .map(|(i, &l)| (i as u32, (l - max) * inv_t))
+        .collect();
+    cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if p.top_k > 0 {
+        cand.truncate(p.top_k);
+    }
+    let mut probs: Vec<f64> = cand.iter().map(|&(_, l)| f64::from(l).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    for q in &mut probs {
+        *q /= total;
+    }
+    let mut keep = probs.len();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (i, q) in probs.iter().enumerate() {
+            acc += q;
+            if acc >= f64::from(p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if p.min_p > 0.0 {
+        let threshold = probs[0] * f64::from(p.min_p);
+        keep = keep.min(probs.iter().take_while(|&&q| q >= threshold).count().max(1));
+    }
+    let kept = &probs[..keep.max(1)];
+    let total: f64 = kept.iter().sum();
+    let mut u = rng.next_f64() * total;
+    for (i, q) in kept.iter().enumerate() {
+        if u < *q {
+            return cand[i].0;
+        }
+        u -= q;
+    }
+    cand[kept.len() - 1].0
+}
+
+fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], output: &[u32]) {
+    if p.repetition_penalty != 1.0 {
+        let mut seen = vec![false; logits.len()];
+        for &t in prompt.iter().chain(output) {
+            if let Some(s) = seen.get_mut(t as usize)
+                && !*s
+            {
+                *s = true;
+                let l = &mut logits[t as usize];
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
+            }
+        }
+    }
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in output {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, c) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= p.presence_penalty + p.frequency_penalty * c as f32;
+            }
+        }
+    }
+}
+
+/// The raw logprob of `id`. Penalties move a token's logit by a known rule; undo it for `id`.
+fn raw_logprob(
+    id: u32,
+    penalized: &[f32],
+    raw_lse: f32,
+    p: &SamplingParams,
+    prompt: &[u32],
+    output: &[u32],
+) -> f32 {
+    let mut l = penalized[id as usize];
+    let count = output.iter().filter(|&&t| t == id).count() as f32;
+    if count > 0.0 {
+        l += p.presence_penalty + p.frequency_penalty * count;
+    }
+    if p.repetition_penalty != 1.0 && (count > 0.0 || prompt.contains(&id)) {
+        l = if l > 0.0 {
+            l * p.repetition_penalty
+        } else {
+            l / p.repetition_penalty
+        };
+    }
+    l - raw_lse
+}
+
+fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    max + sum.ln() as f32
+}
+
+/// The `n` largest logits as (id, logprob), largest first; ties broken by the smaller id.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let lse = log_sum_exp(logits);
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let cmp = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let n = n.min(idx.len());
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, cmp);
+        idx.truncate(n);
+    }
+    idx.sort_unstable_by(cmp);
+    idx.into_iter()
+        .map(|i| (i, logits[i as usize] - lse))
+        .collect()
+}
+
+/// The index of the largest logit (the first, on ties, as torch.argmax does).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+#[path = "sampler_tests.rs"]
+mod tests;

