@@ -162,17 +162,9 @@ impl Engine {
         self.sched.config().max_model_len
     }
 
-    /// Queues a request. Refuses bad parameters, token ids outside the vocabulary, empty
-    /// prompts and prompts that can never fit, with a message saying which.
-    pub fn add_request(
-        &mut self,
-        id: SeqId,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-    ) -> Result<()> {
-        if self.requests.contains_key(&id) {
-            return Err(EngineError::DuplicateRequest(id));
-        }
+    /// Why a request would be refused, if it would: bad parameters, an empty prompt, token ids
+    /// outside the vocabulary, a prompt that can never fit.
+    pub fn check_request(&self, prompt: &[u32], params: &SamplingParams) -> Result<()> {
         params.validate()?;
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
@@ -185,7 +177,21 @@ impl Engine {
         }
         self.sched
             .check_fits(prompt.len())
-            .map_err(EngineError::DoesNotFit)?;
+            .map_err(EngineError::DoesNotFit)
+    }
+
+    /// Queues a request. Refuses bad parameters, token ids outside the vocabulary, empty
+    /// prompts and prompts that can never fit, with a message saying which.
+    pub fn add_request(
+        &mut self,
+        id: SeqId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<()> {
+        if self.requests.contains_key(&id) {
+            return Err(EngineError::DuplicateRequest(id));
+        }
+        self.check_request(&prompt, &params)?;
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
             stop_ids.extend(&self.eos_ids);
@@ -205,6 +211,11 @@ impl Engine {
     pub fn abort(&mut self, id: SeqId) -> bool {
         self.requests.remove(&id);
         self.sched.remove(id).is_some()
+    }
+
+    /// Whether `id` is queued or running.
+    pub fn contains(&self, id: SeqId) -> bool {
+        self.requests.contains_key(&id)
     }
 
     pub fn has_unfinished(&self) -> bool {

@@ -42,6 +42,8 @@ pub enum EngineError {
     DuplicateRequest(u64),
     #[error("quantization: {0}")]
     Quant(#[from] ferrite_kernels::quant::QuantError),
+    #[error("the queue is full ({0} requests waiting): try again later")]
+    QueueFull(usize),
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -65,6 +67,7 @@ impl EngineError {
             EngineError::DoesNotFit(_) => "does_not_fit",
             EngineError::DuplicateRequest(_) => "duplicate_request",
             EngineError::Quant(_) => "quant",
+            EngineError::QueueFull(_) => "queue_full",
             EngineError::Stopped => "stopped",
         }
     }

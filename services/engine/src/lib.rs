@@ -9,13 +9,16 @@
 //! - [`scheduler`]: continuous batching with chunked prefill and preemption by recompute.
 //! - [`sampler`]: sampling parameters and token selection.
 //! - [`engine`]: the step loop (`schedule → forward → sample → update`) tying them together.
+//! - [`handle`]: the engine on its own thread; an async handle submits requests and streams tokens.
 //! - [`registry`]: models known by name, pulled into the cache on first use.
 //!
-//! The engine is synchronous and owns its state: one thread drives [`engine::Engine::step`].
+//! The engine is synchronous and owns its state: one thread drives [`engine::Engine::step`]
+//! ([`handle::EngineHandle`] runs that thread for servers).
 
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod handle;
 pub mod kv_cache;
 pub mod model;
 pub mod registry;

@@ -1,0 +1,241 @@
+//! The engine on its own OS thread, and the small handle the rest of a process uses to reach it.
+//!
+//! The hot path is not async: one thread owns the [`Engine`] and loops `commands → step →
+//! deliver`. Async code (gRPC, HTTP) talks to it through an [`EngineHandle`]: `submit` sends the
+//! request over a channel and waits for admission on a oneshot; tokens come back on a
+//! per-request channel. Dropping the [`RequestStream`] before it finished aborts the request,
+//! which frees its KV blocks before the next step is planned.
+//!
+//! When every handle is gone the loop finishes the requests in flight, then exits.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use crate::engine::{Engine, EngineStats, TokenEvent};
+use crate::error::{EngineError, Result};
+use crate::sampler::SamplingParams;
+use crate::scheduler::SeqId;
+
+enum Command {
+    Add {
+        id: SeqId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        events: tmpsc::UnboundedSender<Result<TokenEvent>>,
+        admitted: oneshot::Sender<Result<()>>,
+    },
+    Abort(SeqId),
+}
+
+/// A cloneable way to submit requests to the engine thread.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    stats: Arc<Mutex<EngineStats>>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Add { id, .. } => write!(f, "Add({id})"),
+            Command::Abort(id) => write!(f, "Abort({id})"),
+        }
+    }
+}
+
+/// The token stream of one request. Dropping it early aborts the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    id: SeqId,
+    rx: tmpsc::UnboundedReceiver<Result<TokenEvent>>,
+    tx: Sender<Command>,
+    finished: bool,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> SeqId {
+        self.id
+    }
+
+    /// The next token, an engine error, or `None` after the last token.
+    pub async fn next(&mut self) -> Option<Result<TokenEvent>> {
+        if self.finished {
+            return None;
+        }
+        let item = self.rx.recv().await;
+        match &item {
+            Some(Ok(ev)) if ev.finish.is_none() => {}
+            _ => self.finished = true,
+        }
+        match item {
+            Some(i) => Some(i),
+            None => Some(Err(EngineError::Stopped)),
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.tx.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread. At most `max_waiting` requests wait for admission; more are
+    /// refused with [`EngineError::QueueFull`].
+    pub fn spawn(engine: Engine, max_waiting: usize) -> std::io::Result<(Self, JoinHandle<()>)> {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(engine.stats()));
+        let loop_stats = stats.clone();
+        let thread = std::thread::Builder::new()
+            .name("ferrite-engine".into())
+            .spawn(move || run(engine, rx, loop_stats, max_waiting))?;
+        Ok((
+            Self {
+                tx,
+                next_id: Arc::new(AtomicU64::new(1)),
+                stats,
+            },
+            thread,
+        ))
+    }
+
+    /// Load figures as of the last step.
+    pub fn stats(&self) -> EngineStats {
+        match self.stats.lock() {
+            Ok(s) => *s,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
+
+    /// Queues a request; returns its token stream once the engine accepted it, or the reason
+    /// it refused (bad parameters, prompt too long, queue full).
+    pub async fn submit(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, rx) = tmpsc::unbounded_channel();
+        let (admitted, admission) = oneshot::channel();
+        self.tx
+            .send(Command::Add {
+                id,
+                prompt,
+                params,
+                events,
+                admitted,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        admission.await.map_err(|_| EngineError::Stopped)??;
+        Ok(RequestStream {
+            id,
+            rx,
+            tx: self.tx.clone(),
+            finished: false,
+        })
+    }
+}
+
+fn run(mut engine: Engine, rx: Receiver<Command>, stats: Arc<Mutex<EngineStats>>, max_waiting: usize) {
+    let mut streams: HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>> = HashMap::new();
+    let mut connected = true;
+    loop {
+        // Idle: block for the next command (waking now and then to notice a lost sender).
+        if !engine.has_unfinished() {
+            if !connected {
+                return;
+            }
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(cmd) => apply(&mut engine, &mut streams, cmd, max_waiting),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => apply(&mut engine, &mut streams, cmd, max_waiting),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    connected = false;
+                    break;
+                }
+            }
+        }
+        match engine.step() {
+            Ok(out) => {
+                for ev in out.events {
+                    let id = ev.id;
+                    let last = ev.finish.is_some();
+                    let delivered = streams.get(&id).is_some_and(|tx| tx.send(Ok(ev)).is_ok());
+                    if !delivered {
+                        // The client went away: free its blocks now.
+                        engine.abort(id);
+                        streams.remove(&id);
+                    } else if last {
+                        streams.remove(&id);
+                    }
+                }
+            }
+            Err(e) => {
+                // The engine dropped the requests of the failed step; tell their clients.
+                let failed: Vec<SeqId> = streams.keys().copied().filter(|id| !engine.contains(*id)).collect();
+                for id in failed {
+                    if let Some(tx) = streams.remove(&id) {
+                        let _ = tx.send(Err(EngineError::InvalidRequest(format!("the step failed: {e}"))));
+                    }
+                }
+            }
+        }
+        if let Ok(mut s) = stats.lock() {
+            *s = engine.stats();
+        }
+    }
+}
+
+fn apply(
+    engine: &mut Engine,
+    streams: &mut HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>>,
+    cmd: Command,
+    max_waiting: usize,
+) {
+    match cmd {
+        Command::Add {
+            prompt,
+            params,
+            admitted,
+            ..
+        } if engine.stats().waiting >= max_waiting => {
+            // A bad request is refused as bad even when the queue is full.
+            let err = engine
+                .check_request(&prompt, &params)
+                .err()
+                .unwrap_or(EngineError::QueueFull(max_waiting));
+            let _ = admitted.send(Err(err));
+        }
+        Command::Add {
+            id,
+            prompt,
+            params,
+            events,
+            admitted,
+        } => match engine.add_request(id, prompt, params) {
+            Ok(()) => {
+                streams.insert(id, events);
+                let _ = admitted.send(Ok(()));
+            }
+            Err(e) => {
+                let _ = admitted.send(Err(e));
+            }
+        },
+        Command::Abort(id) => {
+            engine.abort(id);
+            streams.remove(&id);
+        }
+    }
+}

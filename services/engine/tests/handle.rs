@@ -1,0 +1,93 @@
+//! The engine thread behind its async handle: concurrent streams, cancellation, a bounded queue.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::handle::EngineHandle;
+use ferrite_engine::model;
+use ferrite_engine::sampler::SamplingParams;
+
+fn engine(max_num_seqs: usize) -> Engine {
+    let loaded = model::load(&fixtures().join("models/qwen2")).expect("tiny model");
+    let cfg = EngineConfig {
+        max_model_len: Some(512),
+        max_num_seqs,
+        kv_cache_bytes: 16 << 20,
+        ..EngineConfig::default()
+    };
+    Engine::new(loaded.model, vec![], cfg).expect("engine")
+}
+
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(n)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_streams_get_their_own_tokens() {
+    let expected = read_json(&fixtures().join("models/qwen2/expected.json"));
+    let (handle, _thread) = EngineHandle::spawn(engine(8), 64).expect("spawn");
+    let mut streams = Vec::new();
+    for case in expected["cases"].as_array().expect("cases") {
+        let s = handle.submit(ids(&case["prompt_token_ids"]), greedy(16)).await.expect("submit");
+        streams.push((s, ids(&case["greedy_token_ids"])));
+    }
+    for (mut s, want) in streams {
+        let mut got = Vec::new();
+        while let Some(ev) = s.next().await {
+            got.push(ev.expect("token").token.id);
+        }
+        assert_eq!(got, want[..16]);
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_streams_free_their_blocks() {
+    let (handle, _thread) = EngineHandle::spawn(engine(64), 256).expect("spawn");
+    let mut streams = Vec::new();
+    for i in 0..100u32 {
+        streams.push(handle.submit(vec![i % 200 + 1; 40], greedy(400)).await.expect("submit"));
+    }
+    // Read a token or two from some, then drop every stream mid-generation.
+    for s in streams.iter_mut().take(10) {
+        s.next().await.expect("a token").expect("ok");
+    }
+    assert!(handle.stats().kv_blocks_used > 0);
+    drop(streams);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = handle.stats();
+        if st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "blocks still in use: {st:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_queue_refuses_and_bad_requests_are_refused_at_submit() {
+    // One running sequence at a time, at most 2 waiting.
+    let (handle, _thread) = EngineHandle::spawn(engine(1), 2).expect("spawn");
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..10 {
+        match handle.submit(vec![5; 8], greedy(500)).await {
+            Ok(s) => held.push(s),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let e = refused.expect("the queue filled up");
+    assert_eq!(e.kind(), "queue_full", "{e}");
+    assert!(held.len() <= 4, "{} admitted", held.len());
+    let e = handle.submit(vec![], greedy(1)).await.expect_err("empty prompt");
+    assert_eq!(e.kind(), "invalid_request");
+}
