@@ -103,14 +103,29 @@ fn main() {
     } else {
         Isa::best()
     };
-    let budget = Duration::from_millis(if args.iter().any(|a| a == "--quick") { 100 } else { 400 });
+    let budget = Duration::from_millis(if args.iter().any(|a| a == "--quick") {
+        100
+    } else {
+        400
+    });
     println!(
         "isa={isa} rayon_threads={} (time per call; GFLOP/s = 2mnk/t; GB/s = weight bytes/t)",
         rayon::current_num_threads()
     );
     println!(
         "{:<5} {:>6} {:>5} {:>2} | {:>9} {:>7} {:>6} {:>7} | {:>9} {:>7} {:>6} {:>7}",
-        "type", "n", "k", "m", "hot", "GFLOP/s", "GB/s", "GF/cpu", "cold", "GFLOP/s", "GB/s", "GF/cpu"
+        "type",
+        "n",
+        "k",
+        "m",
+        "hot",
+        "GFLOP/s",
+        "GB/s",
+        "GF/cpu",
+        "cold",
+        "GFLOP/s",
+        "GB/s",
+        "GF/cpu"
     );
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     for ty in TYPES {

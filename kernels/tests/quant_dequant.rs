@@ -32,7 +32,11 @@ fn cases() -> Vec<Case> {
     cases
         .iter()
         .map(|c| {
-            let ty: GgmlType = c["type"].as_str().expect("type").parse().expect("known type");
+            let ty: GgmlType = c["type"]
+                .as_str()
+                .expect("type")
+                .parse()
+                .expect("known type");
             let values: Vec<f32> = c["values"]
                 .as_array()
                 .expect("values")
@@ -53,7 +57,11 @@ fn cases() -> Vec<Case> {
 /// `bytes` copied to an odd address, to exercise unaligned reads.
 fn misaligned(bytes: &[u8]) -> (Vec<u8>, std::ops::Range<usize>) {
     let mut buf = vec![0u8; bytes.len() + 3];
-    let off = if buf.as_ptr().align_offset(4) == 0 { 1 } else { 2 };
+    let off = if buf.as_ptr().align_offset(4) == 0 {
+        1
+    } else {
+        2
+    };
     buf[off..off + bytes.len()].copy_from_slice(bytes);
     (buf, off..off + bytes.len())
 }
@@ -70,10 +78,11 @@ fn dequantize_matches_gguf_py() {
         let (buf, range) = misaligned(&c.bytes);
         let mut out = vec![f32::NAN; c.values.len()];
         dequantize(c.ty, &buf[range], &mut out).expect("dequantize");
+        // The scalar dequantizer performs the same f32 operations as gguf-py, in the same
+        // order, so the results are bit-identical (signed zeros included).
         for (i, (&got, &want)) in out.iter().zip(&c.values).enumerate() {
-            let tol = 1e-6 * want.abs();
             assert!(
-                got == want || (got - want).abs() <= tol,
+                got.to_bits() == want.to_bits(),
                 "{} ({}) element {i}: got {got:e}, want {want:e}",
                 c.ty,
                 c.note
@@ -214,7 +223,17 @@ fn matmul_matches_dequantize_then_dot() {
             vec![be, 2 * be, if be == 32 { 5 * be } else { 3 * be }]
         };
         for &k in &ks {
-            for &(n, m) in &[(1, 1), (7, 3), (33, 8), (67, 1), (130, 11), (5, 17)] {
+            for &(n, m) in &[
+                (1, 1),
+                (9, 2),
+                (7, 3),
+                (6, 4),
+                (3, 5),
+                (33, 8),
+                (67, 1),
+                (130, 11),
+                (5, 17),
+            ] {
                 let bytes = random_weight(&mut rng, ty, n, k);
                 let (buf, range) = misaligned(&bytes);
                 let w = WeightView::new(ty, n, k, &buf[range]).expect("view");
@@ -236,7 +255,12 @@ fn matmul_matches_dequantize_then_dot() {
 fn matmul_parallel_large() {
     // Big enough to be split over several rayon tasks, with a ragged last chunk.
     let mut rng = Rng(3);
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16] {
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+    ] {
         let (n, k) = (1001, 512);
         let bytes = random_weight(&mut rng, ty, n, k);
         let w = WeightView::new(ty, n, k, &bytes).expect("view");
@@ -291,7 +315,11 @@ fn matmul_many_matches_separate() {
 #[test]
 fn simd_and_scalar_agree_on_default_model_shapes() {
     let mut rng = Rng(11);
-    for (ty, n, k) in [(GgmlType::Q4_1, 64, 576), (GgmlType::Q8_0, 96, 576), (GgmlType::Q4_1, 40, 1536)] {
+    for (ty, n, k) in [
+        (GgmlType::Q4_1, 64, 576),
+        (GgmlType::Q8_0, 96, 576),
+        (GgmlType::Q4_1, 40, 1536),
+    ] {
         let bytes = random_weight(&mut rng, ty, n, k);
         let w = WeightView::new(ty, n, k, &bytes).expect("view");
         for m in [1, 4, 8] {
@@ -301,7 +329,10 @@ fn simd_and_scalar_agree_on_default_model_shapes() {
             matmul_with(Isa::Avx2, &x, m, &w, &mut a);
             matmul_with(Isa::Scalar, &x, m, &w, &mut b);
             for (p, q) in a.iter().zip(&b) {
-                assert!((p - q).abs() <= 1e-4 * (1.0 + q.abs()), "{ty} m={m}: {p} vs {q}");
+                assert!(
+                    (p - q).abs() <= 1e-4 * (1.0 + q.abs()),
+                    "{ty} m={m}: {p} vs {q}"
+                );
             }
         }
     }
@@ -325,14 +356,31 @@ fn size_errors_are_errors_not_panics() {
     let mut out = vec![0f32; 64];
     // Wrong byte length.
     let e = dequantize(GgmlType::Q4_1, &[0u8; 39], &mut out).expect_err("short");
-    assert!(matches!(e, QuantError::ByteLength { expected: 40, actual: 39, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            QuantError::ByteLength {
+                expected: 40,
+                actual: 39,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(e.kind(), "byte_length");
     let e = dequantize(GgmlType::F32, &[0u8; 257], &mut out).expect_err("long");
     assert!(matches!(e, QuantError::ByteLength { .. }));
     // Not a whole number of blocks.
     let mut out33 = vec![0f32; 33];
     let e = dequantize(GgmlType::Q8_0, &[0u8; 34], &mut out33).expect_err("33 elems");
-    assert!(matches!(e, QuantError::NotBlockMultiple { n_elems: 33, block_elems: 32, .. }));
+    assert!(matches!(
+        e,
+        QuantError::NotBlockMultiple {
+            n_elems: 33,
+            block_elems: 32,
+            ..
+        }
+    ));
     assert_eq!(e.kind(), "not_block_multiple");
     assert!(e.to_string().contains("Q8_0"), "{e}");
     let e = dequantize(GgmlType::Q6_K, &[0u8; 210], &mut out).expect_err("64 elems");

@@ -21,7 +21,8 @@ impl PagedKv<'_> {
     #[inline]
     pub fn offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
         let block = block_table[pos / self.block_size] as usize;
-        ((block * self.block_size + pos % self.block_size) * self.kv_heads + kv_head) * self.head_dim
+        ((block * self.block_size + pos % self.block_size) * self.kv_heads + kv_head)
+            * self.head_dim
     }
 }
 
@@ -41,11 +42,24 @@ pub struct QueryToken<'a> {
 ///
 /// # Panics
 /// If the shapes disagree or a block table is too short for its position.
-pub fn paged_attention(q: &[f32], tokens: &[QueryToken<'_>], n_heads: usize, kv: &PagedKv<'_>, scale: f32, out: &mut [f32]) {
+pub fn paged_attention(
+    q: &[f32],
+    tokens: &[QueryToken<'_>],
+    n_heads: usize,
+    kv: &PagedKv<'_>,
+    scale: f32,
+    out: &mut [f32],
+) {
     let hd = kv.head_dim;
     let row = n_heads * hd;
-    assert!(q.len() == tokens.len() * row && out.len() == q.len(), "attention: shape mismatch");
-    assert!(n_heads % kv.kv_heads == 0, "attention: heads not a multiple of kv heads");
+    assert!(
+        q.len() == tokens.len() * row && out.len() == q.len(),
+        "attention: shape mismatch"
+    );
+    assert!(
+        n_heads.is_multiple_of(kv.kv_heads),
+        "attention: heads not a multiple of kv heads"
+    );
     let group = n_heads / kv.kv_heads;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
         let (t, h) = (i / n_heads, i % n_heads);
@@ -81,7 +95,12 @@ pub fn paged_attention(q: &[f32], tokens: &[QueryToken<'_>], n_heads: usize, kv:
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
             acc[l] += x[l] * y[l];
@@ -103,8 +122,16 @@ mod tests {
         let val = |p: usize, h: usize, d: usize, s: f32| ((p * 31 + h * 7 + d) as f32 * s).sin();
         let mut k = vec![0f32; num_blocks * bs * kv_heads * hd];
         let mut v = k.clone();
-        let cache = PagedKv { k: &k, v: &v, block_size: bs, kv_heads, head_dim: hd };
-        let offs: Vec<Vec<usize>> = (0..len).map(|p| (0..kv_heads).map(|h| cache.offset(&blocks, p, h)).collect()).collect();
+        let cache = PagedKv {
+            k: &k,
+            v: &v,
+            block_size: bs,
+            kv_heads,
+            head_dim: hd,
+        };
+        let offs: Vec<Vec<usize>> = (0..len)
+            .map(|p| (0..kv_heads).map(|h| cache.offset(&blocks, p, h)).collect())
+            .collect();
         for p in 0..len {
             for h in 0..kv_heads {
                 for d in 0..hd {
@@ -113,10 +140,23 @@ mod tests {
                 }
             }
         }
-        let q: Vec<f32> = (0..len * n_heads * hd).map(|i| (i as f32 * 0.05).cos()).collect();
-        let toks: Vec<QueryToken<'_>> = (0..len).map(|pos| QueryToken { block_table: &blocks, pos }).collect();
+        let q: Vec<f32> = (0..len * n_heads * hd)
+            .map(|i| (i as f32 * 0.05).cos())
+            .collect();
+        let toks: Vec<QueryToken<'_>> = (0..len)
+            .map(|pos| QueryToken {
+                block_table: &blocks,
+                pos,
+            })
+            .collect();
         let mut out = vec![0f32; q.len()];
-        let cache = PagedKv { k: &k, v: &v, block_size: bs, kv_heads, head_dim: hd };
+        let cache = PagedKv {
+            k: &k,
+            v: &v,
+            block_size: bs,
+            kv_heads,
+            head_dim: hd,
+        };
         paged_attention(&q, &toks, n_heads, &cache, 0.3, &mut out);
         for t in 0..len {
             for h in 0..n_heads {

@@ -11,7 +11,7 @@ use crate::quant::{GgmlType, Isa, QuantError, RowKernel};
 
 /// A weight matrix viewed in place: `rows` rows of `cols` elements of type `ty`, rows
 /// contiguous (`ty.row_bytes(cols)` bytes each).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct WeightView<'a> {
     /// Storage type of the elements.
     pub ty: GgmlType,
@@ -23,10 +23,27 @@ pub struct WeightView<'a> {
     pub bytes: &'a [u8],
 }
 
+/// Shows the byte count, not the (possibly hundreds of MB of) bytes.
+impl std::fmt::Debug for WeightView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightView")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("bytes", &format_args!("[{} bytes]", self.bytes.len()))
+            .finish()
+    }
+}
+
 impl<'a> WeightView<'a> {
     /// A view after checking that `cols` is a whole number of blocks and `bytes` has exactly
     /// `rows * ty.row_bytes(cols)` bytes.
-    pub fn new(ty: GgmlType, rows: usize, cols: usize, bytes: &'a [u8]) -> Result<Self, QuantError> {
+    pub fn new(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &'a [u8],
+    ) -> Result<Self, QuantError> {
         let rb = ty.row_bytes(cols)?;
         let n_elems = rows.saturating_mul(cols);
         let expected = rb
@@ -115,10 +132,12 @@ pub fn matmul_many(x: &[f32], m: usize, ws: &[WeightView<'_>], outs: &mut [&mut 
     matmul_many_with(Isa::best(), x, m, ws, outs);
 }
 
-/// Rows per task never go below this (rayon overhead is a few µs per task).
+/// Rows per task never go below this.
 const MIN_TASK_ROWS: usize = 16;
-/// Below this many multiply-adds in total, everything runs on the calling thread.
-const SERIAL_MACS: usize = 1 << 16;
+/// Multiply-adds per task never go below this (~10 µs of work: rayon's per-task overhead is a
+/// few µs); below it in total, everything runs on the calling thread.
+const MIN_TASK_MACS: usize = 1 << 16;
+const SERIAL_MACS: usize = MIN_TASK_MACS;
 
 /// One unit of parallel work: rows `r0..r0 + outs[_].len()` of weight `w`.
 struct Task<'o> {
@@ -159,7 +178,14 @@ pub fn matmul_many_with(
     let chunk = if macs < SERIAL_MACS || threads == 1 {
         total_rows.max(1)
     } else {
-        total_rows.div_ceil(threads * 4).max(MIN_TASK_ROWS)
+        // Up to ~8 tasks per thread balances load (other work may hold a core), but none
+        // smaller than MIN_TASK_MACS; rounded to a multiple of 8 rows so the kernels' 4-row
+        // tiles stay whole.
+        let tasks = (macs / MIN_TASK_MACS).clamp(1, threads * 8);
+        total_rows
+            .div_ceil(tasks)
+            .max(MIN_TASK_ROWS)
+            .next_multiple_of(8)
     };
 
     // Split every output row into `chunk`-row pieces; task c of weight t gets piece c of each

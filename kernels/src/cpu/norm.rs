@@ -6,7 +6,10 @@
 /// If `x.len()` is not a multiple of `weight.len()` or `out.len() != x.len()`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
-    assert!(dim > 0 && x.len() % dim == 0 && out.len() == x.len(), "rms_norm: shape mismatch");
+    assert!(
+        dim > 0 && x.len().is_multiple_of(dim) && out.len() == x.len(),
+        "rms_norm: shape mismatch"
+    );
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         let sum_sq: f32 = xr.iter().map(|v| v * v).sum();
         let inv = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
@@ -19,7 +22,10 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// In-place [`rms_norm`] (Qwen3 normalizes each head of Q and K this way).
 pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
-    assert!(dim > 0 && x.len() % dim == 0, "rms_norm_in_place: shape mismatch");
+    assert!(
+        dim > 0 && x.len().is_multiple_of(dim),
+        "rms_norm_in_place: shape mismatch"
+    );
     for xr in x.chunks_exact_mut(dim) {
         let sum_sq: f32 = xr.iter().map(|v| v * v).sum();
         let inv = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
@@ -39,7 +45,10 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 
 /// Adds `bias` to every row of `x` (`[rows, bias.len()]`).
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
-    assert!(!bias.is_empty() && x.len() % bias.len() == 0, "add_bias: shape mismatch");
+    assert!(
+        !bias.is_empty() && x.len().is_multiple_of(bias.len()),
+        "add_bias: shape mismatch"
+    );
     for row in x.chunks_exact_mut(bias.len()) {
         add_in_place(row, bias);
     }

@@ -35,7 +35,10 @@ impl Rope {
     pub fn apply(&self, x: &mut [f32], positions: &[usize], n_heads: usize) {
         let hd = self.head_dim;
         let half = self.inv_freq.len();
-        assert!(2 * half <= hd && x.len() == positions.len() * n_heads * hd, "rope: shape mismatch");
+        assert!(
+            2 * half <= hd && x.len() == positions.len() * n_heads * hd,
+            "rope: shape mismatch"
+        );
         let mut cos = vec![0f32; half];
         let mut sin = vec![0f32; half];
         for (row, &pos) in x.chunks_exact_mut(n_heads * hd).zip(positions) {

@@ -109,7 +109,10 @@ impl RowKernel {
             Imp::Avx2(t) => t.rows(self.ty, k, rows, nrows, x, outs),
             Imp::Scalar => {
                 let be = self.ty.block_elems();
-                assert!(k.is_multiple_of(be), "row length not a whole number of blocks");
+                assert!(
+                    k.is_multiple_of(be),
+                    "row length not a whole number of blocks"
+                );
                 let rb = k / be * self.ty.block_bytes();
                 assert_eq!(rows.len(), rb * nrows, "weight bytes");
                 assert_eq!(x.len(), outs.len() * k, "activation length");

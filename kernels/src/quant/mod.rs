@@ -18,8 +18,8 @@ mod avx2;
 mod kernel;
 mod scalar;
 
-pub use kernel::{Isa, vec_dot, vec_dot_with};
 pub(crate) use kernel::RowKernel;
+pub use kernel::{Isa, vec_dot, vec_dot_with};
 
 /// Elements in one K-quant super-block.
 pub const QK_K: usize = 256;

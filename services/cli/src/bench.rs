@@ -54,7 +54,15 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let (mut engine, _) = loading::engine(loaded, &args.model)?;
     let threads = rayon::current_num_threads();
     let mut table = Table::new(&[
-        "model", "threads", "batch", "prompt", "new", "runs", "prefill tok/s", "decode tok/s (all seqs)", "decode tok/s per seq",
+        "model",
+        "threads",
+        "batch",
+        "prompt",
+        "new",
+        "runs",
+        "prefill tok/s",
+        "decode tok/s (all seqs)",
+        "decode tok/s per seq",
     ]);
     let mut rows_json = Vec::new();
     let mut next_id = 0u64;
@@ -65,8 +73,13 @@ fn decode(args: DecodeArgs) -> Result<()> {
             let requests: Vec<_> = (0..batch)
                 .map(|_| {
                     next_id += 1;
-                    let prompt = (0..args.prompt_tokens as u64).map(|i| ((next_id * 7919 + i * 104_729) % vocab) as u32).collect();
-                    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.new_tokens) };
+                    let prompt = (0..args.prompt_tokens as u64)
+                        .map(|i| ((next_id * 7919 + i * 104_729) % vocab) as u32)
+                        .collect();
+                    let params = SamplingParams {
+                        ignore_eos: true,
+                        ..SamplingParams::greedy(args.new_tokens)
+                    };
                     (next_id, prompt, params)
                 })
                 .collect();

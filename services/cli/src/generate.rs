@@ -143,7 +143,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let elapsed = started.elapsed();
     let generation = results.get(&0).cloned().unwrap_or_default();
-    let finish = if stopped_by_string { FinishReason::Stop } else { generation.finish.unwrap_or(FinishReason::Abort) };
+    let finish = if stopped_by_string {
+        FinishReason::Stop
+    } else {
+        generation.finish.unwrap_or(FinishReason::Abort)
+    };
     if stream {
         let _ = writeln!(stdout);
         return Ok(());

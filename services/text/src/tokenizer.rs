@@ -68,7 +68,7 @@ impl Tokenizer {
         json: &[u8],
         tokenizer_config: Option<&Value>,
     ) -> Result<Self, TextError> {
-        let mut value: Value = serde_json::from_slice(json)
+        let mut inner = tokenizers::Tokenizer::from_bytes(json)
             .map_err(|e| TextError::InvalidTokenizerJson(format!("tokenizer.json: {e}")))?;
         let empty = json!({});
         let config = tokenizer_config.unwrap_or(&empty);
@@ -79,36 +79,29 @@ impl Tokenizer {
         }
         let bos_token = token_string(config.get("bos_token"));
         let eos_token = token_string(config.get("eos_token"));
+        let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
+        let eos_id = eos_token.as_deref().and_then(|t| inner.token_to_id(t));
 
-        // Resolve the configured BOS/EOS against the vocabulary in the JSON
-        // before building, so the post-processor can refer to them.
-        let lookup = |tok: &Option<String>| -> Option<u32> {
-            let tok = tok.as_deref()?;
-            find_token_id(&value, tok)
-        };
-        let (bos_cfg_id, eos_cfg_id) = (lookup(&bos_token), lookup(&eos_token));
-        if value.get("post_processor").is_none_or(Value::is_null) {
+        if inner.get_post_processor().is_none() {
             let flag = |k: &str| config.get(k).and_then(Value::as_bool).unwrap_or(false);
             let bos = bos_token
                 .as_deref()
-                .zip(bos_cfg_id)
+                .zip(bos_id)
                 .filter(|_| flag("add_bos_token"));
             let eos = eos_token
                 .as_deref()
-                .zip(eos_cfg_id)
+                .zip(eos_id)
                 .filter(|_| flag("add_eos_token"));
             let pp = gguf::template_processing(bos, eos);
-            if let Some(obj) = value.as_object_mut() {
-                obj.insert("post_processor".into(), pp);
+            if !pp.is_null() {
+                let pp: tokenizers::PostProcessorWrapper = serde_json::from_value(pp)
+                    .map_err(|e| TextError::InvalidTokenizerJson(format!("post-processor: {e}")))?;
+                inner.with_post_processor(Some(pp));
             }
         }
-        let inner: tokenizers::Tokenizer = serde_json::from_value(value)
-            .map_err(|e| TextError::InvalidTokenizerJson(format!("tokenizer.json: {e}")))?;
 
         let (chat_template, named_templates) =
             parse_templates(config.get("chat_template"), &bos_token, &eos_token)?;
-        let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
-        let eos_id = eos_token.as_deref().and_then(|t| inner.token_to_id(t));
         Ok(Self::assemble(
             inner,
             bos_id,
@@ -138,7 +131,7 @@ impl Tokenizer {
             )?)),
             None => None,
         };
-        let mut tok = Self::assemble(
+        Ok(Self::assemble(
             inner,
             built.bos_id,
             built.eos_id,
@@ -146,10 +139,7 @@ impl Tokenizer {
             eos_token,
             chat_template,
             Vec::new(),
-        );
-        // GGUF may list padding rows beyond the last named token.
-        tok.vocab_size = tok.vocab_size.max(v.tokens.len());
-        Ok(tok)
+        ))
     }
 
     fn assemble(
@@ -231,7 +221,7 @@ impl Tokenizer {
 
     /// Ids that end generation: EOS first, then any of llama.cpp's
     /// end-of-generation tokens (`<|im_end|>`, `<|eot_id|>`,
-    /// `<|endoftext|>`, ...) present as special tokens. See [`EOG_TOKENS`].
+    /// `<|endoftext|>`, ...) present as special or user-defined tokens.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids
     }
@@ -281,6 +271,15 @@ impl Tokenizer {
             .map(|(_, t)| t.as_ref())
     }
 
+    /// Replaces the default chat template, e.g. with the contents of a
+    /// `chat_template.jinja` file (newer HF repositories keep it there
+    /// instead of in `tokenizer_config.json`).
+    pub fn set_chat_template(&mut self, source: &str) -> Result<(), TextError> {
+        let t = ChatTemplate::new(source, self.bos_token(), self.eos_token())?;
+        self.chat_template = Some(Arc::new(t));
+        Ok(())
+    }
+
     /// `tokenizer.json` for this tokenizer, so a worker can ship it to the
     /// gateway. Pass it with [`Tokenizer::to_tokenizer_config`] to
     /// [`Tokenizer::from_tokenizer_json`] to get an equivalent tokenizer.
@@ -325,18 +324,6 @@ fn token_string(v: Option<&Value>) -> Option<String> {
         Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
         _ => None,
     }
-}
-
-/// Looks a token text up in raw `tokenizer.json` (added tokens, then the
-/// model vocabulary), before the tokenizer is built.
-fn find_token_id(tokenizer_json: &Value, token: &str) -> Option<u32> {
-    let added = tokenizer_json.get("added_tokens")?.as_array();
-    let from_added = added
-        .into_iter()
-        .flatten()
-        .find_map(|t| (t.get("content")?.as_str()? == token).then(|| t.get("id")?.as_u64())?);
-    let id = from_added.or_else(|| tokenizer_json.pointer("/model/vocab")?.get(token)?.as_u64())?;
-    u32::try_from(id).ok()
 }
 
 type Templates = (Option<Arc<ChatTemplate>>, Vec<(String, Arc<ChatTemplate>)>);

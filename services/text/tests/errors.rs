@@ -232,5 +232,17 @@ fn tokenizer_config_fields() -> Result<(), TextError> {
     )?;
     assert!(again.chat_template_named("tool_use").is_some());
     assert_eq!(again.encode("e", true)?, vec![1, 2]);
+    // A separate chat_template.jinja replaces the default one.
+    let mut again = again;
+    again.set_chat_template("{{ eos_token }}")?;
+    assert_eq!(
+        again
+            .chat_template()
+            .map(|t| t.render(&msgs, true))
+            .transpose()?
+            .as_deref(),
+        Some("<|endoftext|>")
+    );
+    expect_err(again.set_chat_template("{% endfor %}"), "template_syntax");
     Ok(())
 }

@@ -31,16 +31,42 @@ pub(super) trait Group {
     }
 }
 
+/// An f16 bit pattern as f32, exactly (subnormals, infinities and NaNs included).
+///
+/// Done in general-purpose registers on purpose: building a vector for `vcvtph2ps` from one
+/// 16-bit value makes LLVM emit `vpinsrw` into whatever register is free, often a loop
+/// accumulator, which chains every iteration to the previous one.
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    if em >= 0x7c00 {
+        return f32::from_bits(sign | 0x7f80_0000 | ((em & 0x3ff) << 13));
+    }
+    // The f16 bits shifted into an f32 read 2^112 too small (subnormals included): rescale,
+    // exactly.
+    f32::from_bits(sign | (em << 13)) * f32::from_bits(0x7780_0000)
+}
+
 /// The little-endian f16 at `p`, as f32.
 ///
 /// # Safety
 /// `p` readable for 2 bytes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: caller guarantees 2 readable bytes; read_unaligned has no alignment needs.
-    let bits = unsafe { p.cast::<u16>().read_unaligned() };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    f16_to_f32(u16::from_le(unsafe { p.cast::<u16>().read_unaligned() }))
+}
+
+/// The two little-endian f16 at `p` and `p + 2`, as f32.
+///
+/// # Safety
+/// `p` readable for 4 bytes.
+#[inline(always)]
+unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
+    // SAFETY: forwarded.
+    unsafe { (f16_at(p), f16_at(p.add(2))) }
 }
 
 /// 16 bytes at `p`.
@@ -85,17 +111,6 @@ fn u8x16_to_f32(v: __m128i) -> (__m256, __m256) {
     )
 }
 
-/// Low nibbles (elements 0..16) and high nibbles (16..32) of a Q4_0/Q4_1 block's 16 bytes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn nibbles16(q: __m128i) -> (__m128i, __m128i) {
-    let mask = _mm_set1_epi8(0x0F);
-    (
-        _mm_and_si128(q, mask),
-        _mm_and_si128(_mm_srli_epi16(q, 4), mask),
-    )
-}
-
 pub(super) struct F32;
 pub(super) struct F16;
 pub(super) struct BF16;
@@ -133,7 +148,12 @@ impl Group for F16 {
         // SAFETY: group g is the 64 bytes at 64g (caller contract).
         let (a, b, c, d) = unsafe {
             let p = row.add(64 * g);
-            (load16(p), load16(p.add(16)), load16(p.add(32)), load16(p.add(48)))
+            (
+                load16(p),
+                load16(p.add(16)),
+                load16(p.add(32)),
+                load16(p.add(48)),
+            )
         };
         [
             _mm256_cvtph_ps(a),
@@ -151,9 +171,20 @@ impl Group for BF16 {
         // SAFETY: group g is the 64 bytes at 64g (caller contract).
         let v = unsafe {
             let p = row.add(64 * g);
-            [load16(p), load16(p.add(16)), load16(p.add(32)), load16(p.add(48))]
+            [
+                load16(p),
+                load16(p.add(16)),
+                load16(p.add(32)),
+                load16(p.add(48)),
+            ]
         };
-        v.map(|h| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)))
+        // bf16 → f32 is "append 16 zero bits": interleave zero words below each value.
+        let z = _mm_setzero_si128();
+        v.map(|h| {
+            let lo = _mm_unpacklo_epi16(z, h);
+            let hi = _mm_unpackhi_epi16(z, h);
+            _mm256_castsi256_ps(_mm256_set_m128i(hi, lo))
+        })
     }
 }
 
@@ -193,16 +224,18 @@ impl Group for Q4_0 {
             let b = row.add(18 * g);
             (f16_at(b), load16(b.add(2)))
         };
-        let d = _mm256_set1_ps(d);
-        let eight = _mm_set1_epi8(8);
-        let (lo, hi) = nibbles16(q);
-        let (a, b) = i8x16_to_f32(_mm_sub_epi8(lo, eight));
-        let (c, e) = i8x16_to_f32(_mm_sub_epi8(hi, eight));
+        let [f0, f1, f2, f3] = nibbles_magic(q);
+        // d·q − 8d in one rounding equals the reference's d·(q − 8) exactly.
+        let (dl, dh, off) = (
+            _mm256_set1_ps(d),
+            _mm256_set1_ps(d * (1.0 / 16.0)),
+            _mm256_set1_ps(-8.0 * d),
+        );
         [
-            _mm256_mul_ps(a, d),
-            _mm256_mul_ps(b, d),
-            _mm256_mul_ps(c, d),
-            _mm256_mul_ps(e, d),
+            _mm256_fmadd_ps(f0, dl, off),
+            _mm256_fmadd_ps(f1, dl, off),
+            _mm256_fmadd_ps(f2, dh, off),
+            _mm256_fmadd_ps(f3, dh, off),
         ]
     }
 }
@@ -214,9 +247,9 @@ impl Group for Q4_1 {
     #[inline]
     unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
         // SAFETY: block g is the 20 bytes at 20g: d, m at +0, +2, qs at +4..+20.
-        let (d, m, q) = unsafe {
+        let ((d, m), q) = unsafe {
             let b = row.add(20 * g);
-            (f16_at(b), f16_at(b.add(2)), load16(b.add(4)))
+            (f16x2_at(b), load16(b.add(4)))
         };
         let [f0, f1, f2, f3] = nibbles_magic(q);
         let (dl, dh, m) = (
@@ -268,7 +301,7 @@ fn nibbles_magic(q: __m128i) -> [__m256; 4] {
     [f(t0, mlo), f(t1, mlo), f(t0, mhi), f(t1, mhi)]
 }
 
-/// The 32 bytes `q` as 4 × 8 f32 after `(q >> shift) & 0x0F` (unsigned).
+/// 32 unsigned bytes as 4 × 8 f32, in order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn nibbles32_to_f32(q: __m256i) -> [__m256; 4] {
@@ -288,7 +321,7 @@ fn nibbles32_to_f32(q: __m256i) -> [__m256; 4] {
 unsafe fn k4_scale_min(b: *const u8, s: usize) -> (__m256, __m256) {
     // SAFETY: d, dmin, scales[12] are the first 16 bytes (caller contract); [u8; 12] has
     // alignment 1.
-    let (d, dmin, scales) = unsafe { (f16_at(b), f16_at(b.add(2)), &*b.add(4).cast::<[u8; 12]>()) };
+    let ((d, dmin), scales) = unsafe { (f16x2_at(b), &*b.add(4).cast::<[u8; 12]>()) };
     let (sc, m) = scale_min_k4(s, scales);
     (
         _mm256_set1_ps(d * f32::from(sc)),
@@ -434,8 +467,9 @@ unsafe fn q8_0_dot1(row: *const u8, x: *const f32, ng: usize) -> f32 {
     hsum(_mm256_add_ps(a0, a1))
 }
 
-/// Single-row Q4_1: `Σ_blocks d·(Σ q·x) + m·(Σ x)`, two blocks per iteration into separate
-/// accumulators, with `Σ x` per block precomputed once per call.
+/// Single-row Q4_1: `Σ_blocks d·(Σ q·x) + m·(Σ x)`, alternating between two accumulators
+/// (the scale FMA is the loop-carried dependency), with `Σ x` per block precomputed once per
+/// call.
 ///
 /// # Safety
 /// As [`Group::dot1`] (with `xsum`).
@@ -449,12 +483,11 @@ unsafe fn q4_1_dot1(row: *const u8, x: *const f32, xsum: *const f32, ng: usize) 
     let mut g = 0;
     while g < ng {
         // SAFETY: g < ng: block g is the 20 bytes at 20g, x has 32 f32s at 32g, xsum[g].
-        let (d, m, q, xs, x0, x1, x2, x3) = unsafe {
+        let ((d, m), q, xs, x0, x1, x2, x3) = unsafe {
             let b = row.add(20 * g);
             let p = x.add(32 * g);
             (
-                f16_at(b),
-                f16_at(b.add(2)),
+                f16x2_at(b),
                 load16(b.add(4)),
                 *xsum.add(g),
                 _mm256_loadu_ps(p),
@@ -476,4 +509,19 @@ unsafe fn q4_1_dot1(row: *const u8, x: *const f32, xsum: *const f32, ng: usize) 
         g += 1;
     }
     hsum(_mm256_add_ps(a0, a1)) + mx
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn f16_to_f32_is_exact_for_every_bit_pattern() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = super::f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
+    }
 }

@@ -3,9 +3,12 @@
 //! - One activation row (`m == 1`, decode): each weight group of 32 is decoded in registers
 //!   and multiplied straight into the accumulators ([`groups::Group::dot1`]); Q4_1 and Q8_0
 //!   have hand-tuned versions.
-//! - Several rows (`m > 1`): a tile of 4 weight rows is decoded once into an L1-resident f32
-//!   buffer, then a 4×2 register-blocked microkernel ([`tile`]) runs it against every pair of
-//!   activation rows, so decode cost is shared by all `m` rows and the inner loop is pure FMA.
+//! - A few rows (`m` = 2..4): the same, each decoded group feeding all `m` rows
+//!   ([`dot_rows_m`]).
+//! - More rows: a tile of 4 weight rows is decoded once into an L1-resident f32 buffer, then a
+//!   4×2 register-blocked microkernel ([`tile`]) runs it against every pair of activation rows,
+//!   so decode cost is shared by all `m` rows and the inner loop is pure FMA (F32 weights are
+//!   read in place, from `m = 2`).
 //!
 //! The unsafe code is of two kinds: calling `#[target_feature]` functions, justified by the
 //! [`Avx2`] token (only constructible after runtime detection), and unaligned loads through raw
@@ -60,12 +63,21 @@ impl Avx2 {
         outs: &mut [&mut [f32]],
     ) {
         let be = ty.block_elems();
-        assert!(k.is_multiple_of(be), "row length not a whole number of blocks");
+        assert!(
+            k.is_multiple_of(be),
+            "row length not a whole number of blocks"
+        );
         let rb = k / be * ty.block_bytes();
         assert_eq!(rows.len(), rb * nrows, "weight bytes");
         assert_eq!(x.len(), outs.len() * k, "activation length");
-        for o in outs.iter() {
+        for o in outs.iter_mut() {
             assert!(o.len() >= nrows, "output length");
+            if k == 0 {
+                o[..nrows].fill(0.0);
+            }
+        }
+        if k == 0 {
+            return;
         }
         let a = Args {
             ty,
@@ -90,9 +102,14 @@ impl Avx2 {
 
     #[inline(always)]
     fn run<G: Group>(self, a: &Args<'_>, outs: &mut [&mut [f32]]) {
-        match outs {
-            [] => {}
-            [out] => self.single::<G>(a, out),
+        // F32 needs no decoding, so its tiles read the rows in place and win from m = 2.
+        let direct = a.ty == GgmlType::F32;
+        match outs.len() {
+            0 => {}
+            1 => self.single::<G>(a, outs[0]),
+            2 if !direct => self.fused::<G, 2>(a, outs),
+            3 if !direct => self.fused::<G, 3>(a, outs),
+            4 if !direct => self.fused::<G, 4>(a, outs),
             _ => self.tiled::<G>(a, outs),
         }
     }
@@ -117,9 +134,39 @@ impl Avx2 {
                 let mut w = [0f32; 32];
                 let es = a.ty.block_bytes();
                 scalar::dequantize(a.ty, &row[(k - tail) * es..], &mut w[..tail]);
-                y += w[..tail].iter().zip(&x[k - tail..]).map(|(p, q)| p * q).sum::<f32>();
+                y += w[..tail]
+                    .iter()
+                    .zip(&x[k - tail..])
+                    .map(|(p, q)| p * q)
+                    .sum::<f32>();
             }
             *o = y;
+        }
+    }
+
+    /// A few activation rows: decode each weight group once, in registers, for all of them.
+    #[inline(always)]
+    fn fused<G: Group, const M: usize>(self, a: &Args<'_>, outs: &mut [&mut [f32]]) {
+        let k = a.k;
+        let ng = k / 32;
+        let tail = k % 32; // only float types have one
+        for j in 0..a.nrows {
+            let row = &a.rows[j * a.rb..(j + 1) * a.rb];
+            // SAFETY: `self` proves AVX2/FMA/F16C; `row` holds ng whole groups and `x` holds
+            // M = outs.len() rows of k >= 32ng f32s (asserted in `rows`).
+            let y = unsafe { dot_rows_m::<G, M>(row.as_ptr(), a.x.as_ptr(), k, ng) };
+            for (i, o) in outs.iter_mut().enumerate() {
+                o[j] = y[i];
+            }
+            if tail != 0 {
+                let mut w = [0f32; 32];
+                let es = a.ty.block_bytes();
+                scalar::dequantize(a.ty, &row[(k - tail) * es..], &mut w[..tail]);
+                for (i, o) in outs.iter_mut().enumerate() {
+                    let xs = &a.x[(i + 1) * k - tail..(i + 1) * k];
+                    o[j] += w[..tail].iter().zip(xs).map(|(p, q)| p * q).sum::<f32>();
+                }
+            }
         }
     }
 
@@ -137,21 +184,23 @@ impl Avx2 {
         let mut j0 = 0;
         while j0 < a.nrows {
             let tw = TILE_W.min(a.nrows - j0);
-            let mut ptrs = [std::ptr::null::<f32>(); TILE_W];
-            for t in 0..tw {
-                let row = &a.rows[(j0 + t) * a.rb..(j0 + t + 1) * a.rb];
-                ptrs[t] = if direct {
-                    row.as_ptr().cast()
-                } else {
-                    let dst = &mut buf[t * k..(t + 1) * k];
+            let tile_rows = &a.rows[j0 * a.rb..(j0 + tw) * a.rb];
+            if !direct {
+                for (row, dst) in tile_rows.chunks_exact(a.rb).zip(buf.chunks_exact_mut(k)) {
                     // SAFETY: AVX2 proven by `self`; `row` holds k elements of `ty`.
                     unsafe { decode_row::<G>(a.ty, row, dst) };
-                    dst.as_ptr()
-                };
+                }
             }
-            for t in tw..TILE_W {
-                ptrs[t] = ptrs[tw - 1]; // padding: recompute the last row, discard it
-            }
+            // Row pointers, taken after all writes; padding rows repeat the last real row
+            // (computed and discarded).
+            let src: *const f32 = if direct {
+                tile_rows.as_ptr().cast()
+            } else {
+                buf.as_ptr()
+            };
+            // SAFETY: min(t, tw - 1) < tw rows of k f32s (F32 rows are exactly 4k bytes).
+            let ptrs: [*const f32; TILE_W] =
+                std::array::from_fn(|t| unsafe { src.add(t.min(tw - 1) * k) });
             let mut i = 0;
             while i < m {
                 let xp = a.x[i * k..].as_ptr();
@@ -216,32 +265,52 @@ unsafe fn decode_row<G: Group>(ty: GgmlType, row: &[u8], dst: &mut [f32]) {
 
 /// `Σ decode(row) · x` over `ng` groups, one activation row.
 ///
-/// Per group the four products are summed as `(w0·x0 + w1·x1) + (w2·x2 + w3·x3)`, so the
-/// accumulator sees a single add per group (a short loop-carried chain).
-///
 /// # Safety
 /// AVX2/FMA/F16C available; `row` holds `ng` groups; `x` readable for `32 * ng` f32s.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_rows<G: Group + ?Sized>(row: *const u8, x: *const f32, ng: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    // SAFETY: forwarded.
+    unsafe { dot_rows_m::<G, 1>(row, x, 0, ng)[0] }
+}
+
+/// `y[i] = Σ_g decode(row, g) · x[i*k + 32g ..]` for `i < M`: each group is decoded once, in
+/// registers, and used for all `M` activation rows.
+///
+/// Per group and row the four products are summed as `(w0·x0 + w1·x1) + (w2·x2 + w3·x3)`, so
+/// each accumulator sees a single add per group (a short loop-carried chain).
+///
+/// # Safety
+/// AVX2/FMA/F16C available; `row` holds `ng` groups; `x` readable for `(M-1)*k + 32*ng` f32s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_rows_m<G: Group + ?Sized, const M: usize>(
+    row: *const u8,
+    x: *const f32,
+    k: usize,
+    ng: usize,
+) -> [f32; M] {
+    let mut acc = [_mm256_setzero_ps(); M];
     for g in 0..ng {
-        // SAFETY: g < ng, per the caller's contract, for both the group and its 32 x values.
-        let (w, x0, x1, x2, x3) = unsafe {
-            let p = x.add(32 * g);
-            (
-                G::decode(row, g),
-                _mm256_loadu_ps(p),
-                _mm256_loadu_ps(p.add(8)),
-                _mm256_loadu_ps(p.add(16)),
-                _mm256_loadu_ps(p.add(24)),
-            )
-        };
-        let t = _mm256_fmadd_ps(w[1], x1, _mm256_mul_ps(w[0], x0));
-        let u = _mm256_fmadd_ps(w[3], x3, _mm256_mul_ps(w[2], x2));
-        acc = _mm256_add_ps(acc, _mm256_add_ps(t, u));
+        // SAFETY: g < ng, per the caller's contract.
+        let w = unsafe { G::decode(row, g) };
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: i < M and 32g + 32 <= 32ng, within the caller's bound on `x`.
+            let (x0, x1, x2, x3) = unsafe {
+                let p = x.add(i * k + 32 * g);
+                (
+                    _mm256_loadu_ps(p),
+                    _mm256_loadu_ps(p.add(8)),
+                    _mm256_loadu_ps(p.add(16)),
+                    _mm256_loadu_ps(p.add(24)),
+                )
+            };
+            let t = _mm256_fmadd_ps(w[1], x1, _mm256_mul_ps(w[0], x0));
+            let u = _mm256_fmadd_ps(w[3], x3, _mm256_mul_ps(w[2], x2));
+            *a = _mm256_add_ps(*a, _mm256_add_ps(t, u));
+        }
     }
-    hsum(acc)
+    acc.map(|a| hsum(a))
 }
 
 /// `r[t][i] = Σ_e w[t][e] · x[i*k + e]` for 4 weight rows and `X` activation rows: 4·X
@@ -251,7 +320,12 @@ unsafe fn dot_rows<G: Group + ?Sized>(row: *const u8, x: *const f32, ng: usize) 
 /// AVX2/FMA available; each `w[t]` readable for `k` f32s (any alignment); `x` for `X*k`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile<const X: usize>(w: [*const f32; TILE_W], x: *const f32, k: usize) -> [[f32; X]; TILE_W] {
+#[allow(clippy::needless_range_loop)] // index loops read clearest in a register-blocked kernel
+unsafe fn tile<const X: usize>(
+    w: [*const f32; TILE_W],
+    x: *const f32,
+    k: usize,
+) -> [[f32; X]; TILE_W] {
     let mut acc = [[_mm256_setzero_ps(); X]; TILE_W];
     let k8 = k - k % 8;
     let mut e = 0;

@@ -344,7 +344,7 @@ fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Rope {
                 };
                 let smooth =
                     (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
-                let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                 *f = if medium {
                     (1.0 - smooth) * scaled / factor + smooth * scaled
                 } else {

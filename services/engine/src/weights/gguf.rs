@@ -110,7 +110,9 @@ impl GgufFile {
             Some(v) => match v.as_u64() {
                 Some(a) if a > 0 && a.is_power_of_two() => a,
                 _ => {
-                    return Err(reader.bad(format!("general.alignment {v:?} is not a power of two")));
+                    return Err(
+                        reader.bad(format!("general.alignment {v:?} is not a power of two"))
+                    );
                 }
             },
         };

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use ferrite_engine::kv_cache::{KvBlockPool, KvCache, BlockTable, blocks_for};
+use ferrite_engine::kv_cache::{BlockTable, KvBlockPool, KvCache, blocks_for};
 use ferrite_engine::model::{LlamaModel, LogitsWanted, SeqChunk};
 
 pub fn fixtures() -> PathBuf {
@@ -37,7 +37,13 @@ pub fn prefill_logits(model: &LlamaModel, tokens: &[u32], wanted: LogitsWanted) 
     let c = model.config();
     let block_size = 16;
     let n_blocks = blocks_for(tokens.len(), block_size);
-    let mut kv = KvCache::new(c.num_layers, n_blocks, block_size, c.num_kv_heads, c.head_dim);
+    let mut kv = KvCache::new(
+        c.num_layers,
+        n_blocks,
+        block_size,
+        c.num_kv_heads,
+        c.head_dim,
+    );
     let mut pool = KvBlockPool::new(n_blocks as u32);
     let mut table = BlockTable::default();
     assert!(pool.allocate_into(n_blocks, &mut table));
@@ -52,5 +58,8 @@ pub fn prefill_logits(model: &LlamaModel, tokens: &[u32], wanted: LogitsWanted) 
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }

@@ -1,0 +1,229 @@
+//! `ferrite worker`, `ferrite gateway` and `ferrite serve` (both in one process).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ferrite_engine::registry;
+use ferrite_gateway::Gateway;
+use ferrite_placement::{KeySchema, Store};
+use ferrite_worker::{RunningWorker, WorkerConfig};
+
+use crate::loading::ModelArgs;
+
+/// Where placement lives.
+#[derive(Debug, Clone, Args)]
+pub struct PlacementArgs {
+    /// etcd endpoints, comma-separated (e.g. http://127.0.0.1:2379). `serve` without it uses an
+    /// in-process store.
+    #[arg(long, value_delimiter = ',', env = "FERRITE_ETCD")]
+    pub etcd: Vec<String>,
+    /// Key prefix in etcd.
+    #[arg(long, default_value = "/ferrite/v1", env = "FERRITE_ETCD_PREFIX")]
+    pub prefix: String,
+}
+
+impl PlacementArgs {
+    async fn store(&self, embedded_ok: bool) -> Result<(Store, KeySchema)> {
+        let schema = KeySchema::new(self.prefix.clone());
+        if self.etcd.is_empty() {
+            anyhow::ensure!(embedded_ok, "--etcd is required");
+            return Ok((Store::embedded(), schema));
+        }
+        let store = Store::connect(&self.etcd, &self.prefix)
+            .await
+            .with_context(|| format!("connecting to etcd at {}", self.etcd.join(",")))?;
+        Ok((store, schema))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The pool this rank belongs to.
+    #[arg(long, default_value = "pool-0")]
+    pool: String,
+    #[arg(long, default_value_t = 0)]
+    rank: u32,
+    /// Ranks in the pool (tensor-parallel size).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Worker gRPC listen address (port 0 = any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Host other processes reach this worker at (default: the listen IP).
+    #[arg(long)]
+    advertise_host: Option<String>,
+    /// Name clients use for this model (default: the --model name, or the file's stem).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
+    #[arg(long, default_value_t = 5)]
+    lease_ttl_s: u64,
+    #[arg(long, default_value_t = 30)]
+    drain_timeout_s: u64,
+    #[command(flatten)]
+    placement: PlacementArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    /// Public gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// OpenAI-compatible HTTP listen address.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    http_listen: SocketAddr,
+    #[command(flatten)]
+    placement: PlacementArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    worker: WorkerArgs,
+    /// Public gRPC listen address.
+    #[arg(long = "grpc-listen", default_value = "127.0.0.1:50051")]
+    grpc_listen: SocketAddr,
+    /// OpenAI-compatible HTTP listen address.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    http_listen: SocketAddr,
+}
+
+fn served_name(args: &WorkerArgs) -> String {
+    if let Some(n) = &args.served_model_name {
+        return n.clone();
+    }
+    if registry::known(&args.model.model).is_some() {
+        return args.model.model.clone();
+    }
+    let p = Path::new(&args.model.model);
+    p.file_stem().map_or_else(
+        || args.model.model.clone(),
+        |s| s.to_string_lossy().into_owned(),
+    )
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ferrite-io")
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn start_worker(args: &WorkerArgs, store: Store, schema: KeySchema) -> Result<RunningWorker> {
+    let model_args = args.model.clone();
+    let loaded = tokio::task::spawn_blocking(move || model_args.load())
+        .await
+        .context("model loading thread")??;
+    let cfg = WorkerConfig {
+        model_name: served_name(args),
+        pool: args.pool.clone(),
+        rank: args.rank,
+        tp: args.tp,
+        listen: args.listen,
+        advertise_host: args.advertise_host.clone(),
+        engine: args.model.engine_config(),
+        max_waiting: args.max_waiting,
+        lease_ttl: Duration::from_secs(args.lease_ttl_s.max(1)),
+        drain_timeout: Duration::from_secs(args.drain_timeout_s),
+        node: hostname(),
+    };
+    Ok(RunningWorker::start(loaded, cfg, store, schema).await?)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+pub fn worker(args: WorkerArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let (store, schema) = args.placement.store(false).await?;
+        let worker = start_worker(&args, store, schema).await?;
+        println!(
+            "ferrite worker: pool {} rank {} serving on {}",
+            args.pool, args.rank, worker.addr
+        );
+        println!("ready");
+        shutdown_signal().await;
+        eprintln!("ferrite worker: draining");
+        worker.drain().await?;
+        Ok(())
+    })
+}
+
+pub fn gateway(args: GatewayArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let (store, schema) = args.placement.store(false).await?;
+        let gw = Gateway::new(store, schema);
+        let (addrs, task) =
+            ferrite_gateway::serve(gw, args.listen, args.http_listen, shutdown_signal())
+                .await
+                .context("binding the gateway's listeners")?;
+        println!(
+            "ferrite gateway: gRPC on {}, HTTP on {}",
+            addrs.grpc, addrs.http
+        );
+        println!("ready");
+        task.await.context("gateway task")?;
+        Ok(())
+    })
+}
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    runtime()?.block_on(async {
+        let (store, schema) = args.worker.placement.store(true).await?;
+        let worker = start_worker(&args.worker, store.clone(), schema.clone()).await?;
+        let gw = Gateway::new(store, schema);
+        let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addrs, task) = ferrite_gateway::serve(gw, args.grpc_listen, args.http_listen, async {
+            let _ = gateway_stopped.await;
+        })
+        .await
+        .context("binding the gateway's listeners")?;
+        println!("ferrite serve: model {}", served_name(&args.worker));
+        println!("  gRPC (ferrite.v1.Inference): {}", addrs.grpc);
+        println!("  HTTP (OpenAI-compatible):    http://{}/v1", addrs.http);
+        println!("ready");
+        shutdown_signal().await;
+        eprintln!("ferrite serve: draining");
+        // Finish in-flight requests first, then stop accepting connections.
+        worker.drain().await?;
+        let _ = stop_gateway.send(());
+        task.await.context("gateway task")?;
+        Ok(())
+    })
+}

@@ -1,0 +1,68 @@
+//! The gateway's errors: one enum, mapped to gRPC status here and to OpenAI's JSON error shape
+//! in the HTTP module.
+
+use tonic::{Code, Status};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GatewayError {
+    #[error("model `{0}` is not served here (see ListModels)")]
+    ModelNotFound(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("the request's deadline passed")]
+    DeadlineExceeded,
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::InvalidArgument(_) => "invalid_argument",
+            GatewayError::ResourceExhausted(_) => "resource_exhausted",
+            GatewayError::Unavailable(_) => "unavailable",
+            GatewayError::DeadlineExceeded => "deadline_exceeded",
+            GatewayError::Internal(_) => "internal",
+        }
+    }
+
+    /// Whether another pool might succeed where this one failed (before any token was sent).
+    pub fn retryable(&self) -> bool {
+        matches!(self, GatewayError::Unavailable(_))
+    }
+
+    /// A worker's status, as the gateway reports it.
+    pub fn from_worker(s: &Status) -> Self {
+        let msg = s.message().to_owned();
+        match s.code() {
+            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+                GatewayError::InvalidArgument(msg)
+            }
+            Code::ResourceExhausted => GatewayError::ResourceExhausted(msg),
+            Code::DeadlineExceeded => GatewayError::DeadlineExceeded,
+            Code::Unavailable | Code::Cancelled | Code::Unknown | Code::Aborted => {
+                GatewayError::Unavailable(format!("the worker pool failed: {msg}"))
+            }
+            _ => GatewayError::Internal(format!("worker: {} ({:?})", msg, s.code())),
+        }
+    }
+}
+
+impl From<GatewayError> for Status {
+    fn from(e: GatewayError) -> Self {
+        let msg = e.to_string();
+        match e {
+            GatewayError::ModelNotFound(_) => Status::not_found(msg),
+            GatewayError::InvalidArgument(_) => Status::invalid_argument(msg),
+            GatewayError::ResourceExhausted(_) => Status::resource_exhausted(msg),
+            GatewayError::Unavailable(_) => Status::unavailable(msg),
+            GatewayError::DeadlineExceeded => Status::deadline_exceeded(msg),
+            GatewayError::Internal(_) => Status::internal(msg),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The public `ferrite.v1.Inference` gRPC service.
+
+use std::pin::Pin;
+use std::time::Instant;
+
+use ferrite_proto::v1 as api;
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use crate::Gateway;
+use crate::stream::GenerateEvent;
+use crate::validate::{Prompt, tokenize};
+
+/// The gRPC face of a [`Gateway`].
+#[derive(Debug, Clone)]
+pub struct InferenceService {
+    gateway: Gateway,
+}
+
+impl InferenceService {
+    pub fn new(gateway: Gateway) -> Self {
+        Self { gateway }
+    }
+}
+
+fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
+    use api::generate_response::Event;
+    let event = match ev {
+        GenerateEvent::Delta {
+            text,
+            token_ids,
+            logprobs,
+        } => Event::Delta(api::Delta {
+            text,
+            token_ids,
+            logprobs,
+        }),
+        GenerateEvent::Finish {
+            reason,
+            prompt_tokens,
+            completion_tokens,
+            time_to_first_token_ms,
+        } => Event::Finish(api::Finish {
+            reason: reason as i32,
+            usage: Some(api::Usage {
+                prompt_tokens,
+                completion_tokens,
+            }),
+            time_to_first_token_ms,
+        }),
+    };
+    api::GenerateResponse { event: Some(event) }
+}
+
+/// The deadline the client set with `grpc-timeout`, if any.
+fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
+    let raw = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (num, unit) = raw.split_at(raw.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    let d = match unit {
+        "H" => std::time::Duration::from_secs(n * 3600),
+        "M" => std::time::Duration::from_secs(n * 60),
+        "S" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_millis(n),
+        "u" => std::time::Duration::from_micros(n),
+        "n" => std::time::Duration::from_nanos(n),
+        _ => return None,
+    };
+    Some(Instant::now() + d)
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<api::GenerateResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl api::inference_server::Inference for InferenceService {
+    type GenerateStream = EventStream;
+
+    async fn generate(
+        &self,
+        request: Request<api::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let started = Instant::now();
+        let deadline = deadline_of(&request);
+        let req = request.into_inner();
+        let prompt = Prompt::from_proto(req.prompt)?;
+        let events = self
+            .gateway
+            .generate(&req.model, &prompt, req.sampling, deadline, started)
+            .await?;
+        Ok(Response::new(Box::pin(
+            events.map(|r| r.map(to_proto).map_err(Status::from)),
+        )))
+    }
+
+    async fn tokenize(
+        &self,
+        request: Request<api::TokenizeRequest>,
+    ) -> Result<Response<api::TokenizeResponse>, Status> {
+        let req = request.into_inner();
+        let text = self.gateway.model_text(&req.model).await?;
+        use api::tokenize_request::Input;
+        let prompt = match req.input {
+            Some(Input::Text(t)) => {
+                let add = req.add_special_tokens.unwrap_or(text.add_special_tokens);
+                let ids = text
+                    .tokenizer
+                    .encode(&t, add)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                return Ok(Response::new(api::TokenizeResponse {
+                    token_ids: ids,
+                    rendered: String::new(),
+                }));
+            }
+            Some(Input::Chat(c)) => {
+                Prompt::from_proto(Some(api::generate_request::Prompt::Chat(c)))?
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "nothing to tokenize (text or chat)",
+                ));
+            }
+        };
+        let (ids, rendered) = tokenize(&text, &prompt)?;
+        Ok(Response::new(api::TokenizeResponse {
+            token_ids: ids,
+            rendered: rendered.unwrap_or_default(),
+        }))
+    }
+
+    async fn detokenize(
+        &self,
+        request: Request<api::DetokenizeRequest>,
+    ) -> Result<Response<api::DetokenizeResponse>, Status> {
+        let req = request.into_inner();
+        let text = self.gateway.model_text(&req.model).await?;
+        let s = text
+            .tokenizer
+            .decode(&req.token_ids, req.skip_special_tokens)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(api::DetokenizeResponse { text: s }))
+    }
+
+    async fn list_models(
+        &self,
+        _: Request<api::ListModelsRequest>,
+    ) -> Result<Response<api::ListModelsResponse>, Status> {
+        let models = self
+            .gateway
+            .pools()
+            .models()
+            .into_iter()
+            .map(|(name, max_model_len, ready_pools)| api::Model {
+                name,
+                max_model_len,
+                ready_pools,
+            })
+            .collect();
+        Ok(Response::new(api::ListModelsResponse { models }))
+    }
+}

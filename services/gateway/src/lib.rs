@@ -1,0 +1,152 @@
+//! The gateway: ferrite's public front.
+//!
+//! # Layout
+//!
+//! - [`pools`]: the view of placement (ready pools by model), kept current by a watch.
+//! - [`models`]: each model's tokenizer and limits, fetched from a pool (no model files here).
+//! - [`validate`]: prompt rendering/tokenization and the checks that build a
+//!   [`validate::ValidatedRequest`].
+//! - [`route`]: power-of-two-choices routing, retry before the first token.
+//! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
+//! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API.
+//! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
+//!
+//! The gateway owns text; workers own tokens.
+
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod models;
+pub mod pools;
+pub mod route;
+pub mod stream;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrite_placement::{KeySchema, Store};
+use ferrite_proto::v1 as api;
+use futures::Stream;
+use tokio::net::TcpListener;
+
+pub use error::GatewayError;
+use models::{ModelText, ModelTexts};
+use pools::PoolView;
+use stream::GenerateEvent;
+use validate::Prompt;
+
+/// Shared state of one gateway process. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    pools: PoolView,
+    texts: Arc<ModelTexts>,
+}
+
+impl Gateway {
+    /// A gateway following the pools under `schema` in `store`.
+    pub fn new(store: Store, schema: KeySchema) -> Self {
+        let pools = PoolView::default();
+        let follower = pools.clone();
+        tokio::spawn(async move { follower.follow(store, schema).await });
+        Self {
+            pools,
+            texts: Arc::new(ModelTexts::default()),
+        }
+    }
+
+    pub fn pools(&self) -> &PoolView {
+        &self.pools
+    }
+
+    /// The text side of `model`: NOT_FOUND if no ready pool serves it.
+    pub async fn model_text(&self, model: &str) -> Result<Arc<ModelText>, GatewayError> {
+        let ready = self.pools.ready(model);
+        if ready.is_empty() {
+            return Err(GatewayError::ModelNotFound(model.to_owned()));
+        }
+        self.texts.get(model, &ready).await
+    }
+
+    /// Validates, routes and streams one completion.
+    pub async fn generate(
+        &self,
+        model: &str,
+        prompt: &Prompt,
+        sampling: Option<api::SamplingParams>,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + use<>, GatewayError>
+    {
+        let text = self.model_text(model).await?;
+        let req = validate::validate(text, prompt, sampling)?;
+        let upstream = route::open(&self.pools, &req, deadline).await?;
+        Ok(stream::events(&req, upstream, started))
+    }
+}
+
+/// Where a running gateway listens.
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayAddrs {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+}
+
+/// Binds both listeners and serves until `shutdown` resolves.
+pub async fn serve(
+    gateway: Gateway,
+    grpc_listen: SocketAddr,
+    http_listen: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(GatewayAddrs, tokio::task::JoinHandle<()>)> {
+    let grpc_listener = TcpListener::bind(grpc_listen).await?;
+    let http_listener = TcpListener::bind(http_listen).await?;
+    let addrs = GatewayAddrs {
+        grpc: grpc_listener.local_addr()?,
+        http: http_listener.local_addr()?,
+    };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<api::inference_server::InferenceServer<grpc::InferenceService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ferrite_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(std::io::Error::other)?;
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut stop_grpc = stop_tx.subscribe();
+    let mut stop_http = stop_tx.subscribe();
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(api::inference_server::InferenceServer::new(
+            grpc::InferenceService::new(gateway.clone()),
+        ))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            async move {
+                let _ = stop_grpc.recv().await;
+            },
+        );
+    let http =
+        axum::serve(http_listener, http::router(gateway)).with_graceful_shutdown(async move {
+            let _ = stop_http.recv().await;
+        });
+    let task = tokio::spawn(async move {
+        let stopper = tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(());
+        });
+        let (g, h) = tokio::join!(grpc, http);
+        if let Err(e) = g {
+            tracing::error!("gRPC server: {e}");
+        }
+        if let Err(e) = h {
+            tracing::error!("HTTP server: {e}");
+        }
+        stopper.abort();
+    });
+    Ok((addrs, task))
+}

@@ -1,0 +1,134 @@
+//! Choosing a pool and streaming from it.
+//!
+//! Power of two choices: of the ready pools serving the model (minus those already tried),
+//! pick two at random and take the one with less outstanding work. A pool that fails before
+//! sending its first token is marked tried and the request goes to another; once a token has
+//! reached the client the request is bound to its pool.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use ferrite_proto::worker::v1 as pb;
+use futures::{Stream, StreamExt};
+
+use crate::error::GatewayError;
+use crate::pools::{Pool, PoolView};
+use crate::validate::ValidatedRequest;
+
+/// The worker's token stream, with the pool's outstanding count held until it is dropped.
+pub struct Upstream {
+    pub first: pb::GenerateResponse,
+    pub rest: Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, tonic::Status>> + Send>>,
+    _guard: Outstanding,
+    pub pool: String,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Outstanding(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Two random candidates, the less loaded wins.
+pub fn pick(candidates: &[Pool], seed: u64) -> Option<&Pool> {
+    match candidates.len() {
+        0 => None,
+        1 => candidates.first(),
+        n => {
+            let a = (seed % n as u64) as usize;
+            let mut b = ((seed >> 32) % (n as u64 - 1)) as usize;
+            if b >= a {
+                b += 1;
+            }
+            let (pa, pb) = (&candidates[a], &candidates[b]);
+            Some(if pb.load() < pa.load() { pb } else { pa })
+        }
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+/// Sends `req` to a ready pool of its model and waits for the first token, trying other
+/// pools while the failure is retryable.
+pub async fn open(
+    view: &PoolView,
+    req: &ValidatedRequest,
+    deadline: Option<Instant>,
+) -> Result<Upstream, GatewayError> {
+    let model = &req.model().name;
+    let mut tried: HashSet<String> = HashSet::new();
+    let mut last_err = None;
+    loop {
+        let candidates: Vec<Pool> = view
+            .ready(model)
+            .into_iter()
+            .filter(|p| !tried.contains(&p.name))
+            .collect();
+        let Some(pool) = pick(&candidates, random_seed()).cloned() else {
+            return Err(last_err.unwrap_or_else(|| {
+                GatewayError::Unavailable(format!("no ready pool serves `{model}`"))
+            }));
+        };
+        tried.insert(pool.name.clone());
+        pool.outstanding.fetch_add(1, Ordering::Relaxed);
+        let guard = Outstanding(pool.outstanding.clone());
+        let attempt = async {
+            let mut client = pool.client.clone();
+            let mut request = tonic::Request::new(req.worker_request());
+            if let Some(d) = deadline {
+                request.set_timeout(d.saturating_duration_since(Instant::now()));
+            }
+            let mut stream = client
+                .generate(request)
+                .await
+                .map_err(|s| GatewayError::from_worker(&s))?
+                .into_inner();
+            match stream.next().await {
+                Some(Ok(first)) => Ok((first, stream)),
+                Some(Err(s)) => Err(GatewayError::from_worker(&s)),
+                None => Err(GatewayError::Unavailable(
+                    "the worker closed the stream without a token".into(),
+                )),
+            }
+        };
+        let result = match deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), attempt).await {
+                Ok(r) => r,
+                Err(_) => return Err(GatewayError::DeadlineExceeded),
+            },
+            None => attempt.await,
+        };
+        match result {
+            Ok((first, rest)) => {
+                return Ok(Upstream {
+                    first,
+                    rest: Box::pin(rest),
+                    _guard: guard,
+                    pool: pool.name,
+                });
+            }
+            Err(e) if e.retryable() => {
+                tracing::warn!(pool = %pool.name, "pool failed before the first token, trying another: {e}");
+                last_err = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! From worker token ids to client text: incremental detokenization and stop strings.
+
+use std::time::Instant;
+
+use ferrite_proto::v1 as api;
+use ferrite_proto::worker::v1 as pb;
+use ferrite_text::{DecodeStream, StopMatcher};
+use futures::{Stream, StreamExt};
+
+use crate::error::GatewayError;
+use crate::route::Upstream;
+use crate::validate::ValidatedRequest;
+
+/// One event of a completion, independent of the wire format (gRPC or HTTP/SSE).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerateEvent {
+    Delta {
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Vec<api::TokenLogprob>,
+    },
+    Finish {
+        reason: api::FinishReason,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        time_to_first_token_ms: f64,
+    },
+}
+
+struct State {
+    upstream: Option<Upstream>,
+    pending_first: Option<pb::GenerateResponse>,
+    decoder: DecodeStream,
+    stops: StopMatcher,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    started: Instant,
+    ttft_ms: Option<f64>,
+    want_logprobs: bool,
+    done: bool,
+}
+
+/// The events of one request, from its upstream stream. Dropping the returned stream drops the
+/// upstream, which cancels the worker's request.
+pub fn events(
+    req: &ValidatedRequest,
+    upstream: Upstream,
+    started: Instant,
+) -> impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + use<> {
+    let text = req.model_text();
+    let state = State {
+        pending_first: Some(upstream.first.clone()),
+        upstream: Some(upstream),
+        decoder: DecodeStream::new(text.tokenizer.clone(), true),
+        stops: StopMatcher::new(req.stop().to_vec()),
+        prompt_tokens: u32::try_from(req.prompt_ids().len()).unwrap_or(u32::MAX),
+        completion_tokens: 0,
+        started,
+        ttft_ms: None,
+        want_logprobs: req.sampling().logprobs.is_some(),
+        done: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let msg = match st.pending_first.take() {
+            Some(m) => Ok(m),
+            None => match st.upstream.as_mut()?.rest.next().await {
+                Some(Ok(m)) => Ok(m),
+                Some(Err(s)) => Err(GatewayError::from_worker(&s)),
+                None => Err(GatewayError::Unavailable(
+                    "the worker stream ended without a finish".into(),
+                )),
+            },
+        };
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                st.done = true;
+                return Some((vec![Err(e)], st));
+            }
+        };
+        Some((st.on_message(msg), st))
+    })
+    .flat_map(futures::stream::iter)
+}
+
+impl State {
+    fn on_message(
+        &mut self,
+        msg: pb::GenerateResponse,
+    ) -> Vec<Result<GenerateEvent, GatewayError>> {
+        let mut out = Vec::new();
+        let mut text = String::new();
+        let mut token_ids = Vec::new();
+        let mut logprobs = Vec::new();
+        for t in &msg.tokens {
+            self.completion_tokens += 1;
+            token_ids.push(t.id);
+            if self.want_logprobs {
+                logprobs.push(api::TokenLogprob {
+                    token_id: t.id,
+                    logprob: t.logprob,
+                    top: t
+                        .top
+                        .iter()
+                        .map(|x| api::TopLogprob {
+                            token_id: x.token_id,
+                            logprob: x.logprob,
+                        })
+                        .collect(),
+                });
+            }
+            match self.decoder.step(t.id) {
+                Ok(d) => text.push_str(&d),
+                Err(e) => {
+                    self.done = true;
+                    return vec![Err(GatewayError::Internal(format!("detokenizing: {e}")))];
+                }
+            }
+        }
+        let finish =
+            pb::FinishReason::try_from(msg.finish_reason).unwrap_or(pb::FinishReason::Unspecified);
+        let last = finish != pb::FinishReason::Unspecified;
+        if last && let Ok(tail) = self.decoder.flush() {
+            text.push_str(&tail);
+        }
+        let stopped = self.stops.push(&text);
+        let mut emit = stopped.text;
+        let mut reason = match finish {
+            pb::FinishReason::Length => api::FinishReason::Length,
+            _ => api::FinishReason::Stop,
+        };
+        if stopped.stopped.is_some() {
+            reason = api::FinishReason::Stop;
+        } else if last {
+            emit.push_str(&self.stops.finish());
+        }
+        let ttft = *self
+            .ttft_ms
+            .get_or_insert_with(|| self.started.elapsed().as_secs_f64() * 1e3);
+        out.push(Ok(GenerateEvent::Delta {
+            text: emit,
+            token_ids,
+            logprobs,
+        }));
+        if last || stopped.stopped.is_some() {
+            self.done = true;
+            // Dropping the upstream cancels the worker's request (stop string case).
+            self.upstream = None;
+            out.push(Ok(GenerateEvent::Finish {
+                reason,
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: self.completion_tokens,
+                time_to_first_token_ms: ttft,
+            }));
+        }
+        out
+    }
+}

@@ -1,0 +1,184 @@
+//! Turning a public request into a [`ValidatedRequest`], the only way to build one: the
+//! routing and streaming code never re-checks.
+
+use std::sync::Arc;
+
+use ferrite_proto::v1 as api;
+use ferrite_proto::worker::v1 as pb;
+use ferrite_text::ChatMessage;
+
+use crate::error::GatewayError;
+use crate::models::ModelText;
+
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// A request that passed validation: token ids inside the vocabulary, within the context.
+#[derive(Debug, Clone)]
+pub struct ValidatedRequest {
+    text: Arc<ModelText>,
+    prompt_ids: Vec<u32>,
+    sampling: pb::SamplingParams,
+    stop: Vec<String>,
+}
+
+impl ValidatedRequest {
+    pub fn model(&self) -> &ModelText {
+        &self.text
+    }
+
+    pub fn model_text(&self) -> Arc<ModelText> {
+        self.text.clone()
+    }
+
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
+    }
+
+    pub fn sampling(&self) -> &pb::SamplingParams {
+        &self.sampling
+    }
+
+    pub fn stop(&self) -> &[String] {
+        &self.stop
+    }
+
+    pub fn worker_request(&self) -> pb::GenerateRequest {
+        pb::GenerateRequest {
+            prompt_token_ids: self.prompt_ids.clone(),
+            sampling: Some(self.sampling.clone()),
+        }
+    }
+}
+
+/// The prompt forms a request can carry.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Text(String),
+    Chat(Vec<ChatMessage>),
+    TokenIds(Vec<u32>),
+}
+
+impl Prompt {
+    pub fn from_proto(p: Option<api::generate_request::Prompt>) -> Result<Self, GatewayError> {
+        use api::generate_request::Prompt as P;
+        match p {
+            Some(P::Text(t)) => Ok(Prompt::Text(t)),
+            Some(P::Chat(c)) => Ok(Prompt::Chat(
+                c.messages
+                    .into_iter()
+                    .map(|m| ChatMessage::new(m.role, m.content))
+                    .collect(),
+            )),
+            Some(P::TokenIds(t)) => Ok(Prompt::TokenIds(t.ids)),
+            None => Err(GatewayError::InvalidArgument(
+                "the request has no prompt (text, chat or token_ids)".into(),
+            )),
+        }
+    }
+}
+
+/// Renders and tokenizes `prompt` for `text`'s model. Returns the ids and, for chats, the
+/// rendered prompt.
+pub fn tokenize(
+    text: &ModelText,
+    prompt: &Prompt,
+) -> Result<(Vec<u32>, Option<String>), GatewayError> {
+    let bad = |m: String| GatewayError::InvalidArgument(m);
+    match prompt {
+        Prompt::Text(t) => {
+            if t.is_empty() {
+                return Err(bad("the prompt is empty".into()));
+            }
+            let ids = text
+                .tokenizer
+                .encode(t, text.add_special_tokens)
+                .map_err(|e| bad(e.to_string()))?;
+            Ok((ids, None))
+        }
+        Prompt::Chat(messages) => {
+            if messages.is_empty() {
+                return Err(bad("the chat has no messages".into()));
+            }
+            let template = text.tokenizer.chat_template().ok_or_else(|| {
+                bad(format!(
+                    "model `{}` has no chat template; send text or token_ids",
+                    text.name
+                ))
+            })?;
+            let rendered = template
+                .render(messages, true)
+                .map_err(|e| bad(format!("chat template: {e}")))?;
+            let ids = text
+                .tokenizer
+                .encode(&rendered, false)
+                .map_err(|e| bad(e.to_string()))?;
+            Ok((ids, Some(rendered)))
+        }
+        Prompt::TokenIds(ids) => Ok((ids.clone(), None)),
+    }
+}
+
+/// Validates a request for `text`'s model.
+pub fn validate(
+    text: Arc<ModelText>,
+    prompt: &Prompt,
+    sampling: Option<api::SamplingParams>,
+) -> Result<ValidatedRequest, GatewayError> {
+    let bad = |m: String| Err(GatewayError::InvalidArgument(m));
+    let (prompt_ids, _) = tokenize(&text, prompt)?;
+    if prompt_ids.is_empty() {
+        return bad("the prompt is empty".into());
+    }
+    if let Some(id) = prompt_ids
+        .iter()
+        .find(|&&id| id as usize >= text.vocab_size)
+    {
+        return bad(format!(
+            "token id {id} is outside the vocabulary (size {})",
+            text.vocab_size
+        ));
+    }
+    let limit = text.max_model_len;
+    if prompt_ids.len() >= limit {
+        return bad(format!(
+            "the prompt has {} tokens; the context length of `{}` is {limit} (prompt plus at least one new token)",
+            prompt_ids.len(),
+            text.name
+        ));
+    }
+    let s = sampling.unwrap_or_default();
+    let max_tokens = s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let room = limit - prompt_ids.len();
+    if max_tokens == 0 || max_tokens as usize > room {
+        return bad(format!(
+            "max_tokens {max_tokens} is out of range: it must be between 1 and {room} (the context length {limit} minus the prompt's {} tokens)",
+            prompt_ids.len()
+        ));
+    }
+    if s.stop.len() > MAX_STOP_STRINGS || s.stop.iter().any(String::is_empty) {
+        return bad(format!(
+            "stop: at most {MAX_STOP_STRINGS} non-empty strings"
+        ));
+    }
+    let sampling = pb::SamplingParams {
+        max_tokens,
+        temperature: s.temperature.unwrap_or(1.0),
+        top_k: s.top_k.unwrap_or(0),
+        top_p: s.top_p.unwrap_or(1.0),
+        min_p: s.min_p.unwrap_or(0.0),
+        seed: s.seed,
+        repetition_penalty: s.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        stop_token_ids: s.stop_token_ids,
+        ignore_eos: s.ignore_eos,
+        logprobs: s.logprobs,
+    };
+    Ok(ValidatedRequest {
+        text,
+        prompt_ids,
+        sampling,
+        stop: s.stop,
+    })
+}

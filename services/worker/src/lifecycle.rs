@@ -1,0 +1,250 @@
+//! Start-up, registration and draining of one worker.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::handle::EngineHandle;
+use ferrite_engine::model::LoadedModel;
+use ferrite_placement::{KeySchema, PoolRecord, PoolState, RankRecord, Registration, Store};
+use ferrite_proto::worker::v1 as pb;
+use ferrite_text::Tokenizer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::service::WorkerService;
+
+/// What a worker needs to start.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The name the pool is registered under (what clients ask for).
+    pub model_name: String,
+    pub pool: String,
+    pub rank: u32,
+    pub tp: u32,
+    /// Where to listen (port 0: any free port).
+    pub listen: SocketAddr,
+    /// The host others reach this worker at; default: the listen address's IP.
+    pub advertise_host: Option<String>,
+    pub engine: EngineConfig,
+    /// Requests allowed to wait for admission before RESOURCE_EXHAUSTED.
+    pub max_waiting: usize,
+    /// Lease TTL of the registration.
+    pub lease_ttl: Duration,
+    /// How long draining waits for in-flight requests.
+    pub drain_timeout: Duration,
+    pub node: String,
+}
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Engine(#[from] ferrite_engine::EngineError),
+    #[error(transparent)]
+    Text(#[from] ferrite_text::TextError),
+    #[error(transparent)]
+    Placement(#[from] ferrite_placement::PlacementError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the engine thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// The `GetModelInfo` answer: what a gateway needs to own text for this model.
+pub fn model_info(
+    name: &str,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+    max_model_len: usize,
+) -> Result<pb::ModelInfo, ferrite_text::TextError> {
+    let mut info = pb::ModelInfo {
+        model: name.to_owned(),
+        vocab_size: u32::try_from(vocab_size).unwrap_or(u32::MAX),
+        max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
+        ..pb::ModelInfo::default()
+    };
+    if let Some(t) = tokenizer {
+        info.tokenizer_json = t.to_tokenizer_json()?;
+        info.bos_token = t.bos_token().map(str::to_owned);
+        info.eos_token = t.eos_token().map(str::to_owned);
+        info.chat_template = t.chat_template().map(|c| c.source().to_owned());
+        info.eos_token_ids = t.eos_ids().to_vec();
+        // Whether encoding text adds anything (a BOS) tells the gateway how to tokenize.
+        info.add_special_tokens = t.encode("a", true)? != t.encode("a", false)?;
+    }
+    Ok(info)
+}
+
+/// A started worker: serving, registered, Ready.
+#[derive(Debug)]
+pub struct RunningWorker {
+    pub addr: SocketAddr,
+    pub service: WorkerService,
+    registration: Registration,
+    schema: KeySchema,
+    pool: String,
+    pool_record: PoolRecord,
+    stop_server: Option<oneshot::Sender<()>>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    health: tonic_health::server::HealthReporter,
+    drain_timeout: Duration,
+}
+
+impl RunningWorker {
+    /// Builds the engine over `loaded`, serves the worker API on `cfg.listen`, registers the
+    /// pool (Starting) and its rank in `store`, then marks the pool Ready.
+    pub async fn start(
+        loaded: LoadedModel,
+        cfg: WorkerConfig,
+        store: Store,
+        schema: KeySchema,
+    ) -> Result<Self, WorkerError> {
+        let LoadedModel {
+            model, tokenizer, ..
+        } = loaded;
+        let vocab_size = model.config().vocab_size;
+        let eos = tokenizer
+            .as_ref()
+            .map(|t| t.eos_ids().to_vec())
+            .unwrap_or_default();
+        let engine = Engine::new(model, eos, cfg.engine.clone())?;
+        let max_model_len = engine.max_model_len();
+        let info = model_info(
+            &cfg.model_name,
+            tokenizer.as_ref(),
+            vocab_size,
+            max_model_len,
+        )?;
+        let (handle, _thread) =
+            EngineHandle::spawn(engine, cfg.max_waiting).map_err(WorkerError::Thread)?;
+        let service = WorkerService::new(handle, info);
+
+        let listener =
+            TcpListener::bind(cfg.listen)
+                .await
+                .map_err(|source| WorkerError::Listen {
+                    addr: cfg.listen,
+                    source,
+                })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| WorkerError::Listen {
+                addr: cfg.listen,
+                source,
+            })?;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_not_serving::<pb::worker_server::WorkerServer<WorkerService>>()
+            .await;
+        let (stop_server, stopped) = oneshot::channel::<()>();
+        let router = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(pb::worker_server::WorkerServer::new(service.clone()));
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        }));
+
+        let host = cfg
+            .advertise_host
+            .clone()
+            .unwrap_or_else(|| addr.ip().to_string());
+        let leader_addr = format!("http://{host}:{}", addr.port());
+        let mut pool_record = PoolRecord {
+            model: cfg.model_name.clone(),
+            tp: cfg.tp,
+            leader_addr: leader_addr.clone(),
+            state: PoolState::Starting,
+            max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
+        };
+        let rank = RankRecord {
+            addr: leader_addr,
+            gpu_uuid: None,
+            node: cfg.node.clone(),
+        };
+        let mut entries = vec![(schema.rank(&cfg.pool, cfg.rank), json_bytes(&rank))];
+        if cfg.rank == 0 {
+            entries.push((schema.pool(&cfg.pool), json_bytes(&pool_record)));
+        }
+        // Returns at once; if the store is unreachable it keeps trying in the background.
+        let registration = Registration::start(store, cfg.lease_ttl, entries);
+        health
+            .set_serving::<pb::worker_server::WorkerServer<WorkerService>>()
+            .await;
+        if cfg.rank == 0 {
+            pool_record.state = PoolState::Ready;
+            if let Err(e) = registration
+                .update(schema.pool(&cfg.pool), json_bytes(&pool_record))
+                .await
+            {
+                // The value is kept and written once the store answers again.
+                tracing::warn!("could not mark the pool ready yet: {e}");
+            }
+        }
+        tracing::info!(%addr, pool = %cfg.pool, model = %cfg.model_name, "worker ready");
+        Ok(Self {
+            addr,
+            service,
+            registration,
+            schema,
+            pool: cfg.pool,
+            pool_record,
+            stop_server: Some(stop_server),
+            server,
+            health,
+            drain_timeout: cfg.drain_timeout,
+        })
+    }
+
+    /// Marks the pool Draining, refuses new requests, waits (at most the drain timeout) for
+    /// in-flight ones, deregisters and stops serving.
+    pub async fn drain(mut self) -> Result<(), WorkerError> {
+        self.service.start_draining();
+        self.health
+            .set_not_serving::<pb::worker_server::WorkerServer<WorkerService>>()
+            .await;
+        self.pool_record.state = PoolState::Draining;
+        if let Err(e) = self
+            .registration
+            .update(self.schema.pool(&self.pool), json_bytes(&self.pool_record))
+            .await
+        {
+            tracing::warn!("could not mark the pool draining: {e}");
+        }
+        let deadline = Instant::now() + self.drain_timeout;
+        loop {
+            let s = self.service.engine().stats();
+            if s.running == 0 && s.waiting == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    running = s.running,
+                    waiting = s.waiting,
+                    "drain timeout: stopping with requests in flight"
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Err(e) = self.registration.deregister().await {
+            tracing::warn!("could not deregister (the keys expire with the lease): {e}");
+        }
+        if let Some(stop) = self.stop_server.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.server).await;
+        Ok(())
+    }
+}
+
+fn json_bytes<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    // Serializing these plain records cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}

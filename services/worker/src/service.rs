@@ -1,0 +1,149 @@
+//! The `ferrite.worker.v1.Worker` gRPC service over an [`EngineHandle`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ferrite_engine::EngineError;
+use ferrite_engine::engine::FinishReason;
+use ferrite_engine::handle::{EngineHandle, RequestStream};
+use ferrite_engine::sampler::SamplingParams;
+use ferrite_proto::worker::v1 as pb;
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+/// Maps an engine error to its gRPC status: the one place this mapping lives for workers.
+pub fn status_of(e: &EngineError) -> Status {
+    let msg = e.to_string();
+    match e {
+        EngineError::InvalidRequest(_)
+        | EngineError::DoesNotFit(_)
+        | EngineError::DuplicateRequest(_) => Status::invalid_argument(msg),
+        EngineError::QueueFull(_) => Status::resource_exhausted(msg),
+        EngineError::Stopped => Status::unavailable(msg),
+        _ => Status::internal(msg),
+    }
+}
+
+/// The worker service. Cloning shares the engine and the draining flag.
+#[derive(Debug, Clone)]
+pub struct WorkerService {
+    engine: EngineHandle,
+    info: Arc<pb::ModelInfo>,
+    draining: Arc<AtomicBool>,
+}
+
+impl WorkerService {
+    pub fn new(engine: EngineHandle, info: pb::ModelInfo) -> Self {
+        Self {
+            engine,
+            info: Arc::new(info),
+            draining: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// From now on new requests are refused with UNAVAILABLE; running ones finish.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn engine(&self) -> &EngineHandle {
+        &self.engine
+    }
+}
+
+fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
+    let p = p.unwrap_or_default();
+    SamplingParams {
+        max_tokens: p.max_tokens as usize,
+        temperature: p.temperature,
+        top_k: p.top_k as usize,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        seed: p.seed,
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        stop_token_ids: p.stop_token_ids,
+        ignore_eos: p.ignore_eos,
+        logprobs: p.logprobs.map(|n| n as usize),
+    }
+}
+
+fn finish_to_proto(f: Option<FinishReason>) -> i32 {
+    match f {
+        None | Some(FinishReason::Abort) => pb::FinishReason::Unspecified as i32,
+        Some(FinishReason::Stop) => pb::FinishReason::Stop as i32,
+        Some(FinishReason::Length) => pb::FinishReason::Length as i32,
+    }
+}
+
+type TokenStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
+
+/// Each engine token becomes one response. The [`RequestStream`] lives inside the returned
+/// stream, so when the client cancels and tonic drops it, the request is aborted at once.
+fn responses(stream: RequestStream) -> TokenStream {
+    Box::pin(futures::stream::unfold(Some(stream), |state| async move {
+        let mut stream = state?;
+        match stream.next().await? {
+            Ok(ev) => {
+                let last = ev.finish.is_some();
+                let msg = pb::GenerateResponse {
+                    tokens: vec![pb::Token {
+                        id: ev.token.id,
+                        logprob: ev.token.logprob,
+                        top: ev
+                            .token
+                            .top
+                            .iter()
+                            .map(|&(token_id, logprob)| pb::TopLogprob { token_id, logprob })
+                            .collect(),
+                    }],
+                    finish_reason: finish_to_proto(ev.finish),
+                };
+                Some((Ok(msg), (!last).then_some(stream)))
+            }
+            Err(e) => Some((Err(status_of(&e)), None)),
+        }
+    }))
+}
+
+#[tonic::async_trait]
+impl pb::worker_server::Worker for WorkerService {
+    type GenerateStream = TokenStream;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("this worker is draining"));
+        }
+        let req = request.into_inner();
+        let params = sampling_from_proto(req.sampling);
+        let stream = self
+            .engine
+            .submit(req.prompt_token_ids, params)
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(responses(stream)))
+    }
+
+    async fn get_model_info(
+        &self,
+        _: Request<pb::GetModelInfoRequest>,
+    ) -> Result<Response<pb::ModelInfo>, Status> {
+        Ok(Response::new((*self.info).clone()))
+    }
+
+    async fn get_load(&self, _: Request<pb::GetLoadRequest>) -> Result<Response<pb::Load>, Status> {
+        let s = self.engine.stats();
+        let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Ok(Response::new(pb::Load {
+            running: n(s.running),
+            waiting: n(s.waiting),
+            kv_blocks_used: n(s.kv_blocks_used),
+            kv_blocks_total: n(s.kv_blocks_total),
+        }))
+    }
+}

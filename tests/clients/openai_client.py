@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""The official `openai` Python client against ferrite's OpenAI-compatible HTTP endpoint.
+
+Run by tests/tests/api.rs (`cargo test`), or by hand against a running gateway:
+
+    python3 tests/clients/openai_client.py --base-url http://127.0.0.1:8000/v1 --prompt "Hello"
+
+Calls models.list, completions (stream and not), chat.completions (stream and not), and a
+completion for an unknown model, and prints one JSON object with what came back; the Rust test
+compares it with the gRPC API's answers. Greedy throughout (temperature 0); completions also
+set ignore_eos so they produce exactly --max-tokens tokens.
+"""
+
+import argparse
+import json
+import sys
+from urllib.parse import urlparse
+
+import openai
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1 (loopback)")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompt", required=True, help="the completion prompt")
+    parser.add_argument("--chat", required=True, help="the user message of the chat")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--timeout-s", type=float, default=60.0)
+    args = parser.parse_args()
+    if urlparse(args.base_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit(f"refusing a non-loopback address {args.base_url}")
+
+    client = openai.OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=args.timeout_s)
+    out = {"openai_version": openai.__version__}
+
+    out["models"] = [m.id for m in client.models.list().data]
+
+    greedy = {"temperature": 0.0, "max_tokens": args.max_tokens}
+    completion = client.completions.create(
+        model=args.model, prompt=args.prompt, extra_body={"ignore_eos": True}, **greedy
+    )
+    out["completion"] = {
+        "text": completion.choices[0].text,
+        "finish_reason": completion.choices[0].finish_reason,
+        "usage": completion.usage.model_dump() if completion.usage else None,
+        "object": completion.object,
+    }
+
+    text, finish, chunks = "", None, 0
+    for chunk in client.completions.create(
+        model=args.model, prompt=args.prompt, stream=True, extra_body={"ignore_eos": True}, **greedy
+    ):
+        chunks += 1
+        for choice in chunk.choices:
+            text += choice.text or ""
+            finish = choice.finish_reason or finish
+    out["completion_stream"] = {"text": text, "finish_reason": finish, "chunks": chunks}
+
+    messages = [{"role": "user", "content": args.chat}]
+    chat = client.chat.completions.create(model=args.model, messages=messages, **greedy)
+    out["chat"] = {
+        "content": chat.choices[0].message.content,
+        "role": chat.choices[0].message.role,
+        "finish_reason": chat.choices[0].finish_reason,
+        "object": chat.object,
+    }
+
+    content, finish, chunks, role = "", None, 0, None
+    for chunk in client.chat.completions.create(model=args.model, messages=messages, stream=True, **greedy):
+        chunks += 1
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            role = choice.delta.role or role
+            finish = choice.finish_reason or finish
+    out["chat_stream"] = {"content": content, "role": role, "finish_reason": finish, "chunks": chunks}
+
+    try:
+        client.completions.create(model="no-such-model", prompt=args.prompt, max_tokens=4)
+        out["unknown_model"] = {"raised": None}
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        out["unknown_model"] = {
+            "raised": type(e).__name__,
+            "status_code": e.status_code,
+            "is_not_found_error": isinstance(e, openai.NotFoundError),
+            "message": body.get("message"),
+            "type": body.get("type"),
+            "code": body.get("code"),
+            "param": body.get("param"),
+        }
+
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+//! A cluster for one test: a real etcd, N `ferrite worker` processes (one pool each) and a
+//! `ferrite gateway`, all on 127.0.0.1 with ports the processes pick themselves (port 0).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use ferrite_placement::testing::EtcdServer;
+use ferrite_placement::{KeySchema, Store};
+use ferrite_proto::v1::inference_client::InferenceClient;
+use ferrite_proto::v1::{ListModelsRequest, Model};
+use ferrite_proto::worker::v1::worker_client::WorkerClient;
+use ferrite_proto::worker::v1::{GetLoadRequest, Load};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::process::Proc;
+use crate::{MODEL, ferrite_bin, wait};
+
+/// How long a worker may take to load the model and register (about 1–2 s when idle).
+pub const WORKER_READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the gateway may take to bind and print `ready`.
+pub const GATEWAY_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the gateway may take to see freshly registered pools.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(15);
+/// The etcd key prefix every process of a test cluster uses.
+pub const PREFIX: &str = "/ferrite/v1";
+
+/// Flags of a `ferrite worker`. Defaults keep memory small (several workers share 24 GiB with
+/// other work) and the lease short (fault tests wait for it).
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub lease_ttl_s: u64,
+    pub kv_cache_mib: usize,
+    pub max_num_seqs: Option<usize>,
+    pub max_waiting: Option<usize>,
+    pub max_model_len: Option<usize>,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            lease_ttl_s: 3,
+            kv_cache_mib: 400,
+            max_num_seqs: None,
+            max_waiting: None,
+            max_model_len: None,
+        }
+    }
+}
+
+impl WorkerOptions {
+    fn args(&self, pool: &str, etcd: &str) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "worker",
+            "--model",
+            MODEL,
+            "--pool",
+            pool,
+            "--rank",
+            "0",
+            "--tp",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+            "--etcd",
+            etcd,
+            "--prefix",
+            PREFIX,
+        ]
+        .map(String::from)
+        .into();
+        args.extend(["--lease-ttl-s".into(), self.lease_ttl_s.to_string()]);
+        args.extend(["--kv-cache-mib".into(), self.kv_cache_mib.to_string()]);
+        let optional = [
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--max-waiting", self.max_waiting),
+            ("--max-model-len", self.max_model_len),
+        ];
+        for (flag, value) in optional {
+            if let Some(v) = value {
+                args.extend([flag.to_owned(), v.to_string()]);
+            }
+        }
+        args
+    }
+}
+
+/// The address a process printed after `marker` on one of `lines` (the first `ip:port` token
+/// after it, with any `http://` and trailing `/…` or `,` removed).
+pub fn addr_after(lines: &[String], marker: &str) -> Result<SocketAddr> {
+    for line in lines {
+        if let Some((_, rest)) = line.split_once(marker) {
+            for token in rest.split_whitespace() {
+                let t = token.trim_start_matches("http://").trim_end_matches(',');
+                let t = t.split('/').next().unwrap_or(t);
+                if let Ok(addr) = t.parse() {
+                    return Ok(addr);
+                }
+            }
+        }
+    }
+    Err(anyhow!(
+        "no address after {marker:?} in the output {lines:?}"
+    ))
+}
+
+/// A gRPC channel to `addr` (loopback only), connected now.
+pub async fn channel(addr: SocketAddr) -> Result<Channel> {
+    anyhow::ensure!(
+        addr.ip().is_loopback(),
+        "refusing a non-loopback address {addr}"
+    );
+    Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))
+}
+
+/// One `ferrite worker` process: pool `pool`, rank 0.
+#[derive(Debug)]
+pub struct WorkerProc {
+    pub pool: String,
+    pub addr: SocketAddr,
+    pub proc: Proc,
+}
+
+impl WorkerProc {
+    /// Starts the process without waiting for it (see [`WorkerProc::ready`]).
+    pub fn spawn(etcd: &str, pool: &str, options: &WorkerOptions) -> Result<Proc> {
+        Proc::spawn(
+            format!("worker {pool}"),
+            &ferrite_bin()?,
+            &options.args(pool, etcd),
+        )
+    }
+
+    /// Waits for a spawned worker's `ready` and reads its address.
+    pub async fn ready(pool: &str, mut proc: Proc) -> Result<Self> {
+        let lines = proc.wait_ready(WORKER_READY_TIMEOUT).await?;
+        let addr = addr_after(&lines, "serving on")?;
+        Ok(Self {
+            pool: pool.to_owned(),
+            addr,
+            proc,
+        })
+    }
+
+    pub async fn start(etcd: &str, pool: &str, options: &WorkerOptions) -> Result<Self> {
+        Self::ready(pool, Self::spawn(etcd, pool, options)?).await
+    }
+
+    /// A client of the internal worker API.
+    pub async fn client(&self) -> Result<WorkerClient<Channel>> {
+        Ok(WorkerClient::new(channel(self.addr).await?))
+    }
+
+    /// The worker's current load (running, waiting, KV blocks).
+    pub async fn load(&self) -> Result<Load> {
+        let mut c = self.client().await?;
+        Ok(c.get_load(GetLoadRequest {}).await?.into_inner())
+    }
+}
+
+/// One `ferrite gateway` process.
+#[derive(Debug)]
+pub struct GatewayProc {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub proc: Proc,
+}
+
+impl GatewayProc {
+    pub fn spawn(etcd: &str) -> Result<Proc> {
+        let args = [
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--etcd",
+            etcd,
+            "--prefix",
+            PREFIX,
+        ]
+        .map(String::from);
+        Proc::spawn("gateway", &ferrite_bin()?, &args)
+    }
+
+    pub async fn ready(mut proc: Proc) -> Result<Self> {
+        let lines = proc.wait_ready(GATEWAY_READY_TIMEOUT).await?;
+        Ok(Self {
+            grpc: addr_after(&lines, "gRPC on")?,
+            http: addr_after(&lines, "HTTP on")?,
+            proc,
+        })
+    }
+}
+
+/// etcd + workers + gateway. Everything is killed (and etcd's data removed) on drop.
+#[derive(Debug)]
+pub struct Cluster {
+    // Field order is drop order: the processes go before etcd.
+    pub gateway: GatewayProc,
+    pub workers: Vec<WorkerProc>,
+    pub options: WorkerOptions,
+    pub etcd: EtcdServer,
+}
+
+impl Cluster {
+    /// Starts etcd, then one worker per pool and the gateway side by side, and waits until the
+    /// gateway lists every pool as ready.
+    pub async fn start(pools: &[&str], options: WorkerOptions) -> Result<Self> {
+        let etcd = tokio::task::spawn_blocking(EtcdServer::start)
+            .await
+            .context("starting etcd")?;
+        let endpoint = etcd.endpoint();
+        let gateway = GatewayProc::spawn(&endpoint)?;
+        let spawned = pools
+            .iter()
+            .map(|pool| WorkerProc::spawn(&endpoint, pool, &options).map(|p| (*pool, p)))
+            .collect::<Result<Vec<_>>>()?;
+        let workers = futures::future::try_join_all(
+            spawned
+                .into_iter()
+                .map(|(pool, p)| WorkerProc::ready(pool, p)),
+        );
+        let (workers, gateway) = tokio::try_join!(workers, GatewayProc::ready(gateway))?;
+        let cluster = Self {
+            gateway,
+            workers,
+            options,
+            etcd,
+        };
+        cluster
+            .wait_for_ready_pools(pools.len(), DISCOVERY_TIMEOUT)
+            .await?;
+        Ok(cluster)
+    }
+
+    pub fn worker(&self, pool: &str) -> &WorkerProc {
+        self.workers
+            .iter()
+            .find(|w| w.pool == pool)
+            .unwrap_or_else(|| panic!("no worker for pool {pool}"))
+    }
+
+    pub fn worker_mut(&mut self, pool: &str) -> &mut WorkerProc {
+        self.workers
+            .iter_mut()
+            .find(|w| w.pool == pool)
+            .unwrap_or_else(|| panic!("no worker for pool {pool}"))
+    }
+
+    /// A client of the gateway's public API.
+    pub async fn inference(&self) -> Result<InferenceClient<Channel>> {
+        Ok(InferenceClient::new(channel(self.gateway.grpc).await?))
+    }
+
+    /// The gateway's entry for [`MODEL`], if some pool of it is ready.
+    pub async fn model_entry(&self) -> Result<Option<Model>> {
+        let mut c = self.inference().await?;
+        let models = c
+            .list_models(ListModelsRequest {})
+            .await?
+            .into_inner()
+            .models;
+        Ok(models.into_iter().find(|m| m.name == MODEL))
+    }
+
+    /// Waits until ListModels shows [`MODEL`] with `n` ready pools; returns how long it took.
+    pub async fn wait_for_ready_pools(&self, n: usize, timeout: Duration) -> Result<Duration> {
+        let what = format!("the gateway to list {MODEL} with {n} ready pools");
+        let (_, took) = wait::until(&what, timeout, || async {
+            match self.model_entry().await {
+                Ok(Some(m)) if m.ready_pools as usize == n => Ok(()),
+                Ok(other) => Err(format!("ListModels entry: {other:?}")),
+                Err(e) => Err(format!("ListModels failed: {e:#}")),
+            }
+        })
+        .await?;
+        Ok(took)
+    }
+
+    /// A placement store over this cluster's etcd, to look at the keys the workers wrote.
+    pub async fn store(&self) -> Result<Store> {
+        Ok(Store::connect(&self.etcd.endpoints(), PREFIX).await?)
+    }
+
+    pub fn schema(&self) -> KeySchema {
+        KeySchema::new(PREFIX)
+    }
+}

@@ -1,0 +1,326 @@
+//! The public APIs of a cluster (real etcd, `ferrite worker` pools `a` and `b`, `ferrite
+//! gateway`), through the Rust tonic client, a Python `grpcio` client and the official `openai`
+//! package, compared with `ferrite generate --json`.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ferrite_cluster_tests::grpc::{self, greedy_chat, greedy_text};
+use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, python, reference, serial};
+use ferrite_proto::v1::tokenize_request::Input;
+use ferrite_proto::v1::{
+    ChatMessage, ChatMessages, DetokenizeRequest, FinishReason, ListModelsRequest, TokenizeRequest,
+};
+use futures::StreamExt;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+const PROMPTS: [&str; 3] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+];
+const CHAT: &str = "What is the tallest mountain in the world?";
+const MAX_TOKENS: u32 = 16;
+const PYTHON_TIMEOUT: Duration = Duration::from_secs(90);
+
+async fn two_pools() -> Result<Cluster> {
+    Cluster::start(&["a", "b"], WorkerOptions::default()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_output_through_the_gateway_equals_ferrite_generate() -> Result<()> {
+    let _turn = serial().await;
+    let references = futures::future::try_join_all(PROMPTS.map(|p| reference::text(p, MAX_TOKENS)));
+    let (cluster, references, chat_reference) =
+        tokio::try_join!(two_pools(), references, reference::chat(CHAT, MAX_TOKENS))?;
+    let mut client = cluster.inference().await?;
+
+    for (prompt, want) in PROMPTS.iter().zip(&references) {
+        let got = grpc::generate(&mut client, greedy_text(prompt, MAX_TOKENS)).await?;
+        assert_eq!(got.token_ids, want.token_ids, "token ids for {prompt:?}");
+        assert_eq!(got.text, want.text, "text for {prompt:?}");
+        let finish = got.finish.context("no finish")?;
+        assert_eq!(finish.reason(), FinishReason::Length, "{prompt:?}");
+        let usage = finish.usage.context("no usage")?;
+        assert_eq!(
+            usage.prompt_tokens as usize,
+            want.prompt_token_ids.len(),
+            "{prompt:?}"
+        );
+        assert_eq!(usage.completion_tokens, MAX_TOKENS, "{prompt:?}");
+        assert!(
+            finish.time_to_first_token_ms > 0.0,
+            "{prompt:?}: ttft {}",
+            finish.time_to_first_token_ms
+        );
+    }
+
+    let chat = grpc::generate(&mut client, greedy_chat(CHAT, MAX_TOKENS)).await?;
+    assert_eq!(chat.token_ids, chat_reference.token_ids, "chat token ids");
+    assert_eq!(chat.text, chat_reference.text, "chat text");
+
+    // The gateway routes at random: ask each pool directly so both are checked.
+    for worker in &cluster.workers {
+        let mut wc = worker.client().await?;
+        for want in &references {
+            let ids =
+                grpc::worker_greedy(&mut wc, want.prompt_token_ids.clone(), MAX_TOKENS).await?;
+            assert_eq!(
+                ids, want.token_ids,
+                "pool {} on {:?}",
+                worker.pool, want.prompt_token_ids
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_models_tokenize_health_and_reflection() -> Result<()> {
+    let _turn = serial().await;
+    let cluster = two_pools().await?;
+    let mut client = cluster.inference().await?;
+
+    let models = client
+        .list_models(ListModelsRequest {})
+        .await?
+        .into_inner()
+        .models;
+    assert_eq!(models.len(), 1, "{models:?}");
+    assert_eq!(models[0].name, MODEL);
+    assert_eq!(models[0].ready_pools, 2, "{models:?}");
+    assert!(models[0].max_model_len >= 2048, "{models:?}");
+
+    for text in PROMPTS.iter().chain([&"naïve café — 東京 🚀"]) {
+        let ids = client
+            .tokenize(TokenizeRequest {
+                model: MODEL.into(),
+                input: Some(Input::Text((*text).into())),
+                add_special_tokens: None,
+            })
+            .await?
+            .into_inner()
+            .token_ids;
+        assert!(!ids.is_empty(), "{text:?}");
+        let back = client
+            .detokenize(DetokenizeRequest {
+                model: MODEL.into(),
+                token_ids: ids.clone(),
+                skip_special_tokens: true,
+            })
+            .await?
+            .into_inner()
+            .text;
+        assert_eq!(&back, text, "round trip of {ids:?}");
+    }
+
+    let chat = client
+        .tokenize(TokenizeRequest {
+            model: MODEL.into(),
+            input: Some(Input::Chat(ChatMessages {
+                messages: vec![ChatMessage {
+                    role: "user".into(),
+                    content: CHAT.into(),
+                }],
+            })),
+            add_special_tokens: None,
+        })
+        .await?
+        .into_inner();
+    assert!(
+        chat.rendered.contains(CHAT),
+        "rendered chat: {:?}",
+        chat.rendered
+    );
+    let rendered_ids = client
+        .tokenize(TokenizeRequest {
+            model: MODEL.into(),
+            input: Some(Input::Text(chat.rendered.clone())),
+            add_special_tokens: Some(false),
+        })
+        .await?
+        .into_inner()
+        .token_ids;
+    assert_eq!(
+        chat.token_ids, rendered_ids,
+        "a chat's ids are its rendered text's ids"
+    );
+
+    let unknown = client
+        .tokenize(TokenizeRequest {
+            model: "no-such-model".into(),
+            input: Some(Input::Text("hi".into())),
+            add_special_tokens: None,
+        })
+        .await
+        .expect_err("an unknown model");
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+
+    let channel = ferrite_cluster_tests::cluster::channel(cluster.gateway.grpc).await?;
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["", "ferrite.v1.Inference"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .with_context(|| format!("health of {service:?}"))?
+            .into_inner()
+            .status();
+        assert_eq!(status, ServingStatus::Serving, "health of {service:?}");
+    }
+
+    let mut reflection = ServerReflectionClient::new(channel);
+    let requests = [
+        MessageRequest::ListServices(String::new()),
+        MessageRequest::FileContainingSymbol("ferrite.v1.Inference".into()),
+    ]
+    .map(|m| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    });
+    let mut answers = reflection
+        .server_reflection_info(futures::stream::iter(requests))
+        .await?
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        answers.next().await.context("no answer")??.message_response
+    else {
+        anyhow::bail!("reflection: not a service list");
+    };
+    let services: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["ferrite.v1.Inference", "grpc.health.v1.Health"] {
+        assert!(
+            services.iter().any(|s| s == want),
+            "{want} not in {services:?}"
+        );
+    }
+    let Some(MessageResponse::FileDescriptorResponse(files)) =
+        answers.next().await.context("no answer")??.message_response
+    else {
+        anyhow::bail!("reflection: no file descriptor for ferrite.v1.Inference");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_grpcio_client_gets_the_rust_clients_text() -> Result<()> {
+    let _turn = serial().await;
+    let cluster = two_pools().await?;
+    let mut client = cluster.inference().await?;
+    let prompt = PROMPTS[0];
+    let rust = grpc::generate(&mut client, greedy_text(prompt, MAX_TOKENS)).await?;
+
+    let args = [
+        "--addr".into(),
+        cluster.gateway.grpc.to_string(),
+        "--prompt".into(),
+        prompt.into(),
+        "--max-tokens".into(),
+        MAX_TOKENS.to_string(),
+    ];
+    let py = python::run_client("grpc_client.py", &args, PYTHON_TIMEOUT).await?;
+    assert_eq!(
+        py["text"].as_str(),
+        Some(rust.text.as_str()),
+        "python: {py}"
+    );
+    let py_ids: Vec<u32> = serde_json::from_value(py["token_ids"].clone())?;
+    assert_eq!(py_ids, rust.token_ids, "python: {py}");
+    assert_eq!(py["finish_reason"], "FINISH_REASON_LENGTH", "python: {py}");
+    assert_eq!(py["usage"]["completion_tokens"], MAX_TOKENS, "python: {py}");
+    assert_eq!(py["unknown_model_code"], "NOT_FOUND", "python: {py}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
+    let _turn = serial().await;
+    let cluster = two_pools().await?;
+    let mut client = cluster.inference().await?;
+    let prompt = PROMPTS[2];
+    let text = grpc::generate(&mut client, greedy_text(prompt, MAX_TOKENS))
+        .await?
+        .text;
+    let chat = grpc::generate(&mut client, greedy_chat(CHAT, MAX_TOKENS))
+        .await?
+        .text;
+
+    let args = [
+        "--base-url".into(),
+        format!("http://{}/v1", cluster.gateway.http),
+        "--prompt".into(),
+        prompt.into(),
+        "--chat".into(),
+        CHAT.into(),
+        "--max-tokens".into(),
+        MAX_TOKENS.to_string(),
+    ];
+    let out = python::run_client("openai_client.py", &args, PYTHON_TIMEOUT).await?;
+    let show = serde_json::to_string_pretty(&out)?;
+
+    assert_eq!(out["models"], serde_json::json!([MODEL]), "{show}");
+
+    assert_eq!(
+        out["completion"]["text"].as_str(),
+        Some(text.as_str()),
+        "{show}"
+    );
+    assert_eq!(out["completion"]["finish_reason"], "length", "{show}");
+    assert_eq!(out["completion"]["object"], "text_completion", "{show}");
+    assert_eq!(
+        out["completion"]["usage"]["completion_tokens"], MAX_TOKENS,
+        "{show}"
+    );
+    assert_eq!(
+        out["completion_stream"]["text"].as_str(),
+        Some(text.as_str()),
+        "{show}"
+    );
+    assert_eq!(
+        out["completion_stream"]["finish_reason"], "length",
+        "{show}"
+    );
+    assert!(
+        out["completion_stream"]["chunks"].as_u64() > Some(1),
+        "{show}"
+    );
+
+    assert_eq!(
+        out["chat"]["content"].as_str(),
+        Some(chat.as_str()),
+        "{show}"
+    );
+    assert_eq!(out["chat"]["role"], "assistant", "{show}");
+    assert_eq!(out["chat"]["object"], "chat.completion", "{show}");
+    assert_eq!(
+        out["chat_stream"]["content"].as_str(),
+        Some(chat.as_str()),
+        "{show}"
+    );
+    assert_eq!(out["chat_stream"]["role"], "assistant", "{show}");
+    assert_eq!(
+        out["chat_stream"]["finish_reason"], out["chat"]["finish_reason"],
+        "{show}"
+    );
+
+    let unknown = &out["unknown_model"];
+    assert_eq!(unknown["raised"], "NotFoundError", "{show}");
+    assert_eq!(unknown["is_not_found_error"], true, "{show}");
+    assert_eq!(unknown["status_code"], 404, "{show}");
+    assert!(
+        unknown["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-model")),
+        "{show}"
+    );
+    assert_eq!(unknown["param"], "model", "{show}");
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! Bad requests through the gateway get the documented status (gRPC) or OpenAI error (HTTP),
+//! with a message naming the limit; a full queue and a passed deadline too.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use ferrite_cluster_tests::grpc::{self, greedy_ids, greedy_text};
+use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, http, serial, wait};
+use ferrite_proto::v1::{GenerateRequest, SamplingParams};
+use serde_json::json;
+use tonic::Code;
+
+/// Sends `req` and returns the error it must fail with (before or during the stream).
+async fn error_of(cluster: &Cluster, req: GenerateRequest) -> Result<tonic::Status> {
+    let mut client = cluster.inference().await?;
+    match grpc::generate(&mut client, req.clone()).await {
+        Ok(c) => anyhow::bail!("{req:?} succeeded: {c:?}"),
+        Err(status) => Ok(status),
+    }
+}
+
+/// Asserts `req` fails with `code` and a message containing every one of `words`.
+async fn expect(
+    cluster: &Cluster,
+    what: &str,
+    req: GenerateRequest,
+    code: Code,
+    words: &[&str],
+) -> Result<()> {
+    let status = error_of(cluster, req).await?;
+    assert_eq!(status.code(), code, "{what}: {status:?}");
+    for w in words {
+        assert!(
+            status.message().contains(w),
+            "{what}: message {:?} does not name {w:?}",
+            status.message()
+        );
+    }
+    Ok(())
+}
+
+fn with_sampling(mut req: GenerateRequest, f: impl FnOnce(&mut SamplingParams)) -> GenerateRequest {
+    if let Some(s) = req.sampling.as_mut() {
+        f(s);
+    }
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_the_documented_status_and_name_the_limit() -> Result<()> {
+    let _turn = serial().await;
+    let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
+    let entry = cluster
+        .model_entry()
+        .await?
+        .context("the model is not listed")?;
+    let max_len = entry.max_model_len;
+    let limit = max_len.to_string();
+
+    let mut unknown = greedy_text("Hello", 4);
+    unknown.model = "no-such-model".into();
+    expect(
+        &cluster,
+        "unknown model",
+        unknown,
+        Code::NotFound,
+        &["no-such-model"],
+    )
+    .await?;
+
+    expect(
+        &cluster,
+        "empty prompt",
+        greedy_text("", 4),
+        Code::InvalidArgument,
+        &["empty"],
+    )
+    .await?;
+    expect(
+        &cluster,
+        "empty token ids",
+        greedy_ids(vec![], 4),
+        Code::InvalidArgument,
+        &["empty"],
+    )
+    .await?;
+    let mut no_prompt = greedy_text("Hello", 4);
+    no_prompt.prompt = None;
+    expect(
+        &cluster,
+        "no prompt",
+        no_prompt,
+        Code::InvalidArgument,
+        &["prompt"],
+    )
+    .await?;
+
+    let too_long = greedy_ids(vec![42; max_len as usize], 1);
+    expect(
+        &cluster,
+        "prompt of max_model_len ids",
+        too_long,
+        Code::InvalidArgument,
+        &[&limit],
+    )
+    .await?;
+    let long_text = "hello ".repeat(max_len as usize + 8);
+    expect(
+        &cluster,
+        "over-long text prompt",
+        greedy_text(&long_text, 1),
+        Code::InvalidArgument,
+        &[&limit],
+    )
+    .await?;
+
+    expect(
+        &cluster,
+        "max_tokens 0",
+        greedy_text("Hello", 0),
+        Code::InvalidArgument,
+        &["max_tokens"],
+    )
+    .await?;
+    let prompt = vec![42; 10];
+    let room = (max_len - 10).to_string();
+    let over = greedy_ids(prompt.clone(), max_len - 9);
+    expect(
+        &cluster,
+        "max_tokens past the context",
+        over,
+        Code::InvalidArgument,
+        &["max_tokens", &room],
+    )
+    .await?;
+    // The largest that fits is accepted (only its first token is read).
+    let mut client = cluster.inference().await?;
+    let mut fits = client
+        .generate(greedy_ids(prompt, max_len - 10))
+        .await?
+        .into_inner();
+    fits.message().await?.context("no first message")?;
+    drop(fits);
+
+    let outside = greedy_ids(vec![1, 2, u32::MAX - 1], 4);
+    expect(
+        &cluster,
+        "token id outside the vocabulary",
+        outside,
+        Code::InvalidArgument,
+        &["vocabulary"],
+    )
+    .await?;
+
+    // Sampling limits from inference.proto.
+    let cases: [(&str, fn(&mut SamplingParams), &str); 6] = [
+        (
+            "temperature 101",
+            |s| s.temperature = Some(101.0),
+            "temperature",
+        ),
+        ("top_p 0", |s| s.top_p = Some(0.0), "top_p"),
+        ("min_p 1.5", |s| s.min_p = Some(1.5), "min_p"),
+        (
+            "repetition_penalty 11",
+            |s| s.repetition_penalty = Some(11.0),
+            "repetition_penalty",
+        ),
+        (
+            "presence_penalty 3",
+            |s| s.presence_penalty = Some(3.0),
+            "presence_penalty",
+        ),
+        ("logprobs 21", |s| s.logprobs = Some(21), "logprobs"),
+    ];
+    for (what, set, name) in cases {
+        let req = with_sampling(greedy_text("Hello", 4), set);
+        expect(&cluster, what, req, Code::InvalidArgument, &[name]).await?;
+    }
+
+    // The same through the OpenAI-compatible HTTP API: status and error shape.
+    let addr = cluster.gateway.http;
+    let r = http::post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": "no-such-model", "prompt": "Hi"}),
+    )
+    .await?;
+    assert_eq!(r.status, 404, "{r:?}");
+    let e = &r.json()?["error"];
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-model")),
+        "{r:?}"
+    );
+    assert!(
+        e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(),
+        "{r:?}"
+    );
+
+    let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 0});
+    let r = http::post_json(addr, "/v1/completions", &body).await?;
+    assert_eq!(r.status, 400, "{r:?}");
+    let e = &r.json()?["error"];
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_tokens")),
+        "{r:?}"
+    );
+    assert_eq!(e["type"], "invalid_request_error", "{r:?}");
+
+    let body = json!({"model": MODEL, "messages": [], "max_tokens": 4});
+    let r = http::post_json(addr, "/v1/chat/completions", &body).await?;
+    assert_eq!(r.status, 400, "empty chat: {r:?}");
+    assert!(r.json()?["error"]["message"].is_string(), "{r:?}");
+
+    let r = http::post_json(addr, "/v1/chat/completions", &json!({"model": MODEL})).await?;
+    assert_eq!(r.status, 400, "no messages: {r:?}");
+    assert!(r.json()?["error"]["message"].is_string(), "{r:?}");
+    Ok(())
+}
+
+/// One pool that runs one sequence at a time with one waiting slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_is_resource_exhausted_and_deadlines_are_honored() -> Result<()> {
+    let _turn = serial().await;
+    let options = WorkerOptions {
+        max_num_seqs: Some(1),
+        max_waiting: Some(1),
+        ..WorkerOptions::default()
+    };
+    let cluster = Cluster::start(&["q"], options).await?;
+    let worker = cluster.worker("q");
+    let mut client = cluster.inference().await?;
+
+    // Occupy the only running slot.
+    let mut running = client
+        .generate(greedy_text("Tell me a long story.", 1000))
+        .await?
+        .into_inner();
+    running.message().await?.context("no first message")?;
+
+    // Fill the only waiting slot.
+    let mut waiter_client = client.clone();
+    let waiter = tokio::spawn(async move {
+        waiter_client
+            .generate(greedy_text("Waiting.", 4))
+            .await
+            .map(|_| ())
+    });
+    wait::until("one waiting request", Duration::from_secs(10), || async {
+        match worker.load().await {
+            Ok(l) if l.running == 1 && l.waiting == 1 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+
+    let full = error_of(&cluster, greedy_text("One too many.", 4)).await?;
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    assert!(!full.message().is_empty(), "{full:?}");
+
+    let r = http::post_json(
+        cluster.gateway.http,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 4}),
+    )
+    .await?;
+    assert_eq!(r.status, 429, "{r:?}");
+    assert!(r.json()?["error"]["message"].is_string(), "{r:?}");
+
+    // Free the waiting slot, then wait for a request whose deadline passes in the queue.
+    waiter.abort();
+    let _ = waiter.await;
+    wait::until(
+        "the waiting slot to be free",
+        Duration::from_secs(5),
+        || async {
+            match worker.load().await {
+                Ok(l) if l.waiting == 0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+    let mut req = tonic::Request::new(greedy_text("Too late.", 4));
+    // The header itself (not `set_timeout`), so only the server side enforces it.
+    req.metadata_mut().insert("grpc-timeout", "500m".parse()?);
+    let sent = Instant::now();
+    let late = match client.generate(req).await {
+        Ok(stream) => grpc::collect(stream.into_inner()).await.err(),
+        Err(status) => Some(status),
+    }
+    .context("a request whose deadline passed in the queue succeeded")?;
+    let took = sent.elapsed();
+    assert_eq!(late.code(), Code::DeadlineExceeded, "{late:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "DEADLINE_EXCEEDED after {took:?}"
+    );
+
+    drop(running);
+    wait::until("the worker to be idle", Duration::from_secs(10), || async {
+        match worker.load().await {
+            Ok(l) if l.running == 0 && l.waiting == 0 && l.kv_blocks_used == 0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    Ok(())
+}
