@@ -1,5 +1,10 @@
 //! Requests to and streams from the public `ferrite.v1.Inference` API.
 
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
 use ferrite_proto::v1::generate_request::Prompt;
 use ferrite_proto::v1::generate_response::Event;
 use ferrite_proto::v1::inference_client::InferenceClient;
@@ -9,10 +14,11 @@ use ferrite_proto::v1::{
 use ferrite_proto::worker::v1 as pb;
 use ferrite_proto::worker::v1::worker_client::WorkerClient;
 use futures::StreamExt;
+use prost::Message;
 use tonic::transport::Channel;
-use tonic::{Status, Streaming};
+use tonic::{Code, Status, Streaming};
 
-use crate::MODEL;
+use crate::{MODEL, Proc};
 
 /// A greedy request for [`MODEL`] that ignores EOS, so it produces exactly `max_tokens` tokens.
 pub fn greedy_text(prompt: &str, max_tokens: u32) -> GenerateRequest {
@@ -127,4 +133,109 @@ pub async fn worker_greedy(
         ids.extend(msg?.tokens.iter().map(|t| t.id));
     }
     Ok(ids)
+}
+
+/// The final status of a raw gRPC call, as the server sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawStatus {
+    pub code: Code,
+    pub message: String,
+    /// Every header and trailer line curl printed, for error messages.
+    pub head: String,
+}
+
+/// Calls `method` (e.g. `/ferrite.v1.Inference/Generate`) on `addr` with `curl --http2-prior-knowledge`,
+/// sending `headers` as given, and returns the `grpc-status` the server sent.
+///
+/// Why curl: tonic's (and grpcio's) client enforces `grpc-timeout` itself and reports its own
+/// timer (tonic: CANCELLED "Timeout expired"), so only a client that does not can show what the
+/// server answers when a deadline passes.
+pub async fn raw_call(
+    addr: SocketAddr,
+    method: &str,
+    message: &impl Message,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<RawStatus> {
+    use anyhow::Context;
+    anyhow::ensure!(
+        addr.ip().is_loopback(),
+        "refusing a non-loopback address {addr}"
+    );
+    let payload = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(payload.len())?.to_be_bytes());
+    framed.extend_from_slice(&payload);
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let body_path = std::env::temp_dir().join(format!(
+        "ferrite-grpc-body-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&body_path, &framed)?;
+    let mut args: Vec<String> = [
+        "--silent",
+        "--show-error",
+        "--http2-prior-knowledge",
+        "--max-time",
+        "30",
+        "--output",
+        "/dev/null",
+        "--dump-header",
+        "-",
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+    ]
+    .map(String::from)
+    .into();
+    for (k, v) in headers {
+        args.extend(["-H".into(), format!("{k}: {v}")]);
+    }
+    args.extend(["--data-binary".into(), format!("@{}", body_path.display())]);
+    args.push(format!("http://{addr}{method}"));
+    let out = Proc::output("curl", Path::new("curl"), &args, Duration::from_secs(40)).await;
+    let _ = std::fs::remove_file(&body_path);
+    let head = out?;
+    let field = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_owned())
+            .next_back()
+    };
+    let code: i32 = field("grpc-status")
+        .with_context(|| format!("no grpc-status in {head}"))?
+        .parse()
+        .with_context(|| format!("bad grpc-status in {head}"))?;
+    Ok(RawStatus {
+        code: Code::from_i32(code),
+        message: percent_decode(&field("grpc-message").unwrap_or_default()),
+        head,
+    })
+}
+
+/// Decodes grpc-message's percent-encoding.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use ferrite_cluster_tests::grpc::{self, greedy_ids, greedy_text};
-use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, http, serial, wait};
-use ferrite_proto::v1::{GenerateRequest, SamplingParams};
+use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, WorkerProc, http, serial, wait};
+use ferrite_proto::v1::{GenerateRequest, GenerateResponse, SamplingParams};
 use serde_json::json;
-use tonic::Code;
+use tonic::{Code, Streaming};
 
 /// Sends `req` and returns the error it must fail with (before or during the stream).
 async fn error_of(cluster: &Cluster, req: GenerateRequest) -> Result<tonic::Status> {
@@ -222,86 +222,42 @@ async fn bad_requests_get_the_documented_status_and_name_the_limit() -> Result<(
     Ok(())
 }
 
-/// One pool that runs one sequence at a time with one waiting slot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_is_resource_exhausted_and_deadlines_are_honored() -> Result<()> {
-    let _turn = serial().await;
+/// One pool that runs one sequence at a time with one waiting slot, its slot taken by a long
+/// request (dropped with the returned stream).
+async fn busy_pool() -> Result<(Cluster, Streaming<GenerateResponse>)> {
     let options = WorkerOptions {
         max_num_seqs: Some(1),
         max_waiting: Some(1),
         ..WorkerOptions::default()
     };
     let cluster = Cluster::start(&["q"], options).await?;
-    let worker = cluster.worker("q");
     let mut client = cluster.inference().await?;
-
-    // Occupy the only running slot.
     let mut running = client
-        .generate(greedy_text("Tell me a long story.", 1000))
+        .generate(greedy_text("Tell me a long story.", 1500))
         .await?
         .into_inner();
     running.message().await?.context("no first message")?;
+    Ok((cluster, running))
+}
 
-    // Fill the only waiting slot.
-    let mut waiter_client = client.clone();
-    let waiter = tokio::spawn(async move {
-        waiter_client
-            .generate(greedy_text("Waiting.", 4))
-            .await
-            .map(|_| ())
-    });
-    wait::until("one waiting request", Duration::from_secs(10), || async {
-        match worker.load().await {
-            Ok(l) if l.running == 1 && l.waiting == 1 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await?;
-
-    let full = error_of(&cluster, greedy_text("One too many.", 4)).await?;
-    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
-    assert!(!full.message().is_empty(), "{full:?}");
-
-    let r = http::post_json(
-        cluster.gateway.http,
-        "/v1/completions",
-        &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 4}),
-    )
-    .await?;
-    assert_eq!(r.status, 429, "{r:?}");
-    assert!(r.json()?["error"]["message"].is_string(), "{r:?}");
-
-    // Free the waiting slot, then wait for a request whose deadline passes in the queue.
-    waiter.abort();
-    let _ = waiter.await;
+/// Waits until the worker's queue holds `waiting` requests (next to the one running).
+async fn wait_for_waiting(worker: &WorkerProc, waiting: u32) -> Result<()> {
     wait::until(
-        "the waiting slot to be free",
-        Duration::from_secs(5),
+        &format!("{waiting} waiting requests"),
+        Duration::from_secs(10),
         || async {
             match worker.load().await {
-                Ok(l) if l.waiting == 0 => Ok(()),
+                Ok(l) if l.running == 1 && l.waiting == waiting => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         },
     )
     .await?;
-    let mut req = tonic::Request::new(greedy_text("Too late.", 4));
-    // The header itself (not `set_timeout`), so only the server side enforces it.
-    req.metadata_mut().insert("grpc-timeout", "500m".parse()?);
-    let sent = Instant::now();
-    let late = match client.generate(req).await {
-        Ok(stream) => grpc::collect(stream.into_inner()).await.err(),
-        Err(status) => Some(status),
-    }
-    .context("a request whose deadline passed in the queue succeeded")?;
-    let took = sent.elapsed();
-    assert_eq!(late.code(), Code::DeadlineExceeded, "{late:?}");
-    assert!(
-        took < Duration::from_secs(3),
-        "DEADLINE_EXCEEDED after {took:?}"
-    );
+    Ok(())
+}
 
-    drop(running);
+/// Waits until the worker runs nothing and holds no KV block.
+async fn wait_for_idle(worker: &WorkerProc) -> Result<()> {
     wait::until("the worker to be idle", Duration::from_secs(10), || async {
         match worker.load().await {
             Ok(l) if l.running == 0 && l.waiting == 0 && l.kv_blocks_used == 0 => Ok(()),
@@ -310,4 +266,72 @@ async fn a_full_queue_is_resource_exhausted_and_deadlines_are_honored() -> Resul
     })
     .await?;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_is_resource_exhausted() -> Result<()> {
+    let _turn = serial().await;
+    let (cluster, running) = busy_pool().await?;
+    let worker = cluster.worker("q");
+
+    // Fill the only waiting slot.
+    let mut waiter_client = cluster.inference().await?;
+    let waiter = tokio::spawn(async move {
+        waiter_client
+            .generate(greedy_text("Waiting.", 4))
+            .await
+            .map(|_| ())
+    });
+    wait_for_waiting(worker, 1).await?;
+
+    let full = error_of(&cluster, greedy_text("One too many.", 4)).await?;
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    assert!(!full.message().is_empty(), "{full:?}");
+
+    let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 4});
+    let r = http::post_json(cluster.gateway.http, "/v1/completions", &body).await?;
+    assert_eq!(r.status, 429, "{r:?}");
+    assert!(r.json()?["error"]["message"].is_string(), "{r:?}");
+
+    waiter.abort();
+    let _ = waiter.await;
+    drop(running);
+    wait_for_idle(worker).await
+}
+
+/// A deadline (`grpc-timeout`) that passes while the request waits in the queue. Sent with a
+/// client that does not enforce the deadline itself (see `grpc::raw_call`), to see the server's
+/// answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_that_passes_in_the_queue_is_deadline_exceeded() -> Result<()> {
+    const TIMEOUT: Duration = Duration::from_millis(500);
+    let _turn = serial().await;
+    let (cluster, running) = busy_pool().await?;
+    let worker = cluster.worker("q");
+    let timeout = format!("{}m", TIMEOUT.as_millis());
+    // Several tries: each must be DEADLINE_EXCEEDED (a race would show up as a mix of codes).
+    for attempt in 0..30 {
+        let sent = Instant::now();
+        let late = grpc::raw_call(
+            cluster.gateway.grpc,
+            "/ferrite.v1.Inference/Generate",
+            &greedy_text("Too late.", 4),
+            &[("grpc-timeout", &timeout)],
+        )
+        .await?;
+        let took = sent.elapsed();
+        assert_eq!(
+            late.code,
+            Code::DeadlineExceeded,
+            "attempt {attempt} after {took:?}: {late:?}"
+        );
+        assert!(
+            took >= TIMEOUT && took < TIMEOUT * 4,
+            "attempt {attempt}: DEADLINE_EXCEEDED after {took:?}"
+        );
+        // The expired request leaves the queue (at the engine's next step).
+        wait_for_waiting(worker, 0).await?;
+    }
+    drop(running);
+    wait_for_idle(worker).await
 }

@@ -14,6 +14,8 @@ use crate::table::Table;
 pub enum BenchCommand {
     /// Prefill and decode throughput of the engine at several batch sizes.
     Decode(DecodeArgs),
+    /// What the gateway adds: a synthetic worker called directly vs through the gateway.
+    Gateway(crate::bench_gateway::GatewayBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -37,6 +39,7 @@ pub struct DecodeArgs {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(args) => decode(args),
+        BenchCommand::Gateway(args) => crate::bench_gateway::run(args),
     }
 }
 

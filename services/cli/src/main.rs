@@ -9,6 +9,7 @@
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
+mod bench_gateway;
 mod cluster;
 mod generate;
 mod loading;

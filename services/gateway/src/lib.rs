@@ -82,7 +82,7 @@ impl Gateway {
         let text = self.model_text(model).await?;
         let req = validate::validate(text, prompt, sampling)?;
         let upstream = route::open(&self.pools, &req, deadline).await?;
-        Ok(stream::events(&req, upstream, started))
+        Ok(stream::events(&req, upstream, started, deadline))
     }
 }
 
@@ -125,7 +125,8 @@ pub async fn serve(
             grpc::InferenceService::new(gateway.clone()),
         ))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            // Deltas go out as small frames: without TCP_NODELAY, Nagle holds them for an ACK.
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             async move {
                 let _ = stop_grpc.recv().await;
             },

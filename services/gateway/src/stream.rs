@@ -35,6 +35,7 @@ struct State {
     prompt_tokens: u32,
     completion_tokens: u32,
     started: Instant,
+    deadline: Option<Instant>,
     ttft_ms: Option<f64>,
     want_logprobs: bool,
     done: bool,
@@ -42,10 +43,12 @@ struct State {
 
 /// The events of one request, from its upstream stream. Dropping the returned stream drops the
 /// upstream, which cancels the worker's request.
+/// Past `deadline` the stream ends with [`GatewayError::DeadlineExceeded`].
 pub fn events(
     req: &ValidatedRequest,
     upstream: Upstream,
     started: Instant,
+    deadline: Option<Instant>,
 ) -> impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + use<> {
     let text = req.model_text();
     let state = State {
@@ -56,6 +59,7 @@ pub fn events(
         prompt_tokens: u32::try_from(req.prompt_ids().len()).unwrap_or(u32::MAX),
         completion_tokens: 0,
         started,
+        deadline,
         ttft_ms: None,
         want_logprobs: req.sampling().logprobs.is_some(),
         done: false,
@@ -66,18 +70,31 @@ pub fn events(
         }
         let msg = match st.pending_first.take() {
             Some(m) => Ok(m),
-            None => match st.upstream.as_mut()?.rest.next().await {
-                Some(Ok(m)) => Ok(m),
-                Some(Err(s)) => Err(GatewayError::from_worker(&s)),
-                None => Err(GatewayError::Unavailable(
-                    "the worker stream ended without a finish".into(),
-                )),
-            },
+            None => {
+                let deadline = st.deadline;
+                let next = st.upstream.as_mut()?.rest.next();
+                let next = match deadline {
+                    Some(d) => tokio::time::timeout_at(d.into(), next)
+                        .await
+                        .map_err(|_| GatewayError::DeadlineExceeded),
+                    None => Ok(next.await),
+                };
+                match next {
+                    Ok(Some(Ok(m))) => Ok(m),
+                    Ok(Some(Err(s))) => Err(GatewayError::from_worker(&s)),
+                    Ok(None) => Err(GatewayError::Unavailable(
+                        "the worker stream ended without a finish".into(),
+                    )),
+                    Err(e) => Err(e),
+                }
+            }
         };
         let msg = match msg {
             Ok(m) => m,
             Err(e) => {
                 st.done = true;
+                // Dropping the upstream cancels the worker's request.
+                st.upstream = None;
                 return Some((vec![Err(e)], st));
             }
         };

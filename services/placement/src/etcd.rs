@@ -318,7 +318,7 @@ async fn watch_session(
         let resp = match stream.message().await {
             Ok(Some(resp)) => resp,
             Ok(None) => return Lost::Etcd("watch stream closed".into()),
-            Err(e) => return PlacementError::from(from_etcd(e, None)).into(),
+            Err(e) => return from_etcd(e, None).into(),
         };
         if resp.canceled() {
             return Lost::Etcd(format!(

@@ -48,8 +48,16 @@ async fn outage(stop: fn(&mut EtcdServer), down: Duration) {
     tokio::task::block_in_place(|| stop(&mut etcd));
     // A worker that starts while etcd is down: must not fail, just wait.
     let second = Registration::start(store.clone(), TTL, vec![(s.pool("b"), b"b".to_vec())]);
+    // A gateway that starts while etcd is down: its watch stays silent.
+    let mut late_watch = store.watch_prefix(&s.pools_prefix());
     tokio::time::sleep(down).await;
     assert!(!second.is_registered(), "registered while etcd was down?");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), late_watch.recv())
+            .await
+            .is_err(),
+        "a watch produced events while etcd was down"
+    );
     let seen_during_outage = mirror.events.len();
 
     tokio::task::block_in_place(|| etcd.restart());
@@ -86,6 +94,13 @@ async fn outage(stop: fn(&mut EtcdServer), down: Duration) {
         .expect("second registered in time")
         .expect("second registered");
     assert!(first.is_registered());
+
+    // The late watch starts, as every watch does, with a snapshot.
+    let first_event = common::next_event(&mut late_watch, Duration::from_secs(3)).await;
+    assert!(
+        matches!(first_event, WatchEvent::Resync(_)),
+        "{first_event:?}"
+    );
 
     // The deltas keep flowing after the resync.
     second.deregister().await.expect("deregister");

@@ -3,7 +3,8 @@
 //! # Layout
 //!
 //! - [`service`]: the `ferrite.worker.v1.Worker` gRPC service over the engine thread's handle,
-//!   and the engine-error → gRPC-status mapping.
+//!   (or the synthetic backend), and the engine-error → gRPC-status mapping.
+//! - [`synthetic`]: fixed-rate tokens without a model, for measuring the gateway.
 //! - [`lifecycle`]: load → serve → register (Starting, then Ready once start-up finished) →
 //!   on shutdown: Draining, finish in-flight requests (bounded), deregister, exit.
 //!
@@ -12,6 +13,8 @@
 
 pub mod lifecycle;
 pub mod service;
+pub mod synthetic;
 
 pub use lifecycle::{RunningWorker, WorkerConfig, model_info};
-pub use service::WorkerService;
+pub use service::{Backend, WorkerService};
+pub use synthetic::SyntheticEngine;

@@ -13,7 +13,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::service::WorkerService;
+use crate::service::{Backend, WorkerService};
+use crate::synthetic::SyntheticEngine;
 
 /// What a worker needs to start.
 #[derive(Debug, Clone)]
@@ -123,8 +124,34 @@ impl RunningWorker {
         )?;
         let (handle, _thread) =
             EngineHandle::spawn(engine, cfg.max_waiting).map_err(WorkerError::Thread)?;
-        let service = WorkerService::new(handle, info);
+        let service = WorkerService::new(Backend::Engine(handle), info);
+        Self::serve(service, max_model_len, cfg, store, schema).await
+    }
 
+    /// A worker over the [`SyntheticEngine`]: no model, `tokens_per_s` per stream.
+    pub async fn start_synthetic(
+        tokens_per_s: f64,
+        cfg: WorkerConfig,
+        store: Store,
+        schema: KeySchema,
+    ) -> Result<Self, WorkerError> {
+        let synthetic = SyntheticEngine::new(tokens_per_s);
+        let tokenizer = SyntheticEngine::tokenizer()?;
+        let max_model_len = synthetic.max_model_len();
+        let info = model_info(&cfg.model_name, Some(&tokenizer), 256, max_model_len)?;
+        let service = WorkerService::new(Backend::Synthetic(synthetic), info);
+        Self::serve(service, max_model_len, cfg, store, schema).await
+    }
+
+    /// Serves `service` on `cfg.listen`, registers the pool (Starting) and its rank, then marks
+    /// the pool Ready.
+    async fn serve(
+        service: WorkerService,
+        max_model_len: usize,
+        cfg: WorkerConfig,
+        store: Store,
+        schema: KeySchema,
+    ) -> Result<Self, WorkerError> {
         let listener =
             TcpListener::bind(cfg.listen)
                 .await
@@ -146,7 +173,9 @@ impl RunningWorker {
         let router = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(pb::worker_server::WorkerServer::new(service.clone()));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Tokens go out as small frames: without TCP_NODELAY, Nagle holds them for an ACK.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
             let _ = stopped.await;
         }));
@@ -219,14 +248,14 @@ impl RunningWorker {
         }
         let deadline = Instant::now() + self.drain_timeout;
         loop {
-            let s = self.service.engine().stats();
-            if s.running == 0 && s.waiting == 0 {
+            let (running, waiting) = self.service.load();
+            if running == 0 && waiting == 0 {
                 break;
             }
             if Instant::now() >= deadline {
                 tracing::warn!(
-                    running = s.running,
-                    waiting = s.waiting,
+                    running,
+                    waiting,
                     "drain timeout: stopping with requests in flight"
                 );
                 break;

@@ -12,6 +12,8 @@ use ferrite_proto::worker::v1 as pb;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::synthetic::SyntheticEngine;
+
 /// Maps an engine error to its gRPC status: the one place this mapping lives for workers.
 pub fn status_of(e: &EngineError) -> Status {
     let msg = e.to_string();
@@ -25,18 +27,27 @@ pub fn status_of(e: &EngineError) -> Status {
     }
 }
 
-/// The worker service. Cloning shares the engine and the draining flag.
+/// What produces the tokens.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The real engine, on its own thread.
+    Engine(EngineHandle),
+    /// Fixed-rate tokens, no model (for measuring the gateway).
+    Synthetic(SyntheticEngine),
+}
+
+/// The worker service. Cloning shares the backend and the draining flag.
 #[derive(Debug, Clone)]
 pub struct WorkerService {
-    engine: EngineHandle,
+    backend: Backend,
     info: Arc<pb::ModelInfo>,
     draining: Arc<AtomicBool>,
 }
 
 impl WorkerService {
-    pub fn new(engine: EngineHandle, info: pb::ModelInfo) -> Self {
+    pub fn new(backend: Backend, info: pb::ModelInfo) -> Self {
         Self {
-            engine,
+            backend,
             info: Arc::new(info),
             draining: Arc::new(AtomicBool::new(false)),
         }
@@ -47,8 +58,15 @@ impl WorkerService {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    pub fn engine(&self) -> &EngineHandle {
-        &self.engine
+    /// Requests (running, waiting).
+    pub fn load(&self) -> (usize, usize) {
+        match &self.backend {
+            Backend::Engine(e) => {
+                let s = e.stats();
+                (s.running, s.waiting)
+            }
+            Backend::Synthetic(s) => (s.running(), 0),
+        }
     }
 }
 
@@ -78,7 +96,8 @@ fn finish_to_proto(f: Option<FinishReason>) -> i32 {
     }
 }
 
-type TokenStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
+pub(crate) type TokenStream =
+    Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
 
 /// Each engine token becomes one response. The [`RequestStream`] lives inside the returned
 /// stream, so when the client cancels and tonic drops it, the request is aborted at once.
@@ -120,9 +139,12 @@ impl pb::worker_server::Worker for WorkerService {
             return Err(Status::unavailable("this worker is draining"));
         }
         let req = request.into_inner();
+        let engine = match &self.backend {
+            Backend::Engine(e) => e,
+            Backend::Synthetic(s) => return Ok(Response::new(s.generate(req)?)),
+        };
         let params = sampling_from_proto(req.sampling);
-        let stream = self
-            .engine
+        let stream = engine
             .submit(req.prompt_token_ids, params)
             .await
             .map_err(|e| status_of(&e))?;
@@ -137,7 +159,15 @@ impl pb::worker_server::Worker for WorkerService {
     }
 
     async fn get_load(&self, _: Request<pb::GetLoadRequest>) -> Result<Response<pb::Load>, Status> {
-        let s = self.engine.stats();
+        let s = match &self.backend {
+            Backend::Engine(e) => e.stats(),
+            Backend::Synthetic(s) => ferrite_engine::engine::EngineStats {
+                running: s.running(),
+                waiting: 0,
+                kv_blocks_used: 0,
+                kv_blocks_total: 0,
+            },
+        };
         let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         Ok(Response::new(pb::Load {
             running: n(s.running),
