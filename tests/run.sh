@@ -11,9 +11,21 @@ missing=()
 command -v python3 >/dev/null || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 command -v cc >/dev/null || missing+=(gcc)
+# The cluster tests (tests/tests/*.rs): a real etcd, protoc for the build, curl as a raw gRPC
+# client.
+command -v etcd >/dev/null || missing+=(etcd-server)
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+command -v curl >/dev/null || missing+=(curl)
 if ((${#missing[@]})); then
     echo "tests/run.sh: installing ${missing[*]}"
     apt-get update -qq && apt-get install -y -qq "${missing[@]}"
+fi
+# The Python clients of the cluster tests (tests/clients/): grpcio (+ stubs generated from
+# proto/ at run time) and the official openai package.
+if ! python3 -c 'import grpc, grpc_tools, openai' 2>/dev/null; then
+    echo "tests/run.sh: installing grpcio grpcio-tools openai"
+    python3 -m pip install --quiet grpcio grpcio-tools openai 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages grpcio grpcio-tools openai
 fi
 
 echo "== format and lints"
@@ -27,4 +39,4 @@ if ! ./target/release/ferrite model list | grep -q '^smollm2-135m .*cached'; the
 fi
 
 echo "== tests"
-cargo test --release --workspace
+cargo test --release --workspace --no-fail-fast

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use ferrite_placement::testing::EtcdServer;
-use ferrite_placement::{KeySchema, Store};
+use ferrite_placement::{KeySchema, PoolRecord, Store};
 use ferrite_proto::v1::inference_client::InferenceClient;
 use ferrite_proto::v1::{ListModelsRequest, Model};
 use ferrite_proto::worker::v1::worker_client::WorkerClient;
@@ -290,5 +290,31 @@ impl Cluster {
 
     pub fn schema(&self) -> KeySchema {
         KeySchema::new(PREFIX)
+    }
+
+    /// The keys of `pool` in etcd: `pools/{pool}` and everything under `pools/{pool}/`.
+    pub async fn pool_keys(&self, store: &Store, pool: &str) -> Result<Vec<String>> {
+        let schema = self.schema();
+        let own = schema.pool(pool);
+        let children = schema.pool_children_prefix(pool);
+        Ok(store
+            .get_prefix(&own)
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| *k == own || k.starts_with(&children))
+            .collect())
+    }
+
+    /// The `pools/{pool}` record in etcd, if there is one.
+    pub async fn pool_record(&self, store: &Store, pool: &str) -> Result<Option<PoolRecord>> {
+        let key = self.schema().pool(pool);
+        let found = store.get_prefix(&key).await?;
+        match found.into_iter().find(|(k, _)| *k == key) {
+            Some((_, value)) => Ok(Some(
+                serde_json::from_slice(&value).with_context(|| format!("the record of {key}"))?,
+            )),
+            None => Ok(None),
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! - [`process`]: one child process of a test: piped output, the `ready` handshake, SIGTERM /
 //!   SIGKILL, killed on drop.
 //! - [`cluster`]: etcd + N workers (one pool each) + a gateway, and the handles to talk to them.
-//! - [`grpc`]: request builders and a stream collector over the public `ferrite.v1` API.
+//! - [`grpc`]: request builders and a stream collector over the public `ferrite.v1` API, and
+//!   `raw_call` (curl as a gRPC client that, unlike tonic's, leaves deadlines to the server).
 //! - [`http`]: a minimal HTTP/1.1 client for the OpenAI-compatible endpoint (no extra crates).
 //! - [`python`]: runs the Python clients under `tests/clients/`.
 //! - [`reference`]: `ferrite generate --json`, the single-process answer to compare with.

@@ -39,6 +39,9 @@ async fn expect(
     Ok(())
 }
 
+/// Sets one sampling parameter.
+type SetSampling = fn(&mut SamplingParams);
+
 fn with_sampling(mut req: GenerateRequest, f: impl FnOnce(&mut SamplingParams)) -> GenerateRequest {
     if let Some(s) = req.sampling.as_mut() {
         f(s);
@@ -153,7 +156,7 @@ async fn bad_requests_get_the_documented_status_and_name_the_limit() -> Result<(
     .await?;
 
     // Sampling limits from inference.proto.
-    let cases: [(&str, fn(&mut SamplingParams), &str); 6] = [
+    let cases: [(&str, SetSampling, &str); 6] = [
         (
             "temperature 101",
             |s| s.temperature = Some(101.0),
@@ -304,13 +307,16 @@ async fn a_full_queue_is_resource_exhausted() -> Result<()> {
 /// answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_that_passes_in_the_queue_is_deadline_exceeded() -> Result<()> {
-    const TIMEOUT: Duration = Duration::from_millis(500);
+    const TIMEOUT: Duration = Duration::from_millis(200);
+    const ATTEMPTS: usize = 25;
     let _turn = serial().await;
     let (cluster, running) = busy_pool().await?;
     let worker = cluster.worker("q");
     let timeout = format!("{}m", TIMEOUT.as_millis());
-    // Several tries: each must be DEADLINE_EXCEEDED (a race would show up as a mix of codes).
-    for attempt in 0..30 {
+    // Many tries, each of which must be DEADLINE_EXCEEDED: a race between timers shows up as
+    // a mix of codes.
+    let mut wrong = Vec::new();
+    for attempt in 0..ATTEMPTS {
         let sent = Instant::now();
         let late = grpc::raw_call(
             cluster.gateway.grpc,
@@ -320,18 +326,25 @@ async fn a_deadline_that_passes_in_the_queue_is_deadline_exceeded() -> Result<()
         )
         .await?;
         let took = sent.elapsed();
-        assert_eq!(
-            late.code,
-            Code::DeadlineExceeded,
-            "attempt {attempt} after {took:?}: {late:?}"
-        );
-        assert!(
-            took >= TIMEOUT && took < TIMEOUT * 4,
-            "attempt {attempt}: DEADLINE_EXCEEDED after {took:?}"
-        );
+        // Generous upper bound: `took` includes starting curl on a loaded 2-core machine.
+        if late.code != Code::DeadlineExceeded
+            || took < TIMEOUT
+            || took > TIMEOUT + Duration::from_secs(2)
+        {
+            wrong.push(format!(
+                "attempt {attempt}: {:?} {:?} after {took:?}",
+                late.code, late.message
+            ));
+        }
         // The expired request leaves the queue (at the engine's next step).
         wait_for_waiting(worker, 0).await?;
     }
+    assert!(
+        wrong.is_empty(),
+        "{} of {ATTEMPTS} requests did not end DEADLINE_EXCEEDED on time:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
     drop(running);
     wait_for_idle(worker).await
 }

@@ -1,4 +1,5 @@
-//! Faults: a worker killed mid-stream, an etcd outage, and a crowd of clients that cancel.
+//! Faults: a worker killed mid-stream, an etcd outage, a crowd of clients that cancel
+//! mid-stream, and clients that give up while their request is being queued.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -6,7 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use ferrite_cluster_tests::cluster::DISCOVERY_TIMEOUT;
 use ferrite_cluster_tests::grpc::{self, greedy_text};
-use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, serial, wait};
+use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, WorkerProc, serial, wait};
+use ferrite_placement::PoolState;
 use ferrite_proto::v1::generate_response::Event;
 use tokio::sync::{Barrier, watch};
 use tonic::Code;
@@ -59,18 +61,26 @@ async fn a_killed_worker_fails_its_stream_and_leaves_etcd_within_the_lease() -> 
     .await?;
     let survivor = if victim == "a" { "b" } else { "a" };
     let store = cluster.store().await?;
-    let schema = cluster.schema();
-    let victim_keys = [schema.pool(&victim), schema.rank(&victim, 0)];
-    for key in &victim_keys {
-        let found = store.get_prefix(key).await?;
-        assert!(
-            found.iter().any(|(k, _)| k == key),
-            "{key} missing before the kill: {found:?}"
+    for w in &cluster.workers {
+        let record = cluster
+            .pool_record(&store, &w.pool)
+            .await?
+            .with_context(|| format!("no record of pool {}", w.pool))?;
+        assert_eq!(record.model, MODEL, "{record:?}");
+        assert_eq!(record.state, PoolState::Ready, "{record:?}");
+        assert_eq!(record.tp, 1, "{record:?}");
+        assert_eq!(
+            record.leader_addr,
+            format!("http://{}", w.addr),
+            "{record:?}"
         );
+        let keys = cluster.pool_keys(&store, &w.pool).await?;
+        let rank = cluster.schema().rank(&w.pool, 0);
+        assert!(keys.contains(&rank), "{rank} missing: {keys:?}");
     }
 
-    cluster.worker_mut(&victim).proc.kill_hard().await?;
     let killed = Instant::now();
+    cluster.worker_mut(&victim).proc.kill_hard().await?;
 
     let failed = tokio::time::timeout(Duration::from_secs(2), async {
         loop {
@@ -97,19 +107,10 @@ async fn a_killed_worker_fails_its_stream_and_leaves_etcd_within_the_lease() -> 
         "the killed worker's keys to expire",
         LEASE_TTL + Duration::from_secs(1),
         || async {
-            let mut left = Vec::new();
-            for key in &victim_keys {
-                match store.get_prefix(key).await {
-                    Ok(found) => {
-                        left.extend(found.into_iter().filter(|(k, _)| k == key).map(|(k, _)| k))
-                    }
-                    Err(e) => return Err(format!("etcd: {e}")),
-                }
-            }
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("still there: {left:?}"))
+            match cluster.pool_keys(&store, &victim).await {
+                Ok(left) if left.is_empty() => Ok(()),
+                Ok(left) => Err(format!("still there: {left:?}")),
+                Err(e) => Err(format!("etcd: {e:#}")),
             }
         },
     );
@@ -119,17 +120,21 @@ async fn a_killed_worker_fails_its_stream_and_leaves_etcd_within_the_lease() -> 
         }
         Ok::<_, anyhow::Error>(())
     };
-    let (gone, ()) = tokio::try_join!(keys_gone, requests)?;
+    let ((_, gone), ()) = tokio::try_join!(keys_gone, requests)?;
     let gone_after = killed.elapsed();
     assert!(
         gone_after <= LEASE_TTL + Duration::from_secs(1),
         "keys gone only {gone_after:?} after the kill ({gone:?})"
     );
 
-    let survivor_keys = store.get_prefix(&schema.pool(survivor)).await?;
-    assert!(
-        !survivor_keys.is_empty(),
-        "the survivor {survivor} lost its keys"
+    eprintln!(
+        "killed pool {victim}: UNAVAILABLE after {failed_after:?}, keys gone after {gone_after:?}"
+    );
+    let survivor = cluster.pool_record(&store, survivor).await?;
+    assert_eq!(
+        survivor.map(|r| r.state),
+        Some(PoolState::Ready),
+        "the survivor's record"
     );
     cluster.wait_for_ready_pools(1, DISCOVERY_TIMEOUT).await?;
     Ok(())
@@ -161,12 +166,16 @@ async fn an_etcd_outage_keeps_serving_and_a_pool_started_during_it_is_found_afte
     cluster.workers.push(c);
     let found = cluster.wait_for_ready_pools(3, DISCOVERY_TIMEOUT).await?;
     let found_after = back.elapsed();
+    eprintln!(
+        "{served} requests served during the {OUTAGE:?} outage; pool c listed {found_after:?} after etcd returned"
+    );
     assert!(
         found_after < Duration::from_secs(10),
         "3 pools listed {found_after:?} after etcd returned ({found:?} of waiting)"
     );
 
     // Drain a and b (SIGTERM: exit 0, keys revoked at once): the requests can only land on c.
+    let store = cluster.store().await?;
     for pool in ["a", "b"] {
         let status = cluster
             .worker_mut(pool)
@@ -176,6 +185,11 @@ async fn an_etcd_outage_keeps_serving_and_a_pool_started_during_it_is_found_afte
         assert!(
             status.success(),
             "worker {pool} exited with {status} after SIGTERM"
+        );
+        let left = cluster.pool_keys(&store, pool).await?;
+        assert!(
+            left.is_empty(),
+            "pool {pool} drained and exited but left {left:?} in etcd"
         );
     }
     cluster
@@ -240,19 +254,19 @@ async fn a_hundred_cancelled_streams_free_every_kv_block() -> Result<()> {
     for w in &cluster.workers {
         let l = w.load().await?;
         used += l.kv_blocks_used;
-        running += l.running;
+        // A sequence preempted for KV space waits again: count it too.
+        running += l.running + l.waiting;
     }
     assert!(used > 0, "no KV blocks in use with {CLIENTS} open streams");
     assert_eq!(
         running as usize, CLIENTS,
-        "running sequences with {CLIENTS} open streams"
+        "running or waiting sequences with {CLIENTS} open streams"
     );
 
     release.send_replace(true);
     for c in clients {
         c.await??;
     }
-    let cancelled = Instant::now();
     let (_, took) = wait::until(
         "every KV block to be free",
         Duration::from_secs(5),
@@ -276,8 +290,55 @@ async fn a_hundred_cancelled_streams_free_every_kv_block() -> Result<()> {
     )
     .await?;
     eprintln!(
-        "{CLIENTS} streams open after {all_streaming:?} ({used} KV blocks); all freed {took:?} after the cancel ({:?} total)",
-        cancelled.elapsed()
+        "{CLIENTS} streams open after {all_streaming:?} ({used} KV blocks); all freed {took:?} after the cancel"
     );
+    Ok(())
+}
+
+/// Clients that give up while their request is being queued (a pool busy with one long
+/// request, one sequence at a time): every such request must leave the worker's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_cancelled_while_queued_leave_the_queue() -> Result<()> {
+    const CLIENTS: u64 = 12;
+    let _turn = serial().await;
+    let options = WorkerOptions {
+        max_num_seqs: Some(1),
+        max_waiting: Some(64),
+        ..options()
+    };
+    let cluster = Cluster::start(&["q"], options).await?;
+    let worker = cluster.worker("q");
+    let mut client = cluster.inference().await?;
+    let mut running = client
+        .generate(greedy_text("Tell me a long story.", 1500))
+        .await?
+        .into_inner();
+    running.message().await?.context("no first message")?;
+
+    // Give up after 2, 4, … ms: some while the gateway forwards, some while the worker admits
+    // the request into its queue, some after it waits there.
+    for i in 0..CLIENTS {
+        let mut c = client.clone();
+        let give_up = Duration::from_millis(2 * (i + 1));
+        let call = c.generate(greedy_text(&format!("Queued {i}."), 4));
+        let outcome = tokio::time::timeout(give_up, call).await;
+        anyhow::ensure!(
+            outcome.is_err(),
+            "request {i} was answered within {give_up:?}: {outcome:?}"
+        );
+    }
+    let (_, took) = wait::until(
+        "the cancelled requests to leave the queue",
+        Duration::from_secs(3),
+        || async {
+            match worker.load().await {
+                Ok(l) if l.running == 1 && l.waiting == 0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+    eprintln!("{CLIENTS} cancelled queued requests gone {took:?} after the last cancel");
+    drop(running);
     Ok(())
 }

@@ -85,13 +85,44 @@ pub struct GatewayArgs {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    worker: WorkerArgs,
+    model: ModelArgs,
     /// Public gRPC listen address.
-    #[arg(long = "grpc-listen", default_value = "127.0.0.1:50051")]
-    grpc_listen: SocketAddr,
+    #[arg(long, alias = "grpc-listen", default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
     /// OpenAI-compatible HTTP listen address.
     #[arg(long, default_value = "127.0.0.1:8000")]
     http_listen: SocketAddr,
+    /// Name clients use for this model (default: the --model name, or the file's stem).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// The pool name this process registers.
+    #[arg(long, default_value = "local")]
+    pool: String,
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
+    #[arg(long, default_value_t = 30)]
+    drain_timeout_s: u64,
+    #[command(flatten)]
+    placement: PlacementArgs,
+}
+
+impl ServeArgs {
+    /// The worker half of `serve`: rank 0 of one pool, on a free loopback port.
+    fn worker_args(&self) -> WorkerArgs {
+        WorkerArgs {
+            model: self.model.clone(),
+            pool: self.pool.clone(),
+            rank: 0,
+            tp: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise_host: None,
+            served_model_name: self.served_model_name.clone(),
+            max_waiting: self.max_waiting,
+            lease_ttl_s: 5,
+            drain_timeout_s: self.drain_timeout_s,
+            placement: self.placement.clone(),
+        }
+    }
 }
 
 fn served_name(args: &WorkerArgs) -> String {
@@ -204,17 +235,18 @@ pub fn gateway(args: GatewayArgs) -> Result<()> {
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
+    let worker_args = args.worker_args();
     runtime()?.block_on(async {
-        let (store, schema) = args.worker.placement.store(true).await?;
-        let worker = start_worker(&args.worker, store.clone(), schema.clone()).await?;
+        let (store, schema) = args.placement.store(true).await?;
+        let worker = start_worker(&worker_args, store.clone(), schema.clone()).await?;
         let gw = Gateway::new(store, schema);
         let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
-        let (addrs, task) = ferrite_gateway::serve(gw, args.grpc_listen, args.http_listen, async {
+        let (addrs, task) = ferrite_gateway::serve(gw, args.listen, args.http_listen, async {
             let _ = gateway_stopped.await;
         })
         .await
         .context("binding the gateway's listeners")?;
-        println!("ferrite serve: model {}", served_name(&args.worker));
+        println!("ferrite serve: model {}", served_name(&worker_args));
         println!("  gRPC (ferrite.v1.Inference): {}", addrs.grpc);
         println!("  HTTP (OpenAI-compatible):    http://{}/v1", addrs.http);
         println!("ready");

@@ -237,8 +237,13 @@ fn apply(
             admitted,
         } => match engine.add_request(id, prompt, params) {
             Ok(()) => {
-                streams.insert(id, events);
-                let _ = admitted.send(Ok(()));
+                if admitted.send(Ok(())).is_ok() {
+                    streams.insert(id, events);
+                } else {
+                    // The submitter gave up (cancelled, deadline) before admission: nothing
+                    // would ever read or abort this request, so drop it now.
+                    engine.abort(id);
+                }
             }
             Err(e) => {
                 let _ = admitted.send(Err(e));

@@ -41,6 +41,9 @@ impl Drop for Outstanding {
     }
 }
 
+/// How much longer than the gateway's deadline a worker is given.
+const WORKER_DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Two random candidates, the less loaded wins.
 pub fn pick(candidates: &[Pool], seed: u64) -> Option<&Pool> {
     match candidates.len() {
@@ -93,7 +96,11 @@ pub async fn open(
             let mut client = pool.client.clone();
             let mut request = tonic::Request::new(req.worker_request());
             if let Some(d) = deadline {
-                request.set_timeout(d.saturating_duration_since(Instant::now()));
+                // A margin past our own deadline: the gateway decides when time is up, so the
+                // client sees DEADLINE_EXCEEDED rather than the worker's cancellation.
+                request.set_timeout(
+                    d.saturating_duration_since(Instant::now()) + WORKER_DEADLINE_MARGIN,
+                );
             }
             let mut stream = client
                 .generate(request)
@@ -123,6 +130,9 @@ pub async fn open(
                     _guard: guard,
                     pool: pool.name,
                 });
+            }
+            Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                return Err(GatewayError::DeadlineExceeded);
             }
             Err(e) if e.retryable() => {
                 tracing::warn!(pool = %pool.name, "pool failed before the first token, trying another: {e}");
