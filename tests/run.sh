@@ -34,9 +34,9 @@ cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 
 echo "== default model"
 cargo build --release --quiet -p ferrite-cli
-if ! ./target/release/ferrite model list | grep -q '^smollm2-135m .*cached'; then
-    ./target/release/ferrite model pull smollm2-135m
-fi
+# Pulled into the cache on first use; the tests that read the file directly get its path.
+FERRITE_TEST_GGUF="$(./target/release/ferrite model path smollm2-135m)"
+export FERRITE_TEST_GGUF
 
 echo "== tests"
 cargo test --release --workspace --no-fail-fast

