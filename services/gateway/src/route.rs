@@ -64,7 +64,11 @@ pub fn pick(candidates: &[Pool], seed: u64) -> Option<&Pool> {
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
+    // RandomState's keys differ per instance; the clock adds variation between processes.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
     h.finish()
 }
 
