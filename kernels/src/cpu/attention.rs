@@ -147,15 +147,20 @@ mod tests {
         let val = |p: usize, h: usize, d: usize, s: f32| ((p * 31 + h * 7 + d) as f32 * s).sin();
         let mut k = vec![0f32; num_blocks * bs * kv_heads * hd];
         let mut v = k.clone();
-        let cache = PagedKv {
-            k: &k,
-            v: &v,
+        // Offsets depend only on the layout, so an empty-data view computes them.
+        let layout = PagedKv {
+            k: &[],
+            v: &[],
             block_size: bs,
             kv_heads,
             head_dim: hd,
         };
         let offs: Vec<Vec<usize>> = (0..len)
-            .map(|p| (0..kv_heads).map(|h| cache.offset(&blocks, p, h)).collect())
+            .map(|p| {
+                (0..kv_heads)
+                    .map(|h| layout.offset(&blocks, p, h))
+                    .collect()
+            })
             .collect();
         for p in 0..len {
             for h in 0..kv_heads {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferrite_engine::engine::FinishReason;
 use ferrite_engine::sampler::SamplingParams;
-use ferrite_text::{ChatMessage, DecodeStream, StopMatcher};
+use ferrite_text::{ChatMessage, TextStream};
 use serde_json::json;
 
 use crate::loading::{self, ModelArgs};
@@ -98,8 +98,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         (None, tokenizer.encode(&args.prompt, true)?)
     };
-    let mut decoder = DecodeStream::new(tokenizer.clone(), true);
-    let mut stops = StopMatcher::new(args.stop.clone());
+    let mut text_stream = TextStream::new(tokenizer.clone(), args.stop.clone());
     let mut text = String::new();
     let mut stopped_by_string = false;
     let started = Instant::now();
@@ -109,14 +108,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mut decode_error = None;
     let results = engine.run_to_completion(vec![(0, prompt_ids.clone(), params)], |ev| {
         first_token_at.get_or_insert_with(|| started.elapsed());
-        let delta = match decoder.step(ev.token.id) {
-            Ok(d) => d,
+        let out = match text_stream.push(ev.token.id) {
+            Ok(o) => o,
             Err(e) => {
                 decode_error = Some(e);
                 return false;
             }
         };
-        let out = stops.push(&delta);
         text.push_str(&out.text);
         if stream {
             let _ = stdout.write_all(out.text.as_bytes());
@@ -129,17 +127,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         return Err(e.into());
     }
     if !stopped_by_string {
-        let tail = decoder.flush()?;
-        let mut rest = stops.push(&tail).text;
-        if stops.is_stopped() {
-            stopped_by_string = true;
-        } else {
-            rest.push_str(&stops.finish());
-        }
+        let rest = text_stream.finish()?;
+        stopped_by_string = rest.stopped.is_some();
         if stream {
-            let _ = stdout.write_all(rest.as_bytes());
+            let _ = stdout.write_all(rest.text.as_bytes());
         }
-        text.push_str(&rest);
+        text.push_str(&rest.text);
     }
     let elapsed = started.elapsed();
     let generation = results.get(&0).cloned().unwrap_or_default();

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -111,10 +111,7 @@ impl EngineHandle {
 
     /// Load figures as of the last step.
     pub fn stats(&self) -> EngineStats {
-        match self.stats.lock() {
-            Ok(s) => *s,
-            Err(poisoned) => *poisoned.into_inner(),
-        }
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Queues a request; returns its token stream once the engine accepted it, or the reason

@@ -179,8 +179,8 @@ impl Sampler {
     /// request's tokens so far (for the penalties).
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> SampledToken {
         let p = &self.params;
-        let raw_top = p.logprobs.map(|n| top_logprobs(logits, n));
         let raw_lse = log_sum_exp(logits);
+        let raw_top = p.logprobs.map(|n| top_by_logit(logits, n, raw_lse));
         apply_penalties(logits, p, prompt, output);
         let id = if p.temperature == 0.0 {
             argmax(logits)
@@ -316,10 +316,14 @@ fn log_sum_exp(logits: &[f32]) -> f32 {
 
 /// The `n` largest logits as (id, logprob), largest first; ties broken by the smaller id.
 pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    top_by_logit(logits, n, log_sum_exp(logits))
+}
+
+/// [`top_logprobs`] with the log-sum-exp of `logits` already known.
+fn top_by_logit(logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
     }
-    let lse = log_sum_exp(logits);
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let cmp = |a: &u32, b: &u32| {
         logits[*b as usize]

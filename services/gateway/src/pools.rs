@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use ferrite_placement::{Key, KeySchema, PoolRecord, PoolState, Store, WatchEvent};
 use ferrite_proto::worker::v1::worker_client::WorkerClient;
@@ -37,10 +37,7 @@ pub struct PoolView {
 impl PoolView {
     /// Ready pools serving `model`.
     pub fn ready(&self, model: &str) -> Vec<Pool> {
-        let guard = match self.pools.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let guard = self.pools.read().unwrap_or_else(PoisonError::into_inner);
         guard
             .values()
             .filter(|p| p.record.model == model && p.record.state == PoolState::Ready)
@@ -50,10 +47,7 @@ impl PoolView {
 
     /// Models with at least one ready pool: (name, max_model_len, ready pools).
     pub fn models(&self) -> Vec<(String, u32, u32)> {
-        let guard = match self.pools.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let guard = self.pools.read().unwrap_or_else(PoisonError::into_inner);
         let mut by_model: HashMap<&str, (u32, u32)> = HashMap::new();
         for p in guard
             .values()
@@ -73,10 +67,7 @@ impl PoolView {
     }
 
     fn with_pools(&self, f: impl FnOnce(&mut HashMap<String, Pool>)) {
-        let mut guard = match self.pools.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut guard = self.pools.write().unwrap_or_else(PoisonError::into_inner);
         f(&mut guard);
     }
 

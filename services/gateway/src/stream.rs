@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
-use ferrite_text::{DecodeStream, StopMatcher};
+use ferrite_text::{TextError, TextStream};
 use futures::{Stream, StreamExt};
 
 use crate::error::GatewayError;
@@ -30,8 +30,7 @@ pub enum GenerateEvent {
 struct State {
     upstream: Option<Upstream>,
     pending_first: Option<pb::GenerateResponse>,
-    decoder: DecodeStream,
-    stops: StopMatcher,
+    text: TextStream,
     prompt_tokens: u32,
     completion_tokens: u32,
     started: Instant,
@@ -54,8 +53,7 @@ pub fn events(
     let state = State {
         pending_first: Some(upstream.first.clone()),
         upstream: Some(upstream),
-        decoder: DecodeStream::new(text.tokenizer.clone(), true),
-        stops: StopMatcher::new(req.stop().to_vec()),
+        text: TextStream::new(text.tokenizer.clone(), req.stop().to_vec()),
         prompt_tokens: u32::try_from(req.prompt_ids().len()).unwrap_or(u32::MAX),
         completion_tokens: 0,
         started,
@@ -104,12 +102,19 @@ pub fn events(
 }
 
 impl State {
+    /// Ends the stream with a detokenization error.
+    fn fail(&mut self, e: TextError) -> Vec<Result<GenerateEvent, GatewayError>> {
+        self.done = true;
+        vec![Err(GatewayError::Internal(format!("detokenizing: {e}")))]
+    }
+
     fn on_message(
         &mut self,
         msg: pb::GenerateResponse,
     ) -> Vec<Result<GenerateEvent, GatewayError>> {
         let mut out = Vec::new();
-        let mut text = String::new();
+        let mut emit = String::new();
+        let mut stopped = false;
         let mut token_ids = Vec::new();
         let mut logprobs = Vec::new();
         for t in &msg.tokens {
@@ -129,31 +134,31 @@ impl State {
                         .collect(),
                 });
             }
-            match self.decoder.step(t.id) {
-                Ok(d) => text.push_str(&d),
-                Err(e) => {
-                    self.done = true;
-                    return vec![Err(GatewayError::Internal(format!("detokenizing: {e}")))];
+            match self.text.push(t.id) {
+                Ok(o) => {
+                    emit.push_str(&o.text);
+                    stopped |= o.stopped.is_some();
                 }
+                Err(e) => return self.fail(e),
             }
         }
         let finish =
             pb::FinishReason::try_from(msg.finish_reason).unwrap_or(pb::FinishReason::Unspecified);
         let last = finish != pb::FinishReason::Unspecified;
-        if last && let Ok(tail) = self.decoder.flush() {
-            text.push_str(&tail);
+        if last && !stopped {
+            match self.text.finish() {
+                Ok(o) => {
+                    emit.push_str(&o.text);
+                    stopped = o.stopped.is_some();
+                }
+                Err(e) => return self.fail(e),
+            }
         }
-        let stopped = self.stops.push(&text);
-        let mut emit = stopped.text;
-        let mut reason = match finish {
+        let reason = match finish {
+            _ if stopped => api::FinishReason::Stop,
             pb::FinishReason::Length => api::FinishReason::Length,
             _ => api::FinishReason::Stop,
         };
-        if stopped.stopped.is_some() {
-            reason = api::FinishReason::Stop;
-        } else if last {
-            emit.push_str(&self.stops.finish());
-        }
         let ttft = *self
             .ttft_ms
             .get_or_insert_with(|| self.started.elapsed().as_secs_f64() * 1e3);
@@ -162,7 +167,7 @@ impl State {
             token_ids,
             logprobs,
         }));
-        if last || stopped.stopped.is_some() {
+        if last || stopped {
             self.done = true;
             // Dropping the upstream cancels the worker's request (stop string case).
             self.upstream = None;

@@ -64,6 +64,35 @@ pub struct GgufVocab {
     pub chat_template: Option<String>,
 }
 
+impl GgufVocab {
+    /// A 256-token byte-level BPE vocabulary, token id = byte, spelled with GPT-2's byte-to-
+    /// character map: any text round-trips. For stand-ins that have no model (the synthetic
+    /// worker) and for tests.
+    pub fn byte_level() -> Self {
+        let printable = |b: u8| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+        // Non-printable bytes map to U+0100 onwards, in byte order.
+        let mut next = 256u32;
+        let tokens = (0..=255u8)
+            .map(|b| {
+                if printable(b) {
+                    char::from(b).to_string()
+                } else {
+                    let c = char::from_u32(next).unwrap_or('?');
+                    next += 1;
+                    c.to_string()
+                }
+            })
+            .collect();
+        Self {
+            model: "gpt2".into(),
+            pre: Some("gpt2".into()),
+            tokens,
+            merges: Some(Vec::new()),
+            ..Self::default()
+        }
+    }
+}
+
 /// What [`build`] produces besides the JSON.
 #[derive(Debug)]
 pub(crate) struct Built {

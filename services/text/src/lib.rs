@@ -21,6 +21,7 @@
 //! - `strftime`: the date formatting behind the `strftime_now` template global.
 //! - [`stream`]: [`DecodeStream`], token-by-token text deltas.
 //! - [`stop`]: [`StopMatcher`], stop strings across delta boundaries.
+//! - [`text_stream`]: [`TextStream`], both of the above per request: ids in, client text out.
 //! - `error`: [`TextError`].
 
 pub mod chat;
@@ -30,6 +31,7 @@ mod pretok;
 pub mod stop;
 pub mod stream;
 mod strftime;
+pub mod text_stream;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -37,4 +39,5 @@ pub use error::TextError;
 pub use gguf::GgufVocab;
 pub use stop::{StopMatcher, StopOutput};
 pub use stream::DecodeStream;
+pub use text_stream::TextStream;
 pub use tokenizer::Tokenizer;

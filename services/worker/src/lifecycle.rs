@@ -248,7 +248,8 @@ impl RunningWorker {
         }
         let deadline = Instant::now() + self.drain_timeout;
         loop {
-            let (running, waiting) = self.service.load();
+            let s = self.service.stats();
+            let (running, waiting) = (s.running, s.waiting);
             if running == 0 && waiting == 0 {
                 break;
             }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferrite_engine::EngineError;
-use ferrite_engine::engine::FinishReason;
+use ferrite_engine::engine::{EngineStats, FinishReason};
 use ferrite_engine::handle::{EngineHandle, RequestStream};
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_proto::worker::v1 as pb;
@@ -58,14 +58,16 @@ impl WorkerService {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    /// Requests (running, waiting).
-    pub fn load(&self) -> (usize, usize) {
+    /// Load figures of the backend (the synthetic one has no KV cache).
+    pub fn stats(&self) -> EngineStats {
         match &self.backend {
-            Backend::Engine(e) => {
-                let s = e.stats();
-                (s.running, s.waiting)
-            }
-            Backend::Synthetic(s) => (s.running(), 0),
+            Backend::Engine(e) => e.stats(),
+            Backend::Synthetic(s) => EngineStats {
+                running: s.running(),
+                waiting: 0,
+                kv_blocks_used: 0,
+                kv_blocks_total: 0,
+            },
         }
     }
 }
@@ -159,15 +161,7 @@ impl pb::worker_server::Worker for WorkerService {
     }
 
     async fn get_load(&self, _: Request<pb::GetLoadRequest>) -> Result<Response<pb::Load>, Status> {
-        let s = match &self.backend {
-            Backend::Engine(e) => e.stats(),
-            Backend::Synthetic(s) => ferrite_engine::engine::EngineStats {
-                running: s.running(),
-                waiting: 0,
-                kv_blocks_used: 0,
-                kv_blocks_total: 0,
-            },
-        };
+        let s = self.stats();
         let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         Ok(Response::new(pb::Load {
             running: n(s.running),

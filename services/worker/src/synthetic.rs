@@ -20,20 +20,6 @@ pub struct SyntheticEngine {
     running: Arc<AtomicUsize>,
 }
 
-/// GPT-2's byte → printable-character map, so a 256-token byte-level vocabulary round-trips.
-fn byte_token(b: u8) -> char {
-    let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
-    if printable {
-        char::from(b)
-    } else {
-        // Non-printable bytes map to 256 + their rank among the non-printable ones.
-        let rank = (0..b)
-            .filter(|&x| !((33..=126).contains(&x) || (161..=172).contains(&x) || x >= 174))
-            .count();
-        char::from_u32(256 + rank as u32).unwrap_or('?')
-    }
-}
-
 impl SyntheticEngine {
     pub fn new(tokens_per_s: f64) -> Self {
         Self {
@@ -48,13 +34,7 @@ impl SyntheticEngine {
 
     /// A byte-level tokenizer of 256 tokens (id = byte), for the gateway's text handling.
     pub fn tokenizer() -> Result<Tokenizer, ferrite_text::TextError> {
-        Tokenizer::from_gguf_vocab(GgufVocab {
-            model: "gpt2".into(),
-            pre: Some("gpt2".into()),
-            tokens: (0..=255u8).map(|b| byte_token(b).to_string()).collect(),
-            merges: Some(Vec::new()),
-            ..GgufVocab::default()
-        })
+        Tokenizer::from_gguf_vocab(GgufVocab::byte_level())
     }
 
     pub fn max_model_len(&self) -> usize {
