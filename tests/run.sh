@@ -21,11 +21,13 @@ if ((${#missing[@]})); then
     apt-get update -qq && apt-get install -y -qq "${missing[@]}"
 fi
 # The Python clients of the cluster tests (tests/clients/): grpcio (+ stubs generated from
-# proto/ at run time) and the official openai package.
-if ! python3 -c 'import grpc, grpc_tools, openai' 2>/dev/null; then
-    echo "tests/run.sh: installing grpcio grpcio-tools openai"
-    python3 -m pip install --quiet grpcio grpcio-tools openai 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages grpcio grpcio-tools openai
+# proto/ at run time), the official openai package, and prometheus_client (its exposition-format
+# parser checks /metrics).
+if ! python3 -c 'import grpc, grpc_tools, openai, prometheus_client' 2>/dev/null; then
+    packages=(grpcio grpcio-tools openai prometheus_client)
+    echo "tests/run.sh: installing ${packages[*]}"
+    python3 -m pip install --quiet "${packages[@]}" 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages "${packages[@]}"
 fi
 
 echo "== format and lints"

@@ -28,12 +28,22 @@ impl Response {
 
 /// `POST path` with a JSON body.
 pub async fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Result<Response> {
-    request(addr, "POST", path, Some(body.to_string())).await
+    request(addr, "POST", path, Some(body.to_string()), &[]).await
+}
+
+/// `POST path` with a JSON body and extra headers.
+pub async fn post_json_with_headers(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+    headers: &[(&str, &str)],
+) -> Result<Response> {
+    request(addr, "POST", path, Some(body.to_string()), headers).await
 }
 
 /// `GET path`.
 pub async fn get(addr: SocketAddr, path: &str) -> Result<Response> {
-    request(addr, "GET", path, None).await
+    request(addr, "GET", path, None, &[]).await
 }
 
 async fn request(
@@ -41,6 +51,7 @@ async fn request(
     method: &str,
     path: &str,
     body: Option<String>,
+    headers: &[(&str, &str)],
 ) -> Result<Response> {
     anyhow::ensure!(
         addr.ip().is_loopback(),
@@ -53,6 +64,9 @@ async fn request(
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n"
         );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
         if let Some(b) = &body {
             head.push_str(&format!(
                 "Content-Type: application/json\r\nContent-Length: {}\r\n",

@@ -41,9 +41,20 @@ pub struct Proc {
 impl Proc {
     /// Spawns `program args…` with piped output. `name` labels it in error messages.
     pub fn spawn(name: impl Into<String>, program: &Path, args: &[String]) -> Result<Self> {
+        Self::spawn_with_env(name, program, args, &[])
+    }
+
+    /// [`Proc::spawn`] with `env` added to the inherited environment.
+    pub fn spawn_with_env(
+        name: impl Into<String>,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let name = name.into();
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

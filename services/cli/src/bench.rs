@@ -16,6 +16,8 @@ pub enum BenchCommand {
     Decode(DecodeArgs),
     /// What the gateway adds: a synthetic worker called directly vs through the gateway.
     Gateway(crate::bench_gateway::GatewayBenchArgs),
+    /// Start-up phase times of fresh `ferrite serve` processes, from their exported spans.
+    Startup(crate::bench_startup::StartupBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -40,6 +42,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(args) => decode(args),
         BenchCommand::Gateway(args) => crate::bench_gateway::run(args),
+        BenchCommand::Startup(args) => crate::bench_startup::run(args),
     }
 }
 

@@ -84,6 +84,7 @@ async fn bench(args: GatewayBenchArgs) -> Result<()> {
         lease_ttl: Duration::from_secs(10),
         drain_timeout: Duration::from_secs(5),
         node: "bench".into(),
+        metrics_listen: None,
     };
     let worker =
         RunningWorker::start_synthetic(args.tokens_per_s, cfg, store.clone(), schema.clone())

@@ -11,6 +11,10 @@ use ferrite_gateway::Gateway;
 use ferrite_placement::{KeySchema, Store};
 use ferrite_worker::{RunningWorker, WorkerConfig};
 
+use ferrite_telemetry::Telemetry;
+use ferrite_telemetry::phases;
+use tracing::Instrument;
+
 use crate::loading::ModelArgs;
 
 /// Where placement lives.
@@ -66,6 +70,9 @@ pub struct WorkerArgs {
     lease_ttl_s: u64,
     #[arg(long, default_value_t = 30)]
     drain_timeout_s: u64,
+    /// Where to serve Prometheus `/metrics` (port 0 = any free port, printed at start).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    metrics_listen: SocketAddr,
     #[command(flatten)]
     placement: PlacementArgs,
 }
@@ -120,6 +127,7 @@ impl ServeArgs {
             max_waiting: self.max_waiting,
             lease_ttl_s: 5,
             drain_timeout_s: self.drain_timeout_s,
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             placement: self.placement.clone(),
         }
     }
@@ -171,11 +179,44 @@ async fn shutdown_signal() {
     }
 }
 
-async fn start_worker(args: &WorkerArgs, store: Store, schema: KeySchema) -> Result<RunningWorker> {
+/// A process's `startup` span: the root of its start-up phases, or the child of the context in
+/// `TRACEPARENT` when its launcher set one (so all ranks of a pool share one trace).
+fn startup_span(role: &'static str) -> tracing::Span {
+    let span = tracing::info_span!(target: phases::TARGET, "startup", role,
+        pid = i64::from(std::process::id()));
+    ferrite_telemetry::propagation::set_parent_from_env(&span);
+    span
+}
+
+/// The `device_init` phase on the CPU: the ISA the kernels will use, and the thread pool the
+/// matrix products run on, started now rather than inside the first forward pass.
+fn device_init() {
+    let isa = ferrite_kernels::quant::Isa::best();
+    let _span = tracing::info_span!(target: phases::TARGET, "device_init", device = "cpu",
+        isa = ?isa, threads = tracing::field::Empty)
+    .entered();
+    // Fails only if the pool was already started, which is as good.
+    let _ = rayon::ThreadPoolBuilder::new().build_global();
+    tracing::Span::current().record("threads", rayon::current_num_threads() as i64);
+}
+
+/// Loads the model and starts the worker; its phases are spans under the current span.
+async fn start_worker(
+    args: &WorkerArgs,
+    metrics_listen: Option<SocketAddr>,
+    store: Store,
+    schema: KeySchema,
+) -> Result<RunningWorker> {
     let model_args = args.model.clone();
-    let loaded = tokio::task::spawn_blocking(move || model_args.load())
-        .await
-        .context("model loading thread")??;
+    let span = tracing::Span::current();
+    let loaded = tokio::task::spawn_blocking(move || {
+        span.in_scope(|| {
+            device_init();
+            model_args.load()
+        })
+    })
+    .await
+    .context("model loading thread")??;
     let cfg = WorkerConfig {
         model_name: served_name(args),
         pool: args.pool.clone(),
@@ -188,6 +229,7 @@ async fn start_worker(args: &WorkerArgs, store: Store, schema: KeySchema) -> Res
         lease_ttl: Duration::from_secs(args.lease_ttl_s.max(1)),
         drain_timeout: Duration::from_secs(args.drain_timeout_s),
         node: hostname(),
+        metrics_listen,
     };
     Ok(RunningWorker::start(loaded, cfg, store, schema).await?)
 }
@@ -200,14 +242,25 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-pub fn worker(args: WorkerArgs) -> Result<()> {
+pub fn worker(args: WorkerArgs, telemetry: &Telemetry) -> Result<()> {
     runtime()?.block_on(async {
-        let (store, schema) = args.placement.store(false).await?;
-        let worker = start_worker(&args, store, schema).await?;
+        let startup = startup_span("worker");
+        let worker = async {
+            let (store, schema) = args.placement.store(false).await?;
+            start_worker(&args, Some(args.metrics_listen), store, schema).await
+        }
+        .instrument(startup.clone())
+        .await?;
+        drop(startup);
+        // The start-up trace goes out now, not with the next batch.
+        telemetry.flush();
         println!(
             "ferrite worker: pool {} rank {} serving on {}",
             args.pool, args.rank, worker.addr
         );
+        if let Some(m) = worker.metrics_addr {
+            println!("  metrics: http://{m}/metrics");
+        }
         println!("ready");
         shutdown_signal().await;
         eprintln!("ferrite worker: draining");
@@ -234,18 +287,27 @@ pub fn gateway(args: GatewayArgs) -> Result<()> {
     })
 }
 
-pub fn serve(args: ServeArgs) -> Result<()> {
+pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
     let worker_args = args.worker_args();
     runtime()?.block_on(async {
-        let (store, schema) = args.placement.store(true).await?;
-        let worker = start_worker(&worker_args, store.clone(), schema.clone()).await?;
-        let gw = Gateway::new(store, schema);
+        let startup = startup_span("serve");
         let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
-        let (addrs, task) = ferrite_gateway::serve(gw, args.listen, args.http_listen, async {
-            let _ = gateway_stopped.await;
-        })
-        .await
-        .context("binding the gateway's listeners")?;
+        let (worker, addrs, task) = async {
+            let (store, schema) = args.placement.store(true).await?;
+            // The gateway's /metrics (on its HTTP port) shows the worker's metrics too.
+            let worker = start_worker(&worker_args, None, store.clone(), schema.clone()).await?;
+            let gw = Gateway::new(store, schema);
+            let (addrs, task) = ferrite_gateway::serve(gw, args.listen, args.http_listen, async {
+                let _ = gateway_stopped.await;
+            })
+            .await
+            .context("binding the gateway's listeners")?;
+            anyhow::Ok((worker, addrs, task))
+        }
+        .instrument(startup.clone())
+        .await?;
+        drop(startup);
+        telemetry.flush();
         println!("ferrite serve: model {}", served_name(&worker_args));
         println!("  gRPC (ferrite.v1.Inference): {}", addrs.grpc);
         println!("  HTTP (OpenAI-compatible):    http://{}/v1", addrs.http);

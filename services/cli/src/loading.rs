@@ -15,15 +15,29 @@ pub struct ModelArgs {
     /// Context length (prompt + output) in tokens; default: the model's, capped at 8192.
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Memory for the KV cache, in MiB.
+    /// Memory for the KV cache on the CPU, in MiB (like vLLM's `VLLM_CPU_KVCACHE_SPACE`).
     #[arg(long, default_value_t = 1024)]
     pub kv_cache_mib: usize,
+    /// Fraction of GPU memory the process may use (weights, activations, KV cache). Applies to
+    /// CUDA devices; the CPU backend sizes its KV cache with --kv-cache-mib.
+    #[arg(long, default_value_t = 0.9, value_parser = fraction)]
+    pub gpu_memory_utilization: f64,
     /// Tokens per step (chunked prefill budget).
     #[arg(long, default_value_t = 512)]
     pub max_num_batched_tokens: usize,
     /// Sequences running at once at most.
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
+}
+
+/// A number in (0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in (0, 1]"))
+    }
 }
 
 impl ModelArgs {

@@ -5,11 +5,13 @@
 //! - `generate`: one prompt through the engine, streamed to the terminal or printed as JSON.
 //! - `model`: list and pull the models ferrite knows by name.
 //! - `cluster`: `worker`, `gateway`, and `serve` (gateway + one worker pool in one process).
-//! - `bench`: measurements that print tables (`bench decode`: CPU decode throughput).
+//! - `bench`: measurements that print tables (`bench decode`: CPU decode throughput;
+//!   `bench gateway`: what the gateway adds; `bench startup`: start-up phases from spans).
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
 mod bench_gateway;
+mod bench_startup;
 mod cluster;
 mod generate;
 mod loading;
@@ -25,6 +27,9 @@ use clap::{Parser, Subcommand};
     about = "ferrite: a distributed LLM serving cluster"
 )]
 struct Cli {
+    /// OTLP gRPC endpoint for traces (default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: no export).
+    #[arg(long, global = true)]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -47,23 +52,51 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
-fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FERRITE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+impl Command {
+    /// `service.name` of this process's spans, unless `OTEL_SERVICE_NAME` says otherwise.
+    fn service_name(&self) -> &'static str {
+        match self {
+            Command::Serve(_) => "ferrite-serve",
+            Command::Worker(_) => "ferrite-worker",
+            Command::Gateway(_) => "ferrite-gateway",
+            Command::Generate(_) => "ferrite-generate",
+            Command::Model(_) => "ferrite-model",
+            Command::Bench(_) => "ferrite-bench",
+        }
+    }
+
+    /// Whether this process serves `/metrics`.
+    fn serves_metrics(&self) -> bool {
+        matches!(
+            self,
+            Command::Serve(_) | Command::Worker(_) | Command::Gateway(_)
         )
-        .with_writer(std::io::stderr)
-        .init();
+    }
+}
+
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let telemetry = match ferrite_telemetry::Telemetry::init(&ferrite_telemetry::TelemetryConfig {
+        default_service_name: cli.command.service_name().to_owned(),
+        otlp_endpoint: cli.otlp_endpoint.clone(),
+        metrics: cli.command.serves_metrics(),
+    }) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
-        Command::Serve(args) => cluster::serve(args),
-        Command::Worker(args) => cluster::worker(args),
+        Command::Serve(args) => cluster::serve(args, &telemetry),
+        Command::Worker(args) => cluster::worker(args, &telemetry),
         Command::Gateway(args) => cluster::gateway(args),
         Command::Generate(args) => generate::run(args),
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
     };
+    // Exports the spans still buffered.
+    telemetry.shutdown();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -6,6 +6,7 @@
 //! pool before the next step is planned.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvCache, blocks_for};
@@ -65,6 +66,25 @@ pub struct TokenEvent {
     pub token: SampledToken,
     /// Set on the request's last token.
     pub finish: Option<FinishReason>,
+    /// How the request went, on its last token (for its trace spans and latency metrics).
+    pub timing: Option<RequestTiming>,
+}
+
+/// When a request reached each stage, as seen by the engine thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTiming {
+    /// Added to the engine (queued).
+    pub arrived: Instant,
+    /// First planned into a step (its prefill began).
+    pub scheduled: Instant,
+    /// Its first token was sampled.
+    pub first_token: Instant,
+    /// Its last token was sampled.
+    pub finished: Instant,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+    /// Times it lost its KV blocks and was recomputed.
+    pub preemptions: u32,
 }
 
 /// What one step did.
@@ -83,12 +103,18 @@ pub struct EngineStats {
     pub waiting: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_total: usize,
+    /// Preemptions since the engine started.
+    pub preemptions: u64,
 }
 
 #[derive(Debug)]
 struct Request {
     sampler: Sampler,
     stop_ids: Vec<u32>,
+    arrived: Instant,
+    scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    preemptions: u32,
 }
 
 #[derive(Debug)]
@@ -98,6 +124,7 @@ pub struct Engine {
     sched: Scheduler,
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
+    preemptions: u64,
 }
 
 impl Engine {
@@ -129,6 +156,12 @@ impl Engine {
             )));
         }
         let num_blocks = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1);
+        let _span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_init",
+            device = "cpu", num_blocks = i64::from(num_blocks), block_size = cfg.block_size as i64,
+            bytes = (num_blocks as usize * cfg.block_size * per_token) as i64,
+            max_model_len = max_model_len as i64, max_num_seqs = cfg.max_num_seqs as i64,
+            max_num_batched_tokens = cfg.max_num_batched_tokens as i64)
+        .entered();
         let kv = KvCache::new(
             mc.num_layers,
             num_blocks as usize,
@@ -151,7 +184,25 @@ impl Engine {
             sched,
             requests: HashMap::new(),
             eos_ids,
+            preemptions: 0,
         })
+    }
+
+    /// Runs one short prefill and one decode step through the model (then frees them), so the
+    /// first request finds the weights, caches and thread pool warm. Returns the tokens run.
+    pub fn warmup(&mut self) -> Result<usize> {
+        let prompt_len = 16.min(self.max_model_len() - 1);
+        let _span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "warmup",
+            prompt_tokens = prompt_len as i64, decode_steps = 1)
+        .entered();
+        let params = SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(2)
+        };
+        // Any in-vocabulary ids do; the request id is one submitted requests never get.
+        let prompt = (0..prompt_len as u32).collect();
+        self.run_to_completion(vec![(SeqId::MAX, prompt, params)], |_| true)?;
+        Ok(prompt_len + 1)
     }
 
     pub fn model(&self) -> &LlamaModel {
@@ -201,6 +252,10 @@ impl Engine {
             Request {
                 sampler: Sampler::new(params),
                 stop_ids,
+                arrived: Instant::now(),
+                scheduled: None,
+                first_token: None,
+                preemptions: 0,
             },
         );
         self.sched.add(id, prompt);
@@ -228,6 +283,7 @@ impl Engine {
             waiting: self.sched.num_waiting(),
             kv_blocks_used: self.sched.blocks_used(),
             kv_blocks_total: self.sched.blocks_total(),
+            preemptions: self.preemptions,
         }
     }
 
@@ -235,11 +291,23 @@ impl Engine {
     /// returned.
     pub fn step(&mut self) -> Result<StepOutput> {
         let plan = self.sched.schedule();
+        let now = Instant::now();
         let mut out = StepOutput {
             num_tokens: plan.num_tokens(),
             num_preempted: plan.preempted.len(),
             ..StepOutput::default()
         };
+        self.preemptions += plan.preempted.len() as u64;
+        for id in &plan.preempted {
+            if let Some(r) = self.requests.get_mut(id) {
+                r.preemptions += 1;
+            }
+        }
+        for c in &plan.chunks {
+            if let Some(r) = self.requests.get_mut(&c.id) {
+                r.scheduled.get_or_insert(now);
+            }
+        }
         if plan.chunks.is_empty() {
             return Ok(out);
         }
@@ -294,6 +362,17 @@ impl Engine {
             } else {
                 None
             };
+            let sampled_at = Instant::now();
+            let first_token = *req.first_token.get_or_insert(sampled_at);
+            let timing = finish.map(|_| RequestTiming {
+                arrived: req.arrived,
+                scheduled: req.scheduled.unwrap_or(now),
+                first_token,
+                finished: sampled_at,
+                prompt_tokens: seq.prompt().len(),
+                output_tokens: generated,
+                preemptions: req.preemptions,
+            });
             self.sched.push_token(c.id, token.id);
             if finish.is_some() {
                 self.requests.remove(&c.id);
@@ -303,6 +382,7 @@ impl Engine {
                 id: c.id,
                 token,
                 finish,
+                timing,
             });
         }
         Ok(out)

@@ -7,9 +7,9 @@ use ferrite_proto::v1 as api;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::Gateway;
 use crate::stream::GenerateEvent;
 use crate::validate::{Prompt, tokenize};
+use crate::{Gateway, GenerateArgs, trace};
 
 /// The gRPC face of a [`Gateway`].
 #[derive(Debug, Clone)]
@@ -86,12 +86,20 @@ impl api::inference_server::Inference for InferenceService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let started = Instant::now();
         let deadline = deadline_of(&request);
+        let metadata = request.metadata().clone();
         let req = request.into_inner();
         let prompt = Prompt::from_proto(req.prompt)?;
-        let events = self
-            .gateway
-            .generate(&req.model, &prompt, req.sampling, deadline, started)
-            .await?;
+        let span = trace::request_span(&req.model, &prompt);
+        ferrite_telemetry::propagation::set_parent_from_metadata(&span, &metadata);
+        let args = GenerateArgs {
+            model: &req.model,
+            prompt: &prompt,
+            sampling: req.sampling,
+            deadline,
+            started,
+            api: trace::Api::Grpc,
+        };
+        let events = self.gateway.generate(args, span).await?;
         Ok(Response::new(Box::pin(
             events.map(|r| r.map(to_proto).map_err(Status::from)),
         )))

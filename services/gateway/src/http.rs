@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::stream::GenerateEvent;
 use crate::validate::Prompt;
-use crate::{Gateway, GatewayError};
+use crate::{Gateway, GatewayError, GenerateArgs, trace};
 
 pub fn router(gateway: Gateway) -> Router {
     Router::new()
@@ -26,6 +26,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(ferrite_telemetry::metrics::metrics_handler))
         .with_state(gateway)
 }
 
@@ -228,6 +229,7 @@ enum Kind {
 
 async fn completions(
     State(gw): State<Gateway>,
+    headers: HeaderMap,
     body: Result<Json<CompletionRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
@@ -250,11 +252,12 @@ async fn completions(
         }
     };
     let sampling = req.common.sampling(req.logprobs)?;
-    run(gw, Kind::Completion, req.common, prompt, sampling).await
+    run(gw, &headers, Kind::Completion, req.common, prompt, sampling).await
 }
 
 async fn chat_completions(
     State(gw): State<Gateway>,
+    headers: HeaderMap,
     body: Result<Json<ChatRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
@@ -269,20 +272,37 @@ async fn chat_completions(
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     let sampling = req.common.sampling(None)?;
-    run(gw, Kind::Chat, req.common, Prompt::Chat(messages), sampling).await
+    run(
+        gw,
+        &headers,
+        Kind::Chat,
+        req.common,
+        Prompt::Chat(messages),
+        sampling,
+    )
+    .await
 }
 
 async fn run(
     gw: Gateway,
+    headers: &HeaderMap,
     kind: Kind,
     common: CommonParams,
     prompt: Prompt,
     sampling: api::SamplingParams,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let events = gw
-        .generate(&common.model, &prompt, Some(sampling), None, started)
-        .await?;
+    let span = trace::request_span(&common.model, &prompt);
+    ferrite_telemetry::propagation::set_parent_from_headers(&span, headers);
+    let args = GenerateArgs {
+        model: &common.model,
+        prompt: &prompt,
+        sampling: Some(sampling),
+        deadline: None,
+        started,
+        api: trace::Api::Http,
+    };
+    let events = gw.generate(args, span).await?;
     let id = format!(
         "{}-{:x}",
         match kind {

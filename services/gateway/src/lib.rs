@@ -8,6 +8,7 @@
 //!   [`validate::ValidatedRequest`].
 //! - [`route`]: power-of-two-choices routing, retry before the first token.
 //! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
+//! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API.
 //! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
 //!
@@ -20,6 +21,7 @@ pub mod models;
 pub mod pools;
 pub mod route;
 pub mod stream;
+pub mod trace;
 pub mod validate;
 
 use std::net::SocketAddr;
@@ -30,6 +32,7 @@ use ferrite_placement::{KeySchema, Store};
 use ferrite_proto::v1 as api;
 use futures::Stream;
 use tokio::net::TcpListener;
+use tracing::Instrument;
 
 pub use error::GatewayError;
 use models::{ModelText, ModelTexts};
@@ -69,21 +72,56 @@ impl Gateway {
         self.texts.get(model, &ready).await
     }
 
-    /// Validates, routes and streams one completion.
+    /// Validates, routes and streams one completion. `span` is the request's span
+    /// ([`trace::request_span`], parented to the client's context); it ends with the stream.
     pub async fn generate(
         &self,
-        model: &str,
-        prompt: &Prompt,
-        sampling: Option<api::SamplingParams>,
-        deadline: Option<Instant>,
-        started: Instant,
+        request: GenerateArgs<'_>,
+        span: tracing::Span,
     ) -> Result<impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + use<>, GatewayError>
     {
-        let text = self.model_text(model).await?;
-        let req = validate::validate(text, prompt, sampling)?;
-        let upstream = route::open(&self.pools, &req, deadline).await?;
-        Ok(stream::events(&req, upstream, started, deadline))
+        let GenerateArgs {
+            model,
+            prompt,
+            sampling,
+            deadline,
+            started,
+            api,
+        } = request;
+        let mut trace = trace::RequestTrace::new(span.clone(), model, api, started);
+        let opened = async {
+            let validated = async {
+                let text = self.model_text(model).await?;
+                validate::validate(text, prompt, sampling)
+            }
+            .instrument(tracing::info_span!("validate"))
+            .await?;
+            trace.validated(&validated);
+            let upstream = route::open(&self.pools, &validated, deadline).await?;
+            Ok((validated, upstream))
+        }
+        .instrument(span)
+        .await;
+        match opened {
+            Ok((req, upstream)) => Ok(stream::events(&req, upstream, trace, deadline)),
+            Err(e) => {
+                trace.failed(&e);
+                Err(e)
+            }
+        }
     }
+}
+
+/// One completion request, as both APIs hand it to [`Gateway::generate`].
+#[derive(Debug)]
+pub struct GenerateArgs<'a> {
+    pub model: &'a str,
+    pub prompt: &'a Prompt,
+    pub sampling: Option<api::SamplingParams>,
+    pub deadline: Option<Instant>,
+    /// When the request arrived (time to first token counts from here).
+    pub started: Instant,
+    pub api: trace::Api,
 }
 
 /// Where a running gateway listens.

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use ferrite_proto::worker::v1 as pb;
 use futures::{Stream, StreamExt};
+use tracing::Instrument;
 
 use crate::error::GatewayError;
 use crate::pools::{Pool, PoolView};
@@ -23,6 +24,8 @@ pub struct Upstream {
     pub rest: Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, tonic::Status>> + Send>>,
     _guard: Outstanding,
     pub pool: String,
+    /// The `upstream` span of this call (entered while its messages are handled).
+    pub span: tracing::Span,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -96,9 +99,12 @@ pub async fn open(
         tried.insert(pool.name.clone());
         pool.outstanding.fetch_add(1, Ordering::Relaxed);
         let guard = Outstanding(pool.outstanding.clone());
+        let span = tracing::info_span!("upstream", otel.kind = "client", ferrite.pool = %pool.name,
+            server.address = %pool.record.leader_addr, otel.status_code = tracing::field::Empty);
         let attempt = async {
             let mut client = pool.client.clone();
             let mut request = tonic::Request::new(req.worker_request());
+            ferrite_telemetry::propagation::inject_into_metadata(&span, request.metadata_mut());
             if let Some(d) = deadline {
                 // A margin past our own deadline: the gateway decides when time is up, so the
                 // client sees DEADLINE_EXCEEDED rather than the worker's cancellation.
@@ -119,6 +125,7 @@ pub async fn open(
                 )),
             }
         };
+        let attempt = attempt.instrument(span.clone());
         let result = match deadline {
             Some(d) => match tokio::time::timeout_at(d.into(), attempt).await {
                 Ok(r) => r,
@@ -133,12 +140,14 @@ pub async fn open(
                     rest: Box::pin(rest),
                     _guard: guard,
                     pool: pool.name,
+                    span,
                 });
             }
             Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
                 return Err(GatewayError::DeadlineExceeded);
             }
             Err(e) if e.retryable() => {
+                span.record("otel.status_code", "ERROR");
                 tracing::warn!(pool = %pool.name, "pool failed before the first token, trying another: {e}");
                 last_err = Some(e);
             }

@@ -6,9 +6,11 @@ use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
 use ferrite_text::{TextError, TextStream};
 use futures::{Stream, StreamExt};
+use tracing::Instrument;
 
 use crate::error::GatewayError;
 use crate::route::Upstream;
+use crate::trace::RequestTrace;
 use crate::validate::ValidatedRequest;
 
 /// One event of a completion, independent of the wire format (gRPC or HTTP/SSE).
@@ -33,7 +35,7 @@ struct State {
     text: TextStream,
     prompt_tokens: u32,
     completion_tokens: u32,
-    started: Instant,
+    trace: RequestTrace,
     deadline: Option<Instant>,
     ttft_ms: Option<f64>,
     want_logprobs: bool,
@@ -42,11 +44,12 @@ struct State {
 
 /// The events of one request, from its upstream stream. Dropping the returned stream drops the
 /// upstream, which cancels the worker's request.
-/// Past `deadline` the stream ends with [`GatewayError::DeadlineExceeded`].
+/// Past `deadline` the stream ends with [`GatewayError::DeadlineExceeded`]. The request's span
+/// and metrics (`trace`) end with the stream.
 pub fn events(
     req: &ValidatedRequest,
     upstream: Upstream,
-    started: Instant,
+    trace: RequestTrace,
     deadline: Option<Instant>,
 ) -> impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + use<> {
     let text = req.model_text();
@@ -56,13 +59,28 @@ pub fn events(
         text: TextStream::new(text.tokenizer.clone(), req.stop().to_vec()),
         prompt_tokens: u32::try_from(req.prompt_ids().len()).unwrap_or(u32::MAX),
         completion_tokens: 0,
-        started,
+        trace,
         deadline,
         ttft_ms: None,
         want_logprobs: req.sampling().logprobs.is_some(),
         done: false,
     };
-    futures::stream::unfold(state, |mut st| async move {
+    futures::stream::unfold(state, |st| {
+        // OpenTelemetry ends a span at its last exit: enter the request's (and the upstream
+        // call's) span while handling each message, so they end with the last one.
+        let span = st.trace.span().clone();
+        let upstream_span = st.upstream.as_ref().map(|u| u.span.clone());
+        async move { st.next_events().await }
+            .instrument(upstream_span.unwrap_or_else(tracing::Span::none))
+            .instrument(span)
+    })
+    .flat_map(futures::stream::iter)
+}
+
+impl State {
+    /// The events of the next upstream message (`None` once done).
+    async fn next_events(self) -> Option<(Vec<Result<GenerateEvent, GatewayError>>, Self)> {
+        let mut st = self;
         if st.done {
             return None;
         }
@@ -91,21 +109,21 @@ pub fn events(
             Ok(m) => m,
             Err(e) => {
                 st.done = true;
+                st.trace.failed(&e);
                 // Dropping the upstream cancels the worker's request.
                 st.upstream = None;
                 return Some((vec![Err(e)], st));
             }
         };
         Some((st.on_message(msg), st))
-    })
-    .flat_map(futures::stream::iter)
-}
+    }
 
-impl State {
     /// Ends the stream with a detokenization error.
     fn fail(&mut self, e: TextError) -> Vec<Result<GenerateEvent, GatewayError>> {
         self.done = true;
-        vec![Err(GatewayError::Internal(format!("detokenizing: {e}")))]
+        let e = GatewayError::Internal(format!("detokenizing: {e}"));
+        self.trace.failed(&e);
+        vec![Err(e)]
     }
 
     fn on_message(
@@ -159,9 +177,8 @@ impl State {
             pb::FinishReason::Length => api::FinishReason::Length,
             _ => api::FinishReason::Stop,
         };
-        let ttft = *self
-            .ttft_ms
-            .get_or_insert_with(|| self.started.elapsed().as_secs_f64() * 1e3);
+        let since_start = self.trace.delta(token_ids.len());
+        let ttft = *self.ttft_ms.get_or_insert(since_start * 1e3);
         out.push(Ok(GenerateEvent::Delta {
             text: emit,
             token_ids,
@@ -171,6 +188,13 @@ impl State {
             self.done = true;
             // Dropping the upstream cancels the worker's request (stop string case).
             self.upstream = None;
+            self.trace.finished(
+                match reason {
+                    api::FinishReason::Length => "length",
+                    _ => "stop",
+                },
+                self.completion_tokens,
+            );
             out.push(Ok(GenerateEvent::Finish {
                 reason,
                 prompt_tokens: self.prompt_tokens,

@@ -36,6 +36,14 @@ pub enum Store {
 }
 
 impl Store {
+    /// `"embedded"` or `"etcd"`, for logs and spans.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Embedded(_) => "embedded",
+            Store::Etcd(_) => "etcd",
+        }
+    }
+
     /// An empty in-process store under [`crate::DEFAULT_PREFIX`].
     pub fn embedded() -> Self {
         Self::Embedded(EmbeddedStore::new(KeySchema::default()))

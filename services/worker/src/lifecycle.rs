@@ -8,10 +8,12 @@ use ferrite_engine::handle::EngineHandle;
 use ferrite_engine::model::LoadedModel;
 use ferrite_placement::{KeySchema, PoolRecord, PoolState, RankRecord, Registration, Store};
 use ferrite_proto::worker::v1 as pb;
+use ferrite_telemetry::metrics::ScrapeHook;
 use ferrite_text::Tokenizer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::service::{Backend, WorkerService};
 use crate::synthetic::SyntheticEngine;
@@ -36,6 +38,9 @@ pub struct WorkerConfig {
     /// How long draining waits for in-flight requests.
     pub drain_timeout: Duration,
     pub node: String,
+    /// Where to serve Prometheus `/metrics` over HTTP (port 0: any free port); `None`: not
+    /// here (`ferrite serve` shows the worker's metrics on the gateway's HTTP port).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Why a worker could not start.
@@ -55,6 +60,12 @@ pub enum WorkerError {
     },
     #[error("cannot start the engine thread: {0}")]
     Thread(std::io::Error),
+    #[error("cannot serve /metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The `GetModelInfo` answer: what a gateway needs to own text for this model.
@@ -86,7 +97,10 @@ pub fn model_info(
 #[derive(Debug)]
 pub struct RunningWorker {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served, if this worker serves it.
+    pub metrics_addr: Option<SocketAddr>,
     pub service: WorkerService,
+    _load_gauges: ScrapeHook,
     registration: Registration,
     schema: KeySchema,
     pool: String,
@@ -98,8 +112,9 @@ pub struct RunningWorker {
 }
 
 impl RunningWorker {
-    /// Builds the engine over `loaded`, serves the worker API on `cfg.listen`, registers the
-    /// pool (Starting) and its rank in `store`, then marks the pool Ready.
+    /// Builds the engine over `loaded` and warms it up, serves the worker API on `cfg.listen`,
+    /// registers the pool (Starting) and its rank in `store`, then marks the pool Ready.
+    /// Start-up phases (`kv_cache_init`, `warmup`, `register`) are spans under the caller's.
     pub async fn start(
         loaded: LoadedModel,
         cfg: WorkerConfig,
@@ -114,7 +129,8 @@ impl RunningWorker {
             .as_ref()
             .map(|t| t.eos_ids().to_vec())
             .unwrap_or_default();
-        let engine = Engine::new(model, eos, cfg.engine.clone())?;
+        let mut engine = Engine::new(model, eos, cfg.engine.clone())?;
+        engine.warmup()?;
         let max_model_len = engine.max_model_len();
         let info = model_info(
             &cfg.model_name,
@@ -152,6 +168,20 @@ impl RunningWorker {
         store: Store,
         schema: KeySchema,
     ) -> Result<Self, WorkerError> {
+        let span = tracing::info_span!(target: ferrite_telemetry::phases::TARGET, "register",
+            pool = %cfg.pool, rank = i64::from(cfg.rank), store = store.kind(), address = tracing::field::Empty);
+        Self::register(service, max_model_len, cfg, store, schema)
+            .instrument(span)
+            .await
+    }
+
+    async fn register(
+        service: WorkerService,
+        max_model_len: usize,
+        cfg: WorkerConfig,
+        store: Store,
+        schema: KeySchema,
+    ) -> Result<Self, WorkerError> {
         let listener =
             TcpListener::bind(cfg.listen)
                 .await
@@ -165,6 +195,13 @@ impl RunningWorker {
                 addr: cfg.listen,
                 source,
             })?;
+        tracing::Span::current().record("address", tracing::field::display(addr));
+        let metrics_addr = match cfg.metrics_listen {
+            Some(at) => Some(serve_metrics(at).await?),
+            None => None,
+        };
+        let hooked = service.clone();
+        let load_gauges = ScrapeHook::new(move || hooked.publish_load());
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_not_serving::<pb::worker_server::WorkerServer<WorkerService>>()
@@ -219,7 +256,9 @@ impl RunningWorker {
         tracing::info!(%addr, pool = %cfg.pool, model = %cfg.model_name, "worker ready");
         Ok(Self {
             addr,
+            metrics_addr,
             service,
+            _load_gauges: load_gauges,
             registration,
             schema,
             pool: cfg.pool,
@@ -272,6 +311,19 @@ impl RunningWorker {
         let _ = (&mut self.server).await;
         Ok(())
     }
+}
+
+/// Serves `/metrics` on `at` until the process ends; returns the bound address.
+async fn serve_metrics(at: SocketAddr) -> Result<SocketAddr, WorkerError> {
+    let err = |source| WorkerError::Metrics { addr: at, source };
+    let listener = TcpListener::bind(at).await.map_err(err)?;
+    let addr = listener.local_addr().map_err(err)?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, ferrite_telemetry::metrics::router()).await {
+            tracing::error!("metrics server: {e}");
+        }
+    });
+    Ok(addr)
 }
 
 fn json_bytes<T: serde::Serialize>(v: &T) -> Vec<u8> {

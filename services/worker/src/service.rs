@@ -4,11 +4,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use std::time::Instant;
+
 use ferrite_engine::EngineError;
-use ferrite_engine::engine::{EngineStats, FinishReason};
+use ferrite_engine::engine::{EngineStats, FinishReason, RequestTiming};
 use ferrite_engine::handle::{EngineHandle, RequestStream};
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_proto::worker::v1 as pb;
+use ferrite_telemetry::metrics::{Load, RequestOutcome, WorkerMetrics};
+use ferrite_telemetry::spans::{Clock, record_interval};
+use ferrite_telemetry::{KeyValue, OpenTelemetrySpanExt, genai};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
@@ -42,15 +47,29 @@ pub struct WorkerService {
     backend: Backend,
     info: Arc<pb::ModelInfo>,
     draining: Arc<AtomicBool>,
+    metrics: WorkerMetrics,
 }
 
 impl WorkerService {
     pub fn new(backend: Backend, info: pb::ModelInfo) -> Self {
         Self {
+            metrics: WorkerMetrics::new(&info.model),
             backend,
             info: Arc::new(info),
             draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Sets the load gauges from the engine's figures (run before each `/metrics` render).
+    pub fn publish_load(&self) {
+        let s = self.stats();
+        self.metrics.set_load(&Load {
+            running: s.running,
+            waiting: s.waiting,
+            kv_blocks_used: s.kv_blocks_used,
+            kv_blocks_total: s.kv_blocks_total,
+            preemptions: s.preemptions,
+        });
     }
 
     /// From now on new requests are refused with UNAVAILABLE; running ones finish.
@@ -67,6 +86,7 @@ impl WorkerService {
                 waiting: 0,
                 kv_blocks_used: 0,
                 kv_blocks_total: 0,
+                preemptions: 0,
             },
         }
     }
@@ -101,13 +121,77 @@ fn finish_to_proto(f: Option<FinishReason>) -> i32 {
 pub(crate) type TokenStream =
     Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
 
+/// One request's stream with what its span and metrics need.
+struct Tracked {
+    stream: RequestStream,
+    span: tracing::Span,
+    metrics: WorkerMetrics,
+    last_token: Option<Instant>,
+}
+
+/// Records how a finished request went: its `queue`, `prefill` and `decode` child spans (with
+/// the engine's timestamps), its usage on the request span, and its latency metrics.
+fn on_finished(
+    span: &tracing::Span,
+    metrics: &WorkerMetrics,
+    reason: FinishReason,
+    t: &RequestTiming,
+) {
+    let clock = Clock::now();
+    let at = |i| clock.system_time(i);
+    record_interval(span, "queue", at(t.arrived), at(t.scheduled), vec![]);
+    record_interval(
+        span,
+        "prefill",
+        at(t.scheduled),
+        at(t.first_token),
+        vec![
+            KeyValue::new("prompt_tokens", t.prompt_tokens as i64),
+            KeyValue::new("preemptions", i64::from(t.preemptions)),
+        ],
+    );
+    record_interval(
+        span,
+        "decode",
+        at(t.first_token),
+        at(t.finished),
+        vec![KeyValue::new(
+            "output_tokens",
+            t.output_tokens.saturating_sub(1) as i64,
+        )],
+    );
+    let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
+    span.set_attribute(genai::USAGE_INPUT_TOKENS, t.prompt_tokens as i64);
+    span.set_attribute(genai::USAGE_OUTPUT_TOKENS, t.output_tokens as i64);
+    span.set_attribute(genai::TIME_TO_FIRST_TOKEN, secs(t.arrived, t.first_token));
+    span.set_attribute(genai::RESPONSE_FINISH_REASONS, reason.as_str());
+    metrics.finished(
+        reason.as_str(),
+        &RequestOutcome {
+            queue_s: secs(t.arrived, t.scheduled),
+            time_to_first_token_s: secs(t.arrived, t.first_token),
+            e2e_s: secs(t.arrived, t.finished),
+            prompt_tokens: t.prompt_tokens as u64,
+            generated_tokens: t.output_tokens as u64,
+        },
+    );
+}
+
 /// Each engine token becomes one response. The [`RequestStream`] lives inside the returned
-/// stream, so when the client cancels and tonic drops it, the request is aborted at once.
-fn responses(stream: RequestStream) -> TokenStream {
-    Box::pin(futures::stream::unfold(Some(stream), |state| async move {
-        let mut stream = state?;
-        match stream.next().await? {
+/// stream, so when the client cancels and tonic drops it, the request is aborted at once (and
+/// the request's span ends there).
+fn responses(tracked: Tracked) -> TokenStream {
+    Box::pin(futures::stream::unfold(Some(tracked), |state| async move {
+        let mut t = state?;
+        match t.stream.next().await? {
             Ok(ev) => {
+                let now = Instant::now();
+                t.metrics
+                    .token(t.last_token.map(|p| now.duration_since(p).as_secs_f64()));
+                t.last_token = Some(now);
+                if let (Some(reason), Some(timing)) = (ev.finish, &ev.timing) {
+                    on_finished(&t.span, &t.metrics, reason, timing);
+                }
                 let last = ev.finish.is_some();
                 let msg = pb::GenerateResponse {
                     tokens: vec![pb::Token {
@@ -122,9 +206,14 @@ fn responses(stream: RequestStream) -> TokenStream {
                     }],
                     finish_reason: finish_to_proto(ev.finish),
                 };
-                Some((Ok(msg), (!last).then_some(stream)))
+                Some((Ok(msg), (!last).then_some(t)))
             }
-            Err(e) => Some((Err(status_of(&e)), None)),
+            Err(e) => {
+                let status = status_of(&e);
+                t.span
+                    .set_attribute(genai::ERROR_TYPE, format!("{:?}", status.code()));
+                Some((Err(status), None))
+            }
         }
     }))
 }
@@ -140,17 +229,30 @@ impl pb::worker_server::Worker for WorkerService {
         if self.draining.load(Ordering::SeqCst) {
             return Err(Status::unavailable("this worker is draining"));
         }
+        let span = tracing::info_span!("worker.generate", otel.kind = "server");
+        ferrite_telemetry::propagation::set_parent_from_metadata(&span, request.metadata());
         let req = request.into_inner();
         let engine = match &self.backend {
             Backend::Engine(e) => e,
             Backend::Synthetic(s) => return Ok(Response::new(s.generate(req)?)),
         };
+        span.set_attribute(genai::REQUEST_MODEL, self.info.model.clone());
+        span.set_attribute("ferrite.prompt_tokens", req.prompt_token_ids.len() as i64);
         let params = sampling_from_proto(req.sampling);
         let stream = engine
             .submit(req.prompt_token_ids, params)
             .await
-            .map_err(|e| status_of(&e))?;
-        Ok(Response::new(responses(stream)))
+            .map_err(|e| {
+                let status = status_of(&e);
+                span.set_attribute(genai::ERROR_TYPE, format!("{:?}", status.code()));
+                status
+            })?;
+        Ok(Response::new(responses(Tracked {
+            stream,
+            span,
+            metrics: self.metrics.clone(),
+            last_token: None,
+        })))
     }
 
     async fn get_model_info(

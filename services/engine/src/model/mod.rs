@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrite_text::{GgufVocab, Tokenizer};
+use tracing::field::Empty;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::weights::TensorMap;
 use crate::weights::gguf::{GgufFile, GgufValue};
 use crate::weights::safetensors;
 pub use llama::{LlamaModel, LogitsWanted, SeqChunk, WeightNaming};
@@ -58,12 +60,67 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     })
 }
 
+/// The `tracing` target of start-up phase spans; equal to `ferrite_telemetry::phases::TARGET`
+/// (this crate does not depend on the telemetry one).
+pub const STARTUP_TARGET: &str = "ferrite::startup";
+
+/// The `config` phase's span; [`record_config`] fills it in.
+fn config_span(path: &Path, format: &'static str) -> tracing::Span {
+    tracing::info_span!(target: STARTUP_TARGET, "config", format, path = %path.display(),
+        architecture = Empty, num_layers = Empty, hidden_size = Empty, vocab_size = Empty,
+        max_position_embeddings = Empty)
+}
+
+fn record_config(span: &tracing::Span, cfg: &ModelConfig) {
+    span.record("architecture", tracing::field::debug(cfg.architecture));
+    span.record("num_layers", cfg.num_layers as i64);
+    span.record("hidden_size", cfg.hidden_size as i64);
+    span.record("vocab_size", cfg.vocab_size as i64);
+    span.record(
+        "max_position_embeddings",
+        cfg.max_position_embeddings as i64,
+    );
+}
+
+/// The `load_weights` phase: every byte of the checkpoint in memory, so that neither the
+/// warm-up nor the first request pays for page faults. Returns the tensor bytes.
+fn load_weights(tensors: &TensorMap, format: &'static str) -> usize {
+    let span = tracing::info_span!(target: STARTUP_TARGET, "load_weights", format,
+        mode = "mmap", bytes = Empty, tensors = tensors.len() as i64, gb_per_s = Empty);
+    let _entered = span.enter();
+    let start = Instant::now();
+    let mapped = tensors.load_pages();
+    let secs = start.elapsed().as_secs_f64();
+    span.record("bytes", mapped as i64);
+    span.record("gb_per_s", mapped as f64 / secs.max(1e-9) / 1e9);
+    tensors.total_bytes()
+}
+
+/// The `model_init` phase: the model built over the loaded tensors.
+fn model_init(tensors: &TensorMap, naming: WeightNaming, cfg: ModelConfig) -> Result<LlamaModel> {
+    let _span = tracing::info_span!(target: STARTUP_TARGET, "model_init",
+        num_layers = cfg.num_layers as i64, num_heads = cfg.num_heads as i64,
+        num_kv_heads = cfg.num_kv_heads as i64, head_dim = cfg.head_dim as i64)
+    .entered();
+    LlamaModel::load(tensors, naming, cfg)
+}
+
 fn load_gguf(path: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
-    let gguf = GgufFile::open(path)?;
-    let cfg = ModelConfig::from_gguf(&gguf)?;
-    let tokenizer = Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?;
-    let bytes = gguf.tensors.total_bytes();
-    let model = LlamaModel::load(&gguf.tensors, WeightNaming::Gguf, cfg)?;
+    let (gguf, cfg) = {
+        let span = config_span(path, "gguf");
+        let _entered = span.enter();
+        let gguf = GgufFile::open(path)?;
+        let cfg = ModelConfig::from_gguf(&gguf)?;
+        record_config(&span, &cfg);
+        (gguf, cfg)
+    };
+    let tokenizer = {
+        let _span = tracing::info_span!(target: STARTUP_TARGET, "tokenizer_init", source = "gguf")
+            .entered();
+        Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?
+    };
+    let bytes = load_weights(&gguf.tensors, "gguf");
+    let model = model_init(&gguf.tensors, WeightNaming::Gguf, cfg)?;
     Ok((model, Some(tokenizer), WeightFormat::Gguf, bytes))
 }
 
@@ -114,9 +171,19 @@ fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightForma
         let p = dir.join(name);
         std::fs::read(&p).map_err(|source| EngineError::Io { path: p, source })
     };
-    let cfg_json: serde_json::Value = serde_json::from_slice(&read("config.json")?)
-        .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
-    let cfg = ModelConfig::from_hf_config(&cfg_json)?;
+    let (cfg, tensors) = {
+        let span = config_span(dir, "safetensors");
+        let _entered = span.enter();
+        let cfg_json: serde_json::Value = serde_json::from_slice(&read("config.json")?)
+            .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
+        let cfg = ModelConfig::from_hf_config(&cfg_json)?;
+        let tensors = safetensors::open_dir(dir)?;
+        record_config(&span, &cfg);
+        (cfg, tensors)
+    };
+    let tokenizer_span =
+        tracing::info_span!(target: STARTUP_TARGET, "tokenizer_init", source = "tokenizer.json")
+            .entered();
     let tokenizer_config: Option<serde_json::Value> = match read("tokenizer_config.json") {
         Ok(raw) => Some(
             serde_json::from_slice(&raw)
@@ -131,8 +198,8 @@ fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightForma
         )?),
         Err(_) => None,
     };
-    let tensors = safetensors::open_dir(dir)?;
-    let bytes = tensors.total_bytes();
-    let model = LlamaModel::load(&tensors, WeightNaming::HuggingFace, cfg)?;
+    drop(tokenizer_span);
+    let bytes = load_weights(&tensors, "safetensors");
+    let model = model_init(&tensors, WeightNaming::HuggingFace, cfg)?;
     Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
 }

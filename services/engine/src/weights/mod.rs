@@ -62,6 +62,11 @@ impl TensorMap {
         self.entries.is_empty()
     }
 
+    /// Reads every mapped file into memory (see [`MappedFile::load_pages`]); returns the bytes.
+    pub fn load_pages(&self) -> usize {
+        self.files.iter().map(|f| f.load_pages()).sum()
+    }
+
     /// Total bytes of tensor data.
     pub fn total_bytes(&self) -> usize {
         self.entries.values().map(|e| e.end - e.start).sum()

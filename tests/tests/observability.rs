@@ -1,0 +1,501 @@
+//! Observability end to end: real processes export OTLP to a real receiver (the official
+//! protocol definitions, `opentelemetry-proto`), and `/metrics` is parsed by the Prometheus
+//! Python client's parser.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use ferrite_cluster_tests::cluster::{PREFIX, WORKER_READY_TIMEOUT, addr_after, channel};
+use ferrite_cluster_tests::grpc::{self, greedy_text};
+use ferrite_cluster_tests::python::run_client;
+use ferrite_cluster_tests::{MODEL, Proc, ferrite_bin, http, serial};
+use ferrite_placement::testing::EtcdServer;
+use ferrite_proto::v1::inference_client::InferenceClient;
+use ferrite_telemetry::receiver::{AttrValue, OtlpReceiver, ReceivedSpan};
+use serde_json::json;
+
+const SPAN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The phases a CPU process runs, with an attribute each must carry.
+const CPU_PHASES: &[(&str, &str)] = &[
+    ("config", "architecture"),
+    ("tokenizer_init", "source"),
+    ("device_init", "isa"),
+    ("load_weights", "gb_per_s"),
+    ("model_init", "num_layers"),
+    ("kv_cache_init", "num_blocks"),
+    ("warmup", "prompt_tokens"),
+    ("register", "pool"),
+];
+
+/// GPU-only phases: no span on the CPU.
+const GPU_PHASES: &[&str] = &["kernel_compile", "kv_cache_profiling", "graph_capturing"];
+
+fn otel_env(receiver: &OtlpReceiver, service: &str) -> Vec<(String, String)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), receiver.endpoint()),
+        ("OTEL_SERVICE_NAME".into(), service.into()),
+    ]
+}
+
+fn int(span: &ReceivedSpan, key: &str) -> Option<i64> {
+    match span.attr(key) {
+        Some(AttrValue::Int(i)) => Some(*i),
+        _ => None,
+    }
+}
+
+fn children<'a>(spans: &'a [ReceivedSpan], parent: &ReceivedSpan) -> Vec<&'a ReceivedSpan> {
+    spans
+        .iter()
+        .filter(|s| s.parent_span_id.as_deref() == Some(parent.span_id.as_str()))
+        .collect()
+}
+
+fn one<'a>(
+    spans: &'a [ReceivedSpan],
+    what: &str,
+    pred: impl Fn(&ReceivedSpan) -> bool,
+) -> Result<&'a ReceivedSpan> {
+    let found: Vec<&ReceivedSpan> = spans.iter().filter(|s| pred(s)).collect();
+    ensure!(
+        found.len() == 1,
+        "expected one {what}, found {}: {:#?}",
+        found.len(),
+        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    Ok(found[0])
+}
+
+/// Checks a process's `startup` trace: every CPU phase once, a child of `root`, with its
+/// attribute; no GPU phase.
+fn check_startup(spans: &[ReceivedSpan], root: &ReceivedSpan) -> Result<()> {
+    let kids = children(spans, root);
+    for (phase, attr) in CPU_PHASES {
+        let matching: Vec<_> = kids.iter().filter(|s| s.name == *phase).collect();
+        ensure!(
+            matching.len() == 1,
+            "phase {phase}: {} spans under startup",
+            matching.len()
+        );
+        let s = matching[0];
+        ensure!(s.trace_id == root.trace_id, "{phase} is in another trace");
+        ensure!(
+            s.attr(attr).is_some(),
+            "{phase} lacks {attr}: {:?}",
+            s.attributes
+        );
+        ensure!(
+            s.start_unix_nanos >= root.start_unix_nanos && s.end_unix_nanos <= root.end_unix_nanos,
+            "{phase} is outside the startup span"
+        );
+    }
+    for phase in GPU_PHASES {
+        ensure!(
+            !spans.iter().any(|s| s.name == *phase),
+            "{phase} ran on the CPU"
+        );
+    }
+    let load = kids
+        .iter()
+        .find(|s| s.name == "load_weights")
+        .context("load_weights")?;
+    ensure!(
+        int(load, "bytes").is_some_and(|b| b > 50_000_000),
+        "{:?}",
+        load.attributes
+    );
+    ensure!(
+        load.attr("gb_per_s")
+            .and_then(AttrValue::as_f64)
+            .is_some_and(|g| g > 0.0)
+    );
+    let kv = kids
+        .iter()
+        .find(|s| s.name == "kv_cache_init")
+        .context("kv_cache_init")?;
+    ensure!(
+        int(kv, "num_blocks").is_some_and(|b| b > 0),
+        "{:?}",
+        kv.attributes
+    );
+    ensure!(
+        int(kv, "bytes").is_some_and(|b| b > 0),
+        "{:?}",
+        kv.attributes
+    );
+    ensure!(
+        int(kv, "max_model_len").is_some_and(|b| b > 0),
+        "{:?}",
+        kv.attributes
+    );
+    Ok(())
+}
+
+/// A fresh W3C trace context: (traceparent, trace id, parent span id).
+fn client_context(seed: u64) -> (String, String, String) {
+    let trace_id = format!("{:016x}{:016x}", 0x4bf9_2f35_77b3_4da6_u64 ^ seed, seed | 1);
+    let span_id = format!("{:016x}", 0x00f0_67aa_0ba9_02b7_u64 ^ seed);
+    (format!("00-{trace_id}-{span_id}-01"), trace_id, span_id)
+}
+
+/// Checks one request's trace: gateway span (child of the client's span) named
+/// `{operation} {model}` with GenAI attributes, `validate` and `upstream` children, the
+/// worker's span under `upstream`, and `queue`/`prefill`/`decode` under the worker's span.
+fn check_request(
+    spans: &[ReceivedSpan],
+    trace_id: &str,
+    client_span: Option<&str>,
+    operation: &str,
+    output_tokens: i64,
+) -> Result<()> {
+    let trace: Vec<ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.trace_id == trace_id)
+        .cloned()
+        .collect();
+    let name = format!("{operation} {MODEL}");
+    let gw = one(&trace, &name, |s| s.name == name)?;
+    ensure!(
+        gw.parent_span_id.as_deref() == client_span,
+        "gateway parent {:?}",
+        gw.parent_span_id
+    );
+    ensure!(
+        gw.kind == 2,
+        "the gateway span is kind {} (server is 2)",
+        gw.kind
+    );
+    ensure!(gw.attr("gen_ai.operation.name").and_then(AttrValue::as_str) == Some(operation));
+    ensure!(gw.attr("gen_ai.request.model").and_then(AttrValue::as_str) == Some(MODEL));
+    ensure!(
+        int(gw, "gen_ai.usage.input_tokens").is_some_and(|n| n > 0),
+        "{:?}",
+        gw.attributes
+    );
+    ensure!(
+        int(gw, "gen_ai.usage.output_tokens") == Some(output_tokens),
+        "{:?}",
+        gw.attributes
+    );
+    let ttft = gw
+        .attr("gen_ai.server.time_to_first_token")
+        .and_then(AttrValue::as_f64);
+    ensure!(
+        ttft.is_some_and(|t| t > 0.0 && t <= gw.seconds()),
+        "ttft {ttft:?} of a {} s span",
+        gw.seconds()
+    );
+    let kids = children(&trace, gw);
+    ensure!(
+        kids.iter().any(|s| s.name == "validate"),
+        "no validate span"
+    );
+    let upstream = kids
+        .iter()
+        .find(|s| s.name == "upstream")
+        .context("no upstream span")?;
+    ensure!(
+        upstream.kind == 3,
+        "upstream is kind {} (client is 3)",
+        upstream.kind
+    );
+    let worker = one(&trace, "worker.generate", |s| s.name == "worker.generate")?;
+    ensure!(
+        worker.parent_span_id.as_deref() == Some(upstream.span_id.as_str()),
+        "worker parent"
+    );
+    ensure!(int(worker, "gen_ai.usage.output_tokens") == Some(output_tokens));
+    let stages: Vec<&str> = children(&trace, worker)
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    for stage in ["queue", "prefill", "decode"] {
+        ensure!(
+            stages.contains(&stage),
+            "worker stages {stages:?} lack {stage}"
+        );
+    }
+    Ok(())
+}
+
+/// Parses `/metrics` at `addr` with prometheus_client; returns sample name+labels → value.
+async fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>> {
+    let parsed = run_client(
+        "metrics_parse.py",
+        &[format!("http://{addr}/metrics")],
+        Duration::from_secs(30),
+    )
+    .await?;
+    let mut out = BTreeMap::new();
+    for s in parsed["samples"].as_array().context("samples")? {
+        let labels = s[1].as_object().context("labels")?;
+        let mut key = s[0].as_str().context("name")?.to_owned();
+        let mut pairs: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+            .collect();
+        pairs.sort();
+        if !pairs.is_empty() {
+            key.push_str(&format!("{{{}}}", pairs.join(",")));
+        }
+        out.insert(key, s[2].as_f64().context("value")?);
+    }
+    Ok(out)
+}
+
+fn sample(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+    m.get(key).copied().unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()> {
+    let _turn = serial().await;
+    let receiver = OtlpReceiver::start().await?;
+    let args = [
+        "serve",
+        "--model",
+        MODEL,
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--kv-cache-mib",
+        "400",
+    ]
+    .map(String::from);
+    let mut serve = Proc::spawn_with_env(
+        "serve",
+        &ferrite_bin()?,
+        &args,
+        &otel_env(&receiver, "ferrite-test-serve"),
+    )?;
+    let lines = serve.wait_ready(WORKER_READY_TIMEOUT).await?;
+    let grpc_addr = addr_after(&lines, "gRPC")?;
+    let http_addr = addr_after(&lines, "HTTP")?;
+
+    // Start-up: flushed before `ready`, so it is here (or arriving) now.
+    let spans = receiver
+        .wait_for(SPAN_TIMEOUT, |s| s.iter().any(|s| s.name == "startup"))
+        .await
+        .map_err(|got| {
+            anyhow::anyhow!(
+                "no startup span; got {:?}",
+                got.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })?;
+    let root = one(&spans, "startup span", |s| s.name == "startup")?;
+    ensure!(
+        root.parent_span_id.is_none(),
+        "startup has a parent without TRACEPARENT"
+    );
+    ensure!(
+        root.service_name.as_deref() == Some("ferrite-test-serve"),
+        "{:?}",
+        root.service_name
+    );
+    check_startup(&spans, root)?;
+
+    let before = scrape(http_addr).await?;
+    ensure!(
+        sample(&before, "ferrite_startup_phase_seconds{phase=load_weights}") > 0.0,
+        "no load_weights gauge"
+    );
+    ensure!(
+        sample(&before, "ferrite_startup_phase_seconds{phase=total_time}") > 0.0,
+        "no total_time gauge"
+    );
+    ensure!(
+        before.contains_key(&format!(
+            "ferrite_kv_cache_usage_perc{{model_name={MODEL}}}"
+        )),
+        "no KV usage gauge"
+    );
+
+    // gRPC with the client's traceparent.
+    let (traceparent, trace_id, client_span) = client_context(1);
+    let mut client = InferenceClient::new(channel(grpc_addr).await?);
+    let mut req = tonic::Request::new(greedy_text("The capital of France is", 4));
+    req.metadata_mut()
+        .insert("traceparent", traceparent.parse()?);
+    let c = grpc::collect(client.generate(req).await?.into_inner()).await?;
+    ensure!(c.token_ids.len() == 4, "{c:?}");
+
+    // OpenAI HTTP chat with the client's traceparent header.
+    let (http_parent, http_trace, http_span) = client_context(2);
+    let r = http::post_json_with_headers(
+        http_addr,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}),
+        &[("traceparent", &http_parent)],
+    )
+    .await?;
+    ensure!(r.status == 200, "{r:?}");
+    // The chat may end at EOS before max_tokens: take the count it reports.
+    let chat_tokens = r.json()?["usage"]["completion_tokens"]
+        .as_i64()
+        .context("usage")?;
+
+    // And one without: the gateway span is a root, the worker's shares its trace.
+    let c = grpc::generate(&mut client, greedy_text("Hello", 2)).await?;
+    ensure!(c.token_ids.len() == 2, "{c:?}");
+
+    let request_roots = |s: &[ReceivedSpan]| s.iter().filter(|s| s.name == "decode").count() >= 3;
+    let spans = receiver
+        .wait_for(SPAN_TIMEOUT, request_roots)
+        .await
+        .map_err(|got| {
+            anyhow::anyhow!(
+                "request spans missing; got {:?}",
+                got.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })?;
+    check_request(&spans, &trace_id, Some(&client_span), "text_completion", 4)?;
+    check_request(&spans, &http_trace, Some(&http_span), "chat", chat_tokens)?;
+    let unparented = one(&spans, "unparented gateway span", |s| {
+        s.name == format!("text_completion {MODEL}") && s.parent_span_id.is_none()
+    })?;
+    check_request(
+        &spans,
+        &unparented.trace_id.clone(),
+        None,
+        "text_completion",
+        2,
+    )?;
+
+    let after = scrape(http_addr).await?;
+    let grpc_ok = format!("ferrite_gateway_requests_total{{api=grpc,code=ok,model_name={MODEL}}}");
+    ensure!(
+        sample(&after, &grpc_ok) - sample(&before, &grpc_ok) == 2.0,
+        "{grpc_ok}: {after:?}"
+    );
+    let generated = (4 + 2 + chat_tokens) as f64;
+    let tokens = format!("ferrite_generation_tokens_total{{model_name={MODEL}}}");
+    ensure!(
+        sample(&after, &tokens) - sample(&before, &tokens) == generated,
+        "{tokens}"
+    );
+    let gw_tokens = format!("ferrite_gateway_generation_tokens_total{{model_name={MODEL}}}");
+    ensure!(
+        sample(&after, &gw_tokens) - sample(&before, &gw_tokens) == generated,
+        "{gw_tokens}"
+    );
+    for h in [
+        "ferrite_time_to_first_token_seconds_count",
+        "ferrite_gateway_time_to_first_token_seconds_count",
+        "ferrite_e2e_request_latency_seconds_count",
+    ] {
+        let key = format!("{h}{{model_name={MODEL}}}");
+        ensure!(sample(&after, &key) - sample(&before, &key) == 3.0, "{key}");
+    }
+    let itl = format!("ferrite_inter_token_latency_seconds_count{{model_name={MODEL}}}");
+    // One gap per token after the first, per request.
+    ensure!(
+        sample(&after, &itl) - sample(&before, &itl) == generated - 3.0,
+        "{itl}"
+    );
+    let prompt = format!("ferrite_prompt_tokens_total{{model_name={MODEL}}}");
+    ensure!(
+        sample(&after, &prompt) > sample(&before, &prompt),
+        "{prompt}"
+    );
+    let usage = sample(
+        &after,
+        &format!("ferrite_kv_cache_usage_perc{{model_name={MODEL}}}"),
+    );
+    ensure!((0.0..=1.0).contains(&usage), "KV usage {usage}");
+    serve.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// Every rank of a pool started with one `TRACEPARENT` reports its start-up into that trace,
+/// and each worker serves `/metrics` on its own port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_started_with_one_traceparent_share_a_startup_trace() -> Result<()> {
+    let _turn = serial().await;
+    let etcd = EtcdServer::start();
+    let receiver = OtlpReceiver::start().await?;
+    let (traceparent, trace_id, launcher_span) = client_context(3);
+    let mut env = otel_env(&receiver, "ferrite-test-worker");
+    env.push(("TRACEPARENT".into(), traceparent));
+    let mut ranks = Vec::new();
+    for rank in ["0", "1"] {
+        let args = [
+            "worker",
+            "--model",
+            MODEL,
+            "--pool",
+            "traced",
+            "--rank",
+            rank,
+            "--tp",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--etcd",
+            &etcd.endpoint(),
+            "--prefix",
+            PREFIX,
+            "--kv-cache-mib",
+            "200",
+            "--max-model-len",
+            "2048",
+        ]
+        .map(String::from);
+        ranks.push(Proc::spawn_with_env(
+            format!("rank {rank}"),
+            &ferrite_bin()?,
+            &args,
+            &env,
+        )?);
+    }
+    let mut metrics = Vec::new();
+    for p in &mut ranks {
+        let lines = p.wait_ready(WORKER_READY_TIMEOUT).await?;
+        metrics.push(addr_after(&lines, "metrics:")?);
+    }
+    let spans = receiver
+        .wait_for(SPAN_TIMEOUT, |s| {
+            s.iter().filter(|s| s.name == "startup").count() == 2
+        })
+        .await
+        .map_err(|got| {
+            anyhow::anyhow!(
+                "startup spans missing; got {:?}",
+                got.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })?;
+    for root in spans.iter().filter(|s| s.name == "startup") {
+        ensure!(
+            root.trace_id == trace_id,
+            "a rank's startup is in trace {}",
+            root.trace_id
+        );
+        ensure!(
+            root.parent_span_id.as_deref() == Some(launcher_span.as_str()),
+            "startup parent"
+        );
+        check_startup(&spans, root)?;
+    }
+    for addr in metrics {
+        let m = scrape(addr).await?;
+        ensure!(
+            sample(&m, "ferrite_startup_phase_seconds{phase=warmup}") > 0.0,
+            "no warmup gauge at {addr}"
+        );
+        ensure!(
+            m.contains_key(&format!(
+                "ferrite_num_requests_waiting{{model_name={MODEL}}}"
+            )),
+            "no waiting gauge at {addr}"
+        );
+    }
+    for mut p in ranks {
+        p.terminate(Duration::from_secs(30)).await?;
+    }
+    Ok(())
+}
