@@ -69,6 +69,26 @@ fn one<'a>(
     Ok(found[0])
 }
 
+/// Waits until `count(spans)` reaches `n`; the error names what arrived instead.
+async fn wait_spans(
+    receiver: &OtlpReceiver,
+    what: &str,
+    n: usize,
+    count: impl Fn(&[ReceivedSpan]) -> usize,
+) -> Result<Vec<ReceivedSpan>> {
+    receiver
+        .wait_for(SPAN_TIMEOUT, |s| count(s) >= n)
+        .await
+        .map_err(|got| {
+            let names: Vec<&str> = got.iter().map(|s| s.name.as_str()).collect();
+            anyhow::anyhow!("waiting for {n} {what} spans; got {names:?}")
+        })
+}
+
+fn named(name: &'static str) -> impl Fn(&[ReceivedSpan]) -> usize {
+    move |spans| spans.iter().filter(|s| s.name == name).count()
+}
+
 /// Checks a process's `startup` trace: every CPU phase once, a child of `root`, with its
 /// attribute; no GPU phase.
 fn check_startup(spans: &[ReceivedSpan], root: &ReceivedSpan) -> Result<()> {
@@ -277,15 +297,7 @@ async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()>
     let http_addr = addr_after(&lines, "HTTP")?;
 
     // Start-up: flushed before `ready`, so it is here (or arriving) now.
-    let spans = receiver
-        .wait_for(SPAN_TIMEOUT, |s| s.iter().any(|s| s.name == "startup"))
-        .await
-        .map_err(|got| {
-            anyhow::anyhow!(
-                "no startup span; got {:?}",
-                got.iter().map(|s| &s.name).collect::<Vec<_>>()
-            )
-        })?;
+    let spans = wait_spans(&receiver, "startup", 1, named("startup")).await?;
     let root = one(&spans, "startup span", |s| s.name == "startup")?;
     ensure!(
         root.parent_span_id.is_none(),
@@ -342,16 +354,8 @@ async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()>
     let c = grpc::generate(&mut client, greedy_text("Hello", 2)).await?;
     ensure!(c.token_ids.len() == 2, "{c:?}");
 
-    let request_roots = |s: &[ReceivedSpan]| s.iter().filter(|s| s.name == "decode").count() >= 3;
-    let spans = receiver
-        .wait_for(SPAN_TIMEOUT, request_roots)
-        .await
-        .map_err(|got| {
-            anyhow::anyhow!(
-                "request spans missing; got {:?}",
-                got.iter().map(|s| &s.name).collect::<Vec<_>>()
-            )
-        })?;
+    // The worker's `decode` span is recorded when its request finished.
+    let spans = wait_spans(&receiver, "decode", 3, named("decode")).await?;
     check_request(&spans, &trace_id, Some(&client_span), "text_completion", 4)?;
     check_request(&spans, &http_trace, Some(&http_span), "chat", chat_tokens)?;
     let unparented = one(&spans, "unparented gateway span", |s| {
@@ -458,17 +462,7 @@ async fn ranks_started_with_one_traceparent_share_a_startup_trace() -> Result<()
         let lines = p.wait_ready(WORKER_READY_TIMEOUT).await?;
         metrics.push(addr_after(&lines, "metrics:")?);
     }
-    let spans = receiver
-        .wait_for(SPAN_TIMEOUT, |s| {
-            s.iter().filter(|s| s.name == "startup").count() == 2
-        })
-        .await
-        .map_err(|got| {
-            anyhow::anyhow!(
-                "startup spans missing; got {:?}",
-                got.iter().map(|s| &s.name).collect::<Vec<_>>()
-            )
-        })?;
+    let spans = wait_spans(&receiver, "startup", 2, named("startup")).await?;
     for root in spans.iter().filter(|s| s.name == "startup") {
         ensure!(
             root.trace_id == trace_id,

@@ -269,14 +269,26 @@ pub fn worker(args: WorkerArgs, telemetry: &Telemetry) -> Result<()> {
     })
 }
 
-pub fn gateway(args: GatewayArgs) -> Result<()> {
+pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
     runtime()?.block_on(async {
-        let (store, schema) = args.placement.store(false).await?;
-        let gw = Gateway::new(store, schema);
-        let (addrs, task) =
+        // A gateway has no model: its start-up is connecting to placement and listening.
+        let startup = startup_span("gateway");
+        let (addrs, task) = async {
+            let (store, schema) = args
+                .placement
+                .store(false)
+                .instrument(tracing::info_span!(target: phases::TARGET, "config",
+                    etcd = %args.placement.etcd.join(",")))
+                .await?;
+            let gw = Gateway::new(store, schema);
             ferrite_gateway::serve(gw, args.listen, args.http_listen, shutdown_signal())
                 .await
-                .context("binding the gateway's listeners")?;
+                .context("binding the gateway's listeners")
+        }
+        .instrument(startup.clone())
+        .await?;
+        drop(startup);
+        telemetry.flush();
         println!(
             "ferrite gateway: gRPC on {}, HTTP on {}",
             addrs.grpc, addrs.http

@@ -90,7 +90,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => cluster::serve(args, &telemetry),
         Command::Worker(args) => cluster::worker(args, &telemetry),
-        Command::Gateway(args) => cluster::gateway(args),
+        Command::Gateway(args) => cluster::gateway(args, &telemetry),
         Command::Generate(args) => generate::run(args),
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
