@@ -13,7 +13,7 @@
 //!   is how HF converts SentencePiece BPE models too: we derive the merges
 //!   from the scores, with `▁` for spaces and `<0xNN>` byte fallback.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
@@ -207,7 +207,7 @@ pub(crate) fn build(v: &GgufVocab) -> Result<Built, TextError> {
                 pre: v.pre.clone().unwrap_or_default(),
                 supported: pretok::supported_names(),
             })?;
-        let merges = bpe_merges(v.merges.as_deref(), &vocab)?;
+        let merges = bpe_merges(v.merges.as_deref(), &tokens)?;
         let model = json!({
             "type": "BPE", "dropout": null, "unk_token": null,
             "continuing_subword_prefix": null, "end_of_word_suffix": null,
@@ -333,13 +333,14 @@ fn unique_tokens(tokens: &[String]) -> Result<Vec<String>, TextError> {
 /// after the first byte as llama.cpp does. Merges whose parts or result are
 /// not in the vocabulary can never produce a token id; HF's BPE rejects them,
 /// so they are dropped.
-fn bpe_merges(
-    merges: Option<&[String]>,
-    vocab: &serde_json::Map<String, Value>,
-) -> Result<Vec<Value>, TextError> {
+fn bpe_merges(merges: Option<&[String]>, tokens: &[String]) -> Result<Vec<Value>, TextError> {
     let merges = merges.ok_or_else(|| {
         TextError::InvalidVocab("gpt2 vocabulary needs tokenizer.ggml.merges".into())
     })?;
+    // A hash set, not the JSON vocabulary map (a BTreeMap): three lookups per merge over ~50k
+    // merges made string comparison the largest cost of building the tokenizer.
+    let vocab: HashSet<&str> = tokens.iter().map(String::as_str).collect();
+    let mut joined = String::new();
     let mut out = Vec::with_capacity(merges.len());
     for m in merges {
         // Byte-wise, like llama.cpp's `find(' ', 1)`: the first token may
@@ -348,10 +349,10 @@ fn bpe_merges(
             continue;
         };
         let (left, right) = (&m[..pos], &m[pos + 1..]);
-        if vocab.contains_key(left)
-            && vocab.contains_key(right)
-            && vocab.contains_key(&format!("{left}{right}"))
-        {
+        joined.clear();
+        joined.push_str(left);
+        joined.push_str(right);
+        if vocab.contains(left) && vocab.contains(right) && vocab.contains(joined.as_str()) {
             out.push(json!([left, right]));
         }
     }
