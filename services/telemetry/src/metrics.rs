@@ -286,7 +286,6 @@ pub struct RequestOutcome {
     pub time_to_first_token_s: f64,
     pub e2e_s: f64,
     pub prompt_tokens: u64,
-    pub generated_tokens: u64,
 }
 
 /// A worker's metrics, labelled with the model it serves.

@@ -3,7 +3,6 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
 use std::time::Instant;
 
 use ferrite_engine::EngineError;
@@ -172,7 +171,6 @@ fn on_finished(
             time_to_first_token_s: secs(t.arrived, t.first_token),
             e2e_s: secs(t.arrived, t.finished),
             prompt_tokens: t.prompt_tokens as u64,
-            generated_tokens: t.output_tokens as u64,
         },
     );
 }
