@@ -179,13 +179,21 @@ async fn shutdown_signal() {
     }
 }
 
-/// A process's `startup` span: the root of its start-up phases, or the child of the context in
-/// `TRACEPARENT` when its launcher set one (so all ranks of a pool share one trace).
-fn startup_span(role: &'static str) -> tracing::Span {
+/// Runs a process's start-up under its `startup` span: the root of its start-up phases, or the
+/// child of the context in `TRACEPARENT` when its launcher set one (so all ranks of a pool share
+/// one trace). The span ends with `start`, and the trace is sent at once, not with the next
+/// batch.
+async fn start_up<T>(
+    role: &'static str,
+    telemetry: &Telemetry,
+    start: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
     let span = tracing::info_span!(target: phases::TARGET, "startup", role,
         pid = i64::from(std::process::id()));
     ferrite_telemetry::propagation::set_parent_from_env(&span);
-    span
+    let started = start.instrument(span).await?;
+    telemetry.flush();
+    Ok(started)
 }
 
 /// The `device_init` phase on the CPU: the ISA the kernels will use, and the thread pool the
@@ -244,16 +252,11 @@ fn hostname() -> String {
 
 pub fn worker(args: WorkerArgs, telemetry: &Telemetry) -> Result<()> {
     runtime()?.block_on(async {
-        let startup = startup_span("worker");
-        let worker = async {
+        let worker = start_up("worker", telemetry, async {
             let (store, schema) = args.placement.store(false).await?;
             start_worker(&args, Some(args.metrics_listen), store, schema).await
-        }
-        .instrument(startup.clone())
+        })
         .await?;
-        drop(startup);
-        // The start-up trace goes out now, not with the next batch.
-        telemetry.flush();
         println!(
             "ferrite worker: pool {} rank {} serving on {}",
             args.pool, args.rank, worker.addr
@@ -272,8 +275,7 @@ pub fn worker(args: WorkerArgs, telemetry: &Telemetry) -> Result<()> {
 pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
     runtime()?.block_on(async {
         // A gateway has no model: its start-up is connecting to placement and listening.
-        let startup = startup_span("gateway");
-        let (addrs, task) = async {
+        let (addrs, task) = start_up("gateway", telemetry, async {
             let (store, schema) = args
                 .placement
                 .store(false)
@@ -284,11 +286,8 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
             ferrite_gateway::serve(gw, args.listen, args.http_listen, shutdown_signal())
                 .await
                 .context("binding the gateway's listeners")
-        }
-        .instrument(startup.clone())
+        })
         .await?;
-        drop(startup);
-        telemetry.flush();
         println!(
             "ferrite gateway: gRPC on {}, HTTP on {}",
             addrs.grpc, addrs.http
@@ -302,9 +301,8 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
 pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
     let worker_args = args.worker_args();
     runtime()?.block_on(async {
-        let startup = startup_span("serve");
         let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
-        let (worker, addrs, task) = async {
+        let (worker, addrs, task) = start_up("serve", telemetry, async {
             let (store, schema) = args.placement.store(true).await?;
             // The gateway's /metrics (on its HTTP port) shows the worker's metrics too.
             let worker = start_worker(&worker_args, None, store.clone(), schema.clone()).await?;
@@ -315,11 +313,8 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             .await
             .context("binding the gateway's listeners")?;
             anyhow::Ok((worker, addrs, task))
-        }
-        .instrument(startup.clone())
+        })
         .await?;
-        drop(startup);
-        telemetry.flush();
         println!("ferrite serve: model {}", served_name(&worker_args));
         println!("  gRPC (ferrite.v1.Inference): {}", addrs.grpc);
         println!("  HTTP (OpenAI-compatible):    http://{}/v1", addrs.http);

@@ -86,8 +86,7 @@ impl api::inference_server::Inference for InferenceService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let started = Instant::now();
         let deadline = deadline_of(&request);
-        let metadata = request.metadata().clone();
-        let req = request.into_inner();
+        let (metadata, _, req) = request.into_parts();
         let prompt = Prompt::from_proto(req.prompt)?;
         let span = trace::request_span(&req.model, &prompt);
         ferrite_telemetry::propagation::set_parent_from_metadata(&span, &metadata);

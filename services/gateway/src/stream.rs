@@ -37,7 +37,6 @@ struct State {
     completion_tokens: u32,
     trace: RequestTrace,
     deadline: Option<Instant>,
-    ttft_ms: Option<f64>,
     want_logprobs: bool,
     done: bool,
 }
@@ -61,7 +60,6 @@ pub fn events(
         completion_tokens: 0,
         trace,
         deadline,
-        ttft_ms: None,
         want_logprobs: req.sampling().logprobs.is_some(),
         done: false,
     };
@@ -177,8 +175,7 @@ impl State {
             pb::FinishReason::Length => api::FinishReason::Length,
             _ => api::FinishReason::Stop,
         };
-        let since_start = self.trace.delta(token_ids.len());
-        let ttft = *self.ttft_ms.get_or_insert(since_start * 1e3);
+        let ttft_ms = self.trace.delta(token_ids.len()) * 1e3;
         out.push(Ok(GenerateEvent::Delta {
             text: emit,
             token_ids,
@@ -199,7 +196,7 @@ impl State {
                 reason,
                 prompt_tokens: self.prompt_tokens,
                 completion_tokens: self.completion_tokens,
-                time_to_first_token_ms: ttft,
+                time_to_first_token_ms: ttft_ms,
             }));
         }
         out

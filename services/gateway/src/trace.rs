@@ -53,6 +53,8 @@ pub struct RequestTrace {
     span: tracing::Span,
     metrics: Option<GatewayRequestMetrics>,
     started: Instant,
+    /// Seconds from arrival to the first delta, once it went out.
+    time_to_first_token: Option<f64>,
     last_delta: Option<Instant>,
     prompt_tokens: u64,
 }
@@ -63,6 +65,7 @@ impl RequestTrace {
             span,
             metrics: Some(GatewayRequestMetrics::start(model, api.as_str())),
             started,
+            time_to_first_token: None,
             last_delta: None,
             prompt_tokens: 0,
         }
@@ -89,15 +92,23 @@ impl RequestTrace {
         }
     }
 
-    /// A delta of `tokens` tokens is going to the client. Returns the time to first token.
+    /// A delta of `tokens` tokens is going to the client. Returns the request's time to first
+    /// token, in seconds.
     pub fn delta(&mut self, tokens: usize) -> f64 {
         let now = Instant::now();
-        let ttft = now.duration_since(self.started).as_secs_f64();
-        if let Some(m) = &self.metrics {
-            if self.last_delta.is_none() {
-                m.first_token(ttft);
-                self.span.set_attribute(genai::TIME_TO_FIRST_TOKEN, ttft);
+        let ttft = match self.time_to_first_token {
+            Some(t) => t,
+            None => {
+                let t = now.duration_since(self.started).as_secs_f64();
+                self.time_to_first_token = Some(t);
+                self.span.set_attribute(genai::TIME_TO_FIRST_TOKEN, t);
+                if let Some(m) = &self.metrics {
+                    m.first_token(t);
+                }
+                t
             }
+        };
+        if let Some(m) = &self.metrics {
             m.delta(
                 tokens as u64,
                 self.last_delta.map(|p| now.duration_since(p).as_secs_f64()),

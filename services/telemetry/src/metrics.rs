@@ -12,7 +12,8 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram,
+    gauge, histogram,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -288,16 +289,22 @@ pub struct RequestOutcome {
     pub prompt_tokens: u64,
 }
 
-/// A worker's metrics, labelled with the model it serves.
+/// A worker's metrics, labelled with the model it serves. The per-token ones are resolved
+/// once here (a registry lookup each), not on every token; create it after [`install`].
 #[derive(Debug, Clone)]
 pub struct WorkerMetrics {
     model: String,
+    generation_tokens: Counter,
+    inter_token_latency: Histogram,
 }
 
 impl WorkerMetrics {
     pub fn new(model: &str) -> Self {
+        let label = [("model_name", model.to_owned())];
         Self {
             model: model.to_owned(),
+            generation_tokens: counter!(GENERATION_TOKENS, &label),
+            inter_token_latency: histogram!(INTER_TOKEN_LATENCY, &label),
         }
     }
 
@@ -321,9 +328,9 @@ impl WorkerMetrics {
 
     /// One token left the worker `gap_s` after the previous one of the same request.
     pub fn token(&self, gap_s: Option<f64>) {
-        counter!(GENERATION_TOKENS, &self.label()).increment(1);
+        self.generation_tokens.increment(1);
         if let Some(g) = gap_s {
-            histogram!(INTER_TOKEN_LATENCY, &self.label()).record(g);
+            self.inter_token_latency.record(g);
         }
     }
 
@@ -340,21 +347,30 @@ impl WorkerMetrics {
 }
 
 /// The gateway's metrics for one request; labelled with its model and API (`grpc`, `http`).
+/// The per-delta ones are resolved once per request, not on every delta.
 #[derive(Debug)]
 pub struct GatewayRequestMetrics {
     model: String,
     api: &'static str,
     finished: bool,
+    in_flight: Gauge,
+    generation_tokens: Counter,
+    inter_token_latency: Histogram,
 }
 
 impl GatewayRequestMetrics {
     /// A request entered the gateway (counted in flight until [`Self::finish`] or drop).
     pub fn start(model: &str, api: &'static str) -> Self {
-        gauge!(GATEWAY_REQUESTS_IN_FLIGHT, "model_name" => model.to_owned()).increment(1.0);
+        let label = [("model_name", model.to_owned())];
+        let in_flight = gauge!(GATEWAY_REQUESTS_IN_FLIGHT, &label);
+        in_flight.increment(1.0);
         Self {
             model: model.to_owned(),
             api,
             finished: false,
+            in_flight,
+            generation_tokens: counter!(GATEWAY_GENERATION_TOKENS, &label),
+            inter_token_latency: histogram!(GATEWAY_INTER_TOKEN_LATENCY, &label),
         }
     }
 
@@ -364,9 +380,9 @@ impl GatewayRequestMetrics {
 
     /// `tokens` reached the client `gap_s` after the previous delta.
     pub fn delta(&self, tokens: u64, gap_s: Option<f64>) {
-        counter!(GATEWAY_GENERATION_TOKENS, "model_name" => self.model.clone()).increment(tokens);
+        self.generation_tokens.increment(tokens);
         if let Some(g) = gap_s {
-            histogram!(GATEWAY_INTER_TOKEN_LATENCY, "model_name" => self.model.clone()).record(g);
+            self.inter_token_latency.record(g);
         }
     }
 
@@ -386,7 +402,7 @@ impl GatewayRequestMetrics {
     }
 
     fn end(&self, code: &'static str) {
-        gauge!(GATEWAY_REQUESTS_IN_FLIGHT, "model_name" => self.model.clone()).decrement(1.0);
+        self.in_flight.decrement(1.0);
         counter!(GATEWAY_REQUESTS, "model_name" => self.model.clone(), "api" => self.api, "code" => code)
             .increment(1);
     }

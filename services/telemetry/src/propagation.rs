@@ -67,16 +67,12 @@ impl Extractor for EnvExtractor {
 /// Makes the context in `headers` (if any) the parent of `span`. Call before the span is
 /// entered: OpenTelemetry fixes a span's parent when it starts.
 pub fn set_parent_from_headers(span: &tracing::Span, headers: &http::HeaderMap) {
-    let cx =
-        opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));
-    let _ = span.set_parent(cx);
+    set_parent(span, &HeaderExtractor(headers));
 }
 
 /// The same, from gRPC metadata.
 pub fn set_parent_from_metadata(span: &tracing::Span, metadata: &tonic::metadata::MetadataMap) {
-    let cx =
-        opentelemetry::global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(metadata)));
-    let _ = span.set_parent(cx);
+    set_parent(span, &MetadataExtractor(metadata));
 }
 
 /// The same, from `TRACEPARENT`/`TRACESTATE` in the environment.
@@ -89,8 +85,12 @@ pub fn set_parent_from_env(span: &tracing::Span) {
                 .map(|v| ((*k).to_owned(), v))
         })
         .collect();
-    let carrier = EnvExtractor(vars);
-    let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&carrier));
+    set_parent(span, &EnvExtractor(vars));
+}
+
+fn set_parent(span: &tracing::Span, carrier: &dyn Extractor) {
+    let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(carrier));
+    // Fails only when the span is disabled or already started: then it has no parent to take.
     let _ = span.set_parent(cx);
 }
 
@@ -100,12 +100,4 @@ pub fn inject_into_metadata(span: &tracing::Span, metadata: &mut tonic::metadata
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&cx, &mut MetadataInjector(metadata));
     });
-}
-
-/// `span`'s trace id as 32 hex digits, if it is being exported.
-pub fn trace_id(span: &tracing::Span) -> Option<String> {
-    use opentelemetry::trace::TraceContextExt;
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    sc.is_valid().then(|| sc.trace_id().to_string())
 }

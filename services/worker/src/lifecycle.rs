@@ -160,7 +160,7 @@ impl RunningWorker {
     }
 
     /// Serves `service` on `cfg.listen`, registers the pool (Starting) and its rank, then marks
-    /// the pool Ready.
+    /// the pool Ready: the `register` start-up phase.
     async fn serve(
         service: WorkerService,
         max_model_len: usize,
@@ -170,104 +170,96 @@ impl RunningWorker {
     ) -> Result<Self, WorkerError> {
         let span = tracing::info_span!(target: ferrite_telemetry::phases::TARGET, "register",
             pool = %cfg.pool, rank = i64::from(cfg.rank), store = store.kind(), address = tracing::field::Empty);
-        Self::register(service, max_model_len, cfg, store, schema)
-            .instrument(span)
-            .await
-    }
-
-    async fn register(
-        service: WorkerService,
-        max_model_len: usize,
-        cfg: WorkerConfig,
-        store: Store,
-        schema: KeySchema,
-    ) -> Result<Self, WorkerError> {
-        let listener =
-            TcpListener::bind(cfg.listen)
-                .await
+        async move {
+            let listener =
+                TcpListener::bind(cfg.listen)
+                    .await
+                    .map_err(|source| WorkerError::Listen {
+                        addr: cfg.listen,
+                        source,
+                    })?;
+            let addr = listener
+                .local_addr()
                 .map_err(|source| WorkerError::Listen {
                     addr: cfg.listen,
                     source,
                 })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| WorkerError::Listen {
-                addr: cfg.listen,
-                source,
-            })?;
-        tracing::Span::current().record("address", tracing::field::display(addr));
-        let metrics_addr = match cfg.metrics_listen {
-            Some(at) => Some(serve_metrics(at).await?),
-            None => None,
-        };
-        let hooked = service.clone();
-        let load_gauges = ScrapeHook::new(move || hooked.publish_load());
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_not_serving::<pb::worker_server::WorkerServer<WorkerService>>()
-            .await;
-        let (stop_server, stopped) = oneshot::channel::<()>();
-        let router = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(pb::worker_server::WorkerServer::new(service.clone()));
-        // Tokens go out as small frames: without TCP_NODELAY, Nagle holds them for an ACK.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
-            let _ = stopped.await;
-        }));
+            tracing::Span::current().record("address", tracing::field::display(addr));
+            let metrics_addr = match cfg.metrics_listen {
+                Some(at) => Some(serve_metrics(at).await?),
+                None => None,
+            };
+            let hooked = service.clone();
+            let load_gauges = ScrapeHook::new(move || hooked.publish_load());
+            let (health, health_service) = tonic_health::server::health_reporter();
+            health
+                .set_not_serving::<pb::worker_server::WorkerServer<WorkerService>>()
+                .await;
+            let (stop_server, stopped) = oneshot::channel::<()>();
+            let router = tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(pb::worker_server::WorkerServer::new(service.clone()));
+            // Tokens go out as small frames: without TCP_NODELAY, Nagle holds them for an ACK.
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            }));
 
-        let host = cfg
-            .advertise_host
-            .clone()
-            .unwrap_or_else(|| addr.ip().to_string());
-        let leader_addr = format!("http://{host}:{}", addr.port());
-        let mut pool_record = PoolRecord {
-            model: cfg.model_name.clone(),
-            tp: cfg.tp,
-            leader_addr: leader_addr.clone(),
-            state: PoolState::Starting,
-            max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
-        };
-        let rank = RankRecord {
-            addr: leader_addr,
-            gpu_uuid: None,
-            node: cfg.node.clone(),
-        };
-        let mut entries = vec![(schema.rank(&cfg.pool, cfg.rank), json_bytes(&rank))];
-        if cfg.rank == 0 {
-            entries.push((schema.pool(&cfg.pool), json_bytes(&pool_record)));
-        }
-        // Returns at once; if the store is unreachable it keeps trying in the background.
-        let registration = Registration::start(store, cfg.lease_ttl, entries);
-        health
-            .set_serving::<pb::worker_server::WorkerServer<WorkerService>>()
-            .await;
-        if cfg.rank == 0 {
-            pool_record.state = PoolState::Ready;
-            if let Err(e) = registration
-                .update(schema.pool(&cfg.pool), json_bytes(&pool_record))
-                .await
-            {
-                // The value is kept and written once the store answers again.
-                tracing::warn!("could not mark the pool ready yet: {e}");
+            let host = cfg
+                .advertise_host
+                .clone()
+                .unwrap_or_else(|| addr.ip().to_string());
+            let leader_addr = format!("http://{host}:{}", addr.port());
+            let mut pool_record = PoolRecord {
+                model: cfg.model_name.clone(),
+                tp: cfg.tp,
+                leader_addr: leader_addr.clone(),
+                state: PoolState::Starting,
+                max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
+            };
+            let rank = RankRecord {
+                addr: leader_addr,
+                gpu_uuid: None,
+                node: cfg.node.clone(),
+            };
+            let mut entries = vec![(schema.rank(&cfg.pool, cfg.rank), json_bytes(&rank))];
+            if cfg.rank == 0 {
+                entries.push((schema.pool(&cfg.pool), json_bytes(&pool_record)));
             }
+            // Returns at once; if the store is unreachable it keeps trying in the background.
+            let registration = Registration::start(store, cfg.lease_ttl, entries);
+            health
+                .set_serving::<pb::worker_server::WorkerServer<WorkerService>>()
+                .await;
+            if cfg.rank == 0 {
+                pool_record.state = PoolState::Ready;
+                if let Err(e) = registration
+                    .update(schema.pool(&cfg.pool), json_bytes(&pool_record))
+                    .await
+                {
+                    // The value is kept and written once the store answers again.
+                    tracing::warn!("could not mark the pool ready yet: {e}");
+                }
+            }
+            tracing::info!(%addr, pool = %cfg.pool, model = %cfg.model_name, "worker ready");
+            Ok(Self {
+                addr,
+                metrics_addr,
+                service,
+                _load_gauges: load_gauges,
+                registration,
+                schema,
+                pool: cfg.pool,
+                pool_record,
+                stop_server: Some(stop_server),
+                server,
+                health,
+                drain_timeout: cfg.drain_timeout,
+            })
         }
-        tracing::info!(%addr, pool = %cfg.pool, model = %cfg.model_name, "worker ready");
-        Ok(Self {
-            addr,
-            metrics_addr,
-            service,
-            _load_gauges: load_gauges,
-            registration,
-            schema,
-            pool: cfg.pool,
-            pool_record,
-            stop_server: Some(stop_server),
-            server,
-            health,
-            drain_timeout: cfg.drain_timeout,
-        })
+        .instrument(span)
+        .await
     }
 
     /// Marks the pool Draining, refuses new requests, waits (at most the drain timeout) for
