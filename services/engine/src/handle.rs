@@ -129,13 +129,26 @@ impl EngineHandle {
                 admitted,
             })
             .map_err(|_| EngineError::Stopped)?;
-        admission.await.map_err(|_| EngineError::Stopped)??;
-        Ok(RequestStream {
+        // The stream exists before admission is awaited, so a submitter dropped at any point
+        // from here on (client cancelled, deadline) sends the abort itself: the engine may
+        // have admitted the request after the caller stopped listening.
+        let mut stream = RequestStream {
             id,
             rx,
             tx: self.tx.clone(),
             finished: false,
-        })
+        };
+        match admission.await {
+            Ok(Ok(())) => Ok(stream),
+            Ok(Err(e)) => {
+                stream.finished = true;
+                Err(e)
+            }
+            Err(_) => {
+                stream.finished = true;
+                Err(EngineError::Stopped)
+            }
+        }
     }
 }
 

@@ -102,3 +102,38 @@ async fn a_full_queue_refuses_and_bad_requests_are_refused_at_submit() {
         .expect_err("empty prompt");
     assert_eq!(e.kind(), "invalid_request");
 }
+
+/// A submitter dropped after the engine queued its request but before it saw the admission
+/// (a client cancelling at just that moment) must not leave the request waiting forever.
+#[tokio::test(flavor = "current_thread")]
+async fn a_submitter_dropped_after_admission_leaves_the_queue() {
+    use std::future::Future;
+    use std::task::Poll;
+
+    let (handle, _thread) = EngineHandle::spawn(engine(1), 8).expect("spawn");
+    let _busy = handle
+        .submit(vec![5; 8], greedy(500))
+        .await
+        .expect("submit");
+    let mut pending = Box::pin(handle.submit(vec![6; 8], greedy(4)));
+    // Poll once: the request is sent, and the admission is not yet read.
+    std::future::poll_fn(|cx| {
+        assert!(pending.as_mut().poll(cx).is_pending(), "admitted at once");
+        Poll::Ready(())
+    })
+    .await;
+    let until = |want_waiting: usize, what: &'static str| {
+        let handle = handle.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while handle.stats().waiting != want_waiting {
+                assert!(Instant::now() < deadline, "{what}: {:?}", handle.stats());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    until(1, "the request never queued").await;
+    drop(pending);
+    until(0, "the abandoned request is still queued").await;
+    assert_eq!(handle.stats().running, 1);
+}
