@@ -22,9 +22,9 @@ if ((${#missing[@]})); then
 fi
 # The Python clients of the cluster tests (tests/clients/): grpcio (+ stubs generated from
 # proto/ at run time), the official openai package, and prometheus_client (its exposition-format
-# parser checks /metrics).
-if ! python3 -c 'import grpc, grpc_tools, openai, prometheus_client' 2>/dev/null; then
-    packages=(grpcio grpcio-tools openai prometheus_client)
+# parser checks /metrics), and numpy (checks `ferrite quantize` output independently).
+if ! python3 -c 'import grpc, grpc_tools, openai, prometheus_client, numpy' 2>/dev/null; then
+    packages=(grpcio grpcio-tools openai prometheus_client numpy)
     echo "tests/run.sh: installing ${packages[*]}"
     python3 -m pip install --quiet "${packages[@]}" 2>/dev/null ||
         python3 -m pip install --quiet --break-system-packages "${packages[@]}"

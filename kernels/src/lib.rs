@@ -5,8 +5,10 @@
 //! - [`quant`]: the GGUF tensor types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): block
 //!   layouts, dequantization, and dot products of a quantized row with f32 activations.
 //! - [`cpu`]: the CPU reference ops the engine runs (matmul over any [`quant::GgmlType`], RMSNorm,
-//!   RoPE, SiLU-and-mul, attention over a paged KV cache). They are the test oracle for every
-//!   other backend.
+//!   RoPE, SiLU/GELU-and-mul, soft caps, causal or sliding-window attention over a paged KV
+//!   cache). They are the test oracle for every other backend.
+//! - [`wq`]: weight-only quantization (8/4/2-bit codes in groups, f16/bf16 scales, optional zero
+//!   points): RTN quantizing, the CPU layout and its matmul kernel.
 //! - [`mapped`]: read-only memory-mapped files, so model weights are used in place.
 //!
 //! `unsafe` is denied workspace-wide; this crate allows it only in the modules that need it
@@ -15,3 +17,4 @@
 pub mod cpu;
 pub mod mapped;
 pub mod quant;
+pub mod wq;

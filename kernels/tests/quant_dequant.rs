@@ -2,7 +2,7 @@
 //! dequantize + naive dot.
 
 use ferrite_kernels::cpu::matmul::{
-    WeightView, matmul, matmul_many, matmul_many_with, matmul_with,
+    Weight, WeightView, matmul, matmul_many, matmul_many_with, matmul_with,
 };
 use ferrite_kernels::quant::{GgmlType, Isa, QuantError, dequantize, vec_dot, vec_dot_with};
 
@@ -240,11 +240,11 @@ fn matmul_matches_dequantize_then_dot() {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
                 for isa in isas {
                     let mut out = vec![f32::NAN; m * n];
-                    matmul_with(isa, &x, m, &w, &mut out);
+                    matmul_with(isa, &x, m, w, &mut out);
                     check_matmul(&x, m, &w, &out, isa.name());
                 }
                 let mut out = vec![f32::NAN; m * n];
-                matmul(&x, m, &w, &mut out);
+                matmul(&x, m, w, &mut out);
                 check_matmul(&x, m, &w, &out, "best");
             }
         }
@@ -267,10 +267,10 @@ fn matmul_parallel_large() {
         for m in [1, 8, 9] {
             let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
             let mut out = vec![f32::NAN; m * n];
-            matmul(&x, m, &w, &mut out);
+            matmul(&x, m, w, &mut out);
             check_matmul(&x, m, &w, &out, "parallel");
             let mut out_s = vec![f32::NAN; m * n];
-            matmul_with(Isa::Scalar, &x, m, &w, &mut out_s);
+            matmul_with(Isa::Scalar, &x, m, w, &mut out_s);
             check_matmul(&x, m, &w, &out_s, "parallel scalar");
         }
     }
@@ -290,22 +290,23 @@ fn matmul_many_matches_separate() {
         .iter()
         .map(|&(ty, n)| random_weight(&mut rng, ty, n, k))
         .collect();
-    let ws: Vec<WeightView<'_>> = shapes
+    let views: Vec<WeightView<'_>> = shapes
         .iter()
         .zip(&data)
         .map(|(&(ty, n), b)| WeightView::new(ty, n, k, b).expect("view"))
         .collect();
+    let ws: Vec<Weight<'_>> = views.iter().map(Weight::from).collect();
     for m in [1, 3, 8] {
         let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
         for isa in [Isa::Scalar, Isa::Avx2, Isa::best()] {
-            let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+            let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows()]).collect();
             let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
             if isa == Isa::best() {
                 matmul_many(&x, m, &ws, &mut outs);
             } else {
                 matmul_many_with(isa, &x, m, &ws, &mut outs);
             }
-            for (w, out) in ws.iter().zip(&bufs) {
+            for (w, out) in views.iter().zip(&bufs) {
                 check_matmul(&x, m, w, out, &format!("many {isa}"));
             }
         }
@@ -326,8 +327,8 @@ fn simd_and_scalar_agree_on_default_model_shapes() {
             let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
             let mut a = vec![0f32; m * n];
             let mut b = vec![0f32; m * n];
-            matmul_with(Isa::Avx2, &x, m, &w, &mut a);
-            matmul_with(Isa::Scalar, &x, m, &w, &mut b);
+            matmul_with(Isa::Avx2, &x, m, w, &mut a);
+            matmul_with(Isa::Scalar, &x, m, w, &mut b);
             for (p, q) in a.iter().zip(&b) {
                 assert!(
                     (p - q).abs() <= 1e-4 * (1.0 + q.abs()),
@@ -342,10 +343,10 @@ fn simd_and_scalar_agree_on_default_model_shapes() {
 fn empty_shapes() {
     let w = WeightView::new(GgmlType::Q4_1, 0, 64, &[]).expect("empty view");
     let mut out: Vec<f32> = vec![];
-    matmul(&[0.0; 128], 2, &w, &mut out);
+    matmul(&[0.0; 128], 2, w, &mut out);
     let w = WeightView::new(GgmlType::F32, 2, 0, &[]).expect("zero-width view");
     let mut out = vec![f32::NAN; 6];
-    matmul(&[], 3, &w, &mut out);
+    matmul(&[], 3, w, &mut out);
     assert!(out.iter().all(|&v| v == 0.0));
     let mut none: [&mut [f32]; 0] = [];
     matmul_many(&[], 0, &[], &mut none);
@@ -408,5 +409,5 @@ fn size_errors_are_errors_not_panics() {
 fn matmul_panics_on_wrong_output_len() {
     let w = WeightView::new(GgmlType::Q8_0, 2, 32, &[0u8; 68]).expect("ok");
     let mut out = vec![0f32; 3];
-    matmul(&[0.0; 32], 1, &w, &mut out);
+    matmul(&[0.0; 32], 1, w, &mut out);
 }

@@ -4,6 +4,8 @@
 //! A sequence's block table maps its logical block `p / block_size` to a physical block; token
 //! `p`'s key sits at slot `p % block_size` of that block.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 /// One layer of the paged KV cache, read-only.
@@ -27,27 +29,51 @@ impl PagedKv<'_> {
 }
 
 /// A query token: the block table of its sequence and its position; it attends to positions
-/// `0..=pos` of that sequence.
+/// `0..=pos` of that sequence (the last [`AttentionOptions::sliding_window`] of them when set).
 #[derive(Debug, Clone, Copy)]
 pub struct QueryToken<'a> {
     pub block_table: &'a [u32],
     pub pos: usize,
 }
 
-/// `out[t, h] = softmax(q[t, h] · K[0..=pos]ᵀ · scale) · V[0..=pos]`, with query head `h` reading
-/// KV head `h / (n_heads / kv_heads)` (grouped-query attention).
+/// How one layer's attention scores its keys.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionOptions {
+    /// Multiplies `q · k` (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// Gemma 2: scores become `tanh(s / cap) * cap` after scaling, before the softmax.
+    pub soft_cap: Option<f32>,
+    /// A token at `pos` sees only positions `pos + 1 - w ..= pos` (itself and the `w - 1` before
+    /// it), as transformers' sliding-window mask and llama.cpp's SWA do. `None`: all of `0..=pos`.
+    pub sliding_window: Option<usize>,
+}
+
+impl AttentionOptions {
+    /// Plain causal attention with `scale`.
+    pub fn causal(scale: f32) -> Self {
+        Self {
+            scale,
+            soft_cap: None,
+            sliding_window: None,
+        }
+    }
+}
+
+/// `out[t, h] = softmax(cap(q[t, h] · K[lo..=pos]ᵀ · scale)) · V[lo..=pos]`, with query head `h`
+/// reading KV head `h / (n_heads / kv_heads)` (grouped-query attention), `lo` the window's first
+/// position (0 without one) and `cap` the optional soft cap.
 ///
 /// `q` and `out` are `[tokens, n_heads * head_dim]`. The keys and values of every query token
 /// must already be written to the cache.
 ///
 /// # Panics
-/// If the shapes disagree or a block table is too short for its position.
+/// If the shapes disagree, a block table is too short for its position, or the window is 0.
 pub fn paged_attention(
     q: &[f32],
     tokens: &[QueryToken<'_>],
     n_heads: usize,
     kv: &PagedKv<'_>,
-    scale: f32,
+    opts: AttentionOptions,
     out: &mut [f32],
 ) {
     let hd = kv.head_dim;
@@ -60,18 +86,26 @@ pub fn paged_attention(
         n_heads.is_multiple_of(kv.kv_heads),
         "attention: heads not a multiple of kv heads"
     );
+    assert!(opts.sliding_window != Some(0), "attention: empty window");
     let group = n_heads / kv.kv_heads;
+    let AttentionOptions {
+        scale,
+        soft_cap,
+        sliding_window,
+    } = opts;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
         let (t, h) = (i / n_heads, i % n_heads);
         let tok = &tokens[t];
         let qh = &q[t * row + h * hd..t * row + (h + 1) * hd];
         let kvh = h / group;
-        let len = tok.pos + 1;
-        let mut scores = Vec::with_capacity(len);
+        let end = tok.pos + 1;
+        let start = sliding_window.map_or(0, |w| end.saturating_sub(w));
+        let mut scores = Vec::with_capacity(end - start);
         // Walk the block table a block at a time: one offset computation per block, not per
         // position (the division by the block size was a measurable share of decode time).
-        for_each_row(kv, tok.block_table, len, kvh, |off| {
-            scores.push(dot(qh, &kv.k[off..off + hd]) * scale);
+        for_each_row(kv, tok.block_table, start..end, kvh, |off| {
+            let s = dot(qh, &kv.k[off..off + hd]) * scale;
+            scores.push(soft_cap.map_or(s, |cap| super::norm::soft_cap(s, cap)));
         });
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0;
@@ -82,7 +116,7 @@ pub fn paged_attention(
         let inv = 1.0 / sum;
         o.fill(0.0);
         let mut p = 0;
-        for_each_row(kv, tok.block_table, len, kvh, |off| {
+        for_each_row(kv, tok.block_table, start..end, kvh, |off| {
             let w = scores[p] * inv;
             p += 1;
             for (acc, &v) in o.iter_mut().zip(&kv.v[off..off + hd]) {
@@ -92,26 +126,26 @@ pub fn paged_attention(
     });
 }
 
-/// Calls `f` with the offset of `kv_head`'s row at positions `0..len`, in order.
+/// Calls `f` with the offset of `kv_head`'s row at each of `positions`, in order.
 #[inline]
 fn for_each_row(
     kv: &PagedKv<'_>,
     block_table: &[u32],
-    len: usize,
+    positions: Range<usize>,
     kv_head: usize,
     mut f: impl FnMut(usize),
 ) {
     let stride = kv.kv_heads * kv.head_dim;
-    for (bi, &block) in block_table.iter().enumerate() {
-        let start = bi * kv.block_size;
-        if start >= len {
-            break;
+    let bs = kv.block_size;
+    let mut pos = positions.start;
+    while pos < positions.end {
+        let (block, slot) = (block_table[pos / bs] as usize, pos % bs);
+        let n = (bs - slot).min(positions.end - pos);
+        let base = (block * bs + slot) * stride + kv_head * kv.head_dim;
+        for i in 0..n {
+            f(base + i * stride);
         }
-        let n = kv.block_size.min(len - start);
-        let base = block as usize * kv.block_size * stride + kv_head * kv.head_dim;
-        for slot in 0..n {
-            f(base + slot * stride);
-        }
+        pos += n;
     }
 }
 
@@ -138,42 +172,45 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
-    /// Paged attention equals dense causal attention when the blocks are scattered.
-    #[test]
-    fn matches_dense_attention_through_a_scattered_block_table() {
-        let (kv_heads, n_heads, hd, bs, len) = (2, 4, 8, 4, 11);
+    const KV_HEADS: usize = 2;
+    const N_HEADS: usize = 4;
+    const HD: usize = 8;
+    const BS: usize = 4;
+    const LEN: usize = 11;
+
+    fn val(p: usize, h: usize, d: usize, s: f32) -> f32 {
+        ((p * 31 + h * 7 + d) as f32 * s).sin()
+    }
+
+    /// Runs paged attention over `LEN` tokens whose K/V sit in scattered blocks, and checks it
+    /// against dense attention over the positions each token may see.
+    fn check_against_dense(opts: AttentionOptions) {
         let num_blocks = 6;
         let blocks: Vec<u32> = vec![4, 1, 5]; // 11 positions need 3 blocks
-        let val = |p: usize, h: usize, d: usize, s: f32| ((p * 31 + h * 7 + d) as f32 * s).sin();
-        let mut k = vec![0f32; num_blocks * bs * kv_heads * hd];
+        let mut k = vec![0f32; num_blocks * BS * KV_HEADS * HD];
         let mut v = k.clone();
         // Offsets depend only on the layout, so an empty-data view computes them.
         let layout = PagedKv {
             k: &[],
             v: &[],
-            block_size: bs,
-            kv_heads,
-            head_dim: hd,
+            block_size: BS,
+            kv_heads: KV_HEADS,
+            head_dim: HD,
         };
-        let offs: Vec<Vec<usize>> = (0..len)
-            .map(|p| {
-                (0..kv_heads)
-                    .map(|h| layout.offset(&blocks, p, h))
-                    .collect()
-            })
-            .collect();
-        for p in 0..len {
-            for h in 0..kv_heads {
-                for d in 0..hd {
-                    k[offs[p][h] + d] = val(p, h, d, 0.37);
-                    v[offs[p][h] + d] = val(p, h, d, 0.11);
+        for p in 0..LEN {
+            for h in 0..KV_HEADS {
+                let off = layout.offset(&blocks, p, h);
+                for d in 0..HD {
+                    k[off + d] = val(p, h, d, 0.37);
+                    v[off + d] = val(p, h, d, 0.11);
                 }
             }
         }
-        let q: Vec<f32> = (0..len * n_heads * hd)
-            .map(|i| (i as f32 * 0.05).cos())
+        // Large enough that scores reach a few units, where a soft cap of 1-2 bends them.
+        let q: Vec<f32> = (0..LEN * N_HEADS * HD)
+            .map(|i| 3.0 * (i as f32 * 0.05).cos())
             .collect();
-        let toks: Vec<QueryToken<'_>> = (0..len)
+        let toks: Vec<QueryToken<'_>> = (0..LEN)
             .map(|pos| QueryToken {
                 block_table: &blocks,
                 pos,
@@ -183,27 +220,97 @@ mod tests {
         let cache = PagedKv {
             k: &k,
             v: &v,
-            block_size: bs,
-            kv_heads,
-            head_dim: hd,
+            block_size: BS,
+            kv_heads: KV_HEADS,
+            head_dim: HD,
         };
-        paged_attention(&q, &toks, n_heads, &cache, 0.3, &mut out);
-        for t in 0..len {
-            for h in 0..n_heads {
-                let kvh = h / 2;
-                let qh = &q[(t * n_heads + h) * hd..][..hd];
-                let s: Vec<f32> = (0..=t)
-                    .map(|p| (0..hd).map(|d| qh[d] * val(p, kvh, d, 0.37)).sum::<f32>() * 0.3)
+        paged_attention(&q, &toks, N_HEADS, &cache, opts, &mut out);
+        for t in 0..LEN {
+            let lo = opts.sliding_window.map_or(0, |w| (t + 1).saturating_sub(w));
+            for h in 0..N_HEADS {
+                let kvh = h / (N_HEADS / KV_HEADS);
+                let qh = &q[(t * N_HEADS + h) * HD..][..HD];
+                let s: Vec<f32> = (lo..=t)
+                    .map(|p| {
+                        let raw = (0..HD).map(|d| qh[d] * val(p, kvh, d, 0.37)).sum::<f32>();
+                        let scaled = raw * opts.scale;
+                        opts.soft_cap.map_or(scaled, |c| c * (scaled / c).tanh())
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f32 = e.iter().sum();
-                for d in 0..hd {
-                    let want: f32 = (0..=t).map(|p| e[p] / z * val(p, kvh, d, 0.11)).sum();
-                    let got = out[(t * n_heads + h) * hd + d];
-                    assert!((want - got).abs() < 1e-5, "t{t} h{h} d{d}: {want} vs {got}");
+                for d in 0..HD {
+                    let want: f32 = (lo..=t).map(|p| e[p - lo] / z * val(p, kvh, d, 0.11)).sum();
+                    let got = out[(t * N_HEADS + h) * HD + d];
+                    assert!(
+                        (want - got).abs() < 1e-5,
+                        "{opts:?} t{t} h{h} d{d}: {want} vs {got}"
+                    );
                 }
             }
         }
+    }
+
+    /// Paged attention equals dense causal attention when the blocks are scattered.
+    #[test]
+    fn matches_dense_attention_through_a_scattered_block_table() {
+        check_against_dense(AttentionOptions::causal(0.3));
+    }
+
+    /// Windows shorter than, equal to and longer than a block; 1 attends to the token itself.
+    #[test]
+    fn sliding_window_matches_dense_attention_over_the_window() {
+        for w in [1, 3, BS, 6, LEN, 100] {
+            check_against_dense(AttentionOptions {
+                sliding_window: Some(w),
+                ..AttentionOptions::causal(0.3)
+            });
+        }
+    }
+
+    #[test]
+    fn soft_capped_scores_match_dense_attention() {
+        let capped = AttentionOptions {
+            soft_cap: Some(1.5),
+            ..AttentionOptions::causal(0.3)
+        };
+        check_against_dense(capped);
+        check_against_dense(AttentionOptions {
+            sliding_window: Some(5),
+            ..capped
+        });
+    }
+
+    /// The cap changes the result (the test data reaches scores where tanh bends).
+    #[test]
+    fn soft_cap_is_active_on_the_test_data() {
+        let blocks = [0u32];
+        let k: Vec<f32> = (0..BS * HD).map(|i| (i as f32 * 0.7).sin()).collect();
+        let v: Vec<f32> = (0..BS * HD).map(|i| (i as f32 * 0.3).cos()).collect();
+        let cache = PagedKv {
+            k: &k,
+            v: &v,
+            block_size: BS,
+            kv_heads: 1,
+            head_dim: HD,
+        };
+        let q: Vec<f32> = k[3 * HD..].iter().map(|x| 4.0 * x).collect();
+        let toks = [QueryToken {
+            block_table: &blocks,
+            pos: 3,
+        }];
+        let run = |opts| {
+            let mut out = vec![0f32; HD];
+            paged_attention(&q, &toks, 1, &cache, opts, &mut out);
+            out
+        };
+        let plain = run(AttentionOptions::causal(1.0));
+        let capped = run(AttentionOptions {
+            soft_cap: Some(1.0),
+            ..AttentionOptions::causal(1.0)
+        });
+        let diff = plain.iter().zip(&capped).map(|(a, b)| (a - b).abs());
+        assert!(diff.fold(0f32, f32::max) > 0.05);
     }
 }

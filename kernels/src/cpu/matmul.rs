@@ -1,4 +1,5 @@
-//! `y = x · Wᵀ` with f32 activations and weights stored in any [`GgmlType`], read in place.
+//! `y = x · Wᵀ` with f32 activations and weights stored in any [`GgmlType`] (read in place) or
+//! a weight-only quantized [`WqMatrix`].
 //!
 //! Activations are never quantized: every product is accumulated in f32 from the exactly
 //! dequantized weight, so results match `dequantize` followed by an f32 dot product up to
@@ -8,6 +9,58 @@
 use rayon::prelude::*;
 
 use crate::quant::{GgmlType, Isa, QuantError, RowKernel};
+use crate::wq::WqMatrix;
+
+/// A weight matrix in any storage the matmul runs on.
+#[derive(Debug, Clone, Copy)]
+pub enum Weight<'a> {
+    /// GGUF block types and plain floats, in place.
+    Ggml(WeightView<'a>),
+    /// Weight-only quantized codes with group scales.
+    Wq(&'a WqMatrix),
+}
+
+impl Weight<'_> {
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        match self {
+            Weight::Ggml(w) => w.rows,
+            Weight::Wq(w) => w.rows(),
+        }
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        match self {
+            Weight::Ggml(w) => w.cols,
+            Weight::Wq(w) => w.cols(),
+        }
+    }
+}
+
+impl<'a> From<WeightView<'a>> for Weight<'a> {
+    fn from(w: WeightView<'a>) -> Self {
+        Weight::Ggml(w)
+    }
+}
+
+impl<'a> From<&WeightView<'a>> for Weight<'a> {
+    fn from(w: &WeightView<'a>) -> Self {
+        Weight::Ggml(*w)
+    }
+}
+
+impl<'a> From<&Weight<'a>> for Weight<'a> {
+    fn from(w: &Weight<'a>) -> Self {
+        *w
+    }
+}
+
+impl<'a> From<&'a WqMatrix> for Weight<'a> {
+    fn from(w: &'a WqMatrix) -> Self {
+        Weight::Wq(w)
+    }
+}
 
 /// A weight matrix viewed in place: `rows` rows of `cols` elements of type `ty`, rows
 /// contiguous (`ty.row_bytes(cols)` bytes each).
@@ -110,7 +163,7 @@ impl<'a> WeightView<'a> {
 ///
 /// # Panics
 /// If `x.len() != m * w.cols`, `out.len() != m * w.rows`, or `w`'s sizes are inconsistent.
-pub fn matmul(x: &[f32], m: usize, w: &WeightView<'_>, out: &mut [f32]) {
+pub fn matmul<'a>(x: &[f32], m: usize, w: impl Into<Weight<'a>>, out: &mut [f32]) {
     matmul_with(Isa::best(), x, m, w, out);
 }
 
@@ -118,8 +171,8 @@ pub fn matmul(x: &[f32], m: usize, w: &WeightView<'_>, out: &mut [f32]) {
 ///
 /// # Panics
 /// As [`matmul`].
-pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &WeightView<'_>, out: &mut [f32]) {
-    matmul_many_with(isa, x, m, std::slice::from_ref(w), &mut [out]);
+pub fn matmul_with<'a>(isa: Isa, x: &[f32], m: usize, w: impl Into<Weight<'a>>, out: &mut [f32]) {
+    matmul_many_with(isa, x, m, &[w.into()], &mut [out]);
 }
 
 /// Several weights sharing the same input (Q/K/V, gate/up) in one parallel pass, paying the
@@ -128,7 +181,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, w: &WeightView<'_>, out: &mut 
 /// # Panics
 /// If `ws.len() != outs.len()`, the weights do not all have `x.len() / m` columns, an output
 /// has the wrong length, or a weight's sizes are inconsistent.
-pub fn matmul_many(x: &[f32], m: usize, ws: &[WeightView<'_>], outs: &mut [&mut [f32]]) {
+pub fn matmul_many(x: &[f32], m: usize, ws: &[Weight<'_>], outs: &mut [&mut [f32]]) {
     matmul_many_with(Isa::best(), x, m, ws, outs);
 }
 
@@ -151,28 +204,24 @@ struct Task<'o> {
 ///
 /// # Panics
 /// As [`matmul_many`].
-pub fn matmul_many_with(
-    isa: Isa,
-    x: &[f32],
-    m: usize,
-    ws: &[WeightView<'_>],
-    outs: &mut [&mut [f32]],
-) {
+pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: &mut [&mut [f32]]) {
     assert_eq!(ws.len(), outs.len(), "one output per weight");
-    let Some(k) = ws.first().map(|w| w.cols) else {
+    let Some(k) = ws.first().map(Weight::cols) else {
         return;
     };
     assert_eq!(x.len(), m * k, "x must be [m, k] with k = {k}");
     for (w, o) in ws.iter().zip(outs.iter()) {
-        assert_eq!(w.cols, k, "all weights must have {k} columns");
-        w.assert_consistent();
-        assert_eq!(o.len(), m * w.rows, "output must be [m, {}]", w.rows);
+        assert_eq!(w.cols(), k, "all weights must have {k} columns");
+        if let Weight::Ggml(w) = w {
+            w.assert_consistent();
+        }
+        assert_eq!(o.len(), m * w.rows(), "output must be [m, {}]", w.rows());
     }
     if m == 0 {
         return;
     }
 
-    let total_rows: usize = ws.iter().map(|w| w.rows).sum();
+    let total_rows: usize = ws.iter().map(Weight::rows).sum();
     let macs = total_rows.saturating_mul(k).saturating_mul(m);
     let threads = rayon::current_num_threads().max(1);
     let chunk = if macs < SERIAL_MACS || threads == 1 {
@@ -192,11 +241,12 @@ pub fn matmul_many_with(
     // of its m output rows.
     let mut tasks = Vec::new();
     for (t, (w, o)) in ws.iter().zip(outs.iter_mut()).enumerate() {
-        if w.rows == 0 {
+        let rows = w.rows();
+        if rows == 0 {
             continue;
         }
-        let mut pieces: Vec<_> = o.chunks_mut(w.rows).map(|r| r.chunks_mut(chunk)).collect();
-        for c in 0..w.rows.div_ceil(chunk) {
+        let mut pieces: Vec<_> = o.chunks_mut(rows).map(|r| r.chunks_mut(chunk)).collect();
+        for c in 0..rows.div_ceil(chunk) {
             tasks.push(Task {
                 w: t,
                 r0: c * chunk,
@@ -205,14 +255,16 @@ pub fn matmul_many_with(
         }
     }
 
-    let run = |mut task: Task<'_>| {
-        let w = &ws[task.w];
-        let kern = RowKernel::new(isa, w.ty, k);
-        let mut scratch = vec![0f32; kern.scratch_len()];
-        let n = task.outs.first().map_or(0, |o| o.len());
-        let rb = w.row_bytes();
-        let rows = &w.bytes[task.r0 * rb..(task.r0 + n) * rb];
-        kern.run(rows, n, x, &mut task.outs, &mut scratch);
+    let run = |mut task: Task<'_>| match &ws[task.w] {
+        Weight::Ggml(w) => {
+            let kern = RowKernel::new(isa, w.ty, k);
+            let mut scratch = vec![0f32; kern.scratch_len()];
+            let n = task.outs.first().map_or(0, |o| o.len());
+            let rb = w.row_bytes();
+            let rows = &w.bytes[task.r0 * rb..(task.r0 + n) * rb];
+            kern.run(rows, n, x, &mut task.outs, &mut scratch);
+        }
+        Weight::Wq(w) => w.matmul_rows(isa, task.r0, x, &mut task.outs),
     };
     if tasks.len() == 1 || macs < SERIAL_MACS {
         tasks.into_iter().for_each(run);

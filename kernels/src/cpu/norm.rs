@@ -1,4 +1,5 @@
-//! RMSNorm and the element-wise ops around it.
+//! RMSNorm and the element-wise ops around it (residual adds, biases, gated activations, soft
+//! caps).
 
 /// `out = x / sqrt(mean(x²) + eps) * weight`, row by row (`x` is `[rows, weight.len()]`).
 ///
@@ -62,6 +63,36 @@ pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate = gelu_tanh(gate) * up`, the GeGLU activation of Gemma (HF `gelu_pytorch_tanh`):
+/// `gelu_tanh(x) = x/2 * (1 + tanh(sqrt(2/π) * (x + 0.044715 x³)))`, in the order PyTorch's CPU
+/// kernel computes it.
+pub fn gelu_tanh_mul_in_place(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "gelu_tanh_mul: length mismatch");
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const KAPPA: f32 = 0.044_715;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let cube = x * x * x;
+        let inner = SQRT_2_OVER_PI * (x + KAPPA * cube);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// `x = tanh(x / cap) * cap`: squashes values smoothly into `(-cap, cap)` (Gemma 2 caps its
+/// final logits this way; attention scores get the same cap inside
+/// [`super::attention::paged_attention`]). Divides rather than multiplying by `1 / cap`, as
+/// transformers does: once a value goes through tanh its last bit can tip a near-tie.
+pub fn soft_cap_in_place(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = soft_cap(*v, cap);
+    }
+}
+
+#[inline]
+pub(crate) fn soft_cap(v: f32, cap: f32) -> f32 {
+    (v / cap).tanh() * cap
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +123,37 @@ mod tests {
         assert_eq!(g[0], 0.0);
         assert!((g[1] - 2.0 * 0.731_058_6).abs() < 1e-6);
         assert!((g[2] + 2.0 * 0.268_941_4).abs() < 1e-6);
+    }
+
+    #[test]
+    fn gelu_tanh_mul_matches_pytorch() {
+        // torch.nn.functional.gelu(x, approximate="tanh") at these points.
+        let x = [0.0f32, 1.0, -1.0, 2.5, -3.0, 0.3];
+        let want = [
+            0.0f32,
+            0.841_192,
+            -0.158_808,
+            2.484_915_7,
+            -0.003_637_433,
+            0.185_370_94,
+        ];
+        let mut g = x;
+        gelu_tanh_mul_in_place(&mut g, &[1.0; 6]);
+        for (got, want) in g.iter().zip(want) {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        let mut g = x;
+        gelu_tanh_mul_in_place(&mut g, &[-2.0; 6]);
+        assert!((g[1] + 2.0 * 0.841_192).abs() < 1e-6);
+    }
+
+    #[test]
+    fn soft_cap_is_odd_near_identity_small_and_bounded() {
+        let mut x = [0.0f32, 0.01, -0.01, 3.0, -3.0, 1e6, -1e6];
+        soft_cap_in_place(&mut x, 3.0);
+        assert_eq!(x[0], 0.0);
+        assert!((x[1] - 0.01).abs() < 1e-7 && x[2] == -x[1]);
+        assert!((x[3] - 3.0 * 1f32.tanh()).abs() < 1e-6 && x[4] == -x[3]);
+        assert_eq!((x[5], x[6]), (3.0, -3.0));
     }
 }

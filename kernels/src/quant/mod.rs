@@ -16,7 +16,7 @@ use std::str::FromStr;
 #[allow(unsafe_code)]
 mod avx2;
 mod kernel;
-mod scalar;
+pub(crate) mod scalar;
 
 pub(crate) use kernel::RowKernel;
 pub use kernel::{Isa, vec_dot, vec_dot_with};

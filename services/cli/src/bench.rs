@@ -18,6 +18,8 @@ pub enum BenchCommand {
     Gateway(crate::bench_gateway::GatewayBenchArgs),
     /// Start-up phase times of fresh `ferrite serve` processes, from their exported spans.
     Startup(crate::bench_startup::StartupBenchArgs),
+    /// Perplexity on a text with the original weights and with each --quantize format.
+    Perplexity(crate::bench_perplexity::PerplexityArgs),
 }
 
 #[derive(Debug, Args)]
@@ -43,6 +45,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Decode(args) => decode(args),
         BenchCommand::Gateway(args) => crate::bench_gateway::run(args),
         BenchCommand::Startup(args) => crate::bench_startup::run(args),
+        BenchCommand::Perplexity(args) => crate::bench_perplexity::run(args),
     }
 }
 

@@ -3,8 +3,9 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use ferrite_engine::engine::{Engine, EngineConfig};
-use ferrite_engine::model::{self, LoadedModel};
+use ferrite_engine::model::{self, LoadOptions, LoadedModel};
 use ferrite_engine::registry;
+use ferrite_kernels::wq::WqFormat;
 
 /// Flags every command that runs a model takes.
 #[derive(Debug, Clone, Args)]
@@ -28,6 +29,11 @@ pub struct ModelArgs {
     /// Sequences running at once at most.
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
+    /// Quantize the layers' weights at load by round-to-nearest: rtn-w<bits>g<group> or
+    /// rtn-w<bits>pc (per-channel), bits 8, 4 or 2, groups 32, 64 or 128, optionally -sym
+    /// (no zero points) and -bf16 (bf16 scales). E.g. rtn-w4g128, rtn-w8pc-sym.
+    #[arg(long, value_parser = model::parse_quantize)]
+    pub quantize: Option<WqFormat>,
 }
 
 /// A number in (0, 1].
@@ -62,7 +68,10 @@ impl ModelArgs {
                 registry::cached_path(m).display()
             );
         })?;
-        model::load(&path).with_context(|| format!("loading {}", path.display()))
+        let options = LoadOptions {
+            quantize: self.quantize,
+        };
+        model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))
     }
 }
 

@@ -4,18 +4,22 @@
 //!
 //! - `generate`: one prompt through the engine, streamed to the terminal or printed as JSON.
 //! - `model`: list and pull the models ferrite knows by name.
+//! - `quantize`: a safetensors checkpoint to a GPTQ-format one by round-to-nearest.
 //! - `cluster`: `worker`, `gateway`, and `serve` (gateway + one worker pool in one process).
 //! - `bench`: measurements that print tables (`bench decode`: CPU decode throughput;
-//!   `bench gateway`: what the gateway adds; `bench startup`: start-up phases from spans).
+//!   `bench gateway`: what the gateway adds; `bench startup`: start-up phases from spans;
+//!   `bench perplexity`: quality of quantized weights on a text).
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
 mod bench_gateway;
+mod bench_perplexity;
 mod bench_startup;
 mod cluster;
 mod generate;
 mod loading;
 mod model_cmd;
+mod quantize;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -44,6 +48,8 @@ enum Command {
     Gateway(cluster::GatewayArgs),
     /// Generate a completion for one prompt.
     Generate(generate::GenerateArgs),
+    /// Quantize a Hugging Face safetensors checkpoint to a GPTQ-format one (RTN).
+    Quantize(quantize::QuantizeArgs),
     /// List or pull the models ferrite knows by name.
     #[command(subcommand)]
     Model(model_cmd::ModelCommand),
@@ -60,6 +66,7 @@ impl Command {
             Command::Worker(_) => "ferrite-worker",
             Command::Gateway(_) => "ferrite-gateway",
             Command::Generate(_) => "ferrite-generate",
+            Command::Quantize(_) => "ferrite-quantize",
             Command::Model(_) => "ferrite-model",
             Command::Bench(_) => "ferrite-bench",
         }
@@ -92,6 +99,7 @@ fn main() -> std::process::ExitCode {
         Command::Worker(args) => cluster::worker(args, &telemetry),
         Command::Gateway(args) => cluster::gateway(args, &telemetry),
         Command::Generate(args) => generate::run(args),
+        Command::Quantize(args) => quantize::run(args),
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
     };

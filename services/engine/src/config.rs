@@ -1,4 +1,5 @@
-//! The shape of a Llama-family model, read from GGUF metadata or a Hugging Face `config.json`.
+//! The shape of a model, read from GGUF metadata or a Hugging Face `config.json`: the Llama
+//! family, and Gemma 2 as a set of options on the same forward.
 
 use std::str::FromStr;
 
@@ -18,6 +19,10 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: RMSNorm on each head of Q and K.
     Qwen3,
+    /// Gemma 2: GeGLU, `1 + w` RMSNorm weights, norms after attention and MLP too, scaled
+    /// embeddings, soft-capped attention scores and logits, sliding-window attention on
+    /// alternate layers.
+    Gemma2,
 }
 
 impl FromStr for Architecture {
@@ -30,7 +35,35 @@ impl FromStr for Architecture {
             "mistral" | "MistralForCausalLM" => Architecture::Mistral,
             "qwen2" | "Qwen2ForCausalLM" => Architecture::Qwen2,
             "qwen3" | "Qwen3ForCausalLM" => Architecture::Qwen3,
+            "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
             other => return Err(EngineError::UnsupportedArchitecture(other.to_owned())),
+        })
+    }
+}
+
+/// The gated activation of the MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(x) = x * sigmoid(x)`.
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (HF `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl FromStr for Activation {
+    type Err = EngineError;
+
+    /// Accepts HF `hidden_act` / `hidden_activation` names.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "silu" | "swish" => Activation::Silu,
+            // Both are the tanh formula (`gelu_new` is transformers' own implementation of it).
+            "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
+            other => {
+                return Err(EngineError::BadConfig(format!(
+                    "activation `{other}` is not supported (supported: silu, gelu_pytorch_tanh)"
+                )));
+            }
         })
     }
 }
@@ -82,6 +115,25 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     pub qkv_bias: bool,
     pub qk_norm: bool,
+    pub activation: Activation,
+    /// Multiplies the token embeddings (Gemma: `sqrt(hidden_size)`; 1 otherwise).
+    pub embedding_scale: f32,
+    /// Added to every RMSNorm weight at load. Gemma's norm multiplies by `1 + w` and HF
+    /// checkpoints store `w`; llama.cpp's converter adds the 1 when it writes GGUF, so 0 there.
+    /// Folding it in once gives the same f32 product as adding it at every token.
+    pub norm_weight_offset: f32,
+    /// Gemma 2: an RMSNorm on the attention output and on the MLP output, each before its
+    /// residual add.
+    pub post_norms: bool,
+    /// Multiplies `q · k` (`1/sqrt(head_dim)`; Gemma 2: `query_pre_attn_scalar^-0.5`).
+    pub attention_scale: f32,
+    /// Gemma 2: attention scores become `tanh(s / cap) * cap` before the softmax.
+    pub attn_logit_softcap: Option<f32>,
+    /// Gemma 2: the output logits become `tanh(l / cap) * cap`.
+    pub final_logit_softcap: Option<f32>,
+    /// Per layer: how many of the most recent positions (the token's own included) its
+    /// attention sees; `None` for all of them. The KV cache still keeps every position.
+    pub attention_window: Vec<Option<usize>>,
 }
 
 impl ModelConfig {
@@ -115,6 +167,27 @@ impl ModelConfig {
             return bad(format!(
                 "bad head dim {} / rope dim {}",
                 self.head_dim, self.rope_dim
+            ));
+        }
+        let positive = |v: f32| v.is_finite() && v > 0.0;
+        if !positive(self.attention_scale) || !positive(self.embedding_scale) {
+            return bad(format!(
+                "attention scale {} and embedding scale {} must be positive",
+                self.attention_scale, self.embedding_scale
+            ));
+        }
+        let caps = [self.attn_logit_softcap, self.final_logit_softcap];
+        if caps.into_iter().flatten().any(|c| !positive(c)) || !self.norm_weight_offset.is_finite()
+        {
+            return bad("logit soft caps must be positive, the norm offset finite".into());
+        }
+        if self.attention_window.len() != self.num_layers
+            || self.attention_window.contains(&Some(0))
+        {
+            return bad(format!(
+                "{} attention windows (one per layer, each non-zero) for {} layers",
+                self.attention_window.len(),
+                self.num_layers
             ));
         }
         // Written to also refuse NaN.
@@ -170,18 +243,19 @@ impl ModelConfig {
             }
         };
         // llama.cpp's converter permutes Q/K of `llama` checkpoints for interleaved RoPE; Qwen
-        // checkpoints keep the HF layout and use NEOX.
+        // and Gemma checkpoints keep the HF layout and use NEOX.
         let rope_style = match architecture {
             Architecture::Llama | Architecture::Mistral => RopeStyle::Interleaved,
-            Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma2 => RopeStyle::Neox,
         };
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
-        ModelConfig {
+        let num_layers = req("block_count")?;
+        let mut cfg = ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
             intermediate_size: req("feed_forward_length")?,
-            num_layers: req("block_count")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -200,8 +274,44 @@ impl ModelConfig {
             tie_word_embeddings,
             qkv_bias: gguf.tensors.contains("blk.0.attn_q.bias"),
             qk_norm: gguf.tensors.contains("blk.0.attn_q_norm.weight"),
+            activation: Activation::Silu,
+            embedding_scale: 1.0,
+            norm_weight_offset: 0.0,
+            post_norms: false,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            attn_logit_softcap: None,
+            final_logit_softcap: None,
+            attention_window: vec![None; num_layers],
+        };
+        if architecture == Architecture::Gemma2 {
+            cfg.gemma2_from_gguf(gguf, &key);
         }
-        .validate()
+        cfg.validate()
+    }
+
+    /// Gemma 2 as llama.cpp reads it (`llm_arch` `gemma2`): its converter already added 1 to
+    /// the norm weights, and its defaults are those of the released models.
+    fn gemma2_from_gguf(&mut self, gguf: &GgufFile, key: &dyn Fn(&str) -> String) {
+        let float = |k: &str, default: f64| gguf.get_f64(&key(k)).unwrap_or(default) as f32;
+        self.activation = Activation::GeluTanh;
+        self.embedding_scale = (self.hidden_size as f64).sqrt() as f32;
+        self.post_norms = true;
+        // GGUF has no query_pre_attn_scalar: llama.cpp uses head_dim, except for the 46-layer
+        // 27B model, whose scalar is hidden_size / num_heads (144, not its head_dim of 128).
+        let scale_dim = if self.num_layers == 46 && self.num_heads > 0 {
+            self.hidden_size / self.num_heads
+        } else {
+            self.head_dim
+        };
+        self.attention_scale = 1.0 / (scale_dim as f32).sqrt();
+        self.attn_logit_softcap = Some(float("attn_logit_softcapping", 50.0));
+        self.final_logit_softcap = Some(float("final_logit_softcapping", 30.0));
+        let window = gguf
+            .get_u64(&key("attention.sliding_window"))
+            .map_or(4096, |v| v as usize);
+        self.attention_window = (0..self.num_layers)
+            .map(|i| gemma2_slides(i).then_some(window))
+            .collect();
     }
 
     /// From a Hugging Face `config.json` (transformers 4.x `rope_theta`/`rope_scaling` or 5.x
@@ -261,12 +371,31 @@ impl ModelConfig {
             }
         };
         let attention_bias = cfg.get("attention_bias").and_then(Value::as_bool);
-        ModelConfig {
+        let gemma2 = architecture == Architecture::Gemma2;
+        // Gemma 2 reads `hidden_activation` (its configs carry a `hidden_act` that transformers
+        // ignores); the others `hidden_act`.
+        let act_key = if gemma2 {
+            "hidden_activation"
+        } else {
+            "hidden_act"
+        };
+        let activation = match cfg.get(act_key) {
+            None | Some(Value::Null) if gemma2 => Activation::GeluTanh,
+            None | Some(Value::Null) => Activation::Silu,
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| {
+                    EngineError::BadConfig(format!("config.json: `{act_key}` {v} is not a name"))
+                })?
+                .parse()?,
+        };
+        let num_layers = req("num_hidden_layers")?;
+        let mut model = ModelConfig {
             architecture,
             vocab_size: req("vocab_size")?,
             hidden_size,
             intermediate_size: req("intermediate_size")?,
-            num_layers: req("num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -282,10 +411,210 @@ impl ModelConfig {
             tie_word_embeddings: cfg
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
-                .unwrap_or(false),
+                .unwrap_or(gemma2),
             qkv_bias: attention_bias.unwrap_or(architecture == Architecture::Qwen2),
             qk_norm: architecture == Architecture::Qwen3,
+            activation,
+            embedding_scale: 1.0,
+            norm_weight_offset: 0.0,
+            post_norms: false,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            attn_logit_softcap: None,
+            final_logit_softcap: None,
+            attention_window: vec![None; num_layers],
+        };
+        if gemma2 {
+            model.gemma2_from_hf(cfg)?;
         }
-        .validate()
+        model.validate()
+    }
+
+    /// Gemma 2 as transformers 5.x reads `config.json`; a missing key takes transformers'
+    /// default (`Gemma2Config`), a null soft cap turns the cap off.
+    fn gemma2_from_hf(&mut self, cfg: &Value) -> Result<()> {
+        let bad = |m: String| EngineError::BadConfig(format!("config.json: {m}"));
+        let number = |k: &str, default: f64| -> Result<Option<f64>> {
+            match cfg.get(k) {
+                None => Ok(Some(default)),
+                Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| bad(format!("`{k}` is not a number: {v}"))),
+            }
+        };
+        let flag = |k: &str| cfg.get(k).and_then(Value::as_bool) == Some(true);
+        if flag("attention_bias") {
+            // It would also put a bias on the output projection, which this forward lacks.
+            return Err(bad("Gemma 2 with `attention_bias` is not supported".into()));
+        }
+        if flag("use_bidirectional_attention") {
+            return Err(bad("bidirectional attention is not supported".into()));
+        }
+        self.qkv_bias = false;
+        self.embedding_scale = (self.hidden_size as f64).sqrt() as f32;
+        self.norm_weight_offset = 1.0;
+        self.post_norms = true;
+        let scalar = number("query_pre_attn_scalar", 256.0)?
+            .ok_or_else(|| bad("`query_pre_attn_scalar` is null".into()))?;
+        // transformers computes `scalar ** -0.5` in f64; PyTorch multiplies by it in f32.
+        self.attention_scale = scalar.powf(-0.5) as f32;
+        self.attn_logit_softcap = number("attn_logit_softcapping", 50.0)?.map(|c| c as f32);
+        self.final_logit_softcap = number("final_logit_softcapping", 30.0)?.map(|c| c as f32);
+        let sliding: Vec<bool> = match cfg.get("layer_types") {
+            None | Some(Value::Null) => (0..self.num_layers).map(gemma2_slides).collect(),
+            Some(Value::Array(types)) => types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(bad(format!(
+                        "layer type {t} is not supported (supported: sliding_attention, full_attention)"
+                    ))),
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => return Err(bad(format!("`layer_types` is not a list: {other}"))),
+        };
+        if sliding.len() != self.num_layers {
+            return Err(bad(format!(
+                "{} layer types for {} layers",
+                sliding.len(),
+                self.num_layers
+            )));
+        }
+        let window = match cfg.get("sliding_window") {
+            None => Some(4096),
+            Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .filter(|&w| w > 0)
+                    .ok_or_else(|| bad(format!("`sliding_window` {v} is not a positive integer")))?
+                    as usize,
+            ),
+        };
+        if window.is_none() && sliding.contains(&true) {
+            return Err(bad(
+                "sliding-window layers but `sliding_window` is null".into()
+            ));
+        }
+        self.attention_window = sliding.iter().map(|&s| window.filter(|_| s)).collect();
+        Ok(())
+    }
+}
+
+/// Whether Gemma 2's layer `i` slides when the config does not say: even layers do, odd ones
+/// see everything (transformers' default `layer_types`, llama.cpp's `set_swa_pattern(2)`).
+fn gemma2_slides(layer: usize) -> bool {
+    layer.is_multiple_of(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn gemma2(extra: Value) -> Result<ModelConfig> {
+        let mut cfg = json!({
+            "architectures": ["Gemma2ForCausalLM"],
+            "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "vocab_size": 256,
+        });
+        for (k, v) in extra.as_object().expect("object") {
+            cfg[k] = v.clone();
+        }
+        ModelConfig::from_hf_config(&cfg)
+    }
+
+    fn bad_config(r: Result<ModelConfig>, case: &Value) -> String {
+        match r {
+            Err(e @ EngineError::BadConfig(_)) => e.to_string(),
+            other => panic!("{case}: expected BadConfig, got {other:?}"),
+        }
+    }
+
+    /// A hub config without `layer_types` or optional keys gets transformers' defaults.
+    #[test]
+    fn gemma2_defaults_match_transformers() {
+        let c = gemma2(json!({})).expect("config");
+        assert_eq!(c.architecture, Architecture::Gemma2);
+        assert_eq!(c.activation, Activation::GeluTanh);
+        assert_eq!((c.norm_weight_offset, c.embedding_scale), (1.0, 8.0));
+        assert!(c.post_norms && c.tie_word_embeddings && !c.qkv_bias);
+        assert_eq!(c.attention_scale, 1.0 / 16.0); // query_pre_attn_scalar 256
+        assert_eq!(
+            (c.attn_logit_softcap, c.final_logit_softcap),
+            (Some(50.0), Some(30.0))
+        );
+        let w = Some(4096);
+        assert_eq!(c.attention_window, [w, None, w, None]);
+    }
+
+    #[test]
+    fn gemma2_reads_layer_types_window_scalar_and_null_caps() {
+        let c = gemma2(json!({
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                            "full_attention"],
+            "sliding_window": 8, "query_pre_attn_scalar": 144,
+            "attn_logit_softcapping": null, "final_logit_softcapping": 3.0,
+            "hidden_act": "this key is not the one Gemma 2 reads",
+        }))
+        .expect("config");
+        assert_eq!(c.attention_window, [None, Some(8), Some(8), None]);
+        assert_eq!(c.attention_scale, (144f64).powf(-0.5) as f32);
+        assert_eq!(
+            (c.attn_logit_softcap, c.final_logit_softcap),
+            (None, Some(3.0))
+        );
+    }
+
+    #[test]
+    fn gemma2_bad_fields_are_bad_config() {
+        let cases = [
+            json!({"layer_types": ["sliding_attention", "full_attention"]}),
+            json!({"layer_types": ["sliding_attention", "chunked_attention",
+                                   "sliding_attention", "full_attention"]}),
+            json!({"layer_types": "sliding_attention"}),
+            json!({"sliding_window": null}),
+            json!({"sliding_window": 0}),
+            json!({"sliding_window": -8}),
+            json!({"query_pre_attn_scalar": "256"}),
+            json!({"query_pre_attn_scalar": null}),
+            json!({"query_pre_attn_scalar": 0}),
+            json!({"attn_logit_softcapping": -50.0}),
+            json!({"final_logit_softcapping": 0.0}),
+            json!({"hidden_activation": "gelu"}),
+            json!({"hidden_activation": 7}),
+            json!({"attention_bias": true}),
+            json!({"use_bidirectional_attention": true}),
+        ];
+        for extra in cases {
+            bad_config(gemma2(extra.clone()), &extra);
+        }
+        // All full-attention layers need no window.
+        let full = json!({"sliding_window": null, "layer_types": vec!["full_attention"; 4]});
+        assert!(gemma2(full).is_ok());
+    }
+
+    /// The Llama family keeps its forward: SiLU, plain norms, no caps or windows.
+    #[test]
+    fn llama_options_and_activation() {
+        let llama = |act: Value| {
+            ModelConfig::from_hf_config(&json!({
+                "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "vocab_size": 256, "hidden_act": act,
+            }))
+        };
+        let c = llama(json!("silu")).expect("config");
+        assert_eq!(c.activation, Activation::Silu);
+        assert_eq!((c.norm_weight_offset, c.embedding_scale), (0.0, 1.0));
+        assert_eq!(c.attention_scale, 0.25);
+        assert!(!c.post_norms && c.attn_logit_softcap.is_none());
+        assert!(c.final_logit_softcap.is_none());
+        assert_eq!(c.attention_window, [None, None]);
+        let relu = json!("relu");
+        assert!(bad_config(llama(relu.clone()), &relu).contains("relu"));
     }
 }

@@ -1,6 +1,6 @@
 //! Every supported architecture against Hugging Face transformers, on tiny random-weight
 //! checkpoints made by `tests/fixtures/models/generate.py` (fp32 reference; the script also
-//! writes two of them as GGUF).
+//! writes three of them as GGUF).
 
 mod common;
 
@@ -47,6 +47,19 @@ fn check(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
                 d < LOGIT_TOLERANCE,
                 "{dir} {file:?}: per-position logits differ by {d}"
             );
+        }
+        if let Some(steps) = case.get("decode_logits") {
+            let steps = steps.as_array().expect("rows");
+            let greedy = ids(&case["greedy_token_ids"]);
+            let got = decode_logits(&loaded.model, &prompt, &greedy[..steps.len()]);
+            for (i, (got, want)) in got.iter().zip(steps).enumerate() {
+                let d = max_abs_diff(got, &floats(want));
+                assert!(
+                    d < LOGIT_TOLERANCE,
+                    "{dir} {file:?}: decode step {} logits differ by {d}",
+                    i + 1
+                );
+            }
         }
     }
     // Greedy continuations, all prompts batched together through the engine with a small
@@ -119,4 +132,18 @@ fn qwen2_gguf() {
 #[test]
 fn qwen3_qk_norm_explicit_head_dim() {
     check("qwen3", None, None);
+}
+
+/// GeGLU, `1 + w` norms, post-attention/MLP norms, scaled embeddings, query_pre_attn_scalar,
+/// attention and final soft caps, sliding window 8 on layers 0 and 2, tied embeddings.
+#[test]
+fn gemma2_safetensors() {
+    check("gemma2", None, None);
+}
+
+/// llama.cpp's Gemma 2 layout: F16 weights, norms stored as `1 + w`, softcaps and window in the
+/// metadata, attention scale from head_dim.
+#[test]
+fn gemma2_gguf() {
+    check("gemma2", Some("model.gguf"), Some("gguf"));
 }

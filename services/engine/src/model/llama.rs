@@ -1,20 +1,24 @@
-//! The Llama family (Llama 2/3/3.1, SmolLM2, Mistral, Qwen2/2.5, Qwen3): one layer struct with
-//! `load` and `forward`, weights borrowed in place from the checkpoint.
+//! The Llama family (Llama 2/3/3.1, SmolLM2, Mistral, Qwen2/2.5, Qwen3) and Gemma 2: one layer
+//! struct with `load` and `forward`, weights borrowed in place from the checkpoint. Gemma 2 is
+//! the same forward with the options of [`ModelConfig`] it sets (GeGLU, scaled embeddings, norms
+//! after attention and MLP, soft caps, sliding windows).
 //!
 //! A forward runs a batch of sequence chunks of different lengths (prefill chunks and single
 //! decode tokens mixed) as one flat `[tokens, hidden]` activation matrix, so every projection is
 //! one matmul over the whole batch; only attention looks at sequence boundaries, through each
 //! sequence's block table in the paged KV cache.
 
-use ferrite_kernels::cpu::attention::{QueryToken, paged_attention};
+use ferrite_kernels::cpu::attention::{AttentionOptions, QueryToken, paged_attention};
 use ferrite_kernels::cpu::matmul::{matmul, matmul_many};
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cpu::{
-    add_bias, add_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place,
+    add_bias, add_in_place, gelu_tanh_mul_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place,
+    soft_cap_in_place,
 };
-use ferrite_kernels::quant::dequantize;
 
-use crate::config::{ModelConfig, RopeScaling, RopeStyle};
+use ferrite_kernels::wq::WqFormat;
+
+use crate::config::{Activation, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
 use crate::weights::{Matrix, TensorMap};
@@ -53,6 +57,8 @@ struct Layer {
     qkv_bias: Option<[Vec<f32>; 3]>,
     qk_norm: Option<[Vec<f32>; 2]>,
     o: Matrix,
+    /// Gemma 2: the norms of the attention output and of the MLP output.
+    post_norms: Option<[Vec<f32>; 2]>,
     ffn_norm: Vec<f32>,
     gate: Matrix,
     up: Matrix,
@@ -67,6 +73,7 @@ impl Layer {
             t.matrix(&name)?.expect_shape(&name, rows, cols)
         };
         let vec = |gguf: &str, hf: &str, len| t.vector_of_len(&n.layer(i, gguf, hf), len);
+        let norm = |gguf: &str, hf: &str, len| vec(gguf, hf, len).map(|w| offset_norm(w, c));
         let qkv_bias = if c.qkv_bias {
             Some([
                 vec("attn_q.bias", "self_attn.q_proj.bias", q_dim)?,
@@ -78,21 +85,41 @@ impl Layer {
         };
         let qk_norm = if c.qk_norm {
             Some([
-                vec("attn_q_norm.weight", "self_attn.q_norm.weight", c.head_dim)?,
-                vec("attn_k_norm.weight", "self_attn.k_norm.weight", c.head_dim)?,
+                norm("attn_q_norm.weight", "self_attn.q_norm.weight", c.head_dim)?,
+                norm("attn_k_norm.weight", "self_attn.k_norm.weight", c.head_dim)?,
             ])
         } else {
             None
         };
+        // Gemma 2's HF `post_attention_layernorm` normalizes the attention output; Llama's is
+        // the norm before the MLP, which Gemma 2 calls `pre_feedforward_layernorm`.
+        let (ffn_norm_hf, post_norms) = if c.post_norms {
+            let post = [
+                norm(
+                    "post_attention_norm.weight",
+                    "post_attention_layernorm.weight",
+                    h,
+                )?,
+                norm(
+                    "post_ffw_norm.weight",
+                    "post_feedforward_layernorm.weight",
+                    h,
+                )?,
+            ];
+            ("pre_feedforward_layernorm.weight", Some(post))
+        } else {
+            ("post_attention_layernorm.weight", None)
+        };
         Ok(Layer {
-            attn_norm: vec("attn_norm.weight", "input_layernorm.weight", h)?,
+            attn_norm: norm("attn_norm.weight", "input_layernorm.weight", h)?,
             q: mat("attn_q.weight", "self_attn.q_proj.weight", q_dim, h)?,
             k: mat("attn_k.weight", "self_attn.k_proj.weight", kv_dim, h)?,
             v: mat("attn_v.weight", "self_attn.v_proj.weight", kv_dim, h)?,
             qkv_bias,
             qk_norm,
             o: mat("attn_output.weight", "self_attn.o_proj.weight", h, q_dim)?,
-            ffn_norm: vec("ffn_norm.weight", "post_attention_layernorm.weight", h)?,
+            post_norms,
+            ffn_norm: norm("ffn_norm.weight", ffn_norm_hf, h)?,
             gate: mat("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h)?,
             up: mat("ffn_up.weight", "mlp.up_proj.weight", ffn, h)?,
             down: mat("ffn_down.weight", "mlp.down_proj.weight", h, ffn)?,
@@ -152,6 +179,7 @@ impl LlamaModel {
             &n.global("output_norm.weight", "model.norm.weight"),
             cfg.hidden_size,
         )?;
+        let norm = offset_norm(norm, &cfg);
         // Llama 3.1 GGUF files carry the scaled frequencies as per-pair divisors.
         let freq_factors = if t.contains("rope_freqs.weight") {
             Some(t.vector_of_len("rope_freqs.weight", cfg.rope_dim / 2)?)
@@ -188,6 +216,39 @@ impl LlamaModel {
         per_layer + self.lm_head.bytes_len()
     }
 
+    /// Replaces every layer's projections with round-to-nearest quantized copies in `format`;
+    /// the embeddings and the LM head stay as they are (as in GPTQ checkpoints).
+    pub fn quantize_linear(&mut self, format: WqFormat) -> Result<()> {
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let named = [
+                ("q", &mut l.q),
+                ("k", &mut l.k),
+                ("v", &mut l.v),
+                ("o", &mut l.o),
+                ("gate", &mut l.gate),
+                ("up", &mut l.up),
+                ("down", &mut l.down),
+            ];
+            for (name, m) in named {
+                *m = m.quantize_rtn(&format!("layer {i} {name}"), format)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How the layers' projections are stored (`Q4_1`, `F16`, `w4g128`; mixed types joined).
+    pub fn linear_storage(&self) -> String {
+        let mut names: Vec<String> = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .map(Matrix::storage_name)
+            .collect();
+        names.sort();
+        names.dedup();
+        names.join("+")
+    }
+
     /// Runs `seqs` through the model, writing their keys and values into `kv`. Returns the
     /// logits each chunk asked for, in order, as rows of `vocab_size`.
     pub fn forward(&self, seqs: &[SeqChunk<'_>], kv: &mut KvCache) -> Result<Vec<f32>> {
@@ -213,6 +274,9 @@ impl LlamaModel {
             .zip(seqs.iter().flat_map(|s| s.tokens))
         {
             self.embed_row(id, row)?;
+            if c.embedding_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= c.embedding_scale);
+            }
         }
         let query_tokens: Vec<QueryToken<'_>> = positions
             .iter()
@@ -222,7 +286,6 @@ impl LlamaModel {
                 pos,
             })
             .collect();
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let mut xn = vec![0f32; n_tok * h];
         let mut q = vec![0f32; n_tok * q_dim];
         let mut k = vec![0f32; n_tok * kv_dim];
@@ -259,15 +322,23 @@ impl LlamaModel {
                     &v[t * kv_dim..(t + 1) * kv_dim],
                 );
             }
+            let attention = AttentionOptions {
+                scale: c.attention_scale,
+                soft_cap: c.attn_logit_softcap,
+                sliding_window: c.attention_window[li],
+            };
             paged_attention(
                 &q,
                 &query_tokens,
                 c.num_heads,
                 &kv.layer(li),
-                scale,
+                attention,
                 &mut attn,
             );
-            matmul(&attn, n_tok, &layer.o.view(), &mut proj);
+            matmul(&attn, n_tok, layer.o.view(), &mut proj);
+            if let Some([post_attn, _]) = &layer.post_norms {
+                rms_norm_in_place(&mut proj, post_attn, c.rms_norm_eps);
+            }
             add_in_place(&mut x, &proj);
             rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut xn);
             matmul_many(
@@ -276,8 +347,14 @@ impl LlamaModel {
                 &[layer.gate.view(), layer.up.view()],
                 &mut [&mut gate, &mut up],
             );
-            silu_mul_in_place(&mut gate, &up);
-            matmul(&gate, n_tok, &layer.down.view(), &mut proj);
+            match c.activation {
+                Activation::Silu => silu_mul_in_place(&mut gate, &up),
+                Activation::GeluTanh => gelu_tanh_mul_in_place(&mut gate, &up),
+            }
+            matmul(&gate, n_tok, layer.down.view(), &mut proj);
+            if let Some([_, post_ffn]) = &layer.post_norms {
+                rms_norm_in_place(&mut proj, post_ffn, c.rms_norm_eps);
+            }
             add_in_place(&mut x, &proj);
         }
         // Only the rows someone asked for go through the final norm and the LM head.
@@ -300,22 +377,34 @@ impl LlamaModel {
         rms_norm(&picked, &self.norm, c.rms_norm_eps, &mut normed);
         let mut logits = vec![0f32; n_out * c.vocab_size];
         if n_out > 0 {
-            matmul(&normed, n_out, &self.lm_head.view(), &mut logits);
+            matmul(&normed, n_out, self.lm_head.view(), &mut logits);
+        }
+        if let Some(cap) = c.final_logit_softcap {
+            soft_cap_in_place(&mut logits, cap);
         }
         Ok(logits)
     }
 
     fn embed_row(&self, id: u32, out: &mut [f32]) -> Result<()> {
-        let view = self.embed.view();
-        if id as usize >= view.rows {
+        if id as usize >= self.embed.rows {
             return Err(EngineError::InvalidRequest(format!(
                 "token id {id} is outside the vocabulary (size {})",
-                view.rows
+                self.embed.rows
             )));
         }
-        dequantize(view.ty, view.row(id as usize), out)?;
+        self.embed.dequantize_row(id as usize, out);
         Ok(())
     }
+}
+
+/// `w + cfg.norm_weight_offset`: Gemma's `x * (1 + w)` RMSNorm as a plain `x * w'` one.
+fn offset_norm(mut w: Vec<f32>, cfg: &ModelConfig) -> Vec<f32> {
+    if cfg.norm_weight_offset != 0.0 {
+        for v in &mut w {
+            *v += cfg.norm_weight_offset;
+        }
+    }
+    w
 }
 
 /// The rotary embedding of `cfg`, with Llama 3.1 / linear scaling folded into the frequencies.

@@ -6,6 +6,7 @@ pub mod llama;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use ferrite_kernels::wq::WqFormat;
 use ferrite_text::{GgufVocab, Tokenizer};
 use tracing::field::Empty;
 
@@ -13,6 +14,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::weights::TensorMap;
 use crate::weights::gguf::{GgufFile, GgufValue};
+use crate::weights::gptq::GptqConfig;
 use crate::weights::safetensors;
 pub use llama::{LlamaModel, LogitsWanted, SeqChunk, WeightNaming};
 
@@ -37,8 +39,28 @@ pub struct LoadedModel {
     pub load_seconds: f64,
 }
 
+/// What to do to a model while loading it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Quantize the layers' projections by round-to-nearest to this format (`--quantize`).
+    pub quantize: Option<WqFormat>,
+}
+
+/// Parses a `--quantize` value: `rtn-` and a weight format (`rtn-w4g128`, `rtn-w8pc-sym`).
+pub fn parse_quantize(s: &str) -> std::result::Result<WqFormat, String> {
+    let format = s
+        .strip_prefix("rtn-")
+        .ok_or_else(|| format!("`{s}`: the method must be rtn (e.g. rtn-w4g128)"))?;
+    format.parse().map_err(|e| format!("{e}"))
+}
+
 /// Loads a `.gguf` file or a Hugging Face model directory.
 pub fn load(path: &Path) -> Result<LoadedModel> {
+    load_with(path, LoadOptions::default())
+}
+
+/// [`load`], then what `options` ask for.
+pub fn load_with(path: &Path, options: LoadOptions) -> Result<LoadedModel> {
     let start = Instant::now();
     let io_err = |source| EngineError::Io {
         path: path.to_owned(),
@@ -46,9 +68,9 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
     };
     let meta = std::fs::metadata(path).map_err(io_err)?;
     let (model, tokenizer, format, bytes) = if meta.is_dir() {
-        load_hf_dir(path)?
+        load_hf_dir(path, options)?
     } else {
-        load_gguf(path)?
+        load_gguf(path, options)?
     };
     Ok(LoadedModel {
         model,
@@ -97,15 +119,34 @@ fn load_weights(tensors: &TensorMap, format: &'static str) -> usize {
 }
 
 /// The `model_init` phase: the model built over the loaded tensors.
-fn model_init(tensors: &TensorMap, naming: WeightNaming, cfg: ModelConfig) -> Result<LlamaModel> {
-    let _span = tracing::info_span!(target: STARTUP_TARGET, "model_init",
+/// Quantizing at load (`--quantize`) happens here too.
+fn model_init(
+    tensors: &TensorMap,
+    naming: WeightNaming,
+    cfg: ModelConfig,
+    options: LoadOptions,
+) -> Result<LlamaModel> {
+    let span = tracing::info_span!(target: STARTUP_TARGET, "model_init",
         num_layers = cfg.num_layers as i64, num_heads = cfg.num_heads as i64,
-        num_kv_heads = cfg.num_kv_heads as i64, head_dim = cfg.head_dim as i64)
-    .entered();
-    LlamaModel::load(tensors, naming, cfg)
+        num_kv_heads = cfg.num_kv_heads as i64, head_dim = cfg.head_dim as i64,
+        quantize = Empty, weights = Empty);
+    let _entered = span.enter();
+    let mut model = LlamaModel::load(tensors, naming, cfg)?;
+    if let Some(format) = options.quantize {
+        span.record(
+            "quantize",
+            tracing::field::display(format_args!("rtn-{format}")),
+        );
+        model.quantize_linear(format)?;
+    }
+    span.record("weights", tracing::field::display(model.linear_storage()));
+    Ok(model)
 }
 
-fn load_gguf(path: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
+fn load_gguf(
+    path: &Path,
+    options: LoadOptions,
+) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
     let (gguf, cfg) = {
         let span = config_span(path, "gguf");
         let _entered = span.enter();
@@ -120,7 +161,7 @@ fn load_gguf(path: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat
         Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?
     };
     let bytes = load_weights(&gguf.tensors, "gguf");
-    let model = model_init(&gguf.tensors, WeightNaming::Gguf, cfg)?;
+    let model = model_init(&gguf.tensors, WeightNaming::Gguf, cfg, options)?;
     Ok((model, Some(tokenizer), WeightFormat::Gguf, bytes))
 }
 
@@ -166,7 +207,10 @@ fn gguf_vocab(g: &GgufFile) -> Result<GgufVocab> {
     })
 }
 
-fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
+fn load_hf_dir(
+    dir: &Path,
+    options: LoadOptions,
+) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
     let read = |name: &str| {
         let p = dir.join(name);
         std::fs::read(&p).map_err(|source| EngineError::Io { path: p, source })
@@ -177,7 +221,10 @@ fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightForma
         let cfg_json: serde_json::Value = serde_json::from_slice(&read("config.json")?)
             .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
         let cfg = ModelConfig::from_hf_config(&cfg_json)?;
-        let tensors = safetensors::open_dir(dir)?;
+        let mut tensors = safetensors::open_dir(dir)?;
+        if let Some(gptq) = GptqConfig::from_hf_config(&cfg_json)? {
+            tensors.set_gptq(gptq);
+        }
         record_config(&span, &cfg);
         (cfg, tensors)
     };
@@ -200,6 +247,6 @@ fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, Option<Tokenizer>, WeightForma
     };
     drop(tokenizer_span);
     let bytes = load_weights(&tensors, "safetensors");
-    let model = model_init(&tensors, WeightNaming::HuggingFace, cfg)?;
+    let model = model_init(&tensors, WeightNaming::HuggingFace, cfg, options)?;
     Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
 }

@@ -5,16 +5,20 @@
 //! straight from the map.
 
 pub mod gguf;
+pub mod gptq;
 pub mod safetensors;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferrite_kernels::cpu::matmul::WeightView;
+use ferrite_kernels::cpu::matmul::{Weight, WeightView};
 use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::wq::{WqFormat, WqMatrix, quantize_rtn};
+use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
+use gptq::GptqConfig;
 
 /// Where one tensor's bytes are.
 #[derive(Debug, Clone)]
@@ -27,11 +31,24 @@ pub struct TensorEntry {
     pub end: usize,
 }
 
+/// Where one little-endian i32 tensor's bytes are (packed codes of a quantized checkpoint).
+#[derive(Debug, Clone)]
+pub struct IntTensor {
+    pub shape: Vec<usize>,
+    pub file: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
 /// Tensors of a checkpoint, by name, over one or more mapped files.
 #[derive(Debug)]
 pub struct TensorMap {
     files: Vec<Arc<MappedFile>>,
     entries: HashMap<String, TensorEntry>,
+    ints: HashMap<String, IntTensor>,
+    /// Set for GPTQ checkpoints: their linear layers are `<stem>.qweight` and friends, and
+    /// [`Self::matrix`] converts them on request of `<stem>.weight`.
+    gptq: Option<GptqConfig>,
 }
 
 impl TensorMap {
@@ -39,6 +56,8 @@ impl TensorMap {
         Self {
             files,
             entries: HashMap::new(),
+            ints: HashMap::new(),
+            gptq: None,
         }
     }
 
@@ -46,8 +65,59 @@ impl TensorMap {
         self.entries.insert(name, entry);
     }
 
+    pub fn insert_i32(&mut self, name: String, entry: IntTensor) {
+        self.ints.insert(name, entry);
+    }
+
+    /// Marks the checkpoint as GPTQ-quantized (from config.json's `quantization_config`).
+    pub fn set_gptq(&mut self, cfg: GptqConfig) {
+        self.gptq = Some(cfg);
+    }
+
+    pub fn gptq(&self) -> Option<&GptqConfig> {
+        self.gptq.as_ref()
+    }
+
+    /// Whether a tensor (or, in a GPTQ checkpoint, a quantized linear layer) has this name.
     pub fn contains(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
+        self.entries.contains_key(name) || self.gptq_stem(name).is_some()
+    }
+
+    /// The names of the float tensors, then of the integer ones.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries
+            .keys()
+            .chain(self.ints.keys())
+            .map(String::as_str)
+    }
+
+    /// A float tensor's stored bytes.
+    pub fn bytes(&self, name: &str) -> Option<&[u8]> {
+        let e = self.entries.get(name)?;
+        Some(&self.files[e.file].bytes()[e.start..e.end])
+    }
+
+    /// An i32 tensor's shape and values.
+    pub fn i32_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<i32>)> {
+        let e = self
+            .ints
+            .get(name)
+            .ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+        let bytes = &self.files[e.file].bytes()[e.start..e.end];
+        let values = bytes
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Ok((e.shape.clone(), values))
+    }
+
+    /// For `<stem>.weight` in a GPTQ checkpoint whose `<stem>.qweight` exists: the stem.
+    fn gptq_stem<'n>(&self, name: &'n str) -> Option<&'n str> {
+        self.gptq.as_ref()?;
+        let stem = name.strip_suffix(".weight")?;
+        self.ints
+            .contains_key(&format!("{stem}.qweight"))
+            .then_some(stem)
     }
 
     pub fn entry(&self, name: &str) -> Option<&TensorEntry> {
@@ -55,11 +125,11 @@ impl TensorMap {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.ints.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// Reads every mapped file into memory (see [`MappedFile::load_pages`]); returns the bytes.
@@ -69,11 +139,20 @@ impl TensorMap {
 
     /// Total bytes of tensor data.
     pub fn total_bytes(&self) -> usize {
-        self.entries.values().map(|e| e.end - e.start).sum()
+        let ints: usize = self.ints.values().map(|e| e.end - e.start).sum();
+        ints + self
+            .entries
+            .values()
+            .map(|e| e.end - e.start)
+            .sum::<usize>()
     }
 
-    /// A 2-D tensor as a matrix kept in place in the map.
+    /// A 2-D tensor as a matrix kept in place in the map (or, for a GPTQ layer, converted to
+    /// the weight-only quantized layout).
     pub fn matrix(&self, name: &str) -> Result<Matrix> {
+        if let (Some(stem), Some(cfg)) = (self.gptq_stem(name), &self.gptq) {
+            return gptq::load_linear(self, stem, cfg).map(Matrix::from_wq);
+        }
         let e = self
             .entries
             .get(name)
@@ -87,20 +166,24 @@ impl TensorMap {
                 });
             }
         };
-        let m = Matrix {
-            ty: e.ty,
+        // Validate once here so `view()` cannot fail later.
+        let file = self.files[e.file].clone();
+        WeightView::new(e.ty, rows, cols, &file.bytes()[e.start..e.end]).map_err(|err| {
+            EngineError::BadTensor {
+                name: name.to_owned(),
+                reason: err.to_string(),
+            }
+        })?;
+        Ok(Matrix {
             rows,
             cols,
-            file: self.files[e.file].clone(),
-            start: e.start,
-            end: e.end,
-        };
-        // Validate once here so `view()` cannot fail later.
-        m.try_view().map_err(|err| EngineError::BadTensor {
-            name: name.to_owned(),
-            reason: err.to_string(),
-        })?;
-        Ok(m)
+            storage: Storage::Mapped {
+                ty: e.ty,
+                file,
+                start: e.start,
+                end: e.end,
+            },
+        })
     }
 
     /// A tensor of any shape, dequantized to f32 (norm weights, biases: small tensors).
@@ -134,40 +217,101 @@ impl TensorMap {
     }
 }
 
-/// A weight matrix `[rows, cols]` whose bytes live in a mapped file.
+/// A weight matrix `[rows, cols]`: bytes in place in a mapped file, or weight-only quantized
+/// codes (converted from a GPTQ checkpoint, or quantized at load).
 #[derive(Debug, Clone)]
 pub struct Matrix {
-    pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    file: Arc<MappedFile>,
-    start: usize,
-    end: usize,
+    storage: Storage,
+}
+
+#[derive(Debug, Clone)]
+enum Storage {
+    Mapped {
+        ty: GgmlType,
+        file: Arc<MappedFile>,
+        start: usize,
+        end: usize,
+    },
+    Quantized(Arc<WqMatrix>),
 }
 
 impl Matrix {
-    fn try_view(&self) -> Result<WeightView<'_>, ferrite_kernels::quant::QuantError> {
-        WeightView::new(
-            self.ty,
-            self.rows,
-            self.cols,
-            &self.file.bytes()[self.start..self.end],
-        )
-    }
-
-    /// The matrix as the kernels see it. Checked at construction, so this cannot fail.
-    pub fn view(&self) -> WeightView<'_> {
-        let bytes = &self.file.bytes()[self.start..self.end];
-        WeightView {
-            ty: self.ty,
-            rows: self.rows,
-            cols: self.cols,
-            bytes,
+    pub fn from_wq(w: WqMatrix) -> Self {
+        Self {
+            rows: w.rows(),
+            cols: w.cols(),
+            storage: Storage::Quantized(Arc::new(w)),
         }
     }
 
+    /// The matrix as the kernels see it. Checked at construction, so this cannot fail.
+    pub fn view(&self) -> Weight<'_> {
+        match &self.storage {
+            Storage::Mapped {
+                ty,
+                file,
+                start,
+                end,
+            } => Weight::Ggml(WeightView {
+                ty: *ty,
+                rows: self.rows,
+                cols: self.cols,
+                bytes: &file.bytes()[*start..*end],
+            }),
+            Storage::Quantized(w) => Weight::Wq(w),
+        }
+    }
+
+    /// How the matrix is stored: a GGUF type name (`F16`, `Q4_K`) or a weight format (`w4g128`).
+    pub fn storage_name(&self) -> String {
+        match &self.storage {
+            Storage::Mapped { ty, .. } => ty.to_string(),
+            Storage::Quantized(w) => w.format().to_string(),
+        }
+    }
+
+    /// Row `i` as f32.
+    ///
+    /// # Panics
+    /// If `i >= rows` or `out.len() != cols`.
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) {
+        match self.view() {
+            Weight::Ggml(v) => {
+                // The view was validated at construction, so the row has the right bytes.
+                let _ = ferrite_kernels::quant::dequantize(v.ty, v.row(i), out);
+            }
+            Weight::Wq(w) => w.dequantize_row(i, out),
+        }
+    }
+
+    /// The whole matrix as f32, row-major.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut w = vec![0f32; self.rows * self.cols];
+        w.par_chunks_mut(self.cols.max(1))
+            .enumerate()
+            .for_each(|(i, row)| self.dequantize_row(i, row));
+        w
+    }
+
+    /// This matrix quantized to `format` by round-to-nearest (rows dequantized to f32 first).
+    pub fn quantize_rtn(&self, name: &str, format: WqFormat) -> Result<Self> {
+        let q = quantize_rtn(&self.to_f32(), self.rows, self.cols, format).map_err(|e| {
+            EngineError::BadTensor {
+                name: name.to_owned(),
+                reason: format!("cannot quantize to {format}: {e}"),
+            }
+        })?;
+        Ok(Self::from_wq(q))
+    }
+
+    /// Stored bytes (what a forward reads).
     pub fn bytes_len(&self) -> usize {
-        self.end - self.start
+        match &self.storage {
+            Storage::Mapped { start, end, .. } => end - start,
+            Storage::Quantized(w) => w.bytes_len(),
+        }
     }
 
     /// Checks the shape is `[rows, cols]`.

@@ -11,7 +11,7 @@ use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
 use serde::Deserialize;
 
-use super::{TensorEntry, TensorMap};
+use super::{IntTensor, TensorEntry, TensorMap};
 use crate::error::{EngineError, Result};
 
 #[derive(Deserialize)]
@@ -102,13 +102,15 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
         }
         let entry: HeaderEntry = serde_json::from_value(value)
             .map_err(|e| bad(format!("tensor `{name}`: bad header entry: {e}")))?;
+        // Integer tensors are the packed codes of quantized checkpoints (GPTQ).
         let ty = match entry.dtype.as_str() {
-            "F32" => GgmlType::F32,
-            "F16" => GgmlType::F16,
-            "BF16" => GgmlType::BF16,
+            "F32" => Some(GgmlType::F32),
+            "F16" => Some(GgmlType::F16),
+            "BF16" => Some(GgmlType::BF16),
+            "I32" => None,
             other => {
                 return Err(EngineError::UnsupportedTensorType(format!(
-                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16)",
+                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32)",
                     path.display()
                 )));
             }
@@ -119,23 +121,35 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| bad(format!("tensor `{name}` is impossibly large")))?;
-        let want = elems.checked_mul(ty.block_bytes());
+        let want = elems.checked_mul(ty.map_or(4, GgmlType::block_bytes));
         if start > end || end > data_len || want != Some(end - start) {
             return Err(bad(format!(
                 "tensor `{name}`: offsets [{start}, {end}] do not fit its shape {:?} {} or the file's {data_len} data bytes",
                 entry.shape, entry.dtype
             )));
         }
-        map.insert(
-            name,
-            TensorEntry {
-                ty,
-                shape: entry.shape,
-                file: file_index,
-                start: data_start + start,
-                end: data_start + end,
-            },
-        );
+        let (start, end) = (data_start + start, data_start + end);
+        match ty {
+            Some(ty) => map.insert(
+                name,
+                TensorEntry {
+                    ty,
+                    shape: entry.shape,
+                    file: file_index,
+                    start,
+                    end,
+                },
+            ),
+            None => map.insert_i32(
+                name,
+                IntTensor {
+                    shape: entry.shape,
+                    file: file_index,
+                    start,
+                    end,
+                },
+            ),
+        }
     }
     Ok(())
 }

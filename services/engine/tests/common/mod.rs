@@ -56,6 +56,43 @@ pub fn prefill_logits(model: &LlamaModel, tokens: &[u32], wanted: LogitsWanted) 
     model.forward(&[chunk], &mut kv).expect("forward")
 }
 
+/// Prefills `prompt`, then feeds `fed` one token per forward (decode steps over the cache), and
+/// returns the next-token logits of each of those steps.
+pub fn decode_logits(model: &LlamaModel, prompt: &[u32], fed: &[u32]) -> Vec<Vec<f32>> {
+    let c = model.config();
+    let block_size = 4; // small, so the steps cross block boundaries
+    let n_blocks = blocks_for(prompt.len() + fed.len(), block_size);
+    let mut kv = KvCache::new(
+        c.num_layers,
+        n_blocks,
+        block_size,
+        c.num_kv_heads,
+        c.head_dim,
+    );
+    let mut pool = KvBlockPool::new(n_blocks as u32);
+    let mut table = BlockTable::default();
+    assert!(pool.allocate_into(n_blocks, &mut table));
+    let prefill = SeqChunk {
+        tokens: prompt,
+        start_pos: 0,
+        block_table: table.blocks(),
+        logits: LogitsWanted::None,
+    };
+    model.forward(&[prefill], &mut kv).expect("prefill");
+    fed.iter()
+        .enumerate()
+        .map(|(i, tok)| {
+            let step = SeqChunk {
+                tokens: std::slice::from_ref(tok),
+                start_pos: prompt.len() + i,
+                block_table: table.blocks(),
+                logits: LogitsWanted::Last,
+            };
+            model.forward(&[step], &mut kv).expect("decode step")
+        })
+        .collect()
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter()

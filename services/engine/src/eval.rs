@@ -1,0 +1,92 @@
+//! Perplexity of a model on a text, the quality check for quantized weights.
+//!
+//! The method of llama.cpp's `perplexity` tool: the tokens are cut into independent chunks of
+//! `ctx` tokens; each chunk runs as one prefill, and only the second half of its positions is
+//! scored, so every scored token sees at least `ctx / 2` tokens of context. Perplexity is
+//! `exp(mean negative log-likelihood)` over the scored tokens.
+
+use crate::error::{EngineError, Result};
+use crate::kv_cache::{BlockTable, KvBlockPool, KvCache};
+use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
+
+/// The result of [`perplexity`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Perplexity {
+    pub ppl: f64,
+    /// Mean negative log-likelihood per scored token (nats).
+    pub mean_nll: f64,
+    pub scored_tokens: usize,
+    pub chunks: usize,
+}
+
+/// `-log softmax(logits)[target]`, in f64.
+pub fn token_nll(logits: &[f32], target: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    max + sum.ln() - logits[target as usize] as f64
+}
+
+/// Perplexity of `model` over `tokens` in chunks of `ctx` (at most `max_chunks` of them).
+pub fn perplexity(
+    model: &LlamaModel,
+    tokens: &[u32],
+    ctx: usize,
+    max_chunks: Option<usize>,
+) -> Result<Perplexity> {
+    let c = model.config();
+    if ctx < 4 || ctx > c.max_position_embeddings {
+        return Err(EngineError::InvalidRequest(format!(
+            "context {ctx} must be in 4..={}",
+            c.max_position_embeddings
+        )));
+    }
+    let chunks = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
+    if chunks == 0 {
+        return Err(EngineError::InvalidRequest(format!(
+            "the text has {} tokens, fewer than one chunk of {ctx}",
+            tokens.len()
+        )));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        return Err(EngineError::InvalidRequest(format!(
+            "token id {bad} is outside the vocabulary (size {})",
+            c.vocab_size
+        )));
+    }
+    let block_size = 16;
+    let n_blocks = ctx.div_ceil(block_size);
+    let mut kv = KvCache::new(
+        c.num_layers,
+        n_blocks,
+        block_size,
+        c.num_kv_heads,
+        c.head_dim,
+    );
+    let mut pool = KvBlockPool::new(n_blocks as u32);
+    let mut table = BlockTable::default();
+    if !pool.allocate_into(n_blocks, &mut table) {
+        return Err(EngineError::DoesNotFit(format!("{n_blocks} KV blocks")));
+    }
+    let (mut nll, mut scored) = (0f64, 0usize);
+    for chunk in tokens.chunks_exact(ctx).take(chunks) {
+        let seq = SeqChunk {
+            tokens: chunk,
+            start_pos: 0,
+            block_table: table.blocks(),
+            logits: LogitsWanted::All,
+        };
+        let logits = model.forward(&[seq], &mut kv)?;
+        let vocab = c.vocab_size;
+        for pos in ctx / 2..ctx - 1 {
+            nll += token_nll(&logits[pos * vocab..(pos + 1) * vocab], chunk[pos + 1]);
+            scored += 1;
+        }
+    }
+    let mean_nll = nll / scored as f64;
+    Ok(Perplexity {
+        ppl: mean_nll.exp(),
+        mean_nll,
+        scored_tokens: scored,
+        chunks,
+    })
+}
