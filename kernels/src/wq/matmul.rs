@@ -2,11 +2,12 @@
 //!
 //! Per group, `Σ s (q - z) x = s (Σ q x - z Σ x)`: the codes are widened to f32 once per group
 //! and shared by every activation row, and `Σ x` per group is computed once per call, so the
-//! zero point costs one multiply-add per group rather than one per element.
+//! zero point costs one multiply-add per group rather than one per element. The dot products
+//! run in tiles of 4 weight rows × 2 activation rows, so each vector load feeds two or four
+//! multiply-adds.
 
 use super::{Bits, WqMatrix};
 use crate::quant::Isa;
-use crate::quant::scalar::dot_f32;
 
 /// Activation rows that share one widening of a weight group: 8 rows of `x` stay in cache
 /// while the task's weight rows stream past them.
@@ -67,31 +68,107 @@ fn rows(w: &WqMatrix, r0: usize, n: usize, x: &[f32], outs: &mut [&mut [f32]]) {
         .chunks_exact(k)
         .flat_map(|xi| xi.chunks(g).map(|c| c.iter().sum::<f32>()))
         .collect();
-    let mut codes = vec![0f32; g];
-    let mut acc = [0f32; M_TILE];
+    // One group of ROWS weight rows, widened to f32.
+    let mut wbuf = vec![0f32; ROWS * g];
+    let mut totals = [[0f32; ROWS]; M_TILE];
     for (t, outs) in outs.chunks_mut(M_TILE).enumerate() {
         let i0 = t * M_TILE;
-        for j in 0..n {
-            let r = r0 + j;
-            let packed = w.packed_row(r);
-            acc.fill(0.0);
+        let xs: Vec<&[f32]> = (i0..i0 + outs.len())
+            .map(|i| &x[i * k..(i + 1) * k])
+            .collect();
+        for j0 in (0..n).step_by(ROWS) {
+            let rn = ROWS.min(n - j0);
+            for tot in &mut totals {
+                tot.fill(0.0);
+            }
             for gi in 0..groups {
                 let (lo, hi) = (gi * g, ((gi + 1) * g).min(k));
-                let codes = &mut codes[..hi - lo];
-                widen(&packed[lo / per_byte..hi / per_byte], w.format.bits, codes);
-                let s = w.scales[r * groups + gi];
-                let z = w.zero(r * groups + gi);
-                for (di, a) in acc[..outs.len()].iter_mut().enumerate() {
-                    let i = i0 + di;
-                    let xg = &x[i * k + lo..i * k + hi];
-                    *a += s * (dot_f32(codes, xg) - z * xsum[i * groups + gi]);
+                let len = hi - lo;
+                for rr in 0..rn {
+                    let packed = w.packed_row(r0 + j0 + rr);
+                    widen(
+                        &packed[lo / per_byte..hi / per_byte],
+                        w.format.bits,
+                        &mut wbuf[rr * g..rr * g + len],
+                    );
+                }
+                let wrow = |rr: usize| &wbuf[rr * g..rr * g + len];
+                // Activation rows two at a time against the weight rows of the tile.
+                for (pair, xs) in xs.chunks(2).enumerate() {
+                    let xg = |m: usize| &xs[m][lo..hi];
+                    let mut add = |rr: usize, m: usize, dot: f32| {
+                        let i = i0 + pair * 2 + m;
+                        let gidx = (r0 + j0 + rr) * groups + gi;
+                        totals[pair * 2 + m][rr] +=
+                            w.scales[gidx] * (dot - w.zero(gidx) * xsum[i * groups + gi]);
+                    };
+                    match (rn, xs.len()) {
+                        (ROWS, 2) => {
+                            let d = tile::<ROWS, 2>([0, 1, 2, 3].map(wrow), [xg(0), xg(1)]);
+                            for (rr, d) in d.iter().enumerate() {
+                                add(rr, 0, d[0]);
+                                add(rr, 1, d[1]);
+                            }
+                        }
+                        (ROWS, _) => {
+                            let d = tile::<ROWS, 1>([0, 1, 2, 3].map(wrow), [xg(0)]);
+                            for (rr, d) in d.iter().enumerate() {
+                                add(rr, 0, d[0]);
+                            }
+                        }
+                        (_, m) => {
+                            for rr in 0..rn {
+                                for mm in 0..m {
+                                    add(rr, mm, tile::<1, 1>([wrow(rr)], [xg(mm)])[0][0]);
+                                }
+                            }
+                        }
+                    }
                 }
             }
-            for (o, a) in outs.iter_mut().zip(&acc) {
-                o[j] = *a;
+            for (o, tot) in outs.iter_mut().zip(&totals) {
+                o[j0..j0 + rn].copy_from_slice(&tot[..rn]);
             }
         }
     }
+}
+
+/// Weight rows per tile: with 2 activation rows, 8 vector accumulators stay in registers.
+const ROWS: usize = 4;
+
+/// `out[r][m] = w[r] · x[m]` (all slices the same length), with `R × M` independent 8-lane
+/// accumulators so each loaded vector feeds several multiply-adds.
+#[inline(always)]
+fn tile<const R: usize, const M: usize>(w: [&[f32]; R], x: [&[f32]; M]) -> [[f32; M]; R] {
+    const L: usize = 8;
+    let len = x[0].len();
+    let mut acc = [[[0f32; L]; M]; R];
+    let body = len - len % L;
+    for o in (0..body).step_by(L) {
+        let xv: [[f32; L]; M] = std::array::from_fn(|m| {
+            let mut v = [0f32; L];
+            v.copy_from_slice(&x[m][o..o + L]);
+            v
+        });
+        for r in 0..R {
+            let mut wv = [0f32; L];
+            wv.copy_from_slice(&w[r][o..o + L]);
+            for m in 0..M {
+                for l in 0..L {
+                    acc[r][m][l] += wv[l] * xv[m][l];
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; M]; R];
+    for r in 0..R {
+        for m in 0..M {
+            let a = &acc[r][m];
+            let tail: f32 = (body..len).map(|t| w[r][t] * x[m][t]).sum();
+            out[r][m] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail;
+        }
+    }
+    out
 }
 
 /// Packed codes to f32 (written so LLVM vectorizes each case).

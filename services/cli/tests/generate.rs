@@ -195,3 +195,39 @@ fn bad_input_gets_a_clear_error() {
         "top_p",
     );
 }
+
+/// Without a usable CUDA backend, `--device cuda` is refused before anything loads, with the
+/// reason and the way out; `--device cpu` and the default run.
+#[test]
+fn device_cuda_is_refused_clearly_and_cpu_runs() {
+    let out = ferrite(&[
+        "generate",
+        "--device",
+        "cuda",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--device cuda ran: {err}");
+    assert!(err.contains("--device cuda:0: "), "{err}");
+    assert!(err.contains("use --device cpu"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let out = ferrite(&["generate", "--device", "gpu", "--prompt", "Hi"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cpu, cuda, cuda:N or auto"));
+    for device in ["cpu", "auto"] {
+        let out = ferrite(&[
+            "generate",
+            "--device",
+            device,
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "2",
+            "--json",
+        ]);
+        json_of(&out);
+    }
+}
