@@ -1,4 +1,5 @@
-//! Read-only memory-mapped files.
+//! Read-only memory-mapped files (and, for generated weights, plain memory behind the same
+//! interface).
 
 use std::fs::File;
 use std::path::Path;
@@ -6,7 +7,14 @@ use std::path::Path;
 /// A file mapped read-only into memory. Weights are read from the mapping in place.
 #[derive(Debug)]
 pub struct MappedFile {
-    map: memmap2::Mmap,
+    map: Storage,
+}
+
+#[derive(Debug)]
+enum Storage {
+    Mapped(memmap2::Mmap),
+    /// Bytes made in memory (`--load-format dummy`), used like a file's.
+    Owned(Vec<u8>),
 }
 
 impl MappedFile {
@@ -19,7 +27,16 @@ impl MappedFile {
         // has. No Rust reference outlives `self`.
         #[allow(unsafe_code)]
         let map = unsafe { memmap2::Mmap::map(&file)? };
-        Ok(Self { map })
+        Ok(Self {
+            map: Storage::Mapped(map),
+        })
+    }
+
+    /// Bytes already in memory, served like a mapped file's.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        Self {
+            map: Storage::Owned(bytes),
+        }
     }
 
     /// Brings the whole file into memory now (reading it from disk if it is not in the page
@@ -28,7 +45,9 @@ impl MappedFile {
     pub fn load_pages(&self) -> usize {
         // Read-ahead hint first: the kernel can then fetch large extents instead of one fault's
         // worth at a time. Failure only loses the hint.
-        let _ = self.map.advise(memmap2::Advice::WillNeed);
+        if let Storage::Mapped(map) = &self.map {
+            let _ = map.advise(memmap2::Advice::WillNeed);
+        }
         const PAGE: usize = 4096;
         let bytes = self.bytes();
         // One read per page faults it in; the sum keeps the reads from being optimized away.
@@ -42,6 +61,9 @@ impl MappedFile {
 
     /// The whole file's bytes.
     pub fn bytes(&self) -> &[u8] {
-        &self.map
+        match &self.map {
+            Storage::Mapped(m) => m,
+            Storage::Owned(v) => v,
+        }
     }
 }

@@ -4,10 +4,11 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
+use ferrite_engine::engine::Engine;
 use ferrite_engine::sampler::SamplingParams;
 use serde_json::json;
 
-use crate::loading::{self, ModelArgs};
+use crate::loading::ModelArgs;
 use crate::table::Table;
 
 #[derive(Debug, Subcommand)]
@@ -60,7 +61,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
     }
     let loaded = args.model.load()?;
     let vocab = loaded.model.config().vocab_size as u64;
-    let (mut engine, _) = loading::engine(loaded, &args.model)?;
+    // Token ids only: dummy-weight models have no tokenizer.
+    let mut engine = Engine::new(loaded.model, vec![], args.model.engine_config())?;
     let threads = rayon::current_num_threads();
     let mut table = Table::new(&[
         "model",

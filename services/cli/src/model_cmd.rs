@@ -2,6 +2,7 @@
 
 use anyhow::{Result, bail};
 use clap::Subcommand;
+use ferrite_engine::model::presets;
 use ferrite_engine::registry;
 
 #[derive(Debug, Subcommand)]
@@ -36,6 +37,15 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                     m.description,
                     path.display()
                 );
+            }
+            println!("\nshapes for --load-format dummy (random weights):");
+            for p in presets::PRESETS {
+                let params = p.config().map(|c| presets::parameter_count(&c));
+                let params = params.map_or_else(
+                    |e| e.to_string(),
+                    |n| format!("{:.2}B params", n as f64 / 1e9),
+                );
+                println!("{:<16} {:<44} {params}", p.name, p.model);
             }
             Ok(())
         }

@@ -1,7 +1,9 @@
 //! Loading a model: find the checkpoint format, read the config, borrow the weights, build the
 //! tokenizer.
 
+mod dummy;
 pub mod llama;
+pub mod presets;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -16,6 +18,7 @@ use crate::weights::TensorMap;
 use crate::weights::gguf::{GgufFile, GgufValue};
 use crate::weights::gptq::GptqConfig;
 use crate::weights::safetensors;
+use dummy::dummy_tensors;
 pub use llama::{LlamaModel, LogitsWanted, SeqChunk, WeightNaming};
 
 /// The on-disk format of a checkpoint.
@@ -24,6 +27,8 @@ pub enum WeightFormat {
     Gguf,
     /// A Hugging Face directory: config.json, *.safetensors, tokenizer.json.
     Safetensors,
+    /// Random weights of a named shape ([`presets`]), made in memory.
+    Dummy,
 }
 
 /// A model ready to run, with its tokenizer.
@@ -44,6 +49,39 @@ pub struct LoadedModel {
 pub struct LoadOptions {
     /// Quantize the layers' projections by round-to-nearest to this format (`--quantize`).
     pub quantize: Option<WqFormat>,
+}
+
+/// A model of a preset's shape with random weights and no tokenizer (`--load-format dummy`),
+/// loaded through the usual phases.
+pub fn load_dummy(preset_name: &str, seed: u64, options: LoadOptions) -> Result<LoadedModel> {
+    let start = Instant::now();
+    let preset = presets::preset(preset_name)?;
+    let cfg = {
+        let span = config_span(Path::new(preset.name), "dummy");
+        let _entered = span.enter();
+        let cfg = preset.config()?;
+        record_config(&span, &cfg);
+        cfg
+    };
+    let tensors = {
+        let _span = tracing::info_span!(target: STARTUP_TARGET, "load_weights", format = "dummy",
+            mode = "random", bytes = Empty, tensors = Empty)
+        .entered();
+        let t = dummy_tensors(&cfg, seed);
+        tracing::Span::current().record("bytes", t.total_bytes() as i64);
+        tracing::Span::current().record("tensors", t.len() as i64);
+        t
+    };
+    let bytes = tensors.total_bytes();
+    let model = model_init(&tensors, WeightNaming::HuggingFace, cfg, options)?;
+    Ok(LoadedModel {
+        model,
+        tokenizer: None,
+        path: PathBuf::from(format!("dummy:{}", preset.name)),
+        format: WeightFormat::Dummy,
+        checkpoint_bytes: bytes,
+        load_seconds: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// Parses a `--quantize` value: `rtn-` and a weight format (`rtn-w4g128`, `rtn-w8pc-sym`).

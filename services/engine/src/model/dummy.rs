@@ -1,0 +1,121 @@
+//! `--load-format dummy`: a preset's tensors filled with random F16 values in memory, then
+//! loaded through the same path as a checkpoint (so every shape check still runs).
+
+use std::sync::Arc;
+
+use ferrite_kernels::mapped::MappedFile;
+use ferrite_kernels::quant::GgmlType;
+use half::f16;
+use rayon::prelude::*;
+
+use crate::config::ModelConfig;
+use crate::weights::{TensorEntry, TensorMap};
+
+/// Uniform in ±this: the spread of a N(0, 0.02) initialisation, so activations stay finite
+/// through deep stacks.
+const SPREAD: f32 = 0.035;
+
+/// The Hugging Face names and shapes of a model of shape `c`.
+fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, f, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+    let (q, kv) = (c.q_dim(), c.kv_dim());
+    let mut t = vec![
+        ("model.embed_tokens.weight".to_owned(), vec![v, h]),
+        ("model.norm.weight".to_owned(), vec![h]),
+    ];
+    if !c.tie_word_embeddings {
+        t.push(("lm_head.weight".to_owned(), vec![v, h]));
+    }
+    for i in 0..c.num_layers {
+        let p = |n: &str| format!("model.layers.{i}.{n}");
+        t.push((p("input_layernorm.weight"), vec![h]));
+        t.push((p("post_attention_layernorm.weight"), vec![h]));
+        if c.post_norms {
+            t.push((p("pre_feedforward_layernorm.weight"), vec![h]));
+            t.push((p("post_feedforward_layernorm.weight"), vec![h]));
+        }
+        for (n, rows, cols) in [
+            ("self_attn.q_proj", q, h),
+            ("self_attn.k_proj", kv, h),
+            ("self_attn.v_proj", kv, h),
+            ("self_attn.o_proj", h, q),
+            ("mlp.gate_proj", f, h),
+            ("mlp.up_proj", f, h),
+            ("mlp.down_proj", h, f),
+        ] {
+            t.push((p(&format!("{n}.weight")), vec![rows, cols]));
+        }
+        if c.qkv_bias {
+            t.push((p("self_attn.q_proj.bias"), vec![q]));
+            t.push((p("self_attn.k_proj.bias"), vec![kv]));
+            t.push((p("self_attn.v_proj.bias"), vec![kv]));
+        }
+        if c.qk_norm {
+            t.push((p("self_attn.q_norm.weight"), vec![c.head_dim]));
+            t.push((p("self_attn.k_norm.weight"), vec![c.head_dim]));
+        }
+    }
+    t
+}
+
+/// Random weights of shape `c` (deterministic in `seed`): matrices and biases uniform in
+/// ±[`SPREAD`], norms at an effective weight of 1.
+pub fn dummy_tensors(c: &ModelConfig, seed: u64) -> TensorMap {
+    let shapes = tensor_shapes(c);
+    let total: usize = shapes
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum();
+    let mut buf = vec![0u8; total * 2];
+    let mut entries = Vec::with_capacity(shapes.len());
+    let mut at = 0;
+    // A norm stores `1 - offset`, so that with the architecture's offset it scales by 1.
+    let norm_value = f16::from_f32(1.0 - c.norm_weight_offset).to_le_bytes();
+    for (name, shape) in shapes {
+        let bytes = shape.iter().product::<usize>() * 2;
+        let region = &mut buf[at..at + bytes];
+        if name.ends_with("norm.weight") {
+            for v in region.chunks_exact_mut(2) {
+                v.copy_from_slice(&norm_value);
+            }
+        } else {
+            fill_random(
+                region,
+                seed ^ (at as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            );
+        }
+        entries.push((
+            name,
+            TensorEntry {
+                ty: GgmlType::F16,
+                shape,
+                file: 0,
+                start: at,
+                end: at + bytes,
+            },
+        ));
+        at += bytes;
+    }
+    let mut map = TensorMap::new(vec![Arc::new(MappedFile::from_vec(buf))]);
+    for (name, entry) in entries {
+        map.insert(name, entry);
+    }
+    map
+}
+
+/// Uniform F16 values in ±SPREAD, 64 KiB chunks in parallel, each from its own xorshift.
+fn fill_random(region: &mut [u8], seed: u64) {
+    region
+        .par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut s = (seed ^ (i as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9)) | 1;
+            for v in chunk.chunks_exact_mut(2) {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                v.copy_from_slice(&f16::from_f32(u * SPREAD).to_le_bytes());
+            }
+        });
+}

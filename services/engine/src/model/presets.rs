@@ -1,0 +1,194 @@
+//! Named model shapes for `--load-format dummy`: the models of the benchmark seeds, with random
+//! weights made in memory, so speed can be measured without downloading checkpoints.
+//!
+//! Each preset is the model's Hugging Face `config.json` (the fields that shape the forward),
+//! parsed by the same code as a real checkpoint's.
+
+use serde_json::{Value, json};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+
+/// A named shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Preset {
+    pub name: &'static str,
+    /// The model it copies.
+    pub model: &'static str,
+    config: fn() -> Value,
+}
+
+impl Preset {
+    pub fn config(&self) -> Result<ModelConfig> {
+        ModelConfig::from_hf_config(&(self.config)())
+    }
+}
+
+fn llama(h: u64, layers: u64, heads: u64, kv: u64, ffn: u64, vocab: u64, theta: f64) -> Value {
+    json!({"architectures": ["LlamaForCausalLM"], "hidden_size": h, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": ffn,
+        "vocab_size": vocab, "rope_theta": theta, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192, "tie_word_embeddings": false})
+}
+
+fn qwen2(h: u64, layers: u64, heads: u64, kv: u64, ffn: u64, vocab: u64, theta: f64) -> Value {
+    json!({"architectures": ["Qwen2ForCausalLM"], "hidden_size": h, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": ffn,
+        "vocab_size": vocab, "rope_theta": theta, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768, "tie_word_embeddings": false})
+}
+
+/// The Transformer LMs of seed 002 in Llama-style blocks, vocab 10000. Their feed-forward is
+/// SwiGLU at d_ff = 8/3 d_model (rounded up to 64), the width with the parameters of a plain
+/// 4 d_model MLP, which is what the sizes' names count (2.7B: 2.57B here).
+fn seed_lm(d: u64, layers: u64, heads: u64) -> Value {
+    let d_ff = (8 * d).div_ceil(3).next_multiple_of(64);
+    let mut v = llama(d, layers, heads, heads, d_ff, 10_000, 10_000.0);
+    v["max_position_embeddings"] = json!(1024);
+    v
+}
+
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "llama-3-8b",
+        model: "meta-llama/Meta-Llama-3-8B",
+        config: || llama(4096, 32, 32, 8, 14336, 128_256, 500_000.0),
+    },
+    Preset {
+        name: "llama-3-70b",
+        model: "meta-llama/Meta-Llama-3-70B",
+        config: || llama(8192, 80, 64, 8, 28672, 128_256, 500_000.0),
+    },
+    Preset {
+        name: "llama-2-13b",
+        model: "meta-llama/Llama-2-13b-hf",
+        config: || {
+            let mut v = llama(5120, 40, 40, 40, 13824, 32_000, 10_000.0);
+            v["max_position_embeddings"] = json!(4096);
+            v
+        },
+    },
+    Preset {
+        name: "qwen1.5-4b",
+        model: "Qwen/Qwen1.5-4B",
+        config: || qwen2(2560, 40, 20, 20, 6912, 151_936, 5_000_000.0),
+    },
+    Preset {
+        name: "qwen1.5-1.8b",
+        model: "Qwen/Qwen1.5-1.8B",
+        config: || qwen2(2048, 24, 16, 16, 5504, 151_936, 1_000_000.0),
+    },
+    Preset {
+        name: "qwen2.5-32b",
+        model: "Qwen/Qwen2.5-Coder-32B-Instruct",
+        config: || qwen2(5120, 64, 40, 8, 27648, 152_064, 1_000_000.0),
+    },
+    Preset {
+        name: "qwen3-4b",
+        model: "Qwen/Qwen3-4B",
+        config: || {
+            json!({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 2560,
+                "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "head_dim": 128, "intermediate_size": 9728, "vocab_size": 151_936,
+                "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "attention_bias": false,
+                "max_position_embeddings": 40960, "tie_word_embeddings": true})
+        },
+    },
+    Preset {
+        name: "gemma-2-9b",
+        model: "google/gemma-2-9b",
+        config: || {
+            json!({"architectures": ["Gemma2ForCausalLM"], "hidden_size": 3584,
+                "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+                "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256_000,
+                "rope_theta": 10_000.0, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256,
+                "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh",
+                "max_position_embeddings": 8192, "tie_word_embeddings": true})
+        },
+    },
+    Preset {
+        name: "small",
+        model: "seed 002 small (d_model 768)",
+        config: || seed_lm(768, 12, 12),
+    },
+    Preset {
+        name: "medium",
+        model: "seed 002 medium (d_model 1024)",
+        config: || seed_lm(1024, 24, 16),
+    },
+    Preset {
+        name: "large",
+        model: "seed 002 large (d_model 1280)",
+        config: || seed_lm(1280, 36, 20),
+    },
+    Preset {
+        name: "xl",
+        model: "seed 002 xl (d_model 1600)",
+        config: || seed_lm(1600, 48, 25),
+    },
+    Preset {
+        name: "2.7b",
+        model: "seed 002 2.7B (d_model 2560)",
+        config: || seed_lm(2560, 32, 32),
+    },
+];
+
+/// The preset named `name`, or an error listing them.
+pub fn preset(name: &str) -> Result<&'static Preset> {
+    PRESETS
+        .iter()
+        .find(|p| p.name.eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+            EngineError::ModelNotFound(name.to_owned(), names.join(", "))
+        })
+}
+
+/// Parameters of a model of this shape (embeddings, LM head unless tied, layers, norms).
+pub fn parameter_count(c: &ModelConfig) -> u64 {
+    let (h, f, v) = (
+        c.hidden_size as u64,
+        c.intermediate_size as u64,
+        c.vocab_size as u64,
+    );
+    let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);
+    let attn = h * q + 2 * h * kv + q * h + if c.qkv_bias { q + 2 * kv } else { 0 };
+    let norms = if c.post_norms { 4 * h } else { 2 * h }
+        + if c.qk_norm { 2 * c.head_dim as u64 } else { 0 };
+    let layer = attn + 3 * h * f + norms;
+    let head = if c.tie_word_embeddings { 0 } else { v * h };
+    v * h + head + c.num_layers as u64 * layer + h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every preset parses, and has the parameter count its model card states (within 1%).
+    #[test]
+    fn presets_have_their_models_parameter_counts() {
+        let published: &[(&str, f64)] = &[
+            ("llama-3-8b", 8.03e9),
+            ("llama-3-70b", 70.55e9),
+            ("llama-2-13b", 13.02e9),
+            ("qwen1.5-4b", 3.95e9),
+            ("qwen1.5-1.8b", 1.84e9),
+            ("qwen2.5-32b", 32.76e9),
+            ("qwen3-4b", 4.02e9),
+            ("gemma-2-9b", 9.24e9),
+        ];
+        for &(name, want) in published {
+            let cfg = preset(name).expect(name).config().expect(name);
+            let got = parameter_count(&cfg) as f64;
+            assert!(
+                (got / want - 1.0).abs() < 0.01,
+                "{name}: {got:.3e} parameters, published {want:.3e}"
+            );
+        }
+        for p in PRESETS {
+            p.config().unwrap_or_else(|e| panic!("{}: {e}", p.name));
+        }
+        assert!(preset("no-such-model").is_err());
+    }
+}
