@@ -62,8 +62,14 @@ fn check(x: &[f32], m: usize, w: &WqMatrix, got: &[f32], what: &str) {
 fn every_format_matches_its_dequantized_reference() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     // Large enough (n * k * m) that the parallel path splits rows into tasks.
-    // 576 columns (SmolLM2-135M's hidden size): the g128 formats end rows with a short group.
-    let (n, k) = (96, 576);
+    // 576 columns (SmolLM2-135M's hidden size): the g128 formats end rows with a short group;
+    // 36 columns leave a tail after the vector loop of every format.
+    for (n, k) in [(96, 576), (8, 36)] {
+        formats_at(&mut rng, n, k);
+    }
+}
+
+fn formats_at(rng: &mut Rng, n: usize, k: usize) {
     let w = rng.matrix(n * k);
     for name in FORMATS {
         let format: WqFormat = name.parse().expect("format");

@@ -31,8 +31,8 @@ impl WqMatrix {
         );
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx2 && isa.is_available() {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            unsafe { avx2::rows(self, r0, n, x, outs) };
+            // SAFETY: the CPU has AVX2 and FMA (checked just above); sizes checked above.
+            unsafe { super::avx2::rows(self, r0, n, x, outs) };
             return;
         }
         let _ = isa;
@@ -40,25 +40,8 @@ impl WqMatrix {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::WqMatrix;
-
-    /// [`super::rows`] compiled for AVX2 + FMA: the same code, auto-vectorized 8 wide.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn rows(
-        w: &WqMatrix,
-        r0: usize,
-        n: usize,
-        x: &[f32],
-        outs: &mut [&mut [f32]],
-    ) {
-        super::rows(w, r0, n, x, outs);
-    }
-}
-
-#[inline(always)]
-fn rows(w: &WqMatrix, r0: usize, n: usize, x: &[f32], outs: &mut [&mut [f32]]) {
+/// The portable kernel (the reference for the AVX2 one).
+pub(super) fn rows(w: &WqMatrix, r0: usize, n: usize, x: &[f32], outs: &mut [&mut [f32]]) {
     let k = w.cols;
     let g = w.format.group_len(k);
     let groups = w.groups_per_row();

@@ -14,6 +14,9 @@
 //! contiguous, so a matmul streams each row once. The on-disk formats (GPTQ-style safetensors,
 //! GGUF) are converted into this at load.
 
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2;
 #[allow(unsafe_code)]
 mod matmul;
 mod rtn;

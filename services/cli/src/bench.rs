@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Startup(crate::bench_startup::StartupBenchArgs),
     /// Perplexity on a text with the original weights and with each --quantize format.
     Perplexity(crate::bench_perplexity::PerplexityArgs),
+    /// Quantized linear layers vs f16 per model shape, in the columns of seed 004.
+    Kernels(crate::bench_kernels::KernelsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -47,6 +49,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Gateway(args) => crate::bench_gateway::run(args),
         BenchCommand::Startup(args) => crate::bench_startup::run(args),
         BenchCommand::Perplexity(args) => crate::bench_perplexity::run(args),
+        BenchCommand::Kernels(args) => crate::bench_kernels::run(args),
     }
 }
 

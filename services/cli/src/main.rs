@@ -8,11 +8,13 @@
 //! - `cluster`: `worker`, `gateway`, and `serve` (gateway + one worker pool in one process).
 //! - `bench`: measurements that print tables (`bench decode`: CPU decode throughput;
 //!   `bench gateway`: what the gateway adds; `bench startup`: start-up phases from spans;
-//!   `bench perplexity`: quality of quantized weights on a text).
+//!   `bench perplexity`: quality of quantized weights on a text; `bench kernels`: quantized
+//!   linear layers against f16 per model shape).
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
 mod bench_gateway;
+mod bench_kernels;
 mod bench_perplexity;
 mod bench_startup;
 mod cluster;

@@ -55,6 +55,28 @@ impl Table {
     }
 }
 
+/// Right-aligned columns separated by spaces, the layout of seed 004.
+pub fn aligned(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let parts: Vec<String> = cells
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        parts.join(" ") + "\n"
+    };
+    let mut out = line(&mut header.iter().copied());
+    for r in rows {
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +89,11 @@ mod tests {
             t.render(),
             "+-----+----+\n| a   | bb |\n+=====+====+\n| xyz | 1  |\n+-----+----+\n"
         );
+    }
+
+    #[test]
+    fn aligns_like_the_seed() {
+        let t = aligned(&["device", "bs"], &[vec!["cpu".into(), "16".into()]]);
+        assert_eq!(t, "device bs\n   cpu 16\n");
     }
 }

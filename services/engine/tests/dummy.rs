@@ -9,7 +9,10 @@ use ferrite_engine::model::{self, LoadOptions, LogitsWanted};
 fn a_dummy_preset_loads_runs_and_quantizes() {
     let loaded = model::load_dummy("small", 7, LoadOptions::default()).expect("dummy small");
     let c = loaded.model.config().clone();
-    assert_eq!((c.hidden_size, c.num_layers, c.vocab_size), (768, 12, 10_000));
+    assert_eq!(
+        (c.hidden_size, c.num_layers, c.vocab_size),
+        (768, 12, 10_000)
+    );
     assert!(loaded.tokenizer.is_none());
     let prompt: Vec<u32> = (0..12).map(|i| i * 811 % 10_000).collect();
     let logits = prefill_logits(&loaded.model, &prompt, LogitsWanted::Last);
@@ -36,7 +39,10 @@ fn a_dummy_preset_loads_runs_and_quantizes() {
         &prefill_logits(&w8.model, &prompt, LogitsWanted::Last),
         &logits,
     );
-    assert!(d > 0.0 && d < 0.05 * spread, "w8 moved logits by {d} (spread {spread})");
+    assert!(
+        d > 0.0 && d < 0.05 * spread,
+        "w8 moved logits by {d} (spread {spread})"
+    );
     let e = model::load_dummy("gpt-5", 0, LoadOptions::default()).expect_err("unknown");
     assert!(e.to_string().contains("llama-3-8b"), "{e}");
 }

@@ -1,0 +1,276 @@
+//! `ferrite bench kernels`: weight-only quantized linear layers against the f16 baseline, in
+//! the columns of seed 004 (`device stage mode model backend a_dtype b_dtype bs tokens
+//! group_size latency`).
+//!
+//! The `layer` mode (the one the CPU runs) times the seven projections of one decoder layer of
+//! each model's shape (Q, K, V, O, gate, up, down) on random weights, at each batch size, and
+//! adds the GB/s of weights streamed. Whole-model latency with CUDA graphs (`--mode model`, the
+//! seed's rows) needs the CUDA backend and is refused until it exists.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::{Args, ValueEnum};
+use ferrite_engine::model::presets;
+use ferrite_kernels::cpu::matmul::{Weight, WeightView, matmul};
+use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::wq::{WqFormat, quantize_rtn};
+use half::f16;
+use serde_json::json;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// One decoder layer's projections, per model shape (CPU and GPU).
+    Layer,
+    /// The whole model with CUDA graphs (needs the CUDA backend).
+    Model,
+}
+
+#[derive(Debug, Args)]
+pub struct KernelsArgs {
+    #[arg(long, value_enum, default_value = "layer")]
+    mode: Mode,
+    /// Dummy-shape presets (`ferrite model list`).
+    #[arg(
+        long,
+        default_value = "gemma-2-9b,qwen2.5-32b,llama-3-70b",
+        value_delimiter = ','
+    )]
+    models: Vec<String>,
+    /// `f16` (the baseline) and weight formats (`w8g128`, `w4g128-sym`, ...).
+    #[arg(
+        long,
+        default_value = "f16,w8g128,w4g128,w2g128",
+        value_delimiter = ','
+    )]
+    formats: Vec<String>,
+    /// Decode batch sizes.
+    #[arg(long, default_value = "1,16", value_delimiter = ',')]
+    batch_sizes: Vec<usize>,
+    /// Prefill tokens (0: no prefill rows; 2048 in the seed, minutes per layer on a small CPU).
+    #[arg(long, default_value_t = 0)]
+    prefill_tokens: usize,
+    /// Context length printed in the decode rows (linear layers do not depend on it).
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
+    /// Timed runs per row (median), after one warm-up.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+/// A weight in one of the compared formats.
+enum Stored {
+    F16(Vec<u8>),
+    Wq(ferrite_kernels::wq::WqMatrix),
+}
+
+impl Stored {
+    fn weight(&self, rows: usize, cols: usize) -> Result<Weight<'_>> {
+        Ok(match self {
+            Stored::F16(b) => Weight::Ggml(WeightView::new(GgmlType::F16, rows, cols, b)?),
+            Stored::Wq(w) => Weight::Wq(w),
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Stored::F16(b) => b.len(),
+            Stored::Wq(w) => w.bytes_len(),
+        }
+    }
+}
+
+struct Row {
+    stage: &'static str,
+    model: String,
+    backend: &'static str,
+    b_dtype: String,
+    bs: usize,
+    tokens: usize,
+    group_size: i64,
+    latency_ms: f64,
+    gb_per_s: f64,
+}
+
+pub fn run(args: KernelsArgs) -> Result<()> {
+    if args.mode == Mode::Model {
+        bail!(
+            "--mode model (whole-model latency with CUDA graphs) needs the CUDA backend, which \
+             is not built yet; --mode layer runs on the CPU"
+        );
+    }
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let formats: Vec<Option<WqFormat>> = args
+        .formats
+        .iter()
+        .map(|f| match f.as_str() {
+            "f16" => Ok(None),
+            other => other.parse().map(Some).map_err(anyhow::Error::from),
+        })
+        .collect::<Result<_>>()?;
+    let mut stages: Vec<(&'static str, usize, usize)> = args
+        .batch_sizes
+        .iter()
+        .map(|&bs| ("decode", bs, args.context))
+        .collect();
+    if args.prefill_tokens > 0 {
+        stages.push(("prefill", args.prefill_tokens, args.prefill_tokens));
+    }
+    let mut rows = Vec::new();
+    for name in &args.models {
+        let preset = presets::preset(name)?;
+        let c = preset.config()?;
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        let shapes = [
+            (c.q_dim(), h),
+            (c.kv_dim(), h),
+            (c.kv_dim(), h),
+            (h, c.q_dim()),
+            (f, h),
+            (f, h),
+            (h, f),
+        ];
+        // (seconds, bytes) per (format, stage), summed over the layer's projections.
+        let mut totals = vec![vec![(0f64, 0usize); stages.len()]; formats.len()];
+        for (si, &(n, k)) in shapes.iter().enumerate() {
+            let w = random(n * k, si as u64 + 1);
+            for (fi, format) in formats.iter().enumerate() {
+                let stored = match format {
+                    None => Stored::F16(
+                        w.iter()
+                            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                            .collect(),
+                    ),
+                    Some(fmt) => Stored::Wq(quantize_rtn(&w, n, k, *fmt)?),
+                };
+                let weight = stored.weight(n, k)?;
+                for (ti, &(_, m, _)) in stages.iter().enumerate() {
+                    let secs = median_seconds(&weight, m, k, n, args.runs);
+                    totals[fi][ti].0 += secs;
+                    totals[fi][ti].1 += stored.bytes();
+                }
+            }
+        }
+        for (fi, format) in formats.iter().enumerate() {
+            for (ti, &(stage, bs, tokens)) in stages.iter().enumerate() {
+                let (secs, bytes) = totals[fi][ti];
+                rows.push(Row {
+                    stage,
+                    model: preset.model.to_owned(),
+                    backend: if format.is_some() {
+                        "ferrite"
+                    } else {
+                        "ferrite-f16"
+                    },
+                    b_dtype: match format {
+                        None => "float16".into(),
+                        Some(f) if f.bits.get() == 8 => "uint8".into(),
+                        Some(f) => format!("uint{}b", f.bits.get()),
+                    },
+                    bs: if stage == "prefill" { 1 } else { bs },
+                    tokens,
+                    group_size: format.and_then(|f| f.group_size).map_or(-1, |g| g as i64),
+                    latency_ms: secs * 1e3,
+                    gb_per_s: bytes as f64 / secs / 1e9,
+                });
+            }
+        }
+    }
+    let device = cpu_name();
+    if args.json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({"device": device, "stage": r.stage, "mode": "layer", "model": r.model,
+                    "backend": r.backend, "a_dtype": "float32", "b_dtype": r.b_dtype, "bs": r.bs,
+                    "tokens": r.tokens, "group_size": r.group_size, "latency": r.latency_ms,
+                    "gb_per_s": r.gb_per_s})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let header = [
+        "device",
+        "stage",
+        "mode",
+        "model",
+        "backend",
+        "a_dtype",
+        "b_dtype",
+        "bs",
+        "tokens",
+        "group_size",
+        "latency",
+        "gb_per_s",
+    ];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                device.clone(),
+                r.stage.into(),
+                "layer".into(),
+                r.model.clone(),
+                r.backend.into(),
+                "float32".into(),
+                r.b_dtype.clone(),
+                r.bs.to_string(),
+                r.tokens.to_string(),
+                r.group_size.to_string(),
+                format!("{:.6}", r.latency_ms),
+                format!("{:.2}", r.gb_per_s),
+            ]
+        })
+        .collect();
+    print!("{}", crate::table::aligned(&header, &cells));
+    Ok(())
+}
+
+/// Median wall seconds of `matmul` with `m` activation rows, after one warm-up call.
+fn median_seconds(w: &Weight<'_>, m: usize, k: usize, n: usize, runs: usize) -> f64 {
+    let x = random(m * k, 99);
+    let mut out = vec![0f32; m * n];
+    matmul(&x, m, w, &mut out);
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            matmul(black_box(&x), m, w, &mut out);
+            black_box(&mut out);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Uniform values in ±0.035 (an N(0, 0.02)-like spread), deterministic in `seed`.
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 0.035
+        })
+        .collect()
+}
+
+/// The CPU's model name with spaces as dashes (the seed's device column has no spaces).
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|n| n.split_whitespace().collect::<Vec<_>>().join("-"))
+        })
+        .unwrap_or_else(|| "cpu".into())
+}
