@@ -23,6 +23,8 @@ pub enum BenchCommand {
     Perplexity(crate::bench_perplexity::PerplexityArgs),
     /// Quantized linear layers vs f16 per model shape, in the columns of seed 004.
     Kernels(crate::bench_kernels::KernelsArgs),
+    /// Forward-pass time of the seed 002 model sizes (dummy weights), batch 4.
+    Forward(crate::bench_forward::ForwardArgs),
 }
 
 #[derive(Debug, Args)]
@@ -50,6 +52,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Startup(args) => crate::bench_startup::run(args),
         BenchCommand::Perplexity(args) => crate::bench_perplexity::run(args),
         BenchCommand::Kernels(args) => crate::bench_kernels::run(args),
+        BenchCommand::Forward(args) => crate::bench_forward::run(args),
     }
 }
 

@@ -9,10 +9,12 @@
 //! - `bench`: measurements that print tables (`bench decode`: CPU decode throughput;
 //!   `bench gateway`: what the gateway adds; `bench startup`: start-up phases from spans;
 //!   `bench perplexity`: quality of quantized weights on a text; `bench kernels`: quantized
-//!   linear layers against f16 per model shape).
+//!   linear layers against f16 per model shape; `bench forward`: forward passes of the seed
+//!   002 model sizes).
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
+mod bench_forward;
 mod bench_gateway;
 mod bench_kernels;
 mod bench_perplexity;

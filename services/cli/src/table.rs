@@ -77,6 +77,55 @@ pub fn aligned(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A Markdown pipe table as pandas' `to_markdown` writes it (seed 002): text columns
+/// left-aligned (`:---`), numbers right-aligned (`---:`).
+pub fn markdown(header: &[&str], rows: &[Vec<String>]) -> String {
+    let numeric: Vec<bool> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok()))
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let parts: Vec<String> = cells
+            .zip(widths.iter().zip(&numeric))
+            .map(|(c, (&w, &num))| {
+                if num {
+                    format!("{c:>w$}")
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        format!("| {} |\n", parts.join(" | "))
+    };
+    let mut out = line(&mut header.iter().copied());
+    // Each rule cell spans the column and its two padding spaces.
+    let rule: Vec<String> = widths
+        .iter()
+        .zip(&numeric)
+        .map(|(&w, &num)| {
+            let dashes = "-".repeat(w + 1);
+            if num {
+                format!("{dashes}:")
+            } else {
+                format!(":{dashes}")
+            }
+        })
+        .collect();
+    out.push_str(&format!("|{}|\n", rule.join("|")));
+    for r in rows {
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +138,12 @@ mod tests {
             t.render(),
             "+-----+----+\n| a   | bb |\n+=====+====+\n| xyz | 1  |\n+-----+----+\n"
         );
+    }
+
+    #[test]
+    fn markdown_like_pandas() {
+        let t = markdown(&["model", "ms"], &[vec!["small".into(), "1.5".into()]]);
+        assert_eq!(t, "| model |  ms |\n|:------|----:|\n| small | 1.5 |\n");
     }
 
     #[test]

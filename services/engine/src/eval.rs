@@ -1,4 +1,5 @@
-//! Perplexity of a model on a text, the quality check for quantized weights.
+//! Perplexity of a model on a text (the quality check for quantized weights), and whole-batch
+//! forwards outside the engine ([`BatchForward`]).
 //!
 //! The method of llama.cpp's `perplexity` tool: the tokens are cut into independent chunks of
 //! `ctx` tokens; each chunk runs as one prefill, and only the second half of its positions is
@@ -53,30 +54,11 @@ pub fn perplexity(
             c.vocab_size
         )));
     }
-    let block_size = 16;
-    let n_blocks = ctx.div_ceil(block_size);
-    let mut kv = KvCache::new(
-        c.num_layers,
-        n_blocks,
-        block_size,
-        c.num_kv_heads,
-        c.head_dim,
-    );
-    let mut pool = KvBlockPool::new(n_blocks as u32);
-    let mut table = BlockTable::default();
-    if !pool.allocate_into(n_blocks, &mut table) {
-        return Err(EngineError::DoesNotFit(format!("{n_blocks} KV blocks")));
-    }
+    let mut runner = BatchForward::new(model, 1, ctx)?;
     let (mut nll, mut scored) = (0f64, 0usize);
+    let vocab = c.vocab_size;
     for chunk in tokens.chunks_exact(ctx).take(chunks) {
-        let seq = SeqChunk {
-            tokens: chunk,
-            start_pos: 0,
-            block_table: table.blocks(),
-            logits: LogitsWanted::All,
-        };
-        let logits = model.forward(&[seq], &mut kv)?;
-        let vocab = c.vocab_size;
+        let logits = runner.run(&[chunk], LogitsWanted::All)?;
         for pos in ctx / 2..ctx - 1 {
             nll += token_nll(&logits[pos * vocab..(pos + 1) * vocab], chunk[pos + 1]);
             scored += 1;
@@ -89,4 +71,66 @@ pub fn perplexity(
         scored_tokens: scored,
         chunks,
     })
+}
+
+/// Whole sequences through the model in one forward each, outside the engine (no scheduler,
+/// no sampling): perplexity, and `bench forward`. The KV cache is made once, for `batch`
+/// sequences of up to `max_len` tokens, and reused.
+#[derive(Debug)]
+pub struct BatchForward<'m> {
+    model: &'m LlamaModel,
+    kv: KvCache,
+    tables: Vec<BlockTable>,
+    max_len: usize,
+}
+
+impl<'m> BatchForward<'m> {
+    pub fn new(model: &'m LlamaModel, batch: usize, max_len: usize) -> Result<Self> {
+        let c = model.config();
+        let block_size = 16;
+        let per_seq = max_len.div_ceil(block_size);
+        let n_blocks = per_seq * batch;
+        let kv = KvCache::new(
+            c.num_layers,
+            n_blocks,
+            block_size,
+            c.num_kv_heads,
+            c.head_dim,
+        );
+        let mut pool = KvBlockPool::new(n_blocks as u32);
+        let mut tables = vec![BlockTable::default(); batch];
+        for t in &mut tables {
+            if !pool.allocate_into(per_seq, t) {
+                return Err(EngineError::DoesNotFit(format!("{n_blocks} KV blocks")));
+            }
+        }
+        Ok(Self {
+            model,
+            kv,
+            tables,
+            max_len,
+        })
+    }
+
+    /// One forward of `seqs` (each from position 0); the logits `wanted`, in order.
+    pub fn run(&mut self, seqs: &[&[u32]], wanted: LogitsWanted) -> Result<Vec<f32>> {
+        if seqs.len() > self.tables.len() || seqs.iter().any(|s| s.len() > self.max_len) {
+            return Err(EngineError::InvalidRequest(format!(
+                "at most {} sequences of {} tokens",
+                self.tables.len(),
+                self.max_len
+            )));
+        }
+        let chunks: Vec<SeqChunk<'_>> = seqs
+            .iter()
+            .zip(&self.tables)
+            .map(|(tokens, table)| SeqChunk {
+                tokens,
+                start_pos: 0,
+                block_table: table.blocks(),
+                logits: wanted,
+            })
+            .collect();
+        self.model.forward(&chunks, &mut self.kv)
+    }
 }

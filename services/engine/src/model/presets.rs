@@ -13,7 +13,7 @@ use crate::error::{EngineError, Result};
 #[derive(Debug, Clone, Copy)]
 pub struct Preset {
     pub name: &'static str,
-    /// The model it copies.
+    /// The model it copies (no spaces: it fills a whitespace-separated table column).
     pub model: &'static str,
     config: fn() -> Value,
 }
@@ -109,27 +109,27 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "small",
-        model: "seed 002 small (d_model 768)",
+        model: "seed002/small-d768",
         config: || seed_lm(768, 12, 12),
     },
     Preset {
         name: "medium",
-        model: "seed 002 medium (d_model 1024)",
+        model: "seed002/medium-d1024",
         config: || seed_lm(1024, 24, 16),
     },
     Preset {
         name: "large",
-        model: "seed 002 large (d_model 1280)",
+        model: "seed002/large-d1280",
         config: || seed_lm(1280, 36, 20),
     },
     Preset {
         name: "xl",
-        model: "seed 002 xl (d_model 1600)",
+        model: "seed002/xl-d1600",
         config: || seed_lm(1600, 48, 25),
     },
     Preset {
         name: "2.7b",
-        model: "seed 002 2.7B (d_model 2560)",
+        model: "seed002/2.7B-d2560",
         config: || seed_lm(2560, 32, 32),
     },
 ];
