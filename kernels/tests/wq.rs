@@ -126,3 +126,24 @@ fn codes_scales_and_zeros_round_trip_through_from_codes() {
         }
     }
 }
+
+/// The input widths of the projections of the models in the `bench kernels` table: gemma-2-9b
+/// (hidden 3584, attention 4096, FFN 14336), Qwen2.5-32B (5120, 27648), Llama-3-70B (8192,
+/// 28672). A few output rows each: the kernel computes rows independently, so the row count
+/// does not change what is exercised, and the f64 reference stays cheap.
+#[test]
+fn every_format_at_the_benchmark_models_widths() {
+    let mut rng = Rng(0x5eed);
+    for k in [3584, 4096, 14336, 5120, 27648, 8192, 28672] {
+        let w = rng.matrix(8 * k);
+        for name in ["w8g128", "w4g128", "w2g128", "w4pc-sym", "w8g32-sym-bf16"] {
+            let q = quantize_rtn(&w, 8, k, name.parse().expect("format")).expect("quantize");
+            for m in [1, 16] {
+                let x = rng.matrix(m * k);
+                let mut out = vec![f32::NAN; m * 8];
+                matmul_with(Isa::best(), &x, m, &q, &mut out);
+                check(&x, m, &q, &out, &format!("k={k} m={m}"));
+            }
+        }
+    }
+}
