@@ -1,9 +1,10 @@
-//! The CPU kernel: stored rows of a [`WqMatrix`] times f32 activation rows.
+//! The CPU kernels: stored rows of a [`WqMatrix`] times f32 activation rows. The portable one
+//! is here (the reference); the AVX2 one, same arithmetic, in `avx2.rs`.
 //!
 //! Per group, `Σ s (q - z) x = s (Σ q x - z Σ x)`: the codes are widened to f32 once per group
 //! and shared by every activation row, and `Σ x` per group is computed once per call, so the
-//! zero point costs one multiply-add per group rather than one per element. The dot products
-//! run in tiles of 4 weight rows × 2 activation rows, so each vector load feeds two or four
+//! zero point costs one multiply-add per group rather than one per element. Here the dot
+//! products run in tiles of 4 weight rows × 2 activation rows, so each load feeds two or four
 //! multiply-adds.
 
 use super::{Bits, WqMatrix};

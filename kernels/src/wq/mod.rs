@@ -8,11 +8,12 @@
 //!
 //! # In-memory layout (CPU)
 //!
-//! Row-major over output features: row `r` holds its `cols` codes packed little-end first
-//! (`8 / bits` codes per byte, code `j` at bit `(j * bits) % 8` of byte `j * bits / 8`), then
-//! `scales[r * groups + g]` and `zeros[r * groups + g]`. A row's codes, scales and zeros are
-//! contiguous, so a matmul streams each row once. The on-disk formats (GPTQ-style safetensors,
-//! GGUF) are converted into this at load.
+//! Three arrays, row-major over output features: the codes, row `r`'s `cols` of them packed
+//! little-end first (`8 / bits` per byte, code `j` at bit `(j * bits) % 8` of byte
+//! `j * bits / 8`); `scales[r * groups + g]`; and `zeros[r * groups + g]`. Groups run along a
+//! row; a row whose length is not a multiple of the group size ends with a shorter group. A
+//! matmul streams each row's codes once. GPTQ checkpoints are converted into this at load
+//! (`ferrite-engine`'s `weights::gptq`).
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
