@@ -85,9 +85,20 @@ pub struct BatchForward<'m> {
 }
 
 impl<'m> BatchForward<'m> {
+    /// KV blocks of 16 tokens.
     pub fn new(model: &'m LlamaModel, batch: usize, max_len: usize) -> Result<Self> {
+        Self::with_block_size(model, batch, max_len, 16)
+    }
+
+    /// [`Self::new`] with KV blocks of `block_size` tokens (small ones make decode steps cross
+    /// block boundaries, which tests want).
+    pub fn with_block_size(
+        model: &'m LlamaModel,
+        batch: usize,
+        max_len: usize,
+        block_size: usize,
+    ) -> Result<Self> {
         let c = model.config();
-        let block_size = 16;
         let per_seq = max_len.div_ceil(block_size);
         let n_blocks = per_seq * batch;
         let kv = KvCache::new(
@@ -114,7 +125,19 @@ impl<'m> BatchForward<'m> {
 
     /// One forward of `seqs` (each from position 0); the logits `wanted`, in order.
     pub fn run(&mut self, seqs: &[&[u32]], wanted: LogitsWanted) -> Result<Vec<f32>> {
-        if seqs.len() > self.tables.len() || seqs.iter().any(|s| s.len() > self.max_len) {
+        self.run_at(seqs, 0, wanted)
+    }
+
+    /// One forward of `seqs`, each continuing its sequence at `start_pos` (the cache holds the
+    /// earlier positions from previous calls).
+    pub fn run_at(
+        &mut self,
+        seqs: &[&[u32]],
+        start_pos: usize,
+        wanted: LogitsWanted,
+    ) -> Result<Vec<f32>> {
+        if seqs.len() > self.tables.len() || seqs.iter().any(|s| start_pos + s.len() > self.max_len)
+        {
             return Err(EngineError::InvalidRequest(format!(
                 "at most {} sequences of {} tokens",
                 self.tables.len(),
@@ -126,7 +149,7 @@ impl<'m> BatchForward<'m> {
             .zip(&self.tables)
             .map(|(tokens, table)| SeqChunk {
                 tokens,
-                start_pos: 0,
+                start_pos,
                 block_table: table.blocks(),
                 logits: wanted,
             })

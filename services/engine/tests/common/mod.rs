@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use ferrite_engine::kv_cache::{BlockTable, KvBlockPool, KvCache, blocks_for};
-use ferrite_engine::model::{LlamaModel, LogitsWanted, SeqChunk};
+use ferrite_engine::eval::BatchForward;
+use ferrite_engine::model::{LlamaModel, LogitsWanted};
 
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -34,61 +34,28 @@ pub fn floats(v: &serde_json::Value) -> Vec<f32> {
 
 /// Runs `tokens` as one prefill through `model` and returns the logits `wanted`.
 pub fn prefill_logits(model: &LlamaModel, tokens: &[u32], wanted: LogitsWanted) -> Vec<f32> {
-    let c = model.config();
-    let block_size = 16;
-    let n_blocks = blocks_for(tokens.len(), block_size);
-    let mut kv = KvCache::new(
-        c.num_layers,
-        n_blocks,
-        block_size,
-        c.num_kv_heads,
-        c.head_dim,
-    );
-    let mut pool = KvBlockPool::new(n_blocks as u32);
-    let mut table = BlockTable::default();
-    assert!(pool.allocate_into(n_blocks, &mut table));
-    let chunk = SeqChunk {
-        tokens,
-        start_pos: 0,
-        block_table: table.blocks(),
-        logits: wanted,
-    };
-    model.forward(&[chunk], &mut kv).expect("forward")
+    BatchForward::new(model, 1, tokens.len())
+        .expect("KV cache")
+        .run(&[tokens], wanted)
+        .expect("forward")
 }
 
 /// Prefills `prompt`, then feeds `fed` one token per forward (decode steps over the cache), and
 /// returns the next-token logits of each of those steps.
 pub fn decode_logits(model: &LlamaModel, prompt: &[u32], fed: &[u32]) -> Vec<Vec<f32>> {
-    let c = model.config();
-    let block_size = 4; // small, so the steps cross block boundaries
-    let n_blocks = blocks_for(prompt.len() + fed.len(), block_size);
-    let mut kv = KvCache::new(
-        c.num_layers,
-        n_blocks,
-        block_size,
-        c.num_kv_heads,
-        c.head_dim,
-    );
-    let mut pool = KvBlockPool::new(n_blocks as u32);
-    let mut table = BlockTable::default();
-    assert!(pool.allocate_into(n_blocks, &mut table));
-    let prefill = SeqChunk {
-        tokens: prompt,
-        start_pos: 0,
-        block_table: table.blocks(),
-        logits: LogitsWanted::None,
-    };
-    model.forward(&[prefill], &mut kv).expect("prefill");
+    // Small blocks, so the steps cross block boundaries.
+    let mut run =
+        BatchForward::with_block_size(model, 1, prompt.len() + fed.len(), 4).expect("KV cache");
+    run.run(&[prompt], LogitsWanted::None).expect("prefill");
     fed.iter()
         .enumerate()
         .map(|(i, tok)| {
-            let step = SeqChunk {
-                tokens: std::slice::from_ref(tok),
-                start_pos: prompt.len() + i,
-                block_table: table.blocks(),
-                logits: LogitsWanted::Last,
-            };
-            model.forward(&[step], &mut kv).expect("decode step")
+            run.run_at(
+                &[std::slice::from_ref(tok)],
+                prompt.len() + i,
+                LogitsWanted::Last,
+            )
+            .expect("decode step")
         })
         .collect()
 }
