@@ -10,22 +10,26 @@ use super::{Bits, WqMatrix};
 /// Activation rows decoded codes are shared by.
 const M: usize = 4;
 
-/// `outs[i][j] = row(r0 + j) · x_i`, as [`super::matmul::rows`].
+/// `outs[i][j] = row(r0 + j) · x_i`, as [`super::matmul::rows`]; `xsum` holds `Σ x` per
+/// (activation row, group).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA. Sizes are checked by the caller: `x` holds `outs.len()`
 /// rows of `w.cols`, and rows `r0..r0 + n` exist.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn rows(w: &WqMatrix, r0: usize, n: usize, x: &[f32], outs: &mut [&mut [f32]]) {
+pub(super) unsafe fn rows(
+    w: &WqMatrix,
+    r0: usize,
+    n: usize,
+    x: &[f32],
+    xsum: &[f32],
+    outs: &mut [&mut [f32]],
+) {
     let k = w.cols;
     let g = w.format.group_len(k);
     let groups = w.groups_per_row();
     let bits = w.format.bits;
     let per_byte = bits.per_byte();
-    let xsum: Vec<f32> = x
-        .chunks_exact(k)
-        .flat_map(|xi| xi.chunks(g).map(|c| c.iter().sum::<f32>()))
-        .collect();
     for (t, outs) in outs.chunks_mut(M).enumerate() {
         let i0 = t * M;
         let m = outs.len();

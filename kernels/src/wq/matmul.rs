@@ -30,28 +30,37 @@ impl WqMatrix {
             r0 + n,
             self.rows
         );
+        // Σ x per (activation row, group), for the zero points.
+        let g = self.format.group_len(k);
+        let xsum: Vec<f32> = x
+            .chunks_exact(k)
+            .flat_map(|xi| xi.chunks(g).map(|c| c.iter().sum::<f32>()))
+            .collect();
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx2 && isa.is_available() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above); sizes checked above.
-            unsafe { super::avx2::rows(self, r0, n, x, outs) };
+            unsafe { super::avx2::rows(self, r0, n, x, &xsum, outs) };
             return;
         }
         let _ = isa;
-        rows(self, r0, n, x, outs);
+        rows(self, r0, n, x, &xsum, outs);
     }
 }
 
-/// The portable kernel (the reference for the AVX2 one).
-pub(super) fn rows(w: &WqMatrix, r0: usize, n: usize, x: &[f32], outs: &mut [&mut [f32]]) {
+/// The portable kernel (the reference for the AVX2 one); `xsum` holds `Σ x` per (activation
+/// row, group).
+pub(super) fn rows(
+    w: &WqMatrix,
+    r0: usize,
+    n: usize,
+    x: &[f32],
+    xsum: &[f32],
+    outs: &mut [&mut [f32]],
+) {
     let k = w.cols;
     let g = w.format.group_len(k);
     let groups = w.groups_per_row();
     let per_byte = w.format.bits.per_byte();
-    // Σ x per (activation row, group).
-    let xsum: Vec<f32> = x
-        .chunks_exact(k)
-        .flat_map(|xi| xi.chunks(g).map(|c| c.iter().sum::<f32>()))
-        .collect();
     // One group of ROWS weight rows, widened to f32.
     let mut wbuf = vec![0f32; ROWS * g];
     let mut totals = [[0f32; ROWS]; M_TILE];

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrite_kernels::quant::GgmlType;
-use ferrite_kernels::wq::{ScaleType, WqFormat, quantize_rtn};
+use ferrite_kernels::wq::{ScaleType, WqFormat};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
@@ -100,13 +100,7 @@ pub fn quantize_checkpoint(
             ))
         })?;
         if is_projection(name, &entry.shape) {
-            let m = tensors.matrix(name)?;
-            let wq = quantize_rtn(&m.to_f32(), m.rows, m.cols, format).map_err(|e| {
-                EngineError::BadTensor {
-                    name: name.to_owned(),
-                    reason: format!("cannot quantize to {format}: {e}"),
-                }
-            })?;
+            let wq = tensors.matrix(name)?.rtn_codes(name, format)?;
             let g = GptqTensors::from_wq(&wq).map_err(|e| match e {
                 EngineError::BadTensor { reason, .. } => EngineError::BadTensor {
                     name: name.to_owned(),

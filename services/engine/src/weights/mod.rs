@@ -287,7 +287,7 @@ impl Matrix {
     }
 
     /// The whole matrix as f32, row-major.
-    pub fn to_f32(&self) -> Vec<f32> {
+    fn to_f32(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.rows * self.cols];
         w.par_chunks_mut(self.cols.max(1))
             .enumerate()
@@ -295,15 +295,20 @@ impl Matrix {
         w
     }
 
-    /// This matrix quantized to `format` by round-to-nearest (rows dequantized to f32 first).
-    pub fn quantize_rtn(&self, name: &str, format: WqFormat) -> Result<Self> {
-        let q = quantize_rtn(&self.to_f32(), self.rows, self.cols, format).map_err(|e| {
+    /// The codes of this matrix (named `name` in errors) quantized to `format` by
+    /// round-to-nearest, rows dequantized to f32 first.
+    pub fn rtn_codes(&self, name: &str, format: WqFormat) -> Result<WqMatrix> {
+        quantize_rtn(&self.to_f32(), self.rows, self.cols, format).map_err(|e| {
             EngineError::BadTensor {
                 name: name.to_owned(),
                 reason: format!("cannot quantize to {format}: {e}"),
             }
-        })?;
-        Ok(Self::from_wq(q))
+        })
+    }
+
+    /// This matrix quantized to `format` by round-to-nearest (see [`Self::rtn_codes`]).
+    pub fn quantize_rtn(&self, name: &str, format: WqFormat) -> Result<Self> {
+        self.rtn_codes(name, format).map(Self::from_wq)
     }
 
     /// Stored bytes (what a forward reads).
