@@ -30,6 +30,19 @@ if ! python3 -c 'import grpc, grpc_tools, openai, prometheus_client, numpy' 2>/d
         python3 -m pip install --quiet --break-system-packages "${packages[@]}"
 fi
 
+# NVRTC (CUDA's run-time compiler; no GPU needed) so every kernel module is compile-checked
+# here; the CUDA toolkit release the GPU host runs (13.0).
+nvrtc_lib() {
+    python3 -c 'import importlib.util as u, os; s = u.find_spec("nvidia"); print(os.path.join(list(s.submodule_search_locations)[0], "cu13", "lib"))' 2>/dev/null
+}
+if ! [ -e "$(nvrtc_lib)/libnvrtc.so.13" ]; then
+    echo "tests/run.sh: installing nvidia-cuda-nvrtc 13.0"
+    python3 -m pip install --quiet 'nvidia-cuda-nvrtc==13.0.*' 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages 'nvidia-cuda-nvrtc==13.0.*'
+fi
+export LD_LIBRARY_PATH="$(nvrtc_lib)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FERRITE_REQUIRE_NVRTC=1
+
 echo "== format and lints"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings

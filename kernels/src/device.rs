@@ -5,8 +5,9 @@
 //! driver is asked for its devices. `auto` takes CUDA when it can and otherwise says in one line
 //! why it runs on the CPU.
 //!
-//! The CUDA compute backend itself is not built yet: a CUDA device is found and described, but
-//! selecting it is refused with that reason (the CPU runs everything meanwhile).
+//! `--device cuda[:N]` runs the model on that device ([`crate::cuda`]). `auto` still chooses the
+//! CPU when it finds a GPU, and says so: the CUDA backend has not yet been verified on GPU
+//! hardware, so it is used only when asked for by name.
 
 use std::fmt;
 use std::str::FromStr;
@@ -104,6 +105,7 @@ pub fn cuda_devices() -> Result<Vec<CudaDevice>, String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Device {
     Cpu,
+    Cuda(CudaDevice),
 }
 
 /// Why `--device` could not be honoured.
@@ -117,8 +119,11 @@ pub struct DeviceError {
 /// Picks the device for `request`. Returns it and, when `auto` fell back to the CPU, the
 /// one-line reason.
 pub fn select(request: DeviceRequest) -> Result<(Device, Option<String>), DeviceError> {
-    let not_built = |d: &CudaDevice| {
-        format!("{d} found, but ferrite's CUDA backend is not built yet; the CPU runs the model")
+    let not_chosen = |d: &CudaDevice| {
+        format!(
+            "{d} found; the CUDA backend runs only when asked for (--device cuda) until it is \
+             verified on GPU hardware, so the CPU runs the model"
+        )
     };
     match request {
         DeviceRequest::Cpu => Ok((Device::Cpu, None)),
@@ -126,7 +131,7 @@ pub fn select(request: DeviceRequest) -> Result<(Device, Option<String>), Device
             let why = match cuda_devices() {
                 Ok(devices) => devices
                     .first()
-                    .map_or_else(|| "no CUDA device".to_owned(), &not_built),
+                    .map_or_else(|| "no CUDA device".to_owned(), &not_chosen),
                 Err(reason) => format!("{reason}; running on the CPU"),
             };
             Ok((Device::Cpu, Some(why)))
@@ -141,7 +146,7 @@ pub fn select(request: DeviceRequest) -> Result<(Device, Option<String>), Device
                     devices.len().saturating_sub(1)
                 ))
             })?;
-            Err(error(format!("{}; use --device cpu", not_built(d))))
+            Ok((Device::Cuda(d.clone()), None))
         }
     }
 }
@@ -161,16 +166,21 @@ mod tests {
         }
     }
 
-    /// On any machine: the CPU is always selectable, `auto` never fails, and CUDA either is
-    /// refused with a reason (no driver here, or the backend not built yet) — never a panic.
+    /// On any machine: the CPU is always selectable, `auto` never fails, and CUDA is either
+    /// chosen (a device is there) or refused with a reason — never a panic.
     #[test]
     fn selection_never_panics() {
         assert_eq!(select(DeviceRequest::Cpu), Ok((Device::Cpu, None)));
         let (d, why) = select(DeviceRequest::Auto).expect("auto");
         assert_eq!(d, Device::Cpu);
         assert!(why.is_some_and(|w| !w.is_empty()));
-        let e = select(DeviceRequest::Cuda(0)).expect_err("no CUDA backend yet");
-        assert!(e.to_string().starts_with("--device cuda:0: "), "{e}");
-        assert!(e.to_string().contains("--device cpu"), "{e}");
+        match (select(DeviceRequest::Cuda(0)), cuda_devices()) {
+            (Ok((Device::Cuda(d), None)), Ok(devices)) => assert_eq!(Some(&d), devices.first()),
+            (Err(e), Err(_)) => {
+                assert!(e.to_string().starts_with("--device cuda:0: "), "{e}");
+                assert!(e.to_string().contains("--device cpu"), "{e}");
+            }
+            (got, devices) => panic!("select gave {got:?} with devices {devices:?}"),
+        }
     }
 }

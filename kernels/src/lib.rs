@@ -16,6 +16,7 @@
 //! (SIMD intrinsics, the mmap call), each block with a `SAFETY:` comment.
 
 pub mod cpu;
+pub mod cuda;
 pub mod device;
 pub mod mapped;
 pub mod quant;

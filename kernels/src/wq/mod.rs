@@ -355,6 +355,11 @@ impl WqMatrix {
         &self.codes[r * rb..(r + 1) * rb]
     }
 
+    /// All codes, packed, row-major (the layout the CUDA kernels read as is).
+    pub fn packed_codes(&self) -> &[u8] {
+        &self.codes
+    }
+
     /// All codes, unpacked, row-major.
     pub fn codes(&self) -> Vec<u8> {
         unpack(&self.codes, self.format.bits, self.rows * self.cols)

@@ -25,6 +25,8 @@ pub enum BenchCommand {
     Kernels(crate::bench_kernels::KernelsArgs),
     /// Forward-pass time of the seed 002 model sizes (dummy weights), batch 4.
     Forward(crate::bench_forward::ForwardArgs),
+    /// Latency of a batch submitted together, in the configurations and layout of seed 003.
+    Latency(crate::bench_latency::LatencyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -53,6 +55,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Perplexity(args) => crate::bench_perplexity::run(args),
         BenchCommand::Kernels(args) => crate::bench_kernels::run(args),
         BenchCommand::Forward(args) => crate::bench_forward::run(args),
+        BenchCommand::Latency(args) => crate::bench_latency::run(args),
     }
 }
 
@@ -68,7 +71,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let vocab = loaded.model.config().vocab_size as u64;
     // Token ids only: dummy-weight models have no tokenizer.
-    let mut engine = Engine::new(loaded.model, vec![], args.model.engine_config())?;
+    let cfg = args.model.engine_config(&loaded.model)?;
+    let mut engine = Engine::new(loaded.model, vec![], cfg)?;
     let threads = rayon::current_num_threads();
     let mut table = Table::new(&[
         "model",

@@ -98,8 +98,8 @@ struct Row {
 pub fn run(args: KernelsArgs) -> Result<()> {
     if args.mode == Mode::Model {
         bail!(
-            "--mode model (whole-model latency with CUDA graphs) needs the CUDA backend, which \
-             is not built yet; --mode layer runs on the CPU"
+            "--mode model (whole-model latency on the GPU with CUDA graphs) is not built yet; \
+             --mode layer runs on the CPU"
         );
     }
     if args.runs == 0 {

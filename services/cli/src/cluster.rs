@@ -205,9 +205,16 @@ async fn start_worker(
 ) -> Result<RunningWorker> {
     let model_args = args.model.clone();
     let span = tracing::Span::current();
-    let loaded = tokio::task::spawn_blocking(move || span.in_scope(|| model_args.load()))
-        .await
-        .context("model loading thread")??;
+    // Loading (and opening a GPU, which may compile kernels) blocks: off the runtime.
+    let (loaded, engine) = tokio::task::spawn_blocking(move || {
+        span.in_scope(|| {
+            let loaded = model_args.load()?;
+            let engine = model_args.engine_config(&loaded.model)?;
+            anyhow::Ok((loaded, engine))
+        })
+    })
+    .await
+    .context("model loading thread")??;
     let cfg = WorkerConfig {
         model_name: served_name(args),
         pool: args.pool.clone(),
@@ -215,7 +222,7 @@ async fn start_worker(
         tp: args.tp,
         listen: args.listen,
         advertise_host: args.advertise_host.clone(),
-        engine: args.model.engine_config(),
+        engine,
         max_waiting: args.max_waiting,
         lease_ttl: Duration::from_secs(args.lease_ttl_s.max(1)),
         drain_timeout: Duration::from_secs(args.drain_timeout_s),

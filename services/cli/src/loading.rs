@@ -2,10 +2,16 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferrite_engine::engine::{Engine, EngineConfig};
+use std::sync::{Arc, OnceLock};
+
+use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig};
+use ferrite_engine::gpu::{self, GpuOptions};
+use ferrite_engine::model::LlamaModel;
 use ferrite_engine::model::STARTUP_TARGET;
 use ferrite_engine::model::{self, LoadOptions, LoadedModel};
 use ferrite_engine::registry;
+use ferrite_kernels::cuda::ops::Dtype;
+use ferrite_kernels::cuda::{self, Gpu};
 use ferrite_kernels::device::{self, Device, DeviceRequest};
 use ferrite_kernels::wq::WqFormat;
 use tracing::field::Empty;
@@ -41,10 +47,27 @@ pub struct ModelArgs {
     /// names (a preset: `ferrite model list`), for speed measurements without a download.
     #[arg(long, value_enum, default_value = "auto")]
     pub load_format: LoadFormat,
-    /// cpu, cuda, cuda:N, or auto (CUDA when usable, else the CPU, saying why).
+    /// cpu, cuda, cuda:N, or auto (the CPU for now, saying why when a GPU is there).
     #[arg(long, default_value = "auto", env = "FERRITE_DEVICE")]
     pub device: DeviceRequest,
+    /// The 16-bit type of weights and activations on a GPU: auto (the checkpoint's BF16, else
+    /// float16), float16 or bfloat16.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: DtypeArg,
+    /// On a GPU, run decode steps eagerly instead of replaying captured CUDA graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeArg {
+    Auto,
+    Float16,
+    Bfloat16,
+}
+
+/// The GPU of this process, opened once (its kernels compiled or read from the cache).
+static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LoadFormat {
@@ -63,14 +86,40 @@ fn fraction(s: &str) -> Result<f64, String> {
 }
 
 impl ModelArgs {
-    pub fn engine_config(&self) -> EngineConfig {
-        EngineConfig {
+    /// The engine's limits, and its GPU when `--device` names one (opened on first use, in
+    /// the `kernel_compile` phase). `model` picks the automatic dtype.
+    pub fn engine_config(&self, model: &LlamaModel) -> Result<EngineConfig> {
+        let cuda = match device::select(self.device)? {
+            (Device::Cpu, _) => None,
+            (Device::Cuda(d), _) => {
+                let gpu = match GPU.get() {
+                    Some(g) => g.clone(),
+                    None => {
+                        let g = open_gpu(d.ordinal)?;
+                        GPU.get_or_init(|| g).clone()
+                    }
+                };
+                let dtype = match self.dtype {
+                    DtypeArg::Auto => gpu::default_dtype(model),
+                    DtypeArg::Float16 => Dtype::F16,
+                    DtypeArg::Bfloat16 => Dtype::Bf16,
+                };
+                let opts = GpuOptions {
+                    dtype,
+                    memory_utilization: self.gpu_memory_utilization,
+                    cuda_graphs: !self.enforce_eager,
+                };
+                Some(CudaPlacement { gpu, opts })
+            }
+        };
+        Ok(EngineConfig {
             max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             kv_cache_bytes: self.kv_cache_mib << 20,
+            cuda,
             ..EngineConfig::default()
-        }
+        })
     }
 
     /// The `device_init` phase: picks the device (refusing one that cannot run), then on the
@@ -125,6 +174,23 @@ pub fn engine(loaded: LoadedModel, args: &ModelArgs) -> Result<(Engine, ferrite_
         )
     })?;
     let eos = tokenizer.eos_ids().to_vec();
-    let engine = Engine::new(loaded.model, eos, args.engine_config())?;
+    let cfg = args.engine_config(&loaded.model)?;
+    let engine = Engine::new(loaded.model, eos, cfg)?;
     Ok((engine, tokenizer))
+}
+
+/// Opens `cuda:<ordinal>` with its kernels: the `kernel_compile` phase, whose span counts the
+/// modules found in the CUBIN cache and those NVRTC compiled.
+fn open_gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+    let span = tracing::info_span!(target: STARTUP_TARGET, "kernel_compile",
+        device = ordinal as i64, modules = cuda::MODULES.len() as i64, hits = Empty,
+        misses = Empty, arch = Empty);
+    let _entered = span.enter();
+    let (gpu, builds) = Gpu::open(ordinal, &cuda::default_cache_dir())
+        .with_context(|| format!("opening cuda:{ordinal}"))?;
+    let hits = builds.iter().filter(|b| b.hit).count();
+    span.record("hits", hits as i64);
+    span.record("misses", (builds.len() - hits) as i64);
+    span.record("arch", gpu.arch.as_str());
+    Ok(Arc::new(gpu))
 }

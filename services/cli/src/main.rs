@@ -10,17 +10,19 @@
 //!   `bench gateway`: what the gateway adds; `bench startup`: start-up phases from spans;
 //!   `bench perplexity`: quality of quantized weights on a text; `bench kernels`: quantized
 //!   linear layers against f16 per model shape; `bench forward`: forward passes of the seed
-//!   002 model sizes).
+//!   002 model sizes; `bench latency`: batch latency in the configurations of seed 003).
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
 mod bench_forward;
 mod bench_gateway;
 mod bench_kernels;
+mod bench_latency;
 mod bench_perplexity;
 mod bench_startup;
 mod cluster;
 mod generate;
+mod kernels_cmd;
 mod loading;
 mod model_cmd;
 mod quantize;
@@ -60,6 +62,9 @@ enum Command {
     /// Benchmarks that print tables.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// CUDA kernel modules: compile them into the CUBIN cache.
+    #[command(subcommand)]
+    Kernels(kernels_cmd::KernelsCommand),
 }
 
 impl Command {
@@ -73,6 +78,7 @@ impl Command {
             Command::Quantize(_) => "ferrite-quantize",
             Command::Model(_) => "ferrite-model",
             Command::Bench(_) => "ferrite-bench",
+            Command::Kernels(_) => "ferrite-kernels",
         }
     }
 
@@ -106,6 +112,7 @@ fn main() -> std::process::ExitCode {
         Command::Quantize(args) => quantize::run(args),
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Kernels(cmd) => kernels_cmd::run(cmd),
     };
     // Exports the spans still buffered.
     telemetry.shutdown();

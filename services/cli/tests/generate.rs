@@ -196,10 +196,12 @@ fn bad_input_gets_a_clear_error() {
     );
 }
 
-/// Without a usable CUDA backend, `--device cuda` is refused before anything loads, with the
-/// reason and the way out; `--device cpu` and the default run.
+/// Without a CUDA device, `--device cuda` is refused before anything loads, with the reason
+/// and the way out; `--device cpu` and the default run. (On a GPU host `--device cuda` runs:
+/// the engine's CUDA tests cover it there.)
 #[test]
 fn device_cuda_is_refused_clearly_and_cpu_runs() {
+    let gpu_host = std::path::Path::new("/dev/nvidiactl").exists();
     let out = ferrite(&[
         "generate",
         "--device",
@@ -210,10 +212,12 @@ fn device_cuda_is_refused_clearly_and_cpu_runs() {
         "1",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "--device cuda ran: {err}");
-    assert!(err.contains("--device cuda:0: "), "{err}");
-    assert!(err.contains("use --device cpu"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    if !gpu_host {
+        assert!(!out.status.success(), "--device cuda ran: {err}");
+        assert!(err.contains("--device cuda:0: "), "{err}");
+        assert!(err.contains("use --device cpu"), "{err}");
+    }
     let out = ferrite(&["generate", "--device", "gpu", "--prompt", "Hi"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cpu, cuda, cuda:N or auto"));

@@ -6,9 +6,13 @@
 //! pool before the next step is planned.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
+use ferrite_kernels::cuda::Gpu;
+
 use crate::error::{EngineError, Result};
+use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
 use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
 use crate::sampler::{SampledToken, Sampler, SamplingParams};
@@ -22,8 +26,17 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub block_size: usize,
-    /// Memory for K and V; the pool gets as many blocks as fit.
+    /// Memory for K and V on the CPU; the pool gets as many blocks as fit.
     pub kv_cache_bytes: usize,
+    /// Run on this GPU instead of the CPU (the KV cache is then sized from its memory).
+    pub cuda: Option<CudaPlacement>,
+}
+
+/// A GPU for the engine and how the model runs there.
+#[derive(Debug, Clone)]
+pub struct CudaPlacement {
+    pub gpu: Arc<Gpu>,
+    pub opts: GpuOptions,
 }
 
 impl Default for EngineConfig {
@@ -34,6 +47,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             block_size: 16,
             kv_cache_bytes: 1 << 30,
+            cuda: None,
         }
     }
 }
@@ -117,33 +131,54 @@ struct Request {
     preemptions: u32,
 }
 
+/// Where the forward pass runs.
+#[derive(Debug)]
+enum Executor {
+    /// The CPU reference ops, with the KV cache in host memory.
+    Cpu(KvCache),
+    /// The CUDA backend, with its own device KV cache.
+    Cuda(Box<GpuRunner>),
+}
+
 #[derive(Debug)]
 pub struct Engine {
     model: LlamaModel,
-    kv: KvCache,
+    exec: Executor,
     sched: Scheduler,
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
     preemptions: u64,
 }
 
+/// `cfg`'s max model length (default: the model's, at most 8192), checked with the other
+/// limits.
+fn checked_max_model_len(model: &LlamaModel, cfg: &EngineConfig) -> Result<usize> {
+    let max_model_len = cfg
+        .max_model_len
+        .unwrap_or(model.config().max_position_embeddings.min(8192));
+    if max_model_len < 2
+        || cfg.block_size == 0
+        || cfg.max_num_seqs == 0
+        || cfg.max_num_batched_tokens == 0
+    {
+        return Err(EngineError::BadConfig(
+            "max_model_len must be ≥ 2; block size, max_num_seqs and max_num_batched_tokens ≥ 1"
+                .into(),
+        ));
+    }
+    Ok(max_model_len)
+}
+
 impl Engine {
     /// Sizes the KV cache from `cfg` and refuses configurations where one full-length sequence
     /// would not fit.
+    /// On `cfg.cuda`'s GPU when set (see [`Self::new_cuda`]).
     pub fn new(model: LlamaModel, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self> {
-        let mc = model.config();
-        let max_model_len = cfg
-            .max_model_len
-            .unwrap_or(mc.max_position_embeddings.min(8192));
-        if max_model_len < 2
-            || cfg.block_size == 0
-            || cfg.max_num_seqs == 0
-            || cfg.max_num_batched_tokens == 0
-        {
-            return Err(EngineError::BadConfig(
-                "max_model_len must be ≥ 2; block size, max_num_seqs and max_num_batched_tokens ≥ 1".into(),
-            ));
+        if let Some(CudaPlacement { gpu, opts }) = cfg.cuda.clone() {
+            return Self::new_cuda(model, gpu, opts, eos_ids, cfg);
         }
+        let max_model_len = checked_max_model_len(&model, &cfg)?;
+        let mc = model.config();
         let per_token = KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim);
         let num_blocks = cfg.kv_cache_bytes / (per_token * cfg.block_size);
         let needed = blocks_for(max_model_len, cfg.block_size);
@@ -169,6 +204,54 @@ impl Engine {
             mc.num_kv_heads,
             mc.head_dim,
         );
+        Ok(Self::assemble(
+            model,
+            Executor::Cpu(kv),
+            num_blocks,
+            max_model_len,
+            eos_ids,
+            &cfg,
+        ))
+    }
+
+    /// An engine whose forward runs on `gpu`: the weights are copied there and the KV cache
+    /// takes what `opts.memory_utilization` leaves after a maximal step (`cfg.kv_cache_bytes`
+    /// is the CPU's and is not used).
+    fn new_cuda(
+        model: LlamaModel,
+        gpu: Arc<Gpu>,
+        opts: GpuOptions,
+        eos_ids: Vec<u32>,
+        cfg: EngineConfig,
+    ) -> Result<Self> {
+        let max_model_len = checked_max_model_len(&model, &cfg)?;
+        let limits = StepLimits {
+            max_tokens: cfg.max_num_batched_tokens,
+            max_seqs: cfg.max_num_seqs,
+            max_model_len,
+            block_size: cfg.block_size,
+        };
+        let runner = gpu::build_runner(&model, gpu, opts, limits)?;
+        let num_blocks = u32::try_from(runner.num_blocks()).unwrap_or(u32::MAX - 1);
+        let exec = Executor::Cuda(Box::new(runner));
+        Ok(Self::assemble(
+            model,
+            exec,
+            num_blocks,
+            max_model_len,
+            eos_ids,
+            &cfg,
+        ))
+    }
+
+    fn assemble(
+        model: LlamaModel,
+        exec: Executor,
+        num_blocks: u32,
+        max_model_len: usize,
+        eos_ids: Vec<u32>,
+        cfg: &EngineConfig,
+    ) -> Self {
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -178,14 +261,22 @@ impl Engine {
             },
             num_blocks,
         );
-        Ok(Self {
+        Self {
             model,
-            kv,
+            exec,
             sched,
             requests: HashMap::new(),
             eos_ids,
             preemptions: 0,
-        })
+        }
+    }
+
+    /// Which device runs the forward pass (`cpu`, or the CUDA device).
+    pub fn device_name(&self) -> String {
+        match &self.exec {
+            Executor::Cpu(_) => "cpu".into(),
+            Executor::Cuda(r) => r.gpu().device.to_string(),
+        }
     }
 
     /// Runs one short prefill and one decode step through the model (then frees them), so the
@@ -328,7 +419,11 @@ impl Engine {
                 })
             })
             .collect();
-        let logits = match self.model.forward(&chunks, &mut self.kv) {
+        let forward = match &mut self.exec {
+            Executor::Cpu(kv) => self.model.forward(&chunks, kv),
+            Executor::Cuda(runner) => runner.forward(&chunks),
+        };
+        let logits = match forward {
             Ok(l) => l,
             Err(e) => {
                 for c in &plan.chunks {

@@ -46,6 +46,8 @@ pub enum EngineError {
     QueueFull(usize),
     #[error("the engine has stopped")]
     Stopped,
+    #[error("GPU: {0}")]
+    Device(String),
 }
 
 impl EngineError {
@@ -69,6 +71,7 @@ impl EngineError {
             EngineError::Quant(_) => "quant",
             EngineError::QueueFull(_) => "queue_full",
             EngineError::Stopped => "stopped",
+            EngineError::Device(_) => "device",
         }
     }
 }

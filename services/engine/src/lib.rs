@@ -22,6 +22,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod gpu;
 pub mod handle;
 pub mod kv_cache;
 pub mod model;

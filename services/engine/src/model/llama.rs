@@ -49,20 +49,20 @@ impl WeightNaming {
 }
 
 #[derive(Debug)]
-struct Layer {
-    attn_norm: Vec<f32>,
-    q: Matrix,
-    k: Matrix,
-    v: Matrix,
-    qkv_bias: Option<[Vec<f32>; 3]>,
-    qk_norm: Option<[Vec<f32>; 2]>,
-    o: Matrix,
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) q: Matrix,
+    pub(crate) k: Matrix,
+    pub(crate) v: Matrix,
+    pub(crate) qkv_bias: Option<[Vec<f32>; 3]>,
+    pub(crate) qk_norm: Option<[Vec<f32>; 2]>,
+    pub(crate) o: Matrix,
     /// Gemma 2: the norms of the attention output and of the MLP output.
-    post_norms: Option<[Vec<f32>; 2]>,
-    ffn_norm: Vec<f32>,
-    gate: Matrix,
-    up: Matrix,
-    down: Matrix,
+    pub(crate) post_norms: Option<[Vec<f32>; 2]>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) gate: Matrix,
+    pub(crate) up: Matrix,
+    pub(crate) down: Matrix,
 }
 
 impl Layer {
@@ -150,12 +150,12 @@ pub struct SeqChunk<'a> {
 
 #[derive(Debug)]
 pub struct LlamaModel {
-    cfg: ModelConfig,
-    embed: Matrix,
-    layers: Vec<Layer>,
-    norm: Vec<f32>,
-    lm_head: Matrix,
-    rope: Rope,
+    pub(crate) cfg: ModelConfig,
+    pub(crate) embed: Matrix,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Vec<f32>,
+    pub(crate) lm_head: Matrix,
+    pub(crate) rope: Rope,
 }
 
 impl LlamaModel {

@@ -311,6 +311,23 @@ impl Matrix {
         self.rtn_codes(name, format).map(Self::from_wq)
     }
 
+    /// Whether `other` is this very matrix (the same bytes of the same file, or the same
+    /// quantized copy): tied embeddings.
+    pub fn same_storage(&self, other: &Matrix) -> bool {
+        match (&self.storage, &other.storage) {
+            (
+                Storage::Mapped {
+                    file: a, start: s1, ..
+                },
+                Storage::Mapped {
+                    file: b, start: s2, ..
+                },
+            ) => Arc::ptr_eq(a, b) && s1 == s2,
+            (Storage::Quantized(a), Storage::Quantized(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// Stored bytes (what a forward reads).
     pub fn bytes_len(&self) -> usize {
         match &self.storage {

@@ -1,0 +1,280 @@
+// Token selection on f32 logits: greedy argmax, and temperature / top-k / top-p / min-p
+// sampling, one block per sequence, without sorting the vocabulary.
+//
+// Semantics follow the CPU sampler's `draw` (services/engine/src/sampler.rs); penalties are
+// not applied here (the CPU applies them to the logits before this point, so the host must do
+// the same before launching). With T = temperature and m = the largest logit:
+//   candidates: logits l >= m - 40*T (anything lower has probability < e^-40 of the best);
+//               NaN logits are never candidates
+//   s = (l - m) * (1/T)       the scaled logit; the best token has s = +0
+//   top-k (k > 0):            keep s >= the k-th largest s among candidates
+//   top-p (p < 1):            keep s >= the largest threshold whose kept mass sum(exp(s)) is
+//                             >= p * (the mass top-k kept): the CPU's shortest prefix of the
+//                             sorted, renormalized top-k distribution reaching p
+//   min-p (q > 0):            keep exp(s) >= q, i.e. prob >= q * (the best token's prob)
+//   draw:                     from the survivors in proportion to exp(s)
+// Ties at a top-k or top-p threshold: every token tied with the threshold value is kept (the
+// CPU keeps exactly k, or the shortest prefix, breaking ties by lower token id).
+//
+// Thresholds are found by an 8-way search over the order-preserving u32 image of s (7 trial
+// thresholds per pass over the row, each pass a block-wide count or exp-mass of the tokens at
+// or above each trial; about 10 passes for a 2^28-wide key range). Sums are in f32 with a fixed
+// reduction order, so a launch is deterministic; counts are exact while vocab < 2^24.
+//
+// The draw is Gumbel-max: token = argmax over survivors of s_i - log(E_i), E_i ~ Exp(1), which
+// picks i with probability exp(s_i) / sum(exp(s)). The randomness is counter-based, so it does
+// not depend on the launch shape or on the other sequences:
+//   state = mix(seed ^ mix(step))
+//   r_i   = mix(state + GAMMA * (i + 1))     (output i + 1 of SplitMix64 started at `state`)
+//   u_i   = round_toward_zero((r_i >> 1) | 1) * 2^-63   in [2^-63, 1 - 2^-24]
+//   E_i   = -log1p(-u_i)
+// where mix is SplitMix64's finalizer and GAMMA = 0x9E3779B97F4A7C15. log1p keeps E_i exact
+// when it is small, so the noise reaches s + 43: tokens down to the e^-40 floor keep their
+// chance instead of being cut off by a coarse uniform.
+#include "common.cuh"
+
+#define SAMPLE_BLOCK 1024
+#define SEL_TRIALS 7  // trial thresholds per search pass (an 8-way split)
+#define GOLDEN_GAMMA 0x9E3779B97F4A7C15ull
+
+// Larger floats map to larger keys (NaN excepted; +0 sits just above -0).
+__device__ __forceinline__ u32 order_key(float f) {
+  const u32 b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ u64 mix64(u64 z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Gumbel noise -log(E) for token i of the stream (see the header comment).
+__device__ __forceinline__ float gumbel(u64 state, i32 i) {
+  const u64 r = mix64(state + GOLDEN_GAMMA * (u64)(i + 1));
+  const float u = __ull2float_rz((r >> 1) | 1ull) * 0x1p-63f;
+  return -logf(-log1pf(-u));
+}
+
+// (v, i) beats (bv, bi): larger value, then lower index. NaN never wins.
+__device__ __forceinline__ bool better(float v, i32 i, float bv, i32 bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+// Block-wide argmax (largest value, lowest index on ties); every thread gets the index.
+// Threads with nothing pass (NEG_INF, INT_MAX); the result is INT_MAX when every value was NaN.
+__device__ __forceinline__ i32 block_argmax(float v, i32 i, float* sv, i32* si) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) v = ov, i = oi;
+  }
+  __syncthreads();  // the scratch may still be read by a previous reduction
+  if (lane == 0) sv[warp] = v, si[warp] = i;
+  __syncthreads();
+  v = lane < warps ? sv[lane] : NEG_INF;
+  i = lane < warps ? si[lane] : 0x7fffffff;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) v = ov, i = oi;
+  }
+  return i;
+}
+
+// Calls fn(logit, index) for this thread's share of the row, in the same order on every call
+// (so every pass sums the same terms in the same order).
+template <typename F>
+__device__ __forceinline__ void for_each_logit(const float* row, i32 vocab, F&& fn) {
+  if ((vocab & 3) == 0 && is_aligned16(row)) {
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    for (i32 q = threadIdx.x; q < vocab / 4; q += blockDim.x) {
+      const float4 v = r4[q];
+      fn(v.x, 4 * q);
+      fn(v.y, 4 * q + 1);
+      fn(v.z, 4 * q + 2);
+      fn(v.w, 4 * q + 3);
+    }
+  } else {
+    for (i32 i = threadIdx.x; i < vocab; i += blockDim.x) fn(row[i], i);
+  }
+}
+
+// The candidate test and the scaled logit, as the CPU forms them.
+struct Filter {
+  float top, floor, inv_t;
+  __device__ __forceinline__ bool scaled(float l, float& s) const {
+    if (!(l >= floor)) return false;
+    s = (l - top) * inv_t;
+    return true;
+  }
+};
+
+// Index of the first of the row's largest logits, exactly as the CPU's `argmax`: a NaN is never
+// larger than anything, so a NaN at index 0 makes the answer 0, and so does an all-NaN row.
+__device__ __forceinline__ i32 row_argmax(const float* row, i32 vocab, float* sv, i32* si,
+                                          float& max_out) {
+  float bv = NEG_INF;
+  i32 bi = 0x7fffffff;
+  for_each_logit(row, vocab, [&](float l, i32 i) {
+    if (better(l, i, bv, bi)) bv = l, bi = i;
+  });
+  const i32 best = block_argmax(bv, bi, sv, si);
+  const float first = vocab > 0 ? row[0] : 0.0f;
+  max_out = best < vocab ? row[best] : NEG_INF;
+  return (best >= vocab || first != first) ? 0 : best;
+}
+
+// The largest key K in [lo, hi] with F(K) >= target, where F(K) sums, over candidates with
+// order_key(s) >= K, 1 (MASS false: a count) or exp(s) (MASS true). F falls as K grows, and the
+// caller guarantees F(lo) >= target, so lo is returned when no larger key qualifies.
+// `red` is (SEL_TRIALS + 1) * 32 floats of shared memory.
+template <bool MASS>
+__device__ u32 search_threshold(const float* row, i32 vocab, const Filter& f, u32 lo, u32 hi,
+                                float target, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  while (lo < hi) {
+    u32 t[SEL_TRIALS];
+    const u64 span = hi - lo;
+#pragma unroll
+    for (int j = 0; j < SEL_TRIALS; ++j)  // lo < t[0] <= ... <= t[6] <= hi
+      t[j] = lo + (u32)((span * (j + 1) + SEL_TRIALS) / (SEL_TRIALS + 1));
+    float c[SEL_TRIALS];
+#pragma unroll
+    for (int j = 0; j < SEL_TRIALS; ++j) c[j] = 0.0f;
+    for_each_logit(row, vocab, [&](float l, i32) {
+      float s;
+      if (!f.scaled(l, s)) return;
+      const u32 key = order_key(s);
+      const float w = MASS ? expf(s) : 1.0f;
+#pragma unroll
+      for (int j = 0; j < SEL_TRIALS; ++j) c[j] += key >= t[j] ? w : 0.0f;
+    });
+#pragma unroll
+    for (int j = 0; j < SEL_TRIALS; ++j) c[j] = warp_sum(c[j]);
+    __syncthreads();  // every thread has read the previous pass's totals
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < SEL_TRIALS; ++j) red[j * 32 + warp] = c[j];
+    }
+    __syncthreads();
+    if (warp == 0) {
+      for (int j = 0; j < SEL_TRIALS; ++j) {
+        const float v = warp_sum(lane < warps ? red[j * 32 + lane] : 0.0f);
+        if (lane == 0) red[SEL_TRIALS * 32 + j] = v;
+      }
+    }
+    __syncthreads();
+    // The last trial that qualifies bounds the answer from below, the next one from above
+    // (written without indexing t by a variable, which would put t in local memory).
+    u32 new_lo = lo, new_hi = t[0] - 1;
+#pragma unroll
+    for (int j = 0; j < SEL_TRIALS; ++j) {
+      if (red[SEL_TRIALS * 32 + j] >= target) {
+        new_lo = t[j];
+        new_hi = j + 1 < SEL_TRIALS ? t[j + 1] - 1 : hi;
+      }
+    }
+    lo = new_lo;
+    hi = new_hi;
+  }
+  return lo;
+}
+
+__device__ void sample_row(i32* out_ids, const float* logits, i32 vocab,
+                           const float* temperature, const i32* top_k, const float* top_p,
+                           const float* min_p, const u64* seeds, const u64* steps) {
+  __shared__ float red[(SEL_TRIALS + 1) * 32];
+  __shared__ i32 red_i[32];
+  const i32 seq = blockIdx.x;
+  const float* row = logits + (i64)seq * vocab;
+
+  float top;
+  const i32 greedy = row_argmax(row, vocab, red, red_i, top);
+  const float temp = temperature[seq];
+  // A row whose best logit is ±inf (or all NaN) has no distribution to draw from.
+  if (!(temp > 0.0f) || !(top > NEG_INF && top < -NEG_INF)) {
+    if (threadIdx.x == 0) out_ids[seq] = greedy;
+    return;
+  }
+
+  // 40 * T rounded before the subtraction, as the CPU does (no FMA).
+  const Filter f{top, top - __fmul_rn(40.0f, temp), 1.0f / temp};
+  const i32 k = top_k[seq];
+  const float p = top_p[seq];
+  u32 thr = 0;  // survivors: order_key(s) >= thr
+  if (k > 0 || p < 1.0f) {
+    float count = 0.0f, mass = 0.0f, neg_min = NEG_INF;
+    for_each_logit(row, vocab, [&](float l, i32) {
+      float s;
+      if (!f.scaled(l, s)) return;
+      count += 1.0f;
+      mass += expf(s);
+      neg_min = fmaxf(neg_min, -s);
+    });
+    count = block_sum(count, red);
+    mass = block_sum(mass, red);
+    neg_min = block_max(neg_min, red);
+    const u32 key_hi = order_key(0.0f);  // the best token's s
+    thr = order_key(-neg_min);           // the lowest candidate's: everything survives
+    if (k > 0 && (float)k < count) {
+      thr = search_threshold<false>(row, vocab, f, thr, key_hi, (float)k, red);
+      if (p < 1.0f) {
+        // top-p renormalizes over what top-k kept.
+        mass = 0.0f;
+        for_each_logit(row, vocab, [&](float l, i32) {
+          float s;
+          if (f.scaled(l, s) && order_key(s) >= thr) mass += expf(s);
+        });
+        mass = block_sum(mass, red);
+      }
+    }
+    if (p < 1.0f) thr = search_threshold<true>(row, vocab, f, thr, key_hi, p * mass, red);
+  }
+
+  const float q = min_p[seq];
+  const u64 state = mix64(seeds[seq] ^ mix64(steps[seq]));
+  float bv = NEG_INF;
+  i32 bi = 0x7fffffff;
+  for_each_logit(row, vocab, [&](float l, i32 i) {
+    float s;
+    if (!f.scaled(l, s) || order_key(s) < thr) return;
+    if (q > 0.0f && !(expf(s) >= q)) return;
+    const float v = s + gumbel(state, i);
+    if (better(v, i, bv, bi)) bv = v, bi = i;
+  });
+  const i32 drawn = block_argmax(bv, bi, red, red_i);
+  // The best token always survives (s = 0, exp(0) = 1 >= any valid min_p); a min_p > 1 from a
+  // host that skipped validation leaves nothing, and then the argmax is the answer.
+  if (threadIdx.x == 0) out_ids[seq] = drawn < vocab ? drawn : greedy;
+}
+
+// Launch: grid n_seqs (exactly: block b samples row b), block 1024 (any multiple of 32 up to
+// 1024 works; 1024 is fastest), no dynamic shared memory.
+// logits: [n_seqs, vocab] f32 contiguous, 1 <= vocab < 2^24 (262144 in practice); read only.
+// Per sequence: temperature (<= 0 or NaN: greedy argmax, lowest index on ties), top_k (<= 0:
+// off), top_p (>= 1: off; valid (0, 1)), min_p (<= 0: off; valid (0, 1]), seeds and steps
+// (the random stream is a function of (seed, step, token id) only: pass a new step for every
+// draw of a request). out_ids: [n_seqs]. A row whose largest logit is ±inf or that is all NaN
+// yields its argmax (0 when all NaN), whatever the parameters.
+extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
+    sample_f32(i32* out_ids, const float* logits, i32 vocab, const float* temperature,
+               const i32* top_k, const float* top_p, const float* min_p, const u64* seeds,
+               const u64* steps) {
+  sample_row(out_ids, logits, vocab, temperature, top_k, top_p, min_p, seeds, steps);
+}
+
+// Launch: grid n_seqs (exactly), block 1024 (any multiple of 32 up to 1024), no dynamic shared
+// memory. logits: [n_seqs, vocab] f32 contiguous, vocab >= 1. out_ids[b] = the CPU's
+// argmax(row b): first index of the largest value; 0 when row[0] is NaN or all are NaN.
+extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
+    argmax_f32(i32* out_ids, const float* logits, i32 vocab) {
+  __shared__ float sv[32];
+  __shared__ i32 si[32];
+  float max;
+  const i32 best = row_argmax(logits + (i64)blockIdx.x * vocab, vocab, sv, si, max);
+  if (threadIdx.x == 0) out_ids[blockIdx.x] = best;
+}

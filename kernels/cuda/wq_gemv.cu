@@ -1,0 +1,390 @@
+// Weight-only quantized matrix times a few activation rows (decode: m = 1..8), and the
+// dequantization to a dense matrix that prefill hands to cuBLAS.
+//
+// Layout (ferrite's, see kernels/src/wq/mod.rs): codes row-major over output rows, row r holds
+// `cols` codes packed little-end first (code j at bit (j*bits)%8 of byte j*bits/8); scales
+// [rows][groups] as T; zeros [rows][groups] as u8, or none (symmetric: zero = 2^(bits-1));
+// w = scale * (q - zero); groups of `group_size` along a row, the last one may be shorter.
+//
+// GEMV design. At m <= 8 the weights dominate the traffic, so the kernel is built to stream them
+// at HBM speed while the arithmetic stays off the critical path:
+//  * Tensor cores do the multiply: a warp owns 16 weight rows (mma M), the activation rows are
+//    mma N (8, padded; rows >= m are never read and their outputs dropped), so the cost is the
+//    same for m = 1 and m = 8. CUDA-core f32 FMAs would need m FMAs per weight and become the
+//    bottleneck well before m = 8 on 4- and 2-bit weights.
+//  * Codes are copied global -> shared with 16-byte cp.async (no registers held while in flight;
+//    3 steps of 1 KiB per warp in flight) and read back with ldmatrix, which hands lane
+//    (gid, tig) word tig of each 16-byte unit of rows gid and gid+8: exactly an A fragment
+//    whose four k-slots per lane are that word's codes. The mma's k order is free as long as A
+//    and B agree, so each lane loads the x values of its own word's columns (8-32 contiguous
+//    bytes) straight from global memory (x stays hot in L1/L2; it is far too large for shared
+//    memory at cols = 28672, m = 8).
+//  * Dequantization is exact and cheap: codes are OR'ed into the mantissa of a magic 16-bit
+//    float (1024 for f16, 128 for bf16) by one lop3, and one packed fma subtracts
+//    (magic + zero), giving q - zero exactly in T. The group scale is applied in f32 to the
+//    mma result of each group, so nothing is rounded before the final store.
+//  * Each mma's 16 k-slots come from one 16-byte unit of each row, which lies in one group when
+//    group_size is a multiple of 32 (2-bit units span 64 codes: with 32-code groups each unit is
+//    split in two masked mmas).
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace wq {
+
+constexpr int WARPS = 8;
+constexpr int STAGES = 4;
+// One warp step is 16 rows x 64 code bytes; rows padded to 80 bytes so the 8 row addresses of
+// each ldmatrix fall in distinct 16-byte bank groups (80 * r mod 128 is a permutation of 16 * r).
+constexpr int ROW_BYTES = 80;
+constexpr int STAGE_BYTES = 16 * ROW_BYTES;
+
+// 16-bit pattern of the magic float whose mantissa lsb is worth 1.
+template <typename T>
+struct Magic;
+template <>
+struct Magic<f16> {
+  static constexpr u32 bits = 0x6400u;  // 1024
+  static constexpr u32 one2 = 0x3c003c00u;
+};
+template <>
+struct Magic<bf16> {
+  static constexpr u32 bits = 0x4300u;  // 128
+  static constexpr u32 one2 = 0x3f803f80u;
+};
+
+// The addend that turns (magic + q) into q - z: -(magic + z) in both halves. For 8-bit codes in
+// bf16 (whose 7 mantissa bits cannot hold them) it is the f32 -(2^23 + z) instead.
+template <typename T, int BITS>
+__device__ __forceinline__ u32 zero_addend(u32 z) {
+  if (BITS == 8 && Magic<T>::bits == Magic<bf16>::bits) return 0xcb000000u | z;
+  return (Magic<T>::bits | 0x8000u | z) * 0x10001u;
+}
+
+__device__ __forceinline__ u32 shfl_u32(u32 v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+__device__ __forceinline__ float shfl_f32(float v, int src) {
+  return __shfl_sync(0xffffffffu, v, src);
+}
+
+// A fragments of one 16-byte unit: word `w` of rows gid and gid+8 (lane tig's k-slots), as
+// pairs of (q - z) in T. pairs[2j], pairs[2j+1] feed mma j (k-slot pairs 2tig.. and 2tig+8..).
+// 8-bit: pairs (c0,c1), (c2,c3). 4/2-bit: pair s = (c_s, c_{s+CPW/2}) from bits s*BITS of each
+// half-word, so the matching x pairs come from words j and j+CPW/4 of the lane's x values.
+template <typename T, int BITS>
+__device__ __forceinline__ void dequant_word(u32 w, u32 zadd, u32 (&pairs)[32 / BITS / 2]) {
+  constexpr int CPW = 32 / BITS;
+  if constexpr (BITS == 8) {
+    if constexpr (Magic<T>::bits == 0x6400u) {
+      pairs[0] = fma2<T>(prmt(w, 0x64646464u, 0x4140u), Magic<T>::one2, zadd);
+      pairs[1] = fma2<T>(prmt(w, 0x64646464u, 0x4342u), Magic<T>::one2, zadd);
+    } else {
+      // bf16: byte -> f32 2^23 + q, exact subtraction in f32, exact packing.
+      const float za = __uint_as_float(zadd);
+      float d[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) d[i] = __uint_as_float(prmt(w, 0x4b000000u, 0x7440u + i)) + za;
+      pairs[0] = pack2<T>(d[0], d[1]);
+      pairs[1] = pack2<T>(d[2], d[3]);
+    }
+  } else {
+    constexpr u32 mask = ((1u << BITS) - 1) * 0x10001u;
+#pragma unroll
+    for (int s = 0; s < CPW / 2; ++s)
+      pairs[s] = fma2<T>(and_or(w >> (BITS * s), mask, Magic<T>::bits * 0x10001u),
+                         Magic<T>::one2, zadd);
+  }
+}
+
+// B fragment for mma j from the lane's x words (CPW values, 2 per word), matching dequant_word.
+template <int BITS>
+__device__ __forceinline__ void x_pair(const u32 (&xw)[32 / BITS / 2], int j, u32 (&b)[2]) {
+  constexpr int XW = 32 / BITS / 2;
+  if constexpr (BITS == 8) {
+    b[0] = xw[0];
+    b[1] = xw[1];
+  } else {
+    b[0] = prmt(xw[j], xw[j + XW / 2], 0x5410u);
+    b[1] = prmt(xw[j], xw[j + XW / 2], 0x7632u);
+  }
+}
+
+template <int BITS>
+__device__ __forceinline__ void load_x(const u8* p, bool valid, u32 (&xw)[32 / BITS / 2]) {
+  constexpr int XW = 32 / BITS / 2;
+#pragma unroll
+  for (int i = 0; i < XW; ++i) xw[i] = 0;
+  if (!valid) return;
+  if constexpr (XW == 2) {
+    const uint2 v = ldg_v2(p);
+    xw[0] = v.x;
+    xw[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < XW; i += 4) {
+      const uint4 v = ldg_v4(p + 4 * i);
+      xw[i] = v.x;
+      xw[i + 1] = v.y;
+      xw[i + 2] = v.z;
+      xw[i + 3] = v.w;
+    }
+  }
+}
+
+template <typename T, int BITS>
+__device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ x,
+                                     const u8* __restrict__ codes, const T* __restrict__ scales,
+                                     const u8* __restrict__ zeros, int m, int rows, int cols,
+                                     int group_size) {
+  constexpr int CPU = 128 / BITS;  // codes per 16-byte unit
+  constexpr int CPW = 32 / BITS;   // codes per 32-bit word: x values per lane per unit
+  constexpr int NP = CPW / 2;      // code pairs per word
+  constexpr int NMMA = CPW / 4;    // mmas per unit
+  // 2-bit units cover 64 columns: with groups that are not a multiple of 64 a unit may hold
+  // two groups, lanes tig 0-1 in the first and 2-3 in the second.
+  const bool split = BITS == 2 && (group_size & 63) != 0;
+
+  __shared__ __align__(128) u8 ring[WARPS][STAGES][STAGE_BYTES];
+  __shared__ __align__(16) float red[WARPS][128];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  const int row_bytes = cols / (8 / BITS);
+  const int units = row_bytes >> 4;
+  const int steps = (units + 3) >> 2;
+  const int groups = (cols + group_size - 1) / group_size;
+  // Rows past the end re-read the last row; their results are dropped.
+  const int ra = min(row0 + gid, rows - 1), rb = min(row0 + gid + 8, rows - 1);
+  const u8* code_a = codes + (i64)ra * row_bytes;
+  const u8* code_b = codes + (i64)rb * row_bytes;
+  const T* scale_a = scales + (i64)ra * groups;
+  const T* scale_b = scales + (i64)rb * groups;
+  const u8* zero_a = zeros ? zeros + (i64)ra * groups : nullptr;
+  const u8* zero_b = zeros ? zeros + (i64)rb * groups : nullptr;
+  const u8* xrow = reinterpret_cast<const u8*>(x + (i64)gid * cols);
+  const bool x_valid = gid < m;
+
+  // Warp w takes steps w, w + WARPS, ...: the block sweeps its rows front to back together.
+  const int n_my = warp < steps ? (steps - 1 - warp) / WARPS + 1 : 0;
+  auto issue = [&](int k) {
+    if (k < n_my) {
+      const int u = 4 * (warp + k * WARPS) + tig;
+      if (u < units) {
+        u8* st = ring[warp][k % STAGES];
+        cp_async16(st + gid * ROW_BYTES + tig * 16, code_a + u * 16);
+        cp_async16(st + (gid + 8) * ROW_BYTES + tig * 16, code_b + u * 16);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int k = 0; k < STAGES - 1; ++k) issue(k);
+
+  // ldmatrix.x4 at unit pair (2p, 2p+1): lane gives row (q&1)*8 + lane%8 of unit 2p + (q>>1),
+  // and gets a[0] = row gid / unit 2p, a[1] = row gid+8 / 2p, a[2] = gid / 2p+1, a[3] = gid+8.
+  const int lq = lane >> 3;
+  const int ld_off = ((lq & 1) * 8 + (lane & 7)) * ROW_BYTES + (lq >> 1) * 16;
+  const int quad = lane & ~3;
+  const u32 sym = zero_addend<T, BITS>(1u << (BITS - 1));
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int k = 0; k < n_my; ++k) {
+    cp_async_wait<STAGES - 2>();
+    __syncwarp();
+    issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
+    const int ub = 4 * (warp + k * WARPS);
+    const u8* st = ring[warp][k % STAGES];
+    u32 a[8];
+    {
+      u32 r[4];
+      ldmatrix_x4(r, st + ld_off);
+      a[0] = r[0], a[1] = r[1], a[2] = r[2], a[3] = r[3];
+      ldmatrix_x4(r, st + ld_off + 32);
+      a[4] = r[0], a[5] = r[1], a[6] = r[2], a[7] = r[3];
+    }
+    // x values of every unit of the step, issued before the dequantization they overlap.
+    u32 xw[4][NP];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int u = min(ub + i, units - 1);
+      load_x<BITS>(xrow + 2 * (u * CPU + tig * CPW), x_valid && ub + i < units, xw[i]);
+    }
+
+    // Scales and zeros: lane tig fetches those of unit ub+tig (its own word's group, and for
+    // split 2-bit units both halves'); unit i's are then shuffled from lane tig = i. When the
+    // whole step lies in one group every lane already holds them.
+    const int last = min(ub + 3, units - 1);
+    const bool uniform = (ub * CPU) / group_size == (last * CPU + CPU - 1) / group_size;
+    const int own = min(ub + tig, units - 1);
+    const int g_lo = own * CPU / group_size;
+    const int g_hi = split ? (own * CPU + 32) / group_size : g_lo;
+    const float sa_lo = to_f32(scale_a[g_lo]), sb_lo = to_f32(scale_b[g_lo]);
+    const float sa_hi = to_f32(scale_a[g_hi]), sb_hi = to_f32(scale_b[g_hi]);
+    u32 za_lo = sym, zb_lo = sym, za_hi = sym, zb_hi = sym;
+    if (zero_a) {
+      za_lo = zero_addend<T, BITS>(zero_a[g_lo]);
+      zb_lo = zero_addend<T, BITS>(zero_b[g_lo]);
+      za_hi = zero_addend<T, BITS>(zero_a[g_hi]);
+      zb_hi = zero_addend<T, BITS>(zero_b[g_hi]);
+    }
+
+    float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (ub + i >= units) break;  // warp-uniform
+      float s_a = sa_lo, s_b = sb_lo, h_a = sa_hi, h_b = sb_hi;
+      u32 z_a = za_lo, z_b = zb_lo;
+      if (!uniform) {
+        const int src = quad | i;
+        s_a = shfl_f32(sa_lo, src);
+        s_b = shfl_f32(sb_lo, src);
+        z_a = shfl_u32(za_lo, src);
+        z_b = shfl_u32(zb_lo, src);
+        if (split) {
+          h_a = shfl_f32(sa_hi, src);
+          h_b = shfl_f32(sb_hi, src);
+          const u32 y_a = shfl_u32(za_hi, src), y_b = shfl_u32(zb_hi, src);
+          if (tig >= 2) z_a = y_a, z_b = y_b;
+        }
+      } else if (split && tig >= 2) {
+        z_a = za_hi, z_b = zb_hi;
+      }
+      u32 pa[NP], pb[NP];
+      dequant_word<T, BITS>(a[2 * i], z_a, pa);
+      dequant_word<T, BITS>(a[2 * i + 1], z_b, pb);
+      if (!split) {
+#pragma unroll
+        for (int j = 0; j < NMMA; ++j) {
+          const u32 af[4] = {pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1]};
+          u32 bf[2];
+          x_pair<BITS>(xw[i], j, bf);
+          mma16816<T>(tmp, af, bf);
+        }
+        if (!uniform) {
+          acc[0] += s_a * tmp[0], acc[1] += s_a * tmp[1];
+          acc[2] += s_b * tmp[2], acc[3] += s_b * tmp[3];
+          tmp[0] = tmp[1] = tmp[2] = tmp[3] = 0.f;
+        }
+      } else {
+        // Same A twice; B masked to the lanes of each half.
+        float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < NMMA; ++j) {
+          const u32 af[4] = {pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1]};
+          u32 bf[2];
+          x_pair<BITS>(xw[i], j, bf);
+          const u32 bl[2] = {tig < 2 ? bf[0] : 0u, tig < 2 ? bf[1] : 0u};
+          const u32 bh[2] = {tig < 2 ? 0u : bf[0], tig < 2 ? 0u : bf[1]};
+          mma16816<T>(lo, af, bl);
+          mma16816<T>(hi, af, bh);
+        }
+        acc[0] += s_a * lo[0] + h_a * hi[0], acc[1] += s_a * lo[1] + h_a * hi[1];
+        acc[2] += s_b * lo[2] + h_b * hi[2], acc[3] += s_b * lo[3] + h_b * hi[3];
+      }
+    }
+    if (uniform && !split) {
+      acc[0] += sa_lo * tmp[0], acc[1] += sa_lo * tmp[1];
+      acc[2] += sb_lo * tmp[2], acc[3] += sb_lo * tmp[3];
+    }
+  }
+  cp_async_wait<0>();
+
+  // Sum the warps' K slices. Entry e = 4*lane + c of each warp is row gid + 8*(c>>1) and
+  // activation row 2*tig + (c&1).
+  *reinterpret_cast<float4*>(&red[warp][4 * lane]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    const int e = threadIdx.x;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += red[w][e];
+    const int l = e >> 2, c = e & 3;
+    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 2 * (l & 3) + (c & 1);
+    if (row < rows && n < m) out[(i64)n * rows + row] = from_f32<T>(s);
+  }
+}
+
+// Dense w[r][c] = scale * (q - zero), one thread per 16-byte unit of codes.
+template <typename T, int BITS>
+__device__ __forceinline__ void dequant(T* __restrict__ w, const u8* __restrict__ codes,
+                                        const T* __restrict__ scales, const u8* __restrict__ zeros,
+                                        int rows, int cols, int group_size) {
+  constexpr int CPU = 128 / BITS;
+  const int units = cols / CPU;
+  const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (i64)rows * units) return;
+  const int r = (int)(idx / units), u = (int)(idx % units);
+  const int groups = (cols + group_size - 1) / group_size;
+  const uint4 v = ldg_v4(codes + idx * 16);
+  const u32 words[4] = {v.x, v.y, v.z, v.w};
+  T* dst = w + (i64)r * cols + u * CPU;
+  // 8 codes at a time -> one 16-byte store; 8 consecutive codes always share a group.
+#pragma unroll
+  for (int c8 = 0; c8 < CPU / 8; ++c8) {
+    const int g = (u * CPU + c8 * 8) / group_size;
+    const float s = to_f32(scales[(i64)r * groups + g]);
+    const float z = zeros ? (float)zeros[(i64)r * groups + g] : (float)(1 << (BITS - 1));
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int bit = (c8 * 8 + j) * BITS;
+      const u32 q = (words[bit >> 5] >> (bit & 31)) & ((1u << BITS) - 1);
+      f[j] = s * ((float)q - z);
+    }
+    uint4 o;
+    o.x = pack2<T>(f[0], f[1]);
+    o.y = pack2<T>(f[2], f[3]);
+    o.z = pack2<T>(f[4], f[5]);
+    o.w = pack2<T>(f[6], f[7]);
+    *reinterpret_cast<uint4*>(dst + c8 * 8) = o;
+  }
+}
+
+}  // namespace wq
+
+// wq_gemv_b{8,4,2}_{f16,bf16}(T* out, const T* x, const u8* codes, const T* scales,
+//                             const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size)
+//   out[n][r] = sum_c x[n][c] * scale[r][c/gs] * (q[r][c] - zero[r][c/gs]); out stride rows,
+//   x stride cols. zeros == nullptr: symmetric, zero = 2^(bits-1).
+//   grid  = (ceil(rows / 16), 1, 1); block = (256, 1, 1); dynamic shared memory = 0
+//           (static: 44 KiB).
+//   Constraints: 1 <= m <= 8 (larger m: call per 8 rows of x and out); rows >= 1;
+//   cols * bits / 8 a multiple of 16 (cols % 16 == 0 for 8-bit, % 32 for 4-bit, % 64 for
+//   2-bit); group_size a multiple of 32, or group_size == cols (per-channel); x and codes
+//   16-byte aligned.
+//   Why this grid fills an H100: a block owns 16 rows and its 8 warps split the row length, each
+//   keeping 3 KiB of codes in flight through cp.async. rows = 2048 gives 128 blocks, one per SM
+//   on 128 of the 132 SMs with ~24 KiB in flight each (~3 MiB in total, above the ~2.5 MiB that
+//   3 TB/s x ~0.8 us of latency needs); from 4096 rows every SM holds 2 or more blocks (44 KiB
+//   of shared memory and 256 threads each allow 4-5 per SM), so the tail is a fraction of a
+//   block per SM.
+#define WQ_GEMV(bits, name, T)                                                                  \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      wq_gemv_b##bits##_##name(T* out, const T* x, const u8* codes, const T* scales,            \
+                               const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size) {    \
+    wq::gemv<T, bits>(out, x, codes, scales, zeros, m, rows, cols, group_size);                 \
+  }
+WQ_GEMV(8, f16, f16)
+WQ_GEMV(8, bf16, bf16)
+WQ_GEMV(4, f16, f16)
+WQ_GEMV(4, bf16, bf16)
+WQ_GEMV(2, f16, f16)
+WQ_GEMV(2, bf16, bf16)
+
+// wq_dequant_b{8,4,2}_{f16,bf16}(T* w, const u8* codes, const T* scales, const u8* zeros,
+//                                i32 rows, i32 cols, i32 group_size)
+//   w[r][c] (dense, row stride cols) = scale * (q - zero), rounded once to T.
+//   grid  = (ceil(rows * cols * bits / 128 / 256), 1, 1)  (one thread per 16 code bytes);
+//   block = (256, 1, 1); dynamic shared memory = 0.
+//   Constraints: as wq_gemv (row bytes a multiple of 16, group_size a multiple of 32 or == cols
+//   ... 8 consecutive codes never straddle a group); w, codes 16-byte aligned.
+#define WQ_DEQUANT(bits, name, T)                                                               \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      wq_dequant_b##bits##_##name(T* w, const u8* codes, const T* scales, const u8* zeros,      \
+                                  i32 rows, i32 cols, i32 group_size) {                          \
+    wq::dequant<T, bits>(w, codes, scales, zeros, rows, cols, group_size);                      \
+  }
+WQ_DEQUANT(8, f16, f16)
+WQ_DEQUANT(8, bf16, bf16)
+WQ_DEQUANT(4, f16, f16)
+WQ_DEQUANT(4, bf16, bf16)
+WQ_DEQUANT(2, f16, f16)
+WQ_DEQUANT(2, bf16, bf16)

@@ -1,0 +1,133 @@
+//! Launch wrappers for weight-only quantized projections (`wq_gemv.cu`): a GEMV-style kernel
+//! for batches of 1–8 rows that streams the packed codes once, and a dequantizer to a dense
+//! matrix for larger batches (then cuBLAS). The device layout is the CPU's (see
+//! [`crate::wq`]): packed codes row-major, one scale (in the activation type) and, for the
+//! asymmetric formats, one u8 zero point per (row, group).
+
+use super::CudaError;
+use super::gpu::{Arg, DevPtr, Gpu};
+use super::ops::{Dtype, i32_of};
+use crate::wq::{Bits, WqFormat};
+
+/// Rows of activations one GEMV launch takes.
+pub const GEMV_MAX_M: usize = 8;
+
+/// A quantized `[rows, cols]` matrix in device memory.
+#[derive(Debug, Clone, Copy)]
+pub struct WqDevice {
+    /// `rows * cols * bits / 8` bytes.
+    pub codes: DevPtr,
+    /// `rows * groups` values of the activation type.
+    pub scales: DevPtr,
+    /// `rows * groups` u8, or `None` for a symmetric format.
+    pub zeros: Option<DevPtr>,
+    pub bits: Bits,
+    pub rows: usize,
+    pub cols: usize,
+    pub group_size: usize,
+}
+
+/// Whether the GPU kernels take `format` at rows of `cols`: each row's codes a whole number of
+/// 16-byte vectors, groups a multiple of 32 (or one per row).
+pub fn check_layout(format: &WqFormat, cols: usize) -> Result<(), CudaError> {
+    let row_bytes = cols * format.bits.get() as usize / 8;
+    let g = format.group_len(cols);
+    if !row_bytes.is_multiple_of(16) || (!g.is_multiple_of(32) && g != cols) {
+        return Err(CudaError::Driver(format!(
+            "{format} at {cols} columns: the GPU kernels need rows of whole 16-byte vectors and \
+             groups a multiple of 32"
+        )));
+    }
+    Ok(())
+}
+
+fn name(kind: &str, bits: Bits, dtype: Dtype) -> &'static str {
+    match (kind, bits, dtype) {
+        ("gemv", Bits::B8, Dtype::F16) => "wq_gemv_b8_f16",
+        ("gemv", Bits::B8, Dtype::Bf16) => "wq_gemv_b8_bf16",
+        ("gemv", Bits::B4, Dtype::F16) => "wq_gemv_b4_f16",
+        ("gemv", Bits::B4, Dtype::Bf16) => "wq_gemv_b4_bf16",
+        ("gemv", Bits::B2, Dtype::F16) => "wq_gemv_b2_f16",
+        ("gemv", Bits::B2, Dtype::Bf16) => "wq_gemv_b2_bf16",
+        (_, Bits::B8, Dtype::F16) => "wq_dequant_b8_f16",
+        (_, Bits::B8, Dtype::Bf16) => "wq_dequant_b8_bf16",
+        (_, Bits::B4, Dtype::F16) => "wq_dequant_b4_f16",
+        (_, Bits::B4, Dtype::Bf16) => "wq_dequant_b4_bf16",
+        (_, Bits::B2, Dtype::F16) => "wq_dequant_b2_f16",
+        (_, Bits::B2, Dtype::Bf16) => "wq_dequant_b2_bf16",
+    }
+}
+
+fn tail(w: &WqDevice) -> Result<[Arg; 3], CudaError> {
+    Ok([
+        i32_of("rows", w.rows)?,
+        i32_of("cols", w.cols)?,
+        i32_of("group_size", w.group_size)?,
+    ])
+}
+
+#[allow(unsafe_code)]
+impl Gpu {
+    /// `out[m, rows] = x[m, cols] · Wᵀ` (both contiguous), in launches of up to
+    /// [`GEMV_MAX_M`] rows of `x`.
+    ///
+    /// # Safety
+    /// `w`'s pointers address a matrix of its shape; `x` holds `m * cols`, `out`
+    /// `m * rows` elements; `x` and the codes are 16-byte aligned.
+    pub unsafe fn wq_gemv(
+        &self,
+        dtype: Dtype,
+        out: DevPtr,
+        x: DevPtr,
+        w: &WqDevice,
+        m: usize,
+    ) -> Result<(), CudaError> {
+        let grid = (w.rows.div_ceil(16) as u32, 1, 1);
+        let entry = name("gemv", w.bits, dtype);
+        for first in (0..m).step_by(GEMV_MAX_M) {
+            let rows_here = (m - first).min(GEMV_MAX_M);
+            let mut args = vec![
+                out.offset::<u16>(first * w.rows).into(),
+                x.offset::<u16>(first * w.cols).into(),
+                w.codes.into(),
+                w.scales.into(),
+                w.zeros.unwrap_or(DevPtr::NULL).into(),
+                i32_of("m", rows_here)?,
+            ];
+            args.extend(tail(w)?);
+            unsafe { self.launch("wq_gemv", entry, grid, 256, 0, &args) }?;
+        }
+        Ok(())
+    }
+
+    /// The dense `[rows, cols]` matrix of `w` into `out`.
+    ///
+    /// # Safety
+    /// As [`Self::wq_gemv`]; `out` holds `rows * cols` elements, 16-byte aligned.
+    pub unsafe fn wq_dequant(
+        &self,
+        dtype: Dtype,
+        out: DevPtr,
+        w: &WqDevice,
+    ) -> Result<(), CudaError> {
+        let threads = (w.rows * w.cols * w.bits.get() as usize).div_ceil(128);
+        let grid = (threads.div_ceil(256).max(1) as u32, 1, 1);
+        let mut args = vec![
+            out.into(),
+            w.codes.into(),
+            w.scales.into(),
+            w.zeros.unwrap_or(DevPtr::NULL).into(),
+        ];
+        args.extend(tail(w)?);
+        unsafe {
+            self.launch(
+                "wq_gemv",
+                name("dequant", w.bits, dtype),
+                grid,
+                256,
+                0,
+                &args,
+            )
+        }
+    }
+}

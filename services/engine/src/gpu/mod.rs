@@ -1,0 +1,112 @@
+//! Running a model on a CUDA device: its weights copied to the GPU ([`weights`]), a forward
+//! pass on device buffers with the paged KV cache there ([`runner`]), and the KV cache sized
+//! from the memory a maximal step leaves free, as vLLM's `--gpu-memory-utilization` defines.
+//!
+//! The CPU model stays loaded (memory-mapped): it is the reference the GPU path is tested
+//! against, and where the weights are read from.
+
+pub mod runner;
+pub(crate) mod weights;
+
+use std::sync::Arc;
+
+use ferrite_kernels::cuda::Gpu;
+use ferrite_kernels::cuda::ops::Dtype;
+
+use crate::error::{EngineError, Result};
+use crate::kv_cache::blocks_for;
+use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
+pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
+pub use weights::default_dtype;
+use weights::{GpuWeights, gpu_error};
+
+/// How a model runs on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuOptions {
+    pub dtype: Dtype,
+    /// The fraction of the device's memory this process may use (weights, activations and KV
+    /// cache together), as vLLM's `--gpu-memory-utilization`.
+    pub memory_utilization: f64,
+    /// Capture decode steps in CUDA graphs (vLLM's `--enforce-eager` turns this off).
+    pub cuda_graphs: bool,
+}
+
+/// Uploads `model` to `gpu`, profiles a maximal step and gives the KV cache what is left of
+/// `memory_utilization × total memory`. Refuses when not even one `max_model_len` sequence
+/// fits.
+pub fn build_runner(
+    model: &LlamaModel,
+    gpu: Arc<Gpu>,
+    opts: GpuOptions,
+    limits: StepLimits,
+) -> Result<GpuRunner> {
+    let c = model.config();
+    let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "model_init",
+        device = %gpu.device, dtype = opts.dtype.name(), weight_bytes = tracing::field::Empty);
+    let weights = {
+        let _e = span.enter();
+        let w = GpuWeights::upload(gpu.clone(), opts.dtype, model)?;
+        span.record("weight_bytes", w.bytes as i64);
+        w
+    };
+    let per_block =
+        kv_bytes_per_token(c.num_kv_heads, c.head_dim, c.num_layers) * limits.block_size;
+    let profile = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_profiling",
+        peak_tokens = limits.max_tokens as i64, free_bytes = tracing::field::Empty,
+        budget_bytes = tracing::field::Empty)
+    .entered();
+    // A maximal step (every token of the budget in one prompt, or max_model_len of them) with
+    // just the blocks it needs, so the peak of activations and cuBLAS workspace is in use.
+    let probe_tokens = limits.max_tokens.min(limits.max_model_len);
+    let probe_blocks = blocks_for(probe_tokens, limits.block_size);
+    let mut runner = GpuRunner::new(weights, limits, probe_blocks)?;
+    let table: Vec<u32> = (0..probe_blocks as u32).collect();
+    let tokens = vec![0u32; probe_tokens];
+    let probe = SeqChunk {
+        tokens: &tokens,
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsWanted::Last,
+    };
+    runner.forward(&[probe])?;
+    gpu.synchronize().map_err(gpu_error)?;
+    let (free, total) = gpu.memory().map_err(gpu_error)?;
+    let used = total - free;
+    let budget = (opts.memory_utilization * total as f64) as usize;
+    let left = budget.saturating_sub(used) + probe_blocks * per_block;
+    profile.record("free_bytes", free as i64);
+    profile.record("budget_bytes", left as i64);
+    drop(profile);
+    let num_blocks = left / per_block.max(1);
+    let needed = blocks_for(limits.max_model_len, limits.block_size);
+    if num_blocks < needed {
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        return Err(EngineError::BadConfig(format!(
+            "on {}: {:.2} GiB are left for the KV cache at --gpu-memory-utilization {} \
+             ({:.2} GiB in use after the weights and a maximal step), but one {}-token sequence \
+             needs {:.2} GiB: lower --max-model-len or raise --gpu-memory-utilization",
+            gpu.device,
+            gib(left),
+            opts.memory_utilization,
+            gib(used),
+            limits.max_model_len,
+            gib(needed * per_block)
+        )));
+    }
+    let _init = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_init",
+        device = %gpu.device, num_blocks = num_blocks as i64,
+        block_size = limits.block_size as i64, bytes = (num_blocks * per_block) as i64)
+    .entered();
+    runner.resize_kv(num_blocks)?;
+    drop(_init);
+    if opts.cuda_graphs {
+        let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "graph_capturing",
+            sizes = tracing::field::Empty, count = tracing::field::Empty);
+        let _e = span.enter();
+        let sizes = runner.capture_graphs()?;
+        let listed: Vec<String> = sizes.iter().map(usize::to_string).collect();
+        span.record("sizes", listed.join(",").as_str());
+        span.record("count", sizes.len() as i64);
+    }
+    Ok(runner)
+}

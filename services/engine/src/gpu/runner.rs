@@ -1,0 +1,652 @@
+//! The forward pass on the GPU: the CPU `LlamaModel::forward` step for step, on device
+//! buffers allocated once for the largest step (`max_num_batched_tokens` tokens,
+//! `max_num_seqs` sequences), with the paged KV cache on the device.
+//!
+//! Per step the host sends one packed array of i32 (token ids, positions, cache slots,
+//! per-sequence query starts, context lengths, the rows that want logits, block tables) and
+//! reads back the f32 logits of the rows that asked for them; everything between runs on the
+//! stream without a host sync.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
+use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
+use ferrite_kernels::cuda::gemm::{Linear, OutType};
+use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::{DevPtr, Gpu};
+
+use super::weights::{GpuWeights, gpu_error};
+use crate::config::Activation;
+use crate::error::{EngineError, Result};
+use crate::model::{LogitsWanted, SeqChunk};
+
+/// The limits a runner's buffers are sized for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    pub max_model_len: usize,
+    pub block_size: usize,
+}
+
+impl StepLimits {
+    fn max_blocks(&self) -> usize {
+        self.max_model_len.div_ceil(self.block_size)
+    }
+
+    fn meta_len(&self) -> usize {
+        // ids, positions, slots | query starts, context lengths, logits rows | block tables
+        3 * self.max_tokens + 3 * self.max_seqs + 1 + self.max_seqs * self.max_blocks()
+    }
+}
+
+/// A device buffer and its address.
+struct Buf<T> {
+    _buf: CudaSlice<T>,
+    ptr: DevPtr,
+}
+
+fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    len: usize,
+) -> Result<Buf<T>> {
+    let buf = gpu.zeros::<T>(len).map_err(gpu_error)?;
+    Ok(Buf {
+        ptr: gpu.ptr(&buf),
+        _buf: buf,
+    })
+}
+
+/// The paged KV cache on the device: per layer, K and V of `[slots, kv_heads, head_dim]`.
+struct DeviceKv {
+    k: Vec<Buf<u16>>,
+    v: Vec<Buf<u16>>,
+}
+
+/// Bytes of K and V per token per layer.
+pub fn kv_bytes_per_token(kv_heads: usize, head_dim: usize, layers: usize) -> usize {
+    2 * 2 * kv_heads * head_dim * layers
+}
+
+/// A model's weights on the GPU with its step buffers and KV cache.
+pub struct GpuRunner {
+    w: GpuWeights,
+    limits: StepLimits,
+    num_blocks: usize,
+    kv: DeviceKv,
+    meta: CudaSlice<i32>,
+    meta_ptr: DevPtr,
+    x: Buf<u16>,
+    xn: Buf<u16>,
+    qkv: Buf<u16>,
+    attn: Buf<u16>,
+    proj: Buf<u16>,
+    gate_up: Buf<u16>,
+    act: Buf<u16>,
+    picked: Buf<u16>,
+    logits: CudaSlice<f32>,
+    logits_ptr: DevPtr,
+    part_out: Buf<f32>,
+    part_max: Buf<f32>,
+    part_sum: Buf<f32>,
+    n_parts: usize,
+    /// Captured decode steps by padded batch size.
+    graphs: BTreeMap<usize, Graph>,
+}
+
+impl std::fmt::Debug for GpuRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuRunner")
+            .field("device", &self.w.gpu.device)
+            .field("dtype", &self.w.dtype)
+            .field("limits", &self.limits)
+            .field("num_blocks", &self.num_blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuRunner {
+    /// Step buffers for `limits` and a KV cache of `num_blocks` blocks.
+    pub(crate) fn new(w: GpuWeights, limits: StepLimits, num_blocks: usize) -> Result<Self> {
+        let c = &w.cfg;
+        let gpu = w.gpu.clone();
+        let g = gpu.as_ref();
+        let (t, s) = (limits.max_tokens, limits.max_seqs);
+        let qkv_w = c.q_dim() + 2 * c.kv_dim();
+        let n_parts = limits.max_model_len.div_ceil(DECODE_PARTITION);
+        let (po, pm) = DecodeScratch::sizes(s, c.num_heads, c.head_dim, n_parts);
+        let slots = num_blocks * limits.block_size * c.kv_dim();
+        let kv = DeviceKv {
+            k: (0..c.num_layers)
+                .map(|_| alloc(g, slots))
+                .collect::<Result<_>>()?,
+            v: (0..c.num_layers)
+                .map(|_| alloc(g, slots))
+                .collect::<Result<_>>()?,
+        };
+        let meta = g.zeros::<i32>(limits.meta_len()).map_err(gpu_error)?;
+        let logits = g.zeros::<f32>(s * c.vocab_size).map_err(gpu_error)?;
+        Ok(Self {
+            limits,
+            num_blocks,
+            kv,
+            meta_ptr: g.ptr(&meta),
+            meta,
+            x: alloc(g, t * c.hidden_size)?,
+            xn: alloc(g, t * c.hidden_size)?,
+            qkv: alloc(g, t * qkv_w)?,
+            attn: alloc(g, t * c.q_dim())?,
+            proj: alloc(g, t * c.hidden_size)?,
+            gate_up: alloc(g, t * 2 * c.intermediate_size)?,
+            act: alloc(g, t * c.intermediate_size)?,
+            picked: alloc(g, s * c.hidden_size)?,
+            logits_ptr: g.ptr(&logits),
+            logits,
+            part_out: alloc(g, po)?,
+            part_max: alloc(g, pm)?,
+            part_sum: alloc(g, pm)?,
+            n_parts,
+            graphs: BTreeMap::new(),
+            w,
+        })
+    }
+
+    /// Replaces the KV cache with one of `num_blocks` blocks (the old one is freed first, so
+    /// its memory counts toward the new one). Its contents are lost.
+    pub fn resize_kv(&mut self, num_blocks: usize) -> Result<()> {
+        let c = &self.w.cfg;
+        let g = self.w.gpu.clone();
+        let slots = num_blocks * self.limits.block_size * c.kv_dim();
+        self.kv.k.clear();
+        self.kv.v.clear();
+        for _ in 0..c.num_layers {
+            self.kv.k.push(alloc(&g, slots)?);
+            self.kv.v.push(alloc(&g, slots)?);
+        }
+        self.num_blocks = num_blocks;
+        Ok(())
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.w.gpu
+    }
+
+    /// Runs `seqs` (their block tables already hold room for their tokens) and returns the
+    /// logits each asked for, as rows of `vocab_size`, like the CPU forward.
+    pub fn forward(&mut self, seqs: &[SeqChunk<'_>]) -> Result<Vec<f32>> {
+        let mut plan = self.plan(seqs)?;
+        let n = plan.n_logits * self.w.cfg.vocab_size;
+        let gpu = self.w.gpu.clone();
+        // A decode step (one token per sequence, each wanting its logits) replays the graph
+        // of the next batch size up, padded; anything else runs eagerly.
+        let graph_size = (plan.max_q == 1 && plan.n_logits == plan.n_seqs)
+            .then(|| self.graphs.range(plan.n_seqs..).next().map(|(&b, _)| b))
+            .flatten();
+        if let Some(b) = graph_size {
+            self.pad_decode(&mut plan, b);
+        }
+        gpu.stream()
+            .memcpy_htod(&plan.meta, &mut self.meta)
+            .map_err(|e| EngineError::Device(e.to_string()))?;
+        match graph_size.and_then(|b| self.graphs.get(&b)) {
+            Some(graph) => graph
+                .0
+                .launch()
+                .map_err(|e| EngineError::Device(e.to_string()))?,
+            // SAFETY: every buffer was sized for `limits`, which `plan` checked this step
+            // against; the metadata offsets address the packed array just copied.
+            #[allow(unsafe_code)]
+            None => unsafe { self.run(&gpu, &plan) }.map_err(gpu_error)?,
+        }
+        let mut logits = gpu.download(&self.logits, n).map_err(gpu_error)?;
+        logits.truncate(n);
+        Ok(logits)
+    }
+
+    /// Captures one CUDA graph per decode batch size of the ladder 1, 2, 4, 8, 16, 24, 32, …
+    /// (steps of 8) up to `max_seqs` (and the step's token budget). Each size runs once
+    /// eagerly first, so cuBLAS has chosen its kernels before the capture records them.
+    /// Returns the sizes captured.
+    pub fn capture_graphs(&mut self) -> Result<Vec<usize>> {
+        let gpu = self.w.gpu.clone();
+        let top = self.limits.max_seqs.min(self.limits.max_tokens);
+        let mut sizes: Vec<usize> = [1, 2, 4].into_iter().filter(|&b| b <= top).collect();
+        sizes.extend((8..=top).step_by(8));
+        if sizes.last() != Some(&top) {
+            sizes.push(top);
+        }
+        let err =
+            |e: cudarc::driver::DriverError| EngineError::Device(format!("graph capture: {e}"));
+        for &b in &sizes {
+            let mut plan = self.empty_plan();
+            self.pad_decode(&mut plan, b);
+            gpu.stream()
+                .memcpy_htod(&plan.meta, &mut self.meta)
+                .map_err(err)?;
+            // SAFETY: as in `forward`; every row is padding (no KV slot is written).
+            #[allow(unsafe_code)]
+            unsafe { self.run(&gpu, &plan) }.map_err(gpu_error)?;
+            gpu.synchronize().map_err(gpu_error)?;
+            gpu.stream()
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(err)?;
+            // SAFETY: as above; kernels are recorded, not run.
+            #[allow(unsafe_code)]
+            let recorded = unsafe { self.run(&gpu, &plan) };
+            // End the capture whatever happened, so the stream is usable again.
+            let graph = gpu
+                .stream()
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(err)?;
+            recorded.map_err(gpu_error)?;
+            let graph = graph
+                .ok_or_else(|| EngineError::Device("graph capture recorded nothing".into()))?;
+            graph.upload().map_err(err)?;
+            self.graphs.insert(b, Graph(graph));
+        }
+        gpu.synchronize().map_err(gpu_error)?;
+        Ok(sizes)
+    }
+
+    /// A plan with no sequences, to be padded.
+    fn empty_plan(&self) -> StepPlan {
+        let l = &self.limits;
+        let (t, s) = (l.max_tokens, l.max_seqs);
+        StepPlan {
+            meta: vec![0; l.meta_len()],
+            off: Offsets {
+                ids: 0,
+                positions: t,
+                slots: 2 * t,
+                starts: 3 * t,
+                context: 3 * t + s + 1,
+                picks: 3 * t + 2 * s + 1,
+                tables: 3 * t + 3 * s + 1,
+            },
+            n_tokens: 0,
+            n_seqs: 0,
+            max_q: 1,
+            max_blocks: l.max_blocks(),
+            n_logits: 0,
+        }
+    }
+
+    /// Pads a decode plan to `b` sequences of one token: padding rows read token 0 at
+    /// position 0, write no KV slot (-1), attend to nothing (context 0) and get logits that
+    /// nobody reads.
+    fn pad_decode(&self, plan: &mut StepPlan, b: usize) {
+        let o = plan.off;
+        for i in plan.n_seqs..b {
+            plan.meta[o.ids + i] = 0;
+            plan.meta[o.positions + i] = 0;
+            plan.meta[o.slots + i] = -1;
+            plan.meta[o.starts + i + 1] = i as i32 + 1;
+            plan.meta[o.context + i] = 0;
+            plan.meta[o.picks + i] = i as i32;
+        }
+        plan.n_tokens = b;
+        plan.n_seqs = b;
+        plan.n_logits = b;
+        plan.max_q = 1;
+    }
+
+    /// The packed metadata of a step, checked against the buffers' limits.
+    fn plan(&self, seqs: &[SeqChunk<'_>]) -> Result<StepPlan> {
+        let l = &self.limits;
+        let n_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let max_blocks = l.max_blocks();
+        if n_tokens == 0 || n_tokens > l.max_tokens || seqs.len() > l.max_seqs {
+            return Err(EngineError::DoesNotFit(format!(
+                "a GPU step of {n_tokens} tokens in {} sequences (limits {} and {})",
+                seqs.len(),
+                l.max_tokens,
+                l.max_seqs
+            )));
+        }
+        let vocab = self.w.cfg.vocab_size as u32;
+        let mut ids = Vec::with_capacity(n_tokens);
+        let mut positions = Vec::with_capacity(n_tokens);
+        let mut slots = Vec::with_capacity(n_tokens);
+        let mut starts = vec![0i32];
+        let mut context = Vec::with_capacity(seqs.len());
+        let mut picks = Vec::new();
+        let mut tables = vec![0i32; seqs.len() * max_blocks];
+        let mut max_q = 0;
+        for (si, s) in seqs.iter().enumerate() {
+            let end = s.start_pos + s.tokens.len();
+            let needed = end.div_ceil(l.block_size);
+            if s.block_table.len() < needed || needed > max_blocks {
+                return Err(EngineError::DoesNotFit(format!(
+                    "block table holds {} blocks, {needed} needed",
+                    s.block_table.len()
+                )));
+            }
+            for (i, &b) in s.block_table.iter().take(max_blocks).enumerate() {
+                if b as usize >= self.num_blocks {
+                    return Err(EngineError::DoesNotFit(format!(
+                        "KV block {b} out of range"
+                    )));
+                }
+                tables[si * max_blocks + i] = b as i32;
+            }
+            let row0 = ids.len();
+            for (i, &id) in s.tokens.iter().enumerate() {
+                if id >= vocab {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "token id {id} is outside the vocabulary (size {vocab})"
+                    )));
+                }
+                let pos = s.start_pos + i;
+                ids.push(id as i32);
+                positions.push(pos as i32);
+                let block = s.block_table[pos / l.block_size] as usize;
+                slots.push((block * l.block_size + pos % l.block_size) as i32);
+            }
+            match s.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => picks.push((ids.len() - 1) as i32),
+                LogitsWanted::All => picks.extend(row0 as i32..ids.len() as i32),
+            }
+            starts.push(ids.len() as i32);
+            context.push(end as i32);
+            max_q = max_q.max(s.tokens.len());
+        }
+        if picks.len() > l.max_seqs {
+            return Err(EngineError::DoesNotFit(format!(
+                "{} rows of logits in one GPU step (at most {})",
+                picks.len(),
+                l.max_seqs
+            )));
+        }
+        // Fixed offsets (from the limits) so a captured graph's pointers stay valid.
+        let StepPlan { mut meta, off, .. } = self.empty_plan();
+        for (at, v) in [
+            (off.ids, &ids),
+            (off.positions, &positions),
+            (off.slots, &slots),
+            (off.starts, &starts),
+            (off.context, &context),
+            (off.picks, &picks),
+            (off.tables, &tables),
+        ] {
+            meta[at..at + v.len()].copy_from_slice(v);
+        }
+        Ok(StepPlan {
+            meta,
+            off,
+            n_tokens,
+            n_seqs: seqs.len(),
+            max_q,
+            max_blocks,
+            n_logits: picks.len(),
+        })
+    }
+
+    /// Queues the whole forward.
+    ///
+    /// # Safety
+    /// `plan` was made by [`Self::plan`] for this runner and its metadata copied to `meta`.
+    #[allow(unsafe_code)]
+    unsafe fn run(&self, g: &Gpu, p: &StepPlan) -> Result<(), ferrite_kernels::cuda::CudaError> {
+        let w = &self.w;
+        let c = &w.cfg;
+        let dt = w.dtype;
+        let (t, h) = (p.n_tokens, c.hidden_size);
+        let (q_dim, kv_dim, ff) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let qkv_w = q_dim + 2 * kv_dim;
+        let meta = |at: usize| self.meta_ptr.offset::<i32>(at);
+        let norm = |rows| NormShape {
+            rows,
+            hidden: h,
+            eps: c.rms_norm_eps,
+            weight_offset: 0.0,
+        };
+        let lin = |n, k| Linear {
+            m: t,
+            n,
+            k,
+            x_stride: k,
+            out_stride: n,
+        };
+        let (x, xn, proj) = (self.x.ptr, self.xn.ptr, self.proj.ptr);
+        unsafe {
+            g.embedding(dt, x, w.embed.ptr, meta(p.off.ids), t, h, c.embedding_scale)?;
+            // Whether `proj` still has to be added into the residual stream `x`.
+            let mut pending = false;
+            for (li, l) in w.layers.iter().enumerate() {
+                let kind = if pending {
+                    NormKind::AddThenNorm
+                } else {
+                    NormKind::Plain
+                };
+                g.rms_norm(
+                    dt,
+                    kind,
+                    xn,
+                    x,
+                    if pending { proj } else { x },
+                    h,
+                    l.attn_norm.ptr,
+                    norm(t),
+                )?;
+                let qkv = self.qkv.ptr;
+                g.linear(dt, OutType::Same, qkv, xn, l.qkv.ptr, lin(qkv_w, h))?;
+                if let Some(b) = &l.qkv_bias {
+                    g.add_bias(dt, qkv, qkv_w, b.ptr, t, qkv_w)?;
+                }
+                let k = qkv.offset::<u16>(q_dim);
+                let v = qkv.offset::<u16>(q_dim + kv_dim);
+                if let Some([nq, nk]) = &l.qk_norm {
+                    g.head_rms_norm(
+                        dt,
+                        qkv,
+                        qkv_w,
+                        nq.ptr,
+                        t,
+                        c.num_heads,
+                        c.head_dim,
+                        c.rms_norm_eps,
+                        0.0,
+                    )?;
+                    g.head_rms_norm(
+                        dt,
+                        k,
+                        qkv_w,
+                        nk.ptr,
+                        t,
+                        c.num_kv_heads,
+                        c.head_dim,
+                        c.rms_norm_eps,
+                        0.0,
+                    )?;
+                }
+                let rope = RopeShape {
+                    tokens: t,
+                    q_stride: qkv_w,
+                    k_stride: qkv_w,
+                    n_heads: c.num_heads,
+                    kv_heads: c.num_kv_heads,
+                    head_dim: c.head_dim,
+                    rope_dim: c.rope_dim,
+                    position_scale: w.position_scale,
+                    adjacent: w.adjacent_rope,
+                };
+                g.rope(dt, qkv, k, meta(p.off.positions), w.inv_freq_ptr, rope)?;
+                let (kc, vc) = (self.kv.k[li].ptr, self.kv.v[li].ptr);
+                g.kv_write(
+                    dt,
+                    kc,
+                    vc,
+                    k,
+                    qkv_w,
+                    v,
+                    qkv_w,
+                    meta(p.off.slots),
+                    t,
+                    c.num_kv_heads,
+                    c.head_dim,
+                )?;
+                let a = PagedAttention {
+                    k_cache: kc,
+                    v_cache: vc,
+                    block_tables: meta(p.off.tables),
+                    max_blocks: p.max_blocks,
+                    context_lens: meta(p.off.context),
+                    n_seqs: p.n_seqs,
+                    n_heads: c.num_heads,
+                    kv_heads: c.num_kv_heads,
+                    head_dim: c.head_dim,
+                    block_size: self.limits.block_size,
+                    scale: c.attention_scale,
+                    soft_cap: c.attn_logit_softcap.unwrap_or(0.0),
+                    window: c.attention_window.get(li).copied().flatten().unwrap_or(0),
+                };
+                let attn = self.attn.ptr;
+                if p.max_q == 1 {
+                    let scratch = DecodeScratch {
+                        part_out: self.part_out.ptr,
+                        part_max: self.part_max.ptr,
+                        part_sum: self.part_sum.ptr,
+                        n_parts: self.n_parts,
+                    };
+                    g.attention_decode(dt, attn, q_dim, qkv, qkv_w, &a, &scratch)?;
+                } else {
+                    g.attention_prefill(
+                        dt,
+                        attn,
+                        q_dim,
+                        qkv,
+                        qkv_w,
+                        meta(p.off.starts),
+                        p.max_q,
+                        &a,
+                    )?;
+                }
+                g.linear(dt, OutType::Same, proj, attn, l.o.ptr, lin(h, q_dim))?;
+                match &l.post_norms {
+                    Some([post_attn, _]) => {
+                        g.rms_norm(
+                            dt,
+                            NormKind::NormThenAdd,
+                            xn,
+                            x,
+                            proj,
+                            h,
+                            post_attn.ptr,
+                            norm(t),
+                        )?;
+                        g.rms_norm(dt, NormKind::Plain, xn, x, x, h, l.ffn_norm.ptr, norm(t))?;
+                    }
+                    None => g.rms_norm(
+                        dt,
+                        NormKind::AddThenNorm,
+                        xn,
+                        x,
+                        proj,
+                        h,
+                        l.ffn_norm.ptr,
+                        norm(t),
+                    )?,
+                }
+                let gu = self.gate_up.ptr;
+                g.linear(dt, OutType::Same, gu, xn, l.gate_up.ptr, lin(2 * ff, h))?;
+                let gelu = c.activation == Activation::GeluTanh;
+                g.gated_activation(dt, gelu, self.act.ptr, gu, t, ff)?;
+                g.linear(
+                    dt,
+                    OutType::Same,
+                    proj,
+                    self.act.ptr,
+                    l.down.ptr,
+                    lin(h, ff),
+                )?;
+                pending = match &l.post_norms {
+                    Some([_, post_ffn]) => {
+                        g.rms_norm(
+                            dt,
+                            NormKind::NormThenAdd,
+                            xn,
+                            x,
+                            proj,
+                            h,
+                            post_ffn.ptr,
+                            norm(t),
+                        )?;
+                        false
+                    }
+                    None => true,
+                };
+            }
+            let kind = if pending {
+                NormKind::AddThenNorm
+            } else {
+                NormKind::Plain
+            };
+            g.rms_norm(
+                dt,
+                kind,
+                xn,
+                x,
+                if pending { proj } else { x },
+                h,
+                w.norm.ptr,
+                norm(t),
+            )?;
+            if p.n_logits == 0 {
+                return Ok(());
+            }
+            // The rows that want logits, gathered (an embedding lookup into `xn`).
+            let picked = self.picked.ptr;
+            g.embedding(dt, picked, xn, meta(p.off.picks), p.n_logits, h, 1.0)?;
+            let head = Linear {
+                m: p.n_logits,
+                n: c.vocab_size,
+                k: h,
+                x_stride: h,
+                out_stride: c.vocab_size,
+            };
+            g.linear(dt, OutType::F32, self.logits_ptr, picked, w.lm_head(), head)?;
+            if let Some(cap) = c.final_logit_softcap {
+                g.soft_cap(self.logits_ptr, p.n_logits * c.vocab_size, cap)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A captured graph that may move to the engine's thread with the runner.
+struct Graph(CudaGraph);
+
+// SAFETY: cudarc leaves `CudaGraph` `!Send` only because it holds raw driver handles. A graph
+// executable may be launched from any thread once the context is current, which `launch`
+// ensures; the runner (and so each graph) is owned by one thread at a time, never shared.
+#[allow(unsafe_code)]
+unsafe impl Send for Graph {}
+
+/// Where each array sits in the packed metadata (element offsets).
+#[derive(Debug, Clone, Copy)]
+struct Offsets {
+    ids: usize,
+    positions: usize,
+    slots: usize,
+    starts: usize,
+    context: usize,
+    picks: usize,
+    tables: usize,
+}
+
+struct StepPlan {
+    meta: Vec<i32>,
+    off: Offsets,
+    n_tokens: usize,
+    n_seqs: usize,
+    max_q: usize,
+    max_blocks: usize,
+    n_logits: usize,
+}

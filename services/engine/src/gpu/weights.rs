@@ -1,0 +1,200 @@
+//! A loaded model's weights copied to the GPU in its 16-bit type, with the projections that
+//! read the same input fused at load: q, k and v into one `[q + 2·kv, hidden]` matrix, gate
+//! and up into one `[2·ffn, hidden]`, so each is one cuBLAS call.
+//!
+//! F16 and BF16 tensors of the checkpoint's own type go over as they are mapped; any other
+//! storage (GGUF blocks, RTN/GPTQ codes, the other 16-bit type) is dequantized row by row on
+//! the CPU first. Quantized weights running on the quantized kernels is the next step (#6).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use ferrite_kernels::cpu::matmul::Weight;
+use ferrite_kernels::cuda::ops::Dtype;
+use ferrite_kernels::cuda::{DevPtr, Gpu};
+use ferrite_kernels::quant::GgmlType;
+use rayon::prelude::*;
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::model::LlamaModel;
+use crate::weights::Matrix;
+
+/// A 16-bit tensor in device memory.
+pub(crate) struct DeviceTensor {
+    /// Keeps the allocation alive; kernels get [`Self::ptr`].
+    _buf: CudaSlice<u16>,
+    pub ptr: DevPtr,
+    pub len: usize,
+}
+
+impl DeviceTensor {
+    fn upload(gpu: &Gpu, host: &[u16]) -> Result<Self> {
+        let buf = gpu.upload(host).map_err(gpu_error)?;
+        Ok(Self {
+            ptr: gpu.ptr(&buf),
+            len: host.len(),
+            _buf: buf,
+        })
+    }
+
+    /// A vector of f32 (norm weights, biases) rounded to `dtype`.
+    pub fn from_f32(gpu: &Gpu, dtype: Dtype, v: &[f32]) -> Result<Self> {
+        let bits: Vec<u16> = v.iter().map(|&x| dtype.bits_of(x)).collect();
+        Self::upload(gpu, &bits)
+    }
+
+    /// Several matrices of the same width stacked row-wise (a fused projection).
+    pub fn stacked(gpu: &Gpu, dtype: Dtype, parts: &[&Matrix]) -> Result<Self> {
+        let cols = parts.first().map_or(0, |m| m.cols);
+        let rows: usize = parts.iter().map(|m| m.rows).sum();
+        let mut host = vec![0u16; rows * cols];
+        let mut rest = host.as_mut_slice();
+        for m in parts {
+            let (head, tail) = rest.split_at_mut(m.rows * cols);
+            fill(m, dtype, head);
+            rest = tail;
+        }
+        Self::upload(gpu, &host)
+    }
+}
+
+/// `m`'s elements as `dtype` bits into `out` (`rows * cols`).
+fn fill(m: &Matrix, dtype: Dtype, out: &mut [u16]) {
+    let same_type = matches!(
+        (m.view(), dtype),
+        (Weight::Ggml(v), Dtype::F16) if v.ty == GgmlType::F16
+    ) || matches!(
+        (m.view(), dtype),
+        (Weight::Ggml(v), Dtype::Bf16) if v.ty == GgmlType::BF16
+    );
+    let cols = m.cols.max(1);
+    if same_type && let Weight::Ggml(v) = m.view() {
+        out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
+            for (o, b) in row.iter_mut().zip(v.row(i).chunks_exact(2)) {
+                *o = u16::from_le_bytes([b[0], b[1]]);
+            }
+        });
+        return;
+    }
+    out.par_chunks_mut(cols).enumerate().for_each_init(
+        || vec![0f32; cols],
+        |row_f32, (i, row)| {
+            m.dequantize_row(i, row_f32);
+            for (o, &x) in row.iter_mut().zip(row_f32.iter()) {
+                *o = dtype.bits_of(x);
+            }
+        },
+    );
+}
+
+pub(crate) fn gpu_error(e: ferrite_kernels::cuda::CudaError) -> EngineError {
+    EngineError::Device(e.to_string())
+}
+
+/// One decoder layer on the device.
+pub(crate) struct GpuLayer {
+    pub attn_norm: DeviceTensor,
+    /// `[q_dim + 2 kv_dim, hidden]`.
+    pub qkv: DeviceTensor,
+    pub qkv_bias: Option<DeviceTensor>,
+    pub qk_norm: Option<[DeviceTensor; 2]>,
+    pub o: DeviceTensor,
+    pub post_norms: Option<[DeviceTensor; 2]>,
+    pub ffn_norm: DeviceTensor,
+    /// `[2 ffn, hidden]`: gate rows, then up rows.
+    pub gate_up: DeviceTensor,
+    pub down: DeviceTensor,
+}
+
+/// Every weight of a model on the device.
+pub(crate) struct GpuWeights {
+    pub gpu: Arc<Gpu>,
+    pub dtype: Dtype,
+    pub cfg: ModelConfig,
+    pub embed: DeviceTensor,
+    /// `None`: tied to `embed`.
+    pub lm_head: Option<DeviceTensor>,
+    pub norm: DeviceTensor,
+    pub layers: Vec<GpuLayer>,
+    /// Keeps the RoPE frequencies alive; kernels get `inv_freq_ptr`.
+    pub _inv_freq: CudaSlice<f32>,
+    pub inv_freq_ptr: DevPtr,
+    pub position_scale: f32,
+    pub adjacent_rope: bool,
+    /// Bytes of weights on the device.
+    pub bytes: usize,
+}
+
+impl GpuWeights {
+    /// Copies `model`'s weights to `gpu` as `dtype`.
+    pub fn upload(gpu: Arc<Gpu>, dtype: Dtype, model: &LlamaModel) -> Result<Self> {
+        let cfg = model.cfg.clone();
+        let g = gpu.as_ref();
+        let vec = |v: &[f32]| DeviceTensor::from_f32(g, dtype, v);
+        let mut bytes = 0;
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for l in &model.layers {
+            let qkv_bias = match &l.qkv_bias {
+                Some([bq, bk, bv]) => Some(vec(&[bq.as_slice(), bk, bv].concat())?),
+                None => None,
+            };
+            let pair = |p: &Option<[Vec<f32>; 2]>| -> Result<Option<[DeviceTensor; 2]>> {
+                Ok(match p {
+                    Some([a, b]) => Some([vec(a)?, vec(b)?]),
+                    None => None,
+                })
+            };
+            let layer = GpuLayer {
+                attn_norm: vec(&l.attn_norm)?,
+                qkv: DeviceTensor::stacked(g, dtype, &[&l.q, &l.k, &l.v])?,
+                qkv_bias,
+                qk_norm: pair(&l.qk_norm)?,
+                o: DeviceTensor::stacked(g, dtype, &[&l.o])?,
+                post_norms: pair(&l.post_norms)?,
+                ffn_norm: vec(&l.ffn_norm)?,
+                gate_up: DeviceTensor::stacked(g, dtype, &[&l.gate, &l.up])?,
+                down: DeviceTensor::stacked(g, dtype, &[&l.down])?,
+            };
+            bytes += 2 * (layer.qkv.len + layer.o.len + layer.gate_up.len + layer.down.len);
+            layers.push(layer);
+        }
+        let embed = DeviceTensor::stacked(g, dtype, &[&model.embed])?;
+        let tied = model.lm_head.same_storage(&model.embed);
+        let lm_head = if tied {
+            None
+        } else {
+            Some(DeviceTensor::stacked(g, dtype, &[&model.lm_head])?)
+        };
+        bytes += 2 * (embed.len + lm_head.as_ref().map_or(0, |t| t.len));
+        let inv_freq = g.upload(&model.rope.inv_freq).map_err(gpu_error)?;
+        let inv_freq_ptr = g.ptr(&inv_freq);
+        Ok(Self {
+            norm: vec(&model.norm)?,
+            embed,
+            lm_head,
+            layers,
+            _inv_freq: inv_freq,
+            inv_freq_ptr,
+            position_scale: model.rope.position_scale,
+            adjacent_rope: model.rope.pairing == ferrite_kernels::cpu::rope::RopePairing::Adjacent,
+            bytes,
+            cfg,
+            dtype,
+            gpu,
+        })
+    }
+
+    /// The LM head's device address (the embedding table when tied).
+    pub fn lm_head(&self) -> DevPtr {
+        self.lm_head.as_ref().unwrap_or(&self.embed).ptr
+    }
+}
+
+/// The 16-bit type a model runs in on the GPU: the checkpoint's own where it is BF16, else F16.
+pub fn default_dtype(model: &LlamaModel) -> Dtype {
+    match model.embed.view() {
+        Weight::Ggml(v) if v.ty == GgmlType::BF16 => Dtype::Bf16,
+        _ => Dtype::F16,
+    }
+}

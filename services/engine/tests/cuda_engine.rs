@@ -1,0 +1,186 @@
+//! The engine on a CUDA device against the same engine on the CPU: the default model (a real
+//! SmolLM2-135M, head size 64) generates the same greedy tokens (the bar: the first 16
+//! of at least 9 of 10 prompts) and close first-token log-probabilities, in f16 and bf16; the
+//! tiny Gemma 2 and Qwen3 checkpoints (head size 32: soft caps, sliding windows, post-norms,
+//! q/k norms) give close log-probabilities; decode runs through CUDA graphs (f16) and eagerly
+//! (bf16); and a context the GPU's memory cannot hold is
+//! refused with the flag to change.
+//!
+//! Without a CUDA device these tests say so and pass, unless `FERRITE_REQUIRE_CUDA=1` (set it
+//! on the GPU host, so they cannot silently skip there).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::*;
+use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Generation};
+use ferrite_engine::gpu::GpuOptions;
+use ferrite_engine::model::{self, LoadedModel};
+use ferrite_engine::registry;
+use ferrite_engine::sampler::SamplingParams;
+use ferrite_kernels::cuda::ops::Dtype;
+use ferrite_kernels::cuda::{self, Gpu};
+
+fn gpu(test: &str) -> Option<Arc<Gpu>> {
+    match ferrite_kernels::device::cuda_devices() {
+        Ok(d) if !d.is_empty() => {
+            let (gpu, _) = Gpu::open(0, &cuda::default_cache_dir()).expect("open cuda:0");
+            Some(Arc::new(gpu))
+        }
+        other => {
+            assert!(
+                std::env::var_os("FERRITE_REQUIRE_CUDA").is_none(),
+                "FERRITE_REQUIRE_CUDA is set but there is no CUDA device: {other:?}"
+            );
+            eprintln!("{test}: no CUDA device here, nothing to compare");
+            None
+        }
+    }
+}
+
+fn default_model() -> LoadedModel {
+    let path = std::env::var_os("FERRITE_TEST_GGUF").map_or_else(
+        || registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("default model"),
+        PathBuf::from,
+    );
+    model::load(&path).expect("load")
+}
+
+fn cfg(cuda: Option<CudaPlacement>) -> EngineConfig {
+    EngineConfig {
+        max_model_len: Some(512),
+        max_num_batched_tokens: 128,
+        max_num_seqs: 16,
+        kv_cache_bytes: 128 << 20,
+        cuda,
+        ..EngineConfig::default()
+    }
+}
+
+/// Ten prompts of 5..50 pseudo-random in-vocabulary ids, 16 greedy tokens each, with the top
+/// 5 log-probabilities of every token.
+fn generate(loaded: LoadedModel, cuda: Option<CudaPlacement>) -> HashMap<u64, Generation> {
+    let vocab = loaded.model.config().vocab_size as u64;
+    let mut engine = Engine::new(loaded.model, vec![], cfg(cuda)).expect("engine");
+    let requests = (0..10u64)
+        .map(|i| {
+            let prompt = (0..5 + 5 * i)
+                .map(|j| ((i * 7919 + j * 104_729 + 11) % vocab) as u32)
+                .collect();
+            let params = SamplingParams {
+                ignore_eos: true,
+                logprobs: Some(5),
+                ..SamplingParams::greedy(16)
+            };
+            (i, prompt, params)
+        })
+        .collect();
+    engine
+        .run_to_completion(requests, |_| true)
+        .expect("generate")
+}
+
+/// Largest difference of the first token's top-5 log-probabilities (by the CPU's ranking).
+fn first_logprob_gap(cpu: &Generation, gpu: &Generation) -> f32 {
+    let got: HashMap<u32, f32> = gpu.tokens[0].top.iter().copied().collect();
+    cpu.tokens[0]
+        .top
+        .iter()
+        .map(|(id, lp)| got.get(id).map_or(f32::INFINITY, |g| (g - lp).abs()))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn the_default_model_generates_the_cpus_greedy_tokens() {
+    let Some(gpu) = gpu("the_default_model_generates_the_cpus_greedy_tokens") else {
+        return;
+    };
+    let want = generate(default_model(), None);
+    // f16 decodes through CUDA graphs, bf16 eagerly: both paths against the CPU.
+    for (dtype, cuda_graphs) in [(Dtype::F16, true), (Dtype::Bf16, false)] {
+        let opts = GpuOptions {
+            dtype,
+            memory_utilization: 0.5,
+            cuda_graphs,
+        };
+        let got = generate(
+            default_model(),
+            Some(CudaPlacement {
+                gpu: gpu.clone(),
+                opts,
+            }),
+        );
+        let same = (0..10u64)
+            .filter(|i| got[i].token_ids() == want[i].token_ids())
+            .count();
+        assert!(
+            same >= 9,
+            "{}: {same}/10 prompts gave the CPU's 16 greedy tokens",
+            dtype.name()
+        );
+        let tolerance = if dtype == Dtype::F16 { 0.05 } else { 0.2 };
+        for i in 0..10u64 {
+            let gap = first_logprob_gap(&want[&i], &got[&i]);
+            assert!(
+                gap < tolerance,
+                "{} prompt {i}: first-token logprobs differ by {gap}",
+                dtype.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn tiny_gemma2_and_qwen3_match_the_cpu() {
+    let Some(gpu) = gpu("tiny_gemma2_and_qwen3_match_the_cpu") else {
+        return;
+    };
+    for dir in ["gemma2", "qwen3"] {
+        let path = fixtures().join("models").join(dir);
+        let want = generate(model::load(&path).expect("tiny model"), None);
+        let opts = GpuOptions {
+            dtype: Dtype::F16,
+            memory_utilization: 0.5,
+            cuda_graphs: true,
+        };
+        let loaded = model::load(&path).expect("tiny model");
+        let got = generate(
+            loaded,
+            Some(CudaPlacement {
+                gpu: gpu.clone(),
+                opts,
+            }),
+        );
+        for i in 0..10u64 {
+            let gap = first_logprob_gap(&want[&i], &got[&i]);
+            assert!(
+                gap < 0.05,
+                "{dir} prompt {i}: first-token logprobs differ by {gap}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_context_the_gpu_cannot_hold_is_refused() {
+    let Some(gpu) = gpu("a_context_the_gpu_cannot_hold_is_refused") else {
+        return;
+    };
+    let loaded = default_model();
+    let opts = GpuOptions {
+        dtype: Dtype::F16,
+        memory_utilization: 0.005,
+        cuda_graphs: false,
+    };
+    let cfg = EngineConfig {
+        max_model_len: Some(8192),
+        cuda: Some(CudaPlacement { gpu, opts }),
+        ..EngineConfig::default()
+    };
+    let e =
+        Engine::new(loaded.model, vec![], cfg).expect_err("0.5% of the GPU for an 8192 context");
+    assert!(e.to_string().contains("--gpu-memory-utilization"), "{e}");
+}
