@@ -13,6 +13,27 @@
 #include "common.cuh"
 #include "mma.cuh"
 
+// Argument lists, shared by the templates and their extern "C" entry points.
+#define DECODE_PARAMS(T)                                                                       \
+  float *__restrict__ part_out, float *__restrict__ part_max, float *__restrict__ part_sum,   \
+      const T *__restrict__ q, i32 q_stride, const T *__restrict__ k_cache,                   \
+      const T *__restrict__ v_cache, const i32 *__restrict__ block_tables, i32 max_blocks,    \
+      const i32 *__restrict__ context_lens, i32 n_heads, i32 kv_heads, i32 head_dim,          \
+      i32 block_size, float scale, float soft_cap, i32 window, i32 partition_size, i32 n_parts
+#define DECODE_ARGS                                                                           \
+  part_out, part_max, part_sum, q, q_stride, k_cache, v_cache, block_tables, max_blocks,      \
+      context_lens, n_heads, kv_heads, head_dim, block_size, scale, soft_cap, window,         \
+      partition_size, n_parts
+#define PREFILL_PARAMS(T)                                                                      \
+  T *__restrict__ out, i32 out_stride, const T *__restrict__ q, i32 q_stride,                 \
+      const T *__restrict__ k_cache, const T *__restrict__ v_cache,                           \
+      const i32 *__restrict__ block_tables, i32 max_blocks, const i32 *__restrict__ query_start, \
+      const i32 *__restrict__ context_lens, i32 n_heads, i32 kv_heads, i32 head_dim,          \
+      i32 block_size, float scale, float soft_cap, i32 window
+#define PREFILL_ARGS                                                                          \
+  out, out_stride, q, q_stride, k_cache, v_cache, block_tables, max_blocks, query_start,      \
+      context_lens, n_heads, kv_heads, head_dim, block_size, scale, soft_cap, window
+
 namespace attn {
 
 // E consecutive T values (E * 2 bytes, so 4/8/16-byte aligned) as packed pairs, or zeros.
@@ -90,15 +111,7 @@ struct Dec {
 // per head, then P.V; a block thus reads each K and V row of its partition once for the whole
 // GQA group (GC heads per pass, more passes for larger groups).
 template <typename T, int HD>
-__device__ __forceinline__ void decode(float* __restrict__ part_out, float* __restrict__ part_max,
-                                       float* __restrict__ part_sum, const T* __restrict__ q,
-                                       int q_stride, const T* __restrict__ k_cache,
-                                       const T* __restrict__ v_cache,
-                                       const int* __restrict__ block_tables, int max_blocks,
-                                       const int* __restrict__ context_lens, int n_heads,
-                                       int kv_heads, int head_dim, int block_size, float scale,
-                                       float soft_cap, int window, int partition_size,
-                                       int n_parts) {
+__device__ __forceinline__ void decode(DECODE_PARAMS(T)) {
   using C = Dec<HD>;
   constexpr int E = C::E, GC = C::GC, NK = C::NK;
   __shared__ __align__(16) float buf[C::BUF];  // scores [GC][DEC_PMAX], then [4 warps][GC][HD]
@@ -324,15 +337,7 @@ __device__ __forceinline__ void key_range(int first, int i0, int bq, int nq, int
 }
 
 template <typename T, int HD>
-__device__ __forceinline__ void prefill(T* __restrict__ out, int out_stride,
-                                        const T* __restrict__ q, int q_stride,
-                                        const T* __restrict__ k_cache,
-                                        const T* __restrict__ v_cache,
-                                        const int* __restrict__ block_tables, int max_blocks,
-                                        const int* __restrict__ query_start,
-                                        const int* __restrict__ context_lens, int n_heads,
-                                        int kv_heads, int head_dim, int block_size, float scale,
-                                        float soft_cap, int window) {
+__device__ __forceinline__ void prefill(PREFILL_PARAMS(T)) {
   constexpr int E = HD / 32, KT = 4096 / HD, CPR = HD / 8;  // CPR: 16-byte chunks per row
   __shared__ __align__(16) T ks[KT * HD];
   __shared__ __align__(16) T vs[KT * HD];
@@ -464,21 +469,14 @@ __device__ __forceinline__ int swz(int r, int c) {
 }
 
 template <typename T, int HD>
-__device__ __forceinline__ void prefill_mma(T* __restrict__ out, int out_stride,
-                                            const T* __restrict__ q, int q_stride,
-                                            const T* __restrict__ k_cache,
-                                            const T* __restrict__ v_cache,
-                                            const int* __restrict__ block_tables, int max_blocks,
-                                            const int* __restrict__ query_start,
-                                            const int* __restrict__ context_lens, int n_heads,
-                                            int kv_heads, int block_size, float scale,
-                                            float soft_cap, int window) {
+__device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
   // Key tile: 64 keys, 16 at head_dim 256 (Q 32 KiB + K 8 + V 8 = the 48 KiB static limit).
   constexpr int KT = HD == 256 ? 16 : 64, CPR = HD / 8;
   constexpr int NT = KT / 8, ND = HD / 8, KS = HD / 16, PK = KT / 16;
   __shared__ __align__(128) T qsm[MMA_BQ * HD];
   __shared__ __align__(128) T ksm[KT * HD];
   __shared__ __align__(128) T vsm[KT * HD];
+  (void)head_dim;  // == HD
 
   const int h = blockIdx.y, s = blockIdx.z, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gid = lane >> 2, tig = lane & 3, lq = lane >> 3, lr = lane & 7;
@@ -633,37 +631,31 @@ __device__ __forceinline__ void prefill_mma(T* __restrict__ out, int out_stride,
 //   Constraints: head_dim % 32 == 0 and head_dim <= HD; n_heads % kv_heads == 0;
 //   1 <= partition_size <= 512; n_parts * partition_size >= the longest context; q_stride % 8
 //   == 0 (q row s holds n_heads * head_dim values); window >= 0, soft_cap >= 0.
-#define ATTN_DECODE(HD, name, T)                                                               \
+#define ATTN_DECODE(HD, T)                                                                     \
   extern "C" __global__ void __launch_bounds__(attn::DEC_THREADS)                              \
-      attention_decode_hd##HD##_##name(                                                        \
-          float* part_out, float* part_max, float* part_sum, const T* q, i32 q_stride,         \
-          const T* k_cache, const T* v_cache, const i32* block_tables, i32 max_blocks,         \
-          const i32* context_lens, i32 n_heads, i32 kv_heads, i32 head_dim, i32 block_size,    \
-          float scale, float soft_cap, i32 window, i32 partition_size, i32 n_parts) {          \
-    attn::decode<T, HD>(part_out, part_max, part_sum, q, q_stride, k_cache, v_cache,           \
-                        block_tables, max_blocks, context_lens, n_heads, kv_heads, head_dim,   \
-                        block_size, scale, soft_cap, window, partition_size, n_parts);         \
+      attention_decode_hd##HD##_##T(DECODE_PARAMS(T)) {                                        \
+    attn::decode<T, HD>(DECODE_ARGS);                                                          \
   }
-ATTN_DECODE(64, f16, f16)
-ATTN_DECODE(64, bf16, bf16)
-ATTN_DECODE(128, f16, f16)
-ATTN_DECODE(128, bf16, bf16)
-ATTN_DECODE(256, f16, f16)
-ATTN_DECODE(256, bf16, bf16)
+ATTN_DECODE(64, f16)
+ATTN_DECODE(128, f16)
+ATTN_DECODE(256, f16)
+ATTN_DECODE(64, bf16)
+ATTN_DECODE(128, bf16)
+ATTN_DECODE(256, bf16)
 
 // attention_decode_reduce_{f16,bf16}(T* out, i32 out_stride, const float* part_out,
 //     const float* part_max, const float* part_sum, i32 n_heads, i32 head_dim, i32 n_parts)
 //   grid = (n_heads, n_seqs); block = (128, 1, 1); dynamic shared memory = 0.
 //   out[s * out_stride + h * head_dim + d]; head_dim <= 256; any n_parts >= 1.
-#define ATTN_REDUCE(name, T)                                                                   \
-  extern "C" __global__ void __launch_bounds__(128) attention_decode_reduce_##name(            \
+#define ATTN_REDUCE(T)                                                                         \
+  extern "C" __global__ void __launch_bounds__(128) attention_decode_reduce_##T(               \
       T* out, i32 out_stride, const float* part_out, const float* part_max,                    \
       const float* part_sum, i32 n_heads, i32 head_dim, i32 n_parts) {                         \
     attn::decode_reduce<T>(out, out_stride, part_out, part_max, part_sum, n_heads, head_dim,   \
                            n_parts);                                                           \
   }
-ATTN_REDUCE(f16, f16)
-ATTN_REDUCE(bf16, bf16)
+ATTN_REDUCE(f16)
+ATTN_REDUCE(bf16)
 
 // attention_prefill_hd{64,128,256}_{f16,bf16}(T* out, i32 out_stride, const T* q,
 //     i32 q_stride, const T* k_cache, const T* v_cache, const i32* block_tables,
@@ -681,31 +673,18 @@ ATTN_REDUCE(bf16, bf16)
 //   (static: 24 KiB at hd64, 48 KiB at hd128 and hd256).
 //   Constraints: head_dim == HD exactly (other sizes: the CUDA-core kernel above); otherwise
 //   as attention_prefill.
-#define ATTN_PREFILL(HD, name, T)                                                              \
+#define ATTN_PREFILL(HD, T)                                                                    \
   extern "C" __global__ void __launch_bounds__(attn::PF_THREADS)                               \
-      attention_prefill_hd##HD##_##name(                                                       \
-          T* out, i32 out_stride, const T* q, i32 q_stride, const T* k_cache,                  \
-          const T* v_cache, const i32* block_tables, i32 max_blocks, const i32* query_start,   \
-          const i32* context_lens, i32 n_heads, i32 kv_heads, i32 head_dim, i32 block_size,    \
-          float scale, float soft_cap, i32 window) {                                           \
-    attn::prefill<T, HD>(out, out_stride, q, q_stride, k_cache, v_cache, block_tables,         \
-                         max_blocks, query_start, context_lens, n_heads, kv_heads, head_dim,   \
-                         block_size, scale, soft_cap, window);                                 \
+      attention_prefill_hd##HD##_##T(PREFILL_PARAMS(T)) {                                      \
+    attn::prefill<T, HD>(PREFILL_ARGS);                                                        \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(attn::MMA_THREADS)                              \
-      attention_prefill_mma_hd##HD##_##name(                                                   \
-          T* out, i32 out_stride, const T* q, i32 q_stride, const T* k_cache,                  \
-          const T* v_cache, const i32* block_tables, i32 max_blocks, const i32* query_start,   \
-          const i32* context_lens, i32 n_heads, i32 kv_heads, i32 head_dim, i32 block_size,    \
-          float scale, float soft_cap, i32 window) {                                           \
-    (void)head_dim;                                                                            \
-    attn::prefill_mma<T, HD>(out, out_stride, q, q_stride, k_cache, v_cache, block_tables,     \
-                             max_blocks, query_start, context_lens, n_heads, kv_heads,         \
-                             block_size, scale, soft_cap, window);                             \
+      attention_prefill_mma_hd##HD##_##T(PREFILL_PARAMS(T)) {                                  \
+    attn::prefill_mma<T, HD>(PREFILL_ARGS);                                                    \
   }
-ATTN_PREFILL(64, f16, f16)
-ATTN_PREFILL(64, bf16, bf16)
-ATTN_PREFILL(128, f16, f16)
-ATTN_PREFILL(128, bf16, bf16)
-ATTN_PREFILL(256, f16, f16)
-ATTN_PREFILL(256, bf16, bf16)
+ATTN_PREFILL(64, f16)
+ATTN_PREFILL(128, f16)
+ATTN_PREFILL(256, f16)
+ATTN_PREFILL(64, bf16)
+ATTN_PREFILL(128, bf16)
+ATTN_PREFILL(256, bf16)

@@ -68,6 +68,16 @@ fn stride_grid(n: usize, block: u32) -> u32 {
     n.div_ceil(block as usize).clamp(1, 132 * 16) as u32
 }
 
+/// The 2-D grid of the row-gather kernels (embedding, gated activations, KV write): x over
+/// 2048-element chunks of a row (8 per thread of 256), y over rows, both grid-strided.
+fn row_chunks_grid(width: usize, rows: usize) -> (u32, u32, u32) {
+    (
+        width.div_ceil(2048).max(1) as u32,
+        rows.clamp(1, 65_535) as u32,
+        1,
+    )
+}
+
 /// Grid x for one block per row (the x dimension allows 2^31 - 1 blocks).
 fn rows_grid(rows: usize) -> Result<u32, CudaError> {
     u32::try_from(rows.max(1))
@@ -137,7 +147,7 @@ impl Gpu {
             i32_of("hidden", hidden)?,
             Arg::F32(scale),
         ];
-        let grid = (rows_grid(tokens)?, 1, 1);
+        let grid = row_chunks_grid(hidden, tokens);
         unsafe { self.launch("embedding", entry!(dtype, "embedding"), grid, 256, 0, &args) }
     }
 
@@ -171,6 +181,8 @@ impl Gpu {
             Arg::F32(weight_offset),
         ];
         let grid = (rows_grid(rows)?, 1, 1);
+        // Wider rows get more threads per row (the kernel takes any multiple of 32).
+        let block = if hidden > 4096 { 512 } else { 256 };
         let (name, head): (_, Vec<Arg>) = match kind {
             NormKind::Plain => (
                 entry!(dtype, "rms_norm"),
@@ -191,7 +203,7 @@ impl Gpu {
             ),
         };
         let args: Vec<Arg> = head.into_iter().chain(tail).collect();
-        unsafe { self.launch("norm", name, grid, 256, 0, &args) }
+        unsafe { self.launch("norm", name, grid, block, 0, &args) }
     }
 
     /// Rotates the first `rope_dim` dimensions of every q and k head by its token's position,
@@ -224,7 +236,7 @@ impl Gpu {
             Arg::I32(shape.adjacent.into()),
         ];
         let grid = (rows_grid(shape.tokens)?, 1, 1);
-        unsafe { self.launch("rope", entry!(dtype, "rope"), grid, 128, 0, &args) }
+        unsafe { self.launch("rope", entry!(dtype, "rope"), grid, 256, 0, &args) }
     }
 
     /// `out = act(gate) * up` over rows `[gate | up]` of `2 * d_ff`; GELU (tanh) when `gelu`,
@@ -252,7 +264,7 @@ impl Gpu {
         } else {
             entry!(dtype, "silu_mul")
         };
-        let grid = (stride_grid(tokens * d_ff, 256), 1, 1);
+        let grid = row_chunks_grid(d_ff, tokens);
         unsafe { self.launch("activation", name, grid, 256, 0, &args) }
     }
 
@@ -289,8 +301,8 @@ impl Gpu {
             i32_of("kv_heads", kv_heads)?,
             i32_of("head_dim", head_dim)?,
         ];
-        let grid = (rows_grid(tokens)?, 1, 1);
-        unsafe { self.launch("kv_cache", entry!(dtype, "kv_write"), grid, 128, 0, &args) }
+        let grid = row_chunks_grid(kv_heads * head_dim, tokens);
+        unsafe { self.launch("kv_cache", entry!(dtype, "kv_write"), grid, 256, 0, &args) }
     }
 
     /// `x[t, j] += bias[j]` for the first `width` elements of `rows` rows `stride` apart
