@@ -183,8 +183,9 @@ __device__ __forceinline__ void decode(DECODE_PARAMS(T)) {
 #pragma unroll
         for (int j = 0; j < GC; ++j) {
           float d = 0.f;
+          if (j < gn)  // warp-uniform: groups smaller than GC skip the absent heads
 #pragma unroll
-          for (int e = 0; e < E; ++e) d += qr[j][e] * kf[e];
+            for (int e = 0; e < E; ++e) d += qr[j][e] * kf[e];
           part[kk * GC + j] = d;
         }
       }

@@ -353,9 +353,10 @@ __device__ __forceinline__ void dequant(T* __restrict__ w, const u8* __restrict_
 //   Why this grid fills an H100: a block owns 16 rows and its 8 warps split the row length, each
 //   keeping 3 KiB of codes in flight through cp.async. rows = 2048 gives 128 blocks, one per SM
 //   on 128 of the 132 SMs with ~24 KiB in flight each (~3 MiB in total, above the ~2.5 MiB that
-//   3 TB/s x ~0.8 us of latency needs); from 4096 rows every SM holds 2 or more blocks (44 KiB
-//   of shared memory and 256 threads each allow 4-5 per SM), so the tail is a fraction of a
-//   block per SM.
+//   3 TB/s x ~0.8 us of latency needs). At 4096 rows (256 blocks, ~2 per SM) all blocks are
+//   resident at once (registers allow 2 per SM at 2-bit, 3 at 4-bit, 4 at 8-bit; shared memory
+//   5); larger matrices keep 2-4 blocks on every SM until the last ones drain, and since one
+//   block alone sustains ~30 GB/s (24 KiB / 0.8 us), the SMs stay saturated until < ~100 remain.
 #define WQ_GEMV(bits, name, T)                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                             \
       wq_gemv_b##bits##_##name(T* out, const T* x, const u8* codes, const T* scales,            \
@@ -374,8 +375,8 @@ WQ_GEMV(2, bf16, bf16)
 //   w[r][c] (dense, row stride cols) = scale * (q - zero), rounded once to T.
 //   grid  = (ceil(rows * cols * bits / 128 / 256), 1, 1)  (one thread per 16 code bytes);
 //   block = (256, 1, 1); dynamic shared memory = 0.
-//   Constraints: as wq_gemv (row bytes a multiple of 16, group_size a multiple of 32 or == cols
-//   ... 8 consecutive codes never straddle a group); w, codes 16-byte aligned.
+//   Constraints: as wq_gemv (row bytes a multiple of 16; group_size a multiple of 32 or == cols,
+//   so 8 consecutive codes never straddle a group); w and codes 16-byte aligned.
 #define WQ_DEQUANT(bits, name, T)                                                               \
   extern "C" __global__ void __launch_bounds__(256)                                             \
       wq_dequant_b##bits##_##name(T* w, const u8* codes, const T* scales, const u8* zeros,      \

@@ -18,6 +18,7 @@
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2;
+pub mod gguf;
 #[allow(unsafe_code)]
 mod matmul;
 mod rtn;
@@ -353,6 +354,29 @@ impl WqMatrix {
     pub fn packed_row(&self, r: usize) -> &[u8] {
         let rb = self.cols / self.format.bits.per_byte();
         &self.codes[r * rb..(r + 1) * rb]
+    }
+
+    /// `parts` (same format and width) one after another as one matrix: a fused projection
+    /// (q, k and v; gate and up). `None` when they differ.
+    pub fn stack(parts: &[&WqMatrix]) -> Option<WqMatrix> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.format != first.format || p.cols != first.cols)
+        {
+            return None;
+        }
+        Some(WqMatrix {
+            format: first.format,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
+            scales: parts
+                .iter()
+                .flat_map(|p| p.scales.iter().copied())
+                .collect(),
+            zeros: parts.iter().flat_map(|p| p.zeros.iter().copied()).collect(),
+        })
     }
 
     /// All codes, packed, row-major (the layout the CUDA kernels read as is).

@@ -184,3 +184,97 @@ fn a_context_the_gpu_cannot_hold_is_refused() {
         Engine::new(loaded.model, vec![], cfg).expect_err("0.5% of the GPU for an 8192 context");
     assert!(e.to_string().contains("--gpu-memory-utilization"), "{e}");
 }
+
+/// Issue #5's end-to-end check: a random-weight safetensors checkpoint, and PyTorch's greedy
+/// tokens for it on the same GPU, made by `tests/fixtures/gpu/torch_reference.py` on the GPU
+/// host (`FERRITE_TORCH_REFERENCE` names its directory). ferrite's CUDA path (f16, graphs) and
+/// its CPU path each give PyTorch's first 16 tokens for at least 9 of the 10 prompts.
+#[test]
+fn a_random_checkpoint_matches_pytorch_on_the_gpu() {
+    let Some(gpu) = gpu("a_random_checkpoint_matches_pytorch_on_the_gpu") else {
+        return;
+    };
+    let Some(dir) = std::env::var_os("FERRITE_TORCH_REFERENCE").map(PathBuf::from) else {
+        assert!(
+            std::env::var_os("FERRITE_REQUIRE_CUDA").is_none(),
+            "on the GPU host, run tests/fixtures/gpu/torch_reference.py and set FERRITE_TORCH_REFERENCE"
+        );
+        return;
+    };
+    let reference = read_json(&dir.join("torch_reference.json"));
+    let cases = reference["cases"].as_array().expect("cases");
+    let requests: Vec<(u64, Vec<u32>, SamplingParams)> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let params = SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(16)
+            };
+            (i as u64, ids(&c["prompt_token_ids"]), params)
+        })
+        .collect();
+    let opts = GpuOptions {
+        dtype: Dtype::F16,
+        memory_utilization: 0.5,
+        cuda_graphs: true,
+    };
+    for (path, cuda) in [("cpu", None), ("cuda", Some(CudaPlacement { gpu, opts }))] {
+        let loaded = model::load(&dir).expect("the reference checkpoint");
+        let mut engine = Engine::new(loaded.model, vec![], cfg(cuda)).expect("engine");
+        let out = engine
+            .run_to_completion(requests.clone(), |_| true)
+            .expect("generate");
+        let same = cases
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| out[&(*i as u64)].token_ids() == ids(&c["greedy_token_ids"])[..16])
+            .count();
+        assert!(
+            same >= 9,
+            "{path}: {same}/10 prompts gave PyTorch's 16 greedy tokens"
+        );
+    }
+}
+
+/// Weight-only quantized projections on the GPU's quantized kernels (GEMV up to 8 rows,
+/// dequantize-then-cuBLAS above: the ten prompts decode together) against the CPU running
+/// the same codes.
+#[test]
+fn quantized_weights_generate_the_cpus_greedy_tokens() {
+    let Some(gpu) = gpu("quantized_weights_generate_the_cpus_greedy_tokens") else {
+        return;
+    };
+    for format in ["rtn-w8g128", "rtn-w4g128"] {
+        let options = model::LoadOptions {
+            quantize: Some(model::parse_quantize(format).expect("format")),
+        };
+        let load = || {
+            let path = std::env::var_os("FERRITE_TEST_GGUF").map_or_else(
+                || registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("default model"),
+                PathBuf::from,
+            );
+            model::load_with(&path, options).expect("load")
+        };
+        let want = generate(load(), None);
+        let opts = GpuOptions {
+            dtype: Dtype::F16,
+            memory_utilization: 0.5,
+            cuda_graphs: true,
+        };
+        let got = generate(
+            load(),
+            Some(CudaPlacement {
+                gpu: gpu.clone(),
+                opts,
+            }),
+        );
+        let same = (0..10u64)
+            .filter(|i| got[i].token_ids() == want[i].token_ids())
+            .count();
+        assert!(
+            same >= 9,
+            "{format}: {same}/10 prompts gave the CPU's 16 greedy tokens"
+        );
+    }
+}

@@ -15,9 +15,10 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
 use ferrite_kernels::cuda::gemm::{Linear, OutType};
 use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::wq::GEMV_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 
-use super::weights::{GpuWeights, gpu_error};
+use super::weights::{DeviceMatrix, GpuWeights, gpu_error};
 use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsWanted, SeqChunk};
@@ -94,6 +95,8 @@ pub struct GpuRunner {
     n_parts: usize,
     /// Captured decode steps by padded batch size.
     graphs: BTreeMap<usize, Graph>,
+    /// Room for the largest quantized matrix dequantized (batches above the GEMV's 8 rows).
+    dequantized: Option<Buf<u16>>,
 }
 
 impl std::fmt::Debug for GpuRunner {
@@ -127,6 +130,16 @@ impl GpuRunner {
                 .collect::<Result<_>>()?,
         };
         let meta = g.zeros::<i32>(limits.meta_len()).map_err(gpu_error)?;
+        let largest = w
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .map(DeviceMatrix::dequantized_len)
+            .max();
+        let dequantized = match largest {
+            Some(n) if n > 0 => Some(alloc(g, n)?),
+            _ => None,
+        };
         let logits = g.zeros::<f32>(s * c.vocab_size).map_err(gpu_error)?;
         Ok(Self {
             limits,
@@ -149,6 +162,7 @@ impl GpuRunner {
             part_sum: alloc(g, pm)?,
             n_parts,
             graphs: BTreeMap::new(),
+            dequantized,
             w,
         })
     }
@@ -436,7 +450,7 @@ impl GpuRunner {
                     norm(t),
                 )?;
                 let qkv = self.qkv.ptr;
-                g.linear(dt, OutType::Same, qkv, xn, l.qkv.ptr, lin(qkv_w, h))?;
+                self.project(g, qkv, xn, &l.qkv, lin(qkv_w, h))?;
                 if let Some(b) = &l.qkv_bias {
                     g.add_bias(dt, qkv, qkv_w, b.ptr, t, qkv_w)?;
                 }
@@ -528,7 +542,7 @@ impl GpuRunner {
                         &a,
                     )?;
                 }
-                g.linear(dt, OutType::Same, proj, attn, l.o.ptr, lin(h, q_dim))?;
+                self.project(g, proj, attn, &l.o, lin(h, q_dim))?;
                 match &l.post_norms {
                     Some([post_attn, _]) => {
                         g.rms_norm(
@@ -555,17 +569,10 @@ impl GpuRunner {
                     )?,
                 }
                 let gu = self.gate_up.ptr;
-                g.linear(dt, OutType::Same, gu, xn, l.gate_up.ptr, lin(2 * ff, h))?;
+                self.project(g, gu, xn, &l.gate_up, lin(2 * ff, h))?;
                 let gelu = c.activation == Activation::GeluTanh;
                 g.gated_activation(dt, gelu, self.act.ptr, gu, t, ff)?;
-                g.linear(
-                    dt,
-                    OutType::Same,
-                    proj,
-                    self.act.ptr,
-                    l.down.ptr,
-                    lin(h, ff),
-                )?;
+                self.project(g, proj, self.act.ptr, &l.down, lin(h, ff))?;
                 pending = match &l.post_norms {
                     Some([_, post_ffn]) => {
                         g.rms_norm(
@@ -628,6 +635,41 @@ struct Graph(CudaGraph);
 // ensures; the runner (and so each graph) is owned by one thread at a time, never shared.
 #[allow(unsafe_code)]
 unsafe impl Send for Graph {}
+
+impl GpuRunner {
+    /// `out = x · Wᵀ` through whichever kernel `w`'s storage takes: cuBLAS for dense
+    /// weights; for quantized ones the GEMV kernel up to 8 rows of `x`, and above that the
+    /// matrix dequantized into the scratch buffer, then cuBLAS.
+    ///
+    /// # Safety
+    /// As [`Gpu::linear`]; `shape` is contiguous (strides `k` and `n`).
+    #[allow(unsafe_code)]
+    unsafe fn project(
+        &self,
+        g: &Gpu,
+        out: DevPtr,
+        x: DevPtr,
+        w: &DeviceMatrix,
+        shape: Linear,
+    ) -> Result<(), ferrite_kernels::cuda::CudaError> {
+        let dt = self.w.dtype;
+        unsafe {
+            match w {
+                DeviceMatrix::Dense(t) => g.linear(dt, OutType::Same, out, x, t.ptr, shape),
+                DeviceMatrix::Quantized { w, .. } if shape.m <= GEMV_MAX_M => {
+                    g.wq_gemv(dt, out, x, w, shape.m)
+                }
+                DeviceMatrix::Quantized { w, .. } => {
+                    let dense = self.dequantized.as_ref().map(|b| b.ptr).ok_or_else(|| {
+                        ferrite_kernels::cuda::CudaError::Driver("no dequantization buffer".into())
+                    })?;
+                    g.wq_dequant(dt, dense, w)?;
+                    g.linear(dt, OutType::Same, out, x, dense, shape)
+                }
+            }
+        }
+    }
+}
 
 /// Where each array sits in the packed metadata (element offsets).
 #[derive(Debug, Clone, Copy)]

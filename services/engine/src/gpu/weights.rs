@@ -3,16 +3,19 @@
 //! and up into one `[2·ffn, hidden]`, so each is one cuBLAS call.
 //!
 //! F16 and BF16 tensors of the checkpoint's own type go over as they are mapped; any other
-//! storage (GGUF blocks, RTN/GPTQ codes, the other 16-bit type) is dequantized row by row on
-//! the CPU first. Quantized weights running on the quantized kernels is the next step (#6).
+//! weight-only quantized matrix (RTN or GPTQ codes, GGUF Q8_0/Q4_0 repacked exactly) stays
+//! quantized for the quantized kernels; any other storage (GGUF Q4_1/K-quants, the other
+//! 16-bit type) is dequantized row by row on the CPU first.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use ferrite_kernels::cpu::matmul::Weight;
 use ferrite_kernels::cuda::ops::Dtype;
+use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::wq::WqMatrix;
 use rayon::prelude::*;
 
 use crate::config::ModelConfig;
@@ -88,6 +91,74 @@ fn fill(m: &Matrix, dtype: Dtype, out: &mut [u16]) {
     );
 }
 
+/// A projection's weights on the device: dense in the model's 16-bit type, or weight-only
+/// quantized codes (RTN/GPTQ matrices as they are, GGUF Q8_0/Q4_0 repacked) that the
+/// quantized kernels read.
+pub(crate) enum DeviceMatrix {
+    Dense(DeviceTensor),
+    Quantized {
+        _codes: CudaSlice<u8>,
+        _scales: DeviceTensor,
+        _zeros: Option<CudaSlice<u8>>,
+        w: WqDevice,
+        bytes: usize,
+    },
+}
+
+impl DeviceMatrix {
+    /// `parts` stacked row-wise: quantized when every part has the same weight-only format
+    /// and the kernels can read its rows, else dense.
+    pub fn upload(gpu: &Gpu, dtype: Dtype, parts: &[&Matrix]) -> Result<Self> {
+        let wq: Option<Vec<_>> = parts.iter().map(|m| m.as_wq()).collect();
+        let stacked =
+            wq.and_then(|w| WqMatrix::stack(&w.iter().map(|c| c.as_ref()).collect::<Vec<_>>()));
+        let Some(m) = stacked.filter(|m| check_layout(&m.format(), m.cols()).is_ok()) else {
+            return DeviceTensor::stacked(gpu, dtype, parts).map(Self::Dense);
+        };
+        let f = m.format();
+        let codes = gpu.upload(m.packed_codes()).map_err(gpu_error)?;
+        let scales = DeviceTensor::from_f32(gpu, dtype, m.scales())?;
+        let zeros = if f.zero_point {
+            Some(gpu.upload(&m.zeros()).map_err(gpu_error)?)
+        } else {
+            None
+        };
+        let w = WqDevice {
+            codes: gpu.ptr(&codes),
+            scales: scales.ptr,
+            zeros: zeros.as_ref().map(|z| gpu.ptr(z)),
+            bits: f.bits,
+            rows: m.rows(),
+            cols: m.cols(),
+            group_size: f.group_len(m.cols()),
+        };
+        let bytes = m.packed_codes().len() + 2 * scales.len + zeros.as_ref().map_or(0, |z| z.len());
+        Ok(Self::Quantized {
+            _codes: codes,
+            _scales: scales,
+            _zeros: zeros,
+            w,
+            bytes,
+        })
+    }
+
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Dense(t) => 2 * t.len,
+            Self::Quantized { bytes, .. } => *bytes,
+        }
+    }
+
+    /// Elements of the dense matrix a quantized one expands to for large batches (0 if dense).
+    pub fn dequantized_len(&self) -> usize {
+        match self {
+            Self::Dense(_) => 0,
+            Self::Quantized { w, .. } => w.rows * w.cols,
+        }
+    }
+}
+
 pub(crate) fn gpu_error(e: ferrite_kernels::cuda::CudaError) -> EngineError {
     EngineError::Device(e.to_string())
 }
@@ -96,15 +167,21 @@ pub(crate) fn gpu_error(e: ferrite_kernels::cuda::CudaError) -> EngineError {
 pub(crate) struct GpuLayer {
     pub attn_norm: DeviceTensor,
     /// `[q_dim + 2 kv_dim, hidden]`.
-    pub qkv: DeviceTensor,
+    pub qkv: DeviceMatrix,
     pub qkv_bias: Option<DeviceTensor>,
     pub qk_norm: Option<[DeviceTensor; 2]>,
-    pub o: DeviceTensor,
+    pub o: DeviceMatrix,
     pub post_norms: Option<[DeviceTensor; 2]>,
     pub ffn_norm: DeviceTensor,
     /// `[2 ffn, hidden]`: gate rows, then up rows.
-    pub gate_up: DeviceTensor,
-    pub down: DeviceTensor,
+    pub gate_up: DeviceMatrix,
+    pub down: DeviceMatrix,
+}
+
+impl GpuLayer {
+    pub fn matrices(&self) -> [&DeviceMatrix; 4] {
+        [&self.qkv, &self.o, &self.gate_up, &self.down]
+    }
 }
 
 /// Every weight of a model on the device.
@@ -147,16 +224,16 @@ impl GpuWeights {
             };
             let layer = GpuLayer {
                 attn_norm: vec(&l.attn_norm)?,
-                qkv: DeviceTensor::stacked(g, dtype, &[&l.q, &l.k, &l.v])?,
+                qkv: DeviceMatrix::upload(g, dtype, &[&l.q, &l.k, &l.v])?,
                 qkv_bias,
                 qk_norm: pair(&l.qk_norm)?,
-                o: DeviceTensor::stacked(g, dtype, &[&l.o])?,
+                o: DeviceMatrix::upload(g, dtype, &[&l.o])?,
                 post_norms: pair(&l.post_norms)?,
                 ffn_norm: vec(&l.ffn_norm)?,
-                gate_up: DeviceTensor::stacked(g, dtype, &[&l.gate, &l.up])?,
-                down: DeviceTensor::stacked(g, dtype, &[&l.down])?,
+                gate_up: DeviceMatrix::upload(g, dtype, &[&l.gate, &l.up])?,
+                down: DeviceMatrix::upload(g, dtype, &[&l.down])?,
             };
-            bytes += 2 * (layer.qkv.len + layer.o.len + layer.gate_up.len + layer.down.len);
+            bytes += layer.matrices().iter().map(|m| m.bytes()).sum::<usize>();
             layers.push(layer);
         }
         let embed = DeviceTensor::stacked(g, dtype, &[&model.embed])?;

@@ -311,6 +311,17 @@ impl Matrix {
         self.rtn_codes(name, format).map(Self::from_wq)
     }
 
+    /// This matrix in the weight-only layout, if it has one exactly: a quantized matrix as it
+    /// is, GGUF Q8_0 and Q4_0 repacked (no value changes); `None` for anything else.
+    pub fn as_wq(&self) -> Option<std::borrow::Cow<'_, WqMatrix>> {
+        match self.view() {
+            Weight::Wq(w) => Some(std::borrow::Cow::Borrowed(w)),
+            Weight::Ggml(v) => ferrite_kernels::wq::gguf::from_gguf(v.ty, v.rows, v.cols, v.bytes)
+                .and_then(Result::ok)
+                .map(std::borrow::Cow::Owned),
+        }
+    }
+
     /// Whether `other` is this very matrix (the same bytes of the same file, or the same
     /// quantized copy): tied embeddings.
     pub fn same_storage(&self, other: &Matrix) -> bool {
