@@ -39,25 +39,25 @@ extern "C" __global__ void scale_bf16(bf16* x, int n, float s) { scale(x, n, s);
 "#,
 };
 
+/// For the H100 (sm_90) that ferrite is measured on. (The kernels also compile for sm_80;
+/// compiling them twice would double the longest step of this test.)
 #[test]
-fn every_module_compiles_for_hopper_and_ampere() {
-    if !nvrtc_or_skip("every_module_compiles_for_hopper_and_ampere") {
+fn every_module_compiles_for_hopper() {
+    if !nvrtc_or_skip("every_module_compiles_for_hopper") {
         return;
     }
     let dir = scratch_dir("all-modules");
-    for arch in ["sm_90", "sm_80"] {
-        let cache = KernelCache::new(&dir, arch).expect("nvrtc");
-        for module in cuda::MODULES {
-            let (cubin, build) = cache
-                .cubin(module)
-                .unwrap_or_else(|e| panic!("{} for {arch}: {e}", module.name));
-            assert!(cubin.starts_with(b"\x7fELF"), "{}", module.name);
-            assert!(
-                !build.hit,
-                "{} was cached in a fresh directory",
-                module.name
-            );
-        }
+    let cache = KernelCache::new(&dir, "sm_90").expect("nvrtc");
+    let built = cuda::build_modules(&cache).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(built.len(), cuda::MODULES.len());
+    for (module, (cubin, build)) in cuda::MODULES.iter().zip(&built) {
+        assert_eq!(build.module, module.name);
+        assert!(cubin.starts_with(b"\x7fELF"), "{}", module.name);
+        assert!(
+            !build.hit,
+            "{} was cached in a fresh directory",
+            module.name
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -20,7 +20,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::cache::{KernelCache, ModuleBuild};
-use super::{CudaError, MODULES, arch_of};
+use super::{CudaError, MODULES, arch_of, build_modules};
 use crate::device::CudaDevice;
 
 /// cuBLAS workspace bytes (what its documentation suggests for Hopper).
@@ -100,8 +100,7 @@ impl Gpu {
         let cache = KernelCache::new(cache_dir, &arch)?;
         let mut modules = HashMap::new();
         let mut builds = Vec::with_capacity(MODULES.len());
-        for source in MODULES {
-            let (cubin, build) = cache.cubin(source)?;
+        for (source, (cubin, build)) in MODULES.iter().zip(build_modules(&cache)?) {
             modules.insert(source.name, ctx.load_module(Ptx::from_binary(cubin))?);
             builds.push(build);
         }

@@ -64,9 +64,11 @@ impl From<cudarc::driver::DriverError> for CudaError {
 }
 
 /// The CUBIN of every module for the cache's arch (compiled where not cached), in
-/// [`MODULES`] order, with how each was obtained.
+/// [`MODULES`] order, with how each was obtained. Modules compile in parallel: NVRTC programs
+/// are independent, and one (attention, with its tensor-core variants) takes most of the time.
 pub fn build_modules(cache: &KernelCache) -> Result<Vec<(Vec<u8>, ModuleBuild)>, CudaError> {
-    MODULES.iter().map(|m| cache.cubin(m)).collect()
+    use rayon::prelude::*;
+    MODULES.par_iter().map(|m| cache.cubin(m)).collect()
 }
 
 /// The NVRTC arch name of a compute capability, e.g. (9, 0) → `sm_90`.

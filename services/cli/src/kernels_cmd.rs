@@ -86,10 +86,10 @@ pub fn compile_all(dir: &std::path::Path, arch: &str) -> Result<Vec<ModuleBuild>
     let cache = KernelCache::new(dir, arch)?;
     let (major, minor) = cache.nvrtc_version();
     span.record("nvrtc", format!("{major}.{minor}"));
-    let builds: Vec<ModuleBuild> = cuda::MODULES
-        .iter()
-        .map(|m| cache.cubin(m).map(|(_, b)| b))
-        .collect::<Result<_, _>>()?;
+    let builds: Vec<ModuleBuild> = cuda::build_modules(&cache)?
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
     let hits = builds.iter().filter(|b| b.hit).count();
     span.record("hits", hits as i64);
     span.record("misses", (builds.len() - hits) as i64);
