@@ -105,6 +105,9 @@ struct Dec {
   static constexpr int GC = HD >= 256 ? 4 : 8;     // query heads per pass (q: GC * E registers)
   static constexpr int NK = 32 / GC;               // keys per chunk: NK * GC = 32 dot products
   static constexpr int BUF = GC * DEC_PMAX > 4 * GC * HD ? GC * DEC_PMAX : 4 * GC * HD;
+  // Launch-bounds occupancy target: 4 blocks (16 warps) per SM caps registers at 128, which
+  // hd64/hd128 fit without spilling (left alone, ptxas spilled hd64 at 80); hd256 needs ~180.
+  static constexpr int MIN_BLOCKS = HD >= 256 ? 2 : 4;
 };
 
 // Scores of the partition go to shared memory (GC heads x partition), then an exact softmax
@@ -633,7 +636,7 @@ __device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
 //   1 <= partition_size <= 512; n_parts * partition_size >= the longest context; q_stride % 8
 //   == 0 (q row s holds n_heads * head_dim values); window >= 0, soft_cap >= 0.
 #define ATTN_DECODE(HD, T)                                                                     \
-  extern "C" __global__ void __launch_bounds__(attn::DEC_THREADS)                              \
+  extern "C" __global__ void __launch_bounds__(attn::DEC_THREADS, attn::Dec<HD>::MIN_BLOCKS)  \
       attention_decode_hd##HD##_##T(DECODE_PARAMS(T)) {                                        \
     attn::decode<T, HD>(DECODE_ARGS);                                                          \
   }

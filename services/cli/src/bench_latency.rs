@@ -16,7 +16,6 @@ use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 use ferrite_engine::engine::Engine;
 use ferrite_engine::sampler::SamplingParams;
-use ferrite_kernels::device::{self, Device};
 use serde_json::json;
 
 use crate::loading::ModelArgs;
@@ -129,8 +128,6 @@ pub fn run(args: LatencyArgs) -> Result<()> {
         bail!("--configs is empty");
     }
     let loaded = args.model.load()?;
-    // `load` picked the device already (and said why, for `auto`); asking again only names it.
-    let (device, _) = device::select(args.model.device)?;
     let storage = loaded.model.linear_storage();
     let label = args
         .label
@@ -142,7 +139,7 @@ pub fn run(args: LatencyArgs) -> Result<()> {
     // Token ids only: dummy-weight models have no tokenizer, and `ignore_eos` needs no EOS ids.
     let cfg = args.model.engine_config(&loaded.model)?;
     let mut engine = Engine::new(loaded.model, vec![], cfg)?;
-    let device = describe(&device);
+    let device = describe(&engine);
     let max_len = engine.max_model_len();
     let model = format!(
         "{} (layers stored as {storage}, max_model_len {max_len})",
@@ -241,17 +238,15 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The device in words: on the CPU, its threads and the matrix kernels' instruction set.
-fn describe(device: &Device) -> String {
-    match device {
-        Device::Cpu => format!(
-            "cpu ({} threads, {})",
-            rayon::current_num_threads(),
-            ferrite_kernels::quant::Isa::best()
-        ),
-        // Other backends are being added to `Device`; until they have a name, their Debug form.
-        #[allow(unreachable_patterns)]
-        other => format!("{other:?}"),
+/// The device the engine runs on, in words; on the CPU also its threads and the matrix
+/// kernels' instruction set, which is what CPU speed depends on.
+fn describe(engine: &Engine) -> String {
+    let name = engine.device_name();
+    if name == "cpu" {
+        let isa = ferrite_kernels::quant::Isa::best();
+        format!("cpu ({} threads, {isa})", rayon::current_num_threads())
+    } else {
+        name
     }
 }
 
