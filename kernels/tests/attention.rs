@@ -1,5 +1,5 @@
 //! Paged attention on every backend (see `common`), against the CPU's `paged_attention`:
-//! decode (split over 512-position partitions, so a 1300-token context uses three), prefill
+//! decode (split over 256-position partitions, so a 1300-token context uses six), prefill
 //! over whole prompts and over a chunk that continues a cached context, grouped-query heads,
 //! Gemma 2's soft cap and sliding window, and head sizes with (64/128/256) and without (96) a
 //! tensor-core kernel. The cache's blocks are scattered, as a long-running server's are.

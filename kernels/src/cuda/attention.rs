@@ -6,8 +6,10 @@ use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
 use super::ops::{Dtype, i32_of};
 
-/// Positions one decode block covers (the kernel allows up to 512).
-pub const DECODE_PARTITION: usize = 512;
+/// Positions one decode block covers (the kernel allows up to 512). Smaller partitions give a
+/// batch-1 decode more blocks to spread over the SMs; larger ones fewer empty blocks at long
+/// `max_model_len`. To be tuned on the GPU.
+pub const DECODE_PARTITION: usize = 256;
 
 /// What attention needs to find a layer's keys and values and score them.
 #[derive(Debug, Clone, Copy)]

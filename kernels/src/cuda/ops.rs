@@ -363,6 +363,52 @@ impl Gpu {
         unsafe { self.launch("qkv", entry!(dtype, "head_rms_norm"), grid, 128, 0, &args) }
     }
 
+    /// `out[i] = offset + scale · u` with `u` uniform in [-1, 1), a function of (`seed`, `i`):
+    /// random weights made on the device.
+    ///
+    /// # Safety
+    /// `out` addresses `n` elements of `dtype`.
+    pub unsafe fn fill_uniform(
+        &self,
+        dtype: Dtype,
+        out: DevPtr,
+        n: usize,
+        seed: u64,
+        scale: f32,
+        offset: f32,
+    ) -> Result<(), CudaError> {
+        let args = [
+            out.into(),
+            Arg::I64(n as i64),
+            Arg::U64(seed),
+            Arg::F32(scale),
+            Arg::F32(offset),
+        ];
+        let grid = (stride_grid(n, 256), 1, 1);
+        unsafe { self.launch("random", entry!(dtype, "fill_uniform"), grid, 256, 0, &args) }
+    }
+
+    /// `n` random bytes, each `& mask` (quantized codes; zero points within their range).
+    ///
+    /// # Safety
+    /// `out` addresses `n` bytes.
+    pub unsafe fn fill_bytes(
+        &self,
+        out: DevPtr,
+        n: usize,
+        seed: u64,
+        mask: u8,
+    ) -> Result<(), CudaError> {
+        let args = [
+            out.into(),
+            Arg::I64(n as i64),
+            Arg::U64(seed),
+            Arg::I32(mask.into()),
+        ];
+        let grid = (stride_grid(n, 256), 1, 1);
+        unsafe { self.launch("random", "fill_bytes", grid, 256, 0, &args) }
+    }
+
     /// `n` f32 rounded into `dtype`.
     ///
     /// # Safety

@@ -33,6 +33,7 @@ pub const MODULES: &[KernelSource] = &[
     module!("kv_cache"),
     module!("norm"),
     module!("qkv"),
+    module!("random"),
     module!("rope"),
     module!("sampling"),
     module!("wq_gemv"),

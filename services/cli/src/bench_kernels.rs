@@ -4,8 +4,8 @@
 //!
 //! The `layer` mode (the one the CPU runs) times the seven projections of one decoder layer of
 //! each model's shape (Q, K, V, O, gate, up, down) on random weights, at each batch size, and
-//! adds the GB/s of weights streamed. Whole-model latency with CUDA graphs (`--mode model`, the
-//! seed's rows) needs the CUDA backend and is refused until it exists.
+//! adds the GB/s of weights streamed. `--mode model` (the seed's rows) runs whole models on the
+//! GPU with decode in CUDA graphs (`bench_kernels_model`).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -23,7 +23,7 @@ use serde_json::json;
 pub enum Mode {
     /// One decoder layer's projections, per model shape (CPU and GPU).
     Layer,
-    /// The whole model with CUDA graphs (needs the CUDA backend).
+    /// The whole model on the GPU, decode replayed from CUDA graphs (needs a CUDA device).
     Model,
 }
 
@@ -83,25 +83,21 @@ impl Stored {
     }
 }
 
-struct Row {
-    stage: &'static str,
-    model: String,
-    backend: &'static str,
-    b_dtype: String,
-    bs: usize,
-    tokens: usize,
-    group_size: i64,
-    latency_ms: f64,
-    gb_per_s: f64,
+pub(crate) struct Row {
+    pub stage: &'static str,
+    pub mode: &'static str,
+    pub a_dtype: &'static str,
+    pub model: String,
+    pub backend: &'static str,
+    pub b_dtype: String,
+    pub bs: usize,
+    pub tokens: usize,
+    pub group_size: i64,
+    pub latency_ms: f64,
+    pub gb_per_s: f64,
 }
 
 pub fn run(args: KernelsArgs) -> Result<()> {
-    if args.mode == Mode::Model {
-        bail!(
-            "--mode model (whole-model latency on the GPU with CUDA graphs) is not built yet; \
-             --mode layer runs on the CPU"
-        );
-    }
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -120,6 +116,11 @@ pub fn run(args: KernelsArgs) -> Result<()> {
         .collect();
     if args.prefill_tokens > 0 {
         stages.push(("prefill", args.prefill_tokens, args.prefill_tokens));
+    }
+    if args.mode == Mode::Model {
+        let (device, rows) =
+            crate::bench_kernels_model::rows(&args.models, &formats, &stages, args.runs)?;
+        return print(&device, &rows, args.json);
     }
     let mut rows = Vec::new();
     for name in &args.models {
@@ -161,17 +162,11 @@ pub fn run(args: KernelsArgs) -> Result<()> {
                 let (secs, bytes) = totals[fi][ti];
                 rows.push(Row {
                     stage,
+                    mode: "layer",
+                    a_dtype: "float32",
                     model: preset.model.to_owned(),
-                    backend: if format.is_some() {
-                        "ferrite"
-                    } else {
-                        "ferrite-f16"
-                    },
-                    b_dtype: match format {
-                        None => "float16".into(),
-                        Some(f) if f.bits.get() == 8 => "uint8".into(),
-                        Some(f) => format!("uint{}b", f.bits.get()),
-                    },
+                    backend: backend_of(format),
+                    b_dtype: b_dtype_of(format),
                     bs: if stage == "prefill" { 1 } else { bs },
                     tokens,
                     group_size: format.and_then(|f| f.group_size).map_or(-1, |g| g as i64),
@@ -181,13 +176,35 @@ pub fn run(args: KernelsArgs) -> Result<()> {
             }
         }
     }
-    let device = cpu_name();
-    if args.json {
+    print(&cpu_name(), &rows, args.json)
+}
+
+/// `ferrite` for a weight format, `ferrite-f16` for the baseline.
+pub(crate) fn backend_of(format: &Option<WqFormat>) -> &'static str {
+    if format.is_some() {
+        "ferrite"
+    } else {
+        "ferrite-f16"
+    }
+}
+
+/// The seed's name of a weight type: `float16`, `uint8`, `uint4b`, `uint2b`.
+pub(crate) fn b_dtype_of(format: &Option<WqFormat>) -> String {
+    match format {
+        None => "float16".into(),
+        Some(f) if f.bits.get() == 8 => "uint8".into(),
+        Some(f) => format!("uint{}b", f.bits.get()),
+    }
+}
+
+/// The rows in the seed's columns (plus GB/s), or as JSON.
+fn print(device: &str, rows: &[Row], json: bool) -> Result<()> {
+    if json {
         let out: Vec<_> = rows
             .iter()
             .map(|r| {
-                json!({"device": device, "stage": r.stage, "mode": "layer", "model": r.model,
-                    "backend": r.backend, "a_dtype": "float32", "b_dtype": r.b_dtype, "bs": r.bs,
+                json!({"device": device, "stage": r.stage, "mode": r.mode, "model": r.model,
+                    "backend": r.backend, "a_dtype": r.a_dtype, "b_dtype": r.b_dtype, "bs": r.bs,
                     "tokens": r.tokens, "group_size": r.group_size, "latency": r.latency_ms,
                     "gb_per_s": r.gb_per_s})
             })
@@ -213,12 +230,12 @@ pub fn run(args: KernelsArgs) -> Result<()> {
         .iter()
         .map(|r| {
             vec![
-                device.clone(),
+                device.to_owned(),
                 r.stage.into(),
-                "layer".into(),
+                r.mode.into(),
                 r.model.clone(),
                 r.backend.into(),
-                "float32".into(),
+                r.a_dtype.into(),
                 r.b_dtype.clone(),
                 r.bs.to_string(),
                 r.tokens.to_string(),

@@ -92,13 +92,7 @@ impl ModelArgs {
         let cuda = match device::select(self.device)? {
             (Device::Cpu, _) => None,
             (Device::Cuda(d), _) => {
-                let gpu = match GPU.get() {
-                    Some(g) => g.clone(),
-                    None => {
-                        let g = open_gpu(d.ordinal)?;
-                        GPU.get_or_init(|| g).clone()
-                    }
-                };
+                let gpu = open_gpu(d.ordinal)?;
                 let dtype = match self.dtype {
                     DtypeArg::Auto => gpu::default_dtype(model),
                     DtypeArg::Float16 => Dtype::F16,
@@ -181,7 +175,10 @@ pub fn engine(loaded: LoadedModel, args: &ModelArgs) -> Result<(Engine, ferrite_
 
 /// Opens `cuda:<ordinal>` with its kernels: the `kernel_compile` phase, whose span counts the
 /// modules found in the CUBIN cache and those NVRTC compiled.
-fn open_gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+pub(crate) fn open_gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+    if let Some(g) = GPU.get() {
+        return Ok(g.clone());
+    }
     let span = tracing::info_span!(target: STARTUP_TARGET, "kernel_compile",
         device = ordinal as i64, modules = cuda::MODULES.len() as i64, hits = Empty,
         misses = Empty, arch = Empty);
@@ -192,5 +189,5 @@ fn open_gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     span.record("hits", hits as i64);
     span.record("misses", (builds.len() - hits) as i64);
     span.record("arch", gpu.arch.as_str());
-    Ok(Arc::new(gpu))
+    Ok(GPU.get_or_init(|| Arc::new(gpu)).clone())
 }

@@ -17,6 +17,7 @@ mod bench;
 mod bench_forward;
 mod bench_gateway;
 mod bench_kernels;
+mod bench_kernels_model;
 mod bench_latency;
 mod bench_perplexity;
 mod bench_startup;

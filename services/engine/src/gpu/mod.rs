@@ -110,3 +110,23 @@ pub fn build_runner(
     }
     Ok(runner)
 }
+
+/// A runner over random weights of `cfg`'s shape made on the device (`quantize`: the layers'
+/// projections as codes of that format) with a KV cache of `num_blocks` blocks, its decode
+/// steps captured in graphs when `opts.cuda_graphs`: whole-model speed measurements, models
+/// larger than host memory included.
+pub fn dummy_runner(
+    gpu: Arc<Gpu>,
+    cfg: &crate::config::ModelConfig,
+    opts: GpuOptions,
+    quantize: Option<ferrite_kernels::wq::WqFormat>,
+    limits: StepLimits,
+    num_blocks: usize,
+) -> Result<GpuRunner> {
+    let weights = GpuWeights::dummy(gpu, opts.dtype, cfg, quantize, 0)?;
+    let mut runner = GpuRunner::new(weights, limits, num_blocks)?;
+    if opts.cuda_graphs {
+        runner.capture_graphs()?;
+    }
+    Ok(runner)
+}

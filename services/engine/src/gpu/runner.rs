@@ -183,6 +183,11 @@ impl GpuRunner {
         Ok(())
     }
 
+    /// Bytes of weights on the device (what a decode step streams).
+    pub fn weight_bytes(&self) -> usize {
+        self.w.bytes
+    }
+
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }

@@ -15,7 +15,7 @@ use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
-use ferrite_kernels::wq::WqMatrix;
+use ferrite_kernels::wq::{WqFormat, WqMatrix};
 use rayon::prelude::*;
 
 use crate::config::ModelConfig;
@@ -38,6 +38,27 @@ impl DeviceTensor {
             ptr: gpu.ptr(&buf),
             len: host.len(),
             _buf: buf,
+        })
+    }
+
+    /// `n` random values `offset + scale · u`, `u` uniform in [-1, 1), made on the device.
+    pub fn random(
+        gpu: &Gpu,
+        dtype: Dtype,
+        n: usize,
+        seed: u64,
+        scale: f32,
+        offset: f32,
+    ) -> Result<Self> {
+        let buf = gpu.zeros::<u16>(n).map_err(gpu_error)?;
+        let ptr = gpu.ptr(&buf);
+        // SAFETY: `buf` holds `n` 16-bit elements.
+        #[allow(unsafe_code)]
+        unsafe { gpu.fill_uniform(dtype, ptr, n, seed, scale, offset) }.map_err(gpu_error)?;
+        Ok(Self {
+            _buf: buf,
+            ptr,
+            len: n,
         })
     }
 
@@ -133,6 +154,56 @@ impl DeviceMatrix {
             group_size: f.group_len(m.cols()),
         };
         let bytes = m.packed_codes().len() + 2 * scales.len + zeros.as_ref().map_or(0, |z| z.len());
+        Ok(Self::Quantized {
+            _codes: codes,
+            _scales: scales,
+            _zeros: zeros,
+            w,
+            bytes,
+        })
+    }
+
+    /// A random `[rows, cols]` matrix made on the device: dense, or codes of `format`
+    /// (scales small and positive, zero points within the code range).
+    pub fn random(
+        gpu: &Gpu,
+        dtype: Dtype,
+        rows: usize,
+        cols: usize,
+        format: Option<WqFormat>,
+        seed: u64,
+    ) -> Result<Self> {
+        let scale = 1.0 / (cols as f32).sqrt();
+        let Some(f) = format.filter(|f| check_layout(f, cols).is_ok()) else {
+            return DeviceTensor::random(gpu, dtype, rows * cols, seed, scale, 0.0)
+                .map(Self::Dense);
+        };
+        let groups = rows * f.groups_per_row(cols);
+        let code_bytes = rows * cols * f.bits.get() as usize / 8;
+        let bytes_of = |n: usize, seed: u64, mask: u8| -> Result<CudaSlice<u8>> {
+            let buf = gpu.zeros::<u8>(n).map_err(gpu_error)?;
+            // SAFETY: `buf` holds `n` bytes.
+            #[allow(unsafe_code)]
+            unsafe { gpu.fill_bytes(gpu.ptr(&buf), n, seed, mask) }.map_err(gpu_error)?;
+            Ok(buf)
+        };
+        let codes = bytes_of(code_bytes, seed, 0xFF)?;
+        let scales = DeviceTensor::random(gpu, dtype, groups, seed + 1, scale / 16.0, scale / 8.0)?;
+        let zeros = if f.zero_point {
+            Some(bytes_of(groups, seed + 2, f.bits.max_code())?)
+        } else {
+            None
+        };
+        let w = WqDevice {
+            codes: gpu.ptr(&codes),
+            scales: scales.ptr,
+            zeros: zeros.as_ref().map(|z| gpu.ptr(z)),
+            bits: f.bits,
+            rows,
+            cols,
+            group_size: f.group_len(cols),
+        };
+        let bytes = code_bytes + 2 * groups + zeros.as_ref().map_or(0, |_| groups);
         Ok(Self::Quantized {
             _codes: codes,
             _scales: scales,
@@ -257,6 +328,84 @@ impl GpuWeights {
             adjacent_rope: model.rope.pairing == ferrite_kernels::cpu::rope::RopePairing::Adjacent,
             bytes,
             cfg,
+            dtype,
+            gpu,
+        })
+    }
+
+    /// Random weights of `cfg`'s shape made on the device (`quantize`: the layers'
+    /// projections as codes of that format), without a checkpoint or host copies: speed
+    /// measurements of models larger than host memory.
+    pub fn dummy(
+        gpu: Arc<Gpu>,
+        dtype: Dtype,
+        cfg: &ModelConfig,
+        quantize: Option<WqFormat>,
+        seed: u64,
+    ) -> Result<Self> {
+        let g = gpu.as_ref();
+        let (h, q, kv, ff) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        let mut next = seed.wrapping_mul(1_000_003);
+        let mut seed = || {
+            next += 16;
+            next
+        };
+        let norm = |s| DeviceTensor::random(g, dtype, h, s, 0.1, 1.0);
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut bytes = 0;
+        for _ in 0..cfg.num_layers {
+            let mat = |rows, cols, s| DeviceMatrix::random(g, dtype, rows, cols, quantize, s);
+            let layer = GpuLayer {
+                attn_norm: norm(seed())?,
+                qkv: mat(q + 2 * kv, h, seed())?,
+                qkv_bias: None,
+                qk_norm: None,
+                o: mat(h, q, seed())?,
+                post_norms: if cfg.post_norms {
+                    Some([norm(seed())?, norm(seed())?])
+                } else {
+                    None
+                },
+                ffn_norm: norm(seed())?,
+                gate_up: mat(2 * ff, h, seed())?,
+                down: mat(h, ff, seed())?,
+            };
+            bytes += layer.matrices().iter().map(|m| m.bytes()).sum::<usize>();
+            layers.push(layer);
+        }
+        let embed = DeviceTensor::random(g, dtype, cfg.vocab_size * h, seed(), 1.0, 0.0)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            let scale = 1.0 / (h as f32).sqrt();
+            Some(DeviceTensor::random(
+                g,
+                dtype,
+                cfg.vocab_size * h,
+                seed(),
+                scale,
+                0.0,
+            )?)
+        };
+        bytes += 2 * (embed.len + lm_head.as_ref().map_or(0, |t| t.len));
+        let rope = crate::model::llama::build_rope(cfg, None);
+        let inv_freq = g.upload(&rope.inv_freq).map_err(gpu_error)?;
+        Ok(Self {
+            norm: norm(seed())?,
+            embed,
+            lm_head,
+            layers,
+            inv_freq_ptr: g.ptr(&inv_freq),
+            _inv_freq: inv_freq,
+            position_scale: rope.position_scale,
+            adjacent_rope: rope.pairing == ferrite_kernels::cpu::rope::RopePairing::Adjacent,
+            bytes,
+            cfg: cfg.clone(),
             dtype,
             gpu,
         })

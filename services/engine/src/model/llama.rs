@@ -408,7 +408,7 @@ fn offset_norm(mut w: Vec<f32>, cfg: &ModelConfig) -> Vec<f32> {
 }
 
 /// The rotary embedding of `cfg`, with Llama 3.1 / linear scaling folded into the frequencies.
-fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Rope {
+pub(crate) fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Rope {
     let mut inv_freq = Rope::base_inv_freq(cfg.rope_theta, cfg.rope_dim);
     let mut position_scale = 1.0;
     match cfg.rope_scaling {
