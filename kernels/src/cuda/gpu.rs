@@ -183,14 +183,20 @@ impl Gpu {
         Ok(self.stream.clone_htod(host)?)
     }
 
-    /// Copies `len` elements from `buf` back to the host (waits for the stream).
+    /// Copies the first `len` elements of `buf` back to the host (waits for the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(
         &self,
         buf: &CudaSlice<T>,
         len: usize,
     ) -> Result<Vec<T>, CudaError> {
-        let mut out = self.stream.clone_dtoh(buf)?;
-        out.truncate(len);
+        // Only the `len` wanted: a step's logits are a few rows of a buffer sized for the
+        // largest batch.
+        let len = len.min(buf.len());
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            self.stream.memcpy_dtoh(&buf.slice(..len), &mut out)?;
+            self.stream.synchronize()?;
+        }
         Ok(out)
     }
 

@@ -223,9 +223,7 @@ impl GpuRunner {
             #[allow(unsafe_code)]
             None => unsafe { self.run(&gpu, &plan) }.map_err(gpu_error)?,
         }
-        let mut logits = gpu.download(&self.logits, n).map_err(gpu_error)?;
-        logits.truncate(n);
-        Ok(logits)
+        gpu.download(&self.logits, n).map_err(gpu_error)
     }
 
     /// Captures one CUDA graph per decode batch size of the ladder 1, 2, 4, 8, 16, 24, 32, …
