@@ -9,11 +9,14 @@
 //!   cache). They are the test oracle for every other backend.
 //! - [`wq`]: weight-only quantization (8/4/2-bit codes in groups, f16/bf16 scales, optional zero
 //!   points): RTN quantizing, the CPU layout and its matmul kernel.
+//! - [`cuda`]: the CUDA backend — kernel sources (`kernels/cuda/*.cu`) compiled by NVRTC into a
+//!   CUBIN cache, the opened device, launch wrappers, cuBLAS projections.
 //! - [`device`]: `--device cpu|cuda[:N]|auto`, with CUDA probed at run time without panicking.
 //! - [`mapped`]: read-only memory-mapped files, so model weights are used in place.
 //!
 //! `unsafe` is denied workspace-wide; this crate allows it only in the modules that need it
-//! (SIMD intrinsics, the mmap call), each block with a `SAFETY:` comment.
+//! (SIMD intrinsics, the mmap call, the CUDA driver/NVRTC calls and kernel launches), each
+//! block with a `SAFETY:` comment or a `# Safety` contract.
 
 pub mod cpu;
 pub mod cuda;

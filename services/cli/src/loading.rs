@@ -116,15 +116,19 @@ impl ModelArgs {
         })
     }
 
-    /// The `device_init` phase: picks the device (refusing one that cannot run), then on the
-    /// CPU starts the thread pool the matrix products run on, rather than inside the first
-    /// forward pass.
+    /// The `device_init` phase: picks the device (refusing one that cannot run), then starts the
+    /// CPU thread pool the matrix products run on (the CPU path, and loading for a GPU), rather
+    /// than inside the first forward pass.
     pub fn init_device(&self) -> Result<Device> {
         let isa = ferrite_kernels::quant::Isa::best();
         let span = tracing::info_span!(target: STARTUP_TARGET, "device_init",
-            requested = %self.device, device = "cpu", isa = ?isa, threads = Empty, note = Empty);
+            requested = %self.device, device = Empty, isa = ?isa, threads = Empty, note = Empty);
         let _entered = span.enter();
         let (device, note) = device::select(self.device)?;
+        match &device {
+            Device::Cpu => span.record("device", "cpu"),
+            Device::Cuda(d) => span.record("device", d.to_string().as_str()),
+        };
         if let Some(note) = note {
             eprintln!("ferrite: {note}");
             span.record("note", note.as_str());

@@ -170,9 +170,8 @@ fn checked_max_model_len(model: &LlamaModel, cfg: &EngineConfig) -> Result<usize
 }
 
 impl Engine {
-    /// Sizes the KV cache from `cfg` and refuses configurations where one full-length sequence
-    /// would not fit.
-    /// On `cfg.cuda`'s GPU when set (see [`Self::new_cuda`]).
+    /// An engine on the CPU, or on `cfg.cuda`'s GPU when set (see [`Self::new_cuda`]). Sizes
+    /// the KV cache and refuses configurations where one full-length sequence would not fit.
     pub fn new(model: LlamaModel, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self> {
         if let Some(CudaPlacement { gpu, opts }) = cfg.cuda.clone() {
             return Self::new_cuda(model, gpu, opts, eos_ids, cfg);
