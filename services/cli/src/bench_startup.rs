@@ -39,6 +39,9 @@ pub struct StartupBenchArgs {
     /// KV-cache memory on the CPU, in MiB.
     #[arg(long, default_value_t = 1024)]
     kv_cache_mib: usize,
+    /// The servers' `--device` (cpu, cuda, cuda:N, auto).
+    #[arg(long, default_value = "auto")]
+    device: ferrite_kernels::device::DeviceRequest,
     /// Runs per configuration.
     #[arg(long, default_value_t = 1)]
     runs: usize,
@@ -277,6 +280,7 @@ async fn one_run(
             &spec.gpu_memory_utilization.to_string(),
         ])
         .args(["--kv-cache-mib", &args.kv_cache_mib.to_string()])
+        .args(["--device", &args.device.to_string()])
         .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
         .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
