@@ -170,29 +170,10 @@ impl Gpu {
         max_q: usize,
         a: &PagedAttention,
     ) -> Result<(), CudaError> {
-        check(a)?;
-        let bucket = head_bucket(a.head_dim)?;
-        // Tensor cores need the head size the kernel was instantiated for.
-        let mma = bucket == a.head_dim;
-        let name = match (bucket, dtype, mma) {
-            (64, Dtype::F16, true) => "attention_prefill_mma_hd64_f16",
-            (64, Dtype::Bf16, true) => "attention_prefill_mma_hd64_bf16",
-            (128, Dtype::F16, true) => "attention_prefill_mma_hd128_f16",
-            (128, Dtype::Bf16, true) => "attention_prefill_mma_hd128_bf16",
-            (_, Dtype::F16, true) => "attention_prefill_mma_hd256_f16",
-            (_, Dtype::Bf16, true) => "attention_prefill_mma_hd256_bf16",
-            (64, Dtype::F16, false) => "attention_prefill_hd64_f16",
-            (64, Dtype::Bf16, false) => "attention_prefill_hd64_bf16",
-            (128, Dtype::F16, false) => "attention_prefill_hd128_f16",
-            (128, Dtype::Bf16, false) => "attention_prefill_hd128_bf16",
-            (_, Dtype::F16, false) => "attention_prefill_hd256_f16",
-            (_, Dtype::Bf16, false) => "attention_prefill_hd256_bf16",
-        };
-        let rows = if mma { 64 } else { 16 };
         unsafe {
-            self.attention_prefill_named(
-                name,
-                rows,
+            self.prefill(
+                dtype,
+                true,
                 out,
                 out_stride,
                 q,
@@ -221,19 +202,10 @@ impl Gpu {
         max_q: usize,
         a: &PagedAttention,
     ) -> Result<(), CudaError> {
-        check(a)?;
-        let name = match (head_bucket(a.head_dim)?, dtype) {
-            (64, Dtype::F16) => "attention_prefill_hd64_f16",
-            (64, Dtype::Bf16) => "attention_prefill_hd64_bf16",
-            (128, Dtype::F16) => "attention_prefill_hd128_f16",
-            (128, Dtype::Bf16) => "attention_prefill_hd128_bf16",
-            (_, Dtype::F16) => "attention_prefill_hd256_f16",
-            (_, Dtype::Bf16) => "attention_prefill_hd256_bf16",
-        };
         unsafe {
-            self.attention_prefill_named(
-                name,
-                16,
+            self.prefill(
+                dtype,
+                false,
                 out,
                 out_stride,
                 q,
@@ -245,11 +217,13 @@ impl Gpu {
         }
     }
 
+    /// The prefill launch: on tensor cores when `tensor_cores` and the head size has an `mma`
+    /// instantiation, else on CUDA cores.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attention_prefill_named(
+    unsafe fn prefill(
         &self,
-        name: &'static str,
-        rows_per_block: usize,
+        dtype: Dtype,
+        tensor_cores: bool,
         out: DevPtr,
         out_stride: usize,
         q: DevPtr,
@@ -258,6 +232,26 @@ impl Gpu {
         max_q: usize,
         a: &PagedAttention,
     ) -> Result<(), CudaError> {
+        check(a)?;
+        let bucket = head_bucket(a.head_dim)?;
+        // Tensor cores need the head size the kernel was instantiated for.
+        let mma = tensor_cores && bucket == a.head_dim;
+        let name = match (bucket, dtype, mma) {
+            (64, Dtype::F16, true) => "attention_prefill_mma_hd64_f16",
+            (64, Dtype::Bf16, true) => "attention_prefill_mma_hd64_bf16",
+            (128, Dtype::F16, true) => "attention_prefill_mma_hd128_f16",
+            (128, Dtype::Bf16, true) => "attention_prefill_mma_hd128_bf16",
+            (_, Dtype::F16, true) => "attention_prefill_mma_hd256_f16",
+            (_, Dtype::Bf16, true) => "attention_prefill_mma_hd256_bf16",
+            (64, Dtype::F16, false) => "attention_prefill_hd64_f16",
+            (64, Dtype::Bf16, false) => "attention_prefill_hd64_bf16",
+            (128, Dtype::F16, false) => "attention_prefill_hd128_f16",
+            (128, Dtype::Bf16, false) => "attention_prefill_hd128_bf16",
+            (_, Dtype::F16, false) => "attention_prefill_hd256_f16",
+            (_, Dtype::Bf16, false) => "attention_prefill_hd256_bf16",
+        };
+        // Query rows per block: 64 for the tensor-core kernel, 16 for the other.
+        let rows_per_block = if mma { 64 } else { 16 };
         let mut args = vec![
             out.into(),
             i32_of("out_stride", out_stride)?,

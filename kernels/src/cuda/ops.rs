@@ -124,6 +124,21 @@ pub struct RopeShape {
 
 #[allow(unsafe_code)]
 impl Gpu {
+    /// Launches a kernel that walks `n` elements in a grid-stride loop of 256-thread blocks
+    /// (the conversions, the soft cap, the random fills).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_over(
+        &self,
+        module: &'static str,
+        entry: &'static str,
+        n: usize,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        unsafe { self.launch(module, entry, (stride_grid(n, 256), 1, 1), 256, 0, args) }
+    }
+
     /// `out[t] = table[ids[t]] * scale`, rows of `hidden`.
     ///
     /// # Safety
@@ -384,8 +399,7 @@ impl Gpu {
             Arg::F32(scale),
             Arg::F32(offset),
         ];
-        let grid = (stride_grid(n, 256), 1, 1);
-        unsafe { self.launch("random", entry!(dtype, "fill_uniform"), grid, 256, 0, &args) }
+        unsafe { self.launch_over("random", entry!(dtype, "fill_uniform"), n, &args) }
     }
 
     /// `n` random bytes, each `& mask` (quantized codes; zero points within their range).
@@ -405,8 +419,7 @@ impl Gpu {
             Arg::U64(seed),
             Arg::I32(mask.into()),
         ];
-        let grid = (stride_grid(n, 256), 1, 1);
-        unsafe { self.launch("random", "fill_bytes", grid, 256, 0, &args) }
+        unsafe { self.launch_over("random", "fill_bytes", n, &args) }
     }
 
     /// `n` f32 rounded into `dtype`.
@@ -425,7 +438,7 @@ impl Gpu {
             Dtype::Bf16 => "f32_to_bf16",
         };
         let args = [out.into(), x.into(), Arg::I64(n as i64)];
-        unsafe { self.launch("convert", name, (stride_grid(n, 256), 1, 1), 256, 0, &args) }
+        unsafe { self.launch_over("convert", name, n, &args) }
     }
 
     /// `n` elements of `dtype` widened to f32.
@@ -444,7 +457,7 @@ impl Gpu {
             Dtype::Bf16 => "bf16_to_f32",
         };
         let args = [out.into(), x.into(), Arg::I64(n as i64)];
-        unsafe { self.launch("convert", name, (stride_grid(n, 256), 1, 1), 256, 0, &args) }
+        unsafe { self.launch_over("convert", name, n, &args) }
     }
 
     /// `x = tanh(x / cap) * cap` over `n` f32 in place (Gemma 2's final logits).
@@ -453,15 +466,6 @@ impl Gpu {
     /// `x` addresses `n` f32.
     pub unsafe fn soft_cap(&self, x: DevPtr, n: usize, cap: f32) -> Result<(), CudaError> {
         let args = [x.into(), Arg::I64(n as i64), Arg::F32(cap)];
-        unsafe {
-            self.launch(
-                "convert",
-                "soft_cap_f32",
-                (stride_grid(n, 256), 1, 1),
-                256,
-                0,
-                &args,
-            )
-        }
+        unsafe { self.launch_over("convert", "soft_cap_f32", n, &args) }
     }
 }

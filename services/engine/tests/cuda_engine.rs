@@ -41,12 +41,17 @@ fn gpu(test: &str) -> Option<Arc<Gpu>> {
     }
 }
 
-fn default_model() -> LoadedModel {
+/// The default model with `options` (`FERRITE_TEST_GGUF`, else pulled as `ferrite` does).
+fn default_model_with(options: model::LoadOptions) -> LoadedModel {
     let path = std::env::var_os("FERRITE_TEST_GGUF").map_or_else(
         || registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("default model"),
         PathBuf::from,
     );
-    model::load(&path).expect("load")
+    model::load_with(&path, options).expect("load")
+}
+
+fn default_model() -> LoadedModel {
+    default_model_with(model::LoadOptions::default())
 }
 
 fn cfg(cuda: Option<CudaPlacement>) -> EngineConfig {
@@ -249,13 +254,7 @@ fn quantized_weights_generate_the_cpus_greedy_tokens() {
         let options = model::LoadOptions {
             quantize: Some(model::parse_quantize(format).expect("format")),
         };
-        let load = || {
-            let path = std::env::var_os("FERRITE_TEST_GGUF").map_or_else(
-                || registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("default model"),
-                PathBuf::from,
-            );
-            model::load_with(&path, options).expect("load")
-        };
+        let load = || default_model_with(options);
         let want = generate(load(), None);
         let opts = GpuOptions {
             dtype: Dtype::F16,

@@ -46,7 +46,7 @@ pub fn build_runner(
     let weights = {
         let _e = span.enter();
         let w = GpuWeights::upload(gpu.clone(), opts.dtype, model)?;
-        span.record("weight_bytes", w.bytes as i64);
+        span.record("weight_bytes", w.bytes() as i64);
         w
     };
     let per_block =

@@ -37,6 +37,7 @@ impl StepLimits {
         self.max_model_len.div_ceil(self.block_size)
     }
 
+    /// The device metadata buffer's length (see `GpuRunner::empty_plan` for the layout).
     fn meta_len(&self) -> usize {
         // ids, positions, slots | query starts, context lengths, logits rows | block tables
         3 * self.max_tokens + 3 * self.max_seqs + 1 + self.max_seqs * self.max_blocks()
@@ -185,7 +186,7 @@ impl GpuRunner {
 
     /// Bytes of weights on the device (what a decode step streams).
     pub fn weight_bytes(&self) -> usize {
-        self.w.bytes
+        self.w.bytes()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -275,17 +276,20 @@ impl GpuRunner {
     fn empty_plan(&self) -> StepPlan {
         let l = &self.limits;
         let (t, s) = (l.max_tokens, l.max_seqs);
+        let off = Offsets {
+            ids: 0,
+            positions: t,
+            slots: 2 * t,
+            starts: 3 * t,
+            context: 3 * t + s + 1,
+            picks: 3 * t + 2 * s + 1,
+            tables: 3 * t + 3 * s + 1,
+        };
         StepPlan {
-            meta: vec![0; l.meta_len()],
-            off: Offsets {
-                ids: 0,
-                positions: t,
-                slots: 2 * t,
-                starts: 3 * t,
-                context: 3 * t + s + 1,
-                picks: 3 * t + 2 * s + 1,
-                tables: 3 * t + 3 * s + 1,
-            },
+            // Up to the block tables; `plan` appends the tables of the step's sequences, so a
+            // step copies what it uses, not room for every sequence at full length.
+            meta: vec![0; off.tables],
+            off,
             n_tokens: 0,
             n_seqs: 0,
             max_q: 1,
@@ -383,6 +387,7 @@ impl GpuRunner {
         }
         // Fixed offsets (from the limits) so a captured graph's pointers stay valid.
         let StepPlan { mut meta, off, .. } = self.empty_plan();
+        meta.resize(off.tables + tables.len(), 0);
         for (at, v) in [
             (off.ids, &ids),
             (off.positions, &positions),
@@ -436,22 +441,18 @@ impl GpuRunner {
             g.embedding(dt, x, w.embed.ptr, meta(p.off.ids), t, h, c.embedding_scale)?;
             // Whether `proj` still has to be added into the residual stream `x`.
             let mut pending = false;
-            for (li, l) in w.layers.iter().enumerate() {
-                let kind = if pending {
-                    NormKind::AddThenNorm
+            // `xn = norm(x)` with `weight`, first adding `proj` into `x` when pending (the
+            // previous block's output, fused with the norm that follows it).
+            let pre_norm = |pending: bool, weight: DevPtr| {
+                let (kind, input) = if pending {
+                    (NormKind::AddThenNorm, proj)
                 } else {
-                    NormKind::Plain
+                    (NormKind::Plain, x)
                 };
-                g.rms_norm(
-                    dt,
-                    kind,
-                    xn,
-                    x,
-                    if pending { proj } else { x },
-                    h,
-                    l.attn_norm.ptr,
-                    norm(t),
-                )?;
+                g.rms_norm(dt, kind, xn, x, input, h, weight, norm(t))
+            };
+            for (li, l) in w.layers.iter().enumerate() {
+                pre_norm(pending, l.attn_norm.ptr)?;
                 let qkv = self.qkv.ptr;
                 self.project(g, qkv, xn, &l.qkv, lin(qkv_w, h))?;
                 if let Some(b) = &l.qkv_bias {
@@ -593,21 +594,7 @@ impl GpuRunner {
                     None => true,
                 };
             }
-            let kind = if pending {
-                NormKind::AddThenNorm
-            } else {
-                NormKind::Plain
-            };
-            g.rms_norm(
-                dt,
-                kind,
-                xn,
-                x,
-                if pending { proj } else { x },
-                h,
-                w.norm.ptr,
-                norm(t),
-            )?;
+            pre_norm(pending, w.norm.ptr)?;
             if p.n_logits == 0 {
                 return Ok(());
             }

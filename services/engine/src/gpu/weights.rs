@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use ferrite_kernels::cpu::matmul::Weight;
+use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
@@ -118,11 +119,11 @@ fn fill(m: &Matrix, dtype: Dtype, out: &mut [u16]) {
 pub(crate) enum DeviceMatrix {
     Dense(DeviceTensor),
     Quantized {
-        _codes: CudaSlice<u8>,
-        _scales: DeviceTensor,
-        _zeros: Option<CudaSlice<u8>>,
+        /// The buffers `w` points into, kept alive.
+        codes: CudaSlice<u8>,
+        scales: DeviceTensor,
+        zeros: Option<CudaSlice<u8>>,
         w: WqDevice,
-        bytes: usize,
     },
 }
 
@@ -144,23 +145,42 @@ impl DeviceMatrix {
         } else {
             None
         };
+        Ok(Self::quantized(
+            gpu,
+            f,
+            m.rows(),
+            m.cols(),
+            codes,
+            scales,
+            zeros,
+        ))
+    }
+
+    /// A quantized matrix of `format` over its device buffers.
+    fn quantized(
+        gpu: &Gpu,
+        format: WqFormat,
+        rows: usize,
+        cols: usize,
+        codes: CudaSlice<u8>,
+        scales: DeviceTensor,
+        zeros: Option<CudaSlice<u8>>,
+    ) -> Self {
         let w = WqDevice {
             codes: gpu.ptr(&codes),
             scales: scales.ptr,
             zeros: zeros.as_ref().map(|z| gpu.ptr(z)),
-            bits: f.bits,
-            rows: m.rows(),
-            cols: m.cols(),
-            group_size: f.group_len(m.cols()),
+            bits: format.bits,
+            rows,
+            cols,
+            group_size: format.group_len(cols),
         };
-        let bytes = m.packed_codes().len() + 2 * scales.len + zeros.as_ref().map_or(0, |z| z.len());
-        Ok(Self::Quantized {
-            _codes: codes,
-            _scales: scales,
-            _zeros: zeros,
+        Self::Quantized {
+            codes,
+            scales,
+            zeros,
             w,
-            bytes,
-        })
+        }
     }
 
     /// A random `[rows, cols]` matrix made on the device: dense, or codes of `format`
@@ -194,30 +214,19 @@ impl DeviceMatrix {
         } else {
             None
         };
-        let w = WqDevice {
-            codes: gpu.ptr(&codes),
-            scales: scales.ptr,
-            zeros: zeros.as_ref().map(|z| gpu.ptr(z)),
-            bits: f.bits,
-            rows,
-            cols,
-            group_size: f.group_len(cols),
-        };
-        let bytes = code_bytes + 2 * groups + zeros.as_ref().map_or(0, |_| groups);
-        Ok(Self::Quantized {
-            _codes: codes,
-            _scales: scales,
-            _zeros: zeros,
-            w,
-            bytes,
-        })
+        Ok(Self::quantized(gpu, f, rows, cols, codes, scales, zeros))
     }
 
     /// Bytes on the device.
     pub fn bytes(&self) -> usize {
         match self {
             Self::Dense(t) => 2 * t.len,
-            Self::Quantized { bytes, .. } => *bytes,
+            Self::Quantized {
+                codes,
+                scales,
+                zeros,
+                ..
+            } => codes.len() + 2 * scales.len + zeros.as_ref().map_or(0, |z| z.len()),
         }
     }
 
@@ -270,8 +279,6 @@ pub(crate) struct GpuWeights {
     pub inv_freq_ptr: DevPtr,
     pub position_scale: f32,
     pub adjacent_rope: bool,
-    /// Bytes of weights on the device.
-    pub bytes: usize,
 }
 
 impl GpuWeights {
@@ -280,7 +287,6 @@ impl GpuWeights {
         let cfg = model.cfg.clone();
         let g = gpu.as_ref();
         let vec = |v: &[f32]| DeviceTensor::from_f32(g, dtype, v);
-        let mut bytes = 0;
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
             let qkv_bias = match &l.qkv_bias {
@@ -304,7 +310,6 @@ impl GpuWeights {
                 gate_up: DeviceMatrix::upload(g, dtype, &[&l.gate, &l.up])?,
                 down: DeviceMatrix::upload(g, dtype, &[&l.down])?,
             };
-            bytes += layer.matrices().iter().map(|m| m.bytes()).sum::<usize>();
             layers.push(layer);
         }
         let embed = DeviceTensor::stacked(g, dtype, &[&model.embed])?;
@@ -314,23 +319,8 @@ impl GpuWeights {
         } else {
             Some(DeviceTensor::stacked(g, dtype, &[&model.lm_head])?)
         };
-        bytes += 2 * (embed.len + lm_head.as_ref().map_or(0, |t| t.len));
-        let inv_freq = g.upload(&model.rope.inv_freq).map_err(gpu_error)?;
-        let inv_freq_ptr = g.ptr(&inv_freq);
-        Ok(Self {
-            norm: vec(&model.norm)?,
-            embed,
-            lm_head,
-            layers,
-            _inv_freq: inv_freq,
-            inv_freq_ptr,
-            position_scale: model.rope.position_scale,
-            adjacent_rope: model.rope.pairing == ferrite_kernels::cpu::rope::RopePairing::Adjacent,
-            bytes,
-            cfg,
-            dtype,
-            gpu,
-        })
+        let norm = vec(&model.norm)?;
+        Self::assemble(gpu, dtype, cfg, &model.rope, [embed, norm], lm_head, layers)
     }
 
     /// Random weights of `cfg`'s shape made on the device (`quantize`: the layers'
@@ -357,7 +347,6 @@ impl GpuWeights {
         };
         let norm = |s| DeviceTensor::random(g, dtype, h, s, 0.1, 1.0);
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        let mut bytes = 0;
         for _ in 0..cfg.num_layers {
             let mat = |rows, cols, s| DeviceMatrix::random(g, dtype, rows, cols, quantize, s);
             let layer = GpuLayer {
@@ -375,7 +364,6 @@ impl GpuWeights {
                 gate_up: mat(2 * ff, h, seed())?,
                 down: mat(h, ff, seed())?,
             };
-            bytes += layer.matrices().iter().map(|m| m.bytes()).sum::<usize>();
             layers.push(layer);
         }
         let embed = DeviceTensor::random(g, dtype, cfg.vocab_size * h, seed(), 1.0, 0.0)?;
@@ -392,23 +380,55 @@ impl GpuWeights {
                 0.0,
             )?)
         };
-        bytes += 2 * (embed.len + lm_head.as_ref().map_or(0, |t| t.len));
         let rope = crate::model::llama::build_rope(cfg, None);
-        let inv_freq = g.upload(&rope.inv_freq).map_err(gpu_error)?;
-        Ok(Self {
-            norm: norm(seed())?,
-            embed,
+        let final_norm = norm(seed())?;
+        Self::assemble(
+            gpu,
+            dtype,
+            cfg.clone(),
+            &rope,
+            [embed, final_norm],
             lm_head,
             layers,
-            inv_freq_ptr: g.ptr(&inv_freq),
+        )
+    }
+
+    /// The weights from their parts (`[embedding table, final norm]`), with `rope`'s
+    /// frequencies copied to the device.
+    fn assemble(
+        gpu: Arc<Gpu>,
+        dtype: Dtype,
+        cfg: ModelConfig,
+        rope: &Rope,
+        [embed, norm]: [DeviceTensor; 2],
+        lm_head: Option<DeviceTensor>,
+        layers: Vec<GpuLayer>,
+    ) -> Result<Self> {
+        let inv_freq = gpu.upload(&rope.inv_freq).map_err(gpu_error)?;
+        Ok(Self {
+            embed,
+            lm_head,
+            norm,
+            layers,
+            inv_freq_ptr: gpu.ptr(&inv_freq),
             _inv_freq: inv_freq,
             position_scale: rope.position_scale,
-            adjacent_rope: rope.pairing == ferrite_kernels::cpu::rope::RopePairing::Adjacent,
-            bytes,
-            cfg: cfg.clone(),
+            adjacent_rope: rope.pairing == RopePairing::Adjacent,
+            cfg,
             dtype,
             gpu,
         })
+    }
+
+    /// Bytes of weights on the device (what a decode step streams).
+    pub fn bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .map(DeviceMatrix::bytes)
+            .sum();
+        layers + 2 * (self.embed.len + self.lm_head.as_ref().map_or(0, |t| t.len))
     }
 
     /// The LM head's device address (the embedding table when tied).
