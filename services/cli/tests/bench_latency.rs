@@ -1,24 +1,11 @@
 //! `ferrite bench latency` through the real binary: seed 003's layout, throughputs that follow
 //! from the latencies, configurations too long for the model skipped, bad arguments refused.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn ferrite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(args)
-        .output()
-        .expect("run ferrite")
-}
-
-fn stdout_of(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "ferrite failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{ferrite, stdout_of};
 
 /// The tiny random-weight Qwen2 checkpoint (2 layers, hidden 64): runs in milliseconds.
 fn tiny_model() -> String {

@@ -1,29 +1,17 @@
 //! `ferrite generate` end to end: the real binary on the default model, compared with the
 //! transformers fixture, and its refusals of bad input.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
+
+use common::{ferrite, json_of};
 
 fn fixture() -> serde_json::Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/golden/smollm2_q4_1.json");
     serde_json::from_slice(&std::fs::read(&p).expect("fixture")).expect("json")
-}
-
-fn ferrite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(args)
-        .output()
-        .expect("run ferrite")
-}
-
-fn json_of(out: &Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "ferrite failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u64> {

@@ -3,20 +3,9 @@
 //! (CI installs it and sets `FERRITE_REQUIRE_NVRTC=1`); without it the test says so and
 //! checks only that the refusal is clear.
 
-use std::process::{Command, Output};
+mod common;
 
-fn ferrite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(args)
-        .output()
-        .expect("run ferrite")
-}
-
-fn json_of(out: &Output) -> serde_json::Value {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "ferrite failed: {err}");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {err}"))
-}
+use common::{ferrite, json_of};
 
 #[test]
 fn kernels_build_fills_the_cache_then_hits_it() {

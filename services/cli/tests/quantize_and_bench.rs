@@ -1,24 +1,11 @@
 //! `ferrite quantize`, `bench kernels` and `bench forward` through the real binary: arguments,
 //! output files and table columns (the numbers themselves are checked in the engine's tests).
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn ferrite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(args)
-        .output()
-        .expect("run ferrite")
-}
-
-fn stdout_of(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "ferrite failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{ferrite, stdout_of};
 
 #[test]
 fn quantize_writes_a_gptq_checkpoint_and_refuses_bad_arguments() {
