@@ -68,11 +68,11 @@ fn decode(args: DecodeArgs) -> Result<()> {
     if args.runs == 0 || args.new_tokens < 2 || args.prompt_tokens == 0 {
         bail!("--runs ≥ 1, --new-tokens ≥ 2 and --prompt-tokens ≥ 1 are needed");
     }
-    let loaded = args.model.load()?;
-    let vocab = loaded.model.config().vocab_size as u64;
+    let (model, _) = args.model.load_for_engine()?;
+    let vocab = model.config().vocab_size as u64;
     // Token ids only: dummy-weight models have no tokenizer.
-    let cfg = args.model.engine_config(&loaded.model)?;
-    let mut engine = Engine::new(loaded.model, vec![], cfg)?;
+    let cfg = args.model.engine_config(&model)?;
+    let mut engine = Engine::new(model, vec![], cfg)?;
     let threads = rayon::current_num_threads();
     let mut table = Table::new(&[
         "model",

@@ -127,8 +127,8 @@ pub fn run(args: LatencyArgs) -> Result<()> {
     if configs.is_empty() {
         bail!("--configs is empty");
     }
-    let loaded = args.model.load()?;
-    let storage = loaded.model.linear_storage();
+    let (model, _) = args.model.load_for_engine()?;
+    let storage = model.linear_storage();
     let label = args
         .label
         .clone()
@@ -137,8 +137,8 @@ pub fn run(args: LatencyArgs) -> Result<()> {
             None => format!("ferrite-{}", storage.to_lowercase()),
         });
     // Token ids only: dummy-weight models have no tokenizer, and `ignore_eos` needs no EOS ids.
-    let cfg = args.model.engine_config(&loaded.model)?;
-    let mut engine = Engine::new(loaded.model, vec![], cfg)?;
+    let cfg = args.model.engine_config(&model)?;
+    let mut engine = Engine::new(model, vec![], cfg)?;
     let device = describe(&engine);
     let max_len = engine.max_model_len();
     let model = format!(
@@ -181,7 +181,7 @@ pub fn run(args: LatencyArgs) -> Result<()> {
 
 /// Submits one batch and times it to its last token.
 fn measure(engine: &mut Engine, cfg: Config, next_id: &mut u64) -> Result<RunFigures> {
-    let vocab = engine.model().config().vocab_size as u64;
+    let vocab = engine.config().vocab_size as u64;
     let requests: Vec<_> = (0..cfg.batch)
         .map(|_| {
             *next_id += 1;

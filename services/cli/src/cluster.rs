@@ -206,11 +206,11 @@ async fn start_worker(
     let model_args = args.model.clone();
     let span = tracing::Span::current();
     // Loading (and opening a GPU, which may compile kernels) blocks: off the runtime.
-    let (loaded, engine) = tokio::task::spawn_blocking(move || {
+    let (model, tokenizer, engine) = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
-            let loaded = model_args.load()?;
-            let engine = model_args.engine_config(&loaded.model)?;
-            anyhow::Ok((loaded, engine))
+            let (model, tokenizer) = model_args.load_for_engine()?;
+            let engine = model_args.engine_config(&model)?;
+            anyhow::Ok((model, tokenizer, engine))
         })
     })
     .await
@@ -229,7 +229,7 @@ async fn start_worker(
         node: hostname(),
         metrics_listen,
     };
-    Ok(RunningWorker::start(loaded, cfg, store, schema).await?)
+    Ok(RunningWorker::start(model, tokenizer, cfg, store, schema).await?)
 }
 
 fn hostname() -> String {

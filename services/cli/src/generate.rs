@@ -81,8 +81,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         logprobs: args.logprobs,
     };
     params.validate()?;
-    let loaded = args.model.load()?;
-    let (mut engine, tokenizer) = loading::engine(loaded, &args.model)?;
+    let (mut engine, tokenizer) = loading::engine(&args.model)?;
     let (rendered, prompt_ids) = if args.chat {
         let template = tokenizer
             .chat_template()

@@ -6,9 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig};
 use ferrite_engine::gpu::{self, GpuOptions};
-use ferrite_engine::model::LlamaModel;
 use ferrite_engine::model::STARTUP_TARGET;
-use ferrite_engine::model::{self, LoadOptions, LoadedModel};
+use ferrite_engine::model::{self, EngineModel, LoadOptions, LoadedModel};
 use ferrite_engine::registry;
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{self, Gpu};
@@ -47,7 +46,8 @@ pub struct ModelArgs {
     /// names (a preset: `ferrite model list`), for speed measurements without a download.
     #[arg(long, value_enum, default_value = "auto")]
     pub load_format: LoadFormat,
-    /// cpu, cuda, cuda:N, or auto (the CPU for now, saying why when a GPU is there).
+    /// cpu, cuda, cuda:N, or auto (the CPU for now, saying why when a GPU is there). With
+    /// `--load-format dummy` on a GPU the random weights are made there, with no host copy.
     #[arg(long, default_value = "auto", env = "FERRITE_DEVICE")]
     pub device: DeviceRequest,
     /// The 16-bit type of weights and activations on a GPU: auto (the checkpoint's BF16, else
@@ -88,7 +88,7 @@ fn fraction(s: &str) -> Result<f64, String> {
 impl ModelArgs {
     /// The engine's limits, and its GPU when `--device` names one (opened on first use, in
     /// the `kernel_compile` phase). `model` picks the automatic dtype.
-    pub fn engine_config(&self, model: &LlamaModel) -> Result<EngineConfig> {
+    pub fn engine_config(&self, model: &EngineModel) -> Result<EngineConfig> {
         let cuda = match device::select(self.device)? {
             (Device::Cpu, _) => None,
             (Device::Cuda(d), _) => {
@@ -139,13 +139,30 @@ impl ModelArgs {
         Ok(device)
     }
 
-    /// Picks the device, then resolves (pulling a known model on first use, saying so) and
-    /// loads the model.
-    pub fn load(&self) -> Result<LoadedModel> {
-        self.init_device()?;
-        let options = LoadOptions {
+    /// What an engine is built from, and the tokenizer if the model has one: with
+    /// `--load-format dummy` on a GPU, the shape of random weights made there (so models larger
+    /// than host memory run); else the model loaded into host memory.
+    pub fn load_for_engine(&self) -> Result<(EngineModel, Option<ferrite_text::Tokenizer>)> {
+        let device = self.init_device()?;
+        if self.load_format == LoadFormat::Dummy && matches!(device, Device::Cuda(_)) {
+            let shape = model::device_random_shape(&self.model, 0, self.load_options())
+                .with_context(|| format!("dummy weights of shape {}", self.model))?;
+            return Ok((EngineModel::DeviceRandom(shape), None));
+        }
+        let loaded = self.load_on_host()?;
+        Ok((loaded.model.into(), loaded.tokenizer))
+    }
+
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions {
             quantize: self.quantize,
-        };
+        }
+    }
+
+    /// Resolves `--model` (pulling a known model on first use, saying so) and loads it into
+    /// host memory.
+    fn load_on_host(&self) -> Result<LoadedModel> {
+        let options = self.load_options();
         if self.load_format == LoadFormat::Dummy {
             return model::load_dummy(&self.model, 0, options)
                 .with_context(|| format!("making dummy weights of shape {}", self.model));
@@ -163,17 +180,18 @@ impl ModelArgs {
     }
 }
 
-/// Builds an engine over a loaded model; returns it with the model's tokenizer.
-pub fn engine(loaded: LoadedModel, args: &ModelArgs) -> Result<(Engine, ferrite_text::Tokenizer)> {
-    let tokenizer = loaded.tokenizer.with_context(|| {
+/// Loads `--model` and builds an engine over it; returns it with the model's tokenizer.
+pub fn engine(args: &ModelArgs) -> Result<(Engine, ferrite_text::Tokenizer)> {
+    let (model, tokenizer) = args.load_for_engine()?;
+    let tokenizer = tokenizer.with_context(|| {
         format!(
-            "{} has no tokenizer files (tokenizer.json)",
-            loaded.path.display()
+            "{} has no tokenizer (a checkpoint without tokenizer.json, or dummy weights)",
+            args.model
         )
     })?;
     let eos = tokenizer.eos_ids().to_vec();
-    let cfg = args.engine_config(&loaded.model)?;
-    let engine = Engine::new(loaded.model, eos, cfg)?;
+    let cfg = args.engine_config(&model)?;
+    let engine = Engine::new(model, eos, cfg)?;
     Ok((engine, tokenizer))
 }
 

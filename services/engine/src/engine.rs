@@ -11,10 +11,11 @@ use std::time::Instant;
 
 use ferrite_kernels::cuda::Gpu;
 
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
-use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
+use crate::model::{EngineModel, LlamaModel, LogitsWanted, SeqChunk};
 use crate::sampler::{SampledToken, Sampler, SamplingParams};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqId};
 
@@ -134,15 +135,17 @@ struct Request {
 /// Where the forward pass runs.
 #[derive(Debug)]
 enum Executor {
-    /// The CPU reference ops, with the KV cache in host memory.
-    Cpu(KvCache),
-    /// The CUDA backend, with its own device KV cache.
+    /// The CPU reference ops over the model in host memory, with the KV cache there too.
+    Cpu { model: Box<LlamaModel>, kv: KvCache },
+    /// The CUDA backend, with its own copy of the weights and device KV cache (the host model
+    /// is dropped once copied: nothing reads it after).
     Cuda(Box<GpuRunner>),
 }
 
 #[derive(Debug)]
 pub struct Engine {
-    model: LlamaModel,
+    /// The model's shape.
+    cfg: ModelConfig,
     exec: Executor,
     sched: Scheduler,
     requests: HashMap<SeqId, Request>,
@@ -152,10 +155,10 @@ pub struct Engine {
 
 /// `cfg`'s max model length (default: the model's, at most 8192), checked with the other
 /// limits.
-fn checked_max_model_len(model: &LlamaModel, cfg: &EngineConfig) -> Result<usize> {
+fn checked_max_model_len(model: &ModelConfig, cfg: &EngineConfig) -> Result<usize> {
     let max_model_len = cfg
         .max_model_len
-        .unwrap_or(model.config().max_position_embeddings.min(8192));
+        .unwrap_or(model.max_position_embeddings.min(8192));
     if max_model_len < 2
         || cfg.block_size == 0
         || cfg.max_num_seqs == 0
@@ -172,12 +175,22 @@ fn checked_max_model_len(model: &LlamaModel, cfg: &EngineConfig) -> Result<usize
 impl Engine {
     /// An engine on the CPU, or on `cfg.cuda`'s GPU when set (see [`Self::new_cuda`]). Sizes
     /// the KV cache and refuses configurations where one full-length sequence would not fit.
-    pub fn new(model: LlamaModel, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self> {
+    pub fn new(
+        model: impl Into<EngineModel>,
+        eos_ids: Vec<u32>,
+        cfg: EngineConfig,
+    ) -> Result<Self> {
+        let model = model.into();
         if let Some(CudaPlacement { gpu, opts }) = cfg.cuda.clone() {
             return Self::new_cuda(model, gpu, opts, eos_ids, cfg);
         }
-        let max_model_len = checked_max_model_len(&model, &cfg)?;
-        let mc = model.config();
+        let EngineModel::Host(model) = model else {
+            return Err(EngineError::BadConfig(
+                "random weights made on the device need a GPU (--device cuda)".into(),
+            ));
+        };
+        let max_model_len = checked_max_model_len(model.config(), &cfg)?;
+        let mc = model.config().clone();
         let per_token = KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim);
         let num_blocks = cfg.kv_cache_bytes / (per_token * cfg.block_size);
         let needed = blocks_for(max_model_len, cfg.block_size);
@@ -204,8 +217,11 @@ impl Engine {
             mc.head_dim,
         );
         Ok(Self::assemble(
-            model,
-            Executor::Cpu(kv),
+            mc,
+            Executor::Cpu {
+                model: Box::new(model),
+                kv,
+            },
             num_blocks,
             max_model_len,
             eos_ids,
@@ -217,13 +233,13 @@ impl Engine {
     /// takes what `opts.memory_utilization` leaves after a maximal step (`cfg.kv_cache_bytes`
     /// is the CPU's and is not used).
     fn new_cuda(
-        model: LlamaModel,
+        model: EngineModel,
         gpu: Arc<Gpu>,
         opts: GpuOptions,
         eos_ids: Vec<u32>,
         cfg: EngineConfig,
     ) -> Result<Self> {
-        let max_model_len = checked_max_model_len(&model, &cfg)?;
+        let max_model_len = checked_max_model_len(model.config(), &cfg)?;
         let limits = StepLimits {
             max_tokens: cfg.max_num_batched_tokens,
             max_seqs: cfg.max_num_seqs,
@@ -234,7 +250,7 @@ impl Engine {
         let num_blocks = u32::try_from(runner.num_blocks()).unwrap_or(u32::MAX - 1);
         let exec = Executor::Cuda(Box::new(runner));
         Ok(Self::assemble(
-            model,
+            model.config().clone(),
             exec,
             num_blocks,
             max_model_len,
@@ -244,7 +260,7 @@ impl Engine {
     }
 
     fn assemble(
-        model: LlamaModel,
+        model: ModelConfig,
         exec: Executor,
         num_blocks: u32,
         max_model_len: usize,
@@ -261,7 +277,7 @@ impl Engine {
             num_blocks,
         );
         Self {
-            model,
+            cfg: model,
             exec,
             sched,
             requests: HashMap::new(),
@@ -273,7 +289,7 @@ impl Engine {
     /// Which device runs the forward pass (`cpu`, or the CUDA device).
     pub fn device_name(&self) -> String {
         match &self.exec {
-            Executor::Cpu(_) => "cpu".into(),
+            Executor::Cpu { .. } => "cpu".into(),
             Executor::Cuda(r) => r.gpu().device.to_string(),
         }
     }
@@ -295,8 +311,9 @@ impl Engine {
         Ok(prompt_len + 1)
     }
 
-    pub fn model(&self) -> &LlamaModel {
-        &self.model
+    /// The model's shape.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
     }
 
     pub fn max_model_len(&self) -> usize {
@@ -310,7 +327,7 @@ impl Engine {
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
-        let vocab = self.model.config().vocab_size;
+        let vocab = self.cfg.vocab_size;
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::InvalidRequest(format!(
                 "token id {bad} is outside the vocabulary (size {vocab})"
@@ -419,7 +436,7 @@ impl Engine {
             })
             .collect();
         let forward = match &mut self.exec {
-            Executor::Cpu(kv) => self.model.forward(&chunks, kv),
+            Executor::Cpu { model, kv } => model.forward(&chunks, kv),
             Executor::Cuda(runner) => runner.forward(&chunks),
         };
         let logits = match forward {
@@ -431,7 +448,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        let vocab = self.model.config().vocab_size;
+        let vocab = self.cfg.vocab_size;
         let mut rows = logits.chunks_exact(vocab);
         for c in &plan.chunks {
             self.sched.mark_computed(c);

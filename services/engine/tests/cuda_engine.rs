@@ -18,7 +18,7 @@ use std::sync::Arc;
 use common::*;
 use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Generation};
 use ferrite_engine::gpu::GpuOptions;
-use ferrite_engine::model::{self, LoadedModel};
+use ferrite_engine::model::{self, EngineModel, LoadedModel};
 use ferrite_engine::registry;
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_kernels::cuda::ops::Dtype;
@@ -67,9 +67,13 @@ fn cfg(cuda: Option<CudaPlacement>) -> EngineConfig {
 
 /// Ten prompts of 5..50 pseudo-random in-vocabulary ids, 16 greedy tokens each, with the top
 /// 5 log-probabilities of every token.
-fn generate(loaded: LoadedModel, cuda: Option<CudaPlacement>) -> HashMap<u64, Generation> {
-    let vocab = loaded.model.config().vocab_size as u64;
-    let mut engine = Engine::new(loaded.model, vec![], cfg(cuda)).expect("engine");
+fn generate(
+    model: impl Into<EngineModel>,
+    cuda: Option<CudaPlacement>,
+) -> HashMap<u64, Generation> {
+    let model = model.into();
+    let vocab = model.config().vocab_size as u64;
+    let mut engine = Engine::new(model, vec![], cfg(cuda)).expect("engine");
     let requests = (0..10u64)
         .map(|i| {
             let prompt = (0..5 + 5 * i)
@@ -103,7 +107,7 @@ fn the_default_model_generates_the_cpus_greedy_tokens() {
     let Some(gpu) = gpu("the_default_model_generates_the_cpus_greedy_tokens") else {
         return;
     };
-    let want = generate(default_model(), None);
+    let want = generate(default_model().model, None);
     // f16 decodes through CUDA graphs, bf16 eagerly: both paths against the CPU.
     for (dtype, cuda_graphs) in [(Dtype::F16, true), (Dtype::Bf16, false)] {
         let opts = GpuOptions {
@@ -112,7 +116,7 @@ fn the_default_model_generates_the_cpus_greedy_tokens() {
             cuda_graphs,
         };
         let got = generate(
-            default_model(),
+            default_model().model,
             Some(CudaPlacement {
                 gpu: gpu.clone(),
                 opts,
@@ -145,7 +149,7 @@ fn tiny_gemma2_and_qwen3_match_the_cpu() {
     };
     for dir in ["gemma2", "qwen3"] {
         let path = fixtures().join("models").join(dir);
-        let want = generate(model::load(&path).expect("tiny model"), None);
+        let want = generate(model::load(&path).expect("tiny model").model, None);
         let opts = GpuOptions {
             dtype: Dtype::F16,
             memory_utilization: 0.5,
@@ -153,7 +157,7 @@ fn tiny_gemma2_and_qwen3_match_the_cpu() {
         };
         let loaded = model::load(&path).expect("tiny model");
         let got = generate(
-            loaded,
+            loaded.model,
             Some(CudaPlacement {
                 gpu: gpu.clone(),
                 opts,
@@ -255,14 +259,14 @@ fn quantized_weights_generate_the_cpus_greedy_tokens() {
             quantize: Some(model::parse_quantize(format).expect("format")),
         };
         let load = || default_model_with(options);
-        let want = generate(load(), None);
+        let want = generate(load().model, None);
         let opts = GpuOptions {
             dtype: Dtype::F16,
             memory_utilization: 0.5,
             cuda_graphs: true,
         };
         let got = generate(
-            load(),
+            load().model,
             Some(CudaPlacement {
                 gpu: gpu.clone(),
                 opts,
@@ -275,5 +279,47 @@ fn quantized_weights_generate_the_cpus_greedy_tokens() {
             same >= 9,
             "{format}: {same}/10 prompts gave the CPU's 16 greedy tokens"
         );
+    }
+}
+
+/// `--load-format dummy` on a GPU: random weights of a preset's shape made on the device (no
+/// host copy), plain and as random 4-bit codes, generate finite output through the whole
+/// engine, the same twice over for the same seed.
+#[test]
+fn random_weights_made_on_the_device_run_through_the_engine() {
+    let Some(gpu) = gpu("random_weights_made_on_the_device_run_through_the_engine") else {
+        return;
+    };
+    for quantize in [None, Some("w4g128-sym")] {
+        let shape = || {
+            let options = model::LoadOptions {
+                quantize: quantize.map(|f| f.parse().expect("format")),
+            };
+            model::device_random_shape("small", 3, options).expect("preset")
+        };
+        let placement = || CudaPlacement {
+            gpu: gpu.clone(),
+            opts: GpuOptions {
+                dtype: Dtype::F16,
+                memory_utilization: 0.5,
+                cuda_graphs: true,
+            },
+        };
+        let a = generate(EngineModel::DeviceRandom(shape()), Some(placement()));
+        let b = generate(EngineModel::DeviceRandom(shape()), Some(placement()));
+        for i in 0..10u64 {
+            assert_eq!(a[&i].token_ids().len(), 16, "{quantize:?}");
+            assert_eq!(
+                a[&i].token_ids(),
+                b[&i].token_ids(),
+                "{quantize:?} prompt {i}"
+            );
+            assert!(
+                a[&i]
+                    .tokens
+                    .iter()
+                    .all(|t| t.top.iter().all(|(_, lp)| lp.is_finite()))
+            );
+        }
     }
 }

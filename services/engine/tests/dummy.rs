@@ -3,7 +3,8 @@
 mod common;
 
 use common::*;
-use ferrite_engine::model::{self, LoadOptions, LogitsWanted};
+use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::model::{self, EngineModel, LoadOptions, LogitsWanted};
 
 #[test]
 fn a_dummy_preset_loads_runs_and_quantizes() {
@@ -45,4 +46,18 @@ fn a_dummy_preset_loads_runs_and_quantizes() {
     );
     let e = model::load_dummy("gpt-5", 0, LoadOptions::default()).expect_err("unknown");
     assert!(e.to_string().contains("llama-3-8b"), "{e}");
+}
+
+/// Random weights meant to be made on a GPU have no host copy: the CPU engine refuses them
+/// clearly instead of running nothing.
+#[test]
+fn device_random_weights_need_a_gpu() {
+    let shape = model::device_random_shape("llama-3-70b", 0, LoadOptions::default())
+        .expect("shape only: no 140 GB on the host");
+    assert_eq!(shape.cfg.num_layers, 80);
+    let model = EngineModel::DeviceRandom(shape);
+    assert_eq!(model.linear_storage(), "F16");
+    let e = Engine::new(model, vec![], EngineConfig::default()).expect_err("no GPU");
+    assert!(e.to_string().contains("--device cuda"), "{e}");
+    assert!(model::device_random_shape("gpt-5", 0, LoadOptions::default()).is_err());
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use ferrite_engine::engine::{Engine, EngineConfig};
 use ferrite_engine::handle::EngineHandle;
-use ferrite_engine::model::LoadedModel;
+use ferrite_engine::model::EngineModel;
 use ferrite_placement::{KeySchema, PoolRecord, PoolState, RankRecord, Registration, Store};
 use ferrite_proto::worker::v1 as pb;
 use ferrite_telemetry::metrics::ScrapeHook;
@@ -116,14 +116,12 @@ impl RunningWorker {
     /// registers the pool (Starting) and its rank in `store`, then marks the pool Ready.
     /// Start-up phases (`kv_cache_init`, `warmup`, `register`) are spans under the caller's.
     pub async fn start(
-        loaded: LoadedModel,
+        model: EngineModel,
+        tokenizer: Option<Tokenizer>,
         cfg: WorkerConfig,
         store: Store,
         schema: KeySchema,
     ) -> Result<Self, WorkerError> {
-        let LoadedModel {
-            model, tokenizer, ..
-        } = loaded;
         let vocab_size = model.config().vocab_size;
         let eos = tokenizer
             .as_ref()

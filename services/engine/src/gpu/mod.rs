@@ -2,8 +2,9 @@
 //! pass on device buffers with the paged KV cache there ([`runner`]), and the KV cache sized
 //! from the memory a maximal step leaves free, as vLLM's `--gpu-memory-utilization` defines.
 //!
-//! The CPU model stays loaded (memory-mapped): it is the reference the GPU path is tested
-//! against, and where the weights are read from.
+//! The weights are read from the host model (memory-mapped checkpoint tensors, or quantized
+//! copies), or made on the device for `--load-format dummy`; the engine drops its host model
+//! once they are copied.
 
 pub mod runner;
 pub(crate) mod weights;
@@ -15,7 +16,7 @@ use ferrite_kernels::cuda::ops::Dtype;
 
 use crate::error::{EngineError, Result};
 use crate::kv_cache::blocks_for;
-use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
+use crate::model::{EngineModel, LogitsWanted, RandomShape, SeqChunk};
 pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
 pub use weights::default_dtype;
 use weights::{GpuWeights, gpu_error};
@@ -31,11 +32,11 @@ pub struct GpuOptions {
     pub cuda_graphs: bool,
 }
 
-/// Uploads `model` to `gpu`, profiles a maximal step and gives the KV cache what is left of
-/// `memory_utilization × total memory`. Refuses when not even one `max_model_len` sequence
-/// fits.
+/// Copies `model` to `gpu` (or makes its random weights there), profiles a maximal step and
+/// gives the KV cache what is left of `memory_utilization × total memory`. Refuses when not
+/// even one `max_model_len` sequence fits.
 pub fn build_runner(
-    model: &LlamaModel,
+    model: &EngineModel,
     gpu: Arc<Gpu>,
     opts: GpuOptions,
     limits: StepLimits,
@@ -45,7 +46,10 @@ pub fn build_runner(
         device = %gpu.device, dtype = opts.dtype.name(), weight_bytes = tracing::field::Empty);
     let weights = {
         let _e = span.enter();
-        let w = GpuWeights::upload(gpu.clone(), opts.dtype, model)?;
+        let w = match model {
+            EngineModel::Host(m) => GpuWeights::upload(gpu.clone(), opts.dtype, m)?,
+            EngineModel::DeviceRandom(shape) => random_weights(gpu.clone(), opts.dtype, shape)?,
+        };
         span.record("weight_bytes", w.bytes() as i64);
         w
     };
@@ -109,6 +113,17 @@ pub fn build_runner(
         span.record("count", sizes.len() as i64);
     }
     Ok(runner)
+}
+
+/// `shape`'s random weights made on `gpu`: the `load_weights` phase of `--load-format dummy`
+/// on a GPU, with no host copy.
+fn random_weights(gpu: Arc<Gpu>, dtype: Dtype, shape: &RandomShape) -> Result<GpuWeights> {
+    let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "load_weights",
+        format = "dummy", mode = "random-on-device", bytes = tracing::field::Empty);
+    let _e = span.enter();
+    let w = GpuWeights::dummy(gpu, dtype, &shape.cfg, shape.quantize, shape.seed)?;
+    span.record("bytes", w.bytes() as i64);
+    Ok(w)
 }
 
 /// A runner over random weights of `cfg`'s shape made on the device (`quantize`: the layers'

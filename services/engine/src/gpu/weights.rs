@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::model::LlamaModel;
+use crate::model::{EngineModel, LlamaModel};
 use crate::weights::Matrix;
 
 /// A 16-bit tensor in device memory.
@@ -437,10 +437,14 @@ impl GpuWeights {
     }
 }
 
-/// The 16-bit type a model runs in on the GPU: the checkpoint's own where it is BF16, else F16.
-pub fn default_dtype(model: &LlamaModel) -> Dtype {
-    match model.embed.view() {
-        Weight::Ggml(v) if v.ty == GgmlType::BF16 => Dtype::Bf16,
-        _ => Dtype::F16,
+/// The 16-bit type a model runs in on the GPU: the checkpoint's own where it is BF16, else F16
+/// (random weights too).
+pub fn default_dtype(model: &EngineModel) -> Dtype {
+    match model {
+        EngineModel::Host(m) => match m.embed.view() {
+            Weight::Ggml(v) if v.ty == GgmlType::BF16 => Dtype::Bf16,
+            _ => Dtype::F16,
+        },
+        EngineModel::DeviceRandom(_) => Dtype::F16,
     }
 }

@@ -44,6 +44,66 @@ pub struct LoadedModel {
     pub load_seconds: f64,
 }
 
+/// What an engine runs: a model in host memory, or the shape of random weights that are made
+/// straight on the GPU (`--load-format dummy` there). The latter has no host copy at all, so a
+/// model larger than host memory (Llama-3-70B in f16 is 140 GB) still runs.
+#[derive(Debug)]
+pub enum EngineModel {
+    Host(LlamaModel),
+    DeviceRandom(RandomShape),
+}
+
+/// Random weights of a preset's shape, to be made on the device.
+#[derive(Debug, Clone)]
+pub struct RandomShape {
+    pub cfg: ModelConfig,
+    /// The layers' projections as random codes of this format instead of 16-bit values.
+    pub quantize: Option<WqFormat>,
+    pub seed: u64,
+}
+
+impl EngineModel {
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Self::Host(m) => m.config(),
+            Self::DeviceRandom(s) => &s.cfg,
+        }
+    }
+
+    /// How the layers' projections are stored (`Q4_1`, `w4g128`, `F16`, ...).
+    pub fn linear_storage(&self) -> String {
+        match self {
+            Self::Host(m) => m.linear_storage(),
+            Self::DeviceRandom(s) => s.quantize.map_or("F16".into(), |f| f.to_string()),
+        }
+    }
+}
+
+impl From<LlamaModel> for EngineModel {
+    fn from(m: LlamaModel) -> Self {
+        Self::Host(m)
+    }
+}
+
+/// The shape of a preset for random weights made on a GPU: only the `config` phase runs here;
+/// the weights are made in the GPU's `model_init` phase.
+pub fn device_random_shape(
+    preset_name: &str,
+    seed: u64,
+    options: LoadOptions,
+) -> Result<RandomShape> {
+    let preset = presets::preset(preset_name)?;
+    let span = config_span(Path::new(preset.name), "dummy");
+    let _entered = span.enter();
+    let cfg = preset.config()?;
+    record_config(&span, &cfg);
+    Ok(RandomShape {
+        cfg,
+        quantize: options.quantize,
+        seed,
+    })
+}
+
 /// What to do to a model while loading it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
