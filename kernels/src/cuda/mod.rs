@@ -23,6 +23,8 @@ pub mod ops;
 pub mod sample;
 pub mod sources;
 #[allow(unsafe_code)]
+pub mod upload;
+#[allow(unsafe_code)]
 pub mod wq;
 
 pub use cache::{KernelCache, ModuleBuild, default_cache_dir};

@@ -67,8 +67,14 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     for quantize in formats {
-        let loaded = model::load_with(&path, LoadOptions { quantize })
-            .with_context(|| format!("loading {}", path.display()))?;
+        let loaded = model::load_with(
+            &path,
+            LoadOptions {
+                quantize,
+                ..LoadOptions::default()
+            },
+        )
+        .with_context(|| format!("loading {}", path.display()))?;
         let tokenizer = loaded
             .tokenizer
             .as_ref()

@@ -104,7 +104,7 @@ struct RunSpec {
 struct RunResult {
     column: String,
     spec: RunSpec,
-    /// Phase name → its span (the last one of that name in the run's trace).
+    /// The start-up root's child spans (a phase name may occur more than once).
     phases: Vec<ReceivedSpan>,
     total: Option<f64>,
     actual_total: f64,
@@ -117,11 +117,16 @@ impl RunResult {
             "actual_total_time" => return Some(self.actual_total),
             _ => {}
         }
+        // A phase may run in parts (on a GPU, `load_weights` maps the checkpoint on the host,
+        // then streams it to the device): its row is their sum.
         let one = |name: &str| {
-            self.phases
+            let parts: Vec<f64> = self
+                .phases
                 .iter()
-                .find(|s| s.name == name)
+                .filter(|s| s.name == name)
                 .map(ReceivedSpan::seconds)
+                .collect();
+            (!parts.is_empty()).then(|| parts.iter().sum())
         };
         match composite(row) {
             Some(parts) => {

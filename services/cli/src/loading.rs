@@ -149,20 +149,26 @@ impl ModelArgs {
                 .with_context(|| format!("dummy weights of shape {}", self.model))?;
             return Ok((EngineModel::DeviceRandom(shape), None));
         }
-        let loaded = self.load_on_host()?;
+        // The GPU upload reads every page as it copies: no separate pass over them first.
+        let lazy_pages = matches!(device, Device::Cuda(_));
+        let loaded = self.load_on_host(lazy_pages)?;
         Ok((loaded.model.into(), loaded.tokenizer))
     }
 
     fn load_options(&self) -> LoadOptions {
         LoadOptions {
             quantize: self.quantize,
+            ..LoadOptions::default()
         }
     }
 
     /// Resolves `--model` (pulling a known model on first use, saying so) and loads it into
     /// host memory.
-    fn load_on_host(&self) -> Result<LoadedModel> {
-        let options = self.load_options();
+    fn load_on_host(&self, lazy_pages: bool) -> Result<LoadedModel> {
+        let options = LoadOptions {
+            lazy_pages,
+            ..self.load_options()
+        };
         if self.load_format == LoadFormat::Dummy {
             return model::load_dummy(&self.model, 0, options)
                 .with_context(|| format!("making dummy weights of shape {}", self.model));

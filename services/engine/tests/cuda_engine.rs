@@ -257,6 +257,7 @@ fn quantized_weights_generate_the_cpus_greedy_tokens() {
     for format in ["rtn-w8g128", "rtn-w4g128"] {
         let options = model::LoadOptions {
             quantize: Some(model::parse_quantize(format).expect("format")),
+            ..Default::default()
         };
         let load = || default_model_with(options);
         let want = generate(load().model, None);
@@ -294,6 +295,7 @@ fn random_weights_made_on_the_device_run_through_the_engine() {
         let shape = || {
             let options = model::LoadOptions {
                 quantize: quantize.map(|f| f.parse().expect("format")),
+                ..Default::default()
             };
             model::device_random_shape("small", 3, options).expect("preset")
         };

@@ -32,6 +32,7 @@ fn a_dummy_preset_loads_runs_and_quantizes() {
         7,
         LoadOptions {
             quantize: Some("w8g128".parse().expect("format")),
+            ..Default::default()
         },
     )
     .expect("w8");

@@ -55,6 +55,7 @@ fn quantized_checkpoints_load_and_match_quantizing_at_load() {
             &qwen2(),
             LoadOptions {
                 quantize: Some(format),
+                ..Default::default()
             },
             &prompt,
         );

@@ -44,14 +44,22 @@ pub fn build_runner(
     let c = model.config();
     let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "model_init",
         device = %gpu.device, dtype = opts.dtype.name(), weight_bytes = tracing::field::Empty);
-    let weights = {
-        let _e = span.enter();
-        let w = match model {
-            EngineModel::Host(m) => GpuWeights::upload(gpu.clone(), opts.dtype, m)?,
-            EngineModel::DeviceRandom(shape) => random_weights(gpu.clone(), opts.dtype, shape)?,
-        };
-        span.record("weight_bytes", w.bytes() as i64);
-        w
+    // Spans time from creation to close: `model_init` (planning: allocations, fusing,
+    // repacking) closes before the copies of `load_weights` start, so the phases do not
+    // overlap.
+    let weights = match model {
+        EngineModel::Host(m) => {
+            let (w, jobs) = span.in_scope(|| GpuWeights::upload(gpu.clone(), opts.dtype, m))?;
+            span.record("weight_bytes", w.bytes() as i64);
+            drop(span);
+            copy_weights(&gpu, &jobs)?;
+            w
+        }
+        EngineModel::DeviceRandom(shape) => {
+            // Nothing to plan: the weights are made in `load_weights`.
+            drop(span);
+            random_weights(gpu.clone(), opts.dtype, shape)?
+        }
     };
     let per_block =
         kv_bytes_per_token(c.num_kv_heads, c.head_dim, c.num_layers) * limits.block_size;
@@ -113,6 +121,29 @@ pub fn build_runner(
         span.record("count", sizes.len() as i64);
     }
     Ok(runner)
+}
+
+/// The GPU's part of the `load_weights` phase: runs the planned copies of the weights'
+/// matrices through pinned staging buffers on several threads (the host's part mapped the
+/// checkpoint, leaving its pages to be read here).
+fn copy_weights(gpu: &Gpu, jobs: &weights::Jobs<'_>) -> Result<()> {
+    let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "load_weights",
+        format = "device", mode = "pinned", device = %gpu.device, bytes = tracing::field::Empty,
+        gb_per_s = tracing::field::Empty, lanes = tracing::field::Empty,
+        pieces = tracing::field::Empty);
+    let _e = span.enter();
+    // SAFETY: every job's destination is a buffer of the planned weights, alive (owned by the
+    // caller) until this returns; the jobs' regions are distinct buffers.
+    #[allow(unsafe_code)]
+    let stats = unsafe { gpu.upload_jobs(jobs) }.map_err(gpu_error)?;
+    span.record("bytes", stats.bytes as i64);
+    span.record(
+        "gb_per_s",
+        stats.bytes as f64 / stats.seconds.max(1e-9) / 1e9,
+    );
+    span.record("lanes", stats.lanes as i64);
+    span.record("pieces", stats.pieces as i64);
+    Ok(())
 }
 
 /// `shape`'s random weights made on `gpu`: the `load_weights` phase of `--load-format dummy`

@@ -2,6 +2,12 @@
 //! read the same input fused at load: q, k and v into one `[q + 2·kv, hidden]` matrix, gate
 //! and up into one `[2·ffn, hidden]`, so each is one cuBLAS call.
 //!
+//! Copying is planned, then run in one go: [`GpuWeights::upload`] allocates every device
+//! buffer and describes each matrix's bytes as an [`UploadJob`] (which rows of which host
+//! tensors, converted how); the caller then runs all the jobs through the pinned, multi-lane
+//! uploader (`Gpu::upload_jobs`), so reading the checkpoint, converting and copying overlap
+//! across the whole model rather than tensor by tensor.
+//!
 //! F16 and BF16 tensors of the checkpoint's own type go over as they are mapped; any other
 //! weight-only quantized matrix (RTN or GPTQ codes, GGUF Q8_0/Q4_0 repacked exactly) stays
 //! quantized for the quantized kernels; any other storage (GGUF Q4_1/K-quants, the other
@@ -13,11 +19,11 @@ use cudarc::driver::CudaSlice;
 use ferrite_kernels::cpu::matmul::Weight;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cuda::ops::Dtype;
+use ferrite_kernels::cuda::upload::{Fill, UploadJob};
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
 use ferrite_kernels::wq::{WqFormat, WqMatrix};
-use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
@@ -31,6 +37,10 @@ pub(crate) struct DeviceTensor {
     pub ptr: DevPtr,
     pub len: usize,
 }
+
+/// The copies a planned upload still has to run: their destinations are buffers of the
+/// tensors planned with them.
+pub(crate) type Jobs<'a> = Vec<UploadJob<'a>>;
 
 impl DeviceTensor {
     fn upload(gpu: &Gpu, host: &[u16]) -> Result<Self> {
@@ -69,48 +79,85 @@ impl DeviceTensor {
         Self::upload(gpu, &bits)
     }
 
-    /// Several matrices of the same width stacked row-wise (a fused projection).
-    pub fn stacked(gpu: &Gpu, dtype: Dtype, parts: &[&Matrix]) -> Result<Self> {
+    /// Several matrices of the same width stacked row-wise (a fused projection), allocated
+    /// now and converted to `dtype` row by row when `jobs` run.
+    pub fn stacked<'a>(
+        gpu: &Gpu,
+        dtype: Dtype,
+        parts: &[&'a Matrix],
+        jobs: &mut Jobs<'a>,
+    ) -> Result<Self> {
         let cols = parts.first().map_or(0, |m| m.cols);
         let rows: usize = parts.iter().map(|m| m.rows).sum();
-        let mut host = vec![0u16; rows * cols];
-        let mut rest = host.as_mut_slice();
-        for m in parts {
-            let (head, tail) = rest.split_at_mut(m.rows * cols);
-            fill(m, dtype, head);
-            rest = tail;
+        let parts = parts.to_vec();
+        let fill: Fill<'a> =
+            Box::new(move |offset, out| fill_rows(&parts, dtype, offset / (2 * cols), out));
+        Self::planned(gpu, rows * cols, 2 * cols, fill, jobs)
+    }
+
+    /// An `n`-element tensor allocated now, whose bytes `fill` writes (in pieces of whole
+    /// `row_bytes`) when `jobs` run.
+    fn planned<'a>(
+        gpu: &Gpu,
+        n: usize,
+        row_bytes: usize,
+        fill: Fill<'a>,
+        jobs: &mut Jobs<'a>,
+    ) -> Result<Self> {
+        let buf = gpu.zeros::<u16>(n).map_err(gpu_error)?;
+        let ptr = gpu.ptr(&buf);
+        if n > 0 && row_bytes > 0 {
+            jobs.push(UploadJob {
+                dst: ptr,
+                bytes: 2 * n,
+                unit: row_bytes,
+                fill,
+            });
         }
-        Self::upload(gpu, &host)
+        Ok(Self {
+            _buf: buf,
+            ptr,
+            len: n,
+        })
     }
 }
 
-/// `m`'s elements as `dtype` bits into `out` (`rows * cols`).
-fn fill(m: &Matrix, dtype: Dtype, out: &mut [u16]) {
-    let same_type = matches!(
-        (m.view(), dtype),
-        (Weight::Ggml(v), Dtype::F16) if v.ty == GgmlType::F16
-    ) || matches!(
-        (m.view(), dtype),
-        (Weight::Ggml(v), Dtype::Bf16) if v.ty == GgmlType::BF16
-    );
-    let cols = m.cols.max(1);
-    if same_type && let Weight::Ggml(v) = m.view() {
-        out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
-            for (o, b) in row.iter_mut().zip(v.row(i).chunks_exact(2)) {
-                *o = u16::from_le_bytes([b[0], b[1]]);
-            }
-        });
+/// Rows `first..` of `parts` stacked, as little-endian `dtype` values, into `out` (a whole
+/// number of rows): the checkpoint's bytes as they are where its type is `dtype`, else each
+/// row dequantized and rounded.
+fn fill_rows(parts: &[&Matrix], dtype: Dtype, first: usize, out: &mut [u8]) {
+    let Some(cols) = parts.first().map(|m| m.cols).filter(|&c| c > 0) else {
         return;
-    }
-    out.par_chunks_mut(cols).enumerate().for_each_init(
-        || vec![0f32; cols],
-        |row_f32, (i, row)| {
-            m.dequantize_row(i, row_f32);
-            for (o, &x) in row.iter_mut().zip(row_f32.iter()) {
-                *o = dtype.bits_of(x);
+    };
+    let mut row_f32 = Vec::new();
+    for (k, row) in out.chunks_exact_mut(2 * cols).enumerate() {
+        let (mut m, mut i) = (parts[0], first + k);
+        for p in parts {
+            m = p;
+            if i < p.rows {
+                break;
             }
-        },
-    );
+            i -= p.rows;
+        }
+        match m.view() {
+            Weight::Ggml(v) if v.ty == dtype_ggml(dtype) => row.copy_from_slice(v.row(i)),
+            _ => {
+                row_f32.resize(cols, 0.0);
+                m.dequantize_row(i, &mut row_f32);
+                for (o, &x) in row.chunks_exact_mut(2).zip(&row_f32) {
+                    o.copy_from_slice(&dtype.bits_of(x).to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// The GGUF/safetensors storage type that is `dtype` bit for bit.
+fn dtype_ggml(dtype: Dtype) -> GgmlType {
+    match dtype {
+        Dtype::F16 => GgmlType::F16,
+        Dtype::Bf16 => GgmlType::BF16,
+    }
 }
 
 /// A projection's weights on the device: dense in the model's 16-bit type, or weight-only
@@ -129,31 +176,40 @@ pub(crate) enum DeviceMatrix {
 
 impl DeviceMatrix {
     /// `parts` stacked row-wise: quantized when every part has the same weight-only format
-    /// and the kernels can read its rows, else dense.
-    pub fn upload(gpu: &Gpu, dtype: Dtype, parts: &[&Matrix]) -> Result<Self> {
+    /// and the kernels can read its rows, else dense. The large buffers (dense values, codes)
+    /// are allocated now and filled when `jobs` run.
+    pub fn upload<'a>(
+        gpu: &Gpu,
+        dtype: Dtype,
+        parts: &[&'a Matrix],
+        jobs: &mut Jobs<'a>,
+    ) -> Result<Self> {
         let wq: Option<Vec<_>> = parts.iter().map(|m| m.as_wq()).collect();
         let stacked =
             wq.and_then(|w| WqMatrix::stack(&w.iter().map(|c| c.as_ref()).collect::<Vec<_>>()));
         let Some(m) = stacked.filter(|m| check_layout(&m.format(), m.cols()).is_ok()) else {
-            return DeviceTensor::stacked(gpu, dtype, parts).map(Self::Dense);
+            return DeviceTensor::stacked(gpu, dtype, parts, jobs).map(Self::Dense);
         };
         let f = m.format();
-        let codes = gpu.upload(m.packed_codes()).map_err(gpu_error)?;
         let scales = DeviceTensor::from_f32(gpu, dtype, m.scales())?;
         let zeros = if f.zero_point {
             Some(gpu.upload(&m.zeros()).map_err(gpu_error)?)
         } else {
             None
         };
-        Ok(Self::quantized(
-            gpu,
-            f,
-            m.rows(),
-            m.cols(),
-            codes,
-            scales,
-            zeros,
-        ))
+        let (rows, cols) = (m.rows(), m.cols());
+        let codes = gpu.zeros::<u8>(m.packed_codes().len()).map_err(gpu_error)?;
+        if !m.packed_codes().is_empty() {
+            jobs.push(UploadJob {
+                dst: gpu.ptr(&codes),
+                bytes: m.packed_codes().len(),
+                unit: 1,
+                fill: Box::new(move |offset, out| {
+                    out.copy_from_slice(&m.packed_codes()[offset..offset + out.len()]);
+                }),
+            });
+        }
+        Ok(Self::quantized(gpu, f, rows, cols, codes, scales, zeros))
     }
 
     /// A quantized matrix of `format` over its device buffers.
@@ -282,10 +338,13 @@ pub(crate) struct GpuWeights {
 }
 
 impl GpuWeights {
-    /// Copies `model`'s weights to `gpu` as `dtype`.
-    pub fn upload(gpu: Arc<Gpu>, dtype: Dtype, model: &LlamaModel) -> Result<Self> {
+    /// `model`'s weights on `gpu` as `dtype`: every buffer allocated (the small vectors
+    /// already copied), and the jobs that copy the matrices, to be run by
+    /// `Gpu::upload_jobs` before the weights are used.
+    pub fn upload(gpu: Arc<Gpu>, dtype: Dtype, model: &LlamaModel) -> Result<(Self, Jobs<'_>)> {
         let cfg = model.cfg.clone();
         let g = gpu.as_ref();
+        let mut jobs = Vec::new();
         let vec = |v: &[f32]| DeviceTensor::from_f32(g, dtype, v);
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
@@ -301,26 +360,32 @@ impl GpuWeights {
             };
             let layer = GpuLayer {
                 attn_norm: vec(&l.attn_norm)?,
-                qkv: DeviceMatrix::upload(g, dtype, &[&l.q, &l.k, &l.v])?,
+                qkv: DeviceMatrix::upload(g, dtype, &[&l.q, &l.k, &l.v], &mut jobs)?,
                 qkv_bias,
                 qk_norm: pair(&l.qk_norm)?,
-                o: DeviceMatrix::upload(g, dtype, &[&l.o])?,
+                o: DeviceMatrix::upload(g, dtype, &[&l.o], &mut jobs)?,
                 post_norms: pair(&l.post_norms)?,
                 ffn_norm: vec(&l.ffn_norm)?,
-                gate_up: DeviceMatrix::upload(g, dtype, &[&l.gate, &l.up])?,
-                down: DeviceMatrix::upload(g, dtype, &[&l.down])?,
+                gate_up: DeviceMatrix::upload(g, dtype, &[&l.gate, &l.up], &mut jobs)?,
+                down: DeviceMatrix::upload(g, dtype, &[&l.down], &mut jobs)?,
             };
             layers.push(layer);
         }
-        let embed = DeviceTensor::stacked(g, dtype, &[&model.embed])?;
+        let embed = DeviceTensor::stacked(g, dtype, &[&model.embed], &mut jobs)?;
         let tied = model.lm_head.same_storage(&model.embed);
         let lm_head = if tied {
             None
         } else {
-            Some(DeviceTensor::stacked(g, dtype, &[&model.lm_head])?)
+            Some(DeviceTensor::stacked(
+                g,
+                dtype,
+                &[&model.lm_head],
+                &mut jobs,
+            )?)
         };
         let norm = vec(&model.norm)?;
-        Self::assemble(gpu, dtype, cfg, &model.rope, [embed, norm], lm_head, layers)
+        let w = Self::assemble(gpu, dtype, cfg, &model.rope, [embed, norm], lm_head, layers)?;
+        Ok((w, jobs))
     }
 
     /// Random weights of `cfg`'s shape made on the device (`quantize`: the layers'
@@ -446,5 +511,90 @@ pub fn default_dtype(model: &EngineModel) -> Dtype {
             _ => Dtype::F16,
         },
         EngineModel::DeviceRandom(_) => Dtype::F16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::{TensorEntry, TensorMap};
+    use ferrite_kernels::cuda::upload::pieces;
+    use ferrite_kernels::mapped::MappedFile;
+
+    /// An F16 `[3, 8]`, an F32 `[5, 8]` and a BF16 `[2, 8]` matrix in one in-memory file.
+    fn three_matrices() -> Vec<Matrix> {
+        let value = |i: usize| (i as f32 * 0.37).sin() * 3.0;
+        let parts = [
+            (GgmlType::F16, 3, 2),
+            (GgmlType::F32, 5, 4),
+            (GgmlType::BF16, 2, 2),
+        ];
+        let mut bytes = Vec::new();
+        let mut map_entries = Vec::new();
+        for (k, &(ty, rows, size)) in parts.iter().enumerate() {
+            let start = bytes.len();
+            for i in 0..rows * 8 {
+                let x = value(100 * k + i);
+                match ty {
+                    GgmlType::F16 => bytes.extend(half::f16::from_f32(x).to_le_bytes()),
+                    GgmlType::BF16 => bytes.extend(half::bf16::from_f32(x).to_le_bytes()),
+                    _ => bytes.extend(x.to_le_bytes()),
+                }
+            }
+            assert_eq!(bytes.len() - start, rows * 8 * size);
+            let entry = TensorEntry {
+                ty,
+                shape: vec![rows, 8],
+                file: 0,
+                start,
+                end: bytes.len(),
+            };
+            map_entries.push((format!("m{k}"), entry));
+        }
+        let mut map = TensorMap::new(vec![Arc::new(MappedFile::from_vec(bytes))]);
+        for (name, entry) in map_entries {
+            map.insert(name, entry);
+        }
+        (0..3)
+            .map(|k| map.matrix(&format!("m{k}")).expect("matrix"))
+            .collect()
+    }
+
+    /// The stacked rows a fused upload writes, filled piece by piece as the uploader cuts
+    /// them (pieces that straddle the parts' boundaries), are each part's rows converted to
+    /// the device type; rows already of that type are copied bit for bit.
+    #[test]
+    fn stacked_rows_fill_in_pieces_across_parts() {
+        let m = three_matrices();
+        let parts: Vec<&Matrix> = m.iter().collect();
+        let cols = 8;
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            let mut want = Vec::new();
+            let mut row = vec![0f32; cols];
+            for p in &parts {
+                for i in 0..p.rows {
+                    p.dequantize_row(i, &mut row);
+                    want.extend(row.iter().flat_map(|&x| dtype.bits_of(x).to_le_bytes()));
+                }
+            }
+            let total = want.len();
+            let mut got = vec![0u8; total];
+            // Three rows per piece: pieces start inside the first and second parts.
+            for (_, offset, n) in pieces(&[(total, 2 * cols)], 3 * 2 * cols).expect("pieces") {
+                fill_rows(
+                    &parts,
+                    dtype,
+                    offset / (2 * cols),
+                    &mut got[offset..offset + n],
+                );
+            }
+            assert_eq!(got, want, "{}", dtype.name());
+            let same = if dtype == Dtype::F16 { 0 } else { 2 };
+            let Weight::Ggml(v) = parts[same].view() else {
+                panic!("a mapped matrix")
+            };
+            let at = if same == 0 { 0 } else { 8 * 2 * cols };
+            assert_eq!(&got[at..at + 2 * cols], v.row(0), "copied as stored");
+        }
     }
 }

@@ -109,6 +109,10 @@ pub fn device_random_shape(
 pub struct LoadOptions {
     /// Quantize the layers' projections by round-to-nearest to this format (`--quantize`).
     pub quantize: Option<WqFormat>,
+    /// Leave the checkpoint's pages to whoever reads the weights next instead of reading them
+    /// all in `load_weights`: set for a GPU, whose upload streams every byte anyway (reading
+    /// them first would read the checkpoint twice).
+    pub lazy_pages: bool,
 }
 
 /// A model of a preset's shape with random weights and no tokenizer (`--load-format dummy`),
@@ -203,11 +207,16 @@ fn record_config(span: &tracing::Span, cfg: &ModelConfig) {
 }
 
 /// The `load_weights` phase: every byte of the checkpoint in memory, so that neither the
-/// warm-up nor the first request pays for page faults. Returns the tensor bytes.
-fn load_weights(tensors: &TensorMap, format: &'static str) -> usize {
+/// warm-up nor the first request pays for page faults (unless `lazy`: see
+/// [`LoadOptions::lazy_pages`]). Returns the tensor bytes.
+fn load_weights(tensors: &TensorMap, format: &'static str, lazy: bool) -> usize {
     let span = tracing::info_span!(target: STARTUP_TARGET, "load_weights", format,
-        mode = "mmap", bytes = Empty, tensors = tensors.len() as i64, gb_per_s = Empty);
+        mode = if lazy { "mmap-lazy" } else { "mmap" }, bytes = Empty,
+        tensors = tensors.len() as i64, gb_per_s = Empty);
     let _entered = span.enter();
+    if lazy {
+        return tensors.total_bytes();
+    }
     let start = Instant::now();
     let mapped = tensors.load_pages();
     let secs = start.elapsed().as_secs_f64();
@@ -258,7 +267,7 @@ fn load_gguf(
             .entered();
         Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?
     };
-    let bytes = load_weights(&gguf.tensors, "gguf");
+    let bytes = load_weights(&gguf.tensors, "gguf", options.lazy_pages);
     let model = model_init(&gguf.tensors, WeightNaming::Gguf, cfg, options)?;
     Ok((model, Some(tokenizer), WeightFormat::Gguf, bytes))
 }
@@ -344,7 +353,7 @@ fn load_hf_dir(
         Err(_) => None,
     };
     drop(tokenizer_span);
-    let bytes = load_weights(&tensors, "safetensors");
+    let bytes = load_weights(&tensors, "safetensors", options.lazy_pages);
     let model = model_init(&tensors, WeightNaming::HuggingFace, cfg, options)?;
     Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
 }
