@@ -1,14 +1,23 @@
 //! `ferrite bench forward`: forward-pass time of the Transformer LMs of seed 002 (dummy
 //! weights of each size), batch 4, per context length and number of warm-up passes, in the
-//! seed's Markdown table. Forward only (logits at every position, as a training-style forward
-//! computes them): ferrite serves, it does not train.
+//! seed's Markdown table. Forward only: ferrite serves, it does not train.
+//!
+//! On the CPU the pass computes the logits at every position, as a training-style forward
+//! does. On a GPU (`--device cuda`) it is the engine's prefill step over random weights made
+//! on the device: the whole prompt through every layer (eagerly, as prefill runs), with the LM
+//! head on each sequence's last position, as serving computes it — the LM head over all
+//! positions would add one GEMM of `tokens × d_model × vocab`, a few percent of the pass.
 
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
+use ferrite_engine::config::ModelConfig;
 use ferrite_engine::eval::BatchForward;
-use ferrite_engine::model::{self, LoadOptions, LogitsWanted};
+use ferrite_engine::gpu::{self, GpuOptions, StepLimits};
+use ferrite_engine::model::{self, LoadOptions, LogitsWanted, SeqChunk, presets};
+use ferrite_kernels::cuda::ops::Dtype;
+use ferrite_kernels::device::{self, Device, DeviceRequest};
 use serde_json::json;
 
 #[derive(Debug, Args)]
@@ -29,8 +38,71 @@ pub struct ForwardArgs {
     warmups: Vec<usize>,
     #[arg(long, default_value_t = 10)]
     trials: usize,
+    /// cpu, or cuda[:N] (f16, random weights made on the device).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceRequest,
     #[arg(long)]
     json: bool,
+}
+
+/// A model to time: dummy weights in host memory, or a GPU runner over random weights made
+/// on the device.
+enum Model {
+    Cpu(Box<model::LlamaModel>),
+    Cuda(Box<gpu::GpuRunner>),
+}
+
+const BLOCK: usize = 16;
+
+/// The preset `size` on `device`, with room for `batch` sequences of up to `max_ctx` tokens.
+fn load(size: &str, device: &Device, batch: usize, max_ctx: usize) -> Result<(Model, ModelConfig)> {
+    match device {
+        Device::Cpu => {
+            let loaded = model::load_dummy(size, 0, LoadOptions::default())?;
+            let c = loaded.model.config().clone();
+            Ok((Model::Cpu(Box::new(loaded.model)), c))
+        }
+        Device::Cuda(d) => {
+            let gpu = crate::loading::open_gpu(d.ordinal)?;
+            let cfg = presets::preset(size)?.config()?;
+            let limits = StepLimits {
+                max_tokens: batch * max_ctx,
+                max_seqs: batch,
+                max_model_len: max_ctx,
+                block_size: BLOCK,
+            };
+            let opts = GpuOptions {
+                dtype: Dtype::F16,
+                memory_utilization: 1.0,
+                cuda_graphs: false,
+            };
+            let blocks = batch * max_ctx.div_ceil(BLOCK);
+            let runner = gpu::dummy_runner(gpu, &cfg, opts, None, limits, blocks)
+                .with_context(|| format!("{size} on {d}"))?;
+            Ok((Model::Cuda(Box::new(runner)), cfg))
+        }
+    }
+}
+
+/// One prefill step of `seqs` on the GPU, each sequence in its own KV blocks (returns once the
+/// last positions' logits are on the host).
+fn gpu_prefill(runner: &mut gpu::GpuRunner, seqs: &[&[u32]], max_ctx: usize) -> Result<()> {
+    let per_seq = max_ctx.div_ceil(BLOCK) as u32;
+    let tables: Vec<Vec<u32>> = (0..seqs.len() as u32)
+        .map(|s| (s * per_seq..(s + 1) * per_seq).collect())
+        .collect();
+    let chunks: Vec<SeqChunk<'_>> = seqs
+        .iter()
+        .zip(&tables)
+        .map(|(tokens, table)| SeqChunk {
+            tokens,
+            start_pos: 0,
+            block_table: table,
+            logits: LogitsWanted::Last,
+        })
+        .collect();
+    runner.forward(&chunks)?;
+    Ok(())
 }
 
 pub fn run(args: ForwardArgs) -> Result<()> {
@@ -50,12 +122,19 @@ pub fn run(args: ForwardArgs) -> Result<()> {
         "mean_time_ms",
         "std_time_ms",
     ];
+    let (device, _) = device::select(args.device)?;
+    let max_ctx = args.contexts.iter().copied().max().unwrap_or(1);
     let mut rows = Vec::new();
     for size in &args.sizes {
-        let loaded = model::load_dummy(size, 0, LoadOptions::default())?;
-        let c = loaded.model.config().clone();
+        let (mut model, c) = load(size, &device, args.batch_size, max_ctx)?;
         for &ctx in &args.contexts {
-            let mut runner = BatchForward::new(&loaded.model, args.batch_size, ctx)?;
+            let mut pass: Box<dyn FnMut(&[&[u32]]) -> Result<()>> = match &mut model {
+                Model::Cpu(m) => {
+                    let mut f = BatchForward::new(m, args.batch_size, ctx)?;
+                    Box::new(move |seqs| Ok(f.run(seqs, LogitsWanted::All).map(drop)?))
+                }
+                Model::Cuda(runner) => Box::new(|seqs| gpu_prefill(runner, seqs, max_ctx)),
+            };
             let prompts: Vec<Vec<u32>> = (0..args.batch_size)
                 .map(|b| {
                     (0..ctx)
@@ -66,12 +145,12 @@ pub fn run(args: ForwardArgs) -> Result<()> {
             let seqs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
             for &warmups in &args.warmups {
                 for _ in 0..warmups {
-                    runner.run(&seqs, LogitsWanted::All)?;
+                    pass(&seqs)?;
                 }
                 let times: Vec<f64> = (0..args.trials)
                     .map(|_| {
                         let t = Instant::now();
-                        runner.run(&seqs, LogitsWanted::All)?;
+                        pass(&seqs)?;
                         Ok(t.elapsed().as_secs_f64() * 1e3)
                     })
                     .collect::<Result<_>>()?;

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{ferrite, stdout_of};
+use common::{ferrite, json_of, stdout_of};
 
 #[test]
 fn quantize_writes_a_gptq_checkpoint_and_refuses_bad_arguments() {
@@ -141,4 +141,38 @@ fn bench_forward_prints_the_seed_table() {
         lines[2].starts_with("| small      |     768 |             16 |"),
         "{text}"
     );
+}
+
+/// `bench forward --device cuda` times prefill steps on the GPU over random weights made
+/// there: on the GPU host it prints the seed's rows; elsewhere it is refused clearly.
+#[test]
+fn bench_forward_on_cuda_runs_or_is_refused_clearly() {
+    let out = ferrite(&[
+        "bench",
+        "forward",
+        "--device",
+        "cuda",
+        "--sizes",
+        "small",
+        "--contexts",
+        "16,32",
+        "--warmups",
+        "1",
+        "--trials",
+        "2",
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        let rows = json_of(&out);
+        let rows = rows.as_array().expect("rows");
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        for r in rows {
+            assert!(r["mean_time_ms"].as_f64().is_some_and(|t| t > 0.0), "{r}");
+        }
+    } else {
+        assert!(!out.status.success(), "ran without a GPU: {err}");
+        assert!(err.contains("use --device cpu"), "{err}");
+    }
 }
