@@ -54,6 +54,9 @@ enum Model {
 
 const BLOCK: usize = 16;
 
+/// One timed pass over a batch of prompts.
+type PassFn<'a> = dyn FnMut(&[&[u32]]) -> Result<()> + 'a;
+
 /// The preset `size` on `device`, with room for `batch` sequences of up to `max_ctx` tokens.
 fn load(size: &str, device: &Device, batch: usize, max_ctx: usize) -> Result<(Model, ModelConfig)> {
     match device {
@@ -128,7 +131,7 @@ pub fn run(args: ForwardArgs) -> Result<()> {
     for size in &args.sizes {
         let (mut model, c) = load(size, &device, args.batch_size, max_ctx)?;
         for &ctx in &args.contexts {
-            let mut pass: Box<dyn FnMut(&[&[u32]]) -> Result<()>> = match &mut model {
+            let mut pass: Box<PassFn<'_>> = match &mut model {
                 Model::Cpu(m) => {
                     let mut f = BatchForward::new(m, args.batch_size, ctx)?;
                     Box::new(move |seqs| Ok(f.run(seqs, LogitsWanted::All).map(drop)?))
