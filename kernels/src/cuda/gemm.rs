@@ -1,7 +1,8 @@
 //! Dense projections through cuBLAS: `y[m, n] = x[m, k] · W[n, k]ᵀ`, the linear layer with
 //! weights as checkpoints store them (`[out_features, in_features]`, row-major), f16 or bf16
 //! operands, f32 accumulation, and a 16-bit or f32 result (f32 for logits, so sampling sees
-//! them unrounded).
+//! them unrounded). [`Gpu::linear_add`] adds the product to what the result holds instead (the
+//! minimums' correction of `wq_mins`).
 //!
 //! cuBLAS is column-major; a row-major `[r, c]` matrix is the column-major `[c, r]` one. So
 //! `yᵀ (n × m) = W (n × k, stored as k × n, transposed) · xᵀ (k × m)`: `transa = T`,
@@ -37,6 +38,15 @@ pub struct Linear {
     pub out_stride: usize,
 }
 
+/// Where a product goes and how it meets what is there: `alpha · product + beta · out`.
+#[derive(Debug, Clone, Copy)]
+struct Output {
+    ptr: DevPtr,
+    ty: OutType,
+    alpha: f32,
+    beta: f32,
+}
+
 fn cuda_type(dtype: Dtype) -> cudaDataType_t {
     match dtype {
         Dtype::F16 => cudaDataType_t::CUDA_R_16F,
@@ -60,6 +70,59 @@ impl Gpu {
         w: DevPtr,
         shape: Linear,
     ) -> Result<(), CudaError> {
+        let c = Output {
+            ptr: out,
+            ty: out_type,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        // SAFETY: the caller's contract is this one's.
+        unsafe { self.gemm(dtype, c, x, w, shape) }
+    }
+
+    /// `out += alpha · x · wᵀ` (see [`Linear`]) with `out` of the operands' type: the
+    /// product accumulated in f32 onto what `out` holds, rounded once (a correction added to a
+    /// projection's result).
+    ///
+    /// # Safety
+    /// As [`Self::linear`].
+    pub unsafe fn linear_add(
+        &self,
+        dtype: Dtype,
+        out: DevPtr,
+        x: DevPtr,
+        w: DevPtr,
+        shape: Linear,
+        alpha: f32,
+    ) -> Result<(), CudaError> {
+        let c = Output {
+            ptr: out,
+            ty: OutType::Same,
+            alpha,
+            beta: 1.0,
+        };
+        // SAFETY: the caller's contract is this one's.
+        unsafe { self.gemm(dtype, c, x, w, shape) }
+    }
+
+    /// `c.ptr = c.alpha · x · wᵀ + c.beta · c.ptr`.
+    ///
+    /// # Safety
+    /// As [`Self::linear`].
+    unsafe fn gemm(
+        &self,
+        dtype: Dtype,
+        c: Output,
+        x: DevPtr,
+        w: DevPtr,
+        shape: Linear,
+    ) -> Result<(), CudaError> {
+        let Output {
+            ptr: out,
+            ty: out_type,
+            alpha,
+            beta,
+        } = c;
         let Linear {
             m,
             n,
@@ -75,7 +138,6 @@ impl Gpu {
         if m == 0 || n == 0 || k == 0 {
             return Ok(());
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
         let c_type = match out_type {
             OutType::Same => cuda_type(dtype),
             OutType::F32 => cudaDataType_t::CUDA_R_32F,

@@ -26,6 +26,10 @@ pub mod sources;
 pub mod upload;
 #[allow(unsafe_code)]
 pub mod wq;
+#[allow(unsafe_code)]
+pub mod wq_mins;
+#[allow(unsafe_code)]
+pub mod wq_mma;
 
 pub use cache::{KernelCache, ModuleBuild, default_cache_dir};
 pub use gpu::{Arg, DevPtr, Gpu};

@@ -22,6 +22,7 @@ macro_rules! module {
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../cuda/common.cuh")),
     ("mma.cuh", include_str!("../../cuda/mma.cuh")),
+    ("wq_common.cuh", include_str!("../../cuda/wq_common.cuh")),
 ];
 
 /// Every module ferrite loads on a CUDA device.
@@ -37,4 +38,6 @@ pub const MODULES: &[KernelSource] = &[
     module!("rope"),
     module!("sampling"),
     module!("wq_gemv"),
+    module!("wq_mins"),
+    module!("wq_mma"),
 ];

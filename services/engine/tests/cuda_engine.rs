@@ -6,6 +6,11 @@
 //! (bf16); and a context the GPU's memory cannot hold is
 //! refused with the flag to change.
 //!
+//! The default model's projections are GGUF Q4_1, which stay quantized on the GPU (repacked to
+//! 4-bit codes plus per-group minimums, `wq::gguf`), so these comparisons run the quantized
+//! kernels and the minimums' correction (`wq_mins`), in decode (GEMV up to 8 sequences, the
+//! tensor-core GEMM `wq_mma` for the ten together) and prefill chunks (`wq_mma`) alike.
+//!
 //! Without a CUDA device these tests say so and pass, unless `FERRITE_REQUIRE_CUDA=1` (set it
 //! on the GPU host, so they cannot silently skip there).
 
@@ -246,9 +251,9 @@ fn a_random_checkpoint_matches_pytorch_on_the_gpu() {
     }
 }
 
-/// Weight-only quantized projections on the GPU's quantized kernels (GEMV up to 8 rows,
-/// dequantize-then-cuBLAS above: the ten prompts decode together) against the CPU running
-/// the same codes.
+/// Weight-only quantized projections on the GPU's quantized kernels (GEMV up to 8 rows, the
+/// tensor-core GEMM above: the ten prompts decode together, prefill chunks are up to 128
+/// tokens) against the CPU running the same codes.
 #[test]
 fn quantized_weights_generate_the_cpus_greedy_tokens() {
     let Some(gpu) = gpu("quantized_weights_generate_the_cpus_greedy_tokens") else {

@@ -15,7 +15,8 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
 use ferrite_kernels::cuda::gemm::{Linear, OutType};
 use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
-use ferrite_kernels::cuda::wq::GEMV_MAX_M;
+use ferrite_kernels::cuda::wq_mins::WqMins;
+use ferrite_kernels::cuda::wq_mma::MMA_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 
 use super::weights::{DeviceMatrix, GpuWeights, gpu_error};
@@ -96,8 +97,11 @@ pub struct GpuRunner {
     n_parts: usize,
     /// Captured decode steps by padded batch size.
     graphs: BTreeMap<usize, Graph>,
-    /// Room for the largest quantized matrix dequantized (batches above the GEMV's 8 rows).
+    /// Room for the largest quantized matrix dequantized (steps of more rows than the
+    /// tensor-core kernel takes; `None` when the token budget never exceeds it).
     dequantized: Option<Buf<u16>>,
+    /// Room for the group means of a step's activations, for matrices with minimums.
+    means: Option<Buf<u16>>,
 }
 
 impl std::fmt::Debug for GpuRunner {
@@ -119,7 +123,9 @@ impl GpuRunner {
         let g = gpu.as_ref();
         let (t, s) = (limits.max_tokens, limits.max_seqs);
         let qkv_w = c.q_dim() + 2 * c.kv_dim();
-        let n_parts = limits.max_model_len.div_ceil(DECODE_PARTITION);
+        // Partitions over every position a block table can address (whole blocks past
+        // max_model_len included), so no key falls beyond the last partition.
+        let n_parts = (limits.max_blocks() * limits.block_size).div_ceil(DECODE_PARTITION);
         let (po, pm) = DecodeScratch::sizes(s, c.num_heads, c.head_dim, n_parts);
         let slots = num_blocks * limits.block_size * c.kv_dim();
         let kv = DeviceKv {
@@ -137,9 +143,22 @@ impl GpuRunner {
             .flat_map(|l| l.matrices())
             .map(DeviceMatrix::dequantized_len)
             .max();
+        // Only a step of more rows than the tensor-core kernel takes dequantizes (prefill
+        // chunks above MMA_MAX_M tokens): no scratch matrix when the token budget stays below.
         let dequantized = match largest {
-            Some(n) if n > 0 => Some(alloc(g, n)?),
+            Some(n) if n > 0 && t > MMA_MAX_M => Some(alloc(g, n)?),
             _ => None,
+        };
+        let means_per_row = w
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .map(DeviceMatrix::means_per_row)
+            .max()
+            .unwrap_or(0);
+        let means = match means_per_row {
+            0 => None,
+            n => Some(alloc(g, t * n)?),
         };
         let logits = g.zeros::<f32>(s * c.vocab_size).map_err(gpu_error)?;
         Ok(Self {
@@ -164,13 +183,16 @@ impl GpuRunner {
             n_parts,
             graphs: BTreeMap::new(),
             dequantized,
+            means,
             w,
         })
     }
 
     /// Replaces the KV cache with one of `num_blocks` blocks (the old one is freed first, so
-    /// its memory counts toward the new one). Its contents are lost.
+    /// its memory counts toward the new one). Its contents are lost, and so are the captured
+    /// graphs (they hold the old buffers' addresses): capture again after.
     pub fn resize_kv(&mut self, num_blocks: usize) -> Result<()> {
+        self.graphs.clear();
         let c = &self.w.cfg;
         let g = self.w.gpu.clone();
         let slots = num_blocks * self.limits.block_size * c.kv_dim();
@@ -628,8 +650,10 @@ unsafe impl Send for Graph {}
 
 impl GpuRunner {
     /// `out = x · Wᵀ` through whichever kernel `w`'s storage takes: cuBLAS for dense
-    /// weights; for quantized ones the GEMV kernel up to 8 rows of `x`, and above that the
-    /// matrix dequantized into the scratch buffer, then cuBLAS.
+    /// weights; for quantized ones the kernel `WqKernel::choose` picks by rows of `x` (the
+    /// GEMV up to 8, the tensor-core GEMM up to 256, above that the matrix dequantized into
+    /// the scratch buffer, then cuBLAS); then, for a matrix with minimums, their correction
+    /// (group means of `x` into the `means` scratch, added by cuBLAS).
     ///
     /// # Safety
     /// As [`Gpu::linear`]; `shape` is contiguous (strides `k` and `n`).
@@ -643,20 +667,26 @@ impl GpuRunner {
         shape: Linear,
     ) -> Result<(), ferrite_kernels::cuda::CudaError> {
         let dt = self.w.dtype;
+        let scratch = |buf: &Option<Buf<u16>>, what: &str| {
+            buf.as_ref().map(|b| b.ptr).ok_or_else(|| {
+                ferrite_kernels::cuda::CudaError::Driver(format!("no {what} buffer"))
+            })
+        };
         unsafe {
-            match w {
-                DeviceMatrix::Dense(t) => g.linear(dt, OutType::Same, out, x, t.ptr, shape),
-                DeviceMatrix::Quantized { w, .. } if shape.m <= GEMV_MAX_M => {
-                    g.wq_gemv(dt, out, x, w, shape.m)
-                }
-                DeviceMatrix::Quantized { w, .. } => {
-                    let dense = self.dequantized.as_ref().map(|b| b.ptr).ok_or_else(|| {
-                        ferrite_kernels::cuda::CudaError::Driver("no dequantization buffer".into())
-                    })?;
-                    g.wq_dequant(dt, dense, w)?;
-                    g.linear(dt, OutType::Same, out, x, dense, shape)
-                }
+            let (w, mins) = match w {
+                DeviceMatrix::Dense(t) => return g.linear(dt, OutType::Same, out, x, t.ptr, shape),
+                DeviceMatrix::Quantized { w, mins, .. } => (w, mins),
+            };
+            let dense = self.dequantized.as_ref().map_or(DevPtr::NULL, |b| b.ptr);
+            g.wq_matmul(dt, out, x, w, shape.m, dense)?;
+            if let Some(mins) = mins {
+                let m = WqMins {
+                    mins: mins.ptr,
+                    means: scratch(&self.means, "group means")?,
+                };
+                g.wq_add_mins(dt, out, x, w, &m, shape.m)?;
             }
+            Ok(())
         }
     }
 }

@@ -2,16 +2,17 @@
 //! read the same input fused at load: q, k and v into one `[q + 2·kv, hidden]` matrix, gate
 //! and up into one `[2·ffn, hidden]`, so each is one cuBLAS call.
 //!
-//! Copying is planned, then run in one go: [`GpuWeights::upload`] allocates every device
-//! buffer and describes each matrix's bytes as an [`UploadJob`] (which rows of which host
-//! tensors, converted how); the caller then runs all the jobs through the pinned, multi-lane
-//! uploader (`Gpu::upload_jobs`), so reading the checkpoint, converting and copying overlap
-//! across the whole model rather than tensor by tensor.
+//! Copying is planned, then run in one go: [`GpuWeights::upload`] prepares every matrix's host
+//! side in parallel (repacking GGUF blocks, stacking fused parts: [`HostMatrix`]), allocates
+//! every device buffer and describes each matrix's bytes as an [`UploadJob`] (which rows of
+//! which host tensors, converted how); the caller then runs all the jobs through the pinned,
+//! multi-lane uploader (`Gpu::upload_jobs`), so reading the checkpoint, converting and copying
+//! overlap across the whole model rather than tensor by tensor.
 //!
 //! F16 and BF16 tensors of the checkpoint's own type go over as they are mapped; any other
-//! weight-only quantized matrix (RTN or GPTQ codes, GGUF Q8_0/Q4_0 repacked exactly) stays
-//! quantized for the quantized kernels; any other storage (GGUF Q4_1/K-quants, the other
-//! 16-bit type) is dequantized row by row on the CPU first.
+//! weight-only quantized matrix (RTN or GPTQ codes, GGUF block types repacked with their
+//! per-group minimums) stays quantized for the quantized kernels; the other 16-bit type and
+//! F32 are converted row by row on the CPU first.
 
 use std::sync::Arc;
 
@@ -21,9 +22,12 @@ use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::upload::{Fill, UploadJob};
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
+use ferrite_kernels::cuda::wq_mins::means_len;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
-use ferrite_kernels::wq::{WqFormat, WqMatrix};
+use ferrite_kernels::wq::WqFormat;
+use ferrite_kernels::wq::gguf::GgufRepack;
+use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
@@ -160,9 +164,40 @@ fn dtype_ggml(dtype: Dtype) -> GgmlType {
     }
 }
 
+/// A projection's host side, made before any device work: `parts` stacked row-wise, minimums
+/// too, in the weight-only layout when every part has one, they stack (`GgufRepack::stack`:
+/// the same format up to the code width) and the kernels can read its rows; else the parts,
+/// converted row by row when copied.
+pub(crate) enum HostMatrix<'a> {
+    Dense(Vec<&'a Matrix>),
+    Quantized(GgufRepack),
+}
+
+impl<'a> HostMatrix<'a> {
+    /// Repacks or stacks `parts` (CPU work: GGUF blocks are rewritten code by code, which is
+    /// why the model's matrices are prepared in parallel).
+    pub fn prepare(parts: &[&'a Matrix]) -> Self {
+        let views: Option<Vec<_>> = parts.iter().map(|m| m.as_wq()).collect();
+        let stacked = views.and_then(|v| {
+            let parts: Vec<_> = v
+                .iter()
+                .map(|p| (p.matrix.as_ref(), p.mins.as_deref()))
+                .collect();
+            GgufRepack::stack(&parts)
+        });
+        let readable = |r: &GgufRepack| check_layout(&r.matrix.format(), r.matrix.cols()).is_ok();
+        match stacked.filter(readable) {
+            Some(r) => Self::Quantized(r),
+            None => Self::Dense(parts.to_vec()),
+        }
+    }
+}
+
 /// A projection's weights on the device: dense in the model's 16-bit type, or weight-only
-/// quantized codes (RTN/GPTQ matrices as they are, GGUF Q8_0/Q4_0 repacked) that the
+/// quantized codes (RTN/GPTQ matrices as they are, GGUF block types repacked) that the
 /// quantized kernels read.
+// Four per layer, made once at load and only ever borrowed: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum DeviceMatrix {
     Dense(DeviceTensor),
     Quantized {
@@ -170,28 +205,34 @@ pub(crate) enum DeviceMatrix {
         codes: CudaSlice<u8>,
         scales: DeviceTensor,
         zeros: Option<CudaSlice<u8>>,
+        /// Per-group minimums (`rows * groups`, the model's type) added after the quantized
+        /// product (GGUF Q4_1, Q4_K, Q5_K: `Gpu::wq_add_mins`).
+        mins: Option<DeviceTensor>,
         w: WqDevice,
     },
 }
 
 impl DeviceMatrix {
-    /// `parts` stacked row-wise: quantized when every part has the same weight-only format
-    /// and the kernels can read its rows, else dense. The large buffers (dense values, codes)
-    /// are allocated now and filled when `jobs` run.
+    /// `host` on the device. The large buffers (dense values, codes) are allocated now and
+    /// filled when `jobs` run.
     pub fn upload<'a>(
         gpu: &Gpu,
         dtype: Dtype,
-        parts: &[&'a Matrix],
+        host: HostMatrix<'a>,
         jobs: &mut Jobs<'a>,
     ) -> Result<Self> {
-        let wq: Option<Vec<_>> = parts.iter().map(|m| m.as_wq()).collect();
-        let stacked =
-            wq.and_then(|w| WqMatrix::stack(&w.iter().map(|c| c.as_ref()).collect::<Vec<_>>()));
-        let Some(m) = stacked.filter(|m| check_layout(&m.format(), m.cols()).is_ok()) else {
-            return DeviceTensor::stacked(gpu, dtype, parts, jobs).map(Self::Dense);
+        let GgufRepack { matrix: m, mins } = match host {
+            HostMatrix::Dense(parts) => {
+                return DeviceTensor::stacked(gpu, dtype, &parts, jobs).map(Self::Dense);
+            }
+            HostMatrix::Quantized(r) => r,
         };
         let f = m.format();
         let scales = DeviceTensor::from_f32(gpu, dtype, m.scales())?;
+        let mins = match mins {
+            Some(v) => Some(DeviceTensor::from_f32(gpu, dtype, &v)?),
+            None => None,
+        };
         let zeros = if f.zero_point {
             Some(gpu.upload(&m.zeros()).map_err(gpu_error)?)
         } else {
@@ -209,10 +250,18 @@ impl DeviceMatrix {
                 }),
             });
         }
-        Ok(Self::quantized(gpu, f, rows, cols, codes, scales, zeros))
+        Ok(Self::quantized(gpu, f, rows, cols, codes, scales, zeros).with_mins(mins))
     }
 
-    /// A quantized matrix of `format` over its device buffers.
+    /// This matrix with per-group minimums (none for a dense one).
+    fn with_mins(mut self, added: Option<DeviceTensor>) -> Self {
+        if let Self::Quantized { mins, .. } = &mut self {
+            *mins = added;
+        }
+        self
+    }
+
+    /// A quantized matrix of `format` over its device buffers, without minimums.
     fn quantized(
         gpu: &Gpu,
         format: WqFormat,
@@ -235,6 +284,7 @@ impl DeviceMatrix {
             codes,
             scales,
             zeros,
+            mins: None,
             w,
         }
     }
@@ -281,8 +331,14 @@ impl DeviceMatrix {
                 codes,
                 scales,
                 zeros,
+                mins,
                 ..
-            } => codes.len() + 2 * scales.len + zeros.as_ref().map_or(0, |z| z.len()),
+            } => {
+                codes.len()
+                    + 2 * scales.len
+                    + zeros.as_ref().map_or(0, |z| z.len())
+                    + mins.as_ref().map_or(0, |m| 2 * m.len)
+            }
         }
     }
 
@@ -291,6 +347,17 @@ impl DeviceMatrix {
         match self {
             Self::Dense(_) => 0,
             Self::Quantized { w, .. } => w.rows * w.cols,
+        }
+    }
+
+    /// Group means per row of activations that the minimums' correction needs (0 without
+    /// minimums): the scratch `Gpu::wq_add_mins` takes.
+    pub fn means_per_row(&self) -> usize {
+        match self {
+            Self::Quantized {
+                w, mins: Some(_), ..
+            } => means_len(w, 1),
+            _ => 0,
         }
     }
 }
@@ -345,9 +412,21 @@ impl GpuWeights {
         let cfg = model.cfg.clone();
         let g = gpu.as_ref();
         let mut jobs = Vec::new();
+        let host: Vec<[HostMatrix<'_>; 4]> = model
+            .layers
+            .par_iter()
+            .map(|l| {
+                [
+                    HostMatrix::prepare(&[&l.q, &l.k, &l.v]),
+                    HostMatrix::prepare(&[&l.o]),
+                    HostMatrix::prepare(&[&l.gate, &l.up]),
+                    HostMatrix::prepare(&[&l.down]),
+                ]
+            })
+            .collect();
         let vec = |v: &[f32]| DeviceTensor::from_f32(g, dtype, v);
         let mut layers = Vec::with_capacity(model.layers.len());
-        for l in &model.layers {
+        for (l, [qkv, o, gate_up, down]) in model.layers.iter().zip(host) {
             let qkv_bias = match &l.qkv_bias {
                 Some([bq, bk, bv]) => Some(vec(&[bq.as_slice(), bk, bv].concat())?),
                 None => None,
@@ -360,14 +439,14 @@ impl GpuWeights {
             };
             let layer = GpuLayer {
                 attn_norm: vec(&l.attn_norm)?,
-                qkv: DeviceMatrix::upload(g, dtype, &[&l.q, &l.k, &l.v], &mut jobs)?,
+                qkv: DeviceMatrix::upload(g, dtype, qkv, &mut jobs)?,
                 qkv_bias,
                 qk_norm: pair(&l.qk_norm)?,
-                o: DeviceMatrix::upload(g, dtype, &[&l.o], &mut jobs)?,
+                o: DeviceMatrix::upload(g, dtype, o, &mut jobs)?,
                 post_norms: pair(&l.post_norms)?,
                 ffn_norm: vec(&l.ffn_norm)?,
-                gate_up: DeviceMatrix::upload(g, dtype, &[&l.gate, &l.up], &mut jobs)?,
-                down: DeviceMatrix::upload(g, dtype, &[&l.down], &mut jobs)?,
+                gate_up: DeviceMatrix::upload(g, dtype, gate_up, &mut jobs)?,
+                down: DeviceMatrix::upload(g, dtype, down, &mut jobs)?,
             };
             layers.push(layer);
         }

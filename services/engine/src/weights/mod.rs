@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod gptq;
 pub mod safetensors;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -217,6 +218,15 @@ impl TensorMap {
     }
 }
 
+/// A matrix in the weight-only layout ([`Matrix::as_wq`]): `w = scale·(q − zero) + min` per
+/// group.
+#[derive(Debug)]
+pub struct WqView<'a> {
+    pub matrix: Cow<'a, WqMatrix>,
+    /// `rows * groups` minimums, row-major (GGUF's Q4_1, Q4_K and Q5_K); `None` where all are 0.
+    pub mins: Option<Vec<f32>>,
+}
+
 /// A weight matrix `[rows, cols]`: bytes in place in a mapped file, or weight-only quantized
 /// codes (converted from a GPTQ checkpoint, or quantized at load).
 #[derive(Debug, Clone)]
@@ -311,14 +321,21 @@ impl Matrix {
         self.rtn_codes(name, format).map(Self::from_wq)
     }
 
-    /// This matrix in the weight-only layout, if it has one exactly: a quantized matrix as it
-    /// is, GGUF Q8_0 and Q4_0 repacked (no value changes); `None` for anything else.
-    pub fn as_wq(&self) -> Option<std::borrow::Cow<'_, WqMatrix>> {
+    /// This matrix in the weight-only layout: a quantized matrix as it is, a GGUF block type
+    /// repacked with its per-group minimums (Q8_0, Q4_0 and Q4_1 exactly; the K-quants within
+    /// the bounds of `ferrite_kernels::wq::gguf`); `None` for the float types.
+    pub fn as_wq(&self) -> Option<WqView<'_>> {
         match self.view() {
-            Weight::Wq(w) => Some(std::borrow::Cow::Borrowed(w)),
+            Weight::Wq(w) => Some(WqView {
+                matrix: Cow::Borrowed(w),
+                mins: None,
+            }),
             Weight::Ggml(v) => ferrite_kernels::wq::gguf::from_gguf(v.ty, v.rows, v.cols, v.bytes)
                 .and_then(Result::ok)
-                .map(std::borrow::Cow::Owned),
+                .map(|r| WqView {
+                    matrix: Cow::Owned(r.matrix),
+                    mins: r.mins,
+                }),
         }
     }
 
