@@ -7,7 +7,7 @@
 // q.k * scale, then cap * tanh(score / cap) when soft_cap > 0, then the softmax.
 //
 // head_dim is a runtime argument; each kernel is compiled for a maximum HD (suffix _hd64,
-// _hd128, _hd256) and accepts any multiple of 32 up to it (the _mma kernels need it equal).
+// _hd128, _hd256) and accepts any multiple of 8 up to it (the _mma kernels need it equal).
 // All arithmetic is f32 except the tensor-core kernel's operands (q, k, v as stored; the
 // probabilities rounded to T for the P.V product, as flash attention does).
 #include "common.cuh"
@@ -632,7 +632,7 @@ __device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
 //   [p * partition_size, (p + 1) * partition_size) of the context. Partitions with no visible
 //   key (past the context, before the window, or context_lens[s] == 0) write max = -inf,
 //   sum = 0 and leave part_out untouched.
-//   Constraints: head_dim % 32 == 0 and head_dim <= HD; n_heads % kv_heads == 0;
+//   Constraints: head_dim % 8 == 0 and head_dim <= HD; n_heads % kv_heads == 0;
 //   1 <= partition_size <= 512; n_parts * partition_size >= the longest context; q_stride % 8
 //   == 0 (q row s holds n_heads * head_dim values); window >= 0, soft_cap >= 0.
 #define ATTN_DECODE(HD, T)                                                                     \
@@ -669,7 +669,7 @@ ATTN_REDUCE(bf16)
 //   Query rows query_start[s] .. query_start[s+1] of q / out belong to sequence s, the i-th at
 //   position context_lens[s] - n_q(s) + i (its K/V already in the cache). Blocks past their
 //   sequence's queries return at once.
-//   Constraints: head_dim % 32 == 0 and head_dim <= HD; n_heads % kv_heads == 0; q_stride and
+//   Constraints: head_dim % 8 == 0 and head_dim <= HD; n_heads % kv_heads == 0; q_stride and
 //   out_stride % 8 == 0; context_lens[s] >= n_q(s).
 //
 // attention_prefill_mma_hd{64,128,256}_{f16,bf16}: same arguments and meaning.

@@ -1,8 +1,8 @@
 //! Paged attention on every backend (see `common`), against the CPU's `paged_attention`:
 //! decode (split over 256-position partitions, so a 1300-token context uses six), prefill
 //! over whole prompts and over a chunk that continues a cached context, grouped-query heads,
-//! Gemma 2's soft cap and sliding window, and head sizes with (64/128/256) and without (96) a
-//! tensor-core kernel. The cache's blocks are scattered, as a long-running server's are.
+//! Gemma 2's soft cap and sliding window, and head sizes with (64/128/256) and without (96; 80,
+//! the seed's 2.7B model; 16) a tensor-core kernel. The cache's blocks are scattered, as a long-running server's are.
 
 // The GPU wrappers take raw device pointers; every pointer comes from a `Buffers` set that
 // outlives the call and is sized as the wrapper requires.
@@ -194,7 +194,7 @@ fn check(c: &Case, kernels: &[Kernel]) {
 
 #[test]
 fn decode_over_short_and_partitioned_contexts_with_gqa() {
-    for head_dim in [64, 128, 256] {
+    for head_dim in [64, 128, 256, 80] {
         let case = Case {
             n_heads: 8,
             kv_heads: 2,
@@ -208,7 +208,7 @@ fn decode_over_short_and_partitioned_contexts_with_gqa() {
 
 #[test]
 fn prefill_whole_prompts_and_a_continued_chunk() {
-    for head_dim in [64, 128, 96] {
+    for head_dim in [64, 128, 96, 80, 16] {
         let case = Case {
             n_heads: 4,
             kv_heads: 4,

@@ -1,6 +1,7 @@
 //! Launch wrappers for paged attention (`attention.cu`): decode split over partitions of the
 //! context then reduced, and prefill (chunked, causal) either on tensor cores (`mma.sync`,
-//! head sizes 64/128/256 exactly) or on CUDA cores (any multiple of 32 up to 256).
+//! head sizes 64/128/256 exactly) or on CUDA cores (any multiple of 8 up to 256, in the
+//! kernel of the next size up: its lanes past the head's end idle).
 
 use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
@@ -55,8 +56,8 @@ impl DecodeScratch {
 
 fn head_bucket(head_dim: usize) -> Result<usize, CudaError> {
     match head_dim {
-        d if d == 0 || d % 32 != 0 || d > 256 => Err(CudaError::Driver(format!(
-            "attention: head_dim {d} is not a multiple of 32 up to 256"
+        d if d == 0 || d % 8 != 0 || d > 256 => Err(CudaError::Driver(format!(
+            "attention: head_dim {d} is not a multiple of 8 up to 256"
         ))),
         d if d <= 64 => Ok(64),
         d if d <= 128 => Ok(128),
