@@ -640,12 +640,6 @@ __device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
       attention_decode_hd##HD##_##T(DECODE_PARAMS(T)) {                                        \
     attn::decode<T, HD>(DECODE_ARGS);                                                          \
   }
-ATTN_DECODE(64, f16)
-ATTN_DECODE(128, f16)
-ATTN_DECODE(256, f16)
-ATTN_DECODE(64, bf16)
-ATTN_DECODE(128, bf16)
-ATTN_DECODE(256, bf16)
 
 // attention_decode_reduce_{f16,bf16}(T* out, i32 out_stride, const float* part_out,
 //     const float* part_max, const float* part_sum, i32 n_heads, i32 head_dim, i32 n_parts)
@@ -658,8 +652,6 @@ ATTN_DECODE(256, bf16)
     attn::decode_reduce<T>(out, out_stride, part_out, part_max, part_sum, n_heads, head_dim,   \
                            n_parts);                                                           \
   }
-ATTN_REDUCE(f16)
-ATTN_REDUCE(bf16)
 
 // attention_prefill_hd{64,128,256}_{f16,bf16}(T* out, i32 out_stride, const T* q,
 //     i32 q_stride, const T* k_cache, const T* v_cache, const i32* block_tables,
@@ -686,9 +678,22 @@ ATTN_REDUCE(bf16)
       attention_prefill_mma_hd##HD##_##T(PREFILL_PARAMS(T)) {                                  \
     attn::prefill_mma<T, HD>(PREFILL_ARGS);                                                    \
   }
-ATTN_PREFILL(64, f16)
-ATTN_PREFILL(128, f16)
-ATTN_PREFILL(256, f16)
-ATTN_PREFILL(64, bf16)
-ATTN_PREFILL(128, bf16)
-ATTN_PREFILL(256, bf16)
+
+// This file is compiled once per head size (ATTN_HD: 64, 128 or 256; see
+// kernels/src/cuda/sources.rs), each an NVRTC program of its own: the three compile in parallel
+// at start-up instead of one program holding all eighteen kernels. The reduce kernels, which
+// do not depend on the head size, go with 64.
+#ifndef ATTN_HD
+#error "define ATTN_HD (64, 128 or 256): attention.cu is compiled once per head size"
+#endif
+// One level of indirection, so ATTN_HD is expanded before the entry names are pasted.
+#define ATTN_INSTANCES(HD) \
+  ATTN_DECODE(HD, f16)     \
+  ATTN_DECODE(HD, bf16)    \
+  ATTN_PREFILL(HD, f16)    \
+  ATTN_PREFILL(HD, bf16)
+ATTN_INSTANCES(ATTN_HD)
+#if ATTN_HD == 64
+ATTN_REDUCE(f16)
+ATTN_REDUCE(bf16)
+#endif

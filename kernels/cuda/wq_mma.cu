@@ -346,9 +346,11 @@ using N64 = Tile<BITS, 8, 4, 4>;
   WQ_MMA(bits, name, T, n16, N16)   \
   WQ_MMA(bits, name, T, n32, N32)   \
   WQ_MMA(bits, name, T, n64, N64)
-WQ_MMA_TILES(8, f16, f16)
-WQ_MMA_TILES(8, bf16, bf16)
-WQ_MMA_TILES(4, f16, f16)
-WQ_MMA_TILES(4, bf16, bf16)
-WQ_MMA_TILES(2, f16, f16)
-WQ_MMA_TILES(2, bf16, bf16)
+// This file is compiled once per code width (WQ_MMA_BITS: 8, 4 or 2; see
+// kernels/src/cuda/sources.rs), each an NVRTC program of its own, so the three compile in
+// parallel at start-up.
+#ifndef WQ_MMA_BITS
+#error "define WQ_MMA_BITS (8, 4 or 2): wq_mma.cu is compiled once per code width"
+#endif
+WQ_MMA_TILES(WQ_MMA_BITS, f16, f16)
+WQ_MMA_TILES(WQ_MMA_BITS, bf16, bf16)

@@ -54,6 +54,16 @@ impl DecodeScratch {
     }
 }
 
+/// The module holding a head-size bucket's kernels (`attention.cu` is compiled once per
+/// bucket; the reduce kernels are in the 64 one).
+fn module_of(bucket: usize) -> &'static str {
+    match bucket {
+        64 => "attention_hd64",
+        128 => "attention_hd128",
+        _ => "attention_hd256",
+    }
+}
+
 fn head_bucket(head_dim: usize) -> Result<usize, CudaError> {
     match head_dim {
         d if d == 0 || d % 8 != 0 || d > 256 => Err(CudaError::Driver(format!(
@@ -105,7 +115,8 @@ impl Gpu {
         scratch: &DecodeScratch,
     ) -> Result<(), CudaError> {
         check(a)?;
-        let name = match (head_bucket(a.head_dim)?, dtype) {
+        let bucket = head_bucket(a.head_dim)?;
+        let name = match (bucket, dtype) {
             (64, Dtype::F16) => "attention_decode_hd64_f16",
             (64, Dtype::Bf16) => "attention_decode_hd64_bf16",
             (128, Dtype::F16) => "attention_decode_hd128_f16",
@@ -134,7 +145,7 @@ impl Gpu {
             i32_of("n_parts", scratch.n_parts)?,
         ]);
         let grid = (a.kv_heads as u32, a.n_seqs as u32, scratch.n_parts as u32);
-        unsafe { self.launch("attention", name, grid, 128, 0, &args) }?;
+        unsafe { self.launch(module_of(bucket), name, grid, 128, 0, &args) }?;
         let reduce = [
             out.into(),
             i32_of("out_stride", out_stride)?,
@@ -150,7 +161,7 @@ impl Gpu {
             Dtype::Bf16 => "attention_decode_reduce_bf16",
         };
         let grid = (a.n_heads as u32, a.n_seqs as u32, 1);
-        unsafe { self.launch("attention", name, grid, 128, 0, &reduce) }
+        unsafe { self.launch(module_of(64), name, grid, 128, 0, &reduce) }
     }
 
     /// Causal attention of chunks of query tokens (`query_start`: i32 `[n_seqs + 1]`
@@ -276,6 +287,6 @@ impl Gpu {
             a.n_heads as u32,
             a.n_seqs as u32,
         );
-        unsafe { self.launch("attention", name, grid, 128, 0, &args) }
+        unsafe { self.launch(module_of(bucket), name, grid, 128, 0, &args) }
     }
 }

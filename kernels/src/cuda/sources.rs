@@ -16,6 +16,21 @@ macro_rules! module {
             source: include_str!(concat!("../../cuda/", $name, ".cu")),
         }
     };
+    // A variant of a file whose instantiations are split into several programs by a define
+    // (they compile in parallel; one program of them all set the cold start's critical path).
+    ($name:literal, $file:literal, $define:literal) => {
+        KernelSource {
+            name: $name,
+            source: concat!(
+                "#define ",
+                $define,
+                "\n#line 1 \"",
+                $file,
+                ".cu\"\n",
+                include_str!(concat!("../../cuda/", $file, ".cu"))
+            ),
+        }
+    };
 }
 
 /// Headers the modules include, by the name they include them by.
@@ -28,7 +43,9 @@ pub const HEADERS: &[(&str, &str)] = &[
 /// Every module ferrite loads on a CUDA device.
 pub const MODULES: &[KernelSource] = &[
     module!("activation"),
-    module!("attention"),
+    module!("attention_hd64", "attention", "ATTN_HD 64"),
+    module!("attention_hd128", "attention", "ATTN_HD 128"),
+    module!("attention_hd256", "attention", "ATTN_HD 256"),
     module!("convert"),
     module!("embedding"),
     module!("kv_cache"),
@@ -39,5 +56,7 @@ pub const MODULES: &[KernelSource] = &[
     module!("sampling"),
     module!("wq_gemv"),
     module!("wq_mins"),
-    module!("wq_mma"),
+    module!("wq_mma_b8", "wq_mma", "WQ_MMA_BITS 8"),
+    module!("wq_mma_b4", "wq_mma", "WQ_MMA_BITS 4"),
+    module!("wq_mma_b2", "wq_mma", "WQ_MMA_BITS 2"),
 ];

@@ -185,7 +185,13 @@ impl Gpu {
         let shared = tile.shared_bytes(w.bits);
         // SAFETY: the arguments follow the launch contract above the entry points in
         // wq_mma.cu; the pointers are the caller's (see this function's contract).
-        unsafe { self.launch("wq_mma", entry, (grid_x, grid_y, 1), 256, shared, &args) }
+        // wq_mma.cu is compiled once per code width (sources.rs).
+        let module = match w.bits {
+            Bits::B8 => "wq_mma_b8",
+            Bits::B4 => "wq_mma_b4",
+            Bits::B2 => "wq_mma_b2",
+        };
+        unsafe { self.launch(module, entry, (grid_x, grid_y, 1), 256, shared, &args) }
     }
 
     /// `out[m, rows] = x[m, cols] · Wᵀ` through the kernel [`WqKernel::choose`] picks.
