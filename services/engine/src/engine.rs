@@ -4,6 +4,10 @@
 //! thread calls [`Engine::step`] repeatedly; requests are added and aborted between steps.
 //! Aborting frees a request's KV blocks at once, so a cancelled client's blocks are back in the
 //! pool before the next step is planned.
+//!
+//! On a GPU a step samples on the device when none of its requests needs the logits on the
+//! host (logprobs, or penalties over the tokens so far): only the ids come back. Otherwise the
+//! logits rows come back and each request's [`Sampler`] picks, as on the CPU.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,10 +17,10 @@ use ferrite_kernels::cuda::Gpu;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
+use crate::gpu::{self, DeviceSampling, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
 use crate::model::{EngineModel, LlamaModel, LogitsWanted, SeqChunk};
-use crate::sampler::{SampledToken, Sampler, SamplingParams};
+use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqId};
 
 /// Engine limits. `Default` suits the CPU.
@@ -125,6 +129,8 @@ pub struct EngineStats {
 #[derive(Debug)]
 struct Request {
     sampler: Sampler,
+    /// The seed of the GPU sampler's stream (the request's, else a random one).
+    device_seed: u64,
     stop_ids: Vec<u32>,
     arrived: Instant,
     scheduled: Option<Instant>,
@@ -151,6 +157,30 @@ pub struct Engine {
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
     preemptions: u64,
+}
+
+/// A step's picks: logits rows to sample on the host, or ids sampled on the device.
+enum Picks {
+    Logits(Vec<f32>),
+    Ids(Vec<u32>),
+}
+
+/// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
+/// alone: penalties need the tokens so far, logprobs the distribution on the host.
+fn device_sampling(req: &Request, generated: usize) -> Option<DeviceSampling> {
+    let p = req.sampler.params();
+    let plain = p.logprobs.is_none()
+        && p.repetition_penalty == 1.0
+        && p.presence_penalty == 0.0
+        && p.frequency_penalty == 0.0;
+    plain.then(|| DeviceSampling {
+        temperature: p.temperature,
+        top_k: i32::try_from(p.top_k).unwrap_or(i32::MAX),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        seed: req.device_seed,
+        step: generated as u64,
+    })
 }
 
 /// `cfg`'s max model length (default: the model's, at most 8192), checked with the other
@@ -357,6 +387,9 @@ impl Engine {
         self.requests.insert(
             id,
             Request {
+                device_seed: params
+                    .seed
+                    .unwrap_or_else(|| Rng::from_entropy().next_u64()),
                 sampler: Sampler::new(params),
                 stop_ids,
                 arrived: Instant::now(),
@@ -435,12 +468,30 @@ impl Engine {
                 })
             })
             .collect();
-        let forward = match &mut self.exec {
-            Executor::Cpu { model, kv } => model.forward(&chunks, kv),
-            Executor::Cuda(runner) => runner.forward(&chunks),
+        // On a GPU, a step whose every sampling request the device can serve alone samples
+        // there and reads back ids only.
+        let on_device: Option<Vec<DeviceSampling>> = match self.exec {
+            Executor::Cuda(_) => plan
+                .chunks
+                .iter()
+                .filter(|c| c.samples && self.sched.get(c.id).is_some())
+                .map(|c| {
+                    let req = self.requests.get(&c.id)?;
+                    let seq = self.sched.get(c.id)?;
+                    device_sampling(req, seq.output().len())
+                })
+                .collect(),
+            Executor::Cpu { .. } => None,
         };
-        let logits = match forward {
-            Ok(l) => l,
+        let forward = match (&mut self.exec, on_device) {
+            (Executor::Cpu { model, kv }, _) => model.forward(&chunks, kv).map(Picks::Logits),
+            (Executor::Cuda(runner), Some(params)) => {
+                runner.forward_sampled(&chunks, &params).map(Picks::Ids)
+            }
+            (Executor::Cuda(runner), None) => runner.forward(&chunks).map(Picks::Logits),
+        };
+        let picks = match forward {
+            Ok(p) => p,
             Err(e) => {
                 for c in &plan.chunks {
                     self.abort(c.id);
@@ -449,19 +500,35 @@ impl Engine {
             }
         };
         let vocab = self.cfg.vocab_size;
-        let mut rows = logits.chunks_exact(vocab);
+        let (mut rows, mut ids) = match &picks {
+            Picks::Logits(l) => (Some(l.chunks_exact(vocab)), None),
+            Picks::Ids(i) => (None, Some(i.iter())),
+        };
         for c in &plan.chunks {
             self.sched.mark_computed(c);
             if !c.samples {
                 continue;
             }
-            let Some(row) = rows.next() else { break };
+            let row = rows.as_mut().map(Iterator::next);
+            let id = ids.as_mut().map(Iterator::next);
             let (Some(req), Some(seq)) = (self.requests.get_mut(&c.id), self.sched.get(c.id))
             else {
                 continue;
             };
-            let mut row = row.to_vec();
-            let token = req.sampler.sample(&mut row, seq.prompt(), seq.output());
+            let token = match (row, id) {
+                (Some(Some(row)), _) => {
+                    req.sampler
+                        .sample(&mut row.to_vec(), seq.prompt(), seq.output())
+                }
+                // Sampled on the device: no distribution on the host, so no logprob (the
+                // request asked for none, or it would have been sampled here).
+                (_, Some(Some(&id))) => SampledToken {
+                    id,
+                    logprob: f32::NAN,
+                    top: Vec::new(),
+                },
+                _ => break,
+            };
             let generated = seq.output().len() + 1;
             let total = seq.tokens.len() + 1;
             let finish = if req.stop_ids.contains(&token.id) {

@@ -76,6 +76,20 @@ fn generate(
     model: impl Into<EngineModel>,
     cuda: Option<CudaPlacement>,
 ) -> HashMap<u64, Generation> {
+    let params = SamplingParams {
+        ignore_eos: true,
+        logprobs: Some(5),
+        ..SamplingParams::greedy(16)
+    };
+    generate_with(model, cuda, params)
+}
+
+/// [`generate`] with other sampling parameters for every prompt.
+fn generate_with(
+    model: impl Into<EngineModel>,
+    cuda: Option<CudaPlacement>,
+    params: SamplingParams,
+) -> HashMap<u64, Generation> {
     let model = model.into();
     let vocab = model.config().vocab_size as u64;
     let mut engine = Engine::new(model, vec![], cfg(cuda)).expect("engine");
@@ -84,12 +98,7 @@ fn generate(
             let prompt = (0..5 + 5 * i)
                 .map(|j| ((i * 7919 + j * 104_729 + 11) % vocab) as u32)
                 .collect();
-            let params = SamplingParams {
-                ignore_eos: true,
-                logprobs: Some(5),
-                ..SamplingParams::greedy(16)
-            };
-            (i, prompt, params)
+            (i, prompt, params.clone())
         })
         .collect();
     engine
@@ -329,4 +338,58 @@ fn random_weights_made_on_the_device_run_through_the_engine() {
             );
         }
     }
+}
+
+/// Without logprobs or penalties the GPU samples by itself and reads back only the ids:
+/// greedy picks are the CPU's, and seeded draws repeat from run to run (the device's random
+/// stream is keyed by seed, step and token) and change with the seed.
+#[test]
+fn sampling_on_the_device_matches_greedy_and_repeats_seeded_draws() {
+    let Some(gpu) = gpu("sampling_on_the_device_matches_greedy_and_repeats_seeded_draws") else {
+        return;
+    };
+    let placement = || {
+        Some(CudaPlacement {
+            gpu: gpu.clone(),
+            opts: GpuOptions {
+                dtype: Dtype::F16,
+                memory_utilization: 0.5,
+                cuda_graphs: true,
+            },
+        })
+    };
+    let greedy = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(16)
+    };
+    let want = generate_with(default_model().model, None, greedy.clone());
+    let got = generate_with(default_model().model, placement(), greedy);
+    let same = (0..10u64)
+        .filter(|i| got[i].token_ids() == want[i].token_ids())
+        .count();
+    assert!(
+        same >= 9,
+        "{same}/10 prompts gave the CPU's 16 greedy tokens"
+    );
+    let seeded = |seed| SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        seed: Some(seed),
+        ignore_eos: true,
+        ..SamplingParams::greedy(16)
+    };
+    let a = generate_with(default_model().model, placement(), seeded(7));
+    let b = generate_with(default_model().model, placement(), seeded(7));
+    let c = generate_with(default_model().model, placement(), seeded(8));
+    let ids =
+        |g: &HashMap<u64, Generation>| (0..10u64).map(|i| g[&i].token_ids()).collect::<Vec<_>>();
+    assert_eq!(ids(&a), ids(&b), "the same seed drew different tokens");
+    assert_ne!(ids(&a), ids(&c), "seeds 7 and 8 drew the same 160 tokens");
+    assert!(
+        a[&0]
+            .tokens
+            .iter()
+            .all(|t| t.logprob.is_nan() && t.top.is_empty())
+    );
 }

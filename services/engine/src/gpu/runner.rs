@@ -4,8 +4,9 @@
 //!
 //! Per step the host sends one packed array of i32 (token ids, positions, cache slots,
 //! per-sequence query starts, context lengths, the rows that want logits, block tables) and
-//! reads back the f32 logits of the rows that asked for them; everything between runs on the
-//! stream without a host sync.
+//! reads back either the f32 logits of the rows that asked for them ([`GpuRunner::forward`])
+//! or only the token ids sampled from them on the device ([`GpuRunner::forward_sampled`], in
+//! [`sampling`]); everything between runs on the stream without a host sync.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +24,10 @@ use super::weights::{DeviceMatrix, GpuWeights, gpu_error};
 use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsWanted, SeqChunk};
+
+#[path = "sampling.rs"]
+pub mod sampling;
+use sampling::SamplingBuffers;
 
 /// The limits a runner's buffers are sized for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +107,8 @@ pub struct GpuRunner {
     dequantized: Option<Buf<u16>>,
     /// Room for the group means of a step's activations, for matrices with minimums.
     means: Option<Buf<u16>>,
+    /// Per-sequence sampling parameters and the sampled ids.
+    sampling: SamplingBuffers,
 }
 
 impl std::fmt::Debug for GpuRunner {
@@ -184,6 +191,7 @@ impl GpuRunner {
             graphs: BTreeMap::new(),
             dequantized,
             means,
+            sampling: SamplingBuffers::new(g, s)?,
             w,
         })
     }
@@ -222,8 +230,15 @@ impl GpuRunner {
     /// Runs `seqs` (their block tables already hold room for their tokens) and returns the
     /// logits each asked for, as rows of `vocab_size`, like the CPU forward.
     pub fn forward(&mut self, seqs: &[SeqChunk<'_>]) -> Result<Vec<f32>> {
+        let n = self.run_step(seqs)? * self.w.cfg.vocab_size;
+        self.w.gpu.download(&self.logits, n).map_err(gpu_error)
+    }
+
+    /// Queues the step for `seqs`, leaving the logits rows they asked for in `self.logits`;
+    /// returns how many rows.
+    fn run_step(&mut self, seqs: &[SeqChunk<'_>]) -> Result<usize> {
         let mut plan = self.plan(seqs)?;
-        let n = plan.n_logits * self.w.cfg.vocab_size;
+        let n_logits = plan.n_logits;
         let gpu = self.w.gpu.clone();
         // A decode step (one token per sequence, each wanting its logits) replays the graph
         // of the next batch size up, padded; anything else runs eagerly.
@@ -246,7 +261,7 @@ impl GpuRunner {
             #[allow(unsafe_code)]
             None => unsafe { self.run(&gpu, &plan) }.map_err(gpu_error)?,
         }
-        gpu.download(&self.logits, n).map_err(gpu_error)
+        Ok(n_logits)
     }
 
     /// Captures one CUDA graph per decode batch size of the ladder 1, 2, 4, 8, 16, 24, 32, …
