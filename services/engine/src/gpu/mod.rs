@@ -17,8 +17,8 @@ use ferrite_kernels::cuda::ops::Dtype;
 use crate::error::{EngineError, Result};
 use crate::kv_cache::blocks_for;
 use crate::model::{EngineModel, LogitsWanted, RandomShape, SeqChunk};
-pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
 pub use runner::sampling::DeviceSampling;
+pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
 pub use weights::default_dtype;
 use weights::{GpuWeights, gpu_error};
 

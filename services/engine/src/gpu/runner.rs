@@ -206,6 +206,9 @@ impl GpuRunner {
         let slots = num_blocks * self.limits.block_size * c.kv_dim();
         self.kv.k.clear();
         self.kv.v.clear();
+        // The frees are stream-ordered: once the stream has drained, the pool hands their
+        // memory back, and the larger allocations below can use it.
+        g.synchronize().map_err(gpu_error)?;
         for _ in 0..c.num_layers {
             self.kv.k.push(alloc(&g, slots)?);
             self.kv.v.push(alloc(&g, slots)?);
@@ -378,6 +381,13 @@ impl GpuRunner {
         let mut max_q = 0;
         for (si, s) in seqs.iter().enumerate() {
             let end = s.start_pos + s.tokens.len();
+            if s.tokens.is_empty() || end > l.max_model_len {
+                return Err(EngineError::DoesNotFit(format!(
+                    "a chunk of {} tokens ending at {end} (max_model_len {})",
+                    s.tokens.len(),
+                    l.max_model_len
+                )));
+            }
             let needed = end.div_ceil(l.block_size);
             if s.block_table.len() < needed || needed > max_blocks {
                 return Err(EngineError::DoesNotFit(format!(
