@@ -59,6 +59,25 @@ fn default_model() -> LoadedModel {
     default_model_with(model::LoadOptions::default())
 }
 
+/// `gpu` with half its memory for this engine, in `dtype`, decode through CUDA graphs or not.
+fn on(gpu: &Arc<Gpu>, dtype: Dtype, cuda_graphs: bool) -> Option<CudaPlacement> {
+    Some(CudaPlacement {
+        gpu: gpu.clone(),
+        opts: GpuOptions {
+            dtype,
+            memory_utilization: 0.5,
+            cuda_graphs,
+        },
+    })
+}
+
+/// Prompts (of the ten) whose tokens are the same in `a` and `b`.
+fn same_tokens(a: &HashMap<u64, Generation>, b: &HashMap<u64, Generation>) -> usize {
+    (0..10u64)
+        .filter(|i| a[i].token_ids() == b[i].token_ids())
+        .count()
+}
+
 fn cfg(cuda: Option<CudaPlacement>) -> EngineConfig {
     EngineConfig {
         max_model_len: Some(512),
@@ -124,21 +143,8 @@ fn the_default_model_generates_the_cpus_greedy_tokens() {
     let want = generate(default_model().model, None);
     // f16 decodes through CUDA graphs, bf16 eagerly: both paths against the CPU.
     for (dtype, cuda_graphs) in [(Dtype::F16, true), (Dtype::Bf16, false)] {
-        let opts = GpuOptions {
-            dtype,
-            memory_utilization: 0.5,
-            cuda_graphs,
-        };
-        let got = generate(
-            default_model().model,
-            Some(CudaPlacement {
-                gpu: gpu.clone(),
-                opts,
-            }),
-        );
-        let same = (0..10u64)
-            .filter(|i| got[i].token_ids() == want[i].token_ids())
-            .count();
+        let got = generate(default_model().model, on(&gpu, dtype, cuda_graphs));
+        let same = same_tokens(&got, &want);
         assert!(
             same >= 9,
             "{}: {same}/10 prompts gave the CPU's 16 greedy tokens",
@@ -164,19 +170,8 @@ fn tiny_gemma2_and_qwen3_match_the_cpu() {
     for dir in ["gemma2", "qwen3"] {
         let path = fixtures().join("models").join(dir);
         let want = generate(model::load(&path).expect("tiny model").model, None);
-        let opts = GpuOptions {
-            dtype: Dtype::F16,
-            memory_utilization: 0.5,
-            cuda_graphs: true,
-        };
         let loaded = model::load(&path).expect("tiny model");
-        let got = generate(
-            loaded.model,
-            Some(CudaPlacement {
-                gpu: gpu.clone(),
-                opts,
-            }),
-        );
+        let got = generate(loaded.model, on(&gpu, Dtype::F16, true));
         for i in 0..10u64 {
             let gap = first_logprob_gap(&want[&i], &got[&i]);
             assert!(
@@ -237,12 +232,7 @@ fn a_random_checkpoint_matches_pytorch_on_the_gpu() {
             (i as u64, ids(&c["prompt_token_ids"]), params)
         })
         .collect();
-    let opts = GpuOptions {
-        dtype: Dtype::F16,
-        memory_utilization: 0.5,
-        cuda_graphs: true,
-    };
-    for (path, cuda) in [("cpu", None), ("cuda", Some(CudaPlacement { gpu, opts }))] {
+    for (path, cuda) in [("cpu", None), ("cuda", on(&gpu, Dtype::F16, true))] {
         let loaded = model::load(&dir).expect("the reference checkpoint");
         let mut engine = Engine::new(loaded.model, vec![], cfg(cuda)).expect("engine");
         let out = engine
@@ -275,21 +265,8 @@ fn quantized_weights_generate_the_cpus_greedy_tokens() {
         };
         let load = || default_model_with(options);
         let want = generate(load().model, None);
-        let opts = GpuOptions {
-            dtype: Dtype::F16,
-            memory_utilization: 0.5,
-            cuda_graphs: true,
-        };
-        let got = generate(
-            load().model,
-            Some(CudaPlacement {
-                gpu: gpu.clone(),
-                opts,
-            }),
-        );
-        let same = (0..10u64)
-            .filter(|i| got[i].token_ids() == want[i].token_ids())
-            .count();
+        let got = generate(load().model, on(&gpu, Dtype::F16, true));
+        let same = same_tokens(&got, &want);
         assert!(
             same >= 9,
             "{format}: {same}/10 prompts gave the CPU's 16 greedy tokens"
@@ -313,16 +290,9 @@ fn random_weights_made_on_the_device_run_through_the_engine() {
             };
             model::device_random_shape("small", 3, options).expect("preset")
         };
-        let placement = || CudaPlacement {
-            gpu: gpu.clone(),
-            opts: GpuOptions {
-                dtype: Dtype::F16,
-                memory_utilization: 0.5,
-                cuda_graphs: true,
-            },
-        };
-        let a = generate(EngineModel::DeviceRandom(shape()), Some(placement()));
-        let b = generate(EngineModel::DeviceRandom(shape()), Some(placement()));
+        let placement = || on(&gpu, Dtype::F16, true);
+        let a = generate(EngineModel::DeviceRandom(shape()), placement());
+        let b = generate(EngineModel::DeviceRandom(shape()), placement());
         for i in 0..10u64 {
             assert_eq!(a[&i].token_ids().len(), 16, "{quantize:?}");
             assert_eq!(
@@ -348,25 +318,14 @@ fn sampling_on_the_device_matches_greedy_and_repeats_seeded_draws() {
     let Some(gpu) = gpu("sampling_on_the_device_matches_greedy_and_repeats_seeded_draws") else {
         return;
     };
-    let placement = || {
-        Some(CudaPlacement {
-            gpu: gpu.clone(),
-            opts: GpuOptions {
-                dtype: Dtype::F16,
-                memory_utilization: 0.5,
-                cuda_graphs: true,
-            },
-        })
-    };
+    let placement = || on(&gpu, Dtype::F16, true);
     let greedy = SamplingParams {
         ignore_eos: true,
         ..SamplingParams::greedy(16)
     };
     let want = generate_with(default_model().model, None, greedy.clone());
     let got = generate_with(default_model().model, placement(), greedy);
-    let same = (0..10u64)
-        .filter(|i| got[i].token_ids() == want[i].token_ids())
-        .count();
+    let same = same_tokens(&got, &want);
     assert!(
         same >= 9,
         "{same}/10 prompts gave the CPU's 16 greedy tokens"
