@@ -3,8 +3,12 @@
 //! - [`v1`]: the public `ferrite.v1.Inference` service (text in, text out).
 //! - [`worker::v1`]: the internal `ferrite.worker.v1.Worker` service (token ids in and out).
 //! - [`FILE_DESCRIPTOR_SET`]: for gRPC server reflection.
+//! - [`sampling`]: the valid ranges of the sampling parameters (checked by the gateway and the
+//!   engine alike).
 
 #![allow(missing_debug_implementations)] // generated code
+
+pub mod sampling;
 
 pub mod v1 {
     tonic::include_proto!("ferrite.v1");

@@ -21,7 +21,7 @@ use crate::gpu::{self, DeviceSampling, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
 use crate::model::{EngineModel, LlamaModel, LogitsWanted, SeqChunk};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
-use crate::scheduler::{Scheduler, SchedulerConfig, SeqId};
+use crate::scheduler::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 
 /// Engine limits. `Default` suits the CPU.
 #[derive(Debug, Clone)]
@@ -157,6 +157,9 @@ pub struct Engine {
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
     preemptions: u64,
+    /// Faults the unit tests make a step meet.
+    #[cfg(test)]
+    faults: tests::Faults,
 }
 
 /// A step's picks: logits rows to sample on the host, or ids sampled on the device.
@@ -313,6 +316,8 @@ impl Engine {
             requests: HashMap::new(),
             eos_ids,
             preemptions: 0,
+            #[cfg(test)]
+            faults: tests::Faults::default(),
         }
     }
 
@@ -428,7 +433,8 @@ impl Engine {
     }
 
     /// Runs one step. A forward error fails the step's requests (they are removed) and is
-    /// returned.
+    /// returned; so does an inconsistency between the plan, the requests and the picks (an
+    /// [`EngineError::Internal`]), rather than leaving a sequence without its token.
     pub fn step(&mut self) -> Result<StepOutput> {
         let plan = self.sched.schedule();
         let now = Instant::now();
@@ -451,46 +457,7 @@ impl Engine {
         if plan.chunks.is_empty() {
             return Ok(out);
         }
-        let chunks: Vec<SeqChunk<'_>> = plan
-            .chunks
-            .iter()
-            .filter_map(|c| {
-                let seq = self.sched.get(c.id)?;
-                Some(SeqChunk {
-                    tokens: &seq.tokens[c.start..c.start + c.len],
-                    start_pos: c.start,
-                    block_table: seq.block_table.blocks(),
-                    logits: if c.samples {
-                        LogitsWanted::Last
-                    } else {
-                        LogitsWanted::None
-                    },
-                })
-            })
-            .collect();
-        // On a GPU, a step whose every sampling request the device can serve alone samples
-        // there and reads back ids only.
-        let on_device: Option<Vec<DeviceSampling>> = match self.exec {
-            Executor::Cuda(_) => plan
-                .chunks
-                .iter()
-                .filter(|c| c.samples && self.sched.get(c.id).is_some())
-                .map(|c| {
-                    let req = self.requests.get(&c.id)?;
-                    let seq = self.sched.get(c.id)?;
-                    device_sampling(req, seq.output().len())
-                })
-                .collect(),
-            Executor::Cpu { .. } => None,
-        };
-        let forward = match (&mut self.exec, on_device) {
-            (Executor::Cpu { model, kv }, _) => model.forward(&chunks, kv).map(Picks::Logits),
-            (Executor::Cuda(runner), Some(params)) => {
-                runner.forward_sampled(&chunks, &params).map(Picks::Ids)
-            }
-            (Executor::Cuda(runner), None) => runner.forward(&chunks).map(Picks::Logits),
-        };
-        let picks = match forward {
+        let picks = match self.execute(&plan) {
             Ok(p) => p,
             Err(e) => {
                 for c in &plan.chunks {
@@ -499,71 +466,163 @@ impl Engine {
                 return Err(e);
             }
         };
-        let vocab = self.cfg.vocab_size;
-        let (mut rows, mut ids) = match &picks {
-            Picks::Logits(l) => (Some(l.chunks_exact(vocab)), None),
-            Picks::Ids(i) => (None, Some(i.iter())),
-        };
-        for c in &plan.chunks {
+        for (c, pick) in plan.chunks.iter().zip(picks) {
             self.sched.mark_computed(c);
-            if !c.samples {
-                continue;
-            }
-            let row = rows.as_mut().map(Iterator::next);
-            let id = ids.as_mut().map(Iterator::next);
-            let (Some(req), Some(seq)) = (self.requests.get_mut(&c.id), self.sched.get(c.id))
-            else {
-                continue;
-            };
-            let token = match (row, id) {
-                (Some(Some(row)), _) => {
-                    req.sampler
-                        .sample(&mut row.to_vec(), seq.prompt(), seq.output())
+            let Some(pick) = pick else { continue };
+            match self.take_token(c.id, pick, now) {
+                Ok(ev) => out.events.push(ev),
+                Err(e) => {
+                    for c in &plan.chunks {
+                        self.abort(c.id);
+                    }
+                    return Err(e);
                 }
-                // Sampled on the device: no distribution on the host, so no logprob (the
-                // request asked for none, or it would have been sampled here).
-                (_, Some(Some(&id))) => SampledToken {
-                    id,
-                    logprob: f32::NAN,
-                    top: Vec::new(),
-                },
-                _ => break,
-            };
-            let generated = seq.output().len() + 1;
-            let total = seq.tokens.len() + 1;
-            let finish = if req.stop_ids.contains(&token.id) {
-                Some(FinishReason::Stop)
-            } else if generated >= req.sampler.params().max_tokens
-                || total >= self.sched.config().max_model_len
-            {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            let sampled_at = Instant::now();
-            let first_token = *req.first_token.get_or_insert(sampled_at);
-            let timing = finish.map(|_| RequestTiming {
-                arrived: req.arrived,
-                scheduled: req.scheduled.unwrap_or(now),
-                first_token,
-                finished: sampled_at,
-                prompt_tokens: seq.prompt().len(),
-                output_tokens: generated,
-                preemptions: req.preemptions,
-            });
-            self.sched.push_token(c.id, token.id);
-            if finish.is_some() {
-                self.requests.remove(&c.id);
-                self.sched.remove(c.id);
             }
-            out.events.push(TokenEvent {
-                id: c.id,
-                token,
-                finish,
-                timing,
-            });
         }
         Ok(out)
+    }
+
+    /// Runs the plan's forward and returns, for each chunk, its pick (`None` for a chunk that
+    /// does not sample). Checks first that every planned sequence is known to both the
+    /// scheduler and the request table, and after that the forward gave one pick per sampling
+    /// chunk: nothing is changed when either fails.
+    fn execute(&mut self, plan: &StepPlan) -> Result<Vec<Option<Pick>>> {
+        let mut chunks = Vec::with_capacity(plan.chunks.len());
+        let mut on_device = Vec::new();
+        for c in &plan.chunks {
+            let (Some(seq), Some(req)) = (self.sched.get(c.id), self.requests.get(&c.id)) else {
+                return Err(EngineError::Internal(format!(
+                    "sequence {} was planned but is not known to both the scheduler and the request table",
+                    c.id
+                )));
+            };
+            chunks.push(SeqChunk {
+                tokens: &seq.tokens[c.start..c.start + c.len],
+                start_pos: c.start,
+                block_table: seq.block_table.blocks(),
+                logits: if c.samples {
+                    LogitsWanted::Last
+                } else {
+                    LogitsWanted::None
+                },
+            });
+            if c.samples {
+                on_device.push(device_sampling(req, seq.output().len()));
+            }
+        }
+        // On a GPU, a step whose every sampling request the device can serve alone samples
+        // there and reads back ids only.
+        let on_device: Option<Vec<DeviceSampling>> = on_device.into_iter().collect();
+        let picks = match (&mut self.exec, on_device) {
+            (Executor::Cpu { model, kv }, _) => model.forward(&chunks, kv).map(Picks::Logits),
+            (Executor::Cuda(runner), Some(params)) => {
+                runner.forward_sampled(&chunks, &params).map(Picks::Ids)
+            }
+            (Executor::Cuda(runner), None) => runner.forward(&chunks).map(Picks::Logits),
+        }?;
+        #[cfg(test)]
+        let picks = self.faults.apply(picks, self.cfg.vocab_size)?;
+        picks.per_chunk(plan, self.cfg.vocab_size)
+    }
+
+    /// Samples (or takes the device's pick for) request `id`'s next token and records it,
+    /// finishing the request when it stops.
+    fn take_token(&mut self, id: SeqId, pick: Pick, now: Instant) -> Result<TokenEvent> {
+        let max_model_len = self.sched.config().max_model_len;
+        let (Some(req), Some(seq)) = (self.requests.get_mut(&id), self.sched.get(id)) else {
+            // `execute` checked that `id` is in both tables; nothing removes it since.
+            return Err(EngineError::Internal(format!("sequence {id} vanished mid-step")));
+        };
+        let token = match pick {
+            Pick::Row(mut row) => req.sampler.sample(&mut row, seq.prompt(), seq.output()),
+            // Sampled on the device: no distribution on the host, so no logprob (the request
+            // asked for none, or it would have been sampled here).
+            Pick::Id(id) => SampledToken {
+                id,
+                logprob: f32::NAN,
+                top: Vec::new(),
+            },
+        };
+        let generated = seq.output().len() + 1;
+        let total = seq.tokens.len() + 1;
+        let finish = if req.stop_ids.contains(&token.id) {
+            Some(FinishReason::Stop)
+        } else if generated >= req.sampler.params().max_tokens || total >= max_model_len {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        let sampled_at = Instant::now();
+        let first_token = *req.first_token.get_or_insert(sampled_at);
+        let timing = finish.map(|_| RequestTiming {
+            arrived: req.arrived,
+            scheduled: req.scheduled.unwrap_or(now),
+            first_token,
+            finished: sampled_at,
+            prompt_tokens: seq.prompt().len(),
+            output_tokens: generated,
+            preemptions: req.preemptions,
+        });
+        self.sched.push_token(id, token.id);
+        if finish.is_some() {
+            self.requests.remove(&id);
+            self.sched.remove(id);
+        }
+        Ok(TokenEvent {
+            id,
+            token,
+            finish,
+            timing,
+        })
+    }
+}
+
+/// One sampling chunk's share of a step's picks.
+enum Pick {
+    /// Its row of logits, to sample on the host.
+    Row(Vec<f32>),
+    /// The id the device sampled.
+    Id(u32),
+}
+
+impl Picks {
+    /// Splits the picks among the plan's chunks, checking there is exactly one per sampling
+    /// chunk and that device-sampled ids are in the vocabulary.
+    fn per_chunk(self, plan: &StepPlan, vocab: usize) -> Result<Vec<Option<Pick>>> {
+        let wanted = plan.chunks.iter().filter(|c| c.samples).count();
+        let vocab = vocab.max(1);
+        let picks: Vec<Pick> = match self {
+            Picks::Logits(l) if l.len() % vocab == 0 => l
+                .chunks_exact(vocab)
+                .map(|r| Pick::Row(r.to_vec()))
+                .collect(),
+            Picks::Logits(l) => {
+                return Err(EngineError::Internal(format!(
+                    "{} logits are not whole rows of {vocab}",
+                    l.len()
+                )));
+            }
+            Picks::Ids(ids) => {
+                if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+                    return Err(EngineError::Internal(format!(
+                        "the device sampled id {bad}, outside the vocabulary (size {vocab})"
+                    )));
+                }
+                ids.into_iter().map(Pick::Id).collect()
+            }
+        };
+        if picks.len() != wanted {
+            return Err(EngineError::Internal(format!(
+                "the forward gave {} picks for {wanted} sampling sequences",
+                picks.len()
+            )));
+        }
+        let mut picks = picks.into_iter();
+        Ok(plan
+            .chunks
+            .iter()
+            .map(|c| if c.samples { picks.next() } else { None })
+            .collect())
     }
 }
 
@@ -609,3 +668,7 @@ impl Engine {
         Ok(results)
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -46,8 +46,13 @@ pub enum EngineError {
     QueueFull(usize),
     #[error("the engine has stopped")]
     Stopped,
+    /// A device fault (a failed launch, copy or allocation): the pool is unwell, and another
+    /// may serve the request.
     #[error("GPU: {0}")]
     Device(String),
+    /// A broken invariant of the engine itself: never the request's fault.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl EngineError {
@@ -72,6 +77,19 @@ impl EngineError {
             EngineError::QueueFull(_) => "queue_full",
             EngineError::Stopped => "stopped",
             EngineError::Device(_) => "device",
+            EngineError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl EngineError {
+    /// What each request of a step that failed with `self` is told: a device fault stays one
+    /// (the pool is unavailable), anything else is an internal error; neither is the request's
+    /// fault.
+    pub fn for_failed_step(&self) -> EngineError {
+        match self {
+            EngineError::Device(m) => EngineError::Device(format!("the step failed: {m}")),
+            other => EngineError::Internal(format!("the step failed: {other}")),
         }
     }
 }

@@ -206,9 +206,8 @@ fn run(
                     .collect();
                 for id in failed {
                     if let Some(tx) = streams.remove(&id) {
-                        let _ = tx.send(Err(EngineError::InvalidRequest(format!(
-                            "the step failed: {e}"
-                        ))));
+                        // A server fault, never the request's: UNAVAILABLE or INTERNAL upstream.
+                        let _ = tx.send(Err(e.for_failed_step()));
                     }
                 }
             }

@@ -37,7 +37,9 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
 }
 
-pub const MAX_LOGPROBS: usize = 20;
+use ferrite_proto::worker::v1 as pb;
+
+pub const MAX_LOGPROBS: usize = ferrite_proto::sampling::MAX_LOGPROBS as usize;
 
 impl SamplingParams {
     pub fn greedy(max_tokens: usize) -> Self {
@@ -57,44 +59,49 @@ impl SamplingParams {
         }
     }
 
-    /// Checks every field's range; the message names the field and its limit.
+    /// Checks every field's range (the ranges of [`ferrite_proto::sampling`], the gateway's
+    /// too); the message names the field and its limit.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(EngineError::InvalidRequest(m));
-        if self.max_tokens == 0 {
-            return bad("max_tokens must be at least 1".into());
+        ferrite_proto::sampling::check(&self.to_wire()).map_err(EngineError::InvalidRequest)
+    }
+
+    /// These parameters as the worker API carries them (counts past `u32` saturate, which
+    /// the ranges then refuse or treat alike).
+    pub fn to_wire(&self) -> pb::SamplingParams {
+        let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        pb::SamplingParams {
+            max_tokens: n(self.max_tokens),
+            temperature: self.temperature,
+            top_k: n(self.top_k),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.ignore_eos,
+            logprobs: self.logprobs.map(n),
         }
-        if !self.temperature.is_finite() || !(0.0..=100.0).contains(&self.temperature) {
-            return bad(format!(
-                "temperature {} is outside [0, 100]",
-                self.temperature
-            ));
+    }
+}
+
+impl From<pb::SamplingParams> for SamplingParams {
+    fn from(p: pb::SamplingParams) -> Self {
+        Self {
+            max_tokens: p.max_tokens as usize,
+            temperature: p.temperature,
+            top_k: p.top_k as usize,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            seed: p.seed,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            stop_token_ids: p.stop_token_ids,
+            ignore_eos: p.ignore_eos,
+            logprobs: p.logprobs.map(|n| n as usize),
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(format!("top_p {} is outside (0, 1]", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad(format!("min_p {} is outside [0, 1]", self.min_p));
-        }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 10.0) {
-            return bad(format!(
-                "repetition_penalty {} is outside (0, 10]",
-                self.repetition_penalty
-            ));
-        }
-        for (name, v) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-        ] {
-            if !(-2.0..=2.0).contains(&v) {
-                return bad(format!("{name} {v} is outside [-2, 2]"));
-            }
-        }
-        if let Some(n) = self.logprobs
-            && n > MAX_LOGPROBS
-        {
-            return bad(format!("logprobs {n} is above the maximum {MAX_LOGPROBS}"));
-        }
-        Ok(())
     }
 }
 

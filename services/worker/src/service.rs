@@ -91,24 +91,6 @@ impl WorkerService {
     }
 }
 
-fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
-    let p = p.unwrap_or_default();
-    SamplingParams {
-        max_tokens: p.max_tokens as usize,
-        temperature: p.temperature,
-        top_k: p.top_k as usize,
-        top_p: p.top_p,
-        min_p: p.min_p,
-        seed: p.seed,
-        repetition_penalty: p.repetition_penalty,
-        presence_penalty: p.presence_penalty,
-        frequency_penalty: p.frequency_penalty,
-        stop_token_ids: p.stop_token_ids,
-        ignore_eos: p.ignore_eos,
-        logprobs: p.logprobs.map(|n| n as usize),
-    }
-}
-
 fn finish_to_proto(f: Option<FinishReason>) -> i32 {
     match f {
         None | Some(FinishReason::Abort) => pb::FinishReason::Unspecified as i32,
@@ -236,7 +218,7 @@ impl pb::worker_server::Worker for WorkerService {
         };
         span.set_attribute(genai::REQUEST_MODEL, self.info.model.clone());
         span.set_attribute("ferrite.prompt_tokens", req.prompt_token_ids.len() as i64);
-        let params = sampling_from_proto(req.sampling);
+        let params = SamplingParams::from(req.sampling.unwrap_or_default());
         let stream = engine
             .submit(req.prompt_token_ids, params)
             .await

@@ -363,14 +363,13 @@ impl GpuRunner {
         let n_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let max_blocks = l.max_blocks();
         if n_tokens == 0 || n_tokens > l.max_tokens || seqs.len() > l.max_seqs {
-            return Err(EngineError::DoesNotFit(format!(
+            return Err(EngineError::Internal(format!(
                 "a GPU step of {n_tokens} tokens in {} sequences (limits {} and {})",
                 seqs.len(),
                 l.max_tokens,
                 l.max_seqs
             )));
         }
-        let vocab = self.w.cfg.vocab_size as u32;
         let mut ids = Vec::with_capacity(n_tokens);
         let mut positions = Vec::with_capacity(n_tokens);
         let mut slots = Vec::with_capacity(n_tokens);
@@ -382,7 +381,7 @@ impl GpuRunner {
         for (si, s) in seqs.iter().enumerate() {
             let end = s.start_pos + s.tokens.len();
             if s.tokens.is_empty() || end > l.max_model_len {
-                return Err(EngineError::DoesNotFit(format!(
+                return Err(EngineError::Internal(format!(
                     "a chunk of {} tokens ending at {end} (max_model_len {})",
                     s.tokens.len(),
                     l.max_model_len
@@ -390,26 +389,23 @@ impl GpuRunner {
             }
             let needed = end.div_ceil(l.block_size);
             if s.block_table.len() < needed || needed > max_blocks {
-                return Err(EngineError::DoesNotFit(format!(
+                return Err(EngineError::Internal(format!(
                     "block table holds {} blocks, {needed} needed",
                     s.block_table.len()
                 )));
             }
             for (i, &b) in s.block_table.iter().take(max_blocks).enumerate() {
                 if b as usize >= self.num_blocks {
-                    return Err(EngineError::DoesNotFit(format!(
+                    return Err(EngineError::Internal(format!(
                         "KV block {b} out of range"
                     )));
                 }
                 tables[si * max_blocks + i] = b as i32;
             }
             let row0 = ids.len();
+            // Ids are in the vocabulary: the engine admits only such prompts and samples only
+            // such ids, so the step does not check them again.
             for (i, &id) in s.tokens.iter().enumerate() {
-                if id >= vocab {
-                    return Err(EngineError::InvalidRequest(format!(
-                        "token id {id} is outside the vocabulary (size {vocab})"
-                    )));
-                }
                 let pos = s.start_pos + i;
                 ids.push(id as i32);
                 positions.push(pos as i32);
@@ -426,7 +422,7 @@ impl GpuRunner {
             max_q = max_q.max(s.tokens.len());
         }
         if picks.len() > l.max_seqs {
-            return Err(EngineError::DoesNotFit(format!(
+            return Err(EngineError::Internal(format!(
                 "{} rows of logits in one GPU step (at most {})",
                 picks.len(),
                 l.max_seqs

@@ -66,7 +66,7 @@ impl GpuRunner {
     ) -> Result<Vec<u32>> {
         let n = self.run_step(seqs)?;
         if params.len() != n {
-            return Err(EngineError::BadConfig(format!(
+            return Err(EngineError::Internal(format!(
                 "{} sampling parameter sets for {n} rows of logits",
                 params.len()
             )));

@@ -259,7 +259,7 @@ impl LlamaModel {
         for (s, seq) in seqs.iter().enumerate() {
             let needed = (seq.start_pos + seq.tokens.len()).div_ceil(kv.block_size);
             if seq.block_table.len() < needed {
-                return Err(EngineError::DoesNotFit(format!(
+                return Err(EngineError::Internal(format!(
                     "block table holds {} blocks, {needed} needed",
                     seq.block_table.len()
                 )));
@@ -273,7 +273,8 @@ impl LlamaModel {
             .chunks_exact_mut(h)
             .zip(seqs.iter().flat_map(|s| s.tokens))
         {
-            self.embed_row(id, row)?;
+            // In the vocabulary: the engine admits only such prompts, and samples only such ids.
+            self.embed.dequantize_row(id as usize, row);
             if c.embedding_scale != 1.0 {
                 row.iter_mut().for_each(|v| *v *= c.embedding_scale);
             }
@@ -383,17 +384,6 @@ impl LlamaModel {
             soft_cap_in_place(&mut logits, cap);
         }
         Ok(logits)
-    }
-
-    fn embed_row(&self, id: u32, out: &mut [f32]) -> Result<()> {
-        if id as usize >= self.embed.rows {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {id} is outside the vocabulary (size {})",
-                self.embed.rows
-            )));
-        }
-        self.embed.dequantize_row(id as usize, out);
-        Ok(())
     }
 }
 

@@ -1,0 +1,80 @@
+//! The valid ranges of the sampling parameters: the one definition, used by the gateway's
+//! validation (public requests) and by the engine's admission (worker requests and the CLI).
+
+use crate::worker::v1::SamplingParams;
+
+/// The most alternatives a token's logprobs may list.
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// Why `p` would be refused, naming the field and its range.
+pub fn check(p: &SamplingParams) -> Result<(), String> {
+    if p.max_tokens == 0 {
+        return Err("max_tokens must be at least 1".into());
+    }
+    if !p.temperature.is_finite() || !(0.0..=100.0).contains(&p.temperature) {
+        return Err(format!("temperature {} is outside [0, 100]", p.temperature));
+    }
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        return Err(format!("top_p {} is outside (0, 1]", p.top_p));
+    }
+    if !(0.0..=1.0).contains(&p.min_p) {
+        return Err(format!("min_p {} is outside [0, 1]", p.min_p));
+    }
+    if !(p.repetition_penalty > 0.0 && p.repetition_penalty <= 10.0) {
+        return Err(format!(
+            "repetition_penalty {} is outside (0, 10]",
+            p.repetition_penalty
+        ));
+    }
+    for (name, v) in [
+        ("presence_penalty", p.presence_penalty),
+        ("frequency_penalty", p.frequency_penalty),
+    ] {
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(format!("{name} {v} is outside [-2, 2]"));
+        }
+    }
+    if let Some(n) = p.logprobs
+        && n > MAX_LOGPROBS
+    {
+        return Err(format!("logprobs {n} is above the maximum {MAX_LOGPROBS}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> SamplingParams {
+        SamplingParams {
+            max_tokens: 16,
+            temperature: 0.7,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn every_field_out_of_range_is_named() {
+        assert_eq!(check(&ok()), Ok(()));
+        let cases: [(&str, fn(&mut SamplingParams)); 9] = [
+            ("max_tokens", |p| p.max_tokens = 0),
+            ("temperature", |p| p.temperature = f32::NAN),
+            ("temperature", |p| p.temperature = -0.5),
+            ("top_p", |p| p.top_p = 0.0),
+            ("min_p", |p| p.min_p = 1.5),
+            ("repetition_penalty", |p| p.repetition_penalty = 0.0),
+            ("presence_penalty", |p| p.presence_penalty = 2.5),
+            ("frequency_penalty", |p| p.frequency_penalty = -3.0),
+            ("logprobs", |p| p.logprobs = Some(MAX_LOGPROBS + 1)),
+        ];
+        for (field, break_it) in cases {
+            let mut p = ok();
+            break_it(&mut p);
+            let err = check(&p).expect_err(field);
+            assert!(err.starts_with(field), "{field}: {err}");
+        }
+    }
+}
