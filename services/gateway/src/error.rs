@@ -66,3 +66,26 @@ impl From<GatewayError> for Status {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workers_fault_is_never_the_clients_mistake() {
+        let cases = [
+            (Status::invalid_argument("bad"), "invalid_argument", Code::InvalidArgument),
+            (Status::resource_exhausted("full"), "resource_exhausted", Code::ResourceExhausted),
+            (Status::unavailable("step failed: GPU"), "unavailable", Code::Unavailable),
+            (Status::internal("step failed: broken"), "internal", Code::Internal),
+            (Status::unknown("?"), "unavailable", Code::Unavailable),
+            (Status::data_loss("?"), "internal", Code::Internal),
+        ];
+        for (status, kind, code) in cases {
+            let e = GatewayError::from_worker(&status);
+            assert_eq!(e.kind(), kind, "{status:?}");
+            assert_eq!(Status::from(e.clone()).code(), code, "{status:?}");
+            assert_eq!(e.retryable(), kind == "unavailable", "{status:?}");
+        }
+    }
+}

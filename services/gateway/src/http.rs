@@ -13,9 +13,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use ferrite_proto::v1 as api;
 use futures::{Stream, StreamExt};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::openai::{ChatRequest, CommonParams, CompletionRequest, completion_prompt, message_text};
 use crate::stream::GenerateEvent;
 use crate::validate::Prompt;
 use crate::{Gateway, GatewayError, GenerateArgs, trace};
@@ -41,7 +41,8 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+    /// A 400 for a bad request body, naming the field when one is to blame.
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -49,6 +50,18 @@ impl ApiError {
             code: "invalid_argument",
             param,
         }
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn param(&self) -> Option<&'static str> {
+        self.param
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 }
 
@@ -84,117 +97,6 @@ impl IntoResponse for ApiError {
 
 fn bad_json(e: impl std::fmt::Display) -> ApiError {
     ApiError::invalid(format!("bad request body: {e}"), None)
-}
-
-/// Fields shared by both completion endpoints.
-#[derive(Debug, Deserialize)]
-struct CommonParams {
-    model: String,
-    #[serde(default)]
-    stream: bool,
-    max_tokens: Option<u32>,
-    max_completion_tokens: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    repetition_penalty: Option<f32>,
-    stop: Option<Value>,
-    #[serde(default)]
-    ignore_eos: bool,
-    n: Option<u32>,
-}
-
-impl CommonParams {
-    fn sampling(&self, logprobs: Option<u32>) -> Result<api::SamplingParams, ApiError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
-        }
-        let stop = match &self.stop {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| ApiError::invalid("stop must be strings", Some("stop")))
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "stop must be a string or a list of strings",
-                    Some("stop"),
-                ));
-            }
-        };
-        Ok(api::SamplingParams {
-            max_tokens: self.max_completion_tokens.or(self.max_tokens),
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            seed: self.seed,
-            repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            stop,
-            stop_token_ids: Vec::new(),
-            logprobs,
-            ignore_eos: self.ignore_eos,
-        })
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct CompletionRequest {
-    prompt: Value,
-    logprobs: Option<u32>,
-    #[serde(flatten)]
-    common: CommonParams,
-}
-
-#[derive(Debug, Deserialize)]
-struct ChatRequest {
-    messages: Vec<ChatMessageIn>,
-    #[serde(flatten)]
-    common: CommonParams,
-}
-
-#[derive(Debug, Deserialize)]
-struct ChatMessageIn {
-    role: String,
-    content: Value,
-}
-
-fn message_text(content: &Value) -> Result<String, ApiError> {
-    match content {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        // The content-parts form: concatenate the text parts.
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| {
-                match (
-                    p.get("type").and_then(Value::as_str),
-                    p.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => Ok(t.to_owned()),
-                    _ => Err(ApiError::invalid(
-                        "only text content parts are supported",
-                        Some("messages"),
-                    )),
-                }
-            })
-            .collect(),
-        _ => Err(ApiError::invalid(
-            "message content must be a string or a list of parts",
-            Some("messages"),
-        )),
-    }
 }
 
 fn unix_now() -> u64 {
@@ -233,25 +135,8 @@ async fn completions(
     body: Result<Json<CompletionRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
-    let prompt = match &req.prompt {
-        Value::String(s) => Prompt::Text(s.clone()),
-        Value::Array(a) if a.iter().all(Value::is_u64) => Prompt::TokenIds(
-            a.iter()
-                .filter_map(|v| v.as_u64())
-                .map(|v| v as u32)
-                .collect(),
-        ),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
-            Prompt::Text(a[0].as_str().unwrap_or_default().to_owned())
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "prompt must be a string or a list of token ids",
-                Some("prompt"),
-            ));
-        }
-    };
-    let sampling = req.common.sampling(req.logprobs)?;
+    let prompt = completion_prompt(&req.prompt)?;
+    let sampling = req.common.sampling()?;
     run(gw, &headers, Kind::Completion, req.common, prompt, sampling).await
 }
 
@@ -271,7 +156,7 @@ async fn chat_completions(
             ))
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let sampling = req.common.sampling(None)?;
+    let sampling = req.common.sampling()?;
     run(
         gw,
         &headers,
@@ -313,7 +198,15 @@ async fn run(
     );
     let created = unix_now();
     if common.stream {
-        let stream = sse(events, kind, id, created, common.model);
+        let writer = ChunkWriter {
+            kind,
+            id,
+            created,
+            include_usage: common.include_usage(),
+            model: common.model,
+            first: true,
+        };
+        let stream = sse(events, writer);
         return Ok(Sse::new(stream)
             .keep_alive(KeepAlive::default())
             .into_response());
@@ -332,7 +225,7 @@ async fn run(
                 ..
             } => {
                 finish = finish_str(reason);
-                usage = json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens });
+                usage = self::usage(prompt_tokens, completion_tokens);
             }
         }
     }
@@ -351,48 +244,159 @@ async fn run(
     Ok(Json(json!({ "id": id, "object": object, "created": created, "model": common.model, "choices": [choice], "usage": usage })).into_response())
 }
 
-fn sse(
-    events: impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + 'static,
+/// Turns a completion's events into OpenAI stream chunks.
+struct ChunkWriter {
     kind: Kind,
     id: String,
     created: u64,
     model: String,
-) -> impl Stream<Item = Result<Event, Infallible>> + Send {
-    let object = match kind {
-        Kind::Completion => "text_completion",
-        Kind::Chat => "chat.completion.chunk",
-    };
-    let mut first = true;
-    let chunks = events.map(move |ev| {
-        let body = match ev {
+    /// `stream_options.include_usage`: every chunk carries `"usage": null`, and a last chunk
+    /// with no choices carries the usage; without it no chunk has a usage field.
+    include_usage: bool,
+    first: bool,
+}
+
+impl ChunkWriter {
+    fn chunk(&self, choices: Value) -> Value {
+        let object = match self.kind {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        };
+        let mut c = json!({ "id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    /// The chunks of one event, in order.
+    fn on_event(&mut self, ev: Result<GenerateEvent, GatewayError>) -> Vec<Value> {
+        match ev {
             Ok(GenerateEvent::Delta { text, .. }) => {
-                let choice = match kind {
+                let choice = match self.kind {
                     Kind::Completion => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": null }),
                     Kind::Chat => {
-                        let delta = if first { json!({ "role": "assistant", "content": text }) } else { json!({ "content": text }) };
+                        let delta = if self.first { json!({ "role": "assistant", "content": text }) } else { json!({ "content": text }) };
                         json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null })
                     }
                 };
-                first = false;
-                json!({ "id": id, "object": object, "created": created, "model": model, "choices": [choice] })
+                self.first = false;
+                vec![self.chunk(json!([choice]))]
             }
             Ok(GenerateEvent::Finish { reason, prompt_tokens, completion_tokens, .. }) => {
-                let choice = match kind {
+                let choice = match self.kind {
                     Kind::Completion => json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(reason) }),
                     Kind::Chat => json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_str(reason) }),
                 };
-                json!({ "id": id, "object": object, "created": created, "model": model, "choices": [choice],
-                        "usage": { "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens } })
+                let mut out = vec![self.chunk(json!([choice]))];
+                if self.include_usage {
+                    let mut last = self.chunk(json!([]));
+                    last["usage"] = usage(prompt_tokens, completion_tokens);
+                    out.push(last);
+                }
+                out
             }
             // Headers are sent already: report the error in the stream, as OpenAI does.
             Err(e) => {
                 let err = ApiError::from(e);
-                json!({ "error": { "message": err.message, "type": err.kind, "param": err.param, "code": err.code } })
+                vec![json!({ "error": { "message": err.message, "type": err.kind, "param": err.param, "code": err.code } })]
             }
-        };
-        Ok(Event::default().data(body.to_string()))
+        }
+    }
+}
+
+fn usage(prompt_tokens: u32, completion_tokens: u32) -> Value {
+    json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens })
+}
+
+fn sse(
+    events: impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + 'static,
+    mut writer: ChunkWriter,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+    let chunks = events.flat_map(move |ev| {
+        let events: Vec<Result<Event, Infallible>> = writer
+            .on_event(ev)
+            .into_iter()
+            .map(|c| Ok(Event::default().data(c.to_string())))
+            .collect();
+        futures::stream::iter(events)
     });
     chunks.chain(futures::stream::once(async {
         Ok(Event::default().data("[DONE]"))
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writer(kind: Kind, include_usage: bool) -> ChunkWriter {
+        ChunkWriter {
+            kind,
+            id: "x".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage,
+            first: true,
+        }
+    }
+
+    fn delta(text: &str) -> Result<GenerateEvent, GatewayError> {
+        Ok(GenerateEvent::Delta {
+            text: text.into(),
+            token_ids: vec![1],
+            logprobs: Vec::new(),
+        })
+    }
+
+    fn finish() -> Result<GenerateEvent, GatewayError> {
+        Ok(GenerateEvent::Finish {
+            reason: api::FinishReason::Length,
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            time_to_first_token_ms: 1.0,
+        })
+    }
+
+    #[test]
+    fn usage_is_streamed_only_when_asked_for() {
+        let mut w = writer(Kind::Chat, false);
+        let chunks: Vec<Value> = [delta("a"), delta("b"), finish()]
+            .into_iter()
+            .flat_map(|e| w.on_event(e))
+            .collect();
+        assert_eq!(chunks.len(), 3);
+        assert!(chunks.iter().all(|c| c.get("usage").is_none()), "{chunks:?}");
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        assert!(chunks[1]["choices"][0]["delta"].get("role").is_none());
+        assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+
+        let mut w = writer(Kind::Completion, true);
+        let chunks: Vec<Value> = [delta("a"), finish()]
+            .into_iter()
+            .flat_map(|e| w.on_event(e))
+            .collect();
+        assert_eq!(chunks.len(), 3, "the usage chunk comes last, on its own");
+        assert!(chunks[..2].iter().all(|c| c["usage"].is_null()));
+        let last = &chunks[2];
+        assert_eq!(last["choices"], json!([]));
+        assert_eq!(last["usage"]["total_tokens"], 5);
+    }
+
+    #[test]
+    fn server_faults_are_5xx() {
+        let cases = [
+            (GatewayError::InvalidArgument("x".into()), StatusCode::BAD_REQUEST),
+            (GatewayError::ModelNotFound("m".into()), StatusCode::NOT_FOUND),
+            (GatewayError::Unavailable("x".into()), StatusCode::SERVICE_UNAVAILABLE),
+            (GatewayError::Internal("x".into()), StatusCode::INTERNAL_SERVER_ERROR),
+            (GatewayError::ResourceExhausted("x".into()), StatusCode::TOO_MANY_REQUESTS),
+        ];
+        for (e, status) in cases {
+            assert_eq!(ApiError::from(e.clone()).status(), status, "{e:?}");
+        }
+        let mut w = writer(Kind::Chat, false);
+        let err = w.on_event(Err(GatewayError::Internal("boom".into())));
+        assert_eq!(err[0]["error"]["type"], "server_error");
+    }
 }

@@ -9,7 +9,8 @@
 //! - [`route`]: power-of-two-choices routing, retry before the first token.
 //! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
 //! - [`trace`]: each request's GenAI span and metrics.
-//! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API.
+//! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
+//!   request bodies [`openai`] reads (refusing what is not served).
 //! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
 //!
 //! The gateway owns text; workers own tokens.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod models;
+pub mod openai;
 pub mod pools;
 pub mod route;
 pub mod stream;
@@ -153,12 +155,20 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(std::io::Error::other)?;
+    // The older package name too: grpcio-reflection's default module and many GUI clients
+    // still speak only v1alpha.
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ferrite_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(std::io::Error::other)?;
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut stop_grpc = stop_tx.subscribe();
     let mut stop_http = stop_tx.subscribe();
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(api::inference_server::InferenceServer::new(
             grpc::InferenceService::new(gateway.clone()),
         ))

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ferrite_proto::worker::v1 as pb;
 use ferrite_text::Tokenizer;
-use tokio::sync::Mutex;
+use tokio::sync::OnceCell;
 
 use crate::error::GatewayError;
 use crate::pools::Pool;
@@ -20,6 +20,9 @@ pub struct ModelText {
     pub vocab_size: usize,
     /// Whether text prompts are encoded with the tokenizer's special tokens (BOS).
     pub add_special_tokens: bool,
+    /// The pool's digest of this text side (`None` from workers that send none): requests
+    /// tokenized here go only to pools advertising the same.
+    pub digest: Option<String>,
 }
 
 impl ModelText {
@@ -48,36 +51,120 @@ impl ModelText {
             max_model_len: info.max_model_len as usize,
             vocab_size: info.vocab_size as usize,
             add_special_tokens: info.add_special_tokens,
+            digest: Some(info.text_digest).filter(|d| !d.is_empty()),
         })
     }
 }
 
-/// Model text by name, fetched on first use.
+/// Model text by name, fetched on first use from a pool, and again when the pools of that
+/// model come back with a different text side (digest).
 #[derive(Debug, Default)]
 pub struct ModelTexts {
-    cache: Mutex<HashMap<String, Arc<ModelText>>>,
+    // A std mutex: held only to find or replace an entry, never across the fetch, so one
+    // model's fetch does not hold up requests for the others.
+    entries: std::sync::Mutex<HashMap<String, Arc<Entry>>>,
+}
+
+/// One model's text side under one digest. Concurrent first requests wait for one fetch; a
+/// failed fetch leaves the cell empty for the next request to try again.
+#[derive(Debug)]
+struct Entry {
+    digest: Option<String>,
+    text: OnceCell<Arc<ModelText>>,
+}
+
+/// The digest most of `pools` advertise (ties: the smallest), which requests are tokenized
+/// under while pools of different text sides serve one name (a rolling upgrade).
+pub fn majority_digest(pools: &[Pool]) -> Option<String> {
+    let mut counts: HashMap<Option<&str>, usize> = HashMap::new();
+    for p in pools {
+        *counts.entry(p.record.text_digest.as_deref()).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by(|(da, na), (db, nb)| na.cmp(nb).then(db.cmp(da)))
+        .and_then(|(d, _)| d.map(str::to_owned))
 }
 
 impl ModelTexts {
-    /// The text side of `model`, asking `pools` (ready pools of that model) if not cached.
+    /// The text side of `model`, asking `pools` (ready pools of that model) if not cached
+    /// under the digest they advertise.
     pub async fn get(&self, model: &str, pools: &[Pool]) -> Result<Arc<ModelText>, GatewayError> {
-        // Held across the fetch on purpose: concurrent first requests wait for one fetch.
-        let mut cache = self.cache.lock().await;
-        if let Some(t) = cache.get(model) {
-            return Ok(t.clone());
-        }
-        let mut last_err = GatewayError::ModelNotFound(model.to_owned());
-        for pool in pools {
-            let mut client = pool.client.clone();
-            match client.get_model_info(pb::GetModelInfoRequest {}).await {
-                Ok(info) => {
-                    let text = Arc::new(ModelText::from_info(info.into_inner())?);
-                    cache.insert(model.to_owned(), text.clone());
-                    return Ok(text);
-                }
-                Err(s) => last_err = GatewayError::from_worker(&s),
+        let digest = majority_digest(pools);
+        let entry = {
+            let mut entries = self
+                .entries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let fresh = || {
+                Arc::new(Entry {
+                    digest: digest.clone(),
+                    text: OnceCell::new(),
+                })
+            };
+            let e = entries.entry(model.to_owned()).or_insert_with(fresh);
+            if e.digest != digest {
+                tracing::info!(%model, old = ?e.digest, new = ?digest, "the model's text side changed: fetching it again");
+                *e = fresh();
             }
+            e.clone()
+        };
+        let text = entry
+            .text
+            .get_or_try_init(|| fetch(model, digest.as_deref(), pools))
+            .await?;
+        Ok(text.clone())
+    }
+}
+
+/// Asks the pools advertising `digest` for the model's text side, until one answers.
+async fn fetch(
+    model: &str,
+    digest: Option<&str>,
+    pools: &[Pool],
+) -> Result<Arc<ModelText>, GatewayError> {
+    let mut last_err = GatewayError::ModelNotFound(model.to_owned());
+    for pool in pools
+        .iter()
+        .filter(|p| p.record.text_digest.as_deref() == digest)
+    {
+        let mut client = pool.client.clone();
+        match client.get_model_info(pb::GetModelInfoRequest {}).await {
+            Ok(info) => return Ok(Arc::new(ModelText::from_info(info.into_inner())?)),
+            Err(s) => last_err = GatewayError::from_worker(&s),
         }
-        Err(last_err)
+    }
+    Err(last_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pools::testing::pool;
+
+    #[tokio::test]
+    async fn requests_are_tokenized_under_the_digest_most_pools_advertise() {
+        assert_eq!(majority_digest(&[]), None);
+        let one = [pool("a", 0, Some("d1"))];
+        assert_eq!(majority_digest(&one).as_deref(), Some("d1"));
+        let upgrade = [
+            pool("a", 0, Some("d1")),
+            pool("b", 0, Some("d2")),
+            pool("c", 0, Some("d2")),
+        ];
+        assert_eq!(majority_digest(&upgrade).as_deref(), Some("d2"));
+        let tie = [pool("a", 0, Some("d2")), pool("b", 0, Some("d1"))];
+        assert_eq!(majority_digest(&tie).as_deref(), Some("d1"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_fetch_is_not_cached_and_names_the_fault() {
+        // The pool's port is closed: the fetch fails as the server's fault, not the client's.
+        let texts = ModelTexts::default();
+        let pools = [pool("a", 0, Some("d1"))];
+        for _ in 0..2 {
+            let err = texts.get("m", &pools).await.expect_err("nothing listens");
+            assert!(err.retryable(), "{err:?}");
+        }
     }
 }

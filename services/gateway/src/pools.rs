@@ -137,3 +137,26 @@ impl PoolView {
         }
     }
 }
+
+/// Pools for unit tests: a lazy channel to a closed port, a given load and text digest.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    pub fn pool(name: &str, load: usize, digest: Option<&str>) -> Pool {
+        let channel = Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
+        Pool {
+            name: name.into(),
+            record: PoolRecord {
+                model: "m".into(),
+                tp: 1,
+                leader_addr: "http://127.0.0.1:9".into(),
+                state: PoolState::Ready,
+                max_model_len: 16,
+                text_digest: digest.map(str::to_owned),
+            },
+            client: WorkerClient::new(channel),
+            outstanding: Arc::new(AtomicUsize::new(load)),
+        }
+    }
+}

@@ -86,10 +86,12 @@ pub async fn open(
     let mut tried: HashSet<String> = HashSet::new();
     let mut last_err = None;
     loop {
+        // Only pools of the text side the request was tokenized under.
         let candidates: Vec<Pool> = view
             .ready(model)
             .into_iter()
             .filter(|p| !tried.contains(&p.name))
+            .filter(|p| p.record.text_digest == req.model().digest)
             .collect();
         let Some(pool) = pick(&candidates, random_seed()).cloned() else {
             return Err(last_err.unwrap_or_else(|| {
@@ -153,5 +155,42 @@ pub async fn open(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pools::testing::pool;
+
+    #[tokio::test]
+    async fn the_less_loaded_of_two_candidates_wins() {
+        assert!(pick(&[], 7).is_none());
+        let one = [pool("a", 5, None)];
+        assert_eq!(pick(&one, 7).map(|p| p.name.as_str()), Some("a"));
+        let pools = [pool("a", 3, None), pool("b", 1, None), pool("c", 2, None)];
+        for seed in 0..64u64 {
+            let a = (seed % 3) as usize;
+            let mut b = ((seed >> 32) % 2) as usize;
+            if b >= a {
+                b += 1;
+            }
+            let want = if pools[b].load() < pools[a].load() { b } else { a };
+            let got = pick(&pools, seed).expect("a pool");
+            assert_eq!(got.name, pools[want].name, "seed {seed}");
+            assert_ne!(got.name, "a", "the most loaded never wins a pair");
+        }
+    }
+
+    #[tokio::test]
+    async fn both_candidates_are_drawn_from_every_position() {
+        let pools = [pool("a", 0, None), pool("b", 0, None), pool("c", 0, None)];
+        let mut seen = HashSet::new();
+        for seed in 0..3u64 {
+            for hi in 0..2u64 {
+                seen.insert(pick(&pools, seed | (hi << 32)).expect("pool").name.clone());
+            }
+        }
+        assert_eq!(seen.len(), 3, "{seen:?}");
     }
 }

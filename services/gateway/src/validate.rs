@@ -13,7 +13,8 @@ use crate::models::ModelText;
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
 pub const MAX_STOP_STRINGS: usize = 16;
 
-/// A request that passed validation: token ids inside the vocabulary, within the context.
+/// A request that passed validation: token ids inside the vocabulary, within the context,
+/// sampling parameters in their ranges ([`ferrite_proto::sampling`]).
 #[derive(Debug, Clone)]
 pub struct ValidatedRequest {
     text: Arc<ModelText>,
@@ -148,8 +149,11 @@ pub fn validate(
         ));
     }
     let s = sampling.unwrap_or_default();
-    let max_tokens = s.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let room = limit - prompt_ids.len();
+    // Unset, it is what fits (at most the default), so a request without it cannot be refused.
+    let max_tokens = s
+        .max_tokens
+        .unwrap_or(DEFAULT_MAX_TOKENS.min(u32::try_from(room).unwrap_or(u32::MAX)));
     if max_tokens == 0 || max_tokens as usize > room {
         return bad(format!(
             "max_tokens {max_tokens} is out of range: it must be between 1 and {room} (the context length {limit} minus the prompt's {} tokens)",
@@ -175,6 +179,8 @@ pub fn validate(
         ignore_eos: s.ignore_eos,
         logprobs: s.logprobs,
     };
+    // The same ranges the engine admits: a bad value is refused here, not by a worker.
+    ferrite_proto::sampling::check(&sampling).map_err(GatewayError::InvalidArgument)?;
     Ok(ValidatedRequest {
         text,
         prompt_ids,
@@ -182,3 +188,7 @@ pub fn validate(
         stop: s.stop,
     })
 }
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;

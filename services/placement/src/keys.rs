@@ -165,6 +165,11 @@ pub struct PoolRecord {
     pub leader_addr: String,
     pub state: PoolState,
     pub max_model_len: u32,
+    /// The digest of the pool's text side (`ModelInfo.text_digest`): a gateway refetches the
+    /// tokenizer when it changes, and sends a request only to pools with the digest it was
+    /// tokenized under. Absent in records of older workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_digest: Option<String>,
 }
 
 /// Value of `pools/{pool}/ranks/{rank}`, written by that rank under its lease.
@@ -243,6 +248,7 @@ mod tests {
             leader_addr: "http://127.0.0.1:1".into(),
             state: PoolState::Ready,
             max_model_len: 4096,
+            text_digest: Some("0123456789abcdef".into()),
         };
         let json = String::from_utf8(encode(&rec)).expect("utf8");
         assert!(json.contains(r#""state":"ready""#), "{json}");

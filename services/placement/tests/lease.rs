@@ -21,6 +21,7 @@ fn pool(state: PoolState) -> Vec<u8> {
         leader_addr: "http://127.0.0.1:1".into(),
         state,
         max_model_len: 128,
+        text_digest: None,
     })
 }
 

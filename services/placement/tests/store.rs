@@ -17,6 +17,7 @@ fn pool(state: PoolState) -> PoolRecord {
         leader_addr: "http://127.0.0.1:50051".into(),
         state,
         max_model_len: 2048,
+        text_digest: None,
     }
 }
 

@@ -90,7 +90,22 @@ pub fn model_info(
         // Whether encoding text adds anything (a BOS) tells the gateway how to tokenize.
         info.add_special_tokens = t.encode("a", true)? != t.encode("a", false)?;
     }
+    info.text_digest = text_digest(&info);
     Ok(info)
+}
+
+/// SHA-256 (first 16 hex digits) of `info`'s encoding without its digest: equal text sides
+/// give equal digests.
+fn text_digest(info: &pb::ModelInfo) -> String {
+    use prost::Message;
+    use sha2::Digest;
+    let bytes = pb::ModelInfo {
+        text_digest: String::new(),
+        ..info.clone()
+    }
+    .encode_to_vec();
+    let hash = sha2::Sha256::digest(&bytes);
+    hash.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 /// A started worker: serving, registered, Ready.
@@ -215,6 +230,7 @@ impl RunningWorker {
                 leader_addr: leader_addr.clone(),
                 state: PoolState::Starting,
                 max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
+                text_digest: Some(service.info().text_digest.clone()),
             };
             let rank = RankRecord {
                 addr: leader_addr,

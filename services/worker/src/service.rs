@@ -26,7 +26,8 @@ pub fn status_of(e: &EngineError) -> Status {
         | EngineError::DoesNotFit(_)
         | EngineError::DuplicateRequest(_) => Status::invalid_argument(msg),
         EngineError::QueueFull(_) => Status::resource_exhausted(msg),
-        EngineError::Stopped => Status::unavailable(msg),
+        // The pool cannot serve now; another may (the gateway retries before the first token).
+        EngineError::Stopped | EngineError::Device(_) => Status::unavailable(msg),
         _ => Status::internal(msg),
     }
 }
@@ -57,6 +58,11 @@ impl WorkerService {
             info: Arc::new(info),
             draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// What `GetModelInfo` answers.
+    pub fn info(&self) -> &pb::ModelInfo {
+        &self.info
     }
 
     /// Sets the load gauges from the engine's figures (run before each `/metrics` render).
@@ -251,5 +257,27 @@ impl pb::worker_server::Worker for WorkerService {
             kv_blocks_used: n(s.kv_blocks_used),
             kv_blocks_total: n(s.kv_blocks_total),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn only_the_requests_own_faults_are_invalid_argument() {
+        let cases = [
+            (EngineError::InvalidRequest("x".into()), Code::InvalidArgument),
+            (EngineError::DoesNotFit("x".into()), Code::InvalidArgument),
+            (EngineError::QueueFull(8), Code::ResourceExhausted),
+            (EngineError::Stopped, Code::Unavailable),
+            (EngineError::Device("x".into()).for_failed_step(), Code::Unavailable),
+            (EngineError::Internal("x".into()).for_failed_step(), Code::Internal),
+            (EngineError::BadConfig("x".into()).for_failed_step(), Code::Internal),
+        ];
+        for (e, code) in cases {
+            assert_eq!(status_of(&e).code(), code, "{e}");
+        }
     }
 }

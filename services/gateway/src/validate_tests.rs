@@ -1,0 +1,100 @@
+//! Validation against a small word-level tokenizer: prompts of each form, vocabulary and
+//! context limits, and every sampling range.
+
+use super::*;
+use serde_json::json;
+
+/// A model of 8 words, a context of 16 tokens, and a chat template.
+fn model() -> Arc<ModelText> {
+    let tokenizer = json!({
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": { "type": "Whitespace" },
+        "post_processor": null,
+        "decoder": null,
+        "model": { "type": "WordLevel", "unk_token": "<unk>",
+            "vocab": { "<unk>": 0, "a": 1, "b": 2, "c": 3, "user": 4, ":": 5, "x": 6, "y": 7 } }
+    });
+    let info = pb::ModelInfo {
+        model: "m".into(),
+        tokenizer_json: tokenizer.to_string(),
+        chat_template: Some(
+            "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}".into(),
+        ),
+        vocab_size: 8,
+        max_model_len: 16,
+        text_digest: "d1".into(),
+        ..pb::ModelInfo::default()
+    };
+    Arc::new(ModelText::from_info(info).expect("model text"))
+}
+
+fn sampling(f: impl FnOnce(&mut api::SamplingParams)) -> Option<api::SamplingParams> {
+    let mut s = api::SamplingParams {
+        max_tokens: Some(4),
+        ..api::SamplingParams::default()
+    };
+    f(&mut s);
+    Some(s)
+}
+
+fn refused(prompt: &Prompt, s: Option<api::SamplingParams>) -> String {
+    match validate(model(), prompt, s) {
+        Err(GatewayError::InvalidArgument(m)) => m,
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+}
+
+#[test]
+fn prompts_of_each_form_become_ids() {
+    let text = validate(model(), &Prompt::Text("a b c".into()), None).expect("text");
+    assert_eq!(text.prompt_ids(), [1, 2, 3]);
+    assert_eq!(text.model().digest.as_deref(), Some("d1"));
+    let chat = Prompt::Chat(vec![ChatMessage::new("user", "x y")]);
+    let chat = validate(model(), &chat, None).expect("chat");
+    assert_eq!(chat.prompt_ids(), [4, 5, 6, 7]);
+    let ids = validate(model(), &Prompt::TokenIds(vec![7, 0]), None).expect("ids");
+    assert_eq!(ids.prompt_ids(), [7, 0]);
+}
+
+#[test]
+fn defaults_fill_the_worker_request() {
+    let v = validate(model(), &Prompt::TokenIds(vec![1]), None).expect("ok");
+    let s = v.sampling();
+    // Unset, max_tokens is what the context leaves (16 - 1), below the default.
+    assert_eq!(s.max_tokens, 15);
+    assert_eq!((s.temperature, s.top_p, s.repetition_penalty), (1.0, 1.0, 1.0));
+}
+
+#[test]
+fn prompts_outside_the_model_are_refused() {
+    assert!(refused(&Prompt::Text(String::new()), None).contains("empty"));
+    assert!(refused(&Prompt::TokenIds(vec![]), None).contains("empty"));
+    assert!(refused(&Prompt::Chat(vec![]), None).contains("no messages"));
+    assert!(refused(&Prompt::TokenIds(vec![1, 8]), None).contains("token id 8"));
+    let long = Prompt::TokenIds(vec![1; 16]);
+    assert!(refused(&long, None).contains("context length"));
+    let room = refused(&Prompt::TokenIds(vec![1; 10]), sampling(|s| s.max_tokens = Some(7)));
+    assert!(room.contains("between 1 and 6"), "{room}");
+    let stop = refused(&Prompt::TokenIds(vec![1]), sampling(|s| s.stop = vec![String::new()]));
+    assert!(stop.contains("stop"), "{stop}");
+}
+
+#[test]
+fn every_sampling_range_is_checked_here() {
+    let cases: [(&str, fn(&mut api::SamplingParams)); 8] = [
+        ("temperature", |s| s.temperature = Some(-1.0)),
+        ("temperature", |s| s.temperature = Some(f32::INFINITY)),
+        ("top_p", |s| s.top_p = Some(1.5)),
+        ("min_p", |s| s.min_p = Some(-0.1)),
+        ("repetition_penalty", |s| s.repetition_penalty = Some(0.0)),
+        ("presence_penalty", |s| s.presence_penalty = Some(3.0)),
+        ("frequency_penalty", |s| s.frequency_penalty = Some(-2.5)),
+        ("logprobs", |s| s.logprobs = Some(21)),
+    ];
+    for (field, f) in cases {
+        let m = refused(&Prompt::TokenIds(vec![1]), sampling(f));
+        assert!(m.starts_with(field), "{field}: {m}");
+    }
+}
