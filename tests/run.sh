@@ -11,20 +11,20 @@ missing=()
 command -v python3 >/dev/null || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 command -v cc >/dev/null || missing+=(gcc)
-# The cluster tests (tests/tests/*.rs): a real etcd, protoc for the build, curl as a raw gRPC
-# client.
+# The cluster tests (tests/tests/*.rs): a real etcd, curl as a raw gRPC client. (The build
+# needs no system protoc: see .cargo/config.toml.)
 command -v etcd >/dev/null || missing+=(etcd-server)
-command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v curl >/dev/null || missing+=(curl)
 if ((${#missing[@]})); then
     echo "tests/run.sh: installing ${missing[*]}"
     apt-get update -qq && apt-get install -y -qq "${missing[@]}"
 fi
 # The Python clients of the cluster tests (tests/clients/): grpcio (+ stubs generated from
-# proto/ at run time), the official openai package, and prometheus_client (its exposition-format
+# proto/ at run time, + grpcio-reflection's v1alpha client), the official openai package, and
+# prometheus_client (its exposition-format
 # parser checks /metrics), and numpy (checks `ferrite quantize` output independently).
-if ! python3 -c 'import grpc, grpc_tools, openai, prometheus_client, numpy' 2>/dev/null; then
-    packages=(grpcio grpcio-tools openai prometheus_client numpy)
+if ! python3 -c 'import grpc, grpc_tools, grpc_reflection, openai, prometheus_client, numpy' 2>/dev/null; then
+    packages=(grpcio grpcio-tools grpcio-reflection openai prometheus_client numpy)
     echo "tests/run.sh: installing ${packages[*]}"
     python3 -m pip install --quiet "${packages[@]}" 2>/dev/null ||
         python3 -m pip install --quiet --break-system-packages "${packages[@]}"

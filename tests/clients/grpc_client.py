@@ -6,8 +6,10 @@ Run by tests/tests/api.rs (`cargo test`), or by hand against a running gateway:
     python3 tests/clients/grpc_client.py --addr 127.0.0.1:50051 --prompt "Hello" --max-tokens 16
 
 It runs one greedy Generate (temperature 0, ignore_eos) and one Generate for an unknown model,
-and prints one JSON object: {"text", "token_ids", "deltas", "finish_reason", "usage",
-"unknown_model_code", "unknown_model_details"}. Needs `grpcio` and `grpcio-tools`.
+lists the services through server reflection as `grpcio-reflection` speaks it by default
+(`grpc.reflection.v1alpha`), and prints one JSON object: {"text", "token_ids", "deltas",
+"finish_reason", "usage", "unknown_model_code", "unknown_model_details",
+"reflection_v1alpha"}. Needs `grpcio`, `grpcio-tools` and `grpcio-reflection`.
 """
 
 import argparse
@@ -43,6 +45,22 @@ def generate_stubs(out_dir):
     from ferrite.v1 import inference_pb2, inference_pb2_grpc  # noqa: PLC0415 (generated just now)
 
     return inference_pb2, inference_pb2_grpc
+
+
+def reflection_v1alpha(channel):
+    """The services, and the file declaring ferrite.v1.Inference, as grpcio-reflection's
+    descriptor database finds them (it speaks grpc.reflection.v1alpha)."""
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (  # noqa: PLC0415
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    db = ProtoReflectionDescriptorDatabase(channel)
+    try:
+        services = sorted(db.get_services())
+        file = db.FindFileContainingSymbol("ferrite.v1.Inference")
+        return {"services": services, "inference_file": file.name}
+    except grpc.RpcError as e:
+        return {"error": e.code().name, "details": e.details()}
 
 
 def main():
@@ -84,6 +102,8 @@ def main():
             except grpc.RpcError as e:
                 unknown_code, unknown_details = e.code().name, e.details()
 
+            reflection = reflection_v1alpha(channel)
+
     print(
         json.dumps(
             {
@@ -99,6 +119,7 @@ def main():
                 else None,
                 "unknown_model_code": unknown_code,
                 "unknown_model_details": unknown_details,
+                "reflection_v1alpha": reflection,
             }
         )
     )

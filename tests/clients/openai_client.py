@@ -5,8 +5,9 @@ Run by tests/tests/api.rs (`cargo test`), or by hand against a running gateway:
 
     python3 tests/clients/openai_client.py --base-url http://127.0.0.1:8000/v1 --prompt "Hello"
 
-Calls models.list, completions (stream and not), chat.completions (stream and not), and a
-completion for an unknown model, and prints one JSON object with what came back; the Rust test
+Calls models.list, completions (stream and not), chat.completions (stream and not, with and
+without stream_options.include_usage), a completion for an unknown model, and requests with
+fields ferrite refuses (tools, response_format, n > 1), and prints one JSON object with what came back; the Rust test
 compares it with the gRPC API's answers. Greedy throughout (temperature 0); completions also
 set ignore_eos so they produce exactly --max-tokens tokens.
 """
@@ -17,6 +18,35 @@ import sys
 from urllib.parse import urlparse
 
 import openai
+
+
+def usage_chunks(client, model, messages, greedy, stream_options):
+    """The usage of every chunk of a streamed chat that carries one, with its choice count."""
+    extra = {"stream_options": stream_options} if stream_options else {}
+    found = []
+    for chunk in client.chat.completions.create(model=model, messages=messages, stream=True, **greedy, **extra):
+        if chunk.usage is not None:
+            found.append({"choices": len(chunk.choices), "usage": chunk.usage.model_dump()})
+    return found
+
+
+def refusals(client, model, messages):
+    """What ferrite answers to fields it does not serve: status code and the field it names."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    cases = {
+        "tools": {"tools": [tool]},
+        "response_format": {"response_format": {"type": "json_object"}},
+        "n": {"n": 2},
+    }
+    out = {}
+    for name, fields in cases.items():
+        try:
+            client.chat.completions.create(model=model, messages=messages, max_tokens=2, **fields)
+            out[name] = {"raised": None}
+        except openai.APIStatusError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            out[name] = {"status_code": e.status_code, "param": body.get("param"), "message": body.get("message")}
+    return out
 
 
 def main():
@@ -74,6 +104,9 @@ def main():
             role = choice.delta.role or role
             finish = choice.finish_reason or finish
     out["chat_stream"] = {"content": content, "role": role, "finish_reason": finish, "chunks": chunks}
+    out["usage_chunks_unasked"] = usage_chunks(client, args.model, messages, greedy, None)
+    out["usage_chunks_asked"] = usage_chunks(client, args.model, messages, greedy, {"include_usage": True})
+    out["refused"] = refusals(client, args.model, messages)
 
     try:
         client.completions.create(model="no-such-model", prompt=args.prompt, max_tokens=4)

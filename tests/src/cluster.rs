@@ -34,6 +34,8 @@ pub struct WorkerOptions {
     pub max_num_seqs: Option<usize>,
     pub max_waiting: Option<usize>,
     pub max_model_len: Option<usize>,
+    /// A model file served under [`MODEL`]'s name instead of the default model.
+    pub model_file: Option<std::path::PathBuf>,
 }
 
 impl Default for WorkerOptions {
@@ -44,6 +46,7 @@ impl Default for WorkerOptions {
             max_num_seqs: None,
             max_waiting: None,
             max_model_len: None,
+            model_file: None,
         }
     }
 }
@@ -69,6 +72,10 @@ impl WorkerOptions {
         ]
         .map(String::from)
         .into();
+        if let Some(file) = &self.model_file {
+            args[2] = file.display().to_string();
+            args.extend(["--served-model-name".into(), MODEL.into()]);
+        }
         args.extend(["--lease-ttl-s".into(), self.lease_ttl_s.to_string()]);
         args.extend(["--kv-cache-mib".into(), self.kv_cache_mib.to_string()]);
         let optional = [

@@ -237,6 +237,18 @@ async fn python_grpcio_client_gets_the_rust_clients_text() -> Result<()> {
     assert_eq!(py["finish_reason"], "FINISH_REASON_LENGTH", "python: {py}");
     assert_eq!(py["usage"]["completion_tokens"], MAX_TOKENS, "python: {py}");
     assert_eq!(py["unknown_model_code"], "NOT_FOUND", "python: {py}");
+    // grpcio-reflection's default module speaks v1alpha, which the gateway serves beside v1.
+    let services = &py["reflection_v1alpha"]["services"];
+    assert!(
+        services
+            .as_array()
+            .is_some_and(|s| s.contains(&"ferrite.v1.Inference".into())),
+        "python: {py}"
+    );
+    assert_eq!(
+        py["reflection_v1alpha"]["inference_file"], "ferrite/v1/inference.proto",
+        "python: {py}"
+    );
     Ok(())
 }
 
@@ -322,5 +334,20 @@ async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
         "{show}"
     );
     assert_eq!(unknown["param"], "model", "{show}");
+
+    // Usage is streamed only when asked for, then as a last chunk of its own.
+    assert_eq!(out["usage_chunks_unasked"], serde_json::json!([]), "{show}");
+    let asked = out["usage_chunks_asked"]
+        .as_array()
+        .context("usage chunks")?;
+    assert_eq!(asked.len(), 1, "{show}");
+    assert_eq!(asked[0]["choices"], 0, "{show}");
+    assert_eq!(asked[0]["usage"]["completion_tokens"], MAX_TOKENS, "{show}");
+    // Fields ferrite does not serve are refused by name, not ignored.
+    for param in ["tools", "response_format", "n"] {
+        let r = &out["refused"][param];
+        assert_eq!(r["status_code"], 400, "{param}: {show}");
+        assert_eq!(r["param"], param, "{show}");
+    }
     Ok(())
 }

@@ -214,6 +214,19 @@ async fn bad_requests_get_the_documented_status_and_name_the_limit() -> Result<(
     );
     assert_eq!(e["type"], "invalid_request_error", "{r:?}");
 
+    // A token id past 32 bits is refused, not truncated (2^32 + 5 would run as token 5).
+    let body = json!({"model": MODEL, "prompt": [4_294_967_301u64], "max_tokens": 2});
+    let r = http::post_json(addr, "/v1/completions", &body).await?;
+    assert_eq!(r.status, 400, "64-bit token id: {r:?}");
+    let e = &r.json()?["error"];
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("4294967301")),
+        "{r:?}"
+    );
+    assert_eq!(e["param"], "prompt", "{r:?}");
+
     let body = json!({"model": MODEL, "messages": [], "max_tokens": 4});
     let r = http::post_json(addr, "/v1/chat/completions", &body).await?;
     assert_eq!(r.status, 400, "empty chat: {r:?}");

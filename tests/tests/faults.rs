@@ -1,5 +1,6 @@
 //! Faults: a worker killed mid-stream, an etcd outage, a crowd of clients that cancel
-//! mid-stream, and clients that give up while their request is being queued.
+//! mid-stream, clients that give up while their request is being queued, and a model whose
+//! pool comes back with another tokenizer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -341,4 +342,52 @@ async fn requests_cancelled_while_queued_leave_the_queue() -> Result<()> {
     eprintln!("{CLIENTS} cancelled queued requests gone {took:?} after the last cancel");
     drop(running);
     Ok(())
+}
+
+/// The ids the gateway tokenizes `text` into for [`MODEL`].
+async fn gateway_ids(cluster: &Cluster, text: &str) -> Result<Vec<u32>> {
+    use ferrite_proto::v1::TokenizeRequest;
+    use ferrite_proto::v1::tokenize_request::Input;
+    let mut client = cluster.inference().await?;
+    let req = TokenizeRequest {
+        model: MODEL.into(),
+        input: Some(Input::Text(text.into())),
+        add_special_tokens: Some(false),
+    };
+    Ok(client.tokenize(req).await?.into_inner().token_ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_back_with_another_tokenizer_is_tokenized_anew() -> Result<()> {
+    let _turn = serial().await;
+    let mut cluster = Cluster::start(&["a"], options()).await?;
+    let text = "Hello world";
+    let before = gateway_ids(&cluster, text).await?;
+    short_request(&cluster, "the first pool").await?;
+    cluster.worker_mut("a").proc.kill_hard().await?;
+    wait::until("the gateway to drop pool a", LEASE_TTL * 4, || async {
+        match cluster.model_entry().await {
+            Ok(None) => Ok(()),
+            other => Err(format!("still listed: {other:?}")),
+        }
+    })
+    .await?;
+    // The same model name, now served by a model with a byte-level tokenizer of 256 ids.
+    let byte_level =
+        ferrite_cluster_tests::workspace_root().join("tests/fixtures/models/qwen2/model.gguf");
+    let opts = WorkerOptions {
+        model_file: Some(byte_level),
+        ..options()
+    };
+    let b = WorkerProc::start(&cluster.etcd.endpoint(), "b", &opts).await?;
+    cluster.workers.push(b);
+    cluster.wait_for_ready_pools(1, DISCOVERY_TIMEOUT).await?;
+    let after = gateway_ids(&cluster, text).await?;
+    assert_eq!(
+        after,
+        text.bytes().map(u32::from).collect::<Vec<_>>(),
+        "before: {before:?}"
+    );
+    // Tokenized under the old tokenizer, this would name ids outside the new vocabulary.
+    short_request(&cluster, "the pool with the new tokenizer").await
 }

@@ -531,7 +531,9 @@ impl Engine {
         let max_model_len = self.sched.config().max_model_len;
         let (Some(req), Some(seq)) = (self.requests.get_mut(&id), self.sched.get(id)) else {
             // `execute` checked that `id` is in both tables; nothing removes it since.
-            return Err(EngineError::Internal(format!("sequence {id} vanished mid-step")));
+            return Err(EngineError::Internal(format!(
+                "sequence {id} vanished mid-step"
+            )));
         };
         let token = match pick {
             Pick::Row(mut row) => req.sampler.sample(&mut row, seq.prompt(), seq.output()),

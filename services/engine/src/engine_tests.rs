@@ -89,7 +89,10 @@ fn a_failed_step_reaches_its_clients_as_a_server_fault() {
             .build()
             .expect("runtime");
         let got = rt.block_on(async {
-            let mut s = handle.submit(vec![5, 6, 7], greedy(4)).await.expect("admit");
+            let mut s = handle
+                .submit(vec![5, 6, 7], greedy(4))
+                .await
+                .expect("admit");
             tokio::time::timeout(Duration::from_secs(10), s.next())
                 .await
                 .expect("an answer, not a hang")

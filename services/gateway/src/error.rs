@@ -74,10 +74,26 @@ mod tests {
     #[test]
     fn a_workers_fault_is_never_the_clients_mistake() {
         let cases = [
-            (Status::invalid_argument("bad"), "invalid_argument", Code::InvalidArgument),
-            (Status::resource_exhausted("full"), "resource_exhausted", Code::ResourceExhausted),
-            (Status::unavailable("step failed: GPU"), "unavailable", Code::Unavailable),
-            (Status::internal("step failed: broken"), "internal", Code::Internal),
+            (
+                Status::invalid_argument("bad"),
+                "invalid_argument",
+                Code::InvalidArgument,
+            ),
+            (
+                Status::resource_exhausted("full"),
+                "resource_exhausted",
+                Code::ResourceExhausted,
+            ),
+            (
+                Status::unavailable("step failed: GPU"),
+                "unavailable",
+                Code::Unavailable,
+            ),
+            (
+                Status::internal("step failed: broken"),
+                "internal",
+                Code::Internal,
+            ),
             (Status::unknown("?"), "unavailable", Code::Unavailable),
             (Status::data_loss("?"), "internal", Code::Internal),
         ];

@@ -15,7 +15,9 @@ use ferrite_proto::v1 as api;
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
-use crate::openai::{ChatRequest, CommonParams, CompletionRequest, completion_prompt, message_text};
+use crate::openai::{
+    ChatRequest, CommonParams, CompletionRequest, completion_prompt, message_text,
+};
 use crate::stream::GenerateEvent;
 use crate::validate::Prompt;
 use crate::{Gateway, GatewayError, GenerateArgs, trace};
@@ -274,19 +276,34 @@ impl ChunkWriter {
         match ev {
             Ok(GenerateEvent::Delta { text, .. }) => {
                 let choice = match self.kind {
-                    Kind::Completion => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": null }),
+                    Kind::Completion => {
+                        json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": null })
+                    }
                     Kind::Chat => {
-                        let delta = if self.first { json!({ "role": "assistant", "content": text }) } else { json!({ "content": text }) };
+                        let delta = if self.first {
+                            json!({ "role": "assistant", "content": text })
+                        } else {
+                            json!({ "content": text })
+                        };
                         json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null })
                     }
                 };
                 self.first = false;
                 vec![self.chunk(json!([choice]))]
             }
-            Ok(GenerateEvent::Finish { reason, prompt_tokens, completion_tokens, .. }) => {
+            Ok(GenerateEvent::Finish {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                ..
+            }) => {
                 let choice = match self.kind {
-                    Kind::Completion => json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(reason) }),
-                    Kind::Chat => json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_str(reason) }),
+                    Kind::Completion => {
+                        json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(reason) })
+                    }
+                    Kind::Chat => {
+                        json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_str(reason) })
+                    }
                 };
                 let mut out = vec![self.chunk(json!([choice]))];
                 if self.include_usage {
@@ -299,7 +316,9 @@ impl ChunkWriter {
             // Headers are sent already: report the error in the stream, as OpenAI does.
             Err(e) => {
                 let err = ApiError::from(e);
-                vec![json!({ "error": { "message": err.message, "type": err.kind, "param": err.param, "code": err.code } })]
+                vec![
+                    json!({ "error": { "message": err.message, "type": err.kind, "param": err.param, "code": err.code } }),
+                ]
             }
         }
     }
@@ -366,7 +385,10 @@ mod tests {
             .flat_map(|e| w.on_event(e))
             .collect();
         assert_eq!(chunks.len(), 3);
-        assert!(chunks.iter().all(|c| c.get("usage").is_none()), "{chunks:?}");
+        assert!(
+            chunks.iter().all(|c| c.get("usage").is_none()),
+            "{chunks:?}"
+        );
         assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
         assert!(chunks[1]["choices"][0]["delta"].get("role").is_none());
         assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
@@ -386,11 +408,26 @@ mod tests {
     #[test]
     fn server_faults_are_5xx() {
         let cases = [
-            (GatewayError::InvalidArgument("x".into()), StatusCode::BAD_REQUEST),
-            (GatewayError::ModelNotFound("m".into()), StatusCode::NOT_FOUND),
-            (GatewayError::Unavailable("x".into()), StatusCode::SERVICE_UNAVAILABLE),
-            (GatewayError::Internal("x".into()), StatusCode::INTERNAL_SERVER_ERROR),
-            (GatewayError::ResourceExhausted("x".into()), StatusCode::TOO_MANY_REQUESTS),
+            (
+                GatewayError::InvalidArgument("x".into()),
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                GatewayError::ModelNotFound("m".into()),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                GatewayError::Unavailable("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                GatewayError::Internal("x".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+            (
+                GatewayError::ResourceExhausted("x".into()),
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
         ];
         for (e, status) in cases {
             assert_eq!(ApiError::from(e.clone()).status(), status, "{e:?}");

@@ -85,7 +85,9 @@ fn set(v: &Option<Value>) -> bool {
 impl CommonParams {
     /// Whether the stream ends with a usage chunk (`stream_options.include_usage`).
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
     }
 
     /// Refuses every field that ferrite does not serve, rather than ignoring it.
@@ -293,7 +295,10 @@ mod tests {
             (json!({ "tool_choice": "required" }), "tool_choice"),
             (json!({ "function_call": { "name": "f" } }), "function_call"),
             (json!({ "functions": [{}] }), "functions"),
-            (json!({ "response_format": { "type": "json_object" } }), "response_format"),
+            (
+                json!({ "response_format": { "type": "json_object" } }),
+                "response_format",
+            ),
             (json!({ "logit_bias": { "50256": -100 } }), "logit_bias"),
             (json!({ "logprobs": true }), "logprobs"),
             (json!({ "logprobs": 2 }), "logprobs"),
@@ -322,7 +327,9 @@ mod tests {
 
     #[test]
     fn stop_is_a_string_or_strings() {
-        let s = params(json!({ "stop": ["a", "b"] })).sampling().expect("ok");
+        let s = params(json!({ "stop": ["a", "b"] }))
+            .sampling()
+            .expect("ok");
         assert_eq!(s.stop, ["a", "b"]);
         let s = params(json!({ "stop": "x" })).sampling().expect("ok");
         assert_eq!(s.stop, ["x"]);

@@ -175,7 +175,11 @@ mod tests {
             if b >= a {
                 b += 1;
             }
-            let want = if pools[b].load() < pools[a].load() { b } else { a };
+            let want = if pools[b].load() < pools[a].load() {
+                b
+            } else {
+                a
+            };
             let got = pick(&pools, seed).expect("a pool");
             assert_eq!(got.name, pools[want].name, "seed {seed}");
             assert_ne!(got.name, "a", "the most loaded never wins a pair");

@@ -64,7 +64,10 @@ fn defaults_fill_the_worker_request() {
     let s = v.sampling();
     // Unset, max_tokens is what the context leaves (16 - 1), below the default.
     assert_eq!(s.max_tokens, 15);
-    assert_eq!((s.temperature, s.top_p, s.repetition_penalty), (1.0, 1.0, 1.0));
+    assert_eq!(
+        (s.temperature, s.top_p, s.repetition_penalty),
+        (1.0, 1.0, 1.0)
+    );
 }
 
 #[test]
@@ -75,9 +78,15 @@ fn prompts_outside_the_model_are_refused() {
     assert!(refused(&Prompt::TokenIds(vec![1, 8]), None).contains("token id 8"));
     let long = Prompt::TokenIds(vec![1; 16]);
     assert!(refused(&long, None).contains("context length"));
-    let room = refused(&Prompt::TokenIds(vec![1; 10]), sampling(|s| s.max_tokens = Some(7)));
+    let room = refused(
+        &Prompt::TokenIds(vec![1; 10]),
+        sampling(|s| s.max_tokens = Some(7)),
+    );
     assert!(room.contains("between 1 and 6"), "{room}");
-    let stop = refused(&Prompt::TokenIds(vec![1]), sampling(|s| s.stop = vec![String::new()]));
+    let stop = refused(
+        &Prompt::TokenIds(vec![1]),
+        sampling(|s| s.stop = vec![String::new()]),
+    );
     assert!(stop.contains("stop"), "{stop}");
 }
 

@@ -268,13 +268,25 @@ mod tests {
     #[test]
     fn only_the_requests_own_faults_are_invalid_argument() {
         let cases = [
-            (EngineError::InvalidRequest("x".into()), Code::InvalidArgument),
+            (
+                EngineError::InvalidRequest("x".into()),
+                Code::InvalidArgument,
+            ),
             (EngineError::DoesNotFit("x".into()), Code::InvalidArgument),
             (EngineError::QueueFull(8), Code::ResourceExhausted),
             (EngineError::Stopped, Code::Unavailable),
-            (EngineError::Device("x".into()).for_failed_step(), Code::Unavailable),
-            (EngineError::Internal("x".into()).for_failed_step(), Code::Internal),
-            (EngineError::BadConfig("x".into()).for_failed_step(), Code::Internal),
+            (
+                EngineError::Device("x".into()).for_failed_step(),
+                Code::Unavailable,
+            ),
+            (
+                EngineError::Internal("x".into()).for_failed_step(),
+                Code::Internal,
+            ),
+            (
+                EngineError::BadConfig("x".into()).for_failed_step(),
+                Code::Internal,
+            ),
         ];
         for (e, code) in cases {
             assert_eq!(status_of(&e).code(), code, "{e}");

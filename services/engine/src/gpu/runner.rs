@@ -396,9 +396,7 @@ impl GpuRunner {
             }
             for (i, &b) in s.block_table.iter().take(max_blocks).enumerate() {
                 if b as usize >= self.num_blocks {
-                    return Err(EngineError::Internal(format!(
-                        "KV block {b} out of range"
-                    )));
+                    return Err(EngineError::Internal(format!("KV block {b} out of range")));
                 }
                 tables[si * max_blocks + i] = b as i32;
             }
