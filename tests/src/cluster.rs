@@ -180,6 +180,11 @@ pub struct GatewayProc {
 
 impl GatewayProc {
     pub fn spawn(etcd: &str) -> Result<Proc> {
+        Self::spawn_with_env(etcd, &[])
+    }
+
+    /// [`GatewayProc::spawn`] with `env` added (e.g. `FERRITE_API_KEYS`).
+    pub fn spawn_with_env(etcd: &str, env: &[(String, String)]) -> Result<Proc> {
         let args = [
             "gateway",
             "--listen",
@@ -192,7 +197,7 @@ impl GatewayProc {
             PREFIX,
         ]
         .map(String::from);
-        Proc::spawn("gateway", &ferrite_bin()?, &args)
+        Proc::spawn_with_env("gateway", &ferrite_bin()?, &args, env)
     }
 
     pub async fn ready(mut proc: Proc) -> Result<Self> {

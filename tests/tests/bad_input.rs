@@ -361,3 +361,53 @@ async fn a_deadline_that_passes_in_the_queue_is_deadline_exceeded() -> Result<()
     drop(running);
     wait_for_idle(worker).await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_with_api_keys_lets_in_only_their_bearers() -> Result<()> {
+    use ferrite_cluster_tests::cluster::{DISCOVERY_TIMEOUT, GatewayProc, channel};
+    use ferrite_proto::v1::inference_client::InferenceClient;
+    let _turn = serial().await;
+    let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
+    // A second gateway over the same placement, with two keys.
+    let env = [("FERRITE_API_KEYS".to_owned(), "key-one,key-two".to_owned())];
+    let keyed =
+        GatewayProc::ready(GatewayProc::spawn_with_env(&cluster.etcd.endpoint(), &env)?).await?;
+    let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2});
+    let wrong = [("authorization", "Bearer key-three")];
+    let right = [("authorization", "Bearer key-two")];
+    let cases: [(&[(&str, &str)], u16); 3] = [(&[], 401), (&wrong, 401), (&right, 200)];
+    for (headers, status) in cases {
+        // The right key waits for the new gateway to find the pool.
+        wait::until(
+            &format!("HTTP {status} with {headers:?}"),
+            DISCOVERY_TIMEOUT,
+            || async {
+                match http::post_json_with_headers(keyed.http, "/v1/completions", &body, headers)
+                    .await
+                {
+                    Ok(r) if r.status == status => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await?;
+    }
+    let r = http::post_json(keyed.http, "/v1/completions", &body).await?;
+    assert_eq!(r.json()?["error"]["code"], "invalid_api_key", "{r:?}");
+    assert_eq!(
+        http::get(keyed.http, "/health").await?.status,
+        200,
+        "health stays open"
+    );
+
+    let mut client = InferenceClient::new(channel(keyed.grpc).await?);
+    let denied = grpc::generate(&mut client, greedy_text("Hi", 2)).await;
+    assert_eq!(denied.err().map(|s| s.code()), Some(Code::Unauthenticated));
+    let mut req = tonic::Request::new(greedy_text("Hi", 2));
+    req.metadata_mut()
+        .insert("authorization", "Bearer key-one".parse()?);
+    let stream = client.generate(req).await?.into_inner();
+    let done = grpc::collect(stream).await?;
+    assert_eq!(done.token_ids.len(), 2, "{done:?}");
+    Ok(())
+}

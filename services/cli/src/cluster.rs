@@ -43,6 +43,49 @@ impl PlacementArgs {
     }
 }
 
+/// Who may call the public APIs.
+#[derive(Debug, Clone, Args)]
+pub struct ApiKeyArgs {
+    /// API keys, one per line (`#` comments): every call must then bear one as `Authorization:
+    /// Bearer KEY` (HTTP header or gRPC metadata). Health, reflection and /metrics stay open.
+    #[arg(long, env = "FERRITE_API_KEYS_FILE")]
+    api_keys_file: Option<std::path::PathBuf>,
+    /// API keys, comma-separated (beside or instead of --api-keys-file).
+    #[arg(
+        long,
+        env = "FERRITE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_keys: Vec<String>,
+}
+
+impl ApiKeyArgs {
+    /// The keys from both sources; a named file that cannot be read, or names no key, is an
+    /// error rather than an open gateway.
+    fn load(&self) -> Result<ferrite_gateway::ApiKeys> {
+        let mut keys: Vec<String> = self.api_keys.clone();
+        if let Some(path) = &self.api_keys_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the API keys file {}", path.display()))?;
+            let listed: Vec<String> = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .map(str::to_owned)
+                .collect();
+            anyhow::ensure!(
+                listed.iter().any(|k| !k.trim().is_empty()),
+                "the API keys file {} lists no key",
+                path.display()
+            );
+            keys.extend(listed);
+        }
+        Ok(ferrite_gateway::ApiKeys::from_keys(
+            keys.iter().map(String::as_str),
+        ))
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     #[command(flatten)]
@@ -87,6 +130,8 @@ pub struct GatewayArgs {
     http_listen: SocketAddr,
     #[command(flatten)]
     placement: PlacementArgs,
+    #[command(flatten)]
+    keys: ApiKeyArgs,
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +156,8 @@ pub struct ServeArgs {
     drain_timeout_s: u64,
     #[command(flatten)]
     placement: PlacementArgs,
+    #[command(flatten)]
+    keys: ApiKeyArgs,
 }
 
 impl ServeArgs {
@@ -272,7 +319,7 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
                 .instrument(tracing::info_span!(target: phases::TARGET, "config",
                     etcd = %args.placement.etcd.join(",")))
                 .await?;
-            let gw = Gateway::new(store, schema);
+            let gw = Gateway::new(store, schema).with_api_keys(args.keys.load()?);
             ferrite_gateway::serve(gw, args.listen, args.http_listen, shutdown_signal())
                 .await
                 .context("binding the gateway's listeners")
@@ -296,7 +343,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             let (store, schema) = args.placement.store(true).await?;
             // The gateway's /metrics (on its HTTP port) shows the worker's metrics too.
             let worker = start_worker(&worker_args, None, store.clone(), schema.clone()).await?;
-            let gw = Gateway::new(store, schema);
+            let gw = Gateway::new(store, schema).with_api_keys(args.keys.load()?);
             let (addrs, task) = ferrite_gateway::serve(gw, args.listen, args.http_listen, async {
                 let _ = gateway_stopped.await;
             })

@@ -52,6 +52,21 @@ fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
     api::GenerateResponse { event: Some(event) }
 }
 
+/// The interceptor that lets in only calls bearing one of `keys` (`authorization` metadata).
+pub fn key_check(
+    keys: std::sync::Arc<crate::ApiKeys>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |req: Request<()>| {
+        let auth = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        keys.check(auth)
+            .map_err(|d| Status::unauthenticated(d.message()))?;
+        Ok(req)
+    }
+}
+
 /// How much earlier than the client's `grpc-timeout` the gateway gives up.
 const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(10);
 

@@ -23,13 +23,43 @@ use crate::validate::Prompt;
 use crate::{Gateway, GatewayError, GenerateArgs, trace};
 
 pub fn router(gateway: Gateway) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/v1/models", get(list_models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            require_key,
+        ));
+    Router::new()
+        .merge(api)
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(ferrite_telemetry::metrics::metrics_handler))
         .with_state(gateway)
+}
+
+/// Lets the request through if it bears one of the gateway's API keys; else a 401 in
+/// OpenAI's shape (`invalid_api_key`).
+async fn require_key(
+    State(gw): State<Gateway>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let auth = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match gw.api_keys().check(auth) {
+        Ok(()) => next.run(request).await,
+        Err(denied) => ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: denied.message().into(),
+            kind: "invalid_request_error",
+            code: "invalid_api_key",
+            param: None,
+        }
+        .into_response(),
+    }
 }
 
 /// An error as OpenAI clients expect it.

@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //!
+//! - [`auth`]: API keys (bearer tokens on both APIs; health, reflection, metrics stay open).
 //! - [`pools`]: the view of placement (ready pools by model), kept current by a watch.
 //! - [`models`]: each model's tokenizer and limits, fetched from a pool (no model files here).
 //! - [`validate`]: prompt rendering/tokenization and the checks that build a
@@ -15,6 +16,7 @@
 //!
 //! The gateway owns text; workers own tokens.
 
+pub mod auth;
 pub mod error;
 pub mod grpc;
 pub mod http;
@@ -36,6 +38,7 @@ use futures::Stream;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
+pub use auth::ApiKeys;
 pub use error::GatewayError;
 use models::{ModelText, ModelTexts};
 use pools::PoolView;
@@ -47,6 +50,7 @@ use validate::Prompt;
 pub struct Gateway {
     pools: PoolView,
     texts: Arc<ModelTexts>,
+    keys: Arc<ApiKeys>,
 }
 
 impl Gateway {
@@ -58,7 +62,18 @@ impl Gateway {
         Self {
             pools,
             texts: Arc::new(ModelTexts::default()),
+            keys: Arc::new(ApiKeys::default()),
         }
+    }
+
+    /// Requires one of `keys` on every API call (none: no check).
+    pub fn with_api_keys(mut self, keys: ApiKeys) -> Self {
+        self.keys = Arc::new(keys);
+        self
+    }
+
+    pub fn api_keys(&self) -> &ApiKeys {
+        &self.keys
     }
 
     pub fn pools(&self) -> &PoolView {
@@ -169,8 +184,9 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(api::inference_server::InferenceServer::new(
+        .add_service(api::inference_server::InferenceServer::with_interceptor(
             grpc::InferenceService::new(gateway.clone()),
+            grpc::key_check(gateway.keys.clone()),
         ))
         .serve_with_incoming_shutdown(
             // Deltas go out as small frames: without TCP_NODELAY, Nagle holds them for an ACK.
