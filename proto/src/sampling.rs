@@ -46,6 +46,9 @@ pub fn check(p: &SamplingParams) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// Puts one field out of range.
+    type SetSampling = fn(&mut SamplingParams);
+
     fn ok() -> SamplingParams {
         SamplingParams {
             max_tokens: 16,
@@ -59,7 +62,7 @@ mod tests {
     #[test]
     fn every_field_out_of_range_is_named() {
         assert_eq!(check(&ok()), Ok(()));
-        let cases: [(&str, fn(&mut SamplingParams)); 9] = [
+        let cases: [(&str, SetSampling); 9] = [
             ("max_tokens", |p| p.max_tokens = 0),
             ("temperature", |p| p.temperature = f32::NAN),
             ("temperature", |p| p.temperature = -0.5),

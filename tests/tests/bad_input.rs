@@ -362,22 +362,31 @@ async fn a_deadline_that_passes_in_the_queue_is_deadline_exceeded() -> Result<()
     wait_for_idle(worker).await
 }
 
+/// A gateway over `cluster`'s placement with two API keys and a limit of 3 requests a minute.
+async fn keyed_gateway(cluster: &Cluster) -> Result<ferrite_cluster_tests::cluster::GatewayProc> {
+    use ferrite_cluster_tests::cluster::GatewayProc;
+    let env = [
+        ("FERRITE_API_KEYS", "key-one,key-two"),
+        ("FERRITE_RATE_LIMIT_REQUESTS_PER_MIN", "3"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    GatewayProc::ready(GatewayProc::spawn_with_env(&cluster.etcd.endpoint(), &env)?).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_with_api_keys_lets_in_only_their_bearers() -> Result<()> {
-    use ferrite_cluster_tests::cluster::{DISCOVERY_TIMEOUT, GatewayProc, channel};
+async fn api_keys_and_rate_limits_on_both_apis() -> Result<()> {
+    use ferrite_cluster_tests::cluster::{DISCOVERY_TIMEOUT, channel};
     use ferrite_proto::v1::inference_client::InferenceClient;
     let _turn = serial().await;
     let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
-    // A second gateway over the same placement, with two keys.
-    let env = [("FERRITE_API_KEYS".to_owned(), "key-one,key-two".to_owned())];
-    let keyed =
-        GatewayProc::ready(GatewayProc::spawn_with_env(&cluster.etcd.endpoint(), &env)?).await?;
+    let keyed = keyed_gateway(&cluster).await?;
     let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2});
     let wrong = [("authorization", "Bearer key-three")];
-    let right = [("authorization", "Bearer key-two")];
-    let cases: [(&[(&str, &str)], u16); 3] = [(&[], 401), (&wrong, 401), (&right, 200)];
+    let two = [("authorization", "Bearer key-two")];
+    let cases: [(&[(&str, &str)], u16); 3] = [(&[], 401), (&wrong, 401), (&two, 200)];
     for (headers, status) in cases {
-        // The right key waits for the new gateway to find the pool.
+        // The right key waits for the new gateway to find the pool (refusals before admission
+        // count against no limit).
         wait::until(
             &format!("HTTP {status} with {headers:?}"),
             DISCOVERY_TIMEOUT,
@@ -400,14 +409,47 @@ async fn a_gateway_with_api_keys_lets_in_only_their_bearers() -> Result<()> {
         "health stays open"
     );
 
+    // key-two has made one request of its three a minute.
+    for n in 2..=3 {
+        let r = http::post_json_with_headers(keyed.http, "/v1/completions", &body, &two).await?;
+        assert_eq!(r.status, 200, "request {n}: {r:?}");
+    }
+    let r = http::post_json_with_headers(keyed.http, "/v1/completions", &body, &two).await?;
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.json()?["error"]["type"], "rate_limit_error", "{r:?}");
+    let retry: u64 = r
+        .headers
+        .iter()
+        .find(|(k, _)| k == "retry-after")
+        .context("no Retry-After")?
+        .1
+        .parse()?;
+    assert!(
+        (1..=20).contains(&retry),
+        "one request refills in 20 s: {retry}"
+    );
+
     let mut client = InferenceClient::new(channel(keyed.grpc).await?);
     let denied = grpc::generate(&mut client, greedy_text("Hi", 2)).await;
     assert_eq!(denied.err().map(|s| s.code()), Some(Code::Unauthenticated));
-    let mut req = tonic::Request::new(greedy_text("Hi", 2));
-    req.metadata_mut()
-        .insert("authorization", "Bearer key-one".parse()?);
-    let stream = client.generate(req).await?.into_inner();
-    let done = grpc::collect(stream).await?;
+    let with_key = |key: &str| -> Result<tonic::Request<GenerateRequest>> {
+        let mut req = tonic::Request::new(greedy_text("Hi", 2));
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse()?);
+        Ok(req)
+    };
+    // key-one has its own bucket; key-two's is empty on gRPC too.
+    let done = grpc::collect(client.generate(with_key("key-one")?).await?.into_inner()).await?;
     assert_eq!(done.token_ids.len(), 2, "{done:?}");
+    let limited = client
+        .generate(with_key("key-two")?)
+        .await
+        .err()
+        .context("not limited")?;
+    assert_eq!(limited.code(), Code::ResourceExhausted, "{limited:?}");
+    assert!(
+        limited.metadata().get("retry-after").is_some(),
+        "{limited:?}"
+    );
     Ok(())
 }

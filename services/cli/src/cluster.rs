@@ -43,9 +43,9 @@ impl PlacementArgs {
     }
 }
 
-/// Who may call the public APIs.
+/// Who may call the public APIs, and how much.
 #[derive(Debug, Clone, Args)]
-pub struct ApiKeyArgs {
+pub struct AccessArgs {
     /// API keys, one per line (`#` comments): every call must then bear one as `Authorization:
     /// Bearer KEY` (HTTP header or gRPC metadata). Health, reflection and /metrics stay open.
     #[arg(long, env = "FERRITE_API_KEYS_FILE")]
@@ -58,9 +58,27 @@ pub struct ApiKeyArgs {
         hide_env_values = true
     )]
     api_keys: Vec<String>,
+    /// Requests per minute each API key may make (all callers alike without keys); over it,
+    /// 429 / RESOURCE_EXHAUSTED with a retry delay.
+    #[arg(long, env = "FERRITE_RATE_LIMIT_REQUESTS_PER_MIN")]
+    rate_limit_requests_per_min: Option<u32>,
+    /// Tokens per minute each API key may use, counted as prompt + max_tokens at admission.
+    #[arg(long, env = "FERRITE_RATE_LIMIT_TOKENS_PER_MIN")]
+    rate_limit_tokens_per_min: Option<u32>,
 }
 
-impl ApiKeyArgs {
+impl AccessArgs {
+    /// A gateway over `store` with these keys and limits.
+    fn gateway(&self, store: Store, schema: KeySchema) -> Result<Gateway> {
+        let limits = ferrite_gateway::RateLimits {
+            requests_per_min: self.rate_limit_requests_per_min,
+            tokens_per_min: self.rate_limit_tokens_per_min,
+        };
+        Ok(Gateway::new(store, schema)
+            .with_api_keys(self.load()?)
+            .with_rate_limits(limits))
+    }
+
     /// The keys from both sources; a named file that cannot be read, or names no key, is an
     /// error rather than an open gateway.
     fn load(&self) -> Result<ferrite_gateway::ApiKeys> {
@@ -131,7 +149,7 @@ pub struct GatewayArgs {
     #[command(flatten)]
     placement: PlacementArgs,
     #[command(flatten)]
-    keys: ApiKeyArgs,
+    access: AccessArgs,
 }
 
 #[derive(Debug, Args)]
@@ -157,7 +175,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     placement: PlacementArgs,
     #[command(flatten)]
-    keys: ApiKeyArgs,
+    access: AccessArgs,
 }
 
 impl ServeArgs {
@@ -319,7 +337,7 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
                 .instrument(tracing::info_span!(target: phases::TARGET, "config",
                     etcd = %args.placement.etcd.join(",")))
                 .await?;
-            let gw = Gateway::new(store, schema).with_api_keys(args.keys.load()?);
+            let gw = args.access.gateway(store, schema)?;
             ferrite_gateway::serve(gw, args.listen, args.http_listen, shutdown_signal())
                 .await
                 .context("binding the gateway's listeners")
@@ -343,7 +361,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             let (store, schema) = args.placement.store(true).await?;
             // The gateway's /metrics (on its HTTP port) shows the worker's metrics too.
             let worker = start_worker(&worker_args, None, store.clone(), schema.clone()).await?;
-            let gw = Gateway::new(store, schema).with_api_keys(args.keys.load()?);
+            let gw = args.access.gateway(store, schema)?;
             let (addrs, task) = ferrite_gateway::serve(gw, args.listen, args.http_listen, async {
                 let _ = gateway_stopped.await;
             })

@@ -22,6 +22,15 @@ impl std::fmt::Debug for ApiKeys {
     }
 }
 
+/// Who a request came from, for rate limits: the key it bore (by its place in the list), or
+/// everyone alike when the gateway has no keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Caller {
+    #[default]
+    Anonymous,
+    Key(usize),
+}
+
 /// Why a request was not let in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Denied {
@@ -77,10 +86,11 @@ impl ApiKeys {
         self.digests.len()
     }
 
-    /// Checks an `Authorization` header value. Every key is compared, whichever matches.
-    pub fn check(&self, authorization: Option<&str>) -> Result<(), Denied> {
+    /// Checks an `Authorization` header value and says whose key it is. Every key is
+    /// compared, whichever matches.
+    pub fn check(&self, authorization: Option<&str>) -> Result<Caller, Denied> {
         if self.is_empty() {
-            return Ok(());
+            return Ok(Caller::Anonymous);
         }
         let key = authorization
             .and_then(|v| {
@@ -91,8 +101,12 @@ impl ApiKeys {
             .filter(|k| !k.is_empty())
             .ok_or(Denied::Missing)?;
         let d = digest(key);
-        let hits = self.digests.iter().filter(|k| same(k, &d)).count();
-        if hits > 0 { Ok(()) } else { Err(Denied::Wrong) }
+        let matches: Vec<bool> = self.digests.iter().map(|k| same(k, &d)).collect();
+        matches
+            .iter()
+            .position(|&m| m)
+            .map(Caller::Key)
+            .ok_or(Denied::Wrong)
     }
 }
 
@@ -104,8 +118,8 @@ mod tests {
     fn only_a_listed_key_after_bearer_gets_in() {
         let keys = ApiKeys::from_keys("k1, k2 ,,".split(','));
         assert_eq!(keys.len(), 2);
-        assert_eq!(keys.check(Some("Bearer k1")), Ok(()));
-        assert_eq!(keys.check(Some("Bearer k2")), Ok(()));
+        assert_eq!(keys.check(Some("Bearer k1")), Ok(Caller::Key(0)));
+        assert_eq!(keys.check(Some("Bearer k2")), Ok(Caller::Key(1)));
         assert_eq!(keys.check(Some("Bearer k3")), Err(Denied::Wrong));
         assert_eq!(keys.check(Some("Bearer k")), Err(Denied::Wrong));
         assert_eq!(keys.check(Some("Bearer k1x")), Err(Denied::Wrong));
@@ -117,7 +131,7 @@ mod tests {
 
     #[test]
     fn no_keys_means_no_check() {
-        assert_eq!(ApiKeys::default().check(None), Ok(()));
+        assert_eq!(ApiKeys::default().check(None), Ok(Caller::Anonymous));
     }
 
     #[test]
@@ -127,7 +141,7 @@ mod tests {
         let keys = ApiKeys::from_file(&path).expect("read");
         let _ = std::fs::remove_file(&path);
         assert_eq!(keys.len(), 2);
-        assert_eq!(keys.check(Some("Bearer beta")), Ok(()));
+        assert_eq!(keys.check(Some("Bearer beta")), Ok(Caller::Key(1)));
         assert_eq!(keys.check(Some("Bearer gamma")), Err(Denied::Wrong));
     }
 }

@@ -13,10 +13,21 @@ pub enum GatewayError {
     ResourceExhausted(String),
     #[error("{0}")]
     Unavailable(String),
+    /// A caller's rate limit: RESOURCE_EXHAUSTED / 429, retry after the delay.
+    #[error("{message}; retry in {}s", retry_after_s(*retry_after))]
+    RateLimited {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     #[error("the request's deadline passed")]
     DeadlineExceeded,
     #[error("{0}")]
     Internal(String),
+}
+
+/// Whole seconds to wait, rounded up (a `Retry-After` value).
+pub fn retry_after_s(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 impl GatewayError {
@@ -25,6 +36,7 @@ impl GatewayError {
             GatewayError::ModelNotFound(_) => "model_not_found",
             GatewayError::InvalidArgument(_) => "invalid_argument",
             GatewayError::ResourceExhausted(_) => "resource_exhausted",
+            GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::DeadlineExceeded => "deadline_exceeded",
             GatewayError::Internal(_) => "internal",
@@ -60,6 +72,13 @@ impl From<GatewayError> for Status {
             GatewayError::ModelNotFound(_) => Status::not_found(msg),
             GatewayError::InvalidArgument(_) => Status::invalid_argument(msg),
             GatewayError::ResourceExhausted(_) => Status::resource_exhausted(msg),
+            GatewayError::RateLimited { retry_after, .. } => {
+                let mut s = Status::resource_exhausted(msg);
+                if let Ok(v) = retry_after_s(retry_after).to_string().parse() {
+                    s.metadata_mut().insert("retry-after", v);
+                }
+                s
+            }
             GatewayError::Unavailable(_) => Status::unavailable(msg),
             GatewayError::DeadlineExceeded => Status::deadline_exceeded(msg),
             GatewayError::Internal(_) => Status::internal(msg),

@@ -61,8 +61,11 @@ pub fn key_check(
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        keys.check(auth)
+        let caller = keys
+            .check(auth)
             .map_err(|d| Status::unauthenticated(d.message()))?;
+        let mut req = req;
+        req.extensions_mut().insert(caller);
         Ok(req)
     }
 }
@@ -101,6 +104,11 @@ impl api::inference_server::Inference for InferenceService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let started = Instant::now();
         let deadline = deadline_of(&request);
+        let caller = request
+            .extensions()
+            .get::<crate::auth::Caller>()
+            .copied()
+            .unwrap_or_default();
         let (metadata, _, req) = request.into_parts();
         let prompt = Prompt::from_proto(req.prompt)?;
         let span = trace::request_span(&req.model, &prompt);
@@ -112,6 +120,7 @@ impl api::inference_server::Inference for InferenceService {
             deadline,
             started,
             api: trace::Api::Grpc,
+            caller,
         };
         let events = self.gateway.generate(args, span).await?;
         Ok(Response::new(Box::pin(

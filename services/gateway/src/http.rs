@@ -10,11 +10,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use ferrite_proto::v1 as api;
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
+use crate::auth::Caller;
+use crate::error::retry_after_s;
 use crate::openai::{
     ChatRequest, CommonParams, CompletionRequest, completion_prompt, message_text,
 };
@@ -50,13 +52,18 @@ async fn require_key(
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     match gw.api_keys().check(auth) {
-        Ok(()) => next.run(request).await,
+        Ok(caller) => {
+            let mut request = request;
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
         Err(denied) => ApiError {
             status: StatusCode::UNAUTHORIZED,
             message: denied.message().into(),
             kind: "invalid_request_error",
             code: "invalid_api_key",
             param: None,
+            retry_after_s: None,
         }
         .into_response(),
     }
@@ -70,6 +77,8 @@ pub struct ApiError {
     kind: &'static str,
     code: &'static str,
     param: Option<&'static str>,
+    /// Sent as `Retry-After` (seconds) with a 429.
+    retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -81,6 +90,7 @@ impl ApiError {
             kind: "invalid_request_error",
             code: "invalid_argument",
             param,
+            retry_after_s: None,
         }
     }
 
@@ -102,7 +112,7 @@ impl From<GatewayError> for ApiError {
         let (status, kind) = match &e {
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error"),
             GatewayError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-            GatewayError::ResourceExhausted(_) => {
+            GatewayError::ResourceExhausted(_) | GatewayError::RateLimited { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
             }
             GatewayError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
@@ -110,12 +120,19 @@ impl From<GatewayError> for ApiError {
             GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
         let param = matches!(e, GatewayError::ModelNotFound(_)).then_some("model");
+        let retry_after_s = match &e {
+            GatewayError::RateLimited { retry_after, .. } => Some(retry_after_s(*retry_after)),
+            // A full queue: soon.
+            GatewayError::ResourceExhausted(_) => Some(1),
+            _ => None,
+        };
         Self {
             status,
             message: e.to_string(),
             kind,
             code: e.kind(),
             param,
+            retry_after_s,
         }
     }
 }
@@ -123,7 +140,13 @@ impl From<GatewayError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        response
     }
 }
 
@@ -163,17 +186,21 @@ enum Kind {
 
 async fn completions(
     State(gw): State<Gateway>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Result<Json<CompletionRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
     let prompt = completion_prompt(&req.prompt)?;
     let sampling = req.common.sampling()?;
-    run(gw, &headers, Kind::Completion, req.common, prompt, sampling).await
+    let caller = caller.map(|Extension(c)| c).unwrap_or_default();
+    let request = (req.common, prompt, sampling);
+    run(gw, &headers, caller, Kind::Completion, request).await
 }
 
 async fn chat_completions(
     State(gw): State<Gateway>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Result<Json<ChatRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -189,24 +216,17 @@ async fn chat_completions(
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     let sampling = req.common.sampling()?;
-    run(
-        gw,
-        &headers,
-        Kind::Chat,
-        req.common,
-        Prompt::Chat(messages),
-        sampling,
-    )
-    .await
+    let caller = caller.map(|Extension(c)| c).unwrap_or_default();
+    let request = (req.common, Prompt::Chat(messages), sampling);
+    run(gw, &headers, caller, Kind::Chat, request).await
 }
 
 async fn run(
     gw: Gateway,
     headers: &HeaderMap,
+    caller: Caller,
     kind: Kind,
-    common: CommonParams,
-    prompt: Prompt,
-    sampling: api::SamplingParams,
+    (common, prompt, sampling): (CommonParams, Prompt, api::SamplingParams),
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let span = trace::request_span(&common.model, &prompt);
@@ -218,6 +238,7 @@ async fn run(
         deadline: None,
         started,
         api: trace::Api::Http,
+        caller,
     };
     let events = gw.generate(args, span).await?;
     let id = format!(

@@ -3,6 +3,7 @@
 //! # Layout
 //!
 //! - [`auth`]: API keys (bearer tokens on both APIs; health, reflection, metrics stay open).
+//! - [`limits`]: per-caller request and token rate limits.
 //! - [`pools`]: the view of placement (ready pools by model), kept current by a watch.
 //! - [`models`]: each model's tokenizer and limits, fetched from a pool (no model files here).
 //! - [`validate`]: prompt rendering/tokenization and the checks that build a
@@ -20,6 +21,7 @@ pub mod auth;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod limits;
 pub mod models;
 pub mod openai;
 pub mod pools;
@@ -40,6 +42,8 @@ use tracing::Instrument;
 
 pub use auth::ApiKeys;
 pub use error::GatewayError;
+use limits::Limiter;
+pub use limits::RateLimits;
 use models::{ModelText, ModelTexts};
 use pools::PoolView;
 use stream::GenerateEvent;
@@ -51,6 +55,7 @@ pub struct Gateway {
     pools: PoolView,
     texts: Arc<ModelTexts>,
     keys: Arc<ApiKeys>,
+    limiter: Arc<Limiter>,
 }
 
 impl Gateway {
@@ -63,7 +68,14 @@ impl Gateway {
             pools,
             texts: Arc::new(ModelTexts::default()),
             keys: Arc::new(ApiKeys::default()),
+            limiter: Arc::new(Limiter::default()),
         }
+    }
+
+    /// Limits every caller (API key, or everyone alike without keys) to `limits`.
+    pub fn with_rate_limits(mut self, limits: RateLimits) -> Self {
+        self.limiter = Arc::new(Limiter::new(limits));
+        self
     }
 
     /// Requires one of `keys` on every API call (none: no check).
@@ -104,6 +116,7 @@ impl Gateway {
             deadline,
             started,
             api,
+            caller,
         } = request;
         let mut trace = trace::RequestTrace::new(span.clone(), model, api, started);
         let opened = async {
@@ -114,6 +127,8 @@ impl Gateway {
             .instrument(tracing::info_span!("validate"))
             .await?;
             trace.validated(&validated);
+            let tokens = validated.prompt_ids().len() + validated.sampling().max_tokens as usize;
+            self.limiter.admit(caller, tokens, Instant::now())?;
             let upstream = route::open(&self.pools, &validated, deadline).await?;
             Ok((validated, upstream))
         }
@@ -139,6 +154,8 @@ pub struct GenerateArgs<'a> {
     /// When the request arrived (time to first token counts from here).
     pub started: Instant,
     pub api: trace::Api,
+    /// Whose rate limits the request counts against.
+    pub caller: auth::Caller,
 }
 
 /// Where a running gateway listens.

@@ -30,6 +30,9 @@ fn model() -> Arc<ModelText> {
     Arc::new(ModelText::from_info(info).expect("model text"))
 }
 
+/// Sets one sampling parameter.
+type SetSampling = fn(&mut api::SamplingParams);
+
 fn sampling(f: impl FnOnce(&mut api::SamplingParams)) -> Option<api::SamplingParams> {
     let mut s = api::SamplingParams {
         max_tokens: Some(4),
@@ -92,7 +95,7 @@ fn prompts_outside_the_model_are_refused() {
 
 #[test]
 fn every_sampling_range_is_checked_here() {
-    let cases: [(&str, fn(&mut api::SamplingParams)); 8] = [
+    let cases: [(&str, SetSampling); 8] = [
         ("temperature", |s| s.temperature = Some(-1.0)),
         ("temperature", |s| s.temperature = Some(f32::INFINITY)),
         ("top_p", |s| s.top_p = Some(1.5)),
