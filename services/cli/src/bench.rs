@@ -27,6 +27,9 @@ pub enum BenchCommand {
     Forward(crate::bench_forward::ForwardArgs),
     /// Latency of a batch submitted together, in the configurations and layout of seed 003.
     Latency(crate::bench_latency::LatencyArgs),
+    /// A `ferrite serve` under concurrent streams with cancellations, deadlines and bad
+    /// requests: outcomes by class, RSS, file descriptors and KV blocks left in use.
+    Soak(crate::bench_soak::SoakArgs),
 }
 
 #[derive(Debug, Args)]
@@ -56,6 +59,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kernels(args) => crate::bench_kernels::run(args),
         BenchCommand::Forward(args) => crate::bench_forward::run(args),
         BenchCommand::Latency(args) => crate::bench_latency::run(args),
+        BenchCommand::Soak(args) => crate::bench_soak::run(args),
     }
 }
 

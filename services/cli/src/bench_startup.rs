@@ -7,8 +7,7 @@
 //! every other row is the span of that phase, or a sum of phases (`model_loading`,
 //! `init_engine`), or `--` where the phase does not apply (no span, e.g. GPU phases on a CPU).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -18,6 +17,7 @@ use ferrite_proto::v1 as api;
 use ferrite_telemetry::receiver::{OtlpReceiver, ReceivedSpan};
 use serde_json::json;
 
+use crate::serve_child::ServeChild;
 use crate::table::Table;
 
 #[derive(Debug, Args)]
@@ -257,15 +257,6 @@ fn to_json(results: &[RunResult]) -> serde_json::Value {
 }
 
 /// Kills the child when the run ends, however it ends.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts one `ferrite serve`, serves one request, returns its phase spans, the `startup`
 /// span's seconds and the seconds from spawn to the first token.
 async fn one_run(
@@ -275,36 +266,29 @@ async fn one_run(
     let receiver = OtlpReceiver::start()
         .await
         .context("starting the OTLP receiver")?;
-    let exe = std::env::current_exe().context("finding the ferrite binary")?;
     let started = Instant::now();
-    let mut child = Command::new(exe)
-        .args(["serve", "--model", &spec.model])
-        .args(["--max-model-len", &spec.max_model_len.to_string()])
-        .args([
-            "--gpu-memory-utilization",
-            &spec.gpu_memory_utilization.to_string(),
-        ])
-        .args(["--kv-cache-mib", &args.kv_cache_mib.to_string()])
-        .args(["--device", &args.device.to_string()])
-        .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .env_remove("TRACEPARENT")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting ferrite serve")?;
-    let pid = child.id();
-    let stdout = child.stdout.take().context("no stdout")?;
-    let child = Killed(child);
     let timeout = Duration::from_secs(args.timeout_s);
-    let (model, grpc) = tokio::time::timeout(
+    let serve = ServeChild::start(
+        |cmd| {
+            cmd.args(["--model", &spec.model])
+                .args(["--max-model-len", &spec.max_model_len.to_string()])
+                .args([
+                    "--gpu-memory-utilization",
+                    &spec.gpu_memory_utilization.to_string(),
+                ])
+                .args(["--kv-cache-mib", &args.kv_cache_mib.to_string()])
+                .args(["--device", &args.device.to_string()])
+                .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+                .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                .env_remove("TRACEPARENT")
+                .stderr(Stdio::inherit());
+        },
         timeout,
-        tokio::task::spawn_blocking(move || read_ready(stdout)),
     )
-    .await
-    .context("ferrite serve did not get ready in time")???;
-    first_token(&grpc, &model, timeout).await?;
+    .await?;
+    let pid = serve.pid();
+    first_token(&serve.grpc, &serve.model, timeout).await?;
     let actual_total = started.elapsed().as_secs_f64();
     let is_root = |s: &ReceivedSpan| {
         s.name == ferrite_telemetry::phases::ROOT
@@ -320,7 +304,7 @@ async fn one_run(
                 names.join(", ")
             )
         })?;
-    drop(child);
+    drop(serve);
     let root = spans.iter().find(|s| is_root(s)).cloned();
     let phases = root.as_ref().map_or_else(Vec::new, |root| {
         spans
@@ -330,26 +314,6 @@ async fn one_run(
             .collect()
     });
     Ok((phases, root.map(|r| r.seconds()), actual_total))
-}
-
-/// Reads `ferrite serve`'s stdout up to `ready`; returns the served model name and the gRPC
-/// address.
-fn read_ready(stdout: std::process::ChildStdout) -> Result<(String, String)> {
-    let (mut model, mut grpc) = (None, None);
-    for line in BufReader::new(stdout).lines() {
-        let line = line.context("reading ferrite serve's output")?;
-        if let Some(m) = line.strip_prefix("ferrite serve: model ") {
-            model = Some(m.trim().to_owned());
-        } else if let Some(a) = line.split("(ferrite.v1.Inference):").nth(1) {
-            grpc = Some(a.trim().to_owned());
-        } else if line.trim() == "ready" {
-            return match (model, grpc) {
-                (Some(m), Some(g)) => Ok((m, g)),
-                _ => bail!("ferrite serve said ready without its model and address"),
-            };
-        }
-    }
-    bail!("ferrite serve exited before it was ready")
 }
 
 /// Sends one request and waits for its first token.

@@ -20,6 +20,7 @@ mod bench_kernels;
 mod bench_kernels_model;
 mod bench_latency;
 mod bench_perplexity;
+mod bench_soak;
 mod bench_startup;
 mod cluster;
 mod generate;
@@ -27,6 +28,7 @@ mod kernels_cmd;
 mod loading;
 mod model_cmd;
 mod quantize;
+mod serve_child;
 mod table;
 
 use clap::{Parser, Subcommand};

@@ -1,0 +1,34 @@
+//! `ferrite bench soak` for a few seconds against a real `ferrite serve` on the default model:
+//! every outcome intended, nothing left held (the command itself fails otherwise).
+
+mod common;
+
+use common::{ferrite, json_of};
+
+#[test]
+fn a_short_soak_leaves_nothing_held() {
+    // The default model's file (tests/run.sh sets it), else its name (pulled if need be).
+    let model = std::env::var("FERRITE_TEST_GGUF").unwrap_or_else(|_| "smollm2-135m".into());
+    let out = ferrite(&[
+        "bench",
+        "soak",
+        "--model",
+        &model,
+        "--minutes",
+        "0.1",
+        "--concurrency",
+        "6",
+        "--json",
+    ]);
+    let report = json_of(&out);
+    let outcomes = report["outcomes"].as_object().expect("outcomes");
+    for kind in ["ok", "InvalidArgument"] {
+        assert!(
+            outcomes.get(kind).is_some_and(|n| n.as_u64() > Some(0)),
+            "{report}"
+        );
+    }
+    assert_eq!(report["kv_blocks_in_use"], 0, "{report}");
+    assert_eq!(report["requests_running"], 0, "{report}");
+    assert!(report["requests"].as_u64() > Some(10), "{report}");
+}
