@@ -36,6 +36,8 @@ pub struct WorkerOptions {
     pub max_model_len: Option<usize>,
     /// A model file served under [`MODEL`]'s name instead of the default model.
     pub model_file: Option<std::path::PathBuf>,
+    /// Added to the worker's environment (`FERRITE_TLS_CERT`, …).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for WorkerOptions {
@@ -47,6 +49,7 @@ impl Default for WorkerOptions {
             max_waiting: None,
             max_model_len: None,
             model_file: None,
+            env: Vec::new(),
         }
     }
 }
@@ -136,10 +139,11 @@ pub struct WorkerProc {
 impl WorkerProc {
     /// Starts the process without waiting for it (see [`WorkerProc::ready`]).
     pub fn spawn(etcd: &str, pool: &str, options: &WorkerOptions) -> Result<Proc> {
-        Proc::spawn(
+        Proc::spawn_with_env(
             format!("worker {pool}"),
             &ferrite_bin()?,
             &options.args(pool, etcd),
+            &options.env,
         )
     }
 

@@ -85,6 +85,7 @@ async fn bench(args: GatewayBenchArgs) -> Result<()> {
         drain_timeout: Duration::from_secs(5),
         node: "bench".into(),
         metrics_listen: None,
+        tls: None,
     };
     let worker =
         RunningWorker::start_synthetic(args.tokens_per_s, cfg, store.clone(), schema.clone())

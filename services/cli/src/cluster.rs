@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use ferrite_engine::registry;
-use ferrite_gateway::Gateway;
 use ferrite_placement::{KeySchema, Store};
 use ferrite_worker::{RunningWorker, WorkerConfig};
 
@@ -16,6 +15,7 @@ use ferrite_telemetry::phases;
 use tracing::Instrument;
 
 use crate::loading::ModelArgs;
+use crate::security_args::{AccessArgs, EtcdTlsArgs, ListenTlsArgs, WorkerTlsArgs};
 
 /// Where placement lives.
 #[derive(Debug, Clone, Args)]
@@ -27,6 +27,8 @@ pub struct PlacementArgs {
     /// Key prefix in etcd.
     #[arg(long, default_value = "/ferrite/v1", env = "FERRITE_ETCD_PREFIX")]
     pub prefix: String,
+    #[command(flatten)]
+    pub tls: EtcdTlsArgs,
 }
 
 impl PlacementArgs {
@@ -36,71 +38,14 @@ impl PlacementArgs {
             anyhow::ensure!(embedded_ok, "--etcd is required");
             return Ok((Store::embedded(), schema));
         }
-        let store = Store::connect(&self.etcd, &self.prefix)
+        let options = ferrite_placement::EtcdOptions {
+            tls: self.tls.client_config()?,
+            ..ferrite_placement::EtcdOptions::default()
+        };
+        let store = Store::connect_with(&self.etcd, &self.prefix, options)
             .await
             .with_context(|| format!("connecting to etcd at {}", self.etcd.join(",")))?;
         Ok((store, schema))
-    }
-}
-
-/// Who may call the public APIs, and how much.
-#[derive(Debug, Clone, Args)]
-pub struct AccessArgs {
-    /// API keys, one per line (`#` comments): every call must then bear one as `Authorization:
-    /// Bearer KEY` (HTTP header or gRPC metadata). Health, reflection and /metrics stay open.
-    #[arg(long, env = "FERRITE_API_KEYS_FILE")]
-    api_keys_file: Option<std::path::PathBuf>,
-    /// API keys, comma-separated (beside or instead of --api-keys-file).
-    #[arg(
-        long,
-        env = "FERRITE_API_KEYS",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    api_keys: Vec<String>,
-    /// Requests per minute each API key may make (all callers alike without keys); over it,
-    /// 429 / RESOURCE_EXHAUSTED with a retry delay.
-    #[arg(long, env = "FERRITE_RATE_LIMIT_REQUESTS_PER_MIN")]
-    rate_limit_requests_per_min: Option<u32>,
-    /// Tokens per minute each API key may use, counted as prompt + max_tokens at admission.
-    #[arg(long, env = "FERRITE_RATE_LIMIT_TOKENS_PER_MIN")]
-    rate_limit_tokens_per_min: Option<u32>,
-}
-
-impl AccessArgs {
-    /// A gateway over `store` with these keys and limits.
-    fn gateway(&self, store: Store, schema: KeySchema) -> Result<Gateway> {
-        let limits = ferrite_gateway::RateLimits {
-            requests_per_min: self.rate_limit_requests_per_min,
-            tokens_per_min: self.rate_limit_tokens_per_min,
-        };
-        Ok(Gateway::new(store, schema)
-            .with_api_keys(self.load()?)
-            .with_rate_limits(limits))
-    }
-
-    /// The keys from both sources; a named file that cannot be read, or names no key, is an
-    /// error rather than an open gateway.
-    fn load(&self) -> Result<ferrite_gateway::ApiKeys> {
-        let mut keys: Vec<String> = self.api_keys.clone();
-        if let Some(path) = &self.api_keys_file {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the API keys file {}", path.display()))?;
-            let listed: Vec<String> = text
-                .lines()
-                .filter(|l| !l.trim_start().starts_with('#'))
-                .map(str::to_owned)
-                .collect();
-            anyhow::ensure!(
-                listed.iter().any(|k| !k.trim().is_empty()),
-                "the API keys file {} lists no key",
-                path.display()
-            );
-            keys.extend(listed);
-        }
-        Ok(ferrite_gateway::ApiKeys::from_keys(
-            keys.iter().map(String::as_str),
-        ))
     }
 }
 
@@ -136,6 +81,8 @@ pub struct WorkerArgs {
     metrics_listen: SocketAddr,
     #[command(flatten)]
     placement: PlacementArgs,
+    #[command(flatten)]
+    tls: ListenTlsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +97,10 @@ pub struct GatewayArgs {
     placement: PlacementArgs,
     #[command(flatten)]
     access: AccessArgs,
+    #[command(flatten)]
+    tls: ListenTlsArgs,
+    #[command(flatten)]
+    worker_tls: WorkerTlsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -176,6 +127,9 @@ pub struct ServeArgs {
     placement: PlacementArgs,
     #[command(flatten)]
     access: AccessArgs,
+    /// TLS of the public listeners (the in-process worker stays on loopback, in plaintext).
+    #[command(flatten)]
+    tls: ListenTlsArgs,
 }
 
 impl ServeArgs {
@@ -194,6 +148,7 @@ impl ServeArgs {
             drain_timeout_s: self.drain_timeout_s,
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             placement: self.placement.clone(),
+            tls: ListenTlsArgs::default(),
         }
     }
 }
@@ -293,6 +248,7 @@ async fn start_worker(
         drain_timeout: Duration::from_secs(args.drain_timeout_s),
         node: hostname(),
         metrics_listen,
+        tls: args.tls.files(),
     };
     Ok(RunningWorker::start(model, tokenizer, cfg, store, schema).await?)
 }
@@ -337,7 +293,11 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
                 .instrument(tracing::info_span!(target: phases::TARGET, "config",
                     etcd = %args.placement.etcd.join(",")))
                 .await?;
-            let gw = args.access.gateway(store, schema)?;
+            let gw = args.access.gateway(store, schema, &args.worker_tls)?;
+            let gw = match args.tls.files() {
+                Some(files) => gw.with_tls(files),
+                None => gw,
+            };
             ferrite_gateway::serve(gw, args.listen, args.http_listen, shutdown_signal())
                 .await
                 .context("binding the gateway's listeners")
@@ -361,7 +321,13 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             let (store, schema) = args.placement.store(true).await?;
             // The gateway's /metrics (on its HTTP port) shows the worker's metrics too.
             let worker = start_worker(&worker_args, None, store.clone(), schema.clone()).await?;
-            let gw = args.access.gateway(store, schema)?;
+            let gw = args
+                .access
+                .gateway(store, schema, &WorkerTlsArgs::default())?;
+            let gw = match args.tls.files() {
+                Some(files) => gw.with_tls(files),
+                None => gw,
+            };
             let (addrs, task) = ferrite_gateway::serve(gw, args.listen, args.http_listen, async {
                 let _ = gateway_stopped.await;
             })

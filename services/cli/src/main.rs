@@ -28,6 +28,7 @@ mod kernels_cmd;
 mod loading;
 mod model_cmd;
 mod quantize;
+mod security_args;
 mod serve_child;
 mod table;
 

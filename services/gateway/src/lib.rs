@@ -4,6 +4,7 @@
 //!
 //! - [`auth`]: API keys (bearer tokens on both APIs; health, reflection, metrics stay open).
 //! - [`limits`]: per-caller request and token rate limits.
+//! - [`listen`]: both listeners, in plaintext or TLS.
 //! - [`pools`]: the view of placement (ready pools by model), kept current by a watch.
 //! - [`models`]: each model's tokenizer and limits, fetched from a pool (no model files here).
 //! - [`validate`]: prompt rendering/tokenization and the checks that build a
@@ -22,6 +23,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod limits;
+pub mod listen;
 pub mod models;
 pub mod openai;
 pub mod pools;
@@ -30,14 +32,12 @@ pub mod stream;
 pub mod trace;
 pub mod validate;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_placement::{KeySchema, Store};
 use ferrite_proto::v1 as api;
 use futures::Stream;
-use tokio::net::TcpListener;
 use tracing::Instrument;
 
 pub use auth::ApiKeys;
@@ -56,12 +56,25 @@ pub struct Gateway {
     texts: Arc<ModelTexts>,
     keys: Arc<ApiKeys>,
     limiter: Arc<Limiter>,
+    /// The public listeners' TLS files (none: plaintext).
+    tls: Option<ferrite_tls::TlsFiles>,
 }
 
 impl Gateway {
-    /// A gateway following the pools under `schema` in `store`.
+    /// A gateway following the pools under `schema` in `store`, calling them in plaintext.
     pub fn new(store: Store, schema: KeySchema) -> Self {
-        let pools = PoolView::default();
+        Self::with_worker_tls(store, schema, None)
+    }
+
+    /// A gateway following the pools under `schema` in `store`, calling their workers with
+    /// `worker_tls` (the CA they chain to, and the gateway's client certificate for mutual
+    /// TLS) when set.
+    pub fn with_worker_tls(
+        store: Store,
+        schema: KeySchema,
+        worker_tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Self {
+        let pools = PoolView::new(worker_tls);
         let follower = pools.clone();
         tokio::spawn(async move { follower.follow(store, schema).await });
         Self {
@@ -69,7 +82,14 @@ impl Gateway {
             texts: Arc::new(ModelTexts::default()),
             keys: Arc::new(ApiKeys::default()),
             limiter: Arc::new(Limiter::default()),
+            tls: None,
         }
+    }
+
+    /// Serves both public listeners with TLS from `files`.
+    pub fn with_tls(mut self, files: ferrite_tls::TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
     }
 
     /// Limits every caller (API key, or everyone alike without keys) to `limits`.
@@ -158,77 +178,4 @@ pub struct GenerateArgs<'a> {
     pub caller: auth::Caller,
 }
 
-/// Where a running gateway listens.
-#[derive(Debug, Clone, Copy)]
-pub struct GatewayAddrs {
-    pub grpc: SocketAddr,
-    pub http: SocketAddr,
-}
-
-/// Binds both listeners and serves until `shutdown` resolves.
-pub async fn serve(
-    gateway: Gateway,
-    grpc_listen: SocketAddr,
-    http_listen: SocketAddr,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<(GatewayAddrs, tokio::task::JoinHandle<()>)> {
-    let grpc_listener = TcpListener::bind(grpc_listen).await?;
-    let http_listener = TcpListener::bind(http_listen).await?;
-    let addrs = GatewayAddrs {
-        grpc: grpc_listener.local_addr()?,
-        http: http_listener.local_addr()?,
-    };
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<api::inference_server::InferenceServer<grpc::InferenceService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(ferrite_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(std::io::Error::other)?;
-    // The older package name too: grpcio-reflection's default module and many GUI clients
-    // still speak only v1alpha.
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(ferrite_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(std::io::Error::other)?;
-    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
-    let mut stop_grpc = stop_tx.subscribe();
-    let mut stop_http = stop_tx.subscribe();
-    let grpc = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_v1alpha)
-        .add_service(api::inference_server::InferenceServer::with_interceptor(
-            grpc::InferenceService::new(gateway.clone()),
-            grpc::key_check(gateway.keys.clone()),
-        ))
-        .serve_with_incoming_shutdown(
-            // Deltas go out as small frames: without TCP_NODELAY, Nagle holds them for an ACK.
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            async move {
-                let _ = stop_grpc.recv().await;
-            },
-        );
-    let http =
-        axum::serve(http_listener, http::router(gateway)).with_graceful_shutdown(async move {
-            let _ = stop_http.recv().await;
-        });
-    let task = tokio::spawn(async move {
-        let stopper = tokio::spawn(async move {
-            shutdown.await;
-            let _ = stop_tx.send(());
-        });
-        let (g, h) = tokio::join!(grpc, http);
-        if let Err(e) = g {
-            tracing::error!("gRPC server: {e}");
-        }
-        if let Err(e) = h {
-            tracing::error!("HTTP server: {e}");
-        }
-        stopper.abort();
-    });
-    Ok((addrs, task))
-}
+pub use listen::{GatewayAddrs, serve};

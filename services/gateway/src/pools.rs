@@ -10,7 +10,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use ferrite_placement::{Key, KeySchema, PoolRecord, PoolState, Store, WatchEvent};
 use ferrite_proto::worker::v1::worker_client::WorkerClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// One pool as the gateway sees it.
 #[derive(Debug, Clone)]
@@ -32,9 +32,18 @@ impl Pool {
 #[derive(Debug, Clone, Default)]
 pub struct PoolView {
     pools: Arc<RwLock<HashMap<String, Pool>>>,
+    /// TLS for the channels to workers (their addresses are then `https://`).
+    worker_tls: Option<ClientTlsConfig>,
 }
 
 impl PoolView {
+    pub fn new(worker_tls: Option<ClientTlsConfig>) -> Self {
+        Self {
+            pools: Arc::default(),
+            worker_tls,
+        }
+    }
+
     /// Ready pools serving `model`.
     pub fn ready(&self, model: &str) -> Vec<Pool> {
         let guard = self.pools.read().unwrap_or_else(PoisonError::into_inner);
@@ -80,7 +89,13 @@ impl PoolView {
                 p.record = record;
                 return;
             }
-            match Endpoint::from_shared(record.leader_addr.clone()) {
+            let endpoint = Endpoint::from_shared(record.leader_addr.clone()).and_then(|ep| {
+                match &self.worker_tls {
+                    Some(tls) => ep.tls_config(tls.clone()),
+                    None => Ok(ep),
+                }
+            });
+            match endpoint {
                 Ok(ep) => {
                     let channel = ep
                         .connect_timeout(std::time::Duration::from_secs(2))

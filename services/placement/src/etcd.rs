@@ -31,12 +31,15 @@ const H2_PING_INTERVAL: Duration = Duration::from_secs(10);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Timeouts of the etcd client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct EtcdOptions {
     /// Establishing a TCP/HTTP2 connection to an endpoint.
     pub connect_timeout: Duration,
     /// One unary request (or opening a stream), end to end.
     pub request_timeout: Duration,
+    /// TLS to etcd (`https://` endpoints): the CA etcd's certificate chains to, and a client
+    /// certificate when etcd requires one.
+    pub tls: Option<etcd_client::TlsOptions>,
 }
 
 impl Default for EtcdOptions {
@@ -44,6 +47,7 @@ impl Default for EtcdOptions {
         Self {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(2),
+            tls: None,
         }
     }
 }
@@ -83,12 +87,18 @@ impl EtcdStore {
             });
         }
         for e in endpoints {
-            // etcd-client is built without TLS; fail here with a clear message
-            // rather than on the first request.
-            if e.starts_with("https://") {
+            // Fail here with a clear message rather than on the first request: an https
+            // endpoint needs the CA to trust, and TLS options talk to https endpoints only.
+            let https = e.starts_with("https://");
+            if https != options.tls.is_some() {
+                let reason = if https {
+                    "an https:// endpoint needs TLS options (--etcd-ca)"
+                } else {
+                    "TLS to etcd (--etcd-ca) needs https:// endpoints"
+                };
                 return Err(PlacementError::InvalidEndpoint {
                     endpoint: e.clone(),
-                    reason: "TLS endpoints are not supported; use http://".into(),
+                    reason: reason.into(),
                 });
             }
         }
@@ -99,6 +109,10 @@ impl EtcdStore {
             // Without a leader etcd would serve a stale watch forever; with
             // this it cancels the watch and we resync once a leader exists.
             .with_require_leader(true);
+        let connect = match options.tls.clone() {
+            Some(tls) => connect.with_tls(tls),
+            None => connect,
+        };
         // Lazy: no request is made here (no auth), so this only validates URLs.
         let client =
             Client::connect(endpoints, Some(connect))

@@ -30,30 +30,51 @@ pub struct EtcdServer {
     root: PathBuf,
     client_port: u16,
     peer_port: u16,
+    /// Plain HTTP `/health` (and metrics), so health is checked the same with TLS or without.
+    metrics_port: u16,
+    tls: Option<EtcdTls>,
     child: Option<Child>,
+}
+
+/// etcd's TLS on its client port: its certificate and key, and the CA whose client
+/// certificates it requires (`--client-cert-auth`).
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 impl EtcdServer {
     /// Starts etcd and waits until it is healthy (has a leader).
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`EtcdServer::start`], serving clients over TLS with `tls` when given (its endpoint is
+    /// then `https://`).
+    pub fn start_with(tls: Option<EtcdTls>) -> Self {
         let bin =
             std::env::var_os(ETCD_BIN_ENV).map_or_else(|| PathBuf::from("etcd"), PathBuf::from);
         let root = unique_temp_dir();
-        let [client_port, peer_port] = free_ports();
+        let [client_port, peer_port, metrics_port] = free_ports();
         let mut server = Self {
             bin,
             root,
             client_port,
             peer_port,
+            metrics_port,
+            tls,
             child: None,
         };
         server.spawn();
         server
     }
 
-    /// `http://127.0.0.1:{client port}`.
+    /// `http://127.0.0.1:{client port}` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// `[endpoint()]`, the shape `Store::connect` takes.
@@ -113,7 +134,8 @@ impl EtcdServer {
     }
 
     fn spawn(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = self.endpoint();
+        let metrics = format!("http://127.0.0.1:{}", self.metrics_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = File::options()
             .create(true)
@@ -132,6 +154,15 @@ impl EtcdServer {
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=ferrite-test={peer}"))
             .arg("--initial-cluster-state=new")
+            .arg(format!("--listen-metrics-urls={metrics}"))
+            .args(self.tls.iter().flat_map(|t| {
+                [
+                    format!("--cert-file={}", t.cert.display()),
+                    format!("--key-file={}", t.key.display()),
+                    format!("--trusted-ca-file={}", t.client_ca.display()),
+                    "--client-cert-auth".into(),
+                ]
+            }))
             .arg("--logger=zap")
             .arg("--log-level=warn")
             .stdin(Stdio::null())
@@ -161,7 +192,7 @@ impl EtcdServer {
                     self.log_tail()
                 );
             }
-            if health_ok(self.client_port) {
+            if health_ok(self.metrics_port) {
                 return;
             }
             sleep(Duration::from_millis(50));
@@ -205,15 +236,15 @@ fn health_ok(port: u16) -> bool {
     response.contains(r#""health":"true""#)
 }
 
-/// Two distinct ports the OS considers free right now (both listeners are held
-/// until both are chosen). Another process could take one before etcd binds it;
+/// Three distinct ports the OS considers free right now (all listeners are held
+/// until all are chosen). Another process could take one before etcd binds it;
 /// on loopback in a test run that is rare enough.
-fn free_ports() -> [u16; 2] {
+fn free_ports() -> [u16; 3] {
     let bind = || {
         TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"))
     };
-    let listeners = [bind(), bind()];
+    let listeners = [bind(), bind(), bind()];
     listeners.map(|l| {
         l.local_addr()
             .map(|a| a.port())

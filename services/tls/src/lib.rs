@@ -188,7 +188,9 @@ impl ServerTls {
                     *current = (now, Arc::new(cfg));
                 }
                 // Keep serving the last good certificate; try again at the next handshake.
-                Err(e) => tracing::warn!("TLS files changed but do not load ({e}): keeping the previous ones"),
+                Err(e) => tracing::warn!(
+                    "TLS files changed but do not load ({e}): keeping the previous ones"
+                ),
             }
         }
         current.1.clone()
@@ -243,7 +245,9 @@ impl tokio_stream::Stream for TlsIncoming {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx).map(|c| c.map(|(stream, _)| Ok(stream)))
+        self.rx
+            .poll_recv(cx)
+            .map(|c| c.map(|(stream, _)| Ok(stream)))
     }
 }
 
@@ -286,7 +290,10 @@ pub fn client_config(
     let mut cfg = tonic::transport::ClientTlsConfig::new()
         .ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
     if let Some((cert, key)) = identity {
-        cfg = cfg.identity(tonic::transport::Identity::from_pem(read(cert)?, read(key)?));
+        cfg = cfg.identity(tonic::transport::Identity::from_pem(
+            read(cert)?,
+            read(key)?,
+        ));
     }
     Ok(cfg)
 }

@@ -57,7 +57,9 @@ impl TestCa {
             params.not_after = date_time_ymd(2020, 12, 31);
         }
         let key = KeyPair::generate().expect("leaf key");
-        let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
         Leaf {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
@@ -75,7 +77,10 @@ impl TestCa {
 impl Leaf {
     /// Writes `dir/{stem}.pem` and `dir/{stem}.key`; returns their paths.
     pub fn write(&self, dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
-        let (cert, key) = (dir.join(format!("{stem}.pem")), dir.join(format!("{stem}.key")));
+        let (cert, key) = (
+            dir.join(format!("{stem}.pem")),
+            dir.join(format!("{stem}.key")),
+        );
         std::fs::write(&cert, &self.cert_pem).expect("write certificate");
         std::fs::write(&key, &self.key_pem).expect("write key");
         (cert, key)

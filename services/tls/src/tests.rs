@@ -27,7 +27,15 @@ async fn serve(name: &str, ca: &TestCa, leaf: &Leaf, mutual: bool) -> Server {
     let dir = temp_dir(name);
     let (cert, key) = leaf.write(&dir, "server");
     let client_ca = mutual.then(|| ca.write(&dir, "ca"));
-    let tls = ServerTls::new(TlsFiles { cert, key, client_ca }, ALPN_HTTP).expect("server TLS");
+    let tls = ServerTls::new(
+        TlsFiles {
+            cert,
+            key,
+            client_ca,
+        },
+        ALPN_HTTP,
+    )
+    .expect("server TLS");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let mut incoming = incoming(listener, tls);
@@ -37,7 +45,11 @@ async fn serve(name: &str, ca: &TestCa, leaf: &Leaf, mutual: bool) -> Server {
             let _ = s.shutdown().await;
         }
     });
-    Server { addr, dir, _incoming: task }
+    Server {
+        addr,
+        dir,
+        _incoming: task,
+    }
 }
 
 /// Connects trusting `ca` (nothing if `None`), presenting `client` if given; returns what the
@@ -63,13 +75,17 @@ async fn fetch(
                 .collect::<Result<Vec<_>, _>>()
                 .expect("client cert");
             let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).expect("key");
-            builder.with_client_auth_cert(certs, key).expect("client auth")
+            builder
+                .with_client_auth_cert(certs, key)
+                .expect("client auth")
         }
         None => builder.with_no_client_auth(),
     };
     let tcp = TcpStream::connect(addr).await?;
     let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
-    let mut tls = TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await?;
     let presented = tls
         .get_ref()
         .1
@@ -95,11 +111,15 @@ async fn trusted_untrusted_and_expired_certificates() {
     let (got, _) = fetch(server.addr, Some(&ca), None).await.expect("trusted");
     assert_eq!(got, "hello");
     let other = TestCa::new("another CA");
-    let err = fetch(server.addr, Some(&other), None).await.expect_err("untrusted");
+    let err = fetch(server.addr, Some(&other), None)
+        .await
+        .expect_err("untrusted");
     assert!(err.to_string().contains("UnknownIssuer"), "{err}");
 
     let expired = serve("expired", &ca, &ca.issue("server", true), false).await;
-    let err = fetch(expired.addr, Some(&ca), None).await.expect_err("expired");
+    let err = fetch(expired.addr, Some(&ca), None)
+        .await
+        .expect_err("expired");
     assert!(err.to_string().contains("certificate expired"), "{err}");
     let _ = std::fs::remove_dir_all(&server.dir);
     let _ = std::fs::remove_dir_all(&expired.dir);
@@ -155,7 +175,10 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     // A later modification time than the first write, whatever the clock's resolution.
     let later = SystemTime::now() + Duration::from_secs(5);
     for path in [cert, key] {
-        let f = std::fs::File::options().append(true).open(&path).expect("open");
+        let f = std::fs::File::options()
+            .append(true)
+            .open(&path)
+            .expect("open");
         f.set_modified(later).expect("touch");
     }
     let (_, presented) = fetch(server.addr, Some(&ca), None).await.expect("second");

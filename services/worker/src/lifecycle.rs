@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     /// Where to serve Prometheus `/metrics` over HTTP (port 0: any free port); `None`: not
     /// here (`ferrite serve` shows the worker's metrics on the gateway's HTTP port).
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS for the worker API (with `client_ca`: only callers with a certificate of that CA,
+    /// the gateways); its address is then `https://`.
+    pub tls: Option<ferrite_tls::TlsFiles>,
 }
 
 /// Why a worker could not start.
@@ -58,6 +61,8 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("TLS: {0}")]
+    Tls(#[from] ferrite_tls::TlsError),
     #[error("cannot start the engine thread: {0}")]
     Thread(std::io::Error),
     #[error("cannot serve /metrics on {addr}: {source}")]
@@ -212,18 +217,29 @@ impl RunningWorker {
             let router = tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_service(pb::worker_server::WorkerServer::new(service.clone()));
-            // Tokens go out as small frames: without TCP_NODELAY, Nagle holds them for an ACK.
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+            let stopped = async {
                 let _ = stopped.await;
-            }));
+            };
+            let server = match &cfg.tls {
+                Some(files) => {
+                    let tls = ferrite_tls::ServerTls::new(files.clone(), ferrite_tls::ALPN_GRPC)?;
+                    let incoming = ferrite_tls::incoming(listener, tls);
+                    tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+                }
+                None => {
+                    // Tokens go out as small frames: without TCP_NODELAY, Nagle holds them.
+                    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                        .with_nodelay(Some(true));
+                    tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+                }
+            };
 
             let host = cfg
                 .advertise_host
                 .clone()
                 .unwrap_or_else(|| addr.ip().to_string());
-            let leader_addr = format!("http://{host}:{}", addr.port());
+            let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+            let leader_addr = format!("{scheme}://{host}:{}", addr.port());
             let mut pool_record = PoolRecord {
                 model: cfg.model_name.clone(),
                 tp: cfg.tp,
