@@ -1,4 +1,5 @@
-//! Paged attention on every backend (see `common`), against the CPU's `paged_attention`:
+//! Paged attention on every backend (see `common`), against the reference (`common::reference`,
+//! softmax written out in f64 per query, head and position):
 //! decode (split over 256-position partitions, so a 1300-token context uses six), prefill
 //! over whole prompts and over a chunk that continues a cached context, grouped-query heads,
 //! Gemma 2's soft cap and sliding window, and head sizes with (64/128/256) and without (96; 80,
@@ -10,7 +11,7 @@
 
 mod common;
 
-use common::{Backend, Buffers, DTYPES, assert_close, backends, random, round};
+use common::{Backend, Buffers, DTYPES, assert_close, backends, random, reference, round};
 use ferrite_kernels::cpu::attention::{AttentionOptions, PagedKv, QueryToken, paged_attention};
 use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
 use ferrite_kernels::cuda::ops::Dtype;
@@ -171,11 +172,36 @@ fn attention_on(b: &Backend, dtype: Dtype, c: &Case, x: &Inputs, kernel: Kernel)
     }
 }
 
+/// The batch by the reference: every query token of every sequence, from its cache.
+fn attention_reference(dtype: Dtype, c: &Case, x: &Inputs) -> Vec<f32> {
+    let queries: Vec<reference::Query<'_>> = c
+        .seqs
+        .iter()
+        .zip(&x.tables)
+        .flat_map(|(&(ctx, nq), table)| {
+            (ctx - nq..ctx).map(move |pos| reference::Query { table, pos })
+        })
+        .collect();
+    let shape = reference::AttentionShape {
+        n_heads: c.n_heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        block: BLOCK,
+        scale: f64::from(c.opts.scale),
+        soft_cap: c.opts.soft_cap.map(f64::from),
+        window: c.opts.sliding_window,
+    };
+    round(
+        dtype,
+        &reference::attention(&x.q, &queries, &x.k, &x.v, &shape),
+    )
+}
+
 fn check(c: &Case, kernels: &[Kernel]) {
     for b in backends() {
         for dtype in DTYPES {
             let x = inputs(c, dtype);
-            let want = attention_on(&Backend::Cpu, dtype, c, &x, Kernel::Prefill);
+            let want = attention_reference(dtype, c, &x);
             for &k in kernels {
                 let got = attention_on(&b, dtype, c, &x, k);
                 // Softmax-weighted sums of rounded values: a few ulps of the output type.

@@ -1,6 +1,7 @@
 //! Element-wise and row-wise ops, one body per op on every backend (see `common`): embedding,
 //! the three RMSNorm kinds, RoPE in both pairings, SiLU/GELU-and-mul, the KV-cache write and
-//! the conversions. Tolerances are in units of the stored type's precision (f16 2^-10, bf16
+//! the conversions, each against the reference of `common::reference` (written out from the
+//! op's definition in f64), so the CPU leg fails when the CPU op is wrong. Tolerances are in units of the stored type's precision (f16 2^-10, bf16
 //! 2^-7): results are rounded once to that type, so a correct kernel is within one or two.
 
 // The GPU wrappers take raw device pointers, so calling them is `unsafe`; every pointer here comes
@@ -9,7 +10,7 @@
 
 mod common;
 
-use common::{Backend, Buffers, DTYPES, assert_close, backends, random, round};
+use common::{Backend, Buffers, DTYPES, assert_close, backends, random, reference, round};
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cpu::{
     gelu_tanh_mul_in_place, rms_norm, silu_mul_in_place, soft_cap_in_place,
@@ -127,7 +128,7 @@ fn rms_norm_on(
 }
 
 #[test]
-fn rms_norm_plain_fused_add_and_post_add_match_the_cpu() {
+fn rms_norm_plain_fused_add_and_post_add_match_the_reference() {
     // 4096: Llama's width; 2304 and 576 are not multiples of 8 vectors of a 256-thread block.
     for b in backends() {
         for (rows, hidden) in [(3, 4096), (5, 2304), (1, 576)] {
@@ -149,8 +150,14 @@ fn rms_norm_plain_fused_add_and_post_add_match_the_cpu() {
                         };
                         let (out, res) =
                             rms_norm_on(&b, dtype, kind, &x, &residual, &weight, shape);
-                        let (want_out, want_res) =
-                            rms_norm_on(&Backend::Cpu, dtype, kind, &x, &residual, &weight, shape);
+                        let (want_out, want_res) = reference::norm_kinds(
+                            dtype,
+                            kind,
+                            (&round(dtype, &x), &round(dtype, &residual)),
+                            &round(dtype, &weight),
+                            1e-6,
+                            weight_offset,
+                        );
                         let what = format!(
                             "{kind:?} {rows}x{hidden} offset {weight_offset} on {}",
                             b.name()
@@ -206,6 +213,26 @@ fn rope_on(
     }
 }
 
+/// [`rope_on`] by the reference: each q and k head of each row rotated at its position.
+fn rope_reference(
+    dtype: Dtype,
+    qkv: &[f32],
+    positions: &[i32],
+    inv_freq: &[f32],
+    shape: RopeShape,
+) -> Vec<f32> {
+    let mut out = round(dtype, qkv);
+    let hd = shape.head_dim;
+    for (row, &pos) in out.chunks_mut(shape.q_stride).zip(positions) {
+        let rotated = (shape.n_heads + shape.kv_heads) * hd;
+        for head in row[..rotated].chunks_mut(hd) {
+            let scale = shape.position_scale;
+            reference::rope_head(head, pos as usize, inv_freq, scale, shape.adjacent);
+        }
+    }
+    round(dtype, &out)
+}
+
 #[test]
 fn rope_rotates_q_and_k_in_a_fused_qkv_buffer() {
     let (n_heads, kv_heads, head_dim) = (8, 2, 128);
@@ -219,8 +246,12 @@ fn rope_rotates_q_and_k_in_a_fused_qkv_buffer() {
                 (RopePairing::Adjacent, 128),
                 (RopePairing::Half, 64),
             ] {
+                // θ^(-2i/d), the table every backend and the reference take.
+                let inv_freq: Vec<f32> = (0..rope_dim / 2)
+                    .map(|i| 500_000f64.powf(-((2 * i) as f64) / rope_dim as f64) as f32)
+                    .collect();
                 let rope = Rope {
-                    inv_freq: Rope::base_inv_freq(500_000.0, rope_dim),
+                    inv_freq,
                     position_scale: 0.5,
                     pairing,
                     head_dim,
@@ -237,7 +268,7 @@ fn rope_rotates_q_and_k_in_a_fused_qkv_buffer() {
                     adjacent: pairing == RopePairing::Adjacent,
                 };
                 let got = rope_on(&b, dtype, &qkv, &positions, &rope, shape);
-                let want = rope_on(&Backend::Cpu, dtype, &qkv, &positions, &rope, shape);
+                let want = rope_reference(dtype, &qkv, &positions, &rope.inv_freq, shape);
                 let what = format!("rope {pairing:?} dim {rope_dim} on {}", b.name());
                 assert_close(&what, dtype, &got, &want, 2.0);
                 // V (after q and k in each row) is untouched.
@@ -286,14 +317,17 @@ fn gated_on(
 }
 
 #[test]
-fn silu_and_gelu_gates_match_the_cpu() {
+fn silu_and_gelu_gates_match_the_reference() {
     let (tokens, d_ff) = (3, 14336 / 4 + 8);
     let gate_up = random(tokens * 2 * d_ff, 6, 6.0);
     for b in backends() {
         for dtype in DTYPES {
             for gelu in [false, true] {
                 let got = gated_on(&b, dtype, gelu, &gate_up, tokens, d_ff);
-                let want = gated_on(&Backend::Cpu, dtype, gelu, &gate_up, tokens, d_ff);
+                let want = round(
+                    dtype,
+                    &reference::gated(&round(dtype, &gate_up), d_ff, gelu),
+                );
                 assert_close(
                     &format!("gelu={gelu} on {}", b.name()),
                     dtype,
@@ -521,8 +555,31 @@ fn qkv_fixups_on(
     }
 }
 
+/// [`qkv_fixups_on`] by the reference: the bias added and rounded, then each q head normed.
+fn qkv_fixups_reference(
+    dtype: Dtype,
+    qkv: &[f32],
+    bias: &[f32],
+    norm_w: &[f32],
+    (rows, heads, head_dim): (usize, usize, usize),
+) -> Vec<f32> {
+    let mut x = round(dtype, qkv);
+    let (bias, w) = (round(dtype, bias), round(dtype, norm_w));
+    for row in x.chunks_mut(qkv.len() / rows) {
+        let biased: Vec<f32> = row.iter().zip(&bias).map(|(v, b)| v + b).collect();
+        let biased = round(dtype, &biased);
+        row[..bias.len()].copy_from_slice(&biased);
+        let normed = round(
+            dtype,
+            &reference::rms_norm(&row[..heads * head_dim], &w, 1e-6),
+        );
+        row[..heads * head_dim].copy_from_slice(&normed);
+    }
+    x
+}
+
 #[test]
-fn qkv_bias_and_head_norms_match_the_cpu() {
+fn qkv_bias_and_head_norms_match_the_reference() {
     let (rows, heads, kv_heads, head_dim) = (5, 16, 4, 128);
     let stride = (heads + 2 * kv_heads) * head_dim;
     let qkv = random(rows * stride, 12, 2.0);
@@ -531,14 +588,7 @@ fn qkv_bias_and_head_norms_match_the_cpu() {
     for b in backends() {
         for dtype in DTYPES {
             let got = qkv_fixups_on(&b, dtype, &qkv, &bias, &w, (rows, heads, head_dim));
-            let want = qkv_fixups_on(
-                &Backend::Cpu,
-                dtype,
-                &qkv,
-                &bias,
-                &w,
-                (rows, heads, head_dim),
-            );
+            let want = qkv_fixups_reference(dtype, &qkv, &bias, &w, (rows, heads, head_dim));
             assert_close(
                 &format!("qkv fixups on {}", b.name()),
                 dtype,

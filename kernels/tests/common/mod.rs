@@ -1,11 +1,14 @@
 //! The op-test harness: one test body per op, run on the CPU always and on CUDA when a device
-//! is present, each result compared with the CPU reference ops of `ferrite_kernels::cpu`.
+//! is present, each result compared with an independent reference ([`reference`]: the op
+//! written out from its definition in f64), so the CPU leg can fail too.
 //!
 //! A backend takes f32 inputs, rounds them to the dtype under test (so both backends see the
 //! same values), runs the op and returns f32. On the GPU host `FERRITE_REQUIRE_CUDA=1` turns
 //! "no CUDA device" into a failure, so the CUDA half cannot silently skip there.
 
 #![allow(dead_code)]
+
+pub mod reference;
 
 use std::path::PathBuf;
 
