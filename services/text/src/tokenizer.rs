@@ -68,8 +68,17 @@ impl Tokenizer {
         json: &[u8],
         tokenizer_config: Option<&Value>,
     ) -> Result<Self, TextError> {
-        let mut inner = tokenizers::Tokenizer::from_bytes(json)
-            .map_err(|e| TextError::InvalidTokenizerJson(format!("tokenizer.json: {e}")))?;
+        // tokenizers 0.23 panics (an `expect` in its decoder deserializer) on some malformed
+        // `decoder` objects, found by the fuzzer (tests/fuzz/regressions/tokenizer/): a bad
+        // file must be an error, so the panic is caught here and reported as one.
+        let parsed =
+            std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json)).map_err(|_| {
+                TextError::InvalidTokenizerJson(
+                    "tokenizer.json: malformed (the tokenizers library could not read it)".into(),
+                )
+            })?;
+        let mut inner =
+            parsed.map_err(|e| TextError::InvalidTokenizerJson(format!("tokenizer.json: {e}")))?;
         let empty = json!({});
         let config = tokenizer_config.unwrap_or(&empty);
         if !config.is_object() {
