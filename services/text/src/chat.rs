@@ -40,6 +40,10 @@ impl ChatMessage {
     }
 }
 
+/// The instructions one render may run: real templates take a few hundred per message, so
+/// this is thousands of messages, and stops a runaway loop within milliseconds.
+const RENDER_FUEL: u64 = 5_000_000;
+
 /// A compiled chat template together with the special-token strings HF
 /// exposes to it (`bos_token`, `eos_token`).
 #[derive(Debug, Clone)]
@@ -64,6 +68,9 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         // jinja2's default, which HF keeps: one trailing newline is dropped.
         env.set_keep_trailing_newline(false);
+        // A template comes with a model, and the gateway renders it for every chat request:
+        // one that loops for ever (nested `range`s) must fail the request, not hold a core.
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_formatter(python_formatter);
@@ -308,6 +315,21 @@ mod tests {
 
     fn render(src: &str, msgs: &[ChatMessage], gen_prompt: bool) -> Result<String, TextError> {
         ChatTemplate::new(src, Some("<s>"), Some("</s>"))?.render(msgs, gen_prompt)
+    }
+
+    #[test]
+    fn a_runaway_template_fails_the_render_instead_of_holding_a_core() {
+        let src = "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}";
+        let started = std::time::Instant::now();
+        let err = render(src, &[ChatMessage::new("user", "hi")], false).expect_err("no end");
+        assert!(err.to_string().contains("fuel"), "{err}");
+        assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+        // A long real conversation stays well inside the budget.
+        let chatml = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}{% endfor %}";
+        let long: Vec<ChatMessage> = (0..5000)
+            .map(|i| ChatMessage::new("user", format!("turn {i}")))
+            .collect();
+        render(chatml, &long, false).expect("5000 turns render");
     }
 
     #[test]

@@ -206,7 +206,12 @@ impl TensorInfo {
                 self.name, self.ty
             )));
         }
-        Ok(elems / block * self.ty.block_bytes() as u64)
+        // Checked too: a count near 2^64 would wrap to a small byte length that fits in the
+        // file, and the tensor's readers would then size buffers from the count (found by the
+        // fuzzer: tests/fuzz/regressions/gguf/).
+        (elems / block)
+            .checked_mul(self.ty.block_bytes() as u64)
+            .ok_or_else(|| reader.bad(format!("tensor `{}` is impossibly large", self.name)))
     }
 }
 
