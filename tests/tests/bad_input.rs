@@ -373,6 +373,33 @@ async fn keyed_gateway(cluster: &Cluster) -> Result<ferrite_cluster_tests::clust
     GatewayProc::ready(GatewayProc::spawn_with_env(&cluster.etcd.endpoint(), &env)?).await
 }
 
+/// The official `openai` client and `grpcio` with the right key, a wrong one and none.
+async fn keys_through_the_official_clients(
+    keyed: &ferrite_cluster_tests::cluster::GatewayProc,
+) -> Result<()> {
+    let args = [
+        "--http-port".into(),
+        keyed.http.port().to_string(),
+        "--grpc-port".into(),
+        keyed.grpc.port().to_string(),
+        "--key".into(),
+        "key-one".into(),
+    ];
+    let timeout = Duration::from_secs(120);
+    let out = ferrite_cluster_tests::python::run_client("keys_client.py", &args, timeout).await?;
+    let show = serde_json::to_string_pretty(&out)?;
+    assert_eq!(out["openai_key"]["models"], json!([MODEL]), "{show}");
+    assert_eq!(out["grpc_key"]["models"], json!([MODEL]), "{show}");
+    let denied = &out["openai_wrong_key"];
+    assert_eq!(denied["error"], "AuthenticationError", "{show}");
+    assert_eq!(denied["status_code"], 401, "{show}");
+    assert_eq!(denied["code"], "invalid_api_key", "{show}");
+    for denied in ["grpc_wrong_key", "grpc_no_key"] {
+        assert_eq!(out[denied]["error"], "UNAUTHENTICATED", "{show}");
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_keys_and_rate_limits_on_both_apis() -> Result<()> {
     use ferrite_cluster_tests::cluster::{DISCOVERY_TIMEOUT, channel};
@@ -403,6 +430,7 @@ async fn api_keys_and_rate_limits_on_both_apis() -> Result<()> {
     }
     let r = http::post_json(keyed.http, "/v1/completions", &body).await?;
     assert_eq!(r.json()?["error"]["code"], "invalid_api_key", "{r:?}");
+    keys_through_the_official_clients(&keyed).await?;
     assert_eq!(
         http::get(keyed.http, "/health").await?.status,
         200,
