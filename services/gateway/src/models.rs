@@ -137,6 +137,38 @@ async fn fetch(
     Err(last_err)
 }
 
+/// A model for unit tests: a word-level tokenizer of 8 words (`<unk> a b c user : x y`), a
+/// context of 16 tokens, a chat template, and text digest `d1`.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    pub fn word_model() -> Arc<ModelText> {
+        let tokenizer = serde_json::json!({
+            "version": "1.0",
+            "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": { "type": "Whitespace" },
+            "post_processor": null,
+            "decoder": null,
+            "model": { "type": "WordLevel", "unk_token": "<unk>",
+                "vocab": { "<unk>": 0, "a": 1, "b": 2, "c": 3, "user": 4, ":": 5, "x": 6, "y": 7 } }
+        });
+        let info = pb::ModelInfo {
+            model: "m".into(),
+            tokenizer_json: tokenizer.to_string(),
+            chat_template: Some(
+                "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}".into(),
+            ),
+            vocab_size: 8,
+            max_model_len: 16,
+            text_digest: "d1".into(),
+            ..pb::ModelInfo::default()
+        };
+        Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

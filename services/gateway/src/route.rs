@@ -38,6 +38,24 @@ impl std::fmt::Debug for Upstream {
 
 struct Outstanding(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
+impl Upstream {
+    /// An upstream of canned worker messages, for unit tests of what follows routing.
+    #[cfg(test)]
+    pub(crate) fn canned(
+        first: pb::GenerateResponse,
+        rest: Vec<Result<pb::GenerateResponse, tonic::Status>>,
+    ) -> Self {
+        let outstanding = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        Self {
+            first,
+            rest: Box::pin(futures::stream::iter(rest)),
+            _guard: Outstanding(outstanding),
+            pool: "canned".into(),
+            span: tracing::Span::none(),
+        }
+    }
+}
+
 impl Drop for Outstanding {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);

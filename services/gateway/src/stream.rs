@@ -202,3 +202,7 @@ impl State {
         out
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod tests;

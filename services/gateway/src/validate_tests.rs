@@ -2,32 +2,9 @@
 //! context limits, and every sampling range.
 
 use super::*;
-use serde_json::json;
 
-/// A model of 8 words, a context of 16 tokens, and a chat template.
 fn model() -> Arc<ModelText> {
-    let tokenizer = json!({
-        "version": "1.0",
-        "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": { "type": "Whitespace" },
-        "post_processor": null,
-        "decoder": null,
-        "model": { "type": "WordLevel", "unk_token": "<unk>",
-            "vocab": { "<unk>": 0, "a": 1, "b": 2, "c": 3, "user": 4, ":": 5, "x": 6, "y": 7 } }
-    });
-    let info = pb::ModelInfo {
-        model: "m".into(),
-        tokenizer_json: tokenizer.to_string(),
-        chat_template: Some(
-            "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}".into(),
-        ),
-        vocab_size: 8,
-        max_model_len: 16,
-        text_digest: "d1".into(),
-        ..pb::ModelInfo::default()
-    };
-    Arc::new(ModelText::from_info(info).expect("model text"))
+    crate::models::testing::word_model()
 }
 
 /// Sets one sampling parameter.

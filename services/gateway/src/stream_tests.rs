@@ -1,0 +1,136 @@
+//! From canned worker messages to events: deltas that add up to the decoded text, stop strings
+//! that end the stream early, the finish with its usage, and a worker that fails or vanishes
+//! mid-stream.
+
+use std::time::Instant;
+
+use ferrite_proto::v1 as api;
+use ferrite_proto::worker::v1 as pb;
+use futures::StreamExt;
+
+use super::*;
+use crate::models::testing::word_model;
+use crate::validate::{Prompt, validate};
+
+fn token(id: u32, finish: pb::FinishReason) -> pb::GenerateResponse {
+    pb::GenerateResponse {
+        tokens: vec![pb::Token {
+            id,
+            logprob: -0.5,
+            top: Vec::new(),
+        }],
+        finish_reason: finish as i32,
+    }
+}
+
+/// The events of a request (prompt `a`, `stop` strings) whose worker sends `ids` and then
+/// `end` (a finish reason on the last id, or an error, or nothing).
+async fn events_of(
+    ids: &[u32],
+    end: Result<pb::FinishReason, tonic::Status>,
+    stop: &[&str],
+) -> Vec<Result<GenerateEvent, GatewayError>> {
+    let sampling = api::SamplingParams {
+        max_tokens: Some(8),
+        stop: stop.iter().map(|s| (*s).to_owned()).collect(),
+        ..api::SamplingParams::default()
+    };
+    let req = validate(word_model(), &Prompt::Text("a".into()), Some(sampling)).expect("valid");
+    let mut msgs: Vec<Result<pb::GenerateResponse, tonic::Status>> = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let last = i + 1 == ids.len();
+        let finish = match (&end, last) {
+            (Ok(reason), true) => *reason,
+            _ => pb::FinishReason::Unspecified,
+        };
+        msgs.push(Ok(token(id, finish)));
+    }
+    if let Err(status) = end {
+        msgs.push(Err(status));
+    }
+    let first = msgs.remove(0).expect("a first token");
+    let trace = RequestTrace::new(
+        tracing::Span::none(),
+        "m",
+        crate::trace::Api::Grpc,
+        Instant::now(),
+    );
+    let upstream = Upstream::canned(first, msgs);
+    events(&req, upstream, trace, None).collect().await
+}
+
+fn text_of(events: &[Result<GenerateEvent, GatewayError>]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Ok(GenerateEvent::Delta { text, .. }) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn deltas_add_up_to_the_text_and_the_finish_counts_the_tokens() {
+    let evs = events_of(&[1, 2, 3], Ok(pb::FinishReason::Length), &[]).await;
+    let want = word_model()
+        .tokenizer
+        .decode(&[1, 2, 3], true)
+        .expect("decode");
+    assert_eq!(text_of(&evs), want);
+    match evs.last() {
+        Some(Ok(GenerateEvent::Finish {
+            reason,
+            prompt_tokens,
+            completion_tokens,
+            ..
+        })) => {
+            assert_eq!(*reason, api::FinishReason::Length);
+            assert_eq!((*prompt_tokens, *completion_tokens), (1, 3));
+        }
+        other => panic!("no finish: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_stop_string_ends_the_stream_before_it() {
+    // The worker would go on (no finish): the stop string ends the request at the gateway.
+    let evs = events_of(&[1, 3, 2, 1, 1], Ok(pb::FinishReason::Unspecified), &["b"]).await;
+    let text = text_of(&evs);
+    assert!(!text.contains('b'), "{text:?}");
+    assert!(text.starts_with('a'), "{text:?}");
+    match evs.last() {
+        Some(Ok(GenerateEvent::Finish {
+            reason,
+            completion_tokens,
+            ..
+        })) => {
+            assert_eq!(*reason, api::FinishReason::Stop);
+            assert_eq!(*completion_tokens, 3, "counted up to the stop");
+        }
+        other => panic!("no finish: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_worker_failing_mid_stream_ends_it_with_the_servers_fault() {
+    let evs = events_of(&[1, 2], Err(tonic::Status::internal("step failed")), &[]).await;
+    assert_eq!(evs.len(), 3, "{evs:?}");
+    match evs.last() {
+        Some(Err(e)) => assert_eq!(e.kind(), "internal", "{e:?}"),
+        other => panic!("no error: {other:?}"),
+    }
+    let evs = events_of(&[1, 2], Err(tonic::Status::unavailable("gone")), &[]).await;
+    assert!(
+        matches!(evs.last(), Some(Err(GatewayError::Unavailable(_)))),
+        "{evs:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_without_a_finish_is_unavailable() {
+    let evs = events_of(&[1, 2], Ok(pb::FinishReason::Unspecified), &[]).await;
+    match evs.last() {
+        Some(Err(GatewayError::Unavailable(m))) => assert!(m.contains("without a finish"), "{m}"),
+        other => panic!("no error: {other:?}"),
+    }
+}
