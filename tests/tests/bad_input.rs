@@ -227,6 +227,12 @@ async fn bad_requests_get_the_documented_status_and_name_the_limit() -> Result<(
     );
     assert_eq!(e["param"], "prompt", "{r:?}");
 
+    // A body past the 2 MiB limit: 413, in OpenAI's error shape.
+    let huge = json!({"model": MODEL, "prompt": "x".repeat(3 << 20), "max_tokens": 2});
+    let r = http::post_json(addr, "/v1/completions", &huge).await?;
+    assert_eq!(r.status, 413, "3 MiB body: {}", r.status);
+    assert!(r.json()?["error"]["message"].is_string(), "{}", r.body);
+
     let body = json!({"model": MODEL, "messages": [], "max_tokens": 4});
     let r = http::post_json(addr, "/v1/chat/completions", &body).await?;
     assert_eq!(r.status, 400, "empty chat: {r:?}");

@@ -37,6 +37,7 @@ pub fn router(gateway: Gateway) -> Router {
         .merge(api)
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(ferrite_telemetry::metrics::metrics_handler))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(gateway)
 }
 
@@ -150,8 +151,20 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn bad_json(e: impl std::fmt::Display) -> ApiError {
-    ApiError::invalid(format!("bad request body: {e}"), None)
+/// The largest request body accepted (a 413 past it).
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// A body that did not parse: 400 for bad or mistyped JSON (as OpenAI answers; axum would say
+/// 422 for the latter), 413 past [`MAX_BODY_BYTES`], 415 without a JSON content type.
+fn bad_json(e: axum::extract::rejection::JsonRejection) -> ApiError {
+    let mut err = ApiError::invalid(format!("bad request body: {}", e.body_text()), None);
+    if matches!(
+        e.status(),
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE
+    ) {
+        err.status = e.status();
+    }
+    err
 }
 
 fn unix_now() -> u64 {

@@ -19,6 +19,9 @@ pub struct GatewayAddrs {
     pub http: SocketAddr,
 }
 
+/// The largest header list a gRPC request may carry.
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
 /// An HTTP listener's connections after their TLS handshakes, as axum takes them.
 struct TlsListener {
     incoming: TlsIncoming,
@@ -60,12 +63,17 @@ async fn grpc_router(gateway: &Gateway) -> std::io::Result<tonic::transport::ser
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(std::io::Error::other)?;
+    let inference =
+        api::inference_server::InferenceServer::new(grpc::InferenceService::new(gateway.clone()))
+            .max_decoding_message_size(http::MAX_BODY_BYTES);
     Ok(tonic::transport::Server::builder()
+        // Header lists past 16 KiB are refused.
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .add_service(health_service)
         .add_service(v1)
         .add_service(v1alpha)
-        .add_service(api::inference_server::InferenceServer::with_interceptor(
-            grpc::InferenceService::new(gateway.clone()),
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            inference,
             grpc::key_check(gateway.keys.clone()),
         )))
 }
