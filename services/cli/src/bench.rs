@@ -30,6 +30,12 @@ pub enum BenchCommand {
     /// A `ferrite serve` under concurrent streams with cancellations, deadlines and bad
     /// requests: outcomes by class, RSS, file descriptors and KV blocks left in use.
     Soak(crate::bench_soak::SoakArgs),
+    /// All-reduce time and bandwidth per message size across --tp rank processes, in
+    /// nccl-tests' columns.
+    Collective(crate::bench_collective::CollectiveArgs),
+    /// One rank of `bench collective` (it starts them; by hand for ranks on other hosts).
+    #[command(hide = true)]
+    CollectiveRank(crate::bench_collective::RankArgs),
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +66,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Forward(args) => crate::bench_forward::run(args),
         BenchCommand::Latency(args) => crate::bench_latency::run(args),
         BenchCommand::Soak(args) => crate::bench_soak::run(args),
+        BenchCommand::Collective(args) => crate::bench_collective::run(args),
+        BenchCommand::CollectiveRank(args) => crate::bench_collective::rank(args),
     }
 }
 

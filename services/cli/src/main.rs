@@ -14,6 +14,7 @@
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
+mod bench_collective;
 mod bench_forward;
 mod bench_gateway;
 mod bench_kernels;

@@ -1,0 +1,76 @@
+//! Collectives between the ranks of a tensor-parallel pool, behind one small trait.
+//!
+//! # Layout
+//!
+//! - [`Collective`]: all-reduce (sum), all-gather, broadcast of bytes, barrier. The engine's
+//!   executor will call these after the attention output and MLP down projections.
+//! - [`tcp`]: the CPU backend, rank processes on one or several hosts over TCP. Rank 0 is the
+//!   hub: every other rank keeps one connection to it. An all-reduce gathers every rank's
+//!   buffer at rank 0, sums them in rank order (so the result is the same bits on every run
+//!   and for every N) and sends the sum back. Sockets block with timeouts: nothing spins, and
+//!   nothing waits for ever: a rank that dies or stalls fails the collective within the
+//!   timeout, with an error naming it.
+//!
+//! The NCCL backend (same trait, on the GPU host) is the next step of the tensor-parallel work.
+
+pub mod tcp;
+
+use std::time::Duration;
+
+/// Why a collective failed. Every variant names the rank at fault where one is known.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectiveError {
+    #[error("rank {rank}: {what}: {source}")]
+    Io {
+        rank: usize,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("rank {rank} sent no answer within {timeout:?} ({what})")]
+    Timeout {
+        rank: usize,
+        what: &'static str,
+        timeout: Duration,
+    },
+    #[error("rank {rank}: {reason}")]
+    Protocol { rank: usize, reason: String },
+    #[error("the pool did not form: {0}")]
+    Rendezvous(String),
+}
+
+impl CollectiveError {
+    /// The rank at fault, if one is known.
+    pub fn rank(&self) -> Option<usize> {
+        match self {
+            Self::Io { rank, .. } | Self::Timeout { rank, .. } | Self::Protocol { rank, .. } => {
+                Some(*rank)
+            }
+            Self::Rendezvous(_) => None,
+        }
+    }
+}
+
+/// What every rank of a pool can do together. Every rank calls the same collectives in the
+/// same order with buffers of the same length.
+pub trait Collective: Send {
+    /// This process's rank, `0..world`.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world(&self) -> usize;
+
+    /// Replaces `buf` on every rank with the element-wise sum over ranks, added in rank order.
+    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), CollectiveError>;
+
+    /// `out` (`world × mine.len()`) on every rank: rank r's `mine` at `r × mine.len()`.
+    fn all_gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError>;
+
+    /// `bytes` on every rank becomes rank 0's (the step plan, sent by the leader).
+    fn broadcast(&mut self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.all_reduce_sum(&mut [0.0])
+    }
+}

@@ -1,0 +1,330 @@
+//! The CPU backend: ranks over TCP, rank 0 the hub.
+//!
+//! Frames are `[tag: u8][length: u64 LE][payload]`. A rank joins by connecting to rank 0 and
+//! sending `HELLO` with its rank and the world size it expects; rank 0 accepts until every rank
+//! arrived or the start-up timeout passed (its error lists the ranks that never came).
+//!
+//! An all-reduce costs rank 0 `2 (N-1)` transfers of the buffer; for the pools a CPU runs (a
+//! few ranks on one host) the hub is not the limit, and it makes the sum's order the same for
+//! every N, which a ring would not.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::{Collective, CollectiveError};
+
+const HELLO: u8 = 1;
+const DATA: u8 = 2;
+/// Bounds a frame so a garbled length cannot ask for all memory.
+const MAX_FRAME_BYTES: u64 = 1 << 34;
+
+/// One rank's side of a pool over TCP.
+#[derive(Debug)]
+pub struct TcpCollective {
+    rank: usize,
+    world: usize,
+    /// On rank 0: the other ranks' connections, at `rank - 1`. Elsewhere: the one to rank 0.
+    links: Vec<TcpStream>,
+    timeout: Duration,
+    scratch: Vec<u8>,
+}
+
+fn io(
+    rank: usize,
+    what: &'static str,
+    timeout: Duration,
+) -> impl Fn(std::io::Error) -> CollectiveError {
+    move |source| match source.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => CollectiveError::Timeout {
+            rank,
+            what,
+            timeout,
+        },
+        ErrorKind::UnexpectedEof => CollectiveError::Io {
+            rank,
+            what: "connection closed (the rank is gone)",
+            source,
+        },
+        _ => CollectiveError::Io { rank, what, source },
+    }
+}
+
+fn configure(s: &TcpStream, timeout: Duration) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))
+}
+
+fn write_frame(s: &mut TcpStream, tag: u8, payload: &[u8]) -> std::io::Result<()> {
+    let mut head = [0u8; 9];
+    head[0] = tag;
+    head[1..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    s.write_all(&head)?;
+    s.write_all(payload)
+}
+
+/// Reads one frame of `tag` into `buf`; its length must be `expect` when given.
+fn read_frame(
+    s: &mut TcpStream,
+    tag: u8,
+    expect: Option<usize>,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head)?;
+    let len = u64::from_le_bytes(head[1..].try_into().unwrap_or_default());
+    let bad = |m: String| std::io::Error::new(ErrorKind::InvalidData, m);
+    if head[0] != tag || len > MAX_FRAME_BYTES || expect.is_some_and(|e| e as u64 != len) {
+        return Err(bad(format!(
+            "unexpected frame (tag {}, {len} bytes; wanted tag {tag}, {expect:?} bytes): ranks out of step",
+            head[0]
+        )));
+    }
+    buf.resize(len as usize, 0);
+    s.read_exact(buf)
+}
+
+fn to_bytes(xs: &[f32], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend(xs.iter().flat_map(|x| x.to_le_bytes()));
+}
+
+fn from_bytes(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+impl TcpCollective {
+    /// Rank 0: accepts the other `world - 1` ranks on `listener` within `timeout`.
+    pub fn lead(
+        listener: TcpListener,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let deadline = Instant::now() + timeout;
+        let mut links: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
+        let rendezvous = |m: String| CollectiveError::Rendezvous(m);
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| rendezvous(format!("listening: {e}")))?;
+        while links.iter().any(Option::is_none) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let (rank, stream) = Self::greet(stream, world, timeout)?;
+                    links[rank - 1] = Some(stream);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        let missing: Vec<usize> =
+                            (1..world).filter(|r| links[r - 1].is_none()).collect();
+                        return Err(rendezvous(format!(
+                            "ranks {missing:?} of {world} did not join within {timeout:?}"
+                        )));
+                    }
+                    // Forming a pool only: the collectives themselves block on their sockets.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(rendezvous(format!("accepting a rank: {e}"))),
+            }
+        }
+        Ok(Self {
+            rank: 0,
+            world,
+            links: links.into_iter().flatten().collect(),
+            timeout,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Reads a joining rank's `HELLO`: its rank, checked against `world`.
+    fn greet(
+        mut stream: TcpStream,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<(usize, TcpStream), CollectiveError> {
+        let rendezvous = |m: String| CollectiveError::Rendezvous(m);
+        stream
+            .set_nonblocking(false)
+            .and_then(|()| configure(&stream, timeout))
+            .map_err(|e| rendezvous(format!("a joining rank: {e}")))?;
+        let mut hello = Vec::new();
+        read_frame(&mut stream, HELLO, Some(8), &mut hello)
+            .map_err(|e| rendezvous(format!("a joining rank's hello: {e}")))?;
+        let rank = u32::from_le_bytes([hello[0], hello[1], hello[2], hello[3]]) as usize;
+        let theirs = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
+        if theirs != world || rank == 0 || rank >= world {
+            return Err(rendezvous(format!(
+                "a rank joined as rank {rank} of {theirs}, but this pool has {world} ranks"
+            )));
+        }
+        Ok((rank, stream))
+    }
+
+    /// Rank `rank` > 0: connects to rank 0 at `leader` (trying again until `timeout`, since
+    /// ranks start in any order) and says hello.
+    pub fn join(
+        leader: SocketAddr,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let deadline = Instant::now() + timeout;
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&leader, timeout) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < deadline => {
+                    wait_before_retry(&e);
+                }
+                Err(e) => {
+                    return Err(CollectiveError::Rendezvous(format!(
+                        "rank {rank} could not reach rank 0 at {leader} within {timeout:?}: {e}"
+                    )));
+                }
+            }
+        };
+        configure(&stream, timeout).map_err(io(0, "configuring the link", timeout))?;
+        let mut hello = (rank as u32).to_le_bytes().to_vec();
+        hello.extend((world as u32).to_le_bytes());
+        write_frame(&mut stream, HELLO, &hello).map_err(io(0, "saying hello", timeout))?;
+        Ok(Self {
+            rank,
+            world,
+            links: vec![stream],
+            timeout,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// On rank 0: sends `payload` to every other rank.
+    fn send_all(&mut self, payload: &[u8]) -> Result<(), CollectiveError> {
+        for (i, link) in self.links.iter_mut().enumerate() {
+            write_frame(link, DATA, payload).map_err(io(i + 1, "sending", self.timeout))?;
+        }
+        Ok(())
+    }
+
+    /// On ranks > 0: sends `payload` to rank 0.
+    fn send_up(&mut self, payload: &[u8]) -> Result<(), CollectiveError> {
+        write_frame(&mut self.links[0], DATA, payload).map_err(io(0, "sending", self.timeout))
+    }
+
+    /// Reads a frame of `len` bytes from link `i` (rank `i + 1` on rank 0, else rank 0).
+    fn recv(&mut self, i: usize, len: Option<usize>) -> Result<Vec<u8>, CollectiveError> {
+        let peer = if self.rank == 0 { i + 1 } else { 0 };
+        let mut buf = std::mem::take(&mut self.scratch);
+        read_frame(&mut self.links[i], DATA, len, &mut buf).map_err(|e| {
+            if e.kind() == ErrorKind::InvalidData {
+                CollectiveError::Protocol {
+                    rank: peer,
+                    reason: e.to_string(),
+                }
+            } else {
+                io(peer, "receiving", self.timeout)(e)
+            }
+        })?;
+        Ok(buf)
+    }
+}
+
+/// Waits a little before trying to reach rank 0 again (it may not be listening yet).
+fn wait_before_retry(_last: &std::io::Error) {
+    std::thread::sleep(Duration::from_millis(20));
+}
+
+impl Collective for TcpCollective {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let bytes = buf.len() * 4;
+        let mut wire = Vec::new();
+        if self.rank == 0 {
+            // Rank order: 0, then 1, 2, … — the same bits on every run.
+            for i in 0..self.links.len() {
+                let theirs = self.recv(i, Some(bytes))?;
+                for (acc, x) in buf.iter_mut().zip(from_bytes(&theirs)) {
+                    *acc += x;
+                }
+                self.scratch = theirs;
+            }
+            to_bytes(buf, &mut wire);
+            self.send_all(&wire)
+        } else {
+            to_bytes(buf, &mut wire);
+            self.send_up(&wire)?;
+            let sum = self.recv(0, Some(bytes))?;
+            for (x, s) in buf.iter_mut().zip(from_bytes(&sum)) {
+                *x = s;
+            }
+            self.scratch = sum;
+            Ok(())
+        }
+    }
+
+    fn all_gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        let n = mine.len();
+        if out.len() != n * self.world {
+            return Err(CollectiveError::Protocol {
+                rank: self.rank,
+                reason: format!(
+                    "all_gather: {} slots for {} ranks of {n}",
+                    out.len(),
+                    self.world
+                ),
+            });
+        }
+        let mut wire = Vec::new();
+        if self.rank == 0 {
+            out[..n].copy_from_slice(mine);
+            for i in 0..self.links.len() {
+                let theirs = self.recv(i, Some(n * 4))?;
+                for (o, x) in out[(i + 1) * n..(i + 2) * n]
+                    .iter_mut()
+                    .zip(from_bytes(&theirs))
+                {
+                    *o = x;
+                }
+                self.scratch = theirs;
+            }
+            to_bytes(out, &mut wire);
+            self.send_all(&wire)
+        } else {
+            to_bytes(mine, &mut wire);
+            self.send_up(&wire)?;
+            let all = self.recv(0, Some(out.len() * 4))?;
+            for (o, x) in out.iter_mut().zip(from_bytes(&all)) {
+                *o = x;
+            }
+            self.scratch = all;
+            Ok(())
+        }
+    }
+
+    fn broadcast(&mut self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        if self.rank == 0 {
+            let payload = std::mem::take(bytes);
+            let sent = self.send_all(&payload);
+            *bytes = payload;
+            sent
+        } else {
+            *bytes = self.recv(0, None)?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
