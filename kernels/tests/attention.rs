@@ -1,9 +1,11 @@
-//! Paged attention on every backend (see `common`), against the reference (`common::reference`,
-//! softmax written out in f64 per query, head and position):
-//! decode (split over 256-position partitions, so a 1300-token context uses six), prefill
-//! over whole prompts and over a chunk that continues a cached context, grouped-query heads,
-//! Gemma 2's soft cap and sliding window, and head sizes with (64/128/256) and without (96; 80,
-//! the seed's 2.7B model; 16) a tensor-core kernel. The cache's blocks are scattered, as a long-running server's are.
+//! Paged attention on every backend (see `common`), against numpy's values in
+//! `tests/fixtures/ops/attention.json`: decode with grouped-query heads over contexts spanning
+//! several GPU decode partitions, prefill over a whole prompt and over a chunk that continues a
+//! cached context, and Gemma 2's soft cap and sliding window. On a GPU the CUDA kernels are also
+//! compared with the CPU's `paged_attention` (which the fixture checks) at model sizes: decode
+//! split over 256-position partitions (a 1300-token context uses six), head sizes with
+//! (64/128/256) and without (96; 80, the seed's 2.7B model; 16) a tensor-core kernel. The
+//! cache's blocks are scattered, as a long-running server's are.
 
 // The GPU wrappers take raw device pointers; every pointer comes from a `Buffers` set that
 // outlives the call and is sized as the wrapper requires.
@@ -11,10 +13,14 @@
 
 mod common;
 
-use common::{Backend, Buffers, DTYPES, assert_close, backends, random, reference, round};
+use common::{
+    Backend, Buffers, DTYPES, assert_close, backends, fixture, floats, items, num, random, round,
+    uint, uints,
+};
 use ferrite_kernels::cpu::attention::{AttentionOptions, PagedKv, QueryToken, paged_attention};
 use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
 use ferrite_kernels::cuda::ops::Dtype;
+use serde_json::Value;
 
 const BLOCK: usize = 16;
 
@@ -76,6 +82,31 @@ enum Kernel {
     Decode,
     Prefill,
     PrefillSimt,
+}
+
+const KERNELS: [Kernel; 3] = [Kernel::Decode, Kernel::Prefill, Kernel::PrefillSimt];
+
+/// A fixture case: the batch and the kernels that run it.
+fn fixture_case(c: &Value) -> (Case, Vec<Kernel>) {
+    let seqs = items(&c["seqs"]).iter().map(uints).map(|s| (s[0], s[1]));
+    let kernels = items(&c["kernels"]).iter().map(|k| {
+        let found = KERNELS
+            .into_iter()
+            .find(|&kernel| *k == format!("{kernel:?}"));
+        found.unwrap_or_else(|| panic!("kernel {k}"))
+    });
+    let case = Case {
+        n_heads: uint(&c["n_heads"]),
+        kv_heads: uint(&c["kv_heads"]),
+        head_dim: uint(&c["head_dim"]),
+        seqs: seqs.collect(),
+        opts: AttentionOptions {
+            scale: num(&c["scale"]),
+            soft_cap: c["soft_cap"].as_f64().map(|cap| cap as f32),
+            sliding_window: c["window"].as_u64().map(|w| w as usize),
+        },
+    };
+    (case, kernels.collect())
 }
 
 fn attention_on(b: &Backend, dtype: Dtype, c: &Case, x: &Inputs, kernel: Kernel) -> Vec<f32> {
@@ -172,39 +203,44 @@ fn attention_on(b: &Backend, dtype: Dtype, c: &Case, x: &Inputs, kernel: Kernel)
     }
 }
 
-/// The batch by the reference: every query token of every sequence, from its cache.
-fn attention_reference(dtype: Dtype, c: &Case, x: &Inputs) -> Vec<f32> {
-    let queries: Vec<reference::Query<'_>> = c
-        .seqs
+/// Every kernel on every backend against numpy, for the fixture's cases named `name`.
+fn check_fixture(name: &str) {
+    let fx = fixture("attention.json");
+    let cases: Vec<&Value> = items(&fx["cases"])
         .iter()
-        .zip(&x.tables)
-        .flat_map(|(&(ctx, nq), table)| {
-            (ctx - nq..ctx).map(move |pos| reference::Query { table, pos })
-        })
+        .filter(|c| c["name"] == name)
         .collect();
-    let shape = reference::AttentionShape {
-        n_heads: c.n_heads,
-        kv_heads: c.kv_heads,
-        head_dim: c.head_dim,
-        block: BLOCK,
-        scale: f64::from(c.opts.scale),
-        soft_cap: c.opts.soft_cap.map(f64::from),
-        window: c.opts.sliding_window,
-    };
-    round(
-        dtype,
-        &reference::attention(&x.q, &queries, &x.k, &x.v, &shape),
-    )
+    assert!(!cases.is_empty(), "no fixture case {name}");
+    for b in backends() {
+        for &fc in &cases {
+            let (c, kernels) = fixture_case(fc);
+            let tables: Vec<Vec<usize>> = items(&fc["tables"]).iter().map(uints).collect();
+            for dtype in DTYPES {
+                let x = inputs(&c, dtype);
+                let ours = x.tables.iter().map(|t| t.iter().map(|&b| b as usize));
+                let ours: Vec<Vec<usize>> = ours.map(Iterator::collect).collect();
+                assert_eq!(ours, tables, "generate.py scatters the blocks differently");
+                let want = floats(&fc["want"][dtype.name()]);
+                for &k in &kernels {
+                    let got = attention_on(&b, dtype, &c, &x, k);
+                    // Softmax-weighted sums of rounded values: a few ulps of the output type.
+                    let what = format!("{k:?} {name} {:?} {:?} on {}", c.seqs, c.opts, b.name());
+                    assert_close(&what, dtype, &got, &want, 4.0);
+                }
+            }
+        }
+    }
 }
 
-fn check(c: &Case, kernels: &[Kernel]) {
-    for b in backends() {
+/// The CUDA kernels against the CPU's `paged_attention` (which `check_fixture` checks), at
+/// sizes a fixture would make large; nothing to do without a GPU.
+fn check_against_the_cpu(c: &Case, kernels: &[Kernel]) {
+    for b in backends().into_iter().filter(Backend::is_gpu) {
         for dtype in DTYPES {
             let x = inputs(c, dtype);
-            let want = attention_reference(dtype, c, &x);
+            let want = attention_on(&Backend::Cpu, dtype, c, &x, Kernel::Prefill);
             for &k in kernels {
                 let got = attention_on(&b, dtype, c, &x, k);
-                // Softmax-weighted sums of rounded values: a few ulps of the output type.
                 let what = format!(
                     "{k:?} hd{} seqs {:?} {:?} on {}",
                     c.head_dim,
@@ -220,6 +256,7 @@ fn check(c: &Case, kernels: &[Kernel]) {
 
 #[test]
 fn decode_over_short_and_partitioned_contexts_with_gqa() {
+    check_fixture("decode");
     for head_dim in [64, 128, 256, 80] {
         let case = Case {
             n_heads: 8,
@@ -228,12 +265,13 @@ fn decode_over_short_and_partitioned_contexts_with_gqa() {
             seqs: vec![(1, 1), (17, 1), (1300, 1), (512, 1)],
             opts: AttentionOptions::causal(1.0 / (head_dim as f32).sqrt()),
         };
-        check(&case, &[Kernel::Decode, Kernel::Prefill]);
+        check_against_the_cpu(&case, &[Kernel::Decode, Kernel::Prefill]);
     }
 }
 
 #[test]
 fn prefill_whole_prompts_and_a_continued_chunk() {
+    check_fixture("prefill");
     for head_dim in [64, 128, 96, 80, 16] {
         let case = Case {
             n_heads: 4,
@@ -243,12 +281,13 @@ fn prefill_whole_prompts_and_a_continued_chunk() {
             seqs: vec![(70, 70), (35, 5), (9, 1)],
             opts: AttentionOptions::causal(1.0 / (head_dim as f32).sqrt()),
         };
-        check(&case, &[Kernel::Prefill, Kernel::PrefillSimt]);
+        check_against_the_cpu(&case, &[Kernel::Prefill, Kernel::PrefillSimt]);
     }
 }
 
 #[test]
 fn gemma2_soft_cap_and_sliding_window() {
+    check_fixture("gemma2");
     let opts = AttentionOptions {
         scale: 256f32.powf(-0.5),
         soft_cap: Some(50.0),
@@ -261,10 +300,10 @@ fn gemma2_soft_cap_and_sliding_window() {
         seqs: vec![(100, 100), (600, 1)],
         opts,
     };
-    check(&case, &[Kernel::Prefill, Kernel::PrefillSimt]);
+    check_against_the_cpu(&case, &[Kernel::Prefill, Kernel::PrefillSimt]);
     let decode = Case {
         seqs: vec![(600, 1), (30, 1), (1100, 1)],
         ..case
     };
-    check(&decode, &[Kernel::Decode]);
+    check_against_the_cpu(&decode, &[Kernel::Decode]);
 }

@@ -1,6 +1,8 @@
 //! The op-test harness: one test body per op, run on the CPU always and on CUDA when a device
-//! is present, each result compared with an independent reference ([`reference`]: the op
-//! written out from its definition in f64), so the CPU leg can fail too.
+//! is present, each result compared with an independent reference: the values of a fixture
+//! (`tests/fixtures/ops/*.json`, computed by numpy from the ops' definitions, see
+//! [`fixture`]) or a naive f64 loop in the test. At the sizes real models use, which a fixture
+//! would make large, the CUDA ops are compared with the CPU ops the fixtures check.
 //!
 //! A backend takes f32 inputs, rounds them to the dtype under test (so both backends see the
 //! same values), runs the op and returns f32. On the GPU host `FERRITE_REQUIRE_CUDA=1` turns
@@ -8,9 +10,9 @@
 
 #![allow(dead_code)]
 
-pub mod reference;
+use std::path::{Path, PathBuf};
 
-use std::path::PathBuf;
+use serde_json::Value;
 
 use cudarc::driver::CudaSlice;
 use ferrite_kernels::cuda::ops::Dtype;
@@ -27,6 +29,10 @@ impl Backend {
             Self::Cpu => "cpu".into(),
             Self::Cuda(gpu) => format!("cuda ({})", gpu.device),
         }
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Self::Cuda(_))
     }
 }
 
@@ -75,6 +81,59 @@ pub fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
         })
         .collect()
+}
+
+/// `tests/fixtures/ops/<name>`, written by `generate.py` there. Its inputs are not stored but
+/// named as `{"seed", "scale"}` of [`random`] (see [`drawn`]), which the script reproduces: the
+/// fixture's own first outputs of it are checked here, so the two cannot drift apart unseen.
+pub fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/ops")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc: Value = serde_json::from_str(&text).expect("parse fixture");
+    let check = &doc["random_check"];
+    assert_eq!(
+        drawn(check, 8),
+        floats(&check["values"]),
+        "{name}: generate.py's `random` draws other inputs than common::random"
+    );
+    doc
+}
+
+/// `n` values of [`random`] with the `seed` and `scale` of a fixture entry.
+pub fn drawn(entry: &Value, n: usize) -> Vec<f32> {
+    let seed = entry["seed"].as_u64().expect("seed");
+    random(n, seed, entry["scale"].as_f64().expect("scale") as f32)
+}
+
+/// A fixture's array of numbers, as f32.
+pub fn floats(v: &Value) -> Vec<f32> {
+    let items = v.as_array().unwrap_or_else(|| panic!("not an array: {v}"));
+    items
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+/// A fixture's number, as f32.
+pub fn num(v: &Value) -> f32 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}")) as f32
+}
+
+/// A fixture's non-negative integer.
+pub fn uint(v: &Value) -> usize {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}")) as usize
+}
+
+/// A fixture's array of non-negative integers.
+pub fn uints(v: &Value) -> Vec<usize> {
+    v.as_array().expect("array").iter().map(uint).collect()
+}
+
+/// A fixture's array of objects.
+pub fn items(v: &Value) -> &[Value] {
+    v.as_array().unwrap_or_else(|| panic!("not an array: {v}"))
 }
 
 /// Relative precision of a dtype's stored values (one unit in the last place at 1.0).
@@ -157,6 +216,14 @@ impl<'g> Buffers<'g> {
         self.read(p, 2 * n)
             .chunks_exact(2)
             .map(|b| dtype.value_of(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
+    }
+
+    /// The raw 16-bit values at `p`.
+    pub fn read_u16(&self, p: DevPtr, n: usize) -> Vec<u16> {
+        self.read(p, 2 * n)
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
             .collect()
     }
 
