@@ -25,6 +25,7 @@ mod matmul;
 mod rtn;
 
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use half::{bf16, f16};
@@ -380,6 +381,48 @@ impl WqMatrix {
         })
     }
 
+    /// Rows `rows` and columns `cols` of this matrix as a matrix of its own: one rank's shard.
+    /// A column range must start and end on group boundaries (or end at the row's end), so
+    /// every group keeps its scale; per-channel formats cut anywhere.
+    pub fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<WqMatrix, WqError> {
+        let g = self.format.group_len(self.cols).max(1);
+        let per_channel = self.format.group_size.is_none();
+        let on_group = |c: usize| c.is_multiple_of(g) || c == self.cols;
+        if rows.end > self.rows || cols.end > self.cols || rows.is_empty() || cols.is_empty() {
+            return Err(WqError::Shape(format!(
+                "rows {rows:?} and columns {cols:?} of a {}x{} matrix",
+                self.rows, self.cols
+            )));
+        }
+        let whole_groups = cols.start.is_multiple_of(g) && on_group(cols.end);
+        if !(per_channel || whole_groups) {
+            return Err(WqError::Shape(format!(
+                "columns {cols:?} do not start and end on groups of {g} ({})",
+                self.format
+            )));
+        }
+        let gpr = self.groups_per_row();
+        let (g0, ng) = if per_channel {
+            (0, 1)
+        } else {
+            (cols.start / g, cols.len().div_ceil(g))
+        };
+        let mut codes = Vec::with_capacity(rows.len() * cols.len());
+        let mut scales = Vec::with_capacity(rows.len() * ng);
+        let mut zeros = Vec::with_capacity(rows.len() * ng);
+        for r in rows.clone() {
+            let row = unpack(self.packed_row(r), self.format.bits, self.cols);
+            codes.extend_from_slice(&row[cols.clone()]);
+            let groups = r * gpr + g0..r * gpr + g0 + ng;
+            scales.extend_from_slice(&self.scales[groups.clone()]);
+            if self.format.zero_point {
+                zeros.extend_from_slice(&self.zeros[groups]);
+            }
+        }
+        let zeros = self.format.zero_point.then_some(zeros.as_slice());
+        WqMatrix::from_codes(self.format, rows.len(), cols.len(), &codes, &scales, zeros)
+    }
+
     /// All codes, packed, row-major (the layout the CUDA kernels read as is).
     pub fn packed_codes(&self) -> &[u8] {
         &self.codes
@@ -486,6 +529,39 @@ mod tests {
         for bad in ["w3g128", "w4g100", "w4", "q4g128", "w4g128-asym", ""] {
             assert!(bad.parse::<WqFormat>().is_err(), "{bad}");
         }
+    }
+
+    /// A shard's dequantized values are the whole matrix's at the same rows and columns, for
+    /// every bit width, grouped and per-channel, with a ragged last group; a cut through a
+    /// group is refused.
+    #[test]
+    fn slices_keep_every_value_and_refuse_cuts_through_groups() {
+        let (rows, cols) = (6, 192);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        for name in ["w4g128", "w2g64-sym", "w8pc", "w4g32-bf16"] {
+            let f: WqFormat = name.parse().expect(name);
+            let m = quantize_rtn(&w, rows, cols, f).expect("quantize");
+            let full = m.dequantize();
+            let g = f.group_size.unwrap_or(1);
+            for (r, c) in [(0..3, 0..cols), (2..6, 128..192), (1..2, 0..128)] {
+                if !c.start.is_multiple_of(g) || !(c.end.is_multiple_of(g) || c.end == cols) {
+                    continue;
+                }
+                let s = m.slice(r.clone(), c.clone()).expect(name);
+                let got = s.dequantize();
+                let want: Vec<f32> = r
+                    .clone()
+                    .flat_map(|i| full[i * cols + c.start..i * cols + c.end].to_vec())
+                    .collect();
+                assert_eq!(got, want, "{name} rows {r:?} cols {c:?}");
+            }
+        }
+        let m = quantize_rtn(&w, rows, cols, "w4g128".parse().expect("f")).expect("quantize");
+        assert!(m.slice(0..rows, 0..64).is_err(), "ends inside a group");
+        assert!(m.slice(0..rows, 64..192).is_err(), "starts inside a group");
+        assert!(m.slice(0..7, 0..cols).is_err(), "past the last row");
     }
 
     #[test]

@@ -19,6 +19,9 @@ use serde_json::json;
 
 use crate::table::Table;
 
+/// The bench's ranks are started together by rank 0 (one epoch; no earlier pool to refuse).
+const BENCH_EPOCH: u64 = 1;
+
 /// Warm-up all-reduces per size (the first one is also checked).
 const WARMUPS: usize = 2;
 
@@ -125,9 +128,16 @@ pub fn rank(args: RankArgs) -> Result<()> {
     let mut c = if args.rank == 0 {
         let listener = TcpListener::bind(args.leader)
             .with_context(|| format!("rank 0 listening on {}", args.leader))?;
-        TcpCollective::lead(listener, args.world, timeout)?
+        TcpCollective::lead(listener, args.world, BENCH_EPOCH, timeout, timeout)?
     } else {
-        TcpCollective::join(args.leader, args.rank, args.world, timeout)?
+        TcpCollective::join(
+            args.leader,
+            args.rank,
+            args.world,
+            BENCH_EPOCH,
+            timeout,
+            timeout,
+        )?
     };
     let formed = format!("rank {} of {}: formed", args.rank, args.world);
     ferrite_telemetry::notice("info", &formed);

@@ -11,6 +11,9 @@
 //!   nothing waits for ever: a rank that dies or stalls fails the collective within the
 //!   timeout, with an error naming it.
 //!
+//! - [`Solo`]: a pool of one rank, where every collective is a no-op (the forward calls the
+//!   same collectives at any pool size).
+//!
 //! The NCCL backend (same trait, on the GPU host) is the next step of the tensor-parallel work.
 
 pub mod tcp;
@@ -72,5 +75,42 @@ pub trait Collective: Send {
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         self.all_reduce_sum(&mut [0.0])
+    }
+}
+
+/// The one rank of a pool of one: every collective leaves its buffer as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Solo;
+
+impl Collective for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world(&self) -> usize {
+        1
+    }
+
+    fn all_reduce_sum(&mut self, _buf: &mut [f32]) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+
+    fn all_gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        if out.len() != mine.len() {
+            return Err(CollectiveError::Protocol {
+                rank: 0,
+                reason: format!(
+                    "all_gather: {} slots for 1 rank of {}",
+                    out.len(),
+                    mine.len()
+                ),
+            });
+        }
+        out.copy_from_slice(mine);
+        Ok(())
+    }
+
+    fn broadcast(&mut self, _bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {
+        Ok(())
     }
 }

@@ -1,8 +1,10 @@
 //! The CPU backend: ranks over TCP, rank 0 the hub.
 //!
 //! Frames are `[tag: u8][length: u64 LE][payload]`. A rank joins by connecting to rank 0 and
-//! sending `HELLO` with its rank and the world size it expects; rank 0 accepts until every rank
-//! arrived or the start-up timeout passed (its error lists the ranks that never came).
+//! sending `HELLO` with its rank, the world size it expects and the pool's epoch; rank 0
+//! accepts until every rank arrived or the start-up timeout passed (its error lists the ranks
+//! that never came). A hello that does not fit (another epoch: a rank of an earlier
+//! incarnation of the pool; a rank taken twice) is refused and the wait goes on.
 //!
 //! An all-reduce costs rank 0 `2 (N-1)` transfers of the buffer; for the pools a CPU runs (a
 //! few ranks on one host) the hub is not the limit, and it makes the sum's order the same for
@@ -97,13 +99,16 @@ fn from_bytes(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
 }
 
 impl TcpCollective {
-    /// Rank 0: accepts the other `world - 1` ranks on `listener` within `timeout`.
+    /// Rank 0: accepts the other `world - 1` ranks of `epoch` on `listener` within
+    /// `start_timeout`; each collective then waits at most `timeout` for a rank.
     pub fn lead(
         listener: TcpListener,
         world: usize,
+        epoch: u64,
+        start_timeout: Duration,
         timeout: Duration,
     ) -> Result<Self, CollectiveError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + start_timeout;
         let mut links: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
         let rendezvous = |m: String| CollectiveError::Rendezvous(m);
         listener
@@ -111,16 +116,21 @@ impl TcpCollective {
             .map_err(|e| rendezvous(format!("listening: {e}")))?;
         while links.iter().any(Option::is_none) {
             match listener.accept() {
-                Ok((stream, _)) => {
-                    let (rank, stream) = Self::greet(stream, world, timeout)?;
-                    links[rank - 1] = Some(stream);
-                }
+                Ok((stream, peer)) => match Self::greet(stream, world, epoch, timeout) {
+                    Ok((rank, stream)) if links[rank - 1].is_none() => {
+                        links[rank - 1] = Some(stream);
+                    }
+                    Ok((rank, _)) => {
+                        tracing::warn!(%peer, rank, "refused a second rank {rank}: taken");
+                    }
+                    Err(e) => tracing::warn!(%peer, "refused a joining rank: {e}"),
+                },
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
                         let missing: Vec<usize> =
                             (1..world).filter(|r| links[r - 1].is_none()).collect();
                         return Err(rendezvous(format!(
-                            "ranks {missing:?} of {world} did not join within {timeout:?}"
+                            "ranks {missing:?} of {world} did not join within {start_timeout:?}"
                         )));
                     }
                     // Forming a pool only: the collectives themselves block on their sockets.
@@ -138,10 +148,11 @@ impl TcpCollective {
         })
     }
 
-    /// Reads a joining rank's `HELLO`: its rank, checked against `world`.
+    /// Reads a joining rank's `HELLO`: its rank, checked against `world` and `epoch`.
     fn greet(
         mut stream: TcpStream,
         world: usize,
+        epoch: u64,
         timeout: Duration,
     ) -> Result<(usize, TcpStream), CollectiveError> {
         let rendezvous = |m: String| CollectiveError::Rendezvous(m);
@@ -150,36 +161,45 @@ impl TcpCollective {
             .and_then(|()| configure(&stream, timeout))
             .map_err(|e| rendezvous(format!("a joining rank: {e}")))?;
         let mut hello = Vec::new();
-        read_frame(&mut stream, HELLO, Some(8), &mut hello)
+        read_frame(&mut stream, HELLO, Some(16), &mut hello)
             .map_err(|e| rendezvous(format!("a joining rank's hello: {e}")))?;
         let rank = u32::from_le_bytes([hello[0], hello[1], hello[2], hello[3]]) as usize;
         let theirs = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
+        let their_epoch = u64::from_le_bytes(hello[8..16].try_into().unwrap_or_default());
         if theirs != world || rank == 0 || rank >= world {
             return Err(rendezvous(format!(
                 "a rank joined as rank {rank} of {theirs}, but this pool has {world} ranks"
             )));
         }
+        if their_epoch != epoch {
+            return Err(rendezvous(format!(
+                "rank {rank} joined epoch {their_epoch}, but this pool is epoch {epoch}"
+            )));
+        }
         Ok((rank, stream))
     }
 
-    /// Rank `rank` > 0: connects to rank 0 at `leader` (trying again until `timeout`, since
-    /// ranks start in any order) and says hello.
+    /// Rank `rank` > 0: connects to rank 0 at `leader` (trying again until `start_timeout`,
+    /// since ranks start in any order) and says hello for `epoch`; each collective then waits
+    /// at most `timeout` for rank 0.
     pub fn join(
         leader: SocketAddr,
         rank: usize,
         world: usize,
+        epoch: u64,
+        start_timeout: Duration,
         timeout: Duration,
     ) -> Result<Self, CollectiveError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + start_timeout;
         let mut stream = loop {
-            match TcpStream::connect_timeout(&leader, timeout) {
+            match TcpStream::connect_timeout(&leader, start_timeout.max(Duration::from_millis(1))) {
                 Ok(s) => break s,
                 Err(e) if Instant::now() < deadline => {
                     wait_before_retry(&e);
                 }
                 Err(e) => {
                     return Err(CollectiveError::Rendezvous(format!(
-                        "rank {rank} could not reach rank 0 at {leader} within {timeout:?}: {e}"
+                        "rank {rank} could not reach rank 0 at {leader} within {start_timeout:?}: {e}"
                     )));
                 }
             }
@@ -187,6 +207,7 @@ impl TcpCollective {
         configure(&stream, timeout).map_err(io(0, "configuring the link", timeout))?;
         let mut hello = (rank as u32).to_le_bytes().to_vec();
         hello.extend((world as u32).to_le_bytes());
+        hello.extend(epoch.to_le_bytes());
         write_frame(&mut stream, HELLO, &hello).map_err(io(0, "saying hello", timeout))?;
         Ok(Self {
             rank,

@@ -1,6 +1,7 @@
-//! The step loop: `schedule → forward → sample → update`.
+//! The leader's step loop: `schedule → plan → execute → sample → update`.
 //!
-//! [`Engine`] owns the model, the KV cache, the scheduler and each request's sampler. One
+//! [`Engine`] owns the scheduler, each request's sampler and rank 0's [`Executor`] (which holds
+//! the model shard and KV cache, and reaches the other ranks of a tensor-parallel pool). One
 //! thread calls [`Engine::step`] repeatedly; requests are added and aborted between steps.
 //! Aborting frees a request's KV blocks at once, so a cancelled client's blocks are back in the
 //! pool before the next step is planned.
@@ -17,11 +18,12 @@ use ferrite_kernels::cuda::Gpu;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::gpu::{self, DeviceSampling, GpuOptions, GpuRunner, StepLimits};
-use crate::kv_cache::{KvCache, blocks_for};
-use crate::model::{EngineModel, LlamaModel, LogitsWanted, SeqChunk};
+use crate::executor::{Executor, Picks};
+use crate::gpu::{DeviceSampling, GpuOptions};
+use crate::model::EngineModel;
+use crate::plan::PlanBuilder;
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
-use crate::scheduler::{Scheduler, SchedulerConfig, SeqId, StepPlan};
+use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId};
 
 /// Engine limits. `Default` suits the CPU.
 #[derive(Debug, Clone)]
@@ -138,34 +140,22 @@ struct Request {
     preemptions: u32,
 }
 
-/// Where the forward pass runs.
-#[derive(Debug)]
-enum Executor {
-    /// The CPU reference ops over the model in host memory, with the KV cache there too.
-    Cpu { model: Box<LlamaModel>, kv: KvCache },
-    /// The CUDA backend, with its own copy of the weights and device KV cache (the host model
-    /// is dropped once copied: nothing reads it after).
-    Cuda(Box<GpuRunner>),
-}
-
+/// The leader of a pool: request state, the scheduler and sampling (rank 0 only). Each step it
+/// plans, hands the plan to its [`Executor`] (which sends it to the other ranks and runs this
+/// rank's shard), and samples from the logits that come back.
 #[derive(Debug)]
 pub struct Engine {
     /// The model's shape.
     cfg: ModelConfig,
     exec: Executor,
     sched: Scheduler,
+    plans: PlanBuilder,
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
     preemptions: u64,
     /// Faults the unit tests make a step meet.
     #[cfg(test)]
     faults: tests::Faults,
-}
-
-/// A step's picks: logits rows to sample on the host, or ids sampled on the device.
-enum Picks {
-    Logits(Vec<f32>),
-    Ids(Vec<u32>),
 }
 
 /// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
@@ -186,147 +176,58 @@ fn device_sampling(req: &Request, generated: usize) -> Option<DeviceSampling> {
     })
 }
 
-/// `cfg`'s max model length (default: the model's, at most 8192), checked with the other
-/// limits.
-fn checked_max_model_len(model: &ModelConfig, cfg: &EngineConfig) -> Result<usize> {
-    let max_model_len = cfg
-        .max_model_len
-        .unwrap_or(model.max_position_embeddings.min(8192));
-    if max_model_len < 2
-        || cfg.block_size == 0
-        || cfg.max_num_seqs == 0
-        || cfg.max_num_batched_tokens == 0
-    {
-        return Err(EngineError::BadConfig(
-            "max_model_len must be ≥ 2; block size, max_num_seqs and max_num_batched_tokens ≥ 1"
-                .into(),
-        ));
-    }
-    Ok(max_model_len)
-}
-
 impl Engine {
-    /// An engine on the CPU, or on `cfg.cuda`'s GPU when set (see [`Self::new_cuda`]). Sizes
-    /// the KV cache and refuses configurations where one full-length sequence would not fit.
+    /// A single-rank engine on the CPU, or on `cfg.cuda`'s GPU when set. Sizes the KV cache
+    /// and refuses configurations where one full-length sequence would not fit.
     pub fn new(
         model: impl Into<EngineModel>,
         eos_ids: Vec<u32>,
         cfg: EngineConfig,
     ) -> Result<Self> {
-        let model = model.into();
-        if let Some(CudaPlacement { gpu, opts }) = cfg.cuda.clone() {
-            return Self::new_cuda(model, gpu, opts, eos_ids, cfg);
-        }
-        let EngineModel::Host(model) = model else {
-            return Err(EngineError::BadConfig(
-                "random weights made on the device need a GPU (--device cuda)".into(),
-            ));
-        };
-        let max_model_len = checked_max_model_len(model.config(), &cfg)?;
-        let mc = model.config().clone();
-        let per_token = KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim);
-        let num_blocks = cfg.kv_cache_bytes / (per_token * cfg.block_size);
-        let needed = blocks_for(max_model_len, cfg.block_size);
-        if num_blocks < needed {
-            return Err(EngineError::BadConfig(format!(
-                "a KV cache of {} MiB holds {} tokens, less than one {max_model_len}-token sequence ({} MiB): lower max_model_len or give the KV cache more memory",
-                cfg.kv_cache_bytes >> 20,
-                num_blocks * cfg.block_size,
-                (needed * cfg.block_size * per_token) >> 20
-            )));
-        }
-        let num_blocks = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1);
-        let _span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_init",
-            device = "cpu", num_blocks = i64::from(num_blocks), block_size = cfg.block_size as i64,
-            bytes = (num_blocks as usize * cfg.block_size * per_token) as i64,
-            max_model_len = max_model_len as i64, max_num_seqs = cfg.max_num_seqs as i64,
-            max_num_batched_tokens = cfg.max_num_batched_tokens as i64)
-        .entered();
-        let kv = KvCache::new(
-            mc.num_layers,
-            num_blocks as usize,
-            cfg.block_size,
-            mc.num_kv_heads,
-            mc.head_dim,
-        );
-        Ok(Self::assemble(
-            mc,
-            Executor::Cpu {
-                model: Box::new(model),
-                kv,
-            },
-            num_blocks,
-            max_model_len,
-            eos_ids,
-            &cfg,
-        ))
+        Self::from_executor(Executor::solo(model, &cfg)?, eos_ids, &cfg)
     }
 
-    /// An engine whose forward runs on `gpu`: the weights are copied there and the KV cache
-    /// takes what `opts.memory_utilization` leaves after a maximal step (`cfg.kv_cache_bytes`
-    /// is the CPU's and is not used).
-    fn new_cuda(
-        model: EngineModel,
-        gpu: Arc<Gpu>,
-        opts: GpuOptions,
-        eos_ids: Vec<u32>,
-        cfg: EngineConfig,
-    ) -> Result<Self> {
-        let max_model_len = checked_max_model_len(model.config(), &cfg)?;
-        let limits = StepLimits {
-            max_tokens: cfg.max_num_batched_tokens,
-            max_seqs: cfg.max_num_seqs,
-            max_model_len,
-            block_size: cfg.block_size,
-        };
-        let runner = gpu::build_runner(&model, gpu, opts, limits)?;
-        let num_blocks = u32::try_from(runner.num_blocks()).unwrap_or(u32::MAX - 1);
-        let exec = Executor::Cuda(Box::new(runner));
-        Ok(Self::assemble(
-            model.config().clone(),
-            exec,
-            num_blocks,
-            max_model_len,
-            eos_ids,
-            &cfg,
-        ))
-    }
-
-    fn assemble(
-        model: ModelConfig,
-        exec: Executor,
-        num_blocks: u32,
-        max_model_len: usize,
+    /// The leader over rank 0's executor. With other ranks, they must be running their
+    /// followers' side ([`Executor::agree_on_blocks`], then [`Executor::follow`]): the pool
+    /// schedules the least number of KV blocks any rank has.
+    pub fn from_executor(
+        mut exec: Executor,
         eos_ids: Vec<u32>,
         cfg: &EngineConfig,
-    ) -> Self {
+    ) -> Result<Self> {
+        let num_blocks = exec.agree_on_blocks()?;
+        let num_blocks = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1);
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 max_num_seqs: cfg.max_num_seqs,
-                max_model_len,
+                max_model_len: exec.max_model_len(),
                 block_size: cfg.block_size,
             },
             num_blocks,
         );
-        Self {
-            cfg: model,
+        Ok(Self {
+            cfg: exec.config().clone(),
             exec,
             sched,
+            plans: PlanBuilder::default(),
             requests: HashMap::new(),
             eos_ids,
             preemptions: 0,
             #[cfg(test)]
             faults: tests::Faults::default(),
-        }
+        })
     }
 
     /// Which device runs the forward pass (`cpu`, or the CUDA device).
     pub fn device_name(&self) -> String {
-        match &self.exec {
-            Executor::Cpu { .. } => "cpu".into(),
-            Executor::Cuda(r) => r.gpu().device.to_string(),
-        }
+        self.exec.device_name()
+    }
+
+    /// Tells the other ranks the leader is alive (call when idle; they time out otherwise).
+    /// An error means the pool is lost.
+    pub fn keep_alive(&mut self) -> Result<()> {
+        self.exec.keep_alive()
     }
 
     /// Runs one short prefill and one decode step through the model (then frees them), so the
@@ -410,6 +311,7 @@ impl Engine {
     /// Drops a request and frees its KV blocks. Returns false if it was not known.
     pub fn abort(&mut self, id: SeqId) -> bool {
         self.requests.remove(&id);
+        self.plans.forget(id);
         self.sched.remove(id).is_some()
     }
 
@@ -436,43 +338,43 @@ impl Engine {
     /// returned; so does an inconsistency between the plan, the requests and the picks (an
     /// [`EngineError::Internal`]), rather than leaving a sequence without its token.
     pub fn step(&mut self) -> Result<StepOutput> {
-        let plan = self.sched.schedule();
+        let schedule = self.sched.schedule();
         let now = Instant::now();
         let mut out = StepOutput {
-            num_tokens: plan.num_tokens(),
-            num_preempted: plan.preempted.len(),
+            num_tokens: schedule.num_tokens(),
+            num_preempted: schedule.preempted.len(),
             ..StepOutput::default()
         };
-        self.preemptions += plan.preempted.len() as u64;
-        for id in &plan.preempted {
+        self.preemptions += schedule.preempted.len() as u64;
+        for id in &schedule.preempted {
             if let Some(r) = self.requests.get_mut(id) {
                 r.preemptions += 1;
             }
         }
-        for c in &plan.chunks {
+        for c in &schedule.chunks {
             if let Some(r) = self.requests.get_mut(&c.id) {
                 r.scheduled.get_or_insert(now);
             }
         }
-        if plan.chunks.is_empty() {
+        if schedule.chunks.is_empty() {
             return Ok(out);
         }
-        let picks = match self.execute(&plan) {
+        let picks = match self.execute(&schedule) {
             Ok(p) => p,
             Err(e) => {
-                for c in &plan.chunks {
+                for c in &schedule.chunks {
                     self.abort(c.id);
                 }
                 return Err(e);
             }
         };
-        for (c, pick) in plan.chunks.iter().zip(picks) {
+        for (c, pick) in schedule.chunks.iter().zip(picks) {
             self.sched.mark_computed(c);
             let Some(pick) = pick else { continue };
             match self.take_token(c.id, pick, now) {
                 Ok(ev) => out.events.push(ev),
                 Err(e) => {
-                    for c in &plan.chunks {
+                    for c in &schedule.chunks {
                         self.abort(c.id);
                     }
                     return Err(e);
@@ -482,47 +384,33 @@ impl Engine {
         Ok(out)
     }
 
-    /// Runs the plan's forward and returns, for each chunk, its pick (`None` for a chunk that
-    /// does not sample). Checks first that every planned sequence is known to both the
-    /// scheduler and the request table, and after that the forward gave one pick per sampling
-    /// chunk: nothing is changed when either fails.
-    fn execute(&mut self, plan: &StepPlan) -> Result<Vec<Option<Pick>>> {
-        let mut chunks = Vec::with_capacity(plan.chunks.len());
+    /// Plans `schedule` for the ranks, runs it and returns, for each chunk, its pick (`None`
+    /// for a chunk that does not sample). Checks first that every planned sequence is known to
+    /// both the scheduler and the request table, and after that the forward gave one pick per
+    /// sampling chunk: nothing is changed when either fails.
+    fn execute(&mut self, schedule: &Schedule) -> Result<Vec<Option<Pick>>> {
         let mut on_device = Vec::new();
-        for c in &plan.chunks {
+        for c in &schedule.chunks {
             let (Some(seq), Some(req)) = (self.sched.get(c.id), self.requests.get(&c.id)) else {
                 return Err(EngineError::Internal(format!(
                     "sequence {} was planned but is not known to both the scheduler and the request table",
                     c.id
                 )));
             };
-            chunks.push(SeqChunk {
-                tokens: &seq.tokens[c.start..c.start + c.len],
-                start_pos: c.start,
-                block_table: seq.block_table.blocks(),
-                logits: if c.samples {
-                    LogitsWanted::Last
-                } else {
-                    LogitsWanted::None
-                },
-            });
             if c.samples {
                 on_device.push(device_sampling(req, seq.output().len()));
             }
         }
+        let mut plan = self.plans.build(schedule, &self.sched)?;
         // On a GPU, a step whose every sampling request the device can serve alone samples
         // there and reads back ids only.
-        let on_device: Option<Vec<DeviceSampling>> = on_device.into_iter().collect();
-        let picks = match (&mut self.exec, on_device) {
-            (Executor::Cpu { model, kv }, _) => model.forward(&chunks, kv).map(Picks::Logits),
-            (Executor::Cuda(runner), Some(params)) => {
-                runner.forward_sampled(&chunks, &params).map(Picks::Ids)
-            }
-            (Executor::Cuda(runner), None) => runner.forward(&chunks).map(Picks::Logits),
-        }?;
+        if self.exec.samples_on_device() {
+            plan.device_sampling = on_device.into_iter().collect();
+        }
+        let picks = self.exec.lead(&plan)?;
         #[cfg(test)]
         let picks = self.faults.apply(picks, self.cfg.vocab_size)?;
-        picks.per_chunk(plan, self.cfg.vocab_size)
+        per_chunk(picks, schedule, self.cfg.vocab_size)
     }
 
     /// Samples (or takes the device's pick for) request `id`'s next token and records it,
@@ -568,6 +456,7 @@ impl Engine {
         self.sched.push_token(id, token.id);
         if finish.is_some() {
             self.requests.remove(&id);
+            self.plans.forget(id);
             self.sched.remove(id);
         }
         Ok(TokenEvent {
@@ -587,45 +476,43 @@ enum Pick {
     Id(u32),
 }
 
-impl Picks {
-    /// Splits the picks among the plan's chunks, checking there is exactly one per sampling
-    /// chunk and that device-sampled ids are in the vocabulary.
-    fn per_chunk(self, plan: &StepPlan, vocab: usize) -> Result<Vec<Option<Pick>>> {
-        let wanted = plan.chunks.iter().filter(|c| c.samples).count();
-        let vocab = vocab.max(1);
-        let picks: Vec<Pick> = match self {
-            Picks::Logits(l) if l.len() % vocab == 0 => l
-                .chunks_exact(vocab)
-                .map(|r| Pick::Row(r.to_vec()))
-                .collect(),
-            Picks::Logits(l) => {
-                return Err(EngineError::Internal(format!(
-                    "{} logits are not whole rows of {vocab}",
-                    l.len()
-                )));
-            }
-            Picks::Ids(ids) => {
-                if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-                    return Err(EngineError::Internal(format!(
-                        "the device sampled id {bad}, outside the vocabulary (size {vocab})"
-                    )));
-                }
-                ids.into_iter().map(Pick::Id).collect()
-            }
-        };
-        if picks.len() != wanted {
+/// Splits `picks` among the schedule's chunks, checking there is exactly one per sampling
+/// chunk and that device-sampled ids are in the vocabulary.
+fn per_chunk(picks: Picks, schedule: &Schedule, vocab: usize) -> Result<Vec<Option<Pick>>> {
+    let wanted = schedule.chunks.iter().filter(|c| c.samples).count();
+    let vocab = vocab.max(1);
+    let picks: Vec<Pick> = match picks {
+        Picks::Logits(l) if l.len() % vocab == 0 => l
+            .chunks_exact(vocab)
+            .map(|r| Pick::Row(r.to_vec()))
+            .collect(),
+        Picks::Logits(l) => {
             return Err(EngineError::Internal(format!(
-                "the forward gave {} picks for {wanted} sampling sequences",
-                picks.len()
+                "{} logits are not whole rows of {vocab}",
+                l.len()
             )));
         }
-        let mut picks = picks.into_iter();
-        Ok(plan
-            .chunks
-            .iter()
-            .map(|c| if c.samples { picks.next() } else { None })
-            .collect())
+        Picks::Ids(ids) => {
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+                return Err(EngineError::Internal(format!(
+                    "the device sampled id {bad}, outside the vocabulary (size {vocab})"
+                )));
+            }
+            ids.into_iter().map(Pick::Id).collect()
+        }
+    };
+    if picks.len() != wanted {
+        return Err(EngineError::Internal(format!(
+            "the forward gave {} picks for {wanted} sampling sequences",
+            picks.len()
+        )));
     }
+    let mut picks = picks.into_iter();
+    Ok(schedule
+        .chunks
+        .iter()
+        .map(|c| if c.samples { picks.next() } else { None })
+        .collect())
 }
 
 /// The result of running a request to completion.

@@ -50,6 +50,22 @@ pub enum EngineError {
     /// may serve the request.
     #[error("GPU: {0}")]
     Device(String),
+    /// A collective of this rank's pool failed (inside the forward; the executor turns it into
+    /// [`EngineError::RankLost`] with the step it happened in).
+    #[error("collective: {0}")]
+    Collective(#[from] ferrite_collective::CollectiveError),
+    /// A rank of the pool died or stopped answering: the pool cannot step any more.
+    #[error(
+        "the pool lost {}during step {step} ({reason}); every rank finished step {} (this is rank {this_rank})",
+        rank.map_or("a rank ".to_owned(), |r| if r == 0 { "rank 0 (the leader) ".to_owned() } else { format!("rank {r} ") }),
+        step.saturating_sub(1)
+    )]
+    RankLost {
+        rank: Option<usize>,
+        this_rank: usize,
+        step: u64,
+        reason: String,
+    },
     /// A broken invariant of the engine itself: never the request's fault.
     #[error("internal error: {0}")]
     Internal(String),
@@ -77,6 +93,8 @@ impl EngineError {
             EngineError::QueueFull(_) => "queue_full",
             EngineError::Stopped => "stopped",
             EngineError::Device(_) => "device",
+            EngineError::Collective(_) => "collective",
+            EngineError::RankLost { .. } => "rank_lost",
             EngineError::Internal(_) => "internal",
         }
     }
@@ -89,8 +107,27 @@ impl EngineError {
     pub fn for_failed_step(&self) -> EngineError {
         match self {
             EngineError::Device(m) => EngineError::Device(format!("the step failed: {m}")),
+            EngineError::RankLost {
+                rank,
+                this_rank,
+                step,
+                reason,
+            } => EngineError::RankLost {
+                rank: *rank,
+                this_rank: *this_rank,
+                step: *step,
+                reason: reason.clone(),
+            },
             other => EngineError::Internal(format!("the step failed: {other}")),
         }
+    }
+}
+
+impl EngineError {
+    /// Whether the pool can no longer step at all (a rank is lost): every request fails and
+    /// the worker leaves.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, EngineError::RankLost { .. })
     }
 }
 

@@ -154,6 +154,7 @@ impl<'m> BatchForward<'m> {
                 logits: wanted,
             })
             .collect();
-        self.model.forward(&chunks, &mut self.kv)
+        self.model
+            .forward(&chunks, &mut self.kv, &mut ferrite_collective::Solo)
     }
 }

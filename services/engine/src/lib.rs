@@ -9,7 +9,12 @@
 //! - [`kv_cache`]: the paged KV cache (block pool, block tables, storage).
 //! - [`scheduler`]: continuous batching with chunked prefill and preemption by recompute.
 //! - [`sampler`]: sampling parameters and token selection.
-//! - [`engine`]: the step loop (`schedule → forward → sample → update`) tying them together.
+//! - [`tp`]: tensor parallelism: which share of the model a rank holds.
+//! - [`plan`]: the step plan the leader sends every rank, and the block tables ranks keep.
+//! - [`executor`]: one rank's forward over its shard and KV cache, driven by step plans
+//!   (every rank has one; ranks > 0 run its follower loop).
+//! - [`engine`]: the leader: request state, scheduler and sampling, on rank 0
+//!   (`schedule → plan → execute → sample`).
 //! - [`handle`]: the engine on its own thread; an async handle submits requests and streams tokens.
 //! - [`registry`]: models known by name, pulled into the cache on first use.
 //! - [`eval`]: perplexity on a text (the quality check for quantized weights).
@@ -22,14 +27,17 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod executor;
 pub mod gpu;
 pub mod handle;
 pub mod kv_cache;
 pub mod model;
+pub mod plan;
 pub mod quantize;
 pub mod registry;
 pub mod sampler;
 pub mod scheduler;
+pub mod tp;
 pub mod weights;
 
 pub use error::{EngineError, Result};

@@ -74,15 +74,16 @@ pub struct ScheduledChunk {
     pub samples: bool,
 }
 
-/// The scheduler's decision for one step.
+/// The scheduler's decision for one step (the leader turns it into a
+/// [`crate::plan::StepPlan`] for the ranks).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct StepPlan {
+pub struct Schedule {
     pub chunks: Vec<ScheduledChunk>,
     /// Sequences preempted (blocks freed) while planning this step.
     pub preempted: Vec<SeqId>,
 }
 
-impl StepPlan {
+impl Schedule {
     pub fn num_tokens(&self) -> usize {
         self.chunks.iter().map(|c| c.len).sum()
     }
@@ -172,8 +173,8 @@ impl Scheduler {
 
     /// Plans the next step and allocates the blocks it needs. The chunks' tokens must then be
     /// computed and [`Self::mark_computed`] called for each.
-    pub fn schedule(&mut self) -> StepPlan {
-        let mut plan = StepPlan::default();
+    pub fn schedule(&mut self) -> Schedule {
+        let mut plan = Schedule::default();
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
@@ -222,7 +223,7 @@ impl Scheduler {
 
     /// Ensures `id` has blocks for `want` more tokens, preempting the newest other running
     /// sequences as needed. Returns false if `id` itself had to be preempted.
-    fn make_room(&mut self, id: SeqId, want: usize, plan: &mut StepPlan) -> bool {
+    fn make_room(&mut self, id: SeqId, want: usize, plan: &mut Schedule) -> bool {
         loop {
             let Some(seq) = self.seqs.get_mut(&id) else {
                 return false;
@@ -242,7 +243,7 @@ impl Scheduler {
         }
     }
 
-    fn preempt(&mut self, id: SeqId, plan: &mut StepPlan) {
+    fn preempt(&mut self, id: SeqId, plan: &mut Schedule) {
         if let Some(seq) = self.seqs.get_mut(&id) {
             self.pool.release(&mut seq.block_table);
             seq.num_computed = 0;
@@ -254,7 +255,7 @@ impl Scheduler {
         plan.preempted.push(id);
     }
 
-    fn push_chunk(&mut self, id: SeqId, len: usize, plan: &mut StepPlan) -> usize {
+    fn push_chunk(&mut self, id: SeqId, len: usize, plan: &mut Schedule) -> usize {
         let Some(seq) = self.seqs.get(&id) else {
             return 0;
         };

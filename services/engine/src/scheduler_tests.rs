@@ -13,7 +13,7 @@ fn sched(budget: usize, max_seqs: usize, blocks: u32) -> Scheduler {
 }
 
 /// Runs a step as the engine would: every chunk computed, sampling chunks get `token`.
-fn run_step(s: &mut Scheduler, token: u32) -> StepPlan {
+fn run_step(s: &mut Scheduler, token: u32) -> Schedule {
     let plan = s.schedule();
     for c in &plan.chunks {
         s.mark_computed(c);

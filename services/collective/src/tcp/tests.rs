@@ -7,6 +7,7 @@ use std::thread;
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
+const EPOCH: u64 = 7;
 
 /// Runs `body` on every rank of a pool of `world` and returns rank order results.
 fn pool<T: Send + 'static>(
@@ -19,11 +20,12 @@ fn pool<T: Send + 'static>(
     for rank in 1..world {
         let body = body.clone();
         handles.push(thread::spawn(move || {
-            let mut c = TcpCollective::join(leader, rank, world, TIMEOUT).expect("join");
+            let mut c =
+                TcpCollective::join(leader, rank, world, EPOCH, TIMEOUT, TIMEOUT).expect("join");
             body(&mut c)
         }));
     }
-    let mut c = TcpCollective::lead(listener, world, TIMEOUT).expect("lead");
+    let mut c = TcpCollective::lead(listener, world, EPOCH, TIMEOUT, TIMEOUT).expect("lead");
     let mut out = vec![body(&mut c)];
     out.extend(handles.into_iter().map(|h| h.join().expect("rank thread")));
     out
@@ -83,14 +85,14 @@ fn a_rank_that_leaves_fails_the_all_reduce_naming_it() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let leader = listener.local_addr().expect("addr");
     let good = thread::spawn(move || {
-        let mut c = TcpCollective::join(leader, 1, 3, TIMEOUT).expect("join");
+        let mut c = TcpCollective::join(leader, 1, 3, EPOCH, TIMEOUT, TIMEOUT).expect("join");
         let _ = c.all_reduce_sum(&mut [1.0; 8]);
     });
     let gone = thread::spawn(move || {
         // Joins, then goes away before the first collective (a killed process).
-        drop(TcpCollective::join(leader, 2, 3, TIMEOUT).expect("join"));
+        drop(TcpCollective::join(leader, 2, 3, EPOCH, TIMEOUT, TIMEOUT).expect("join"));
     });
-    let mut c = TcpCollective::lead(listener, 3, TIMEOUT).expect("lead");
+    let mut c = TcpCollective::lead(listener, 3, EPOCH, TIMEOUT, TIMEOUT).expect("lead");
     gone.join().expect("thread");
     let started = Instant::now();
     let err = c.all_reduce_sum(&mut [1.0; 8]).expect_err("rank 2 is gone");
@@ -107,11 +109,11 @@ fn a_stalled_rank_times_out_naming_it() {
     let leader = listener.local_addr().expect("addr");
     let short = Duration::from_millis(300);
     let stalled = thread::spawn(move || {
-        let c = TcpCollective::join(leader, 1, 2, short).expect("join");
+        let c = TcpCollective::join(leader, 1, 2, EPOCH, TIMEOUT, short).expect("join");
         thread::sleep(Duration::from_secs(2));
         drop(c);
     });
-    let mut c = TcpCollective::lead(listener, 2, short).expect("lead");
+    let mut c = TcpCollective::lead(listener, 2, EPOCH, TIMEOUT, short).expect("lead");
     let err = c.all_reduce_sum(&mut [1.0; 4]).expect_err("stalled");
     assert!(
         matches!(err, CollectiveError::Timeout { rank: 1, .. }),
@@ -124,9 +126,46 @@ fn a_stalled_rank_times_out_naming_it() {
 fn a_pool_missing_ranks_says_which() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let leader = listener.local_addr().expect("addr");
-    let one = thread::spawn(move || TcpCollective::join(leader, 1, 3, TIMEOUT).map(|_| ()));
-    let err = TcpCollective::lead(listener, 3, Duration::from_millis(500))
+    let one = thread::spawn(move || {
+        TcpCollective::join(leader, 1, 3, EPOCH, TIMEOUT, TIMEOUT).map(|_| ())
+    });
+    let err = TcpCollective::lead(listener, 3, EPOCH, Duration::from_millis(500), TIMEOUT)
         .expect_err("rank 2 never came");
     assert!(err.to_string().contains("[2]"), "{err}");
     let _ = one.join();
+}
+
+#[test]
+fn a_rank_of_another_epoch_is_refused_and_the_pool_still_forms() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let leader = listener.local_addr().expect("addr");
+    // A rank of an earlier incarnation of the pool, then the right one.
+    let stale = thread::spawn(move || {
+        let mut c = TcpCollective::join(leader, 1, 2, EPOCH + 1, TIMEOUT, TIMEOUT).expect("join");
+        c.all_reduce_sum(&mut [1.0])
+            .expect_err("refused: its link is closed")
+    });
+    let stale_err = stale.join().expect("thread");
+    assert!(stale_err.rank() == Some(0), "{stale_err}");
+    let good = thread::spawn(move || {
+        let mut c = TcpCollective::join(leader, 1, 2, EPOCH, TIMEOUT, TIMEOUT).expect("join");
+        let mut buf = [2.0];
+        c.all_reduce_sum(&mut buf).expect("all-reduce");
+        buf[0]
+    });
+    let mut c = TcpCollective::lead(listener, 2, EPOCH, TIMEOUT, TIMEOUT).expect("lead");
+    let mut buf = [1.0];
+    c.all_reduce_sum(&mut buf).expect("all-reduce");
+    assert_eq!((buf[0], good.join().expect("thread")), (3.0, 3.0));
+}
+
+#[test]
+fn solo_collectives_leave_buffers_as_they_are() {
+    let mut s = crate::Solo;
+    let mut buf = [1.0, 2.0];
+    s.all_reduce_sum(&mut buf).expect("all-reduce");
+    let mut out = [0.0; 2];
+    s.all_gather(&buf, &mut out).expect("gather");
+    assert_eq!((buf, out), ([1.0, 2.0], [1.0, 2.0]));
+    assert!(s.all_gather(&buf, &mut [0.0; 3]).is_err());
 }

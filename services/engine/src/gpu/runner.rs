@@ -313,7 +313,7 @@ impl GpuRunner {
     }
 
     /// A plan with no sequences, to be padded.
-    fn empty_plan(&self) -> StepPlan {
+    fn empty_plan(&self) -> DeviceBatch {
         let l = &self.limits;
         let (t, s) = (l.max_tokens, l.max_seqs);
         let off = Offsets {
@@ -325,7 +325,7 @@ impl GpuRunner {
             picks: 3 * t + 2 * s + 1,
             tables: 3 * t + 3 * s + 1,
         };
-        StepPlan {
+        DeviceBatch {
             // Up to the block tables; `plan` appends the tables of the step's sequences, so a
             // step copies what it uses, not room for every sequence at full length.
             meta: vec![0; off.tables],
@@ -341,7 +341,7 @@ impl GpuRunner {
     /// Pads a decode plan to `b` sequences of one token: padding rows read token 0 at
     /// position 0, write no KV slot (-1), attend to nothing (context 0) and get logits that
     /// nobody reads.
-    fn pad_decode(&self, plan: &mut StepPlan, b: usize) {
+    fn pad_decode(&self, plan: &mut DeviceBatch, b: usize) {
         let o = plan.off;
         for i in plan.n_seqs..b {
             plan.meta[o.ids + i] = 0;
@@ -358,7 +358,7 @@ impl GpuRunner {
     }
 
     /// The packed metadata of a step, checked against the buffers' limits.
-    fn plan(&self, seqs: &[SeqChunk<'_>]) -> Result<StepPlan> {
+    fn plan(&self, seqs: &[SeqChunk<'_>]) -> Result<DeviceBatch> {
         let l = &self.limits;
         let n_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let max_blocks = l.max_blocks();
@@ -427,7 +427,7 @@ impl GpuRunner {
             )));
         }
         // Fixed offsets (from the limits) so a captured graph's pointers stay valid.
-        let StepPlan { mut meta, off, .. } = self.empty_plan();
+        let DeviceBatch { mut meta, off, .. } = self.empty_plan();
         meta.resize(off.tables + tables.len(), 0);
         for (at, v) in [
             (off.ids, &ids),
@@ -440,7 +440,7 @@ impl GpuRunner {
         ] {
             meta[at..at + v.len()].copy_from_slice(v);
         }
-        Ok(StepPlan {
+        Ok(DeviceBatch {
             meta,
             off,
             n_tokens,
@@ -456,7 +456,7 @@ impl GpuRunner {
     /// # Safety
     /// `plan` was made by [`Self::plan`] for this runner and its metadata copied to `meta`.
     #[allow(unsafe_code)]
-    unsafe fn run(&self, g: &Gpu, p: &StepPlan) -> Result<(), ferrite_kernels::cuda::CudaError> {
+    unsafe fn run(&self, g: &Gpu, p: &DeviceBatch) -> Result<(), ferrite_kernels::cuda::CudaError> {
         let w = &self.w;
         let c = &w.cfg;
         let dt = w.dtype;
@@ -722,7 +722,7 @@ struct Offsets {
     tables: usize,
 }
 
-struct StepPlan {
+struct DeviceBatch {
     meta: Vec<i32>,
     off: Offsets,
     n_tokens: usize,

@@ -15,8 +15,8 @@ use super::{Buf, GpuRunner, alloc, gpu_error};
 use crate::error::{EngineError, Result};
 use crate::model::SeqChunk;
 
-/// One sequence's sampling, as the kernel takes it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One sequence's sampling, as the kernel takes it (and as step plans carry it).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceSampling {
     /// ≤ 0: greedy.
     pub temperature: f32,

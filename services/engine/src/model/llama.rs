@@ -16,11 +16,16 @@ use ferrite_kernels::cpu::{
     soft_cap_in_place,
 };
 
+use std::ops::Range;
+
+use ferrite_collective::Collective;
 use ferrite_kernels::wq::WqFormat;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Activation, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
+use crate::tp::TpRank;
 use crate::weights::{Matrix, TensorMap};
 
 /// Which tensor names a checkpoint uses.
@@ -40,7 +45,7 @@ impl WeightNaming {
         }
     }
 
-    fn layer(self, i: usize, gguf: &str, hf: &str) -> String {
+    pub(crate) fn layer(self, i: usize, gguf: &str, hf: &str) -> String {
         match self {
             WeightNaming::Gguf => format!("blk.{i}.{gguf}"),
             WeightNaming::HuggingFace => format!("model.layers.{i}.{hf}"),
@@ -66,19 +71,35 @@ pub(crate) struct Layer {
 }
 
 impl Layer {
-    fn load(t: &TensorMap, n: WeightNaming, i: usize, c: &ModelConfig) -> Result<Self> {
+    /// Layer `i` of a model of shape `c`, cut to `tp`'s shard (see [`crate::tp`]).
+    fn load(t: &TensorMap, n: WeightNaming, i: usize, c: &ModelConfig, tp: TpRank) -> Result<Self> {
         let (h, q_dim, kv_dim, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let mat = |gguf: &str, hf: &str, rows, cols| {
+        let hd = c.head_dim;
+        let q_rows = scaled(tp.part(c.num_heads), hd);
+        let kv_rows = scaled(tp.kv_heads(c.num_kv_heads), hd);
+        let ffn_part = tp.part(ffn);
+        let full = |gguf: &str, hf: &str, rows, cols| {
             let name = n.layer(i, gguf, hf);
-            t.matrix(&name)?.expect_shape(&name, rows, cols)
+            t.matrix(&name)?
+                .expect_shape(&name, rows, cols)
+                .map(|m| (name, m))
+        };
+        // Column-parallel: this rank's rows; row-parallel: its columns.
+        let rows_of = |gguf: &str, hf: &str, rows, cols, part: &Range<usize>| {
+            let (name, m) = full(gguf, hf, rows, cols)?;
+            m.slice_rows(&name, part.clone())
+        };
+        let cols_of = |gguf: &str, hf: &str, rows, cols, part: &Range<usize>| {
+            let (name, m) = full(gguf, hf, rows, cols)?;
+            m.slice_cols(&name, part.clone())
         };
         let vec = |gguf: &str, hf: &str, len| t.vector_of_len(&n.layer(i, gguf, hf), len);
         let norm = |gguf: &str, hf: &str, len| vec(gguf, hf, len).map(|w| offset_norm(w, c));
         let qkv_bias = if c.qkv_bias {
             Some([
-                vec("attn_q.bias", "self_attn.q_proj.bias", q_dim)?,
-                vec("attn_k.bias", "self_attn.k_proj.bias", kv_dim)?,
-                vec("attn_v.bias", "self_attn.v_proj.bias", kv_dim)?,
+                vec("attn_q.bias", "self_attn.q_proj.bias", q_dim)?[q_rows.clone()].to_vec(),
+                vec("attn_k.bias", "self_attn.k_proj.bias", kv_dim)?[kv_rows.clone()].to_vec(),
+                vec("attn_v.bias", "self_attn.v_proj.bias", kv_dim)?[kv_rows.clone()].to_vec(),
             ])
         } else {
             None
@@ -112,23 +133,47 @@ impl Layer {
         };
         Ok(Layer {
             attn_norm: norm("attn_norm.weight", "input_layernorm.weight", h)?,
-            q: mat("attn_q.weight", "self_attn.q_proj.weight", q_dim, h)?,
-            k: mat("attn_k.weight", "self_attn.k_proj.weight", kv_dim, h)?,
-            v: mat("attn_v.weight", "self_attn.v_proj.weight", kv_dim, h)?,
+            q: rows_of(
+                "attn_q.weight",
+                "self_attn.q_proj.weight",
+                q_dim,
+                h,
+                &q_rows,
+            )?,
+            k: rows_of(
+                "attn_k.weight",
+                "self_attn.k_proj.weight",
+                kv_dim,
+                h,
+                &kv_rows,
+            )?,
+            v: rows_of(
+                "attn_v.weight",
+                "self_attn.v_proj.weight",
+                kv_dim,
+                h,
+                &kv_rows,
+            )?,
             qkv_bias,
             qk_norm,
-            o: mat("attn_output.weight", "self_attn.o_proj.weight", h, q_dim)?,
+            o: cols_of(
+                "attn_output.weight",
+                "self_attn.o_proj.weight",
+                h,
+                q_dim,
+                &q_rows,
+            )?,
             post_norms,
             ffn_norm: norm("ffn_norm.weight", ffn_norm_hf, h)?,
-            gate: mat("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h)?,
-            up: mat("ffn_up.weight", "mlp.up_proj.weight", ffn, h)?,
-            down: mat("ffn_down.weight", "mlp.down_proj.weight", h, ffn)?,
+            gate: rows_of("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h, &ffn_part)?,
+            up: rows_of("ffn_up.weight", "mlp.up_proj.weight", ffn, h, &ffn_part)?,
+            down: cols_of("ffn_down.weight", "mlp.down_proj.weight", h, ffn, &ffn_part)?,
         })
     }
 }
 
 /// Which logits a sequence chunk wants back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LogitsWanted {
     /// A prefill chunk that does not reach the end of the prompt.
     None,
@@ -148,9 +193,13 @@ pub struct SeqChunk<'a> {
     pub logits: LogitsWanted,
 }
 
+/// A model, or one rank's shard of it: then `cfg` is the shard's shape (its heads, KV heads
+/// and intermediate size; the vocabulary stays the model's) and `lm_head` holds the rank's
+/// rows of the vocabulary.
 #[derive(Debug)]
 pub struct LlamaModel {
     pub(crate) cfg: ModelConfig,
+    pub(crate) tp: TpRank,
     pub(crate) embed: Matrix,
     pub(crate) layers: Vec<Layer>,
     pub(crate) norm: Vec<f32>,
@@ -159,7 +208,18 @@ pub struct LlamaModel {
 }
 
 impl LlamaModel {
+    /// The whole model.
     pub fn load(t: &TensorMap, naming: WeightNaming, cfg: ModelConfig) -> Result<Self> {
+        Self::load_shard(t, naming, cfg, TpRank::SOLO)
+    }
+
+    /// `tp`'s shard of the model of shape `cfg` (which must split: [`crate::tp::check_split`]).
+    pub fn load_shard(
+        t: &TensorMap,
+        naming: WeightNaming,
+        cfg: ModelConfig,
+        tp: TpRank,
+    ) -> Result<Self> {
         let n = naming;
         let embed_name = n.global("token_embd.weight", "model.embed_tokens.weight");
         let embed =
@@ -172,8 +232,9 @@ impl LlamaModel {
             t.matrix(&head_name)?
                 .expect_shape(&head_name, cfg.vocab_size, cfg.hidden_size)?
         };
+        let lm_head = lm_head.slice_rows(&head_name, tp.vocab_part(cfg.vocab_size))?;
         let layers = (0..cfg.num_layers)
-            .map(|i| Layer::load(t, n, i, &cfg))
+            .map(|i| Layer::load(t, n, i, &cfg, tp))
             .collect::<Result<Vec<_>>>()?;
         let norm = t.vector_of_len(
             &n.global("output_norm.weight", "model.norm.weight"),
@@ -188,7 +249,8 @@ impl LlamaModel {
         };
         let rope = build_rope(&cfg, freq_factors.as_deref());
         Ok(Self {
-            cfg,
+            cfg: cfg.shard(tp),
+            tp,
             embed,
             layers,
             norm,
@@ -249,9 +311,15 @@ impl LlamaModel {
         names.join("+")
     }
 
-    /// Runs `seqs` through the model, writing their keys and values into `kv`. Returns the
-    /// logits each chunk asked for, in order, as rows of `vocab_size`.
-    pub fn forward(&self, seqs: &[SeqChunk<'_>], kv: &mut KvCache) -> Result<Vec<f32>> {
+    /// Runs `seqs` through the model (this rank's shard, meeting the other ranks in `comm`),
+    /// writing their keys and values into `kv`. Returns the logits each chunk asked for, in
+    /// order, as rows of `vocab_size`.
+    pub fn forward(
+        &self,
+        seqs: &[SeqChunk<'_>],
+        kv: &mut KvCache,
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (h, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let mut positions = Vec::new();
@@ -337,6 +405,7 @@ impl LlamaModel {
                 &mut attn,
             );
             matmul(&attn, n_tok, layer.o.view(), &mut proj);
+            comm.all_reduce_sum(&mut proj)?;
             if let Some([post_attn, _]) = &layer.post_norms {
                 rms_norm_in_place(&mut proj, post_attn, c.rms_norm_eps);
             }
@@ -353,6 +422,7 @@ impl LlamaModel {
                 Activation::GeluTanh => gelu_tanh_mul_in_place(&mut gate, &up),
             }
             matmul(&gate, n_tok, layer.down.view(), &mut proj);
+            comm.all_reduce_sum(&mut proj)?;
             if let Some([_, post_ffn]) = &layer.post_norms {
                 rms_norm_in_place(&mut proj, post_ffn, c.rms_norm_eps);
             }
@@ -376,15 +446,53 @@ impl LlamaModel {
         let n_out = picked.len() / h;
         let mut normed = vec![0f32; picked.len()];
         rms_norm(&picked, &self.norm, c.rms_norm_eps, &mut normed);
-        let mut logits = vec![0f32; n_out * c.vocab_size];
-        if n_out > 0 {
-            matmul(&normed, n_out, self.lm_head.view(), &mut logits);
-        }
+        let mut logits = self.lm_head_logits(&normed, n_out, comm)?;
         if let Some(cap) = c.final_logit_softcap {
             soft_cap_in_place(&mut logits, cap);
         }
         Ok(logits)
     }
+}
+
+impl LlamaModel {
+    /// The LM head's logits of the `n` rows of `x`, as rows of the whole vocabulary: each rank
+    /// computes its part of the vocabulary and the parts are all-gathered (padded to equal
+    /// lengths when the vocabulary does not divide).
+    fn lm_head_logits(&self, x: &[f32], n: usize, comm: &mut dyn Collective) -> Result<Vec<f32>> {
+        let vocab = self.cfg.vocab_size;
+        let mine = self.lm_head.rows;
+        let mut local = vec![0f32; n * mine];
+        if n > 0 {
+            matmul(x, n, self.lm_head.view(), &mut local);
+        }
+        // `n` is the same on every rank (one plan), so all skip the gather together.
+        if self.tp.is_solo() || n == 0 {
+            return Ok(local);
+        }
+        let (world, each) = (self.tp.world, vocab.div_ceil(self.tp.world));
+        let mut padded = vec![0f32; n * each];
+        for (dst, src) in padded.chunks_exact_mut(each).zip(local.chunks_exact(mine)) {
+            dst[..mine].copy_from_slice(src);
+        }
+        let mut all = vec![0f32; world * n * each];
+        comm.all_gather(&padded, &mut all)?;
+        let mut logits = vec![0f32; n * vocab];
+        for (rank, theirs) in all.chunks_exact(n * each).enumerate() {
+            let part = TpRank { rank, world }.vocab_part(vocab);
+            for (row, src) in logits
+                .chunks_exact_mut(vocab)
+                .zip(theirs.chunks_exact(each))
+            {
+                row[part.clone()].copy_from_slice(&src[..part.len()]);
+            }
+        }
+        Ok(logits)
+    }
+}
+
+/// `range` of heads as a range of rows of `head_dim` each.
+fn scaled(range: Range<usize>, head_dim: usize) -> Range<usize> {
+    range.start * head_dim..range.end * head_dim
 }
 
 /// `w + cfg.norm_weight_offset`: Gemma's `x * (1 + w)` RMSNorm as a plain `x * w'` one.

@@ -14,6 +14,7 @@ use tracing::field::Empty;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::tp::TpRank;
 use crate::weights::TensorMap;
 use crate::weights::gguf::{GgufFile, GgufValue};
 use crate::weights::gptq::GptqConfig;
@@ -111,8 +112,11 @@ pub struct LoadOptions {
     pub quantize: Option<WqFormat>,
     /// Leave the checkpoint's pages to whoever reads the weights next instead of reading them
     /// all in `load_weights`: set for a GPU, whose upload streams every byte anyway (reading
-    /// them first would read the checkpoint twice).
+    /// them first would read the checkpoint twice). A rank of a tensor-parallel pool always
+    /// leaves them: it reads only its shard's pages.
     pub lazy_pages: bool,
+    /// Load this rank's shard of the model (see [`crate::tp`]).
+    pub tp: TpRank,
 }
 
 /// A model of a preset's shape with random weights and no tokenizer (`--load-format dummy`),
@@ -238,7 +242,11 @@ fn model_init(
         num_kv_heads = cfg.num_kv_heads as i64, head_dim = cfg.head_dim as i64,
         quantize = Empty, weights = Empty);
     let _entered = span.enter();
-    let mut model = LlamaModel::load(tensors, naming, cfg)?;
+    if !options.tp.is_solo() {
+        let align = row_parallel_align(tensors, naming, &cfg, options.quantize);
+        crate::tp::check_split(&cfg, options.tp.world, align)?;
+    }
+    let mut model = LlamaModel::load_shard(tensors, naming, cfg, options.tp)?;
     if let Some(format) = options.quantize {
         span.record(
             "quantize",
@@ -248,6 +256,29 @@ fn model_init(
     }
     span.record("weights", tracing::field::display(model.linear_storage()));
     Ok(model)
+}
+
+/// The block (group) length the row-parallel projections' column slices must keep whole: the
+/// largest over their stored types, and over the format quantized to at load.
+fn row_parallel_align(
+    t: &TensorMap,
+    naming: WeightNaming,
+    cfg: &ModelConfig,
+    quantize: Option<WqFormat>,
+) -> usize {
+    let stored = (0..cfg.num_layers).flat_map(|i| {
+        [
+            naming.layer(i, "attn_output.weight", "self_attn.o_proj.weight"),
+            naming.layer(i, "ffn_down.weight", "mlp.down_proj.weight"),
+        ]
+    });
+    let gptq = t.gptq().and_then(|g| g.group_size);
+    stored
+        .filter_map(|name| t.entry(&name).map(|e| e.ty.block_elems()))
+        .chain(gptq)
+        .chain(quantize.and_then(|f| f.group_size))
+        .max()
+        .unwrap_or(1)
 }
 
 fn load_gguf(
@@ -267,7 +298,8 @@ fn load_gguf(
             .entered();
         Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?
     };
-    let bytes = load_weights(&gguf.tensors, "gguf", options.lazy_pages);
+    let lazy = options.lazy_pages || !options.tp.is_solo();
+    let bytes = load_weights(&gguf.tensors, "gguf", lazy);
     let model = model_init(&gguf.tensors, WeightNaming::Gguf, cfg, options)?;
     Ok((model, Some(tokenizer), WeightFormat::Gguf, bytes))
 }
@@ -353,7 +385,8 @@ fn load_hf_dir(
         Err(_) => None,
     };
     drop(tokenizer_span);
-    let bytes = load_weights(&tensors, "safetensors", options.lazy_pages);
+    let lazy = options.lazy_pages || !options.tp.is_solo();
+    let bytes = load_weights(&tensors, "safetensors", lazy);
     let model = model_init(&tensors, WeightNaming::HuggingFace, cfg, options)?;
     Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
 }

@@ -7,6 +7,7 @@
 pub mod gguf;
 pub mod gptq;
 pub mod safetensors;
+mod shard;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -244,6 +245,12 @@ enum Storage {
         start: usize,
         end: usize,
     },
+    /// A GGUF/float type in memory of its own: the columns of a rank's shard, copied out of
+    /// the map (a column slice is not contiguous there).
+    Owned {
+        ty: GgmlType,
+        bytes: Arc<[u8]>,
+    },
     Quantized(Arc<WqMatrix>),
 }
 
@@ -270,6 +277,12 @@ impl Matrix {
                 cols: self.cols,
                 bytes: &file.bytes()[*start..*end],
             }),
+            Storage::Owned { ty, bytes } => Weight::Ggml(WeightView {
+                ty: *ty,
+                rows: self.rows,
+                cols: self.cols,
+                bytes,
+            }),
             Storage::Quantized(w) => Weight::Wq(w),
         }
     }
@@ -277,7 +290,7 @@ impl Matrix {
     /// How the matrix is stored: a GGUF type name (`F16`, `Q4_K`) or a weight format (`w4g128`).
     pub fn storage_name(&self) -> String {
         match &self.storage {
-            Storage::Mapped { ty, .. } => ty.to_string(),
+            Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.to_string(),
             Storage::Quantized(w) => w.format().to_string(),
         }
     }
@@ -351,6 +364,7 @@ impl Matrix {
                     file: b, start: s2, ..
                 },
             ) => Arc::ptr_eq(a, b) && s1 == s2,
+            (Storage::Owned { bytes: a, .. }, Storage::Owned { bytes: b, .. }) => Arc::ptr_eq(a, b),
             (Storage::Quantized(a), Storage::Quantized(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
@@ -360,6 +374,7 @@ impl Matrix {
     pub fn bytes_len(&self) -> usize {
         match &self.storage {
             Storage::Mapped { start, end, .. } => end - start,
+            Storage::Owned { bytes, .. } => bytes.len(),
             Storage::Quantized(w) => w.bytes_len(),
         }
     }

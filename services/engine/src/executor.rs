@@ -1,0 +1,308 @@
+//! The executor: one rank's forward over its shard of the model and its KV cache, driven by
+//! [`StepPlan`]s.
+//!
+//! Every rank of a pool has one. On rank 0 the leader ([`crate::engine::Engine`]) hands it each
+//! plan through [`Executor::lead`], which sends the plan to the other ranks first; the other
+//! ranks run [`Executor::follow`], a loop over the leader's orders. All ranks then run the same
+//! forward, meeting in the collectives after the attention output and MLP down projections and
+//! in the all-gather of the logits.
+//!
+//! A collective that fails (a rank died, or did not answer within the timeout) fails the pool:
+//! the error, [`EngineError::RankLost`], names the rank and the last step every rank finished.
+
+use std::sync::Arc;
+
+use ferrite_collective::{Collective, CollectiveError, Solo};
+use ferrite_kernels::cuda::Gpu;
+
+use crate::config::ModelConfig;
+use crate::engine::{CudaPlacement, EngineConfig};
+use crate::error::{EngineError, Result};
+use crate::gpu::{self, GpuRunner, StepLimits};
+use crate::kv_cache::{KvCache, blocks_for};
+use crate::model::{EngineModel, LlamaModel};
+use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
+
+/// Where the forward runs.
+#[derive(Debug)]
+enum Backend {
+    /// The CPU reference ops over the model in host memory, with the KV cache there too.
+    Cpu { model: Box<LlamaModel>, kv: KvCache },
+    /// The CUDA backend, with its own copy of the weights and device KV cache (the host model
+    /// is dropped once copied: nothing reads it after).
+    Cuda(Box<GpuRunner>),
+}
+
+/// A step's picks: logits rows to sample on the host, or ids sampled on the device.
+#[derive(Debug)]
+pub enum Picks {
+    Logits(Vec<f32>),
+    Ids(Vec<u32>),
+}
+
+/// One rank's forward, its block tables and its link to the other ranks.
+pub struct Executor {
+    backend: Backend,
+    tables: BlockTables,
+    comm: Box<dyn Collective>,
+    /// The model's (not the shard's) shape.
+    cfg: ModelConfig,
+    max_model_len: usize,
+    num_blocks: usize,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("rank", &self.comm.rank())
+            .field("world", &self.comm.world())
+            .field("device", &self.device_name())
+            .field("last_step", &self.tables.last_step())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `cfg`'s max model length (default: the model's, at most 8192), checked with the other
+/// limits.
+pub(crate) fn checked_max_model_len(model: &ModelConfig, cfg: &EngineConfig) -> Result<usize> {
+    let max_model_len = cfg
+        .max_model_len
+        .unwrap_or(model.max_position_embeddings.min(8192));
+    if max_model_len < 2
+        || cfg.block_size == 0
+        || cfg.max_num_seqs == 0
+        || cfg.max_num_batched_tokens == 0
+    {
+        return Err(EngineError::BadConfig(
+            "max_model_len must be ≥ 2; block size, max_num_seqs and max_num_batched_tokens ≥ 1"
+                .into(),
+        ));
+    }
+    Ok(max_model_len)
+}
+
+impl Executor {
+    /// A single-rank executor (the whole model, no collectives).
+    pub fn solo(model: impl Into<EngineModel>, cfg: &EngineConfig) -> Result<Self> {
+        Self::new(model.into(), cfg, Box::new(Solo))
+    }
+
+    /// This rank's executor over `model` (its shard), on the CPU or on `cfg.cuda`'s GPU, with
+    /// `comm` to the other ranks. Sizes the KV cache and refuses configurations where one
+    /// full-length sequence would not fit.
+    pub fn new(model: EngineModel, cfg: &EngineConfig, comm: Box<dyn Collective>) -> Result<Self> {
+        let max_model_len = checked_max_model_len(model.config(), cfg)?;
+        let model_cfg = model.config().clone();
+        let backend = match (cfg.cuda.clone(), model) {
+            (Some(CudaPlacement { gpu, opts }), model) => {
+                if comm.world() > 1 {
+                    return Err(EngineError::BadConfig(
+                        "tensor parallelism on GPUs needs the NCCL backend, which is not built \
+                         yet: run --tp > 1 on the CPU (--device cpu) or --tp 1 on a GPU"
+                            .into(),
+                    ));
+                }
+                Self::cuda(model, gpu, cfg, max_model_len, opts)?
+            }
+            (None, EngineModel::Host(model)) => Self::cpu(model, cfg, max_model_len)?,
+            (None, EngineModel::DeviceRandom(_)) => {
+                return Err(EngineError::BadConfig(
+                    "random weights made on the device need a GPU (--device cuda)".into(),
+                ));
+            }
+        };
+        let num_blocks = match &backend {
+            Backend::Cpu { kv, .. } => kv.num_blocks,
+            Backend::Cuda(r) => r.num_blocks(),
+        };
+        Ok(Self {
+            backend,
+            tables: BlockTables::default(),
+            comm,
+            cfg: model_cfg,
+            max_model_len,
+            num_blocks,
+        })
+    }
+
+    fn cpu(model: LlamaModel, cfg: &EngineConfig, max_model_len: usize) -> Result<Backend> {
+        let mc = model.config();
+        let per_token = KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim);
+        let num_blocks = cfg.kv_cache_bytes / (per_token * cfg.block_size);
+        let needed = blocks_for(max_model_len, cfg.block_size);
+        if num_blocks < needed {
+            return Err(EngineError::BadConfig(format!(
+                "a KV cache of {} MiB holds {} tokens, less than one {max_model_len}-token sequence ({} MiB): lower max_model_len or give the KV cache more memory",
+                cfg.kv_cache_bytes >> 20,
+                num_blocks * cfg.block_size,
+                (needed * cfg.block_size * per_token) >> 20
+            )));
+        }
+        let num_blocks = num_blocks.min(u32::MAX as usize - 1);
+        let _span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_init",
+            device = "cpu", num_blocks = num_blocks as i64, block_size = cfg.block_size as i64,
+            bytes = (num_blocks * cfg.block_size * per_token) as i64,
+            max_model_len = max_model_len as i64, max_num_seqs = cfg.max_num_seqs as i64,
+            max_num_batched_tokens = cfg.max_num_batched_tokens as i64)
+        .entered();
+        let kv = KvCache::new(
+            mc.num_layers,
+            num_blocks,
+            cfg.block_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+        );
+        Ok(Backend::Cpu {
+            model: Box::new(model),
+            kv,
+        })
+    }
+
+    /// The weights are copied to `gpu` and the KV cache takes what `opts.memory_utilization`
+    /// leaves after a maximal step (`cfg.kv_cache_bytes` is the CPU's and is not used).
+    fn cuda(
+        model: EngineModel,
+        gpu: Arc<Gpu>,
+        cfg: &EngineConfig,
+        max_model_len: usize,
+        opts: gpu::GpuOptions,
+    ) -> Result<Backend> {
+        let limits = StepLimits {
+            max_tokens: cfg.max_num_batched_tokens,
+            max_seqs: cfg.max_num_seqs,
+            max_model_len,
+            block_size: cfg.block_size,
+        };
+        let runner = gpu::build_runner(&model, gpu, opts, limits)?;
+        Ok(Backend::Cuda(Box::new(runner)))
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn world(&self) -> usize {
+        self.comm.world()
+    }
+
+    /// The model's shape (the vocabulary is the whole model's on every rank).
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// KV blocks this pool schedules: after [`Self::agree_on_blocks`], the least any rank has.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Which device runs the forward pass (`cpu`, or the CUDA device).
+    pub fn device_name(&self) -> String {
+        match &self.backend {
+            Backend::Cpu { .. } => "cpu".into(),
+            Backend::Cuda(r) => r.gpu().device.to_string(),
+        }
+    }
+
+    /// Whether a step may sample on the device.
+    pub fn samples_on_device(&self) -> bool {
+        matches!(self.backend, Backend::Cuda(_))
+    }
+
+    /// Every rank calls this once before the first step: the pool schedules the least number
+    /// of KV blocks any rank has room for. (Counts travel as f32, exact below 2^24 blocks.)
+    pub fn agree_on_blocks(&mut self) -> Result<usize> {
+        if self.world() > 1 {
+            let mine = [self.num_blocks.min(1 << 24) as f32];
+            let mut all = vec![0f32; self.world()];
+            self.comm
+                .all_gather(&mine, &mut all)
+                .map_err(|e| self.lost(e, 0))?;
+            self.num_blocks = all.iter().fold(f32::MAX, |a, &b| a.min(b)) as usize;
+        }
+        Ok(self.num_blocks)
+    }
+
+    /// The leader's half of a step: sends `plan` to the other ranks, then runs it here.
+    pub fn lead(&mut self, plan: &StepPlan) -> Result<Picks> {
+        if self.world() > 1 {
+            let mut bytes = OrderRef::Step(plan).encode();
+            self.comm
+                .broadcast(&mut bytes)
+                .map_err(|e| self.lost(e, plan.step))?;
+        }
+        self.run(plan)
+    }
+
+    /// Tells the other ranks the leader is alive while it has nothing to run.
+    pub fn keep_alive(&mut self) -> Result<()> {
+        if self.world() > 1 {
+            let step = self.tables.last_step() + 1;
+            self.comm
+                .broadcast(&mut OrderRef::KeepAlive.encode())
+                .map_err(|e| self.lost(e, step))?;
+        }
+        Ok(())
+    }
+
+    /// A follower's loop: runs the leader's plans until it says stop (`Ok`) or the pool
+    /// fails (the leader or another rank lost: `Err`).
+    pub fn follow(&mut self) -> Result<()> {
+        let mut bytes = Vec::new();
+        loop {
+            let step = self.tables.last_step() + 1;
+            self.comm
+                .broadcast(&mut bytes)
+                .map_err(|e| self.lost(e, step))?;
+            match Order::decode(&bytes)? {
+                Order::Step(plan) => {
+                    self.run(&plan)?;
+                }
+                Order::KeepAlive => {}
+                Order::Stop => return Ok(()),
+            }
+        }
+    }
+
+    /// Runs `plan` on this rank's shard: applies its table updates, then the forward.
+    fn run(&mut self, plan: &StepPlan) -> Result<Picks> {
+        self.tables.apply(plan)?;
+        let chunks = self.tables.chunks(plan)?;
+        let picks = match (&mut self.backend, &plan.device_sampling) {
+            (Backend::Cpu { model, kv }, _) => model
+                .forward(&chunks, kv, self.comm.as_mut())
+                .map(Picks::Logits),
+            (Backend::Cuda(runner), Some(params)) => {
+                runner.forward_sampled(&chunks, params).map(Picks::Ids)
+            }
+            (Backend::Cuda(runner), None) => runner.forward(&chunks).map(Picks::Logits),
+        };
+        match picks {
+            Err(EngineError::Collective(e)) => Err(self.lost(e, plan.step)),
+            other => other,
+        }
+    }
+
+    /// The pool-failing error for collective `e` in `step`.
+    fn lost(&self, e: CollectiveError, step: u64) -> EngineError {
+        EngineError::RankLost {
+            rank: e.rank(),
+            this_rank: self.rank(),
+            step,
+            reason: e.to_string(),
+        }
+    }
+}
+
+impl Drop for Executor {
+    /// The leader tells the other ranks the pool is stopping (best effort: they also stop
+    /// when its connections close).
+    fn drop(&mut self) {
+        if self.rank() == 0 && self.world() > 1 {
+            let _ = self.comm.broadcast(&mut OrderRef::Stop.encode());
+        }
+    }
+}

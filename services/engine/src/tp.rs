@@ -1,0 +1,210 @@
+//! Tensor parallelism: which share of the model one rank of a pool holds.
+//!
+//! A pool of N ranks splits every layer the Megatron way, so that each layer needs two
+//! all-reduces and nothing else:
+//!
+//! - Q, K and V are split by heads, gate and up by rows (column-parallel): each rank computes
+//!   its heads' attention and its slice of the MLP's hidden activations on its own.
+//! - O and down are split by columns (row-parallel): each rank's product is a partial sum of
+//!   the full output, and an all-reduce adds them up.
+//! - When a model has fewer KV heads than ranks, each KV head is held by `N / kv_heads` ranks
+//!   (as vLLM does), so N must divide into the KV heads or be a multiple of them.
+//! - The embedding is replicated: a lookup reads one row per token, needs no collective, and
+//!   its pages are mapped, so only the rows a rank sees are read. The LM head is split by
+//!   vocabulary (it is the largest single product of a small model) and its logits are
+//!   all-gathered for the leader to sample.
+//!
+//! A rank's [`ModelConfig`] is the shard's shape (heads / N, KV heads / N, intermediate / N):
+//! the forward runs on it without special cases; the vocabulary stays the model's.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+
+/// One rank's place in its pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpRank {
+    pub rank: usize,
+    pub world: usize,
+}
+
+impl Default for TpRank {
+    fn default() -> Self {
+        Self::SOLO
+    }
+}
+
+impl TpRank {
+    /// The whole model in one rank.
+    pub const SOLO: TpRank = TpRank { rank: 0, world: 1 };
+
+    pub fn new(rank: usize, world: usize) -> Result<Self> {
+        if world == 0 || rank >= world {
+            return Err(EngineError::BadConfig(format!(
+                "rank {rank} of a pool of {world}: the rank must be below the pool size"
+            )));
+        }
+        Ok(Self { rank, world })
+    }
+
+    pub fn is_solo(&self) -> bool {
+        self.world == 1
+    }
+
+    /// This rank's part of `0..n` cut into `world` equal parts (`n` divides: checked by
+    /// [`check_split`]).
+    pub fn part(&self, n: usize) -> Range<usize> {
+        let each = n / self.world;
+        self.rank * each..(self.rank + 1) * each
+    }
+
+    /// This rank's rows of the LM head: parts of `ceil(vocab / world)`, the last one shorter
+    /// when the vocabulary does not divide (its logits are padded for the all-gather).
+    pub fn vocab_part(&self, vocab: usize) -> Range<usize> {
+        let each = vocab.div_ceil(self.world);
+        (self.rank * each).min(vocab)..((self.rank + 1) * each).min(vocab)
+    }
+
+    /// This rank's KV heads: its part of them, or the one head its query heads read when
+    /// there are fewer KV heads than ranks.
+    pub fn kv_heads(&self, num_kv_heads: usize) -> Range<usize> {
+        if num_kv_heads >= self.world {
+            self.part(num_kv_heads)
+        } else {
+            let h = self.rank * num_kv_heads / self.world;
+            h..h + 1
+        }
+    }
+}
+
+/// Why `cfg` cannot be split `world` ways, when the row-parallel products' column slices
+/// (query dimension and intermediate size over `world`) must be multiples of `col_align`
+/// (the block or group length of their stored format).
+fn split_problem(cfg: &ModelConfig, world: usize, col_align: usize) -> Option<String> {
+    let (heads, kv, ffn) = (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size);
+    if !heads.is_multiple_of(world) {
+        return Some(format!("{heads} attention heads do not divide by {world}"));
+    }
+    if !kv.is_multiple_of(world) && !world.is_multiple_of(kv) {
+        return Some(format!(
+            "{kv} KV heads neither divide by {world} nor divide it"
+        ));
+    }
+    if !ffn.is_multiple_of(world) {
+        return Some(format!(
+            "the intermediate size {ffn} does not divide by {world}"
+        ));
+    }
+    let align = col_align.max(1);
+    let (q_cols, ffn_cols) = (cfg.q_dim() / world, ffn / world);
+    if world > 1 && !(q_cols.is_multiple_of(align) && ffn_cols.is_multiple_of(align)) {
+        return Some(format!(
+            "the attention output and down projections would be cut into {q_cols} and \
+             {ffn_cols} columns per rank, not whole blocks of {align} of their stored format"
+        ));
+    }
+    None
+}
+
+/// The pool sizes `cfg` splits into (up to its head count).
+pub fn valid_sizes(cfg: &ModelConfig, col_align: usize) -> Vec<usize> {
+    (1..=cfg.num_heads)
+        .filter(|&n| split_problem(cfg, n, col_align).is_none())
+        .collect()
+}
+
+/// Checks that `cfg` splits `world` ways; the error says why not and lists the sizes that do.
+pub fn check_split(cfg: &ModelConfig, world: usize, col_align: usize) -> Result<()> {
+    match split_problem(cfg, world, col_align) {
+        None => Ok(()),
+        Some(why) => Err(EngineError::BadConfig(format!(
+            "this model cannot run on {world} tensor-parallel ranks: {why}; sizes that work: {:?}",
+            valid_sizes(cfg, col_align)
+        ))),
+    }
+}
+
+impl ModelConfig {
+    /// The shape of `tp`'s shard: heads, KV heads and intermediate size divided among the
+    /// ranks (at least one KV head each). The caller checked the split with [`check_split`].
+    pub fn shard(&self, tp: TpRank) -> ModelConfig {
+        let mut c = self.clone();
+        c.num_heads = self.num_heads / tp.world;
+        c.num_kv_heads = tp.kv_heads(self.num_kv_heads).len();
+        c.intermediate_size = self.intermediate_size / tp.world;
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::presets;
+
+    fn smollm2_shape() -> ModelConfig {
+        // SmolLM2-135M: 9 heads, 3 KV heads, 1536 intermediate, 576 hidden.
+        let mut c = presets::preset("llama-3-8b")
+            .and_then(|p| p.config())
+            .expect("preset");
+        c.num_heads = 9;
+        c.num_kv_heads = 3;
+        c.head_dim = 64;
+        c.intermediate_size = 1536;
+        c
+    }
+
+    #[test]
+    fn sizes_that_divide_and_the_error_that_lists_them() {
+        let c = smollm2_shape();
+        assert_eq!(valid_sizes(&c, 1), vec![1, 3]);
+        // Q4_1 blocks of 32: 576 / 3 = 192 and 1536 / 3 = 512 columns are whole blocks.
+        assert_eq!(valid_sizes(&c, 32), vec![1, 3]);
+        // Groups of 128 do not fit 192 columns.
+        assert_eq!(valid_sizes(&c, 128), vec![1]);
+        let e = check_split(&c, 2, 32).expect_err("9 heads do not divide by 2");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("9 attention heads do not divide by 2"),
+            "{msg}"
+        );
+        assert!(msg.contains("sizes that work: [1, 3]"), "{msg}");
+    }
+
+    #[test]
+    fn kv_heads_are_split_or_replicated() {
+        // 8 KV heads over 4 ranks: two each.
+        assert_eq!(TpRank { rank: 3, world: 4 }.kv_heads(8), 6..8);
+        // 2 KV heads over 4 ranks: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1.
+        let heads: Vec<_> = (0..4)
+            .map(|r| TpRank { rank: r, world: 4 }.kv_heads(2))
+            .collect();
+        assert_eq!(heads, vec![0..1, 0..1, 1..2, 1..2]);
+        let mut c = smollm2_shape();
+        c.num_heads = 8;
+        c.num_kv_heads = 2;
+        assert!(check_split(&c, 4, 1).is_ok());
+        assert!(check_split(&c, 3, 1).is_err());
+        let s = c.shard(TpRank { rank: 2, world: 4 });
+        assert_eq!(
+            (s.num_heads, s.num_kv_heads, s.intermediate_size),
+            (2, 1, 384)
+        );
+    }
+
+    #[test]
+    fn vocabulary_parts_cover_it_once() {
+        for (vocab, world) in [(49152, 3), (32000, 3), (10, 4), (7, 8)] {
+            let mut next = 0;
+            for rank in 0..world {
+                let p = TpRank { rank, world }.vocab_part(vocab);
+                assert_eq!(p.start, next.min(vocab), "{vocab} over {world}");
+                assert!(p.len() <= vocab.div_ceil(world));
+                next = p.end.max(next);
+            }
+            assert_eq!(next, vocab);
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Tensor-parallel shards against the same references as the whole models: each pool's ranks
+//! are threads of this test, each loading only its shard and meeting the others over TCP on
+//! loopback (the CLI's tests run them as processes).
+//!
+//! - Every tiny architecture (Llama with tied embeddings, Llama 3.1, Mistral, Qwen2 with QKV
+//!   bias, Qwen3 with QK norm, Gemma 2 with post norms and soft caps; safetensors and GGUF) split
+//!   2 ways (KV heads split) and 4 ways (KV heads replicated) gives transformers' logits.
+//! - The default model (Q4_1 GGUF) on 3 ranks generates transformers' greedy tokens through the
+//!   leader and its followers; split 2 ways it is refused with the sizes that work.
+//! - A rank that dies fails the leader's next step naming it, and its followers learn the
+//!   leader is gone.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use ferrite_collective::Collective;
+use ferrite_collective::tcp::TcpCollective;
+use ferrite_engine::EngineError;
+use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::executor::Executor;
+use ferrite_engine::kv_cache::KvCache;
+use ferrite_engine::model::{self, LoadOptions, LogitsWanted, SeqChunk};
+use ferrite_engine::registry;
+use ferrite_engine::sampler::SamplingParams;
+use ferrite_engine::tp::TpRank;
+
+/// fp32 against fp32: only summation order differs (more so across ranks).
+const LOGIT_TOLERANCE: f32 = 1e-3;
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Runs `body` on every rank of a pool of `world`, one thread each, and returns rank-order
+/// results.
+fn on_ranks<T: Send>(
+    world: usize,
+    body: impl Fn(TpRank, Box<dyn Collective>) -> T + Sync,
+) -> Vec<T> {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let leader = listener.local_addr().expect("addr");
+    let body = &body;
+    std::thread::scope(|s| {
+        let followers: Vec<_> = (1..world)
+            .map(|rank| {
+                s.spawn(move || {
+                    let c = TcpCollective::join(leader, rank, world, 1, TIMEOUT, TIMEOUT)
+                        .expect("join");
+                    body(TpRank { rank, world }, Box::new(c))
+                })
+            })
+            .collect();
+        let c = TcpCollective::lead(listener, world, 1, TIMEOUT, TIMEOUT).expect("lead");
+        let mut out = vec![body(TpRank { rank: 0, world }, Box::new(c))];
+        out.extend(
+            followers
+                .into_iter()
+                .map(|h| h.join().expect("rank thread")),
+        );
+        out
+    })
+}
+
+fn load_shard(path: &Path, tp: TpRank) -> model::LoadedModel {
+    let options = LoadOptions {
+        tp,
+        ..LoadOptions::default()
+    };
+    model::load_with(path, options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every rank's next-token logits of `prompt` (one prefill through its shard).
+fn prefill_on_ranks(path: &Path, world: usize, prompt: &[u32]) -> Vec<Vec<f32>> {
+    on_ranks(world, |tp, mut comm| {
+        let m = load_shard(path, tp).model;
+        let c = m.config();
+        let mut kv = KvCache::new(
+            c.num_layers,
+            prompt.len().div_ceil(16),
+            16,
+            c.num_kv_heads,
+            c.head_dim,
+        );
+        let table: Vec<u32> = (0..kv.num_blocks as u32).collect();
+        let chunk = SeqChunk {
+            tokens: prompt,
+            start_pos: 0,
+            block_table: &table,
+            logits: LogitsWanted::Last,
+        };
+        m.forward(&[chunk], &mut kv, comm.as_mut())
+            .expect("forward")
+    })
+}
+
+fn check_tiny(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
+    let base = fixtures().join("models").join(dir);
+    let path = file.map_or(base.clone(), |f| base.join(f));
+    let expected = read_json(&base.join("expected.json"));
+    let cases = expected_key
+        .and_then(|k| expected[k]["cases"].as_array())
+        .or_else(|| expected["cases"].as_array())
+        .cloned()
+        .expect("cases");
+    for world in [2, 4] {
+        for case in &cases {
+            let prompt = ids(&case["prompt_token_ids"]);
+            let want = floats(&case["first_logits"]);
+            for (rank, got) in prefill_on_ranks(&path, world, &prompt).iter().enumerate() {
+                let d = max_abs_diff(got, &want);
+                assert!(
+                    d < LOGIT_TOLERANCE,
+                    "{dir} {file:?} on {world} ranks: rank {rank}'s logits differ by {d}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn tiny_llama_family_split_two_and_four_ways() {
+    check_tiny("llama2_tied", None, None);
+    check_tiny("llama2_tied", Some("model.gguf"), Some("gguf"));
+    check_tiny("llama31", None, None);
+    check_tiny("mistral", None, None);
+}
+
+#[test]
+fn tiny_qwen_and_gemma_split_two_and_four_ways() {
+    check_tiny("qwen2", None, None);
+    check_tiny("qwen2", Some("model.gguf"), None);
+    check_tiny("qwen3", None, None);
+    check_tiny("gemma2", None, None);
+}
+
+fn default_model() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRITE_TEST_GGUF") {
+        return PathBuf::from(p);
+    }
+    registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("the default model")
+}
+
+fn engine_cfg() -> EngineConfig {
+    EngineConfig {
+        max_model_len: Some(1024),
+        max_num_batched_tokens: 96,
+        kv_cache_bytes: 128 << 20,
+        ..EngineConfig::default()
+    }
+}
+
+/// The golden prompts of `tests/fixtures/golden` (transformers on the same GGUF) through a
+/// leader and two followers: chunked prefill mixed with decodes, every rank's step from the
+/// leader's plans; the first 16 greedy tokens of each equal the reference.
+#[test]
+fn default_model_on_three_ranks_generates_the_golden_tokens() {
+    let golden = read_json(&fixtures().join("golden/smollm2_q4_1.json"));
+    let cases = golden["cases"].as_array().expect("cases");
+    let path = default_model();
+    let results = on_ranks(3, |tp, comm| {
+        let m = load_shard(&path, tp).model;
+        let exec = Executor::new(m.into(), &engine_cfg(), comm).expect("executor");
+        if tp.rank > 0 {
+            let mut exec = exec;
+            exec.agree_on_blocks().expect("blocks");
+            exec.follow().expect("the leader says stop");
+            return None;
+        }
+        let mut engine = Engine::from_executor(exec, vec![], &engine_cfg()).expect("leader");
+        let requests = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let params = SamplingParams {
+                    ignore_eos: true,
+                    ..SamplingParams::greedy(16)
+                };
+                (i as u64, ids(&c["prompt_token_ids"]), params)
+            })
+            .collect();
+        Some(
+            engine
+                .run_to_completion(requests, |_| true)
+                .expect("generate"),
+        )
+    });
+    let out = results[0].as_ref().expect("the leader's tokens");
+    for (i, case) in cases.iter().enumerate() {
+        let want = ids(&case["greedy_token_ids"]);
+        assert_eq!(
+            out[&(i as u64)].token_ids(),
+            want[..16],
+            "{}: first 16 greedy tokens on 3 ranks",
+            case["name"]
+        );
+    }
+}
+
+#[test]
+fn a_split_that_does_not_divide_names_the_sizes_that_work() {
+    let options = LoadOptions {
+        tp: TpRank { rank: 0, world: 2 },
+        ..LoadOptions::default()
+    };
+    let e = model::load_with(&default_model(), options).expect_err("9 heads over 2 ranks");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("9 attention heads do not divide by 2"),
+        "{msg}"
+    );
+    assert!(msg.contains("sizes that work: [1, 3]"), "{msg}");
+}
+
+/// Rank 3 dies after the pool formed: the leader's next step fails naming it, and rank 1 (a
+/// follower) learns that the leader is gone once the leader gives up.
+#[test]
+fn a_lost_rank_fails_the_step_naming_it() {
+    let path = fixtures().join("models/llama2_tied");
+    let cfg = EngineConfig {
+        max_model_len: Some(64),
+        kv_cache_bytes: 4 << 20,
+        ..EngineConfig::default()
+    };
+    let results = on_ranks(4, |tp, comm| {
+        let m = load_shard(&path, tp).model;
+        let mut exec = Executor::new(m.into(), &cfg, comm).expect("executor");
+        match tp.rank {
+            0 => {
+                let mut engine = Engine::from_executor(exec, vec![], &cfg).expect("leader");
+                let params = SamplingParams::greedy(4);
+                let e = engine
+                    .run_to_completion(vec![(1, vec![1, 2, 3], params)], |_| true)
+                    .expect_err("rank 3 is gone");
+                Some(e)
+            }
+            1 | 2 => {
+                exec.agree_on_blocks().expect("blocks");
+                exec.follow().err()
+            }
+            _ => {
+                exec.agree_on_blocks().expect("blocks");
+                None // returns: its links close, as a killed process's do
+            }
+        }
+    });
+    let leader = results[0].as_ref().expect("the leader's error");
+    assert!(
+        matches!(
+            leader,
+            EngineError::RankLost {
+                rank: Some(3),
+                step: 1,
+                ..
+            }
+        ),
+        "{leader}"
+    );
+    assert!(leader.is_fatal());
+    let msg = leader.to_string();
+    assert!(msg.contains("lost rank 3 during step 1"), "{msg}");
+    assert!(msg.contains("every rank finished step 0"), "{msg}");
+    let follower = results[1].as_ref().expect("rank 1's error");
+    assert!(
+        matches!(follower, EngineError::RankLost { rank: Some(0), .. }),
+        "{follower}"
+    );
+    assert!(
+        follower.to_string().contains("rank 0 (the leader)"),
+        "{follower}"
+    );
+}
