@@ -38,6 +38,8 @@ pub struct WorkerOptions {
     pub model_file: Option<std::path::PathBuf>,
     /// Added to the worker's environment (`FERRITE_TLS_CERT`, …).
     pub env: Vec<(String, String)>,
+    /// Added to the worker's command line.
+    pub extra_args: Vec<String>,
 }
 
 impl Default for WorkerOptions {
@@ -50,12 +52,19 @@ impl Default for WorkerOptions {
             max_model_len: None,
             model_file: None,
             env: Vec::new(),
+            extra_args: Vec::new(),
         }
     }
 }
 
 impl WorkerOptions {
     fn args(&self, pool: &str, etcd: &str) -> Vec<String> {
+        self.rank_args(pool, etcd, 0, 1)
+    }
+
+    /// The command line of rank `rank` of a pool of `tp`.
+    fn rank_args(&self, pool: &str, etcd: &str, rank: u32, tp: u32) -> Vec<String> {
+        let (rank, tp) = (rank.to_string(), tp.to_string());
         let mut args: Vec<String> = [
             "worker",
             "--model",
@@ -63,9 +72,9 @@ impl WorkerOptions {
             "--pool",
             pool,
             "--rank",
-            "0",
+            &rank,
             "--tp",
-            "1",
+            &tp,
             "--listen",
             "127.0.0.1:0",
             "--etcd",
@@ -91,7 +100,72 @@ impl WorkerOptions {
                 args.extend([flag.to_owned(), v.to_string()]);
             }
         }
+        args.extend(self.extra_args.iter().cloned());
         args
+    }
+}
+
+/// One rank > 0 of a tensor-parallel pool: a `ferrite worker --rank R` process, which serves
+/// gRPC health only.
+#[derive(Debug)]
+pub struct RankProc {
+    pub rank: u32,
+    /// Its gRPC health address.
+    pub health: SocketAddr,
+    pub proc: Proc,
+}
+
+impl RankProc {
+    /// Starts rank `rank` of `pool` (of `tp` ranks) without waiting for it.
+    pub fn spawn(
+        etcd: &str,
+        pool: &str,
+        rank: u32,
+        tp: u32,
+        options: &WorkerOptions,
+    ) -> Result<Proc> {
+        WorkerProc::spawn_rank(etcd, pool, rank, tp, options)
+    }
+
+    /// Waits for a spawned rank's `ready` (it joined its pool) and reads its health address.
+    pub async fn ready(rank: u32, mut proc: Proc) -> Result<Self> {
+        let lines = proc.wait_ready(WORKER_READY_TIMEOUT).await?;
+        Ok(Self {
+            rank,
+            health: addr_after(&lines, "health on")?,
+            proc,
+        })
+    }
+}
+
+/// A tensor-parallel pool as processes: rank 0 (the worker the gateway reaches) and the others.
+#[derive(Debug)]
+pub struct TpPool {
+    pub leader: WorkerProc,
+    pub ranks: Vec<RankProc>,
+}
+
+impl TpPool {
+    /// Starts ranks `tp-1` down to 1 first, then rank 0 (ranks may start in any order; they
+    /// find rank 0 in etcd), and waits for all of them.
+    pub async fn start(etcd: &str, pool: &str, tp: u32, options: &WorkerOptions) -> Result<Self> {
+        let spawned = (1..tp)
+            .rev()
+            .map(|r| RankProc::spawn(etcd, pool, r, tp, options).map(|p| (r, p)))
+            .collect::<Result<Vec<_>>>()?;
+        let leader = WorkerProc::spawn_rank(etcd, pool, 0, tp, options)?;
+        let ranks =
+            futures::future::try_join_all(spawned.into_iter().map(|(r, p)| RankProc::ready(r, p)));
+        let (mut ranks, leader) = tokio::try_join!(ranks, WorkerProc::ready(pool, leader))?;
+        ranks.sort_by_key(|r| r.rank);
+        Ok(Self { leader, ranks })
+    }
+
+    pub fn rank_mut(&mut self, rank: u32) -> &mut RankProc {
+        self.ranks
+            .iter_mut()
+            .find(|r| r.rank == rank)
+            .unwrap_or_else(|| panic!("no rank {rank}"))
     }
 }
 
@@ -143,6 +217,22 @@ impl WorkerProc {
             format!("worker {pool}"),
             &ferrite_bin()?,
             &options.args(pool, etcd),
+            &options.env,
+        )
+    }
+
+    /// Starts rank `rank` of a pool of `tp` (rank 0 serves the worker API) without waiting.
+    pub fn spawn_rank(
+        etcd: &str,
+        pool: &str,
+        rank: u32,
+        tp: u32,
+        options: &WorkerOptions,
+    ) -> Result<Proc> {
+        Proc::spawn_with_env(
+            format!("{pool} rank {rank}"),
+            &ferrite_bin()?,
+            &options.rank_args(pool, etcd, rank, tp),
             &options.env,
         )
     }

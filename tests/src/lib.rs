@@ -32,7 +32,7 @@ use std::path::PathBuf;
 
 use tokio::sync::{Mutex, MutexGuard};
 
-pub use cluster::{Cluster, GatewayProc, WorkerOptions, WorkerProc};
+pub use cluster::{Cluster, GatewayProc, RankProc, TpPool, WorkerOptions, WorkerProc};
 pub use process::Proc;
 
 /// The model every test serves: small, real, cached by `ferrite model pull smollm2-135m`.

@@ -30,6 +30,19 @@ const CPU_PHASES: &[(&str, &str)] = &[
     ("register", "pool"),
 ];
 
+/// The phases of a rank > 0 of a tensor-parallel pool: no warm-up of its own (it runs the
+/// leader's), and the pool's forming.
+const FOLLOWER_PHASES: &[(&str, &str)] = &[
+    ("config", "architecture"),
+    ("tokenizer_init", "source"),
+    ("device_init", "isa"),
+    ("load_weights", "gb_per_s"),
+    ("model_init", "num_layers"),
+    ("comm_init", "epoch"),
+    ("kv_cache_init", "num_blocks"),
+    ("register", "pool"),
+];
+
 /// GPU-only phases: no span on the CPU.
 const GPU_PHASES: &[&str] = &["kernel_compile", "kv_cache_profiling", "graph_capturing"];
 
@@ -89,11 +102,16 @@ fn named(name: &'static str) -> impl Fn(&[ReceivedSpan]) -> usize {
     move |spans| spans.iter().filter(|s| s.name == name).count()
 }
 
-/// Checks a process's `startup` trace: every CPU phase once, a child of `root`, with its
-/// attribute; no GPU phase.
-fn check_startup(spans: &[ReceivedSpan], root: &ReceivedSpan) -> Result<()> {
+/// Checks a process's `startup` trace: each of `phases` once, a child of `root`, with its
+/// attribute; no GPU phase; `load_weights` read more than `min_bytes`.
+fn check_startup(
+    spans: &[ReceivedSpan],
+    root: &ReceivedSpan,
+    phases: &[(&str, &str)],
+    min_bytes: i64,
+) -> Result<()> {
     let kids = children(spans, root);
-    for (phase, attr) in CPU_PHASES {
+    for (phase, attr) in phases {
         let matching: Vec<_> = kids.iter().filter(|s| s.name == *phase).collect();
         ensure!(
             matching.len() == 1,
@@ -123,7 +141,7 @@ fn check_startup(spans: &[ReceivedSpan], root: &ReceivedSpan) -> Result<()> {
         .find(|s| s.name == "load_weights")
         .context("load_weights")?;
     ensure!(
-        int(load, "bytes").is_some_and(|b| b > 50_000_000),
+        int(load, "bytes").is_some_and(|b| b > min_bytes),
         "{:?}",
         load.attributes
     );
@@ -308,7 +326,7 @@ async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()>
         "{:?}",
         root.service_name
     );
-    check_startup(&spans, root)?;
+    check_startup(&spans, root, CPU_PHASES, 50_000_000)?;
 
     let before = scrape(http_addr).await?;
     ensure!(
@@ -415,7 +433,8 @@ async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()>
 }
 
 /// Every rank of a pool started with one `TRACEPARENT` reports its start-up into that trace,
-/// and each worker serves `/metrics` on its own port.
+/// with the pool's forming (`comm_init`); each reads only its shard (a third of the model);
+/// rank 0 serves `/metrics` on its own port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_started_with_one_traceparent_share_a_startup_trace() -> Result<()> {
     let _turn = serial().await;
@@ -425,7 +444,7 @@ async fn ranks_started_with_one_traceparent_share_a_startup_trace() -> Result<()
     let mut env = otel_env(&receiver, "ferrite-test-worker");
     env.push(("TRACEPARENT".into(), traceparent));
     let mut ranks = Vec::new();
-    for rank in ["0", "1"] {
+    for rank in ["0", "1", "2"] {
         let args = [
             "worker",
             "--model",
@@ -435,7 +454,7 @@ async fn ranks_started_with_one_traceparent_share_a_startup_trace() -> Result<()
             "--rank",
             rank,
             "--tp",
-            "2",
+            "3",
             "--listen",
             "127.0.0.1:0",
             "--metrics-listen",
@@ -457,12 +476,13 @@ async fn ranks_started_with_one_traceparent_share_a_startup_trace() -> Result<()
             &env,
         )?);
     }
-    let mut metrics = Vec::new();
+    let mut lines = Vec::new();
     for p in &mut ranks {
-        let lines = p.wait_ready(WORKER_READY_TIMEOUT).await?;
-        metrics.push(addr_after(&lines, "metrics:")?);
+        lines.push(p.wait_ready(WORKER_READY_TIMEOUT).await?);
     }
-    let spans = wait_spans(&receiver, "startup", 2, named("startup")).await?;
+    let metrics = addr_after(&lines[0], "metrics:")?;
+    let spans = wait_spans(&receiver, "startup", 3, named("startup")).await?;
+    let mut leaders = 0;
     for root in spans.iter().filter(|s| s.name == "startup") {
         ensure!(
             root.trace_id == trace_id,
@@ -473,23 +493,40 @@ async fn ranks_started_with_one_traceparent_share_a_startup_trace() -> Result<()
             root.parent_span_id.as_deref() == Some(launcher_span.as_str()),
             "startup parent"
         );
-        check_startup(&spans, root)?;
+        // The shards' matrices: a third of the model's ~100 MB each.
+        let leads = children(&spans, root).iter().any(|s| s.name == "warmup");
+        let (phases, rest): (&[(&str, &str)], _) = if leads {
+            leaders += 1;
+            (CPU_PHASES, &[("comm_init", "epoch")][..])
+        } else {
+            (FOLLOWER_PHASES, &[][..])
+        };
+        check_startup(&spans, root, phases, 20_000_000)?;
+        check_startup(&spans, root, rest, 20_000_000)?;
     }
-    for addr in metrics {
-        let m = scrape(addr).await?;
-        ensure!(
-            sample(&m, "ferrite_startup_phase_seconds{phase=warmup}") > 0.0,
-            "no warmup gauge at {addr}"
-        );
-        ensure!(
-            m.contains_key(&format!(
-                "ferrite_num_requests_waiting{{model_name={MODEL}}}"
-            )),
-            "no waiting gauge at {addr}"
-        );
+    ensure!(leaders == 1, "{leaders} ranks warmed up the pool");
+    let m = scrape(metrics).await?;
+    ensure!(
+        sample(&m, "ferrite_startup_phase_seconds{phase=warmup}") > 0.0,
+        "no warmup gauge at {metrics}"
+    );
+    ensure!(
+        sample(&m, "ferrite_startup_phase_seconds{phase=comm_init}") > 0.0,
+        "no comm_init gauge at {metrics}"
+    );
+    ensure!(
+        m.contains_key(&format!(
+            "ferrite_num_requests_waiting{{model_name={MODEL}}}"
+        )),
+        "no waiting gauge at {metrics}"
+    );
+    // SIGTERM to every rank: the leader drains and stops the pool; the others leave with it.
+    for p in &mut ranks {
+        p.signal_term()?;
     }
     for mut p in ranks {
-        p.terminate(Duration::from_secs(30)).await?;
+        let status = p.wait_exit(Duration::from_secs(30)).await?;
+        ensure!(status.success(), "{}: {status:?}", p.name());
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! - [`sources`]: the `.cu` modules of `kernels/cuda/`, built into the binary.
 //! - [`nvrtc`]: CUDA C to CUBIN (needs `libnvrtc`, not a GPU).
 //! - [`cache`]: CUBIN on disk keyed by (source hash, arch, NVRTC version).
+//! - [`libs`]: which CUDA libraries load, under which names, at which versions (`doctor`).
 //!
 //! Everything here loads the CUDA libraries at run time (cudarc's dynamic loading), so ferrite
 //! builds and runs where there is no CUDA; each entry point first checks the library it needs
@@ -16,6 +17,8 @@ pub mod cache;
 pub mod gemm;
 #[allow(unsafe_code)]
 pub mod gpu;
+#[allow(unsafe_code)]
+pub mod libs;
 #[allow(unsafe_code)]
 pub mod nvrtc;
 pub mod ops;

@@ -75,8 +75,7 @@ async fn bench(args: GatewayBenchArgs) -> Result<()> {
     let cfg = WorkerConfig {
         model_name: "synthetic".into(),
         pool: "bench".into(),
-        rank: 0,
-        tp: 1,
+        tp: ferrite_worker::TpConfig::solo(),
         listen: "127.0.0.1:0".parse()?,
         advertise_host: None,
         engine: EngineConfig::default(),

@@ -6,9 +6,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use ferrite_collective::{Collective, Solo};
 use ferrite_engine::registry;
+use ferrite_engine::tp::TpRank;
+use ferrite_placement::CommRecord;
 use ferrite_placement::{KeySchema, Store};
-use ferrite_worker::{RunningWorker, WorkerConfig};
+use ferrite_worker::rendezvous::{self, CommLeader, TpConfig};
+use ferrite_worker::{RunningFollower, RunningWorker, WorkerConfig};
 
 use ferrite_telemetry::Telemetry;
 use ferrite_telemetry::phases;
@@ -16,6 +20,7 @@ use tracing::Instrument;
 
 use crate::loading::ModelArgs;
 use crate::security_args::{AccessArgs, EtcdTlsArgs, ListenTlsArgs, WorkerTlsArgs};
+use crate::serve_ranks::{RankLaunch, RankProcesses};
 
 /// Where placement lives.
 #[derive(Debug, Clone, Args)]
@@ -56,11 +61,15 @@ pub struct WorkerArgs {
     /// The pool this rank belongs to.
     #[arg(long, default_value = "pool-0", env = "FERRITE_POOL")]
     pool: String,
+    /// This process's rank in the pool: 0 leads (serves the worker API, schedules, samples);
+    /// the others run its step plans on their shards.
     #[arg(long, default_value_t = 0, env = "FERRITE_RANK")]
     rank: u32,
-    /// Ranks in the pool (tensor-parallel size).
+    /// Ranks in the pool (tensor-parallel size): each holds 1/N of the model.
     #[arg(long, default_value_t = 1, env = "FERRITE_TP")]
     tp: u32,
+    #[command(flatten)]
+    comm: CommArgs,
     /// Worker gRPC listen address (port 0 = any free port).
     #[arg(long, default_value = "127.0.0.1:0", env = "FERRITE_LISTEN")]
     listen: SocketAddr,
@@ -83,6 +92,76 @@ pub struct WorkerArgs {
     placement: PlacementArgs,
     #[command(flatten)]
     tls: ListenTlsArgs,
+}
+
+/// How the ranks of a tensor-parallel pool find and wait for each other.
+#[derive(Debug, Clone, Args)]
+pub struct CommArgs {
+    /// Where rank 0 listens for the pool's other ranks (default: the --listen IP, any free
+    /// port); the address published is --advertise-host's with this port.
+    #[arg(long, env = "FERRITE_COMM_LISTEN")]
+    comm_listen: Option<SocketAddr>,
+    /// How long forming the pool may take, in seconds (the ranks load their shards meanwhile).
+    #[arg(long, default_value_t = 300, env = "FERRITE_TP_START_TIMEOUT_S")]
+    tp_start_timeout_s: u64,
+    /// How long a collective waits for a rank before the pool fails, in seconds.
+    #[arg(long, default_value_t = 30, env = "FERRITE_COLLECTIVE_TIMEOUT_S")]
+    collective_timeout_s: u64,
+    /// Join rank 0 at this `host:port` instead of finding it in placement (`ferrite serve
+    /// --tp N` sets it for the ranks it starts).
+    #[arg(long, hide = true, requires = "comm_epoch")]
+    comm_join: Option<String>,
+    /// The pool epoch to join with --comm-join.
+    #[arg(long, hide = true)]
+    comm_epoch: Option<u64>,
+}
+
+impl Default for CommArgs {
+    fn default() -> Self {
+        Self {
+            comm_listen: None,
+            tp_start_timeout_s: 300,
+            collective_timeout_s: 30,
+            comm_join: None,
+            comm_epoch: None,
+        }
+    }
+}
+
+impl WorkerArgs {
+    /// This rank's place in the pool, checked.
+    fn tp_config(&self) -> Result<TpConfig> {
+        anyhow::ensure!(
+            self.tp >= 1 && self.rank < self.tp,
+            "--rank {} of --tp {}: the rank must be below the pool size",
+            self.rank,
+            self.tp
+        );
+        let c = &self.comm;
+        let join = match (&c.comm_join, c.comm_epoch) {
+            (Some(address), Some(epoch)) => Some(CommRecord {
+                epoch,
+                backend: "tcp".into(),
+                address: address.clone(),
+                world: self.tp,
+            }),
+            _ => None,
+        };
+        Ok(TpConfig {
+            rank: self.rank,
+            world: self.tp,
+            comm_listen: c
+                .comm_listen
+                .unwrap_or_else(|| SocketAddr::new(self.listen.ip(), 0)),
+            start_timeout: Duration::from_secs(c.tp_start_timeout_s.max(1)),
+            collective_timeout: Duration::from_secs(c.collective_timeout_s.max(1)),
+            join,
+        })
+    }
+
+    fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_s.max(1))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +203,17 @@ pub struct ServeArgs {
     /// The pool name this process registers.
     #[arg(long, default_value = "local", env = "FERRITE_POOL")]
     pool: String,
+    /// Ranks of the pool (tensor-parallel size): this process is rank 0 and starts ranks
+    /// 1..N as processes of their own, each holding 1/N of the model.
+    #[arg(long, default_value_t = 1, env = "FERRITE_TP")]
+    tp: u32,
+    /// Where the in-process worker listens (port 0 = any free port): set it, with
+    /// --advertise-host, when gateways of other processes route to this pool through --etcd.
+    #[arg(long, default_value = "127.0.0.1:0", env = "FERRITE_WORKER_LISTEN")]
+    worker_listen: SocketAddr,
+    /// Host other processes reach the in-process worker at (default: its listen IP).
+    #[arg(long, env = "FERRITE_ADVERTISE_HOST")]
+    advertise_host: Option<String>,
     #[arg(long, default_value_t = 256, env = "FERRITE_MAX_WAITING")]
     max_waiting: usize,
     #[arg(long, default_value_t = 30, env = "FERRITE_DRAIN_TIMEOUT_S")]
@@ -138,15 +228,20 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The worker half of `serve`: rank 0 of one pool, on a free loopback port.
+    /// The worker half of `serve`: rank 0 of one pool (on a free loopback port by default).
     fn worker_args(&self) -> WorkerArgs {
         WorkerArgs {
             model: self.model.clone(),
             pool: self.pool.clone(),
             rank: 0,
-            tp: 1,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            advertise_host: None,
+            tp: self.tp,
+            // The ranks it starts are on this host: rank 0 listens for them on loopback.
+            comm: CommArgs {
+                comm_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+                ..CommArgs::default()
+            },
+            listen: self.worker_listen,
+            advertise_host: self.advertise_host.clone(),
             served_model_name: self.served_model_name.clone(),
             max_waiting: self.max_waiting,
             lease_ttl_s: 5,
@@ -221,19 +316,43 @@ async fn start_up<T>(
     Ok(started)
 }
 
-/// Loads the model and starts the worker; its phases are spans under the current span.
+/// A started rank: the leader (rank 0, serving the worker API) or a follower.
+#[derive(Debug)]
+enum Started {
+    Leader(Box<RunningWorker>),
+    Follower(RunningFollower),
+}
+
+/// Rank 0 of a pool of several: binds the pool's listener and publishes it under
+/// `pools/{pool}/nccl` before the shard loads, so the other ranks find it while they load.
+fn bind_leader(args: &WorkerArgs, store: &Store, schema: &KeySchema) -> Result<Option<CommLeader>> {
+    let tp = args.tp_config()?;
+    if tp.world == 1 || tp.rank != 0 {
+        return Ok(None);
+    }
+    let mut leader = CommLeader::bind(tp.comm_listen, args.advertise_host.as_deref(), tp.world)?;
+    leader.publish(store.clone(), schema, &args.pool, args.lease_ttl());
+    Ok(Some(leader))
+}
+
+/// Loads this rank's shard, forms the pool (the `comm_init` phase) and starts the rank; its
+/// phases are spans under the current span. `store` is `None` only for a follower handed its
+/// leader on the command line without placement.
 async fn start_worker(
     args: &WorkerArgs,
+    leader: Option<CommLeader>,
     metrics_listen: Option<SocketAddr>,
-    store: Store,
+    store: Option<Store>,
     schema: KeySchema,
-) -> Result<RunningWorker> {
+) -> Result<Started> {
+    let tp = args.tp_config()?;
+    let shard = TpRank::new(tp.rank as usize, tp.world as usize)?;
     let model_args = args.model.clone();
     let span = tracing::Span::current();
     // Loading (and opening a GPU, which may compile kernels) blocks: off the runtime.
     let (model, tokenizer, engine) = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
-            let (model, tokenizer) = model_args.load_for_engine()?;
+            let (model, tokenizer) = model_args.load_shard_for_engine(shard)?;
             let engine = model_args.engine_config(&model)?;
             anyhow::Ok((model, tokenizer, engine))
         })
@@ -243,19 +362,29 @@ async fn start_worker(
     let cfg = WorkerConfig {
         model_name: served_name(args),
         pool: args.pool.clone(),
-        rank: args.rank,
-        tp: args.tp,
+        tp: tp.clone(),
         listen: args.listen,
         advertise_host: args.advertise_host.clone(),
         engine,
         max_waiting: args.max_waiting,
-        lease_ttl: Duration::from_secs(args.lease_ttl_s.max(1)),
+        lease_ttl: args.lease_ttl(),
         drain_timeout: Duration::from_secs(args.drain_timeout_s),
         node: hostname(),
         metrics_listen,
         tls: args.tls.files(),
     };
-    Ok(RunningWorker::start(model, tokenizer, cfg, store, schema).await?)
+    if tp.rank > 0 {
+        let comm = rendezvous::join(store.as_ref(), &schema, &args.pool, &tp).await?;
+        let follower = RunningFollower::start(model, cfg, store, schema, comm).await?;
+        return Ok(Started::Follower(follower));
+    }
+    let store = store.context("rank 0 needs placement (--etcd, or the embedded store)")?;
+    let (comm, record): (Box<dyn Collective>, _) = match leader {
+        Some(l) => l.accept(&tp).await?,
+        None => (Box::new(Solo), None),
+    };
+    let worker = RunningWorker::start(model, tokenizer, cfg, store, schema, comm, record).await?;
+    Ok(Started::Leader(Box::new(worker)))
 }
 
 fn hostname() -> String {
@@ -268,24 +397,81 @@ fn hostname() -> String {
 
 pub fn worker(args: WorkerArgs, telemetry: &Telemetry) -> Result<()> {
     runtime()?.block_on(async {
-        let worker = start_up("worker", telemetry, async {
-            let (store, schema) = args.placement.store(false).await?;
-            start_worker(&args, Some(args.metrics_listen), store, schema).await
+        let started = start_up("worker", telemetry, async {
+            // A follower handed its leader on the command line may run without placement.
+            let store = if args.comm.comm_join.is_some() && args.placement.etcd.is_empty() {
+                None
+            } else {
+                Some(args.placement.store(false).await?)
+            };
+            let schema = KeySchema::new(args.placement.prefix.clone());
+            let store = store.map(|(s, _)| s);
+            let leader = match &store {
+                Some(s) => bind_leader(&args, s, &schema)?,
+                None => None,
+            };
+            start_worker(&args, leader, Some(args.metrics_listen), store, schema).await
         })
         .await?;
-        println!(
-            "ferrite worker: pool {} rank {} serving on {}",
-            args.pool, args.rank, worker.addr
-        );
-        if let Some(m) = worker.metrics_addr {
-            println!("  metrics: http://{m}/metrics");
+        match started {
+            Started::Leader(worker) => lead(&args, *worker).await,
+            Started::Follower(follower) => follow(&args, follower).await,
         }
-        println!("ready");
-        shutdown_signal().await;
-        ferrite_telemetry::notice("info", "ferrite worker: draining");
-        worker.drain().await?;
-        Ok(())
     })
+}
+
+/// Rank 0 serves until SIGTERM (drain, exit 0) or until its pool loses a rank (deregister at
+/// once, exit with the error).
+async fn lead(args: &WorkerArgs, worker: RunningWorker) -> Result<()> {
+    println!(
+        "ferrite worker: pool {} rank 0 of {} serving on {}",
+        args.pool, args.tp, worker.addr
+    );
+    if let Some(m) = worker.metrics_addr {
+        println!("  metrics: http://{m}/metrics");
+    }
+    println!("ready");
+    let lost = tokio::select! {
+        _ = shutdown_signal() => None,
+        why = worker.lost() => Some(why),
+    };
+    match lost {
+        None => {
+            ferrite_telemetry::notice("info", "ferrite worker: draining");
+            worker.drain().await?;
+            Ok(())
+        }
+        Some(why) => {
+            worker.abandon().await;
+            anyhow::bail!("pool {}: {why}", args.pool)
+        }
+    }
+}
+
+/// A rank > 0 runs the leader's steps until the leader stops the pool (exit 0) or the pool is
+/// lost (exit with the error). SIGTERM does not stop it at once: the leader drains first and
+/// then stops the pool; past the drain timeout it leaves anyway.
+async fn follow(args: &WorkerArgs, mut follower: RunningFollower) -> Result<()> {
+    println!(
+        "ferrite worker: pool {} rank {} of {}; gRPC health on {}",
+        args.pool, args.rank, args.tp, follower.addr
+    );
+    println!("ready");
+    let ended = tokio::select! {
+        r = follower.finished() => Some(r),
+        _ = shutdown_signal() => None,
+    };
+    let ended = match ended {
+        Some(r) => r,
+        None => {
+            let limit = Duration::from_secs(args.drain_timeout_s + 5);
+            tokio::time::timeout(limit, follower.finished())
+                .await
+                .unwrap_or(Ok(()))
+        }
+    };
+    follower.leave().await;
+    ended.with_context(|| format!("pool {}: rank {}", args.pool, args.rank))
 }
 
 pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
@@ -320,12 +506,42 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
 
 pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
     let worker_args = args.worker_args();
+    if args.tp > 1 {
+        // This process is rank 0: its share of the cores, like the ranks it starts. (Fails
+        // only if the pool was already built, which keeps that one.)
+        let threads = crate::serve_ranks::threads_per_rank(args.tp);
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    }
     runtime()?.block_on(async {
         let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
-        let (worker, addrs, task) = start_up("serve", telemetry, async {
+        let (worker, ranks, addrs, task) = start_up("serve", telemetry, async {
             let (store, schema) = args.placement.store(true).await?;
+            let leader = bind_leader(&worker_args, &store, &schema)?;
+            let ranks = match &leader {
+                Some(l) => Some(RankProcesses::spawn(&RankLaunch {
+                    model: &args.model,
+                    pool: &args.pool,
+                    world: args.tp,
+                    record: l.record(),
+                    placement: &args.placement,
+                    otlp_endpoint: telemetry.endpoint(),
+                })?),
+                None => None,
+            };
             // The gateway's /metrics (on its HTTP port) shows the worker's metrics too.
-            let worker = start_worker(&worker_args, None, store.clone(), schema.clone()).await?;
+            let started = start_worker(
+                &worker_args,
+                leader,
+                None,
+                Some(store.clone()),
+                schema.clone(),
+            );
+            let Started::Leader(worker) = started.await? else {
+                anyhow::bail!("serve runs rank 0 of its pool");
+            };
+            let worker = *worker;
             let gw = args
                 .access
                 .gateway(store, schema, &WorkerTlsArgs::default())?;
@@ -338,17 +554,38 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             })
             .await
             .context("binding the gateway's listeners")?;
-            anyhow::Ok((worker, addrs, task))
+            anyhow::Ok((worker, ranks, addrs, task))
         })
         .await?;
         println!("ferrite serve: model {}", served_name(&worker_args));
+        if let Some(r) = &ranks {
+            let pids: Vec<String> = r.pids().iter().map(u32::to_string).collect();
+            println!(
+                "  pool {}: {} ranks; this process is rank 0; rank pids: {}",
+                args.pool,
+                args.tp,
+                pids.join(" ")
+            );
+        }
         println!("  gRPC (ferrite.v1.Inference): {}", addrs.grpc);
         println!("  HTTP (OpenAI-compatible):    http://{}/v1", addrs.http);
         println!("ready");
-        shutdown_signal().await;
+        let lost = tokio::select! {
+            _ = shutdown_signal() => None,
+            why = worker.lost() => Some(why),
+        };
+        if let Some(why) = lost {
+            worker.abandon().await;
+            let _ = stop_gateway.send(());
+            anyhow::bail!("pool {}: {why}", args.pool);
+        }
         ferrite_telemetry::notice("info", "ferrite serve: draining");
         // Finish in-flight requests first, then stop accepting connections.
         worker.drain().await?;
+        if let Some(r) = ranks {
+            // The leader's engine is gone: the ranks were told to stop.
+            r.wait_exit(Duration::from_secs(10)).await;
+        }
         let _ = stop_gateway.send(());
         task.await.context("gateway task")?;
         Ok(())

@@ -9,6 +9,7 @@ use ferrite_engine::gpu::{self, GpuOptions};
 use ferrite_engine::model::STARTUP_TARGET;
 use ferrite_engine::model::{self, EngineModel, LoadOptions, LoadedModel};
 use ferrite_engine::registry;
+use ferrite_engine::tp::TpRank;
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{self, Gpu};
 use ferrite_kernels::device::{self, Device, DeviceRequest};
@@ -75,6 +76,12 @@ pub enum LoadFormat {
     Dummy,
 }
 
+/// The command-line spelling of a flag's value.
+fn value_name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
 /// A number in (0, 1].
 fn fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
@@ -116,6 +123,37 @@ impl ModelArgs {
         })
     }
 
+    /// These flags as command-line arguments, for the rank processes `ferrite serve --tp N`
+    /// starts (which must load the same model the same way).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "--model".into(),
+            self.model.clone(),
+            "--kv-cache-mib".into(),
+            self.kv_cache_mib.to_string(),
+            "--gpu-memory-utilization".into(),
+            self.gpu_memory_utilization.to_string(),
+            "--max-num-batched-tokens".into(),
+            self.max_num_batched_tokens.to_string(),
+            "--max-num-seqs".into(),
+            self.max_num_seqs.to_string(),
+            "--device".into(),
+            self.device.to_string(),
+        ];
+        if let Some(n) = self.max_model_len {
+            a.extend(["--max-model-len".into(), n.to_string()]);
+        }
+        if let Some(q) = self.quantize {
+            a.extend(["--quantize".into(), format!("rtn-{q}")]);
+        }
+        a.extend(["--load-format".into(), value_name(self.load_format)]);
+        a.extend(["--dtype".into(), value_name(self.dtype)]);
+        if self.enforce_eager {
+            a.push("--enforce-eager".into());
+        }
+        a
+    }
+
     /// The `device_init` phase: picks the device (refusing one that cannot run), then starts the
     /// CPU thread pool the matrix products run on (the CPU path, and loading for a GPU), rather
     /// than inside the first forward pass.
@@ -143,6 +181,14 @@ impl ModelArgs {
     /// `--load-format dummy` on a GPU, the shape of random weights made there (so models larger
     /// than host memory run); else the model loaded into host memory.
     pub fn load_for_engine(&self) -> Result<(EngineModel, Option<ferrite_text::Tokenizer>)> {
+        self.load_shard_for_engine(TpRank::SOLO)
+    }
+
+    /// [`Self::load_for_engine`] for rank `tp` of a tensor-parallel pool: its shard only.
+    pub fn load_shard_for_engine(
+        &self,
+        tp: TpRank,
+    ) -> Result<(EngineModel, Option<ferrite_text::Tokenizer>)> {
         let device = self.init_device()?;
         if self.load_format == LoadFormat::Dummy && matches!(device, Device::Cuda(_)) {
             let shape = model::device_random_shape(&self.model, 0, self.load_options())
@@ -151,7 +197,11 @@ impl ModelArgs {
         }
         // The GPU upload reads every page as it copies: no separate pass over them first.
         let lazy_pages = matches!(device, Device::Cuda(_));
-        let loaded = self.load_on_host(lazy_pages)?;
+        let loaded = self.load_on_host(LoadOptions {
+            lazy_pages,
+            tp,
+            ..self.load_options()
+        })?;
         Ok((loaded.model.into(), loaded.tokenizer))
     }
 
@@ -164,11 +214,7 @@ impl ModelArgs {
 
     /// Resolves `--model` (pulling a known model on first use, saying so) and loads it into
     /// host memory.
-    fn load_on_host(&self, lazy_pages: bool) -> Result<LoadedModel> {
-        let options = LoadOptions {
-            lazy_pages,
-            ..self.load_options()
-        };
+    fn load_on_host(&self, options: LoadOptions) -> Result<LoadedModel> {
         if self.load_format == LoadFormat::Dummy {
             return model::load_dummy(&self.model, 0, options)
                 .with_context(|| format!("making dummy weights of shape {}", self.model));

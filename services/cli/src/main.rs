@@ -24,6 +24,7 @@ mod bench_perplexity;
 mod bench_soak;
 mod bench_startup;
 mod cluster;
+mod doctor;
 mod generate;
 mod kernels_cmd;
 mod loading;
@@ -31,6 +32,7 @@ mod model_cmd;
 mod quantize;
 mod security_args;
 mod serve_child;
+mod serve_ranks;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +57,9 @@ enum Command {
     Serve(cluster::ServeArgs),
     /// One rank of a worker pool, registered in etcd.
     Worker(cluster::WorkerArgs),
+    /// Check this host before serving: devices, CUDA libraries and versions, an all-reduce
+    /// across local ranks, /dev/shm.
+    Doctor(doctor::DoctorArgs),
     /// The public gRPC + OpenAI-compatible HTTP front, routing to pools found in etcd.
     Gateway(cluster::GatewayArgs),
     /// Generate a completion for one prompt.
@@ -84,6 +89,7 @@ impl Command {
             Command::Model(_) => "ferrite-model",
             Command::Bench(_) => "ferrite-bench",
             Command::Kernels(_) => "ferrite-kernels",
+            Command::Doctor(_) => "ferrite-doctor",
         }
     }
 
@@ -112,6 +118,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve(args) => cluster::serve(args, &telemetry),
         Command::Worker(args) => cluster::worker(args, &telemetry),
+        Command::Doctor(args) => doctor::run(args),
         Command::Gateway(args) => cluster::gateway(args, &telemetry),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),

@@ -88,3 +88,38 @@ fn a_killed_rank_fails_the_pool_naming_it() {
         let _ = r.wait();
     }
 }
+
+/// `ferrite doctor` on this host (no GPU): the all-reduce across real rank processes is exact,
+/// NVRTC is found at its version where the test command installs it, NCCL is looked for under
+/// its real soname first, and nothing a CPU host does not need is marked FIX.
+#[test]
+fn doctor_checks_the_libraries_and_an_all_reduce_across_local_ranks() {
+    let report = json_of(&ferrite(&["doctor", "--tp", "3", "--json"]));
+    let checks = report["checks"].as_array().expect("checks");
+    let line = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("no {name} line: {report}"))
+    };
+    let all_reduce = line("all-reduce (CPU)");
+    assert_eq!(all_reduce["verdict"], "ok", "{report}");
+    assert!(
+        all_reduce["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("3 rank processes")),
+        "{report}"
+    );
+    if std::env::var_os("FERRITE_REQUIRE_NVRTC").is_some() {
+        assert_eq!(line("NVRTC")["verdict"], "ok", "{report}");
+    }
+    let nccl = line("NCCL")["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        nccl.contains("libnccl.so.2") || nccl.starts_with('2'),
+        "{nccl}"
+    );
+    assert!(checks.iter().all(|c| c["verdict"] != "FIX"), "{report}");
+}

@@ -10,6 +10,7 @@
 //! A collective that fails (a rank died, or did not answer within the timeout) fails the pool:
 //! the error, [`EngineError::RankLost`], names the rank and the last step every rank finished.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use ferrite_collective::{Collective, CollectiveError, Solo};
@@ -49,6 +50,8 @@ pub struct Executor {
     cfg: ModelConfig,
     max_model_len: usize,
     num_blocks: usize,
+    /// A collective failed: the pool is lost, and the links are not to be used again.
+    failed: Cell<bool>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -122,6 +125,7 @@ impl Executor {
             cfg: model_cfg,
             max_model_len,
             num_blocks,
+            failed: Cell::new(false),
         })
     }
 
@@ -288,6 +292,7 @@ impl Executor {
 
     /// The pool-failing error for collective `e` in `step`.
     fn lost(&self, e: CollectiveError, step: u64) -> EngineError {
+        self.failed.set(true);
         EngineError::RankLost {
             rank: e.rank(),
             this_rank: self.rank(),
@@ -299,9 +304,10 @@ impl Executor {
 
 impl Drop for Executor {
     /// The leader tells the other ranks the pool is stopping (best effort: they also stop
-    /// when its connections close).
+    /// when its connections close). After a failure it only closes them: the others may be
+    /// inside a collective, where an order would read as garbage.
     fn drop(&mut self) {
-        if self.rank() == 0 && self.world() > 1 {
+        if self.rank() == 0 && self.world() > 1 && !self.failed.get() {
             let _ = self.comm.broadcast(&mut OrderRef::Stop.encode());
         }
     }

@@ -7,6 +7,11 @@
 //! which frees its KV blocks before the next step is planned.
 //!
 //! When every handle is gone the loop finishes the requests in flight, then exits.
+//!
+//! In a tensor-parallel pool the loop is the leader's: while idle it tells the other ranks it
+//! is alive. If the pool loses a rank, every request in the engine fails with that error (a
+//! server fault, UNAVAILABLE upstream), the loop exits, and [`EngineHandle::lost`] resolves
+//! with the reason, so the worker can leave.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::sync::{mpsc as tmpsc, oneshot};
+use tokio::sync::{mpsc as tmpsc, oneshot, watch};
 
 use crate::engine::{Engine, EngineStats, TokenEvent};
 use crate::error::{EngineError, Result};
@@ -39,6 +44,8 @@ pub struct EngineHandle {
     tx: Sender<Command>,
     next_id: Arc<AtomicU64>,
     stats: Arc<Mutex<EngineStats>>,
+    /// Set (once) when the pool was lost and the engine thread stopped.
+    lost: watch::Receiver<Option<String>>,
 }
 
 impl std::fmt::Debug for Command {
@@ -96,17 +103,35 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(engine.stats()));
         let loop_stats = stats.clone();
+        let (lost_tx, lost) = watch::channel(None);
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
-            .spawn(move || run(engine, rx, loop_stats, max_waiting))?;
+            .spawn(move || {
+                if let Err(e) = run(engine, rx, loop_stats, max_waiting) {
+                    tracing::error!("the engine stopped: {e}");
+                    let _ = lost_tx.send(Some(e.to_string()));
+                }
+            })?;
         Ok((
             Self {
                 tx,
                 next_id: Arc::new(AtomicU64::new(1)),
                 stats,
+                lost,
             },
             thread,
         ))
+    }
+
+    /// Resolves when the engine stopped because its pool was lost (a rank died), with why;
+    /// never while it serves.
+    pub async fn lost(&self) -> String {
+        let mut rx = self.lost.clone();
+        match rx.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            // The thread ended without a loss (every handle gone): never resolve.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Load figures as of the last step.
@@ -152,24 +177,31 @@ impl EngineHandle {
     }
 }
 
+type Streams = HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>>;
+
+/// The engine thread's loop. Returns `Err` when the pool was lost (every request failed).
 fn run(
     mut engine: Engine,
     rx: Receiver<Command>,
     stats: Arc<Mutex<EngineStats>>,
     max_waiting: usize,
-) {
-    let mut streams: HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>> = HashMap::new();
+) -> Result<()> {
+    let mut streams = Streams::new();
     let mut connected = true;
     loop {
-        // Idle: block for the next command (waking now and then to notice a lost sender).
+        // Idle: block for the next command (waking now and then to notice a lost sender, and
+        // to tell the other ranks of a pool that the leader is alive).
         if !engine.has_unfinished() {
             if !connected {
-                return;
+                return Ok(());
             }
             match rx.recv_timeout(Duration::from_millis(500)) {
                 Ok(cmd) => apply(&mut engine, &mut streams, cmd, max_waiting),
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {
+                    engine.keep_alive()?;
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
         }
         loop {
@@ -183,19 +215,13 @@ fn run(
             }
         }
         match engine.step() {
-            Ok(out) => {
-                for ev in out.events {
-                    let id = ev.id;
-                    let last = ev.finish.is_some();
-                    let delivered = streams.get(&id).is_some_and(|tx| tx.send(Ok(ev)).is_ok());
-                    if !delivered {
-                        // The client went away: free its blocks now.
-                        engine.abort(id);
-                        streams.remove(&id);
-                    } else if last {
-                        streams.remove(&id);
-                    }
+            Ok(out) => deliver(&mut engine, &mut streams, out.events),
+            Err(e) if e.is_fatal() => {
+                // No step can run any more: every request fails, not just this step's.
+                for (_, tx) in streams.drain() {
+                    let _ = tx.send(Err(e.for_failed_step()));
                 }
+                return Err(e);
             }
             Err(e) => {
                 // The engine dropped the requests of the failed step; tell their clients.
@@ -218,12 +244,23 @@ fn run(
     }
 }
 
-fn apply(
-    engine: &mut Engine,
-    streams: &mut HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>>,
-    cmd: Command,
-    max_waiting: usize,
-) {
+/// Sends a step's tokens to their streams; a stream whose client went away has its request
+/// aborted (its blocks freed now).
+fn deliver(engine: &mut Engine, streams: &mut Streams, events: Vec<TokenEvent>) {
+    for ev in events {
+        let id = ev.id;
+        let last = ev.finish.is_some();
+        let delivered = streams.get(&id).is_some_and(|tx| tx.send(Ok(ev)).is_ok());
+        if !delivered {
+            engine.abort(id);
+            streams.remove(&id);
+        } else if last {
+            streams.remove(&id);
+        }
+    }
+}
+
+fn apply(engine: &mut Engine, streams: &mut Streams, cmd: Command, max_waiting: usize) {
     match cmd {
         Command::Add {
             prompt,

@@ -183,6 +183,21 @@ pub struct RankRecord {
     pub node: String,
 }
 
+/// Value of `pools/{pool}/nccl`, written by rank 0 under its lease: how the ranks of this
+/// incarnation (epoch) of the pool reach each other.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub struct CommRecord {
+    /// Changes with every start of rank 0; a rank joining with another epoch is refused.
+    pub epoch: u64,
+    /// `tcp` (the CPU backend); `nccl` with the GPU pools.
+    pub backend: String,
+    /// `host:port` of rank 0's collective listener (`tcp`).
+    pub address: String,
+    /// Ranks in the pool.
+    pub world: u32,
+}
+
 /// Serializes a record for [`crate::Store::put`].
 pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     // Our records are plain structs with string keys, which serde_json cannot

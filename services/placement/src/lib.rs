@@ -52,7 +52,7 @@ mod watch;
 pub use embedded::EmbeddedStore;
 pub use error::PlacementError;
 pub use etcd::{EtcdOptions, EtcdStore};
-pub use keys::{DEFAULT_PREFIX, Key, KeySchema, PoolRecord, PoolState, RankRecord};
+pub use keys::{CommRecord, DEFAULT_PREFIX, Key, KeySchema, PoolRecord, PoolState, RankRecord};
 pub use registration::{Registration, RegistrationState};
 pub use store::{LeaseId, Store};
 pub use watch::{Watch, WatchEvent};

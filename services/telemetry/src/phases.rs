@@ -30,7 +30,9 @@ pub const TARGET: &str = "ferrite::startup";
 pub const ROOT: &str = "startup";
 
 /// Every phase a process may report, in the order they run (DESIGN.md). A phase that does not
-/// apply (no GPU: `kernel_compile`, `kv_cache_profiling`, `graph_capturing`) has no span.
+/// apply (no GPU: `kernel_compile`, `kv_cache_profiling`, `graph_capturing`; one rank:
+/// `comm_init`) has no span. A rank of a tensor-parallel pool builds its shard (`model_init`)
+/// before it reads the shard's pages (`load_weights`), then forms the pool (`comm_init`).
 pub const PHASES: &[&str] = &[
     "config",
     "tokenizer_init",
@@ -38,6 +40,7 @@ pub const PHASES: &[&str] = &[
     "kernel_compile",
     "load_weights",
     "model_init",
+    "comm_init",
     "kv_cache_profiling",
     "kv_cache_init",
     "graph_capturing",

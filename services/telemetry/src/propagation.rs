@@ -101,3 +101,20 @@ pub fn inject_into_metadata(span: &tracing::Span, metadata: &mut tonic::metadata
         p.inject_context(&cx, &mut MetadataInjector(metadata));
     });
 }
+
+struct EnvInjector(Vec<(String, String)>);
+
+impl Injector for EnvInjector {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.push((key.to_ascii_uppercase(), value));
+    }
+}
+
+/// `span`'s context as environment variables (`TRACEPARENT`, `TRACESTATE`) for a child
+/// process, whose [`set_parent_from_env`] then makes its spans children of `span`.
+pub fn env_for_child(span: &tracing::Span) -> Vec<(String, String)> {
+    let cx = span.context();
+    let mut env = EnvInjector(Vec::new());
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut env));
+    env.0
+}

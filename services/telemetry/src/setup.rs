@@ -86,6 +86,8 @@ pub enum TelemetryError {
 #[derive(Debug)]
 pub struct Telemetry {
     export: Option<Export>,
+    /// Where spans go, when exported (handed on to the processes this one starts).
+    endpoint: Option<String>,
 }
 
 /// The OTLP side: the SDK provider and the runtime its gRPC client runs on.
@@ -137,7 +139,10 @@ impl Telemetry {
         }
         .with_filter(log_filter);
         let endpoint = cfg.otlp_endpoint.clone().or_else(endpoint_from_env);
-        let export = endpoint.map(|e| Export::start(e, cfg)).transpose()?;
+        let export = endpoint
+            .clone()
+            .map(|e| Export::start(e, cfg))
+            .transpose()?;
         let otel = export.as_ref().map(|x| {
             tracing_opentelemetry::layer()
                 .with_tracer(x.provider.tracer("ferrite"))
@@ -159,12 +164,17 @@ impl Telemetry {
             .with(otel)
             .with(PhaseLayer::new().with_filter(crate::phases::filter()))
             .try_init();
-        Ok(Self { export })
+        Ok(Self { export, endpoint })
     }
 
     /// Whether spans are being exported.
     pub fn exporting(&self) -> bool {
         self.export.is_some()
+    }
+
+    /// The OTLP endpoint spans are exported to, if they are.
+    pub fn endpoint(&self) -> Option<&str> {
+        self.endpoint.as_deref()
     }
 
     /// Sends the spans buffered so far now (e.g. once start-up is done, so its trace shows at

@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use ferrite_collective::Collective;
 use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::executor::Executor;
 use ferrite_engine::handle::EngineHandle;
 use ferrite_engine::model::EngineModel;
 use ferrite_placement::{KeySchema, PoolRecord, PoolState, RankRecord, Registration, Store};
@@ -15,6 +17,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::rendezvous::TpConfig;
 use crate::service::{Backend, WorkerService};
 use crate::synthetic::SyntheticEngine;
 
@@ -24,8 +27,8 @@ pub struct WorkerConfig {
     /// The name the pool is registered under (what clients ask for).
     pub model_name: String,
     pub pool: String,
-    pub rank: u32,
-    pub tp: u32,
+    /// This rank's place in its pool, and how the pool forms.
+    pub tp: TpConfig,
     /// Where to listen (port 0: any free port).
     pub listen: SocketAddr,
     /// The host others reach this worker at; default: the listen address's IP.
@@ -71,6 +74,10 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("forming the pool: {0}")]
+    Rendezvous(#[from] crate::rendezvous::RendezvousError),
+    #[error("the engine start-up thread: {0}")]
+    Join(String),
 }
 
 /// The `GetModelInfo` answer: what a gateway needs to own text for this model.
@@ -129,26 +136,47 @@ pub struct RunningWorker {
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     health: tonic_health::server::HealthReporter,
     drain_timeout: Duration,
+    /// Keeps rank 0's record of the pool (`pools/{pool}/nccl`) alive while the pool lives.
+    comm_record: Option<Registration>,
+    /// The engine's thread: joined at the end of a drain, so the leader has told the other
+    /// ranks to stop before the process exits.
+    engine_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RunningWorker {
-    /// Builds the engine over `loaded` and warms it up, serves the worker API on `cfg.listen`,
-    /// registers the pool (Starting) and its rank in `store`, then marks the pool Ready.
-    /// Start-up phases (`kv_cache_init`, `warmup`, `register`) are spans under the caller's.
+    /// Rank 0 (the leader): builds the engine over `model` (its shard) with `comm` to the other
+    /// ranks, who must be starting their followers ([`crate::RunningFollower`]), and warms it
+    /// up; then serves the worker API on `cfg.listen`, registers the pool (Starting) and its
+    /// rank in `store`, and marks the pool Ready. The pool is Ready only once every rank has
+    /// joined, loaded and sized its KV cache. Start-up phases (`kv_cache_init`, `warmup`,
+    /// `register`) are spans under the caller's. `comm_record` keeps the pool's record alive.
     pub async fn start(
         model: EngineModel,
         tokenizer: Option<Tokenizer>,
         cfg: WorkerConfig,
         store: Store,
         schema: KeySchema,
+        comm: Box<dyn Collective>,
+        comm_record: Option<Registration>,
     ) -> Result<Self, WorkerError> {
         let vocab_size = model.config().vocab_size;
         let eos = tokenizer
             .as_ref()
             .map(|t| t.eos_ids().to_vec())
             .unwrap_or_default();
-        let mut engine = Engine::new(model, eos, cfg.engine.clone())?;
-        engine.warmup()?;
+        let engine_cfg = cfg.engine.clone();
+        let span = tracing::Span::current();
+        // Building waits for the other ranks (the KV block count is agreed): off the runtime.
+        let engine = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| {
+                let exec = Executor::new(model, &engine_cfg, comm)?;
+                let mut engine = Engine::from_executor(exec, eos, &engine_cfg)?;
+                engine.warmup()?;
+                Ok::<_, ferrite_engine::EngineError>(engine)
+            })
+        })
+        .await
+        .map_err(|e| WorkerError::Join(e.to_string()))??;
         let max_model_len = engine.max_model_len();
         let info = model_info(
             &cfg.model_name,
@@ -156,10 +184,36 @@ impl RunningWorker {
             vocab_size,
             max_model_len,
         )?;
-        let (handle, _thread) =
+        let (handle, thread) =
             EngineHandle::spawn(engine, cfg.max_waiting).map_err(WorkerError::Thread)?;
         let service = WorkerService::new(Backend::Engine(handle), info);
-        Self::serve(service, max_model_len, cfg, store, schema).await
+        let mut worker = Self::serve(service, max_model_len, cfg, store, schema).await?;
+        worker.comm_record = comm_record;
+        worker.engine_thread = Some(thread);
+        Ok(worker)
+    }
+
+    /// Resolves when the pool was lost (a rank died, see [`EngineHandle::lost`]), with why;
+    /// never while the pool serves.
+    pub async fn lost(&self) -> String {
+        match &self.service.backend() {
+            Backend::Engine(h) => h.lost().await,
+            Backend::Synthetic(_) => std::future::pending().await,
+        }
+    }
+
+    /// After the pool was lost: deregisters at once (the keys go now, not after the TTL) and
+    /// stops serving.
+    pub async fn abandon(mut self) {
+        if let Err(e) = self.registration.deregister().await {
+            tracing::warn!("could not deregister (the keys expire with the lease): {e}");
+        }
+        if let Some(r) = self.comm_record.take() {
+            let _ = r.deregister().await;
+        }
+        if let Some(stop) = self.stop_server.take() {
+            let _ = stop.send(());
+        }
     }
 
     /// A worker over the [`SyntheticEngine`]: no model, `tokens_per_s` per stream.
@@ -187,7 +241,7 @@ impl RunningWorker {
         schema: KeySchema,
     ) -> Result<Self, WorkerError> {
         let span = tracing::info_span!(target: ferrite_telemetry::phases::TARGET, "register",
-            pool = %cfg.pool, rank = i64::from(cfg.rank), store = store.kind(), address = tracing::field::Empty);
+            pool = %cfg.pool, rank = i64::from(cfg.tp.rank), store = store.kind(), address = tracing::field::Empty);
         async move {
             let listener =
                 TcpListener::bind(cfg.listen)
@@ -242,7 +296,7 @@ impl RunningWorker {
             let leader_addr = format!("{scheme}://{host}:{}", addr.port());
             let mut pool_record = PoolRecord {
                 model: cfg.model_name.clone(),
-                tp: cfg.tp,
+                tp: cfg.tp.world,
                 leader_addr: leader_addr.clone(),
                 state: PoolState::Starting,
                 max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
@@ -253,8 +307,8 @@ impl RunningWorker {
                 gpu_uuid: None,
                 node: cfg.node.clone(),
             };
-            let mut entries = vec![(schema.rank(&cfg.pool, cfg.rank), json_bytes(&rank))];
-            if cfg.rank == 0 {
+            let mut entries = vec![(schema.rank(&cfg.pool, cfg.tp.rank), json_bytes(&rank))];
+            if cfg.tp.rank == 0 {
                 entries.push((schema.pool(&cfg.pool), json_bytes(&pool_record)));
             }
             // Returns at once; if the store is unreachable it keeps trying in the background.
@@ -262,7 +316,7 @@ impl RunningWorker {
             health
                 .set_serving::<pb::worker_server::WorkerServer<WorkerService>>()
                 .await;
-            if cfg.rank == 0 {
+            if cfg.tp.rank == 0 {
                 pool_record.state = PoolState::Ready;
                 if let Err(e) = registration
                     .update(schema.pool(&cfg.pool), json_bytes(&pool_record))
@@ -286,6 +340,8 @@ impl RunningWorker {
                 server,
                 health,
                 drain_timeout: cfg.drain_timeout,
+                comm_record: None,
+                engine_thread: None,
             })
         }
         .instrument(span)
@@ -327,10 +383,21 @@ impl RunningWorker {
         if let Err(e) = self.registration.deregister().await {
             tracing::warn!("could not deregister (the keys expire with the lease): {e}");
         }
+        if let Some(r) = self.comm_record.take() {
+            let _ = r.deregister().await;
+        }
         if let Some(stop) = self.stop_server.take() {
             let _ = stop.send(());
         }
         let _ = (&mut self.server).await;
+        // Every handle of the engine goes with `self`; its thread then ends (within its idle
+        // poll), and the executor stops the pool's other ranks as it goes.
+        let thread = self.engine_thread.take();
+        drop(self.service);
+        drop(self._load_gauges);
+        if let Some(t) = thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
         Ok(())
     }
 }

@@ -27,7 +27,9 @@ pub fn status_of(e: &EngineError) -> Status {
         | EngineError::DuplicateRequest(_) => Status::invalid_argument(msg),
         EngineError::QueueFull(_) => Status::resource_exhausted(msg),
         // The pool cannot serve now; another may (the gateway retries before the first token).
-        EngineError::Stopped | EngineError::Device(_) => Status::unavailable(msg),
+        EngineError::Stopped | EngineError::Device(_) | EngineError::RankLost { .. } => {
+            Status::unavailable(msg)
+        }
         _ => Status::internal(msg),
     }
 }
@@ -80,6 +82,11 @@ impl WorkerService {
     /// From now on new requests are refused with UNAVAILABLE; running ones finish.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// What produces the tokens.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// Load figures of the backend (the synthetic one has no KV cache).

@@ -278,6 +278,19 @@ impl LlamaModel {
         per_layer + self.lm_head.bytes_len()
     }
 
+    /// Brings the pages of this model's (shard's) matrices into memory: what a rank of a pool
+    /// reads of the checkpoint. The embedding is left to page in row by row as tokens use it
+    /// (every rank maps it whole; each reads only the rows it meets). Returns the bytes.
+    pub fn load_pages(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .map(Matrix::load_pages)
+            .sum();
+        layers + self.lm_head.load_pages()
+    }
+
     /// Replaces every layer's projections with round-to-nearest quantized copies in `format`;
     /// the embeddings and the LM head stay as they are (as in GPTQ checkpoints).
     pub fn quantize_linear(&mut self, format: WqFormat) -> Result<()> {

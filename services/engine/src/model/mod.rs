@@ -112,8 +112,8 @@ pub struct LoadOptions {
     pub quantize: Option<WqFormat>,
     /// Leave the checkpoint's pages to whoever reads the weights next instead of reading them
     /// all in `load_weights`: set for a GPU, whose upload streams every byte anyway (reading
-    /// them first would read the checkpoint twice). A rank of a tensor-parallel pool always
-    /// leaves them: it reads only its shard's pages.
+    /// them first would read the checkpoint twice). A rank of a tensor-parallel pool reads
+    /// only its shard's pages, after building the shard.
     pub lazy_pages: bool,
     /// Load this rank's shard of the model (see [`crate::tp`]).
     pub tp: TpRank,
@@ -210,23 +210,48 @@ fn record_config(span: &tracing::Span, cfg: &ModelConfig) {
     );
 }
 
-/// The `load_weights` phase: every byte of the checkpoint in memory, so that neither the
-/// warm-up nor the first request pays for page faults (unless `lazy`: see
-/// [`LoadOptions::lazy_pages`]). Returns the tensor bytes.
-fn load_weights(tensors: &TensorMap, format: &'static str, lazy: bool) -> usize {
-    let span = tracing::info_span!(target: STARTUP_TARGET, "load_weights", format,
-        mode = if lazy { "mmap-lazy" } else { "mmap" }, bytes = Empty,
-        tensors = tensors.len() as i64, gb_per_s = Empty);
-    let _entered = span.enter();
-    if lazy {
-        return tensors.total_bytes();
+/// The `load_weights` and `model_init` phases. A whole model reads every byte of the checkpoint
+/// first, so that neither the warm-up nor the first request pays for page faults (unless
+/// [`LoadOptions::lazy_pages`]), then builds the model over it. A rank of a pool builds its
+/// shard first and then reads only the pages the shard uses. Returns the model and the bytes
+/// of tensor data in the checkpoint.
+fn load_and_init(
+    tensors: &TensorMap,
+    format: &'static str,
+    naming: WeightNaming,
+    cfg: ModelConfig,
+    options: LoadOptions,
+) -> Result<(LlamaModel, usize)> {
+    let span = |mode: &'static str, tensors: usize| {
+        tracing::info_span!(target: STARTUP_TARGET, "load_weights", format, mode,
+            bytes = Empty, tensors = tensors as i64, gb_per_s = Empty)
+    };
+    let record = |span: &tracing::Span, bytes: usize, start: Instant| {
+        span.record("bytes", bytes as i64);
+        span.record(
+            "gb_per_s",
+            bytes as f64 / start.elapsed().as_secs_f64().max(1e-9) / 1e9,
+        );
+    };
+    if !options.tp.is_solo() {
+        let model = model_init(tensors, naming, cfg, options)?;
+        let span = span("shard", tensors.len());
+        let _entered = span.enter();
+        let start = Instant::now();
+        record(&span, model.load_pages(), start);
+        return Ok((model, tensors.total_bytes()));
     }
-    let start = Instant::now();
-    let mapped = tensors.load_pages();
-    let secs = start.elapsed().as_secs_f64();
-    span.record("bytes", mapped as i64);
-    span.record("gb_per_s", mapped as f64 / secs.max(1e-9) / 1e9);
-    tensors.total_bytes()
+    {
+        let lazy = options.lazy_pages;
+        let span = span(if lazy { "mmap-lazy" } else { "mmap" }, tensors.len());
+        let _entered = span.enter();
+        if !lazy {
+            let start = Instant::now();
+            record(&span, tensors.load_pages(), start);
+        }
+    }
+    let model = model_init(tensors, naming, cfg, options)?;
+    Ok((model, tensors.total_bytes()))
 }
 
 /// The `model_init` phase: the model built over the loaded tensors.
@@ -298,9 +323,7 @@ fn load_gguf(
             .entered();
         Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?
     };
-    let lazy = options.lazy_pages || !options.tp.is_solo();
-    let bytes = load_weights(&gguf.tensors, "gguf", lazy);
-    let model = model_init(&gguf.tensors, WeightNaming::Gguf, cfg, options)?;
+    let (model, bytes) = load_and_init(&gguf.tensors, "gguf", WeightNaming::Gguf, cfg, options)?;
     Ok((model, Some(tokenizer), WeightFormat::Gguf, bytes))
 }
 
@@ -385,8 +408,7 @@ fn load_hf_dir(
         Err(_) => None,
     };
     drop(tokenizer_span);
-    let lazy = options.lazy_pages || !options.tp.is_solo();
-    let bytes = load_weights(&tensors, "safetensors", lazy);
-    let model = model_init(&tensors, WeightNaming::HuggingFace, cfg, options)?;
+    let naming = WeightNaming::HuggingFace;
+    let (model, bytes) = load_and_init(&tensors, "safetensors", naming, cfg, options)?;
     Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
 }

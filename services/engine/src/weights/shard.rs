@@ -106,6 +106,18 @@ impl Matrix {
         })
     }
 
+    /// Brings this matrix's bytes into memory now: the pages of its rows in a mapped file
+    /// (what a rank reads of a checkpoint). Returns the bytes.
+    pub fn load_pages(&self) -> usize {
+        match &self.storage {
+            Storage::Mapped {
+                file, start, end, ..
+            } => file.load_range(*start, *end),
+            Storage::Owned { bytes, .. } => bytes.len(),
+            Storage::Quantized(w) => w.bytes_len(),
+        }
+    }
+
     fn check_range(&self, name: &str, what: &str, r: &Range<usize>, n: usize) -> Result<()> {
         if r.is_empty() || r.end > n {
             return Err(bad(name, format!("{what} {r:?} of {n}")));

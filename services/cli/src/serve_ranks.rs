@@ -1,0 +1,109 @@
+//! The rank processes of `ferrite serve --tp N`: ranks 1..N of the pool whose rank 0 is the
+//! serving process itself, started as `ferrite worker` processes of the same binary.
+//!
+//! They are handed rank 0's listener on their command line (`--comm-join`), since `serve`'s
+//! placement store usually lives inside its own process; with `--etcd` they also register
+//! their rank keys there. Their start-up traces join `serve`'s (`TRACEPARENT`), and each gets
+//! an equal share of the cores, so the ranks of one host do not fight over them. They are
+//! killed when `serve` ends; if `serve` is killed outright, they see their leader gone and
+//! exit by themselves.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use ferrite_placement::CommRecord;
+
+use crate::cluster::PlacementArgs;
+use crate::loading::ModelArgs;
+
+/// What the rank processes need to know.
+#[derive(Debug)]
+pub struct RankLaunch<'a> {
+    pub model: &'a ModelArgs,
+    pub pool: &'a str,
+    pub world: u32,
+    pub record: &'a CommRecord,
+    pub placement: &'a PlacementArgs,
+    pub otlp_endpoint: Option<&'a str>,
+}
+
+/// The cores each rank's thread pool gets on this host.
+pub fn threads_per_rank(world: u32) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / world.max(1) as usize).max(1)
+}
+
+/// Ranks 1..N, running; killed when dropped. (`std::process`: tokio's `process` feature
+/// would be unified into every crate's tokio and rebuild them.)
+#[derive(Debug)]
+pub struct RankProcesses {
+    children: Vec<Child>,
+}
+
+impl RankProcesses {
+    pub fn spawn(l: &RankLaunch<'_>) -> Result<Self> {
+        let exe = std::env::current_exe().context("finding the ferrite binary")?;
+        let trace = ferrite_telemetry::propagation::env_for_child(&tracing::Span::current());
+        let mut children = Vec::new();
+        for rank in 1..l.world {
+            let mut cmd = Command::new(&exe);
+            if let Some(e) = l.otlp_endpoint {
+                cmd.args(["--otlp-endpoint", e]);
+            }
+            cmd.arg("worker")
+                .args(["--pool", l.pool])
+                .args(["--rank", &rank.to_string(), "--tp", &l.world.to_string()])
+                .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+                .args(["--comm-join", &l.record.address])
+                .args(["--comm-epoch", &l.record.epoch.to_string()])
+                .args(l.model.to_args())
+                .envs(trace.iter().map(|(k, v)| (k, v)))
+                .env("RAYON_NUM_THREADS", threads_per_rank(l.world).to_string())
+                // Its "ready" is not serve's: only its notices (stderr) pass through.
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
+            if !l.placement.etcd.is_empty() {
+                cmd.args(["--etcd", &l.placement.etcd.join(",")])
+                    .args(["--prefix", &l.placement.prefix]);
+            }
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("starting rank {rank} ({})", exe.display()))?;
+            children.push(child);
+        }
+        Ok(Self { children })
+    }
+
+    /// The ranks' process ids, rank 1 first.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
+    }
+
+    /// Waits (at most `limit`) for the ranks to exit after the leader stopped the pool.
+    pub async fn wait_exit(mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let mut running = 0;
+            for c in &mut self.children {
+                running += usize::from(matches!(c.try_wait(), Ok(None)));
+            }
+            if running == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for RankProcesses {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! Tensor-parallel pools as real processes: `ferrite worker --rank R --tp 3` ranks of the
+//! default model (9 heads, 3 KV heads: the only split besides 1) forming through a real etcd,
+//! behind a real gateway; and `ferrite serve --tp 3`, which starts its ranks itself.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use ferrite_cluster_tests::cluster::{
+    DISCOVERY_TIMEOUT, WORKER_READY_TIMEOUT, addr_after, channel,
+};
+use ferrite_cluster_tests::grpc::{self, greedy_ids, greedy_text};
+use ferrite_cluster_tests::{
+    Cluster, GatewayProc, MODEL, Proc, TpPool, WorkerOptions, WorkerProc, ferrite_bin, http,
+    reference, serial, wait, workspace_root,
+};
+use ferrite_placement::testing::EtcdServer;
+use ferrite_placement::{CommRecord, PoolState};
+use serde_json::json;
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const LEASE_TTL: Duration = Duration::from_secs(3);
+
+fn options() -> WorkerOptions {
+    WorkerOptions {
+        lease_ttl_s: LEASE_TTL.as_secs(),
+        ..WorkerOptions::default()
+    }
+}
+
+/// etcd, a gateway and a pool of 3 rank processes, as a [`Cluster`] whose one worker is rank 0.
+async fn tp_cluster(pool: &str) -> Result<(Cluster, Vec<ferrite_cluster_tests::RankProc>)> {
+    let etcd = tokio::task::spawn_blocking(EtcdServer::start)
+        .await
+        .context("starting etcd")?;
+    let endpoint = etcd.endpoint();
+    let gateway = GatewayProc::spawn(&endpoint)?;
+    let opts = options();
+    let (tp, gateway) = tokio::try_join!(
+        TpPool::start(&endpoint, pool, 3, &opts),
+        GatewayProc::ready(gateway)
+    )?;
+    let cluster = Cluster {
+        gateway,
+        workers: vec![tp.leader],
+        options: options(),
+        etcd,
+    };
+    cluster.wait_for_ready_pools(1, DISCOVERY_TIMEOUT).await?;
+    Ok((cluster, tp.ranks))
+}
+
+/// A golden prompt (transformers on the same GGUF): its name, token ids and first 16 greedy
+/// tokens.
+type Golden = (String, Vec<u32>, Vec<u32>);
+
+fn golden() -> Result<Vec<Golden>> {
+    let path = workspace_root().join("tests/fixtures/golden/smollm2_q4_1.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cases = v["cases"].as_array().context("cases")?;
+    Ok(cases
+        .iter()
+        .map(|c| {
+            let greedy = ids(&c["greedy_token_ids"]);
+            (
+                c["name"].as_str().unwrap_or("?").to_owned(),
+                ids(&c["prompt_token_ids"]),
+                greedy[..16.min(greedy.len())].to_vec(),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_rank_processes_form_through_etcd_and_generate_the_golden_tokens() -> Result<()> {
+    let _turn = serial().await;
+    let (cluster, ranks) = tp_cluster("tp").await?;
+    let store = cluster.store().await?;
+    let schema = cluster.schema();
+    let record = cluster
+        .pool_record(&store, "tp")
+        .await?
+        .context("no pool record")?;
+    ensure!(
+        record.tp == 3 && record.state == PoolState::Ready,
+        "{record:?}"
+    );
+    let keys = cluster.pool_keys(&store, "tp").await?;
+    for rank in 0..3 {
+        ensure!(
+            keys.contains(&schema.rank("tp", rank)),
+            "rank {rank}: {keys:?}"
+        );
+    }
+    let nccl = store.get_prefix(&schema.nccl("tp")).await?;
+    let (_, value) = nccl.first().context("no pools/tp/nccl")?;
+    let comm: CommRecord = serde_json::from_slice(value)?;
+    ensure!(comm.world == 3 && comm.backend == "tcp", "{comm:?}");
+    for r in &ranks {
+        let mut health = HealthClient::new(channel(r.health).await?);
+        let status = health
+            .check(HealthCheckRequest::default())
+            .await?
+            .into_inner();
+        ensure!(
+            status.status() == ServingStatus::Serving,
+            "rank {}: {status:?}",
+            r.rank
+        );
+    }
+    // Every golden prompt at once through the gateway: one batch of chunked prefills and
+    // decodes, every step planned by rank 0 and run by all three.
+    let client = cluster.inference().await?;
+    let cases = golden()?;
+    let answers = futures::future::join_all(cases.iter().map(|(_, prompt, _)| {
+        let mut client = client.clone();
+        let req = greedy_ids(prompt.clone(), 16);
+        async move { grpc::generate(&mut client, req).await }
+    }))
+    .await;
+    for ((name, _, want), got) in cases.iter().zip(answers) {
+        let got = got.with_context(|| name.clone())?;
+        ensure!(
+            &got.token_ids == want,
+            "{name}: {:?} != {want:?}",
+            got.token_ids
+        );
+    }
+    Ok(())
+}
+
+/// kill -9 of rank 2 mid-stream: the client gets UNAVAILABLE within 2 s naming rank 2 and the
+/// last step every rank finished, ranks 0 and 1 exit, the pool's keys are gone within the
+/// lease TTL, and the gateway sends the next requests to the other pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_killed_mid_stream_fails_its_pool_fast_and_the_gateway_moves_on() -> Result<()> {
+    let _turn = serial().await;
+    let (mut cluster, mut ranks) = tp_cluster("tp").await?;
+    let mut client = cluster.inference().await?;
+    let mut stream = client
+        .generate(greedy_text("Write a very long essay about the sea.", 1500))
+        .await?
+        .into_inner();
+    stream.message().await?.context("no first message")?;
+    // A second pool, ready only now, so the stream above surely runs on the tensor-parallel one.
+    let solo = WorkerProc::start(&cluster.etcd.endpoint(), "solo", &options()).await?;
+    cluster.workers.push(solo);
+    cluster.wait_for_ready_pools(2, DISCOVERY_TIMEOUT).await?;
+
+    let victim = ranks.iter_mut().find(|r| r.rank == 2).context("rank 2")?;
+    let killed = Instant::now();
+    victim.proc.kill_hard().await?;
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => anyhow::bail!("the stream ended cleanly after its rank died"),
+            Ok(Err(status)) => break status,
+            Err(_) => anyhow::bail!("no error 5 s after the rank died"),
+        }
+    };
+    let took = killed.elapsed();
+    ensure!(status.code() == Code::Unavailable, "{status:?}");
+    ensure!(
+        took < Duration::from_secs(2),
+        "the error came after {took:?}"
+    );
+    let msg = status.message();
+    ensure!(
+        msg.contains("rank 2") && msg.contains("every rank finished step"),
+        "{msg}"
+    );
+
+    let leader = &mut cluster.workers[0].proc;
+    let exit = leader.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(!exit.success(), "rank 0 exited {exit:?}");
+    ensure!(
+        leader.stderr().contains("lost rank 2"),
+        "{}",
+        leader.stderr()
+    );
+    let rank1 = ranks.iter_mut().find(|r| r.rank == 1).context("rank 1")?;
+    let exit = rank1.proc.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(!exit.success(), "rank 1 exited {exit:?}");
+
+    let store = cluster.store().await?;
+    wait::until("the pool's keys to go", LEASE_TTL, || async {
+        match cluster.pool_keys(&store, "tp").await {
+            Ok(k) if k.is_empty() => Ok(()),
+            Ok(k) => Err(format!("still there: {k:?}")),
+            Err(e) => Err(format!("{e:#}")),
+        }
+    })
+    .await?;
+    cluster.wait_for_ready_pools(1, DISCOVERY_TIMEOUT).await?;
+    for i in 0..3 {
+        let c = grpc::generate(&mut client, greedy_text("The sky is", 4))
+            .await
+            .with_context(|| format!("request {i} after the pool was lost"))?;
+        ensure!(c.token_ids.len() == 4, "{c:?}");
+    }
+    Ok(())
+}
+
+/// A pool whose rank 2 never comes fails to start within its start-up timeout, naming rank 2;
+/// a split the model's shapes do not allow is refused before anything loads, naming the sizes
+/// that work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_cannot_form_says_which_rank_or_size() -> Result<()> {
+    let _turn = serial().await;
+    let etcd = tokio::task::spawn_blocking(EtcdServer::start).await?;
+    let endpoint = etcd.endpoint();
+    let opts = WorkerOptions {
+        extra_args: vec!["--tp-start-timeout-s".into(), "4".into()],
+        ..options()
+    };
+    let mut rank1 = ferrite_cluster_tests::RankProc::spawn(&endpoint, "short", 1, 3, &opts)?;
+    let mut rank0 = WorkerProc::spawn_rank(&endpoint, "short", 0, 3, &opts)?;
+    let exit = rank0.wait_exit(WORKER_READY_TIMEOUT).await?;
+    ensure!(!exit.success(), "{exit:?}");
+    let err = rank0.stderr();
+    ensure!(err.contains("ranks [2] of 3 did not join"), "{err}");
+    let exit = rank1.wait_exit(Duration::from_secs(30)).await?;
+    ensure!(!exit.success(), "rank 1 exited {exit:?}");
+
+    let mut two = WorkerProc::spawn_rank(&endpoint, "two", 0, 2, &opts)?;
+    let exit = two.wait_exit(WORKER_READY_TIMEOUT).await?;
+    ensure!(!exit.success(), "{exit:?}");
+    let err = two.stderr();
+    ensure!(
+        err.contains("9 attention heads do not divide by 2")
+            && err.contains("sizes that work: [1, 3]"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// `ferrite serve --tp 3`: one command starts the gateway and a pool of three rank processes;
+/// its answers equal the single-process engine's; SIGTERM drains and stops every rank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_three_ranks_answers_like_one() -> Result<()> {
+    let _turn = serial().await;
+    let args = [
+        "serve",
+        "--model",
+        MODEL,
+        "--tp",
+        "3",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--kv-cache-mib",
+        "200",
+    ]
+    .map(String::from);
+    let mut serve = Proc::spawn("serve --tp 3", &ferrite_bin()?, &args)?;
+    let lines = serve.wait_ready(WORKER_READY_TIMEOUT).await?;
+    let grpc_addr = addr_after(&lines, "gRPC")?;
+    let http_addr = addr_after(&lines, "HTTP")?;
+    let want = reference::text("The capital of France is", 12).await?;
+    let mut client =
+        ferrite_proto::v1::inference_client::InferenceClient::new(channel(grpc_addr).await?);
+    let got = grpc::generate(&mut client, greedy_text("The capital of France is", 12)).await?;
+    ensure!(got.token_ids == want.token_ids, "{got:?} != {want:?}");
+    let body = json!({
+        "model": MODEL,
+        "prompt": "The capital of France is",
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": true,
+    });
+    let r = http::post_json(http_addr, "/v1/completions", &body).await?;
+    ensure!(r.status == 200, "{r:?}");
+    let v = r.json()?;
+    ensure!(
+        v["choices"][0]["text"] == want.text.as_str(),
+        "{v} != {:?}",
+        want.text
+    );
+    let pids: Vec<u32> = lines
+        .iter()
+        .find_map(|l| l.split_once("rank pids:"))
+        .map(|(_, p)| {
+            p.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    ensure!(
+        pids.len() == 2,
+        "serve printed no pids of ranks 1 and 2: {lines:?}"
+    );
+    let exit = serve.terminate(Duration::from_secs(30)).await?;
+    ensure!(exit.success(), "{exit:?}");
+    for pid in pids {
+        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+        ensure!(!alive, "rank process {pid} outlived serve");
+    }
+    Ok(())
+}
