@@ -75,7 +75,7 @@ async fn render(name: &str) -> Result<Vec<Value>> {
         Duration::from_secs(60),
     )
     .await?;
-    Ok(serde_json::from_str(&out).context("render.py printed no JSON list")?)
+    serde_json::from_str(&out).context("render.py printed no JSON list")
 }
 
 /// The ferrite subcommand and container of every ferrite process container in `objects`.

@@ -200,17 +200,19 @@ impl Plan {
                         // A StatefulSet's claim templates become volumes of that name, bound
                         // to the pod's own claim (`template-pod`).
                         let mut spec = template.get("spec").cloned().unwrap_or(Value::Null);
-                        if let Some(volumes) = spec.as_object_mut().map(|s| {
-                            s.entry("volumes")
-                                .or_insert_with(|| Value::Array(Vec::new()))
-                        }) {
-                            if let Some(list) = volumes.as_array_mut() {
-                                for t in &claim_templates {
-                                    list.push(serde_json::json!({
-                                        "name": t,
-                                        "persistentVolumeClaim": {"claimName": format!("{t}-{pod_name}")},
-                                    }));
-                                }
+                        if let Some(list) = spec
+                            .as_object_mut()
+                            .map(|s| {
+                                s.entry("volumes")
+                                    .or_insert_with(|| Value::Array(Vec::new()))
+                            })
+                            .and_then(Value::as_array_mut)
+                        {
+                            for t in &claim_templates {
+                                list.push(serde_json::json!({
+                                    "name": t,
+                                    "persistentVolumeClaim": {"claimName": format!("{t}-{pod_name}")},
+                                }));
                             }
                         }
                         pods.push(PodPlan {

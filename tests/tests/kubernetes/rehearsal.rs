@@ -90,6 +90,8 @@ pub struct Pod {
     pub ready_after: Arc<Mutex<Option<Duration>>>,
     /// Probe failures that a kubelet would act on (start-up given up, liveness failed).
     pub problems: Arc<Mutex<Vec<String>>>,
+    /// Each container's last failed probe, for the report when a pod never turns Ready.
+    pub last_failure: Arc<Mutex<BTreeMap<String, String>>>,
     probes: Vec<tokio::task::JoinHandle<()>>,
     _forwards: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -269,6 +271,9 @@ impl Cluster {
 
 async fn pod_report(pod: &mut Pod) -> String {
     let mut out = format!("--- pod {} ---\n", pod.plan.name);
+    for (who, failure) in lock(&pod.last_failure).iter() {
+        out.push_str(&format!("last failed probe of {who}: {failure}\n"));
+    }
     for c in &mut pod.containers {
         out.push_str(&format!("container {} argv {:?}\n", c.name, c.argv));
         out.push_str(&c.proc.stderr_report().await);
@@ -320,6 +325,14 @@ async fn terminate_pod(pod: &mut Pod, states: &States) -> Result<Vec<Exit>> {
     futures::future::try_join_all(stops).await
 }
 
+/// What a pod's probe tasks report into.
+struct Watch {
+    started: Instant,
+    ready_after: Arc<Mutex<Option<Duration>>>,
+    problems: Arc<Mutex<Vec<String>>>,
+    last_failure: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
 struct StartContext {
     rewrites: Rewrites,
     images: Images,
@@ -367,12 +380,20 @@ impl StartContext {
         }
         let ready_after = Arc::new(Mutex::new(None));
         let problems = Arc::new(Mutex::new(Vec::new()));
-        let probes = self.start_probes(&plan, &containers, started, &ready_after, &problems)?;
+        let last_failure = Arc::new(Mutex::new(BTreeMap::new()));
+        let watch = Watch {
+            started,
+            ready_after: ready_after.clone(),
+            problems: problems.clone(),
+            last_failure: last_failure.clone(),
+        };
+        let probes = self.start_probes(&plan, &containers, &watch)?;
         Ok(Pod {
             plan,
             containers,
             ready_after,
             problems,
+            last_failure,
             probes,
             _forwards: forwards,
         })
@@ -528,14 +549,13 @@ impl StartContext {
         &self,
         plan: &PodPlan,
         containers: &[Container],
-        started: Instant,
-        ready_after: &Arc<Mutex<Option<Duration>>>,
-        problems: &Arc<Mutex<Vec<String>>>,
+        watch: &Watch,
     ) -> Result<Vec<tokio::task::JoinHandle<()>>> {
         let ip = IpAddr::V4(plan.ip);
+        let started = watch.started;
         if containers.is_empty() {
             // A stand-in pod: ready as soon as its ports forward.
-            *lock(ready_after) = Some(started.elapsed());
+            *lock(&watch.ready_after) = Some(started.elapsed());
             if let Some(s) = lock(&self.states).get_mut(&plan.name) {
                 s.ready = true;
             }
@@ -547,15 +567,19 @@ impl StartContext {
             let readiness = Probe::of(&c.spec, "readinessProbe", ip)?;
             let liveness = Probe::of(&c.spec, "livenessProbe", ip)?;
             let who = format!("{}/{}", plan.name, c.name);
-            let (flags, ready_after, problems) =
-                (ready_flags.clone(), ready_after.clone(), problems.clone());
+            let (flags, ready_after, problems) = (
+                ready_flags.clone(),
+                watch.ready_after.clone(),
+                watch.problems.clone(),
+            );
+            let last_failure = watch.last_failure.clone();
             let (states, pod) = (self.states.clone(), plan.name.clone());
             tasks.push(tokio::spawn(async move {
-                if let Some(p) = &startup {
-                    if let Err(e) = run_until_success(p).await {
-                        lock(&problems).push(format!("{who}: {e}"));
-                        return;
-                    }
+                if let Some(p) = &startup
+                    && let Err(e) = run_until_success(p, &who, &last_failure).await
+                {
+                    lock(&problems).push(format!("{who}: {e}"));
+                    return;
                 }
                 let set_ready = |ready: bool| {
                     let mut f = lock(&flags);
@@ -584,7 +608,9 @@ impl StartContext {
                                     failures = 0;
                                     set_ready(true);
                                 }
-                                Err(_) => {
+                                Err(e) => {
+                                    lock(&last_failure)
+                                        .insert(who.clone(), format!("{}: {e:#}", p.what));
                                     failures += 1;
                                     if failures >= p.failure_threshold {
                                         set_ready(false);
@@ -605,13 +631,20 @@ impl StartContext {
 }
 
 /// A start-up probe: tried every period until it passes, giving up after failureThreshold.
-async fn run_until_success(p: &Probe) -> Result<()> {
+async fn run_until_success(
+    p: &Probe,
+    who: &str,
+    last_failure: &Mutex<BTreeMap<String, String>>,
+) -> Result<()> {
     tokio::time::sleep(p.initial_delay).await;
     let mut last = String::new();
     for _ in 0..p.failure_threshold {
         match p.run().await {
             Ok(()) => return Ok(()),
-            Err(e) => last = format!("{e:#}"),
+            Err(e) => {
+                last = format!("{e:#}");
+                lock(last_failure).insert(who.to_owned(), format!("{}: {last}", p.what));
+            }
         }
         tokio::time::sleep(p.period).await;
     }
