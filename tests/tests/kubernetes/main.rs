@@ -342,6 +342,12 @@ async fn cpu_overlay_rehearsed() -> Result<()> {
 
     drain_a_worker(&mut cluster, gateway_grpc).await?;
 
+    // No liveness probe failed meanwhile (the kubelet would have restarted the container).
+    for pod in &cluster.pods {
+        let problems = proxy::lock(&pod.problems).clone();
+        anyhow::ensure!(problems.is_empty(), "pod {}: {problems:?}", pod.plan.name);
+    }
+
     // Deleting everything: each ferrite process exits 0 within its grace period (etcd may end
     // by the SIGTERM it re-raises after shutting down cleanly).
     let ferrite_pods: Vec<String> = cluster
