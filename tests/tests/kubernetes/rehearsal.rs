@@ -1,0 +1,707 @@
+//! A rendered overlay, rehearsed as local processes: what a kubelet and kube-proxy would do
+//! with it, on this machine.
+//!
+//! - Each pod gets its own loopback address (127.x.y.z, standing for the pod IP), so every
+//!   container binds the ports it declares, as in its own network namespace; `0.0.0.0` in a
+//!   container's strings becomes that address.
+//! - Containers start from the image's ENTRYPOINT/CMD/ENV (read from deploy/docker/Dockerfile)
+//!   and the container's `command`, `args`, `envFrom` and `env`, with the downward API's values
+//!   and Kubernetes' `$(VAR)` expansion, in a cleared environment (nothing of this test's
+//!   environment leaks in but PATH). Init containers run first, each to exit 0.
+//! - Service names (with a port) in those strings become the local port of a forwarder that
+//!   picks a Ready pod of the Service's selector and connects to its targetPort; pod DNS names
+//!   under a headless Service become pod addresses; volume mount paths become local
+//!   directories (emptyDir and configMap volumes per pod, claims shared by name).
+//! - Probes run on their declared schedule (start-up first, then readiness and liveness) against
+//!   the pod address; a pod is Ready when every container's readiness probe passes.
+//! - Termination: the pod leaves the Services' endpoints, each container's preStop sleep runs,
+//!   then SIGTERM; SIGKILL if the grace period runs out.
+//!
+//! Images that are not ferrite's or etcd's run as stand-ins: the test names a local address
+//! for each of their ports (the OpenTelemetry Collector's OTLP port becomes an OTLP receiver).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use ferrite_cluster_tests::Proc;
+use serde_json::Value;
+
+use crate::manifest::{ImageConfig, Plan, PodPlan, Rewrites, array, expand, str_at};
+use crate::probe::Probe;
+use crate::proxy::{self, PodState, ServicePort, States, lock};
+
+/// How long an init container may run.
+const INIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How the test maps images to this machine.
+#[derive(Debug, Clone, Default)]
+pub struct Images {
+    /// Image repository (without tag) → its Dockerfile stage's ENTRYPOINT, CMD and ENV.
+    pub configs: BTreeMap<String, ImageConfig>,
+    /// Executable path in an image → local executable.
+    pub executables: BTreeMap<String, PathBuf>,
+    /// Image repository → (port name → local address) for images run as stand-ins.
+    pub stand_ins: BTreeMap<String, BTreeMap<String, SocketAddr>>,
+}
+
+fn repository(image: &str) -> &str {
+    // `registry/name:tag` → `registry/name` (a registry port's colon comes before a slash).
+    match image.rfind(':') {
+        Some(i) if !image[i..].contains('/') => &image[..i],
+        _ => image,
+    }
+}
+
+/// One started container.
+#[derive(Debug)]
+pub struct Container {
+    pub name: String,
+    pub spec: Value,
+    pub proc: Proc,
+    /// The strings it was started with, after mapping (for error messages).
+    pub argv: Vec<String>,
+}
+
+/// What terminating one container came to.
+#[derive(Debug)]
+pub struct Exit {
+    pub container: String,
+    /// Exit status 0, before any SIGKILL.
+    pub success: bool,
+    /// Ended by the SIGTERM itself (a Go program such as etcd re-raises it after its own
+    /// clean-up; Kubernetes reports exit code 143).
+    pub by_sigterm: bool,
+    pub status: String,
+    /// From the start of the pod's termination to the exit.
+    pub after: Duration,
+    pub killed: bool,
+}
+
+/// A pod started on this machine.
+#[derive(Debug)]
+pub struct Pod {
+    pub plan: PodPlan,
+    pub containers: Vec<Container>,
+    /// When the pod first turned Ready, after `started`.
+    pub ready_after: Arc<Mutex<Option<Duration>>>,
+    /// Probe failures that a kubelet would act on (start-up given up, liveness failed).
+    pub problems: Arc<Mutex<Vec<String>>>,
+    /// Each container's last failed probe, for the report when a pod never turns Ready.
+    pub last_failure: Arc<Mutex<BTreeMap<String, String>>>,
+    probes: Vec<tokio::task::JoinHandle<()>>,
+    _forwards: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        for p in &self.probes {
+            p.abort();
+        }
+        for f in &self._forwards {
+            f.abort();
+        }
+    }
+}
+
+/// A rehearsed cluster: the pods and the Services of one rendering.
+#[derive(Debug)]
+pub struct Cluster {
+    pub plan: Plan,
+    pub states: States,
+    pub service_ports: Vec<ServicePort>,
+    pub pods: Vec<Pod>,
+    rewrites: Rewrites,
+    images: Images,
+    workdir: PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.pods.clear();
+        let _ = std::fs::remove_dir_all(&self.workdir);
+    }
+}
+
+impl Cluster {
+    /// Opens every Service port and maps every name; starts no pod yet.
+    pub async fn new(plan: Plan, images: Images, workdir: PathBuf) -> Result<Self> {
+        let states: States = Arc::new(Mutex::new(
+            plan.pods
+                .iter()
+                .map(|p| (p.name.clone(), PodState::default()))
+                .collect(),
+        ));
+        let mut rewrites = Rewrites::default();
+        let mut service_ports = Vec::new();
+        for svc in &plan.services {
+            if svc.headless {
+                // Pod DNS names under it: `pod.svc.ns.svc(.cluster.local)` and shorter forms.
+                for pod in plan.pods.iter().filter(|p| p.selected_by(&svc.selector)) {
+                    for name in svc.dns_names() {
+                        rewrites
+                            .hosts
+                            .push((format!("{}.{name}", pod.name), pod.ip.to_string()));
+                    }
+                }
+                continue;
+            }
+            for (port, target) in &svc.ports {
+                let sp = ServicePort::start(svc, *port, target, &plan.pods, states.clone()).await?;
+                for name in svc.dns_names() {
+                    rewrites
+                        .service_ports
+                        .push((format!("{name}:{port}"), sp.local.to_string()));
+                }
+                service_ports.push(sp);
+            }
+        }
+        rewrites.sort();
+        std::fs::create_dir_all(&workdir)?;
+        Ok(Self {
+            plan,
+            states,
+            service_ports,
+            pods: Vec::new(),
+            rewrites,
+            images,
+            workdir,
+        })
+    }
+
+    /// The local address of Service `name`'s port `port`.
+    pub fn service_addr(&self, name: &str, port: u16) -> Result<SocketAddr> {
+        self.service_ports
+            .iter()
+            .find(|s| s.service == name && s.port == port)
+            .map(|s| s.local)
+            .ok_or_else(|| anyhow!("no Service port {name}:{port}"))
+    }
+
+    /// Starts every pod at once, as `kubectl apply` would (init containers run inside each
+    /// pod's task, so one pod's init does not hold up another).
+    pub async fn start_all(&mut self, seeds: &BTreeMap<String, Seed>) -> Result<()> {
+        let plans = self.plan.pods.clone();
+        let starts = plans.into_iter().map(|plan| {
+            let ctx = StartContext {
+                rewrites: self.rewrites.clone(),
+                images: self.images.clone(),
+                config_maps: self.plan.config_maps.clone(),
+                workdir: self.workdir.clone(),
+                states: self.states.clone(),
+                seeds: seeds.clone(),
+            };
+            async move { ctx.start_pod(plan).await }
+        });
+        self.pods = futures::future::try_join_all(starts).await?;
+        Ok(())
+    }
+
+    /// Waits until every pod is Ready; fails early, with the probes' last word, on a problem a
+    /// kubelet would act on, or after `timeout`.
+    pub async fn wait_all_ready(&mut self, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            let mut waiting = Vec::new();
+            for pod in &mut self.pods {
+                let problems = lock(&pod.problems).clone();
+                if !problems.is_empty() {
+                    let report = pod_report(pod).await;
+                    bail!("pod {}: {}\n{report}", pod.plan.name, problems.join("; "));
+                }
+                for c in &mut pod.containers {
+                    if !c.proc.is_running() {
+                        let report = c.proc.stderr_report().await;
+                        bail!(
+                            "pod {} container {} exited (started as {:?})\n{report}",
+                            pod.plan.name,
+                            c.name,
+                            c.argv
+                        );
+                    }
+                }
+                if lock(&pod.ready_after).is_none() {
+                    waiting.push(pod.plan.name.clone());
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                let mut reports = String::new();
+                for pod in &mut self.pods {
+                    if waiting.contains(&pod.plan.name) {
+                        reports.push_str(&pod_report(pod).await);
+                    }
+                }
+                bail!("pods not Ready after {timeout:?}: {waiting:?}\n{reports}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Deletes pod `name` as a kubelet would (see the module doc); returns each container's
+    /// exit.
+    pub async fn terminate(&mut self, name: &str) -> Result<Vec<Exit>> {
+        let states = self.states.clone();
+        let pod = self
+            .pods
+            .iter_mut()
+            .find(|p| p.plan.name == name)
+            .ok_or_else(|| anyhow!("no pod {name}"))?;
+        terminate_pod(pod, &states).await
+    }
+
+    /// Terminates every pod at once.
+    pub async fn terminate_all(&mut self) -> Result<Vec<(String, Vec<Exit>)>> {
+        let states = self.states.clone();
+        let all = self.pods.iter_mut().map(|pod| {
+            let states = states.clone();
+            async move {
+                let name = pod.plan.name.clone();
+                terminate_pod(pod, &states).await.map(|e| (name, e))
+            }
+        });
+        futures::future::try_join_all(all).await
+    }
+}
+
+async fn pod_report(pod: &mut Pod) -> String {
+    let mut out = format!("--- pod {} ---\n", pod.plan.name);
+    for (who, failure) in lock(&pod.last_failure).iter() {
+        out.push_str(&format!("last failed probe of {who}: {failure}\n"));
+    }
+    for c in &mut pod.containers {
+        out.push_str(&format!("container {} argv {:?}\n", c.name, c.argv));
+        out.push_str(&c.proc.stderr_report().await);
+        out.push('\n');
+    }
+    out
+}
+
+async fn terminate_pod(pod: &mut Pod, states: &States) -> Result<Vec<Exit>> {
+    let begun = Instant::now();
+    if let Some(s) = lock(states).get_mut(&pod.plan.name) {
+        s.terminating = true;
+    }
+    for p in &pod.probes {
+        p.abort();
+    }
+    let grace = Duration::from_secs(pod.plan.grace_period_s());
+    let stops = pod.containers.iter_mut().map(|c| async move {
+        let pre_stop = c
+            .spec
+            .pointer("/lifecycle/preStop")
+            .cloned()
+            .unwrap_or(Value::Null);
+        if let Some(s) = pre_stop.pointer("/sleep/seconds").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_secs(s).min(grace)).await;
+        } else if !pre_stop.is_null() {
+            bail!("container {}: only preStop sleep is rehearsed", c.name);
+        }
+        if c.proc.is_running() {
+            c.proc.signal_term()?;
+        }
+        let left = grace.saturating_sub(begun.elapsed());
+        let (status, killed) = match c.proc.wait_exit(left).await {
+            Ok(status) => (status, false),
+            Err(_) => {
+                c.proc.kill_hard().await?;
+                (c.proc.wait_exit(Duration::from_secs(5)).await?, true)
+            }
+        };
+        Ok(Exit {
+            container: c.name.clone(),
+            success: status.success() && !killed,
+            by_sigterm: std::os::unix::process::ExitStatusExt::signal(&status) == Some(15),
+            status: status.to_string(),
+            after: begun.elapsed(),
+            killed,
+        })
+    });
+    futures::future::try_join_all(stops).await
+}
+
+/// What a pod's probe tasks report into.
+struct Watch {
+    started: Instant,
+    ready_after: Arc<Mutex<Option<Duration>>>,
+    problems: Arc<Mutex<Vec<String>>>,
+    last_failure: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+struct StartContext {
+    rewrites: Rewrites,
+    images: Images,
+    config_maps: BTreeMap<String, BTreeMap<String, String>>,
+    workdir: PathBuf,
+    states: States,
+    seeds: BTreeMap<String, Seed>,
+}
+
+impl StartContext {
+    async fn start_pod(self, plan: PodPlan) -> Result<Pod> {
+        let started = Instant::now();
+        let volumes = self.volumes(&plan)?;
+        for init in plan.init_containers() {
+            let mut c = self.start_container(&plan, &init, &volumes)?;
+            let status = c.proc.wait_exit(INIT_TIMEOUT).await;
+            match status {
+                Ok(s) if s.success() => {}
+                other => {
+                    let report = c.proc.stderr_report().await;
+                    bail!(
+                        "pod {} init container {} did not succeed ({other:?}); argv {:?}\n{report}",
+                        plan.name,
+                        c.name,
+                        c.argv
+                    );
+                }
+            }
+        }
+        let mut containers = Vec::new();
+        let mut forwards = Vec::new();
+        for spec in plan.containers() {
+            let repo = repository(str_at(&spec, "/image")).to_owned();
+            if let Some(ports) = self.images.stand_ins.get(&repo) {
+                for port in array(&spec, "ports") {
+                    if let Some(to) = ports.get(str_at(&port, "/name")) {
+                        let number = PodPlan::resolve_port(&spec, &port["containerPort"])?;
+                        let at = SocketAddr::new(IpAddr::V4(plan.ip), number);
+                        forwards.push(proxy::forward(at, *to).await?);
+                    }
+                }
+                continue;
+            }
+            containers.push(self.start_container(&plan, &spec, &volumes)?);
+        }
+        let ready_after = Arc::new(Mutex::new(None));
+        let problems = Arc::new(Mutex::new(Vec::new()));
+        let last_failure = Arc::new(Mutex::new(BTreeMap::new()));
+        let watch = Watch {
+            started,
+            ready_after: ready_after.clone(),
+            problems: problems.clone(),
+            last_failure: last_failure.clone(),
+        };
+        let probes = self.start_probes(&plan, &containers, &watch)?;
+        Ok(Pod {
+            plan,
+            containers,
+            ready_after,
+            problems,
+            last_failure,
+            probes,
+            _forwards: forwards,
+        })
+    }
+
+    /// Local directories for the pod's volumes, by volume name.
+    fn volumes(&self, plan: &PodPlan) -> Result<BTreeMap<String, PathBuf>> {
+        let mut dirs = BTreeMap::new();
+        for v in array(&plan.spec, "volumes") {
+            let name = str_at(&v, "/name").to_owned();
+            let dir = if let Some(claim) = v.pointer("/persistentVolumeClaim/claimName") {
+                self.workdir
+                    .join("claims")
+                    .join(claim.as_str().unwrap_or(""))
+            } else {
+                self.workdir.join("pods").join(&plan.name).join(&name)
+            };
+            std::fs::create_dir_all(&dir)?;
+            if let Some(cm) = v.pointer("/configMap/name").and_then(Value::as_str) {
+                let data = self
+                    .config_maps
+                    .get(cm)
+                    .with_context(|| format!("pod {}: no ConfigMap {cm}", plan.name))?;
+                for (key, value) in data {
+                    std::fs::write(dir.join(key), value)?;
+                }
+            } else if v.get("emptyDir").is_none() && v.get("persistentVolumeClaim").is_none() {
+                bail!(
+                    "pod {}: volume {name} is of a kind the rehearsal does not know",
+                    plan.name
+                );
+            }
+            if let Some(seed) = self.seeds.get(&name) {
+                place_seed(&dir, seed)?;
+            }
+            dirs.insert(name, dir);
+        }
+        Ok(dirs)
+    }
+
+    fn start_container(
+        &self,
+        plan: &PodPlan,
+        spec: &Value,
+        volumes: &BTreeMap<String, PathBuf>,
+    ) -> Result<Container> {
+        let name = str_at(spec, "/name").to_owned();
+        let image = str_at(spec, "/image");
+        let config = self
+            .images
+            .configs
+            .get(repository(image))
+            .cloned()
+            .unwrap_or_default();
+        // The variables Kubernetes knows (envFrom, then env in order), for $(VAR) expansion.
+        let mut vars = BTreeMap::new();
+        for from in array(spec, "envFrom") {
+            let cm = str_at(&from, "/configMapRef/name");
+            let data = self
+                .config_maps
+                .get(cm)
+                .with_context(|| format!("{name}: envFrom a missing ConfigMap {cm}"))?;
+            vars.extend(data.clone());
+        }
+        for e in array(spec, "env") {
+            let key = str_at(&e, "/name").to_owned();
+            let value = if let Some(v) = e.get("value").and_then(Value::as_str) {
+                expand(v, &vars)
+            } else if let Some(path) = e.pointer("/valueFrom/fieldRef/fieldPath") {
+                plan.field(path.as_str().unwrap_or(""))?
+            } else if let Some(r) = e.pointer("/valueFrom/configMapKeyRef") {
+                let (cm, key) = (str_at(r, "/name"), str_at(r, "/key"));
+                self.config_maps
+                    .get(cm)
+                    .and_then(|d| d.get(key))
+                    .cloned()
+                    .with_context(|| format!("{name}: no key {key} in ConfigMap {cm}"))?
+            } else {
+                bail!("{name}: env {key}: a source the rehearsal does not know: {e}");
+            };
+            vars.insert(key, value);
+        }
+        let strings = |key: &str| -> Option<Vec<String>> {
+            spec.get(key).and_then(Value::as_array).map(|a| {
+                a.iter()
+                    .map(|s| expand(s.as_str().unwrap_or(""), &vars))
+                    .collect()
+            })
+        };
+        let argv: Vec<String> = match (strings("command"), strings("args")) {
+            (Some(cmd), args) => cmd.into_iter().chain(args.unwrap_or_default()).collect(),
+            (None, Some(args)) => config.entrypoint.iter().cloned().chain(args).collect(),
+            (None, None) => config
+                .entrypoint
+                .iter()
+                .chain(config.cmd.iter())
+                .cloned()
+                .collect(),
+        };
+        anyhow::ensure!(!argv.is_empty(), "{name}: nothing to run (image {image})");
+        // Mounts, longest path first, so /var/cache/ferrite/x maps inside its own volume.
+        let mut mounts: Vec<(String, PathBuf)> = array(spec, "volumeMounts")
+            .iter()
+            .map(|m| {
+                let vol = str_at(m, "/name");
+                let dir = volumes
+                    .get(vol)
+                    .cloned()
+                    .with_context(|| format!("{name}: mounts a missing volume {vol}"))?;
+                Ok((str_at(m, "/mountPath").to_owned(), dir))
+            })
+            .collect::<Result<_>>()?;
+        mounts.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        let ip = plan.ip.to_string();
+        let map = |s: &str| self.rewrites.apply(s, &ip, &mounts);
+        let mut env: BTreeMap<String, String> = config.env.iter().cloned().collect();
+        env.extend(vars);
+        // A container's HOME is its image user's home: here an empty directory of the pod.
+        let home = self.workdir.join("pods").join(&plan.name).join("home");
+        std::fs::create_dir_all(&home)?;
+        env.entry("HOME".into())
+            .or_insert_with(|| home.to_string_lossy().into_owned());
+        env.insert("HOSTNAME".into(), plan.name.clone());
+        env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
+        let argv: Vec<String> = argv.iter().map(|s| map(s)).collect();
+        let program = self
+            .images
+            .executables
+            .get(&argv[0])
+            .cloned()
+            .with_context(|| format!("{name}: no local program for {}", argv[0]))?;
+        let mut full = vec!["-i".to_owned()];
+        full.extend(env.iter().map(|(k, v)| format!("{k}={}", map(v))));
+        full.push(program.to_string_lossy().into_owned());
+        full.extend(argv[1..].iter().cloned());
+        let proc = Proc::spawn(
+            format!("{}/{name}", plan.name),
+            Path::new("/usr/bin/env"),
+            &full,
+        )?;
+        Ok(Container {
+            name,
+            spec: spec.clone(),
+            proc,
+            argv,
+        })
+    }
+
+    /// One task per container: the start-up probe until it passes (or gives up), then the
+    /// readiness and liveness probes on their periods. The pod's Ready time is recorded when
+    /// every container's readiness probe (or, lacking one, its start) has passed.
+    fn start_probes(
+        &self,
+        plan: &PodPlan,
+        containers: &[Container],
+        watch: &Watch,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+        let ip = IpAddr::V4(plan.ip);
+        let started = watch.started;
+        if containers.is_empty() {
+            // A stand-in pod: ready as soon as its ports forward.
+            *lock(&watch.ready_after) = Some(started.elapsed());
+            if let Some(s) = lock(&self.states).get_mut(&plan.name) {
+                s.ready = true;
+            }
+        }
+        let ready_flags = Arc::new(Mutex::new(vec![false; containers.len()]));
+        let mut tasks = Vec::new();
+        for (i, c) in containers.iter().enumerate() {
+            let startup = Probe::of(&c.spec, "startupProbe", ip)?;
+            let readiness = Probe::of(&c.spec, "readinessProbe", ip)?;
+            let liveness = Probe::of(&c.spec, "livenessProbe", ip)?;
+            let who = format!("{}/{}", plan.name, c.name);
+            let (flags, ready_after, problems) = (
+                ready_flags.clone(),
+                watch.ready_after.clone(),
+                watch.problems.clone(),
+            );
+            let last_failure = watch.last_failure.clone();
+            let (states, pod) = (self.states.clone(), plan.name.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Some(p) = &startup
+                    && let Err(e) = run_until_success(p, &who, &last_failure).await
+                {
+                    lock(&problems).push(format!("{who}: {e}"));
+                    return;
+                }
+                let set_ready = |ready: bool| {
+                    let mut f = lock(&flags);
+                    f[i] = ready;
+                    let all = f.iter().all(|r| *r);
+                    if let Some(s) = lock(&states).get_mut(&pod) {
+                        s.ready = all;
+                    }
+                    let mut at = lock(&ready_after);
+                    if all && at.is_none() {
+                        *at = Some(started.elapsed());
+                    }
+                };
+                let live = liveness.map(|p| {
+                    let (problems, who) = (problems.clone(), who.clone());
+                    tokio::spawn(async move { watch_liveness(&p, &who, &problems).await })
+                });
+                match readiness {
+                    None => set_ready(true),
+                    Some(p) => {
+                        tokio::time::sleep(p.initial_delay).await;
+                        let mut failures = 0;
+                        loop {
+                            match p.run().await {
+                                Ok(()) => {
+                                    failures = 0;
+                                    set_ready(true);
+                                }
+                                Err(e) => {
+                                    lock(&last_failure)
+                                        .insert(who.clone(), format!("{}: {e:#}", p.what));
+                                    failures += 1;
+                                    if failures >= p.failure_threshold {
+                                        set_ready(false);
+                                    }
+                                }
+                            }
+                            tokio::time::sleep(p.period).await;
+                        }
+                    }
+                }
+                if let Some(l) = live {
+                    let _ = l.await;
+                }
+            }));
+        }
+        Ok(tasks)
+    }
+}
+
+/// A start-up probe: tried every period until it passes, giving up after failureThreshold.
+async fn run_until_success(
+    p: &Probe,
+    who: &str,
+    last_failure: &Mutex<BTreeMap<String, String>>,
+) -> Result<()> {
+    tokio::time::sleep(p.initial_delay).await;
+    let mut last = String::new();
+    for _ in 0..p.failure_threshold {
+        match p.run().await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                last = format!("{e:#}");
+                lock(last_failure).insert(who.to_owned(), format!("{}: {last}", p.what));
+            }
+        }
+        tokio::time::sleep(p.period).await;
+    }
+    bail!(
+        "{} failed {} times (the kubelet would restart the container): {last}",
+        p.what,
+        p.failure_threshold
+    )
+}
+
+async fn watch_liveness(p: &Probe, who: &str, problems: &Mutex<Vec<String>>) {
+    tokio::time::sleep(p.initial_delay).await;
+    let mut failures = 0;
+    loop {
+        match p.run().await {
+            Ok(()) => failures = 0,
+            Err(e) => {
+                failures += 1;
+                if failures >= p.failure_threshold {
+                    lock(problems).push(format!(
+                        "{who}: {} failed {failures} times (the kubelet would restart it): {e:#}",
+                        p.what
+                    ));
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(p.period).await;
+    }
+}
+
+/// A file a volume holds before its pod starts (as a PersistentVolume filled earlier would):
+/// `source` appears in the volume as `relative` (a symbolic link).
+#[derive(Debug, Clone)]
+pub struct Seed {
+    pub source: PathBuf,
+    pub relative: PathBuf,
+}
+
+/// Links the seed's file into `volume`.
+fn place_seed(volume: &Path, seed: &Seed) -> Result<()> {
+    let source = &seed.source;
+    let dest = volume.join(&seed.relative);
+    if let Some(parent) = dest.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if !dest.exists() {
+        std::os::unix::fs::symlink(source, &dest)
+            .with_context(|| format!("linking {} at {}", source.display(), dest.display()))?;
+    }
+    Ok(())
+}
+
+/// A distinct 127.a.b.0/24 per test process, so that two rehearsals never share addresses.
+pub fn first_pod_ip() -> Ipv4Addr {
+    let pid = std::process::id();
+    let a = 100 + (pid % 100) as u8;
+    let b = ((pid / 100) % 250) as u8;
+    Ipv4Addr::new(127, a, b, 10)
+}
