@@ -5,9 +5,12 @@
 //! - [`FILE_DESCRIPTOR_SET`]: for gRPC server reflection.
 //! - [`sampling`]: the valid ranges of the sampling parameters (checked by the gateway and the
 //!   engine alike).
+//! - [`prefix`]: the chained hashes that name full KV blocks (the engine's prefix cache and the
+//!   gateway's KV-aware routing compute them alike).
 
 #![allow(missing_debug_implementations)] // generated code
 
+pub mod prefix;
 pub mod sampling;
 
 pub mod v1 {

@@ -6,6 +6,12 @@
 //! Aborting frees a request's KV blocks at once, so a cancelled client's blocks are back in the
 //! pool before the next step is planned.
 //!
+//! Prefix caching (on unless [`EngineConfig::prefix_caching`] is off) is the leader's
+//! decision alone: the scheduler starts a new sequence's table with cached blocks and its first
+//! chunk after them, and the plan carries that table like any other, so every rank simply
+//! follows. Block hashes are seeded with the model's identity ([`EngineConfig::model_identity`],
+//! its shape and the device's dtype), so blocks of different models or weights never match.
+//!
 //! On a GPU a step samples on the device when none of its requests needs the logits on the
 //! host (logprobs, or penalties over the tokens so far): only the ids come back. Otherwise the
 //! logits rows come back and each request's [`Sampler`] picks, as on the CPU.
@@ -20,6 +26,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Picks};
 use crate::gpu::{DeviceSampling, GpuOptions};
+use crate::kv_cache::{BlockHash, KvEvent};
 use crate::model::EngineModel;
 use crate::plan::PlanBuilder;
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
@@ -37,6 +44,12 @@ pub struct EngineConfig {
     pub kv_cache_bytes: usize,
     /// Run on this GPU instead of the CPU (the KV cache is then sized from its memory).
     pub cuda: Option<CudaPlacement>,
+    /// Reuse the KV blocks of prompt prefixes computed before (automatic prefix caching).
+    pub prefix_caching: bool,
+    /// What, besides the shape the engine sees, makes this model's keys and values what they
+    /// are: its file or name, the format and quantization of its weights. Seeds the block
+    /// hashes (see [`ferrite_proto::prefix`]).
+    pub model_identity: String,
 }
 
 /// A GPU for the engine and how the model runs there.
@@ -55,6 +68,8 @@ impl Default for EngineConfig {
             block_size: 16,
             kv_cache_bytes: 1 << 30,
             cuda: None,
+            prefix_caching: true,
+            model_identity: String::new(),
         }
     }
 }
@@ -89,6 +104,8 @@ pub struct TokenEvent {
     pub finish: Option<FinishReason>,
     /// How the request went, on its last token (for its trace spans and latency metrics).
     pub timing: Option<RequestTiming>,
+    /// On the request's first token: how many of its prompt tokens came from the prefix cache.
+    pub cached_tokens: Option<usize>,
 }
 
 /// When a request reached each stage, as seen by the engine thread.
@@ -103,6 +120,8 @@ pub struct RequestTiming {
     /// Its last token was sampled.
     pub finished: Instant,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache (when first scheduled).
+    pub cached_tokens: usize,
     pub output_tokens: usize,
     /// Times it lost its KV blocks and was recomputed.
     pub preemptions: u32,
@@ -118,14 +137,22 @@ pub struct StepOutput {
 }
 
 /// Load figures, for routing and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
+    /// Blocks held by queued or running requests (cached blocks no request holds are free).
     pub kv_blocks_used: usize,
     pub kv_blocks_total: usize,
+    /// Blocks the prefix cache names.
+    pub kv_blocks_cached: usize,
+    /// Tokens the requests in the engine still have to run through the model.
+    pub pending_tokens: usize,
     /// Preemptions since the engine started.
     pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and those found there, since start.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
 }
 
 #[derive(Debug)]
@@ -153,6 +180,7 @@ pub struct Engine {
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
     preemptions: u64,
+    block_size: usize,
     /// Faults the unit tests make a step meet.
     #[cfg(test)]
     faults: tests::Faults,
@@ -197,12 +225,14 @@ impl Engine {
     ) -> Result<Self> {
         let num_blocks = exec.agree_on_blocks()?;
         let num_blocks = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1);
+        let prefix_cache = cfg.prefix_caching.then(|| prefix_cache_seed(&exec, cfg));
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 max_num_seqs: cfg.max_num_seqs,
                 max_model_len: exec.max_model_len(),
                 block_size: cfg.block_size,
+                prefix_cache,
             },
             num_blocks,
         );
@@ -214,6 +244,7 @@ impl Engine {
             requests: HashMap::new(),
             eos_ids,
             preemptions: 0,
+            block_size: cfg.block_size,
             #[cfg(test)]
             faults: tests::Faults::default(),
         })
@@ -244,7 +275,39 @@ impl Engine {
         // Any in-vocabulary ids do; the request id is one submitted requests never get.
         let prompt = (0..prompt_len as u32).collect();
         self.run_to_completion(vec![(SeqId::MAX, prompt, params)], |_| true)?;
+        // A fresh pool holds no one's prefix.
+        self.sched.reset_prefix_cache();
         Ok(prompt_len + 1)
+    }
+
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The seed of this engine's block hashes, when prefix caching is on.
+    pub fn prefix_cache_seed(&self) -> Option<BlockHash> {
+        self.sched.config().prefix_cache
+    }
+
+    /// Starts (or stops) recording changes to the prefix cache for [`Self::take_kv_events`].
+    pub fn record_kv_events(&mut self, on: bool) {
+        self.sched.pool_mut().record_events(on);
+    }
+
+    /// Changes to the prefix cache since the last call, oldest first.
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.sched.take_kv_events()
+    }
+
+    /// Every block hash the prefix cache holds now.
+    pub fn cached_block_hashes(&self) -> Vec<BlockHash> {
+        self.sched.cached_hashes()
+    }
+
+    /// Forgets every cached block no request holds. Returns how many.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        self.sched.reset_prefix_cache()
     }
 
     /// The model's shape.
@@ -325,12 +388,17 @@ impl Engine {
     }
 
     pub fn stats(&self) -> EngineStats {
+        let (prefix_cache_queries, prefix_cache_hits) = self.sched.prefix_cache_counts();
         EngineStats {
             running: self.sched.num_running(),
             waiting: self.sched.num_waiting(),
             kv_blocks_used: self.sched.blocks_used(),
             kv_blocks_total: self.sched.blocks_total(),
+            kv_blocks_cached: self.sched.blocks_cached(),
+            pending_tokens: self.sched.pending_tokens(),
             preemptions: self.preemptions,
+            prefix_cache_queries,
+            prefix_cache_hits,
         }
     }
 
@@ -400,6 +468,8 @@ impl Engine {
             if c.samples {
                 on_device.push(device_sampling(req, seq.output().len()));
             }
+            // A chunk writes only blocks of its own that no other sequence can read.
+            self.sched.check_writes(c).map_err(EngineError::Internal)?;
         }
         let mut plan = self.plans.build(schedule, &self.sched)?;
         // On a GPU, a step whose every sampling request the device can serve alone samples
@@ -443,13 +513,16 @@ impl Engine {
             None
         };
         let sampled_at = Instant::now();
+        let is_first = req.first_token.is_none();
         let first_token = *req.first_token.get_or_insert(sampled_at);
+        let cached = seq.num_cached_tokens.unwrap_or(0);
         let timing = finish.map(|_| RequestTiming {
             arrived: req.arrived,
             scheduled: req.scheduled.unwrap_or(now),
             first_token,
             finished: sampled_at,
             prompt_tokens: seq.prompt().len(),
+            cached_tokens: cached,
             output_tokens: generated,
             preemptions: req.preemptions,
         });
@@ -464,8 +537,23 @@ impl Engine {
             token,
             finish,
             timing,
+            cached_tokens: is_first.then_some(cached),
         })
     }
+}
+
+/// The seed of `exec`'s block hashes: the model's identity as the caller knows it, its shape,
+/// and the dtype its keys and values are computed in.
+fn prefix_cache_seed(exec: &Executor, cfg: &EngineConfig) -> BlockHash {
+    let dtype = cfg.cuda.as_ref().map_or_else(
+        || "cpu f32".to_owned(),
+        |c| format!("cuda {:?}", c.opts.dtype),
+    );
+    ferrite_proto::prefix::seed(&format!(
+        "{}\n{:?}\n{dtype}",
+        cfg.model_identity,
+        exec.config()
+    ))
 }
 
 /// One sampling chunk's share of a step's picks.

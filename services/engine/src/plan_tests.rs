@@ -12,6 +12,7 @@ fn sched(blocks: u32) -> Scheduler {
             max_num_seqs: 8,
             max_model_len: 64,
             block_size: 4,
+            prefix_cache: None,
         },
         blocks,
     )
@@ -155,4 +156,44 @@ fn plans_out_of_order_or_naming_unknown_sequences_are_refused() {
         Order::decode(&[0xff, 0xff]).is_err(),
         "garbage does not decode"
     );
+}
+
+/// With prefix caching, a new sequence's table begins with another's (cached, shared) blocks
+/// and its first chunk starts after them; the ranks rebuild exactly that table from the plan.
+#[test]
+fn a_table_that_begins_with_shared_cached_blocks_reaches_the_ranks_in_full() -> Result<()> {
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 8,
+            max_num_seqs: 8,
+            max_model_len: 64,
+            block_size: 4,
+            prefix_cache: Some(ferrite_proto::prefix::seed("plan test")),
+        },
+        32,
+    );
+    let (mut b, mut rank) = (PlanBuilder::default(), BlockTables::default());
+    let prompt: Vec<u32> = (1..=10).collect();
+    s.add(1, prompt.clone());
+    while s.get(1).is_some_and(|q| q.num_computed < 10) {
+        step(&mut s, &mut b, &mut rank, 30)?;
+    }
+    let first_blocks = s.get(1).expect("seq 1").block_table.blocks()[..2].to_vec();
+    s.add(2, prompt.iter().copied().chain([77, 78]).collect());
+    let p = step(&mut s, &mut b, &mut rank, 30)?;
+    let new = p
+        .tables
+        .iter()
+        .find(|t| t.id == 2)
+        .expect("seq 2's table is sent");
+    assert!(new.new);
+    assert_eq!(
+        new.blocks[..2],
+        first_blocks[..],
+        "it begins with seq 1's blocks"
+    );
+    let chunk = p.chunks.iter().find(|c| c.id == 2).expect("seq 2 runs");
+    assert_eq!(chunk.start, 8, "after the two cached blocks");
+    assert_eq!(chunk.tokens, vec![9, 10, 77, 78]);
+    Ok(())
 }

@@ -14,10 +14,25 @@
 //! A sequence is never admitted unless it can ever fit: [`Scheduler::check_fits`] refuses
 //! prompts at or over `max_model_len`, and the engine refuses configurations whose pool cannot
 //! hold one `max_model_len` sequence.
+//!
+//! # Prefix caching
+//!
+//! With a seed for block hashes ([`SchedulerConfig::prefix_cache`]), a sequence's full blocks
+//! are named by chained hashes of its tokens ([`ferrite_proto::prefix`]). When a sequence is
+//! admitted with nothing computed (new, or back after a preemption), its longest run of leading
+//! blocks found in the pool's index is taken as computed: its table starts with those shared
+//! blocks and its first chunk starts after them. The last token is always computed (its logits
+//! give the next token), so at most `(len − 1) / block_size` blocks are reused. Once a chunk is
+//! computed, the blocks it filled are registered in the index for later sequences. A sequence
+//! writes only past its computed tokens, so it never writes a shared block
+//! ([`Scheduler::check_writes`] checks it every step). Finished and preempted sequences' blocks
+//! stay cached until the pool needs them (least recently freed first).
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::kv_cache::{BlockTable, KvBlockPool, blocks_for};
+use ferrite_proto::prefix;
+
+use crate::kv_cache::{BlockHash, BlockTable, KvBlockPool, KvEvent, blocks_for};
 
 pub type SeqId = u64;
 
@@ -30,6 +45,9 @@ pub struct SchedulerConfig {
     /// Prompt + generated tokens of one sequence at most.
     pub max_model_len: usize,
     pub block_size: usize,
+    /// With prefix caching on, the seed of the block hashes (a hash of the model's identity:
+    /// [`prefix::seed`]); `None`: off.
+    pub prefix_cache: Option<BlockHash>,
 }
 
 /// What the scheduler knows of a sequence: its tokens and where its KV is.
@@ -42,6 +60,12 @@ pub struct SeqState {
     pub num_computed: usize,
     pub block_table: BlockTable,
     pub num_preemptions: u32,
+    /// Chained hashes of the full blocks of `tokens` (prefix caching on).
+    pub block_hashes: Vec<BlockHash>,
+    /// Leading blocks of the table the index names (reused, or registered once computed).
+    num_registered: usize,
+    /// Prompt tokens found in the cache when first admitted (`None` until then).
+    pub num_cached_tokens: Option<usize>,
 }
 
 impl SeqState {
@@ -52,6 +76,9 @@ impl SeqState {
             num_computed: 0,
             block_table: BlockTable::default(),
             num_preemptions: 0,
+            block_hashes: Vec::new(),
+            num_registered: 0,
+            num_cached_tokens: None,
         }
     }
 
@@ -97,6 +124,9 @@ pub struct Scheduler {
     waiting: VecDeque<SeqId>,
     /// Oldest first.
     running: Vec<SeqId>,
+    /// Prompt tokens looked up in the prefix cache at admission, and those found.
+    prefix_queries: u64,
+    prefix_hits: u64,
 }
 
 impl Scheduler {
@@ -107,6 +137,8 @@ impl Scheduler {
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            prefix_queries: 0,
+            prefix_hits: 0,
         }
     }
 
@@ -125,9 +157,19 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Queues a sequence. The caller checked [`Self::check_fits`] and that `id` is new.
+    /// Queues a sequence. The caller checked [`Self::check_fits`] and that `id` is new. With
+    /// prefix caching on, the prompt's full blocks are hashed here, once.
     pub fn add(&mut self, id: SeqId, prompt: Vec<u32>) {
-        self.seqs.insert(id, SeqState::new(prompt));
+        let mut seq = SeqState::new(prompt);
+        if let Some(seed) = self.cfg.prefix_cache {
+            prefix::extend(
+                &mut seq.block_hashes,
+                seed,
+                self.cfg.block_size,
+                &seq.tokens,
+            );
+        }
+        self.seqs.insert(id, seq);
         self.waiting.push_back(id);
     }
 
@@ -171,6 +213,42 @@ impl Scheduler {
         self.pool.num_blocks()
     }
 
+    /// Blocks the prefix cache names (held or free).
+    pub fn blocks_cached(&self) -> usize {
+        self.pool.num_cached()
+    }
+
+    /// Prompt tokens looked up in the prefix cache at admission, and those found, since start.
+    pub fn prefix_cache_counts(&self) -> (u64, u64) {
+        (self.prefix_queries, self.prefix_hits)
+    }
+
+    /// Tokens the queued and running sequences still have to run through the model (prompts
+    /// not yet prefilled, one per decoding sequence): the pool's backlog, for routing.
+    pub fn pending_tokens(&self) -> usize {
+        self.waiting
+            .iter()
+            .chain(&self.running)
+            .filter_map(|id| self.seqs.get(id))
+            .map(|s| s.tokens.len().saturating_sub(s.num_computed))
+            .sum()
+    }
+
+    /// The pool's block index, for KV events and cache resets.
+    pub fn pool_mut(&mut self) -> &mut KvBlockPool {
+        &mut self.pool
+    }
+
+    /// Every hash the cache names now (a snapshot for a new listener).
+    pub fn cached_hashes(&self) -> Vec<BlockHash> {
+        self.pool.cached_hashes()
+    }
+
+    /// The index changes since last taken (see [`KvBlockPool::record_events`]).
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.pool.take_events()
+    }
+
     /// Plans the next step and allocates the blocks it needs. The chunks' tokens must then be
     /// computed and [`Self::mark_computed`] called for each.
     pub fn schedule(&mut self) -> Schedule {
@@ -194,24 +272,77 @@ impl Scheduler {
                 let Some(&id) = self.waiting.front() else {
                     break;
                 };
-                let Some(want) = self.chunk_len(id, budget) else {
-                    break;
-                };
-                let Some(seq) = self.seqs.get_mut(&id) else {
+                if !self.seqs.contains_key(&id) {
                     self.waiting.pop_front();
                     continue;
-                };
-                let need = blocks_for(seq.num_computed + want, self.cfg.block_size)
-                    - seq.block_table.len();
-                if !self.pool.allocate_into(need, &mut seq.block_table) {
-                    break;
                 }
+                let Some(want) = self.admit(id, budget) else {
+                    break;
+                };
                 self.waiting.pop_front();
                 self.running.push(id);
                 budget -= self.push_chunk(id, want, &mut plan);
             }
         }
         plan
+    }
+
+    /// Gives waiting sequence `id` its table: the cached blocks of its longest cached prefix
+    /// (taken as computed) and new blocks for a first chunk of at most `budget` tokens. Returns
+    /// the chunk's length, or `None` (nothing taken) when the pool has too few free blocks.
+    fn admit(&mut self, id: SeqId, budget: usize) -> Option<usize> {
+        let bs = self.cfg.block_size;
+        let seq = self.seqs.get_mut(&id)?;
+        // A waiting sequence holds no blocks (it is new, or its blocks went when preempted),
+        // so only it can start from cached blocks.
+        let fresh = seq.block_table.is_empty();
+        let mut hits = Vec::new();
+        if let Some(seed) = self.cfg.prefix_cache
+            && fresh
+        {
+            prefix::extend(&mut seq.block_hashes, seed, bs, &seq.tokens);
+            // The last token is computed in any case: its logits pick the next one.
+            let most = seq.tokens.len().saturating_sub(1) / bs;
+            for &h in seq.block_hashes.iter().take(most) {
+                match self.pool.lookup(h) {
+                    Some(b) => hits.push(b),
+                    None => break,
+                }
+            }
+        }
+        let computed = if fresh {
+            hits.len() * bs
+        } else {
+            seq.num_computed
+        };
+        let want = seq.tokens.len().saturating_sub(computed).min(budget);
+        if want == 0 {
+            return None;
+        }
+        let have = seq.block_table.len() + hits.len();
+        let need = blocks_for(computed + want, bs).saturating_sub(have);
+        // Hits that are free now leave the free queue: they count against what is free.
+        let reclaimed = hits
+            .iter()
+            .filter(|&&b| self.pool.ref_count(b) == 0)
+            .count();
+        if self.pool.num_free() < need + reclaimed {
+            return None;
+        }
+        let held = self.pool.hold_into(&hits, &mut seq.block_table);
+        let allocated = self.pool.allocate_into(need, &mut seq.block_table);
+        debug_assert!(held && allocated, "counted above");
+        if fresh {
+            seq.num_computed = computed;
+            seq.num_registered = hits.len();
+        }
+        if self.cfg.prefix_cache.is_some() {
+            self.prefix_queries += seq.tokens.len() as u64;
+            self.prefix_hits += computed as u64;
+        }
+        seq.num_cached_tokens
+            .get_or_insert(computed.min(seq.prompt_len));
+        Some(want)
     }
 
     /// Tokens of `id` to run this step within `budget`, or None if it has none left to run.
@@ -247,6 +378,7 @@ impl Scheduler {
         if let Some(seq) = self.seqs.get_mut(&id) {
             self.pool.release(&mut seq.block_table);
             seq.num_computed = 0;
+            seq.num_registered = 0;
             seq.num_preemptions += 1;
         }
         self.running.retain(|&r| r != id);
@@ -268,11 +400,68 @@ impl Scheduler {
         len
     }
 
-    /// Records that a chunk's tokens are now in the cache.
+    /// Records that a chunk's tokens are now in the cache; with prefix caching on, the blocks
+    /// it filled are registered for later sequences.
     pub fn mark_computed(&mut self, chunk: &ScheduledChunk) {
-        if let Some(seq) = self.seqs.get_mut(&chunk.id) {
-            seq.num_computed = chunk.start + chunk.len;
+        let Some(seq) = self.seqs.get_mut(&chunk.id) else {
+            return;
+        };
+        seq.num_computed = chunk.start + chunk.len;
+        let Some(seed) = self.cfg.prefix_cache else {
+            return;
+        };
+        let bs = self.cfg.block_size;
+        let full = seq.num_computed / bs;
+        if full <= seq.num_registered {
+            return;
         }
+        prefix::extend(&mut seq.block_hashes, seed, bs, &seq.tokens[..full * bs]);
+        for j in seq.num_registered..full {
+            // A block already named by another sequence's copy stays private (invariant 7).
+            self.pool
+                .register(seq.block_table.blocks()[j], seq.block_hashes[j]);
+        }
+        seq.num_registered = full;
+    }
+
+    /// Why `chunk` would write a block it must not (one shared or cached), if it would: the
+    /// positions it computes must lie in blocks held by its sequence alone and not cached.
+    pub fn check_writes(&self, chunk: &ScheduledChunk) -> Result<(), String> {
+        let bs = self.cfg.block_size;
+        let table = self.block_table(chunk.id);
+        if chunk.len == 0 {
+            return Ok(());
+        }
+        for j in chunk.start / bs..=(chunk.start + chunk.len - 1) / bs {
+            match table.get(j) {
+                Some(&b) if self.pool.is_private(b) => {}
+                Some(&b) => {
+                    return Err(format!(
+                        "sequence {} would write block {b} (position {}..{}), which is shared \
+                         ({} holders) or cached",
+                        chunk.id,
+                        chunk.start,
+                        chunk.start + chunk.len,
+                        self.pool.ref_count(b)
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "sequence {} has no block {j} for positions {}..{}",
+                        chunk.id,
+                        chunk.start,
+                        chunk.start + chunk.len
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets every cached block no sequence holds (after warm-up, so a fresh pool starts
+    /// empty). Returns how many were forgotten.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        self.pool.reset_cache()
     }
 
     /// The block table of a sequence (for the forward).

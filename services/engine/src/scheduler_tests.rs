@@ -1,4 +1,5 @@
 use super::*;
+use crate::kv_cache::BlockHash;
 
 fn sched(budget: usize, max_seqs: usize, blocks: u32) -> Scheduler {
     Scheduler::new(
@@ -7,6 +8,7 @@ fn sched(budget: usize, max_seqs: usize, blocks: u32) -> Scheduler {
             max_num_seqs: max_seqs,
             max_model_len: 64,
             block_size: 4,
+            prefix_cache: None,
         },
         blocks,
     )
@@ -155,4 +157,197 @@ fn prompts_that_can_never_fit_are_refused() {
     assert!(s.check_fits(63).is_ok());
     let err = s.check_fits(64).expect_err("too long");
     assert!(err.contains("64 tokens"), "{err}");
+}
+
+fn cached_sched(budget: usize, blocks: u32) -> Scheduler {
+    Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: budget,
+            max_num_seqs: 8,
+            max_model_len: 64,
+            block_size: 4,
+            prefix_cache: Some(prefix::seed("test model")),
+        },
+        blocks,
+    )
+}
+
+/// Runs `id` alone until its prompt is computed and one token sampled, then finishes it.
+fn run_alone(s: &mut Scheduler, id: SeqId, prompt: Vec<u32>) -> Schedule {
+    s.add(id, prompt);
+    let first = run_step(s, 100);
+    while s.get(id).is_some_and(|q| q.num_computed < q.prompt_len) {
+        run_step(s, 100);
+    }
+    s.remove(id);
+    first
+}
+
+#[test]
+fn a_new_sequence_starts_after_its_longest_cached_prefix() {
+    let mut s = cached_sched(100, 16);
+    let first: Vec<u32> = (1..=10).collect();
+    let p = run_alone(&mut s, 1, first.clone());
+    assert_eq!(p.chunks[0].start, 0, "nothing cached yet");
+    assert_eq!(s.blocks_cached(), 2, "the two full blocks of the prompt");
+    assert_eq!(
+        s.blocks_used(),
+        0,
+        "finished: its blocks are free but cached"
+    );
+    // Same first 8 tokens, another tail: two blocks reused, the rest computed.
+    let mut second = first[..8].to_vec();
+    second.extend([50, 51, 52, 53]);
+    s.add(2, second);
+    let p = s.schedule();
+    assert_eq!(
+        p.chunks,
+        vec![ScheduledChunk {
+            id: 2,
+            start: 8,
+            len: 4,
+            samples: true
+        }]
+    );
+    let seq = s.get(2).expect("seq 2");
+    assert_eq!(seq.num_cached_tokens, Some(8));
+    assert_eq!(s.prefix_cache_counts(), (10 + 12, 8));
+    for c in &p.chunks {
+        s.check_writes(c).expect("writes only its own blocks");
+    }
+}
+
+#[test]
+fn a_partial_hit_stops_at_the_first_block_that_differs() {
+    let mut s = cached_sched(100, 16);
+    run_alone(&mut s, 1, (1..=12).collect());
+    let mut other: Vec<u32> = (1..=12).collect();
+    other[5] = 99; // in the second block
+    s.add(2, other);
+    let p = s.schedule();
+    assert_eq!((p.chunks[0].start, p.chunks[0].len), (4, 8));
+}
+
+#[test]
+fn a_whole_prompt_in_the_cache_still_computes_its_last_token() {
+    let mut s = cached_sched(100, 16);
+    let prompt: Vec<u32> = (1..=8).collect();
+    run_alone(&mut s, 1, prompt.clone());
+    s.add(2, prompt);
+    let p = s.schedule();
+    // Two full blocks are cached, but the last token's logits are needed: the second block
+    // is computed again (into a block of its own), the first reused.
+    assert_eq!((p.chunks[0].start, p.chunks[0].len), (4, 4));
+    s.check_writes(&p.chunks[0]).expect("a private block");
+}
+
+#[test]
+fn blocks_shared_by_running_sequences_outlive_any_one_of_them() {
+    let mut s = cached_sched(100, 8);
+    let prefix: Vec<u32> = (1..=8).collect();
+    run_alone(&mut s, 1, prefix.iter().copied().chain([9]).collect());
+    let shared: Vec<u32> = (0..2)
+        .map(|j| s.pool.lookup(s.get_hashes(&prefix)[j]).expect("cached"))
+        .collect();
+    for id in [2, 3] {
+        s.add(id, prefix.iter().copied().chain([id as u32 + 20]).collect());
+    }
+    run_step(&mut s, 7);
+    for &b in &shared {
+        assert_eq!(s.pool.ref_count(b), 2, "both running sequences hold it");
+    }
+    s.remove(2);
+    for &b in &shared {
+        assert_eq!(s.pool.ref_count(b), 1, "still held by seq 3");
+    }
+    // A newcomer that needs every free block cannot take them.
+    s.add(4, (30..52).collect());
+    let p = s.schedule();
+    assert!(p.chunks.iter().all(|c| c.id != 4), "it waits: {p:?}");
+    assert_eq!(s.block_table(3)[..2], shared[..]);
+}
+
+impl Scheduler {
+    /// The chained hashes of `tokens` under this scheduler's seed.
+    fn get_hashes(&self, tokens: &[u32]) -> Vec<BlockHash> {
+        let seed = self.cfg.prefix_cache.expect("caching on");
+        prefix::chain(seed, self.cfg.block_size, tokens)
+    }
+}
+
+/// A model of the KV storage that catches a use after evict: each slot remembers which prefix
+/// (a hash of the tokens up to and including its position) was computed into it. Before a
+/// chunk runs, every position it attends to must hold its own sequence's prefix; a block
+/// evicted and rewritten under a running sequence, or a shared block written by one of its
+/// readers, shows up as a slot holding another prefix.
+#[test]
+fn no_sequence_ever_reads_a_slot_written_for_another_prefix() {
+    fn prefix_id(tokens: &[u32]) -> u64 {
+        tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
+            (h ^ u64::from(t)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+    let bs = 4;
+    let mut s = cached_sched(12, 10);
+    let mut slots: Vec<Option<u64>> = vec![None; 10 * bs];
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let bases: [Vec<u32>; 3] = [(1..=9).collect(), (20..=27).collect(), (40..=52).collect()];
+    let (mut next_id, mut hits, mut preemptions) = (0u64, 0u64, 0usize);
+    for _ in 0..3000 {
+        if s.num_waiting() + s.num_running() < 8 && next() % 2 == 0 {
+            next_id += 1;
+            let mut prompt = bases[(next() % 3) as usize].clone();
+            prompt.truncate(4 + (next() % 6) as usize);
+            prompt.extend((0..next() % 5).map(|_| (next() % 4) as u32));
+            s.add(next_id, prompt);
+        }
+        let plan = s.schedule();
+        preemptions += plan.preempted.len();
+        for c in &plan.chunks {
+            s.check_writes(c).expect("writes stay private");
+            let seq = s.get(c.id).expect("planned");
+            let table = seq.block_table.blocks();
+            for q in 0..c.start {
+                let slot = table[q / bs] as usize * bs + q % bs;
+                assert_eq!(
+                    slots[slot],
+                    Some(prefix_id(&seq.tokens[..=q])),
+                    "seq {} reads position {q} from block {}",
+                    c.id,
+                    table[q / bs]
+                );
+            }
+        }
+        for c in &plan.chunks {
+            let seq = s.get(c.id).expect("planned");
+            let table = seq.block_table.blocks();
+            for p in c.start..c.start + c.len {
+                slots[table[p / bs] as usize * bs + p % bs] = Some(prefix_id(&seq.tokens[..=p]));
+            }
+        }
+        for c in &plan.chunks {
+            s.mark_computed(c);
+            if c.samples {
+                s.push_token(c.id, (next() % 4) as u32);
+                let done = s
+                    .get(c.id)
+                    .is_some_and(|q| q.tokens.len() > 14 + (c.id as usize % 8));
+                if done || next() % 40 == 0 {
+                    s.remove(c.id);
+                }
+            }
+        }
+        hits = s.prefix_cache_counts().1;
+    }
+    assert!(hits > 1000, "prefixes were reused ({hits} tokens)");
+    assert!(
+        preemptions > 10,
+        "the pool was pressed ({preemptions} preemptions)"
+    );
 }

@@ -168,3 +168,137 @@ fn greedy_continuations_match_in_one_batch() {
         cases().len()
     );
 }
+
+fn greedy_requests(prompts: &[Vec<u32>], first_id: u64) -> Vec<(u64, Vec<u32>, SamplingParams)> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let params = SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(32)
+            };
+            (first_id + i as u64, p.clone(), params)
+        })
+        .collect()
+}
+
+/// Each prompt's 32 greedy tokens from `engine`, all prompts in one batch; with the prompt
+/// tokens each request found in the prefix cache.
+fn greedy_batch(
+    engine: &mut Engine,
+    prompts: &[Vec<u32>],
+    first_id: u64,
+) -> (Vec<Vec<u32>>, Vec<usize>) {
+    let mut cached = vec![0; prompts.len()];
+    let out = engine
+        .run_to_completion(greedy_requests(prompts, first_id), |ev| {
+            if let Some(c) = ev.cached_tokens {
+                cached[(ev.id - first_id) as usize] = c;
+            }
+            true
+        })
+        .expect("generate");
+    let tokens = (0..prompts.len())
+        .map(|i| out[&(first_id + i as u64)].token_ids())
+        .collect();
+    (tokens, cached)
+}
+
+fn golden_prompts() -> Vec<Vec<u32>> {
+    cases()
+        .iter()
+        .map(|c| ids(&c["prompt_token_ids"]))
+        .collect()
+}
+
+/// Small blocks, so even the short golden prompts span several.
+fn cached_cfg(prefix_caching: bool) -> EngineConfig {
+    EngineConfig {
+        max_model_len: Some(1024),
+        max_num_batched_tokens: 96,
+        kv_cache_bytes: 256 << 20,
+        block_size: 4,
+        prefix_caching,
+        ..EngineConfig::default()
+    }
+}
+
+/// Greedy output with a partial and with a full prefix-cache hit equals the cold output token
+/// for token (32 tokens of each golden prompt), and the cold output equals transformers'.
+#[test]
+fn cache_hits_give_the_cold_greedy_tokens() {
+    let prompts = golden_prompts();
+    let mut cold_engine = Engine::new(load().model, vec![], cached_cfg(false)).expect("engine");
+    let (cold, none_cached) = greedy_batch(&mut cold_engine, &prompts, 0);
+    assert!(none_cached.iter().all(|&c| c == 0), "caching is off");
+    for (case, got) in cases().iter().zip(&cold) {
+        assert_eq!(
+            got[..16],
+            ids(&case["greedy_token_ids"])[..16],
+            "{}",
+            case["name"]
+        );
+    }
+    drop(cold_engine);
+
+    let mut engine = Engine::new(load().model, vec![], cached_cfg(true)).expect("engine");
+    // Seed the cache with each prompt's first half and another ending.
+    let halves: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut h = p[..p.len() / 2].to_vec();
+            h.push(13);
+            h
+        })
+        .collect();
+    greedy_batch(&mut engine, &halves, 100);
+    let (partial, cached) = greedy_batch(&mut engine, &prompts, 200);
+    let mut partial_hits = 0;
+    for (i, p) in prompts.iter().enumerate() {
+        assert_eq!(partial[i], cold[i], "{}: a partial hit", cases()[i]["name"]);
+        assert_eq!(cached[i] % 4, 0, "whole blocks only");
+        assert!(cached[i] <= p.len() / 2, "at most the half seeded");
+        partial_hits += usize::from(cached[i] > 0);
+    }
+    assert!(partial_hits >= 10, "{partial_hits} prompts hit partially");
+    let (full, cached) = greedy_batch(&mut engine, &prompts, 300);
+    for (i, p) in prompts.iter().enumerate() {
+        assert_eq!(full[i], cold[i], "{}: a full hit", cases()[i]["name"]);
+        assert_eq!(
+            cached[i],
+            (p.len() - 1) / 4 * 4,
+            "every block but the last token's"
+        );
+    }
+    let stats = engine.stats();
+    assert!(stats.prefix_cache_hits > 0 && stats.prefix_cache_queries > stats.prefix_cache_hits);
+}
+
+/// A KV cache too small for the batch: requests are preempted, recomputed (finding their own
+/// blocks cached) and evict each other's, with chunked prefill; every prompt still gets the
+/// cold greedy tokens.
+#[test]
+fn preemption_and_eviction_under_a_small_cache_keep_the_cold_tokens() {
+    let prompts = golden_prompts();
+    let mut cold_engine = Engine::new(load().model, vec![], cached_cfg(false)).expect("engine");
+    let (cold, _) = greedy_batch(&mut cold_engine, &prompts, 0);
+    drop(cold_engine);
+    let small = EngineConfig {
+        max_model_len: Some(272),
+        // 46,080 bytes per token: 16 MiB holds 364 tokens, a third of what the batch needs.
+        kv_cache_bytes: 16 << 20,
+        ..cached_cfg(true)
+    };
+    let mut engine = Engine::new(load().model, vec![], small).expect("engine");
+    for round in 0..2 {
+        let (got, _) = greedy_batch(&mut engine, &prompts, 1000 * (round + 1));
+        for (i, case) in cases().iter().enumerate() {
+            assert_eq!(got[i], cold[i], "{} (round {round})", case["name"]);
+        }
+    }
+    let stats = engine.stats();
+    assert!(stats.preemptions > 0, "the cache was too small: {stats:?}");
+    assert!(stats.prefix_cache_hits > 0, "{stats:?}");
+    assert_eq!(stats.kv_blocks_used, 0, "every block was given back");
+}

@@ -7,6 +7,9 @@
 //!   2 ways (KV heads split) and 4 ways (KV heads replicated) gives transformers' logits.
 //! - The default model (Q4_1 GGUF) on 3 ranks generates transformers' greedy tokens through the
 //!   leader and its followers; split 2 ways it is refused with the sizes that work.
+//! - Prefix caching is the leader's decision: plans whose new sequences' tables begin with
+//!   shared cached blocks (a chunk starting after them) run on the followers as any other, and
+//!   the default model on 3 ranks gives the golden tokens with full and partial hits.
 //! - A rank that dies fails the leader's next step naming it, and its followers learn the
 //!   leader is gone.
 
@@ -194,6 +197,85 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
             "{}: first 16 greedy tokens on 3 ranks",
             case["name"]
         );
+    }
+}
+
+/// The golden prompts on a leader and two followers with prefix caching (blocks of 4 tokens):
+/// cold, then with each prompt's first half cached (partial hits), then whole (full hits). The
+/// followers' tables are rebuilt from plans whose new tables begin with shared blocks; every
+/// round gives the reference's first 16 greedy tokens and the cold round's 16.
+#[test]
+fn default_model_on_three_ranks_with_cached_prefixes_generates_the_golden_tokens() {
+    let golden = read_json(&fixtures().join("golden/smollm2_q4_1.json"));
+    let cases = golden["cases"].as_array().expect("cases");
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt_token_ids"])).collect();
+    let cfg = EngineConfig {
+        block_size: 4,
+        ..engine_cfg()
+    };
+    let path = default_model();
+    let results = on_ranks(3, |tp, comm| {
+        let m = load_shard(&path, tp).model;
+        let exec = Executor::new(m.into(), &cfg, comm).expect("executor");
+        if tp.rank > 0 {
+            let mut exec = exec;
+            exec.agree_on_blocks().expect("blocks");
+            exec.follow().expect("the leader says stop");
+            return None;
+        }
+        let mut engine = Engine::from_executor(exec, vec![], &cfg).expect("leader");
+        let round = |engine: &mut Engine, prompts: &[Vec<u32>], base: u64| {
+            let requests = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let params = SamplingParams {
+                        ignore_eos: true,
+                        ..SamplingParams::greedy(16)
+                    };
+                    (base + i as u64, p.clone(), params)
+                })
+                .collect();
+            let mut cached = 0;
+            let out = engine
+                .run_to_completion(requests, |ev| {
+                    cached += ev.cached_tokens.unwrap_or(0);
+                    true
+                })
+                .expect("generate");
+            let tokens: Vec<Vec<u32>> = (0..prompts.len())
+                .map(|i| out[&(base + i as u64)].token_ids())
+                .collect();
+            (tokens, cached)
+        };
+        let (cold, cold_cached) = round(&mut engine, &prompts, 0);
+        engine.reset_prefix_cache();
+        let halves: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| p[..p.len() / 2].iter().copied().chain([13]).collect())
+            .collect();
+        round(&mut engine, &halves, 100);
+        let (partial, partial_cached) = round(&mut engine, &prompts, 200);
+        let (full, full_cached) = round(&mut engine, &prompts, 300);
+        Some((
+            cold,
+            partial,
+            full,
+            [cold_cached, partial_cached, full_cached],
+        ))
+    });
+    let (cold, partial, full, cached) = results[0].as_ref().expect("the leader's tokens");
+    assert_eq!(cached[0], 0, "nothing cached in the cold round");
+    assert!(cached[1] > 0 && cached[2] > cached[1], "hits: {cached:?}");
+    for (i, case) in cases.iter().enumerate() {
+        let want = ids(&case["greedy_token_ids"]);
+        assert_eq!(cold[i], want[..16], "{}: cold on 3 ranks", case["name"]);
+        assert_eq!(
+            partial[i], cold[i],
+            "{}: partial hit on 3 ranks",
+            case["name"]
+        );
+        assert_eq!(full[i], cold[i], "{}: full hit on 3 ranks", case["name"]);
     }
 }
 
