@@ -172,6 +172,11 @@ pub struct GatewayArgs {
     /// OpenAI-compatible HTTP listen address.
     #[arg(long, default_value = "127.0.0.1:8000", env = "FERRITE_HTTP_LISTEN")]
     http_listen: SocketAddr,
+    /// How to pick a pool: `kv` (the pool whose prefix cache saves the most work, weighed
+    /// against its backlog; power of two choices for cold requests and ties) or `p2c` (power
+    /// of two choices on requests in flight).
+    #[arg(long, default_value = "kv", env = "FERRITE_ROUTING")]
+    routing: ferrite_gateway::Routing,
     #[command(flatten)]
     placement: PlacementArgs,
     #[command(flatten)]
@@ -200,6 +205,10 @@ pub struct ServeArgs {
     /// Name clients use for this model (default: the --model name, or the file's stem).
     #[arg(long, env = "FERRITE_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
+    /// How the gateway picks a pool (with pools of other processes through --etcd): `kv` or
+    /// `p2c`, as `ferrite gateway --routing`.
+    #[arg(long, default_value = "kv", env = "FERRITE_ROUTING")]
+    routing: ferrite_gateway::Routing,
     /// The pool name this process registers.
     #[arg(long, default_value = "local", env = "FERRITE_POOL")]
     pool: String,
@@ -484,7 +493,10 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
                 .instrument(tracing::info_span!(target: phases::TARGET, "config",
                     etcd = %args.placement.etcd.join(",")))
                 .await?;
-            let gw = args.access.gateway(store, schema, &args.worker_tls)?;
+            let gw = args
+                .access
+                .gateway(store, schema, &args.worker_tls)?
+                .with_routing(args.routing);
             let gw = match args.tls.files() {
                 Some(files) => gw.with_tls(files),
                 None => gw,
@@ -544,7 +556,8 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             let worker = *worker;
             let gw = args
                 .access
-                .gateway(store, schema, &WorkerTlsArgs::default())?;
+                .gateway(store, schema, &WorkerTlsArgs::default())?
+                .with_routing(args.routing);
             let gw = match args.tls.files() {
                 Some(files) => gw.with_tls(files),
                 None => gw,

@@ -58,6 +58,10 @@ pub struct ModelArgs {
     /// On a GPU, run decode steps eagerly instead of replaying captured CUDA graphs.
     #[arg(long, env = "FERRITE_ENFORCE_EAGER")]
     pub enforce_eager: bool,
+    /// Recompute every prompt from scratch instead of reusing the KV blocks of prefixes
+    /// computed before (prefix caching is on by default).
+    #[arg(long, env = "FERRITE_NO_PREFIX_CACHING")]
+    pub no_prefix_caching: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -119,8 +123,24 @@ impl ModelArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             kv_cache_bytes: self.kv_cache_mib << 20,
             cuda,
+            prefix_caching: !self.no_prefix_caching,
+            model_identity: self.identity(),
             ..EngineConfig::default()
         })
+    }
+
+    /// What makes this model's keys and values what they are, besides the shape the engine
+    /// sees and the dtype it picks: the checkpoint, how it is loaded and quantized. Seeds the
+    /// prefix cache's block hashes, so pools of other weights never share a block name.
+    pub fn identity(&self) -> String {
+        let quantize = self
+            .quantize
+            .map_or_else(|| "none".to_owned(), |q| format!("rtn-{q}"));
+        format!(
+            "model={} load_format={} quantize={quantize}",
+            self.model,
+            value_name(self.load_format)
+        )
     }
 
     /// These flags as command-line arguments, for the rank processes `ferrite serve --tp N`
@@ -150,6 +170,9 @@ impl ModelArgs {
         a.extend(["--dtype".into(), value_name(self.dtype)]);
         if self.enforce_eager {
             a.push("--enforce-eager".into());
+        }
+        if self.no_prefix_caching {
+            a.push("--no-prefix-caching".into());
         }
         a
     }

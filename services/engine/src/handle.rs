@@ -8,22 +8,30 @@
 //!
 //! When every handle is gone the loop finishes the requests in flight, then exits.
 //!
+//! Listeners to the prefix cache ([`EngineHandle::watch_kv`], the pool's KV events for
+//! gateways) get a snapshot of every cached block first and then, after each step, what was
+//! stored and evicted, with the engine's load; the loop sends both, so nothing falls between
+//! them. A listener that falls [`KV_WATCH_BUFFER`] updates behind is dropped (its stream ends)
+//! rather than slowing the loop: it reconnects and starts again from a snapshot.
+//!
 //! In a tensor-parallel pool the loop is the leader's: while idle it tells the other ranks it
 //! is alive. If the pool loses a rank, every request in the engine fails with that error (a
 //! server fault, UNAVAILABLE upstream), the loop exits, and [`EngineHandle::lost`] resolves
 //! with the reason, so the worker can leave.
 
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc as tmpsc, oneshot, watch};
 
 use crate::engine::{Engine, EngineStats, TokenEvent};
 use crate::error::{EngineError, Result};
+use crate::kv_cache::{BlockHash, KvEvent};
 use crate::sampler::SamplingParams;
 use crate::scheduler::SeqId;
 
@@ -36,6 +44,34 @@ enum Command {
         admitted: oneshot::Sender<Result<()>>,
     },
     Abort(SeqId),
+    WatchKv(tmpsc::Sender<KvUpdate>),
+}
+
+/// Updates a prefix-cache listener may fall behind by before it is dropped.
+pub const KV_WATCH_BUFFER: usize = 1024;
+
+/// Load-only updates (no block stored or evicted) go out at most this often while busy.
+const LOAD_UPDATE_INTERVAL: Duration = Duration::from_millis(50);
+
+/// What the prefix cache holds, or how it changed, for a listener.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvUpdate {
+    /// The first update of a watch: `stored` is everything cached now (forget what you knew).
+    pub snapshot: bool,
+    /// Blocks evicted, then blocks stored: apply in that order.
+    pub removed: Vec<BlockHash>,
+    pub stored: Vec<BlockHash>,
+    /// The engine's load as of this update.
+    pub stats: EngineStats,
+}
+
+/// How this engine names its blocks, for listeners that hash prompts themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCacheInfo {
+    pub block_size: usize,
+    /// The seed of the hashes; `None`: prefix caching is off.
+    pub seed: Option<BlockHash>,
+    pub num_blocks: usize,
 }
 
 /// A cloneable way to submit requests to the engine thread.
@@ -46,6 +82,7 @@ pub struct EngineHandle {
     stats: Arc<Mutex<EngineStats>>,
     /// Set (once) when the pool was lost and the engine thread stopped.
     lost: watch::Receiver<Option<String>>,
+    prefix_cache: PrefixCacheInfo,
 }
 
 impl std::fmt::Debug for Command {
@@ -53,6 +90,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Add { id, .. } => write!(f, "Add({id})"),
             Command::Abort(id) => write!(f, "Abort({id})"),
+            Command::WatchKv(_) => write!(f, "WatchKv"),
         }
     }
 }
@@ -99,8 +137,17 @@ impl Drop for RequestStream {
 impl EngineHandle {
     /// Starts the engine thread. At most `max_waiting` requests wait for admission; more are
     /// refused with [`EngineError::QueueFull`].
-    pub fn spawn(engine: Engine, max_waiting: usize) -> std::io::Result<(Self, JoinHandle<()>)> {
+    pub fn spawn(
+        mut engine: Engine,
+        max_waiting: usize,
+    ) -> std::io::Result<(Self, JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel();
+        let prefix_cache = PrefixCacheInfo {
+            block_size: engine.block_size(),
+            seed: engine.prefix_cache_seed(),
+            num_blocks: engine.stats().kv_blocks_total,
+        };
+        engine.record_kv_events(prefix_cache.seed.is_some());
         let stats = Arc::new(Mutex::new(engine.stats()));
         let loop_stats = stats.clone();
         let (lost_tx, lost) = watch::channel(None);
@@ -118,9 +165,26 @@ impl EngineHandle {
                 next_id: Arc::new(AtomicU64::new(1)),
                 stats,
                 lost,
+                prefix_cache,
             },
             thread,
         ))
+    }
+
+    /// How the engine names its KV blocks (and whether it caches prefixes at all).
+    pub fn prefix_cache(&self) -> PrefixCacheInfo {
+        self.prefix_cache
+    }
+
+    /// Follows the prefix cache: the first update is a snapshot of every cached block, the
+    /// next ones what each step stored and evicted, with the load. The channel closes when the
+    /// engine stops, or when this listener fell [`KV_WATCH_BUFFER`] updates behind.
+    pub fn watch_kv(&self) -> Result<tmpsc::Receiver<KvUpdate>> {
+        let (tx, rx) = tmpsc::channel(KV_WATCH_BUFFER);
+        self.tx
+            .send(Command::WatchKv(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(rx)
     }
 
     /// Resolves when the engine stopped because its pool was lost (a rank died), with why;
@@ -179,6 +243,71 @@ impl EngineHandle {
 
 type Streams = HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>>;
 
+/// The prefix-cache listeners and what they were last told.
+#[derive(Default)]
+struct Watchers {
+    senders: Vec<tmpsc::Sender<KvUpdate>>,
+    last_stats: EngineStats,
+    last_sent: Option<Instant>,
+}
+
+impl Watchers {
+    /// Sends `engine`'s cache to a new listener.
+    fn add(&mut self, engine: &Engine, tx: tmpsc::Sender<KvUpdate>) {
+        let stats = engine.stats();
+        let snapshot = KvUpdate {
+            snapshot: true,
+            stored: engine.cached_block_hashes(),
+            removed: Vec::new(),
+            stats,
+        };
+        if tx.try_send(snapshot).is_ok() {
+            self.senders.push(tx);
+        }
+    }
+
+    /// Sends what changed since the last call: the blocks stored and evicted (netted, so each
+    /// hash appears once, where its last event puts it), with the load; a load-only update at
+    /// most every [`LOAD_UPDATE_INTERVAL`] while busy, at once when idle.
+    fn publish(&mut self, engine: &mut Engine) {
+        let events = engine.take_kv_events();
+        if self.senders.is_empty() {
+            return;
+        }
+        let stats = engine.stats();
+        let due = self
+            .last_sent
+            .is_none_or(|t| t.elapsed() >= LOAD_UPDATE_INTERVAL || !engine.has_unfinished());
+        if events.is_empty() && (stats == self.last_stats || !due) {
+            return;
+        }
+        let (mut stored, mut removed) = (HashSet::new(), HashSet::new());
+        for e in events {
+            match e {
+                KvEvent::Stored(h) => {
+                    removed.remove(&h);
+                    stored.insert(h);
+                }
+                KvEvent::Removed(h) => {
+                    stored.remove(&h);
+                    removed.insert(h);
+                }
+            }
+        }
+        let update = KvUpdate {
+            snapshot: false,
+            stored: stored.into_iter().collect(),
+            removed: removed.into_iter().collect(),
+            stats,
+        };
+        // A listener that is gone or too far behind is dropped; it resyncs when it returns.
+        self.senders
+            .retain(|tx| tx.try_send(update.clone()).is_ok());
+        self.last_stats = stats;
+        self.last_sent = Some(Instant::now());
+    }
+}
+
 /// The engine thread's loop. Returns `Err` when the pool was lost (every request failed).
 fn run(
     mut engine: Engine,
@@ -187,8 +316,10 @@ fn run(
     max_waiting: usize,
 ) -> Result<()> {
     let mut streams = Streams::new();
+    let mut watchers = Watchers::default();
     let mut connected = true;
     loop {
+        watchers.publish(&mut engine);
         // Idle: block for the next command (waking now and then to notice a lost sender, and
         // to tell the other ranks of a pool that the leader is alive).
         if !engine.has_unfinished() {
@@ -196,7 +327,7 @@ fn run(
                 return Ok(());
             }
             match rx.recv_timeout(Duration::from_millis(500)) {
-                Ok(cmd) => apply(&mut engine, &mut streams, cmd, max_waiting),
+                Ok(cmd) => apply(&mut engine, &mut streams, &mut watchers, cmd, max_waiting),
                 Err(RecvTimeoutError::Timeout) => {
                     engine.keep_alive()?;
                     continue;
@@ -206,7 +337,7 @@ fn run(
         }
         loop {
             match rx.try_recv() {
-                Ok(cmd) => apply(&mut engine, &mut streams, cmd, max_waiting),
+                Ok(cmd) => apply(&mut engine, &mut streams, &mut watchers, cmd, max_waiting),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {
                     connected = false;
@@ -260,7 +391,13 @@ fn deliver(engine: &mut Engine, streams: &mut Streams, events: Vec<TokenEvent>) 
     }
 }
 
-fn apply(engine: &mut Engine, streams: &mut Streams, cmd: Command, max_waiting: usize) {
+fn apply(
+    engine: &mut Engine,
+    streams: &mut Streams,
+    watchers: &mut Watchers,
+    cmd: Command,
+    max_waiting: usize,
+) {
     match cmd {
         Command::Add {
             prompt,
@@ -299,5 +436,6 @@ fn apply(engine: &mut Engine, streams: &mut Streams, cmd: Command, max_waiting: 
             engine.abort(id);
             streams.remove(&id);
         }
+        Command::WatchKv(tx) => watchers.add(engine, tx),
     }
 }

@@ -137,3 +137,51 @@ async fn a_submitter_dropped_after_admission_leaves_the_queue() {
     until(0, "the abandoned request is still queued").await;
     assert_eq!(handle.stats().running, 1);
 }
+
+/// A prefix-cache listener sees a snapshot, then each block a request stored (named as the
+/// gateway names it, from the seed and block size the handle reports); a listener that comes
+/// later finds them in its snapshot; a second request for the prompt reports its cached tokens.
+#[tokio::test(flavor = "current_thread")]
+async fn kv_listeners_get_a_snapshot_then_what_each_step_stored() {
+    let (handle, _thread) = EngineHandle::spawn(engine(8), 64).expect("spawn");
+    let info = handle.prefix_cache();
+    let seed = info.seed.expect("prefix caching is on by default");
+    assert_eq!(info.block_size, 16);
+    let mut first = handle.watch_kv().expect("watch");
+    let snap = first.recv().await.expect("snapshot");
+    assert!(snap.snapshot && snap.stored.is_empty(), "{snap:?}");
+    let prompt: Vec<u32> = (1..=40).collect();
+    let want = ferrite_proto::prefix::chain(seed, 16, &prompt);
+    assert_eq!(want.len(), 2);
+    let mut s = handle
+        .submit(prompt.clone(), greedy(2))
+        .await
+        .expect("submit");
+    let first_event = s.next().await.expect("a token").expect("ok");
+    assert_eq!(first_event.cached_tokens, Some(0), "cold");
+    while s.next().await.is_some() {}
+    let mut stored = Vec::new();
+    while stored.len() < 2 {
+        let u = tokio::time::timeout(Duration::from_secs(10), first.recv())
+            .await
+            .expect("an update in time")
+            .expect("open");
+        assert!(!u.snapshot);
+        stored.extend(u.stored);
+    }
+    stored.sort();
+    let mut sorted = want.clone();
+    sorted.sort();
+    assert_eq!(stored, sorted);
+    let mut later = handle.watch_kv().expect("watch");
+    let mut snap = later.recv().await.expect("snapshot");
+    assert!(snap.snapshot);
+    snap.stored.sort();
+    assert_eq!(
+        snap.stored, sorted,
+        "a later listener gets them in its snapshot"
+    );
+    let mut again = handle.submit(prompt, greedy(1)).await.expect("submit");
+    let ev = again.next().await.expect("a token").expect("ok");
+    assert_eq!(ev.cached_tokens, Some(32), "two blocks reused");
+}

@@ -38,6 +38,7 @@ fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
         GenerateEvent::Finish {
             reason,
             prompt_tokens,
+            cached_tokens,
             completion_tokens,
             time_to_first_token_ms,
         } => Event::Finish(api::Finish {
@@ -45,6 +46,7 @@ fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
             usage: Some(api::Usage {
                 prompt_tokens,
                 completion_tokens,
+                prompt_tokens_details: Some(api::PromptTokensDetails { cached_tokens }),
             }),
             time_to_first_token_ms,
         }),

@@ -287,11 +287,12 @@ async fn run(
             GenerateEvent::Finish {
                 reason,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
                 ..
             } => {
                 finish = finish_str(reason);
-                usage = self::usage(prompt_tokens, completion_tokens);
+                usage = self::usage(prompt_tokens, cached_tokens, completion_tokens);
             }
         }
     }
@@ -358,6 +359,7 @@ impl ChunkWriter {
             Ok(GenerateEvent::Finish {
                 reason,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
                 ..
             }) => {
@@ -372,7 +374,7 @@ impl ChunkWriter {
                 let mut out = vec![self.chunk(json!([choice]))];
                 if self.include_usage {
                     let mut last = self.chunk(json!([]));
-                    last["usage"] = usage(prompt_tokens, completion_tokens);
+                    last["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);
                     out.push(last);
                 }
                 out
@@ -388,8 +390,12 @@ impl ChunkWriter {
     }
 }
 
-fn usage(prompt_tokens: u32, completion_tokens: u32) -> Value {
-    json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens })
+/// OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts the prompt tokens the
+/// pool's prefix cache served.
+fn usage(prompt_tokens: u32, cached_tokens: u32, completion_tokens: u32) -> Value {
+    json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": cached_tokens } })
 }
 
 fn sse(
@@ -436,6 +442,7 @@ mod tests {
         Ok(GenerateEvent::Finish {
             reason: api::FinishReason::Length,
             prompt_tokens: 3,
+            cached_tokens: 2,
             completion_tokens: 2,
             time_to_first_token_ms: 1.0,
         })
@@ -467,6 +474,7 @@ mod tests {
         let last = &chunks[2];
         assert_eq!(last["choices"], json!([]));
         assert_eq!(last["usage"]["total_tokens"], 5);
+        assert_eq!(last["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! - [`models`]: each model's tokenizer and limits, fetched from a pool (no model files here).
 //! - [`validate`]: prompt rendering/tokenization and the checks that build a
 //!   [`validate::ValidatedRequest`].
-//! - [`route`]: power-of-two-choices routing, retry before the first token.
+//! - [`kv_index`]: which pools hold which KV blocks, from each pool's prefix-cache stream.
+//! - [`route`]: KV-aware or power-of-two-choices routing, retry before the first token.
 //! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
 //! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
@@ -22,6 +23,7 @@ pub mod auth;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod kv_index;
 pub mod limits;
 pub mod listen;
 pub mod models;
@@ -58,6 +60,7 @@ pub struct Gateway {
     limiter: Arc<Limiter>,
     /// The public listeners' TLS files (none: plaintext).
     tls: Option<ferrite_tls::TlsFiles>,
+    routing: route::Routing,
 }
 
 impl Gateway {
@@ -83,7 +86,18 @@ impl Gateway {
             keys: Arc::new(ApiKeys::default()),
             limiter: Arc::new(Limiter::default()),
             tls: None,
+            routing: route::Routing::default(),
         }
+    }
+
+    /// Routes with `routing` (default: KV-aware).
+    pub fn with_routing(mut self, routing: route::Routing) -> Self {
+        self.routing = routing;
+        self
+    }
+
+    pub fn routing(&self) -> route::Routing {
+        self.routing
     }
 
     /// Serves both public listeners with TLS from `files`.
@@ -149,7 +163,7 @@ impl Gateway {
             trace.validated(&validated);
             let tokens = validated.prompt_ids().len() + validated.sampling().max_tokens as usize;
             self.limiter.admit(caller, tokens, Instant::now())?;
-            let upstream = route::open(&self.pools, &validated, deadline).await?;
+            let upstream = route::open(&self.pools, &validated, deadline, self.routing).await?;
             Ok((validated, upstream))
         }
         .instrument(span)
@@ -179,3 +193,4 @@ pub struct GenerateArgs<'a> {
 }
 
 pub use listen::{GatewayAddrs, serve};
+pub use route::Routing;

@@ -12,6 +12,8 @@ use ferrite_placement::{Key, KeySchema, PoolRecord, PoolState, Store, WatchEvent
 use ferrite_proto::worker::v1::worker_client::WorkerClient;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use crate::kv_index::KvIndex;
+
 /// One pool as the gateway sees it.
 #[derive(Debug, Clone)]
 pub struct Pool {
@@ -34,6 +36,8 @@ pub struct PoolView {
     pools: Arc<RwLock<HashMap<String, Pool>>>,
     /// TLS for the channels to workers (their addresses are then `https://`).
     worker_tls: Option<ClientTlsConfig>,
+    /// What each pool's prefix cache holds, from the pools' streams (one per pool known here).
+    kv: KvIndex,
 }
 
 impl PoolView {
@@ -41,7 +45,13 @@ impl PoolView {
         Self {
             pools: Arc::default(),
             worker_tls,
+            kv: KvIndex::default(),
         }
+    }
+
+    /// The pools' prefix caches, for KV-aware routing.
+    pub fn kv(&self) -> &KvIndex {
+        &self.kv
     }
 
     /// Ready pools serving `model`.
@@ -101,12 +111,15 @@ impl PoolView {
                         .connect_timeout(std::time::Duration::from_secs(2))
                         .tcp_nodelay(true)
                         .connect_lazy();
+                    let client = WorkerClient::new(channel);
+                    // A new pool (or one at a new address): follow its prefix cache.
+                    self.kv.watch(&name, client.clone());
                     pools.insert(
                         name.clone(),
                         Pool {
                             name,
                             record,
-                            client: WorkerClient::new(channel),
+                            client,
                             outstanding: Arc::new(AtomicUsize::new(0)),
                         },
                     );
@@ -120,6 +133,7 @@ impl PoolView {
         match event {
             WatchEvent::Resync(entries) => {
                 self.with_pools(|pools| pools.clear());
+                self.kv.forget_all();
                 for (key, value) in entries {
                     self.apply_put(schema, &key, &value);
                 }
@@ -130,6 +144,7 @@ impl PoolView {
                     self.with_pools(|pools| {
                         pools.remove(&name);
                     });
+                    self.kv.forget(&name);
                 }
             }
         }

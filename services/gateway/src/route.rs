@@ -1,9 +1,24 @@
 //! Choosing a pool and streaming from it.
 //!
-//! Power of two choices: of the ready pools serving the model (minus those already tried),
-//! pick two at random and take the one with less outstanding work. A pool that fails before
-//! sending its first token is marked tried and the request goes to another; once a token has
-//! reached the client the request is bound to its pool.
+//! Two policies ([`Routing`]), over the ready pools serving the model (minus those already
+//! tried):
+//!
+//! - `p2c`, power of two choices: pick two at random and take the one with less outstanding
+//!   work (this gateway's requests in flight there).
+//! - `kv` (the default): KV-aware. Each pool's cost is the work it would do before this
+//!   request's first token, in tokens ([`kv_cost`]): the prompt tokens it does not hold in its
+//!   prefix cache (from the pools' KV events, [`crate::kv_index`]), plus its backlog (prompt
+//!   tokens it has yet to prefill and one per decoding request, as it reports them), plus a
+//!   whole prompt when its free KV blocks cannot hold the request's new ones (it would wait
+//!   for running requests to finish, so its cached prefix is worth nothing). This is the sum Dynamo's router minimises and llm-d's
+//!   scorers weigh, in the one unit a prefill costs. The cheapest pool wins; pools within one
+//!   block of it are a tie, settled by power of two choices among them, and so is a cold
+//!   request (no pool holds any of it), so cold requests and popular prefixes held everywhere
+//!   still spread by load instead of piling onto one pool. Every input but the tie-break comes
+//!   from the pools, so gateways agree without talking to each other.
+//!
+//! A pool that fails before sending its first token is marked tried and the request goes to
+//! another; once a token has reached the client the request is bound to its pool.
 
 use std::collections::HashSet;
 use std::pin::Pin;
@@ -15,8 +30,46 @@ use futures::{Stream, StreamExt};
 use tracing::Instrument;
 
 use crate::error::GatewayError;
+use crate::kv_index::PoolPrefix;
 use crate::pools::{Pool, PoolView};
 use crate::validate::ValidatedRequest;
+
+/// How the gateway picks among the pools that can serve a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// Power of two choices on this gateway's requests in flight.
+    P2c,
+    /// Cached prefix and load, from the pools' KV events; p2c for cold requests and ties.
+    #[default]
+    Kv,
+}
+
+impl Routing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Routing::P2c => "p2c",
+            Routing::Kv => "kv",
+        }
+    }
+}
+
+impl std::str::FromStr for Routing {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "p2c" => Ok(Routing::P2c),
+            "kv" => Ok(Routing::Kv),
+            other => Err(format!("unknown routing `{other}` (p2c or kv)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Routing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The worker's token stream, with the pool's outstanding count held until it is dropped.
 pub struct Upstream {
@@ -82,6 +135,67 @@ pub fn pick(candidates: &[Pool], seed: u64) -> Option<&Pool> {
     }
 }
 
+/// The work `pool` would do before the first token of a `prompt_len`-token request, in tokens
+/// (see the module doc). A pool that has not reported yet counts as idle and cold.
+pub fn kv_cost(pool: &PoolPrefix, prompt_len: usize) -> usize {
+    let uncached = prompt_len.saturating_sub(pool.cached_tokens);
+    let Some(load) = &pool.load else {
+        return uncached;
+    };
+    let backlog = usize::try_from(load.pending_tokens).unwrap_or(usize::MAX);
+    let free = load.kv_blocks_total.saturating_sub(load.kv_blocks_used) as usize;
+    let full = load.kv_blocks_total > 0 && uncached.div_ceil(pool.block_size.max(1)) > free;
+    uncached
+        .saturating_add(backlog)
+        .saturating_add(if full { prompt_len } else { 0 })
+}
+
+/// Why the KV-aware choice went as it did (the metric's `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvReason {
+    /// One pool's cached prefix made it the cheapest by more than a block.
+    Prefix,
+    /// No pool holds any block of the prompt: power of two choices.
+    Cold,
+    /// Several pools within one block of the cheapest: power of two choices among them.
+    Tie,
+}
+
+impl KvReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvReason::Prefix => "prefix",
+            KvReason::Cold => "cold",
+            KvReason::Tie => "tie",
+        }
+    }
+}
+
+/// The KV-aware choice among `candidates`, whose prefixes (same order) `prefixes` gives.
+pub fn pick_kv(
+    candidates: &[Pool],
+    prefixes: &[PoolPrefix],
+    prompt_len: usize,
+    seed: u64,
+) -> Option<(Pool, KvReason)> {
+    if prefixes.iter().all(|p| p.cached_tokens == 0) {
+        return pick(candidates, seed).map(|p| (p.clone(), KvReason::Cold));
+    }
+    let costs: Vec<usize> = prefixes.iter().map(|p| kv_cost(p, prompt_len)).collect();
+    let (best, &min) = costs.iter().enumerate().min_by_key(|&(_, c)| *c)?;
+    let tolerance = prefixes[best].block_size.max(1);
+    let tied: Vec<Pool> = candidates
+        .iter()
+        .zip(&costs)
+        .filter(|&(_, &c)| c <= min.saturating_add(tolerance))
+        .map(|(p, _)| p.clone())
+        .collect();
+    if tied.len() > 1 {
+        return pick(&tied, seed).map(|p| (p.clone(), KvReason::Tie));
+    }
+    candidates.get(best).map(|p| (p.clone(), KvReason::Prefix))
+}
+
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -99,6 +213,7 @@ pub async fn open(
     view: &PoolView,
     req: &ValidatedRequest,
     deadline: Option<Instant>,
+    routing: Routing,
 ) -> Result<Upstream, GatewayError> {
     let model = &req.model().name;
     let mut tried: HashSet<String> = HashSet::new();
@@ -111,7 +226,20 @@ pub async fn open(
             .filter(|p| !tried.contains(&p.name))
             .filter(|p| p.record.text_digest == req.model().digest)
             .collect();
-        let Some(pool) = pick(&candidates, random_seed()).cloned() else {
+        let chosen = match routing {
+            Routing::P2c => pick(&candidates, random_seed()).map(|p| (p.clone(), "p2c")),
+            Routing::Kv => {
+                let names: Vec<&str> = candidates.iter().map(|p| p.name.as_str()).collect();
+                let prompt = req.prompt_ids();
+                let prefixes = view.kv().lookup(&names, prompt);
+                pick_kv(&candidates, &prefixes, prompt.len(), random_seed())
+                    .map(|(p, why)| (p, why.as_str()))
+            }
+        };
+        if let Some((_, why)) = &chosen {
+            ferrite_telemetry::metrics::route_decision(routing.as_str(), why);
+        }
+        let Some(pool) = chosen.map(|(p, _)| p) else {
             return Err(last_err.unwrap_or_else(|| {
                 GatewayError::Unavailable(format!("no ready pool serves `{model}`"))
             }));
@@ -202,6 +330,89 @@ mod tests {
             assert_eq!(got.name, pools[want].name, "seed {seed}");
             assert_ne!(got.name, "a", "the most loaded never wins a pair");
         }
+    }
+
+    fn prefix(cached: usize, pending: u64, used: u32) -> PoolPrefix {
+        PoolPrefix {
+            cached_tokens: cached,
+            block_size: 16,
+            load: Some(pb::Load {
+                pending_tokens: pending,
+                kv_blocks_used: used,
+                kv_blocks_total: 1000,
+                ..pb::Load::default()
+            }),
+        }
+    }
+
+    /// Every pool `pick_kv` chooses over 64 seeds, and the reasons it gave.
+    fn chosen(pools: &[Pool], prefixes: &[PoolPrefix]) -> (HashSet<String>, HashSet<KvReason>) {
+        let mut names = HashSet::new();
+        let mut reasons = HashSet::new();
+        for seed in 0..64u64 {
+            let (p, why) = pick_kv(
+                pools,
+                prefixes,
+                2000,
+                seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            )
+            .expect("a pool");
+            names.insert(p.name.clone());
+            reasons.insert(why);
+        }
+        (names, reasons)
+    }
+
+    #[tokio::test]
+    async fn the_pool_holding_the_prefix_wins_whatever_this_gateway_has_in_flight() {
+        // b is the less loaded by this gateway's count, which p2c would go by.
+        let pools = [pool("a", 9, None), pool("b", 0, None)];
+        let (names, reasons) = chosen(&pools, &[prefix(1984, 0, 0), prefix(0, 0, 0)]);
+        assert_eq!(names, HashSet::from(["a".to_owned()]));
+        assert_eq!(reasons, HashSet::from([KvReason::Prefix]));
+    }
+
+    #[tokio::test]
+    async fn cold_requests_and_ties_spread_by_power_of_two_choices() {
+        let pools = [pool("a", 0, None), pool("b", 0, None), pool("c", 0, None)];
+        let cold = [prefix(0, 0, 0), prefix(0, 50, 0), prefix(0, 0, 0)];
+        let (names, reasons) = chosen(&pools, &cold);
+        assert_eq!(
+            names.len(),
+            3,
+            "cold: any pool, not the least backlogged: {names:?}"
+        );
+        assert_eq!(reasons, HashSet::from([KvReason::Cold]));
+        let both = [prefix(1984, 0, 0), prefix(1984, 3, 0), prefix(0, 0, 0)];
+        let (names, reasons) = chosen(&pools, &both);
+        assert_eq!(names, HashSet::from(["a".to_owned(), "b".to_owned()]));
+        assert_eq!(reasons, HashSet::from([KvReason::Tie]));
+        // A block's worth of difference is a tie: a shared header does not pull every request.
+        let header = [prefix(16, 0, 0), prefix(0, 0, 0), prefix(0, 0, 0)];
+        let (names, _) = chosen(&pools, &header);
+        assert_eq!(names.len(), 3, "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_backlog_or_a_full_kv_cache_outweighs_a_cached_prefix() {
+        let pools = [pool("a", 0, None), pool("b", 0, None)];
+        // a would save 1984 tokens of prefill but has 3000 to do first.
+        let (names, _) = chosen(&pools, &[prefix(1984, 3000, 0), prefix(0, 0, 0)]);
+        assert_eq!(names, HashSet::from(["b".to_owned()]));
+        // a holds it but has no free block for the rest: the request would wait, so its
+        // cached prefix is worth nothing (a tie with the cold pool) ...
+        let (names, reasons) = chosen(&pools, &[prefix(1984, 0, 1000), prefix(0, 0, 0)]);
+        assert_eq!(names.len(), 2);
+        assert_eq!(reasons, HashSet::from([KvReason::Tie]));
+        // ... and a pool that holds it too and has room wins.
+        let (names, _) = chosen(&pools, &[prefix(1984, 0, 1000), prefix(1984, 0, 0)]);
+        assert_eq!(names, HashSet::from(["b".to_owned()]));
+        assert_eq!(kv_cost(&prefix(1984, 0, 1000), 2000), 16 + 2000);
+        assert_eq!(
+            kv_cost(&PoolPrefix::default(), 2000),
+            2000,
+            "unknown: idle and cold"
+        );
     }
 
     #[tokio::test]

@@ -24,6 +24,8 @@ pub enum GenerateEvent {
     Finish {
         reason: api::FinishReason,
         prompt_tokens: u32,
+        /// Prompt tokens the pool found in its prefix cache.
+        cached_tokens: u32,
         completion_tokens: u32,
         time_to_first_token_ms: f64,
     },
@@ -34,6 +36,7 @@ struct State {
     pending_first: Option<pb::GenerateResponse>,
     text: TextStream,
     prompt_tokens: u32,
+    cached_tokens: u32,
     completion_tokens: u32,
     trace: RequestTrace,
     deadline: Option<Instant>,
@@ -57,6 +60,7 @@ pub fn events(
         upstream: Some(upstream),
         text: TextStream::new(text.tokenizer.clone(), req.stop().to_vec()),
         prompt_tokens: u32::try_from(req.prompt_ids().len()).unwrap_or(u32::MAX),
+        cached_tokens: 0,
         completion_tokens: 0,
         trace,
         deadline,
@@ -133,6 +137,9 @@ impl State {
         let mut stopped = false;
         let mut token_ids = Vec::new();
         let mut logprobs = Vec::new();
+        if let Some(c) = msg.cached_tokens {
+            self.cached_tokens = c;
+        }
         for t in &msg.tokens {
             self.completion_tokens += 1;
             token_ids.push(t.id);
@@ -195,6 +202,7 @@ impl State {
             out.push(Ok(GenerateEvent::Finish {
                 reason,
                 prompt_tokens: self.prompt_tokens,
+                cached_tokens: self.cached_tokens,
                 completion_tokens: self.completion_tokens,
                 time_to_first_token_ms: ttft_ms,
             }));

@@ -20,6 +20,7 @@ fn token(id: u32, finish: pb::FinishReason) -> pb::GenerateResponse {
             top: Vec::new(),
         }],
         finish_reason: finish as i32,
+        cached_tokens: None,
     }
 }
 
@@ -48,7 +49,9 @@ async fn events_of(
     if let Err(status) = end {
         msgs.push(Err(status));
     }
-    let first = msgs.remove(0).expect("a first token");
+    let mut first = msgs.remove(0).expect("a first token");
+    // The worker says on its first message how much of the prompt its prefix cache served.
+    first.cached_tokens = Some(1);
     let trace = RequestTrace::new(
         tracing::Span::none(),
         "m",
@@ -81,11 +84,13 @@ async fn deltas_add_up_to_the_text_and_the_finish_counts_the_tokens() {
         Some(Ok(GenerateEvent::Finish {
             reason,
             prompt_tokens,
+            cached_tokens,
             completion_tokens,
             ..
         })) => {
             assert_eq!(*reason, api::FinishReason::Length);
             assert_eq!((*prompt_tokens, *completion_tokens), (1, 3));
+            assert_eq!(*cached_tokens, 1, "as the worker's first message said");
         }
         other => panic!("no finish: {other:?}"),
     }

@@ -25,6 +25,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// | queue depth (`--total-queued-requests-metric`) | [`NUM_REQUESTS_WAITING`] |
 /// | running requests (`--total-running-requests-metric`) | [`NUM_REQUESTS_RUNNING`] |
 /// | KV-cache utilization (`--kv-cache-usage-percentage-metric`) | [`KV_CACHE_USAGE_PERC`] |
+/// | cache info: `block_size`, `num_gpu_blocks` labels (`--cache-info-metric`) | [`CACHE_CONFIG_INFO`] |
 pub mod names {
     // Worker (one per rank 0 of a pool).
     pub const NUM_REQUESTS_RUNNING: &str = "ferrite_num_requests_running";
@@ -40,6 +41,14 @@ pub mod names {
     pub const GENERATION_TOKENS: &str = "ferrite_generation_tokens_total";
     pub const NUM_PREEMPTIONS: &str = "ferrite_num_preemptions_total";
     pub const REQUEST_SUCCESS: &str = "ferrite_request_success_total";
+    /// Prompt tokens looked up in the prefix cache (vLLM's `prefix_cache_queries`).
+    pub const PREFIX_CACHE_QUERIES: &str = "ferrite_prefix_cache_queries_total";
+    /// Prompt tokens found in the prefix cache (hits / queries is the hit rate).
+    pub const PREFIX_CACHE_HITS: &str = "ferrite_prefix_cache_hits_total";
+    /// Always 1; labels `block_size`, `num_gpu_blocks` (the pool's KV blocks, on any device:
+    /// the label name is the Inference Extension's) and `enable_prefix_caching`, as vLLM's
+    /// `cache_config_info`, which the endpoint picker's prefix scorer reads.
+    pub const CACHE_CONFIG_INFO: &str = "ferrite_cache_config_info";
 
     // Gateway.
     pub const GATEWAY_REQUESTS: &str = "ferrite_gateway_requests_total";
@@ -49,6 +58,10 @@ pub mod names {
     pub const GATEWAY_E2E_REQUEST_LATENCY: &str = "ferrite_gateway_e2e_request_latency_seconds";
     pub const GATEWAY_PROMPT_TOKENS: &str = "ferrite_gateway_prompt_tokens_total";
     pub const GATEWAY_GENERATION_TOKENS: &str = "ferrite_gateway_generation_tokens_total";
+    /// Routing decisions by policy (`p2c`, `kv`) and reason: `prefix` (a pool's cached prefix
+    /// won), `cold` (no pool holds any of it: power of two choices), `tie` (pools within one
+    /// block of each other: power of two choices among them).
+    pub const GATEWAY_ROUTE_DECISIONS: &str = "ferrite_gateway_route_decisions_total";
 
     // Every process.
     pub const STARTUP_PHASE: &str = "ferrite_startup_phase_seconds";
@@ -149,6 +162,22 @@ fn describe() {
     describe_counter!(
         REQUEST_SUCCESS,
         "Worker: finished requests by finish reason."
+    );
+    describe_counter!(
+        PREFIX_CACHE_QUERIES,
+        "Worker: prompt tokens looked up in the prefix cache."
+    );
+    describe_counter!(
+        PREFIX_CACHE_HITS,
+        "Worker: prompt tokens found in the prefix cache."
+    );
+    describe_gauge!(
+        CACHE_CONFIG_INFO,
+        "Worker: KV cache configuration (labels); always 1."
+    );
+    describe_counter!(
+        GATEWAY_ROUTE_DECISIONS,
+        "Gateway: routing decisions by policy and reason."
     );
     describe_counter!(
         GATEWAY_REQUESTS,
@@ -264,6 +293,11 @@ pub async fn metrics_handler() -> axum::response::Response {
 /// The content type of [`render`]'s text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Counts one routing decision of the gateway (see [`names::GATEWAY_ROUTE_DECISIONS`]).
+pub fn route_decision(policy: &'static str, reason: &'static str) {
+    counter!(GATEWAY_ROUTE_DECISIONS, "policy" => policy, "reason" => reason).increment(1);
+}
+
 /// Records one start-up phase's duration.
 pub fn startup_phase(phase: &str, seconds: f64) {
     gauge!(STARTUP_PHASE, "phase" => phase.to_owned()).set(seconds);
@@ -278,6 +312,9 @@ pub struct Load {
     pub kv_blocks_total: usize,
     /// Preemptions since start (a running total, set as the counter's value).
     pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and found there, since start (totals).
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
 }
 
 /// How one request went through a worker, for its histograms and counters.
@@ -324,6 +361,18 @@ impl WorkerMetrics {
         };
         gauge!(KV_CACHE_USAGE_PERC, &label).set(usage);
         counter!(NUM_PREEMPTIONS, &label).absolute(l.preemptions);
+        counter!(PREFIX_CACHE_QUERIES, &label).absolute(l.prefix_cache_queries);
+        counter!(PREFIX_CACHE_HITS, &label).absolute(l.prefix_cache_hits);
+    }
+
+    /// Publishes the KV cache's configuration ([`names::CACHE_CONFIG_INFO`]).
+    pub fn set_cache_config(&self, block_size: usize, num_blocks: usize, prefix_caching: bool) {
+        gauge!(CACHE_CONFIG_INFO,
+            "model_name" => self.model.clone(),
+            "block_size" => block_size.to_string(),
+            "num_gpu_blocks" => num_blocks.to_string(),
+            "enable_prefix_caching" => if prefix_caching { "True" } else { "False" })
+        .set(1.0);
     }
 
     /// One token left the worker `gap_s` after the previous one of the same request.

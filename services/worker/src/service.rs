@@ -1,4 +1,12 @@
 //! The `ferrite.worker.v1.Worker` gRPC service over an [`EngineHandle`].
+//!
+//! `WatchKvCache` is how a pool publishes its prefix cache to gateways (for KV-aware routing):
+//! a stream per gateway, opened by the gateway, starting with a snapshot. Why a stream on the
+//! worker API rather than keys in placement: blocks are stored and evicted thousands of times
+//! a second, which etcd (a consensus log kept for slow-changing placement) should not carry;
+//! a stream from the engine thread keeps the snapshot and the changes in order; a gateway that
+//! starts (or restarts) simply opens it and is whole again; and when the pool dies its stream
+//! ends, so its blocks leave the gateway's index at once, without leases per block.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -7,13 +15,14 @@ use std::time::Instant;
 
 use ferrite_engine::EngineError;
 use ferrite_engine::engine::{EngineStats, FinishReason, RequestTiming};
-use ferrite_engine::handle::{EngineHandle, RequestStream};
+use ferrite_engine::handle::{EngineHandle, KvUpdate, RequestStream};
+use ferrite_engine::kv_cache::BlockHash;
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_proto::worker::v1 as pb;
 use ferrite_telemetry::metrics::{Load, RequestOutcome, WorkerMetrics};
 use ferrite_telemetry::spans::{Clock, record_interval};
 use ferrite_telemetry::{KeyValue, OpenTelemetrySpanExt, genai};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use crate::synthetic::SyntheticEngine;
@@ -54,8 +63,13 @@ pub struct WorkerService {
 
 impl WorkerService {
     pub fn new(backend: Backend, info: pb::ModelInfo) -> Self {
+        let metrics = WorkerMetrics::new(&info.model);
+        if let Backend::Engine(e) = &backend {
+            let c = e.prefix_cache();
+            metrics.set_cache_config(c.block_size, c.num_blocks, c.seed.is_some());
+        }
         Self {
-            metrics: WorkerMetrics::new(&info.model),
+            metrics,
             backend,
             info: Arc::new(info),
             draining: Arc::new(AtomicBool::new(false)),
@@ -76,6 +90,8 @@ impl WorkerService {
             kv_blocks_used: s.kv_blocks_used,
             kv_blocks_total: s.kv_blocks_total,
             preemptions: s.preemptions,
+            prefix_cache_queries: s.prefix_cache_queries,
+            prefix_cache_hits: s.prefix_cache_hits,
         });
     }
 
@@ -95,10 +111,7 @@ impl WorkerService {
             Backend::Engine(e) => e.stats(),
             Backend::Synthetic(s) => EngineStats {
                 running: s.running(),
-                waiting: 0,
-                kv_blocks_used: 0,
-                kv_blocks_total: 0,
-                preemptions: 0,
+                ..EngineStats::default()
             },
         }
     }
@@ -114,6 +127,62 @@ fn finish_to_proto(f: Option<FinishReason>) -> i32 {
 
 pub(crate) type TokenStream =
     Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
+
+pub(crate) type KvStream = Pin<Box<dyn Stream<Item = Result<pb::KvCacheUpdate, Status>> + Send>>;
+
+/// Block hashes per message: a large pool's snapshot goes out in pieces well under the 4 MiB
+/// a gRPC message may have by default.
+const HASHES_PER_MESSAGE: usize = 16_384;
+
+fn load_of(s: &EngineStats) -> pb::Load {
+    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    pb::Load {
+        running: n(s.running),
+        waiting: n(s.waiting),
+        kv_blocks_used: n(s.kv_blocks_used),
+        kv_blocks_total: n(s.kv_blocks_total),
+        kv_blocks_cached: n(s.kv_blocks_cached),
+        pending_tokens: s.pending_tokens as u64,
+    }
+}
+
+fn hash_bytes(hashes: &[BlockHash]) -> Vec<Vec<u8>> {
+    hashes.iter().map(|h| h.to_bytes().to_vec()).collect()
+}
+
+/// One engine update as stream messages: removals first, then stores, in pieces; the first
+/// piece of a snapshot says `reset` (and how hashes are formed), every piece has the load.
+fn kv_messages(u: KvUpdate, block_size: u32, seed: Option<BlockHash>) -> Vec<pb::KvCacheUpdate> {
+    let load = load_of(&u.stats);
+    let mut out: Vec<pb::KvCacheUpdate> = u
+        .removed
+        .chunks(HASHES_PER_MESSAGE)
+        .map(|c| pb::KvCacheUpdate {
+            removed: hash_bytes(c),
+            ..pb::KvCacheUpdate::default()
+        })
+        .chain(
+            u.stored
+                .chunks(HASHES_PER_MESSAGE)
+                .map(|c| pb::KvCacheUpdate {
+                    stored: hash_bytes(c),
+                    ..pb::KvCacheUpdate::default()
+                }),
+        )
+        .collect();
+    if out.is_empty() || u.snapshot {
+        out.insert(0, pb::KvCacheUpdate::default());
+    }
+    if u.snapshot {
+        out[0].reset = true;
+        out[0].block_size = if seed.is_some() { block_size } else { 0 };
+        out[0].hash_seed = seed.map(|s| s.to_bytes().to_vec()).unwrap_or_default();
+    }
+    for m in &mut out {
+        m.load = Some(load);
+    }
+    out
+}
 
 /// One request's stream with what its span and metrics need.
 struct Tracked {
@@ -141,6 +210,7 @@ fn on_finished(
         at(t.first_token),
         vec![
             KeyValue::new("prompt_tokens", t.prompt_tokens as i64),
+            KeyValue::new("cached_tokens", t.cached_tokens as i64),
             KeyValue::new("preemptions", i64::from(t.preemptions)),
         ],
     );
@@ -198,6 +268,9 @@ fn responses(tracked: Tracked) -> TokenStream {
                             .collect(),
                     }],
                     finish_reason: finish_to_proto(ev.finish),
+                    cached_tokens: ev
+                        .cached_tokens
+                        .map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
                 };
                 Some((Ok(msg), (!last).then_some(t)))
             }
@@ -256,14 +329,44 @@ impl pb::worker_server::Worker for WorkerService {
     }
 
     async fn get_load(&self, _: Request<pb::GetLoadRequest>) -> Result<Response<pb::Load>, Status> {
-        let s = self.stats();
-        let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-        Ok(Response::new(pb::Load {
-            running: n(s.running),
-            waiting: n(s.waiting),
-            kv_blocks_used: n(s.kv_blocks_used),
-            kv_blocks_total: n(s.kv_blocks_total),
-        }))
+        Ok(Response::new(load_of(&self.stats())))
+    }
+
+    type WatchKvCacheStream = KvStream;
+
+    async fn watch_kv_cache(
+        &self,
+        _: Request<pb::WatchKvCacheRequest>,
+    ) -> Result<Response<Self::WatchKvCacheStream>, Status> {
+        let engine = match &self.backend {
+            Backend::Engine(e) => e,
+            Backend::Synthetic(_) => {
+                // No cache: say so once, and keep the stream open (no reconnecting).
+                let first = pb::KvCacheUpdate {
+                    reset: true,
+                    load: Some(load_of(&self.stats())),
+                    ..pb::KvCacheUpdate::default()
+                };
+                let stream = futures::stream::once(async move { Ok(first) })
+                    .chain(futures::stream::pending());
+                return Ok(Response::new(Box::pin(stream)));
+            }
+        };
+        let info = engine.prefix_cache();
+        let block_size = u32::try_from(info.block_size).unwrap_or(0);
+        let updates = engine.watch_kv().map_err(|e| status_of(&e))?;
+        let stream = tokio_stream::wrappers::ReceiverStream::new(updates)
+            .flat_map(move |u| {
+                futures::stream::iter(kv_messages(u, block_size, info.seed).into_iter().map(Ok))
+            })
+            // The engine dropped this listener (it fell behind) or stopped: the caller
+            // reconnects and resyncs from a new snapshot.
+            .chain(futures::stream::once(async {
+                Err(Status::unavailable(
+                    "the prefix-cache stream ended: reconnect for a new snapshot",
+                ))
+            }));
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 

@@ -69,6 +69,8 @@ impl SyntheticEngine {
                     } else {
                         pb::FinishReason::Unspecified as i32
                     },
+                    // No model, no KV cache.
+                    cached_tokens: (i == 0).then_some(0),
                 };
                 Some((Ok(msg), (i + 1, interval, guard)))
             },

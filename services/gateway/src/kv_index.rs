@@ -1,0 +1,377 @@
+//! KV-aware routing's view of the pools' prefix caches: an index from block hash to the pools
+//! that hold the block, kept by following each pool's `WatchKvCache` stream.
+//!
+//! The index comes from the pools' own events, never from this gateway's routing history, so
+//! gateways that never talk to each other build the same index and make the same choices (a
+//! gateway-local guess of what each pool holds drifts apart as gateways are added). Each stream
+//! starts with a snapshot of the pool's cache: a gateway that starts or restarts, or reconnects
+//! after a fault, is whole again after one message. While a pool's stream is down its blocks
+//! are out of the index: what it holds is unknown, and unknown counts as cold.
+//!
+//! A request's blocks are named as the pool names them ([`ferrite_proto::prefix`], with the
+//! seed and block size the pool's stream sent), so a lookup walks the request's hash chain once
+//! per kind of pool and counts, for each pool, the leading blocks it holds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use ferrite_proto::prefix::{self, BlockHash};
+use ferrite_proto::worker::v1 as pb;
+use ferrite_proto::worker::v1::worker_client::WorkerClient;
+use futures::StreamExt;
+use tonic::transport::Channel;
+
+/// Waits between attempts to (re)open a pool's stream: doubling from the first to the last.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_LAST: Duration = Duration::from_secs(5);
+
+/// What a pool's stream said of its cache.
+#[derive(Debug, Clone)]
+struct PoolCache {
+    /// The pool's bit in the block entries.
+    slot: u32,
+    seed: Option<BlockHash>,
+    block_size: usize,
+    load: pb::Load,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Block hash → slots of the pools that hold it.
+    blocks: HashMap<BlockHash, Vec<u32>>,
+    pools: HashMap<String, PoolCache>,
+    next_slot: u32,
+}
+
+impl State {
+    /// Drops every block of `pool` from the index (and the pool, unless `keep`).
+    fn clear(&mut self, pool: &str, keep: bool) {
+        let Some(slot) = self.pools.get(pool).map(|p| p.slot) else {
+            return;
+        };
+        self.blocks.retain(|_, holders| {
+            holders.retain(|&s| s != slot);
+            !holders.is_empty()
+        });
+        if !keep {
+            self.pools.remove(pool);
+        }
+    }
+}
+
+/// What one pool would reuse of a request's prompt, and its load as it last reported it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolPrefix {
+    /// Leading prompt tokens whose blocks the pool holds.
+    pub cached_tokens: usize,
+    /// Tokens per block (0: the pool caches no prefixes, or has not said yet).
+    pub block_size: usize,
+    /// `None` until the pool's stream has said something.
+    pub load: Option<pb::Load>,
+}
+
+/// The index, shared by the gateway's routing and the tasks that follow each pool. Cheap to
+/// clone.
+#[derive(Debug, Clone, Default)]
+pub struct KvIndex {
+    state: Arc<RwLock<State>>,
+    watchers: Arc<Mutex<HashMap<String, tokio::task::AbortHandle>>>,
+}
+
+impl KvIndex {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies one message of `pool`'s stream: a reset drops what was known of it and says how
+    /// its blocks are named; then its removed blocks leave the index and its stored ones join.
+    pub fn apply(&self, pool: &str, msg: pb::KvCacheUpdate) {
+        let mut st = self.write();
+        if msg.reset {
+            st.clear(pool, true);
+            let slot = match st.pools.get(pool) {
+                Some(p) => p.slot,
+                None => {
+                    st.next_slot += 1;
+                    st.next_slot
+                }
+            };
+            let seed = BlockHash::from_bytes(&msg.hash_seed);
+            st.pools.insert(
+                pool.to_owned(),
+                PoolCache {
+                    slot,
+                    block_size: if seed.is_some() {
+                        msg.block_size as usize
+                    } else {
+                        0
+                    },
+                    seed,
+                    load: msg.load.unwrap_or_default(),
+                },
+            );
+        }
+        let Some(p) = st.pools.get_mut(pool) else {
+            // Changes before any snapshot: nothing to apply them to.
+            return;
+        };
+        if let Some(load) = msg.load {
+            p.load = load;
+        }
+        let slot = p.slot;
+        for h in msg.removed.iter().filter_map(|b| BlockHash::from_bytes(b)) {
+            if let Some(holders) = st.blocks.get_mut(&h) {
+                holders.retain(|&s| s != slot);
+                if holders.is_empty() {
+                    st.blocks.remove(&h);
+                }
+            }
+        }
+        for h in msg.stored.iter().filter_map(|b| BlockHash::from_bytes(b)) {
+            let holders = st.blocks.entry(h).or_default();
+            if !holders.contains(&slot) {
+                holders.push(slot);
+            }
+        }
+    }
+
+    /// `pool`'s stream is down: its blocks leave the index until it is back.
+    pub fn disconnected(&self, pool: &str) {
+        self.write().clear(pool, false);
+    }
+
+    /// Stops following `pool` and forgets it.
+    pub fn forget(&self, pool: &str) {
+        if let Some(w) = self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(pool)
+        {
+            w.abort();
+        }
+        self.disconnected(pool);
+    }
+
+    /// Stops following every pool.
+    pub fn forget_all(&self) {
+        let names: Vec<String> = self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        for n in names {
+            self.forget(&n);
+        }
+    }
+
+    /// Follows `pool`'s prefix cache through `client` (replacing any earlier follower), until
+    /// [`Self::forget`]: reconnecting after every fault, each time from a fresh snapshot.
+    pub fn watch(&self, pool: &str, client: WorkerClient<Channel>) {
+        let index = self.clone();
+        let name = pool.to_owned();
+        let task = tokio::spawn(async move { index.follow(&name, client).await });
+        if let Some(old) = self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pool.to_owned(), task.abort_handle())
+        {
+            old.abort();
+        }
+    }
+
+    async fn follow(&self, pool: &str, mut client: WorkerClient<Channel>) {
+        let mut wait = RETRY_FIRST;
+        loop {
+            if let Ok(response) = client.watch_kv_cache(pb::WatchKvCacheRequest {}).await {
+                let mut stream = response.into_inner();
+                while let Some(Ok(msg)) = stream.next().await {
+                    if msg.reset {
+                        wait = RETRY_FIRST;
+                    }
+                    self.apply(pool, msg);
+                }
+            }
+            self.disconnected(pool);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RETRY_LAST);
+        }
+    }
+
+    /// For each of `pools`: the leading tokens of `prompt` whose blocks it holds, and its load.
+    /// At most `(len − 1) / block_size` blocks count, as the engine reuses no more (the last
+    /// token is always computed).
+    pub fn lookup(&self, pools: &[&str], prompt: &[u32]) -> Vec<PoolPrefix> {
+        let st = self.read();
+        let mut out: Vec<PoolPrefix> = pools
+            .iter()
+            .map(|name| match st.pools.get(*name) {
+                Some(p) => PoolPrefix {
+                    cached_tokens: 0,
+                    block_size: p.block_size,
+                    load: Some(p.load),
+                },
+                None => PoolPrefix::default(),
+            })
+            .collect();
+        // One hash chain per way of naming blocks among these pools (usually one).
+        let mut kinds: Vec<(BlockHash, usize)> = pools
+            .iter()
+            .filter_map(|n| st.pools.get(*n))
+            .filter_map(|p| p.seed.map(|s| (s, p.block_size)))
+            .filter(|&(_, bs)| bs > 0)
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        for (seed, bs) in kinds {
+            let usable = &prompt[..prompt.len().saturating_sub(1) / bs * bs];
+            let chain = prefix::chain(seed, bs, usable);
+            // (position in `pools`, slot) of the pools naming blocks this way, still matching.
+            let mut alive: Vec<(usize, u32)> = pools
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| st.pools.get(*n).map(|p| (i, p)))
+                .filter(|(_, p)| p.seed == Some(seed) && p.block_size == bs)
+                .map(|(i, p)| (i, p.slot))
+                .collect();
+            for h in &chain {
+                let Some(holders) = st.blocks.get(h) else {
+                    break;
+                };
+                alive.retain(|(_, slot)| holders.contains(slot));
+                if alive.is_empty() {
+                    break;
+                }
+                for &(i, _) in &alive {
+                    out[i].cached_tokens += bs;
+                }
+            }
+        }
+        out
+    }
+
+    /// Blocks `pool` holds, as the index knows (for tests and diagnostics).
+    pub fn blocks_of(&self, pool: &str) -> usize {
+        let st = self.read();
+        let Some(slot) = st.pools.get(pool).map(|p| p.slot) else {
+            return 0;
+        };
+        st.blocks.values().filter(|h| h.contains(&slot)).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hashes(seed: BlockHash, tokens: &[u32]) -> Vec<Vec<u8>> {
+        prefix::chain(seed, 4, tokens)
+            .iter()
+            .map(|h| h.to_bytes().to_vec())
+            .collect()
+    }
+
+    fn snapshot(seed: BlockHash, stored: Vec<Vec<u8>>, pending: u64) -> pb::KvCacheUpdate {
+        pb::KvCacheUpdate {
+            reset: true,
+            block_size: 4,
+            hash_seed: seed.to_bytes().to_vec(),
+            stored,
+            load: Some(pb::Load {
+                pending_tokens: pending,
+                kv_blocks_total: 100,
+                ..pb::Load::default()
+            }),
+            ..pb::KvCacheUpdate::default()
+        }
+    }
+
+    #[test]
+    fn lookups_count_the_leading_blocks_each_pool_holds() {
+        let seed = prefix::seed("m");
+        let prompt: Vec<u32> = (1..=17).collect();
+        let index = KvIndex::default();
+        // a holds the first three blocks, b the first and the third (not a prefix past one).
+        let all = hashes(seed, &prompt);
+        index.apply("a", snapshot(seed, all[..3].to_vec(), 5));
+        index.apply("b", snapshot(seed, vec![all[0].clone(), all[2].clone()], 0));
+        let got = index.lookup(&["a", "b", "c"], &prompt);
+        assert_eq!(got[0].cached_tokens, 12);
+        assert_eq!(got[1].cached_tokens, 4);
+        assert_eq!(got[2], PoolPrefix::default(), "c never reported");
+        assert_eq!(got[0].load.as_ref().map(|l| l.pending_tokens), Some(5));
+        // A whole prompt of full blocks: the last token is computed anyway, so its block
+        // does not count.
+        index.apply(
+            "a",
+            pb::KvCacheUpdate {
+                stored: all[3..].to_vec(),
+                ..pb::KvCacheUpdate::default()
+            },
+        );
+        assert_eq!(index.lookup(&["a"], &prompt[..16])[0].cached_tokens, 12);
+        assert_eq!(index.lookup(&["a"], &prompt)[0].cached_tokens, 16);
+    }
+
+    #[test]
+    fn removals_resets_and_disconnects_take_blocks_out() {
+        let seed = prefix::seed("m");
+        let prompt: Vec<u32> = (1..=9).collect();
+        let all = hashes(seed, &prompt);
+        let index = KvIndex::default();
+        index.apply("a", snapshot(seed, all.clone(), 0));
+        assert_eq!(index.blocks_of("a"), 2);
+        index.apply(
+            "a",
+            pb::KvCacheUpdate {
+                removed: vec![all[1].clone()],
+                ..pb::KvCacheUpdate::default()
+            },
+        );
+        assert_eq!(index.lookup(&["a"], &prompt)[0].cached_tokens, 4);
+        // A reconnect's snapshot replaces everything known of the pool.
+        index.apply("a", snapshot(seed, vec![], 0));
+        assert_eq!(index.lookup(&["a"], &prompt)[0].cached_tokens, 0);
+        index.apply("a", snapshot(seed, all.clone(), 0));
+        index.disconnected("a");
+        assert_eq!(index.lookup(&["a"], &prompt)[0], PoolPrefix::default());
+        // Changes before a snapshot are not applied.
+        index.apply(
+            "b",
+            pb::KvCacheUpdate {
+                stored: all,
+                ..pb::KvCacheUpdate::default()
+            },
+        );
+        assert_eq!(index.blocks_of("b"), 0);
+    }
+
+    #[test]
+    fn pools_of_another_model_identity_never_match() {
+        let prompt: Vec<u32> = (1..=9).collect();
+        let (s1, s2) = (prefix::seed("m1"), prefix::seed("m2"));
+        let index = KvIndex::default();
+        index.apply("a", snapshot(s1, hashes(s1, &prompt), 0));
+        // b says it holds a's hashes but names blocks with another seed.
+        index.apply("b", snapshot(s2, hashes(s1, &prompt), 0));
+        let got = index.lookup(&["a", "b"], &prompt);
+        assert_eq!((got[0].cached_tokens, got[1].cached_tokens), (8, 0));
+        // A pool that caches nothing (block size 0) matches nothing.
+        index.apply(
+            "c",
+            pb::KvCacheUpdate {
+                reset: true,
+                ..pb::KvCacheUpdate::default()
+            },
+        );
+        assert_eq!(index.lookup(&["c"], &prompt)[0].block_size, 0);
+    }
+}
