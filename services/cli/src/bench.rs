@@ -33,6 +33,9 @@ pub enum BenchCommand {
     /// All-reduce time and bandwidth per message size across --tp rank processes, in
     /// nccl-tests' columns.
     Collective(crate::bench_collective::CollectiveArgs),
+    /// Prefix caching and KV-aware routing: shared long prefixes through gateways to pools,
+    /// hit rate, TTFT and throughput with --routing p2c, --routing kv and caching off.
+    Prefix(crate::bench_prefix::PrefixBenchArgs),
     /// One rank of `bench collective` (it starts them; by hand for ranks on other hosts).
     #[command(hide = true)]
     CollectiveRank(crate::bench_collective::RankArgs),
@@ -67,6 +70,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Latency(args) => crate::bench_latency::run(args),
         BenchCommand::Soak(args) => crate::bench_soak::run(args),
         BenchCommand::Collective(args) => crate::bench_collective::run(args),
+        BenchCommand::Prefix(args) => crate::bench_prefix::run(args),
         BenchCommand::CollectiveRank(args) => crate::bench_collective::rank(args),
     }
 }

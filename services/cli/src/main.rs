@@ -10,7 +10,8 @@
 //!   `bench gateway`: what the gateway adds; `bench startup`: start-up phases from spans;
 //!   `bench perplexity`: quality of quantized weights on a text; `bench kernels`: quantized
 //!   linear layers against f16 per model shape; `bench forward`: forward passes of the seed
-//!   002 model sizes; `bench latency`: batch latency in the configurations of seed 003).
+//!   002 model sizes; `bench latency`: batch latency in the configurations of seed 003;
+//!   `bench prefix`: prefix caching and KV-aware routing across pools).
 //! - `loading`: resolving a model name or path and loading it, shared by the commands.
 
 mod bench;
@@ -21,6 +22,7 @@ mod bench_kernels;
 mod bench_kernels_model;
 mod bench_latency;
 mod bench_perplexity;
+mod bench_prefix;
 mod bench_soak;
 mod bench_startup;
 mod cluster;

@@ -143,6 +143,22 @@ impl KvIndex {
     /// `pool`'s stream is down: its blocks leave the index until it is back.
     pub fn disconnected(&self, pool: &str) {
         self.write().clear(pool, false);
+        ferrite_telemetry::metrics::gateway_kv_index_blocks(pool, 0);
+    }
+
+    /// Blocks the index holds for each pool it hears from (for `/metrics`).
+    pub fn block_counts(&self) -> Vec<(String, usize)> {
+        let st = self.read();
+        let mut per_slot: HashMap<u32, usize> = HashMap::new();
+        for holders in st.blocks.values() {
+            for &s in holders {
+                *per_slot.entry(s).or_default() += 1;
+            }
+        }
+        st.pools
+            .iter()
+            .map(|(name, p)| (name.clone(), per_slot.get(&p.slot).copied().unwrap_or(0)))
+            .collect()
     }
 
     /// Stops following `pool` and forgets it.
@@ -258,13 +274,12 @@ impl KvIndex {
         out
     }
 
-    /// Blocks `pool` holds, as the index knows (for tests and diagnostics).
+    /// Blocks `pool` holds, as the index knows.
     pub fn blocks_of(&self, pool: &str) -> usize {
-        let st = self.read();
-        let Some(slot) = st.pools.get(pool).map(|p| p.slot) else {
-            return 0;
-        };
-        st.blocks.values().filter(|h| h.contains(&slot)).count()
+        self.block_counts()
+            .into_iter()
+            .find(|(n, _)| n == pool)
+            .map_or(0, |(_, b)| b)
     }
 }
 

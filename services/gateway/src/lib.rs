@@ -61,6 +61,8 @@ pub struct Gateway {
     /// The public listeners' TLS files (none: plaintext).
     tls: Option<ferrite_tls::TlsFiles>,
     routing: route::Routing,
+    /// Sets the KV index gauges when `/metrics` is scraped (removed with the last clone).
+    _index_gauges: Arc<ferrite_telemetry::metrics::ScrapeHook>,
 }
 
 impl Gateway {
@@ -80,6 +82,12 @@ impl Gateway {
         let pools = PoolView::new(worker_tls);
         let follower = pools.clone();
         tokio::spawn(async move { follower.follow(store, schema).await });
+        let index = pools.kv().clone();
+        let index_gauges = ferrite_telemetry::metrics::ScrapeHook::new(move || {
+            for (pool, blocks) in index.block_counts() {
+                ferrite_telemetry::metrics::gateway_kv_index_blocks(&pool, blocks);
+            }
+        });
         Self {
             pools,
             texts: Arc::new(ModelTexts::default()),
@@ -87,6 +95,7 @@ impl Gateway {
             limiter: Arc::new(Limiter::default()),
             tls: None,
             routing: route::Routing::default(),
+            _index_gauges: Arc::new(index_gauges),
         }
     }
 

@@ -62,6 +62,9 @@ pub mod names {
     /// won), `cold` (no pool holds any of it: power of two choices), `tie` (pools within one
     /// block of each other: power of two choices among them).
     pub const GATEWAY_ROUTE_DECISIONS: &str = "ferrite_gateway_route_decisions_total";
+    /// KV blocks the gateway's index says each pool holds (from the pool's KV events; 0 while
+    /// the pool's stream is down).
+    pub const GATEWAY_KV_INDEX_BLOCKS: &str = "ferrite_gateway_kv_index_blocks";
 
     // Every process.
     pub const STARTUP_PHASE: &str = "ferrite_startup_phase_seconds";
@@ -178,6 +181,10 @@ fn describe() {
     describe_counter!(
         GATEWAY_ROUTE_DECISIONS,
         "Gateway: routing decisions by policy and reason."
+    );
+    describe_gauge!(
+        GATEWAY_KV_INDEX_BLOCKS,
+        "Gateway: KV blocks each pool holds, as its KV events say."
     );
     describe_counter!(
         GATEWAY_REQUESTS,
@@ -296,6 +303,11 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Counts one routing decision of the gateway (see [`names::GATEWAY_ROUTE_DECISIONS`]).
 pub fn route_decision(policy: &'static str, reason: &'static str) {
     counter!(GATEWAY_ROUTE_DECISIONS, "policy" => policy, "reason" => reason).increment(1);
+}
+
+/// Sets how many KV blocks the gateway's index holds for `pool`.
+pub fn gateway_kv_index_blocks(pool: &str, blocks: usize) {
+    gauge!(GATEWAY_KV_INDEX_BLOCKS, "pool" => pool.to_owned()).set(blocks as f64);
 }
 
 /// Records one start-up phase's duration.

@@ -58,6 +58,9 @@ pub struct WorkerService {
     backend: Backend,
     info: Arc<pb::ModelInfo>,
     draining: Arc<AtomicBool>,
+    /// Set when draining starts: ends the prefix-cache streams, which never end by themselves
+    /// (the server's graceful stop waits for every open stream).
+    closing: Arc<tokio::sync::watch::Sender<bool>>,
     metrics: WorkerMetrics,
 }
 
@@ -73,6 +76,7 @@ impl WorkerService {
             backend,
             info: Arc::new(info),
             draining: Arc::new(AtomicBool::new(false)),
+            closing: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
@@ -98,6 +102,8 @@ impl WorkerService {
     /// From now on new requests are refused with UNAVAILABLE; running ones finish.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        // A draining pool takes no new requests: gateways need not know its cache any more.
+        self.closing.send_replace(true);
     }
 
     /// What produces the tokens.
@@ -170,8 +176,8 @@ fn kv_messages(u: KvUpdate, block_size: u32, seed: Option<BlockHash>) -> Vec<pb:
                 }),
         )
         .collect();
-    if out.is_empty() || u.snapshot {
-        out.insert(0, pb::KvCacheUpdate::default());
+    if out.is_empty() {
+        out.push(pb::KvCacheUpdate::default());
     }
     if u.snapshot {
         out[0].reset = true;
@@ -338,6 +344,13 @@ impl pb::worker_server::Worker for WorkerService {
         &self,
         _: Request<pb::WatchKvCacheRequest>,
     ) -> Result<Response<Self::WatchKvCacheStream>, Status> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("this worker is draining"));
+        }
+        let mut closing = self.closing.subscribe();
+        let closed = async move {
+            let _ = closing.wait_for(|c| *c).await;
+        };
         let engine = match &self.backend {
             Backend::Engine(e) => e,
             Backend::Synthetic(_) => {
@@ -348,7 +361,8 @@ impl pb::worker_server::Worker for WorkerService {
                     ..pb::KvCacheUpdate::default()
                 };
                 let stream = futures::stream::once(async move { Ok(first) })
-                    .chain(futures::stream::pending());
+                    .chain(futures::stream::pending())
+                    .take_until(closed);
                 return Ok(Response::new(Box::pin(stream)));
             }
         };
@@ -365,7 +379,8 @@ impl pb::worker_server::Worker for WorkerService {
                 Err(Status::unavailable(
                     "the prefix-cache stream ended: reconnect for a new snapshot",
                 ))
-            }));
+            }))
+            .take_until(closed);
         Ok(Response::new(Box::pin(stream)))
     }
 }
@@ -374,6 +389,48 @@ impl pb::worker_server::Worker for WorkerService {
 mod tests {
     use super::*;
     use tonic::Code;
+
+    #[test]
+    fn kv_updates_become_messages_in_order_and_in_pieces() {
+        let seed = BlockHash(7);
+        let hashes: Vec<BlockHash> = (0..20_000u128).map(BlockHash).collect();
+        let snapshot = KvUpdate {
+            snapshot: true,
+            stored: hashes.clone(),
+            ..KvUpdate::default()
+        };
+        let msgs = kv_messages(snapshot, 16, Some(seed));
+        assert_eq!(msgs.len(), 2, "20,000 hashes in two pieces");
+        assert!(msgs[0].reset && !msgs[1].reset);
+        assert_eq!(
+            (msgs[0].block_size, &msgs[0].hash_seed[..]),
+            (16, &seed.to_bytes()[..])
+        );
+        assert_eq!(msgs[0].stored.len() + msgs[1].stored.len(), 20_000);
+        assert_eq!(msgs[0].stored[0], hashes[0].to_bytes().to_vec());
+        let delta = KvUpdate {
+            removed: hashes[..1].to_vec(),
+            stored: hashes[1..2].to_vec(),
+            ..KvUpdate::default()
+        };
+        let msgs = kv_messages(delta, 16, Some(seed));
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(
+            (msgs[0].removed.len(), msgs[1].stored.len()),
+            (1, 1),
+            "removals first"
+        );
+        assert!(msgs.iter().all(|m| !m.reset && m.load.is_some()));
+        let load_only = kv_messages(KvUpdate::default(), 16, Some(seed));
+        assert_eq!(load_only.len(), 1);
+        // Caching off: the snapshot says block size 0.
+        let off = KvUpdate {
+            snapshot: true,
+            ..KvUpdate::default()
+        };
+        let msgs = kv_messages(off, 16, None);
+        assert!(msgs[0].reset && msgs[0].block_size == 0 && msgs[0].hash_seed.is_empty());
+    }
 
     #[test]
     fn only_the_requests_own_faults_are_invalid_argument() {
