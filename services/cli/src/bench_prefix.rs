@@ -300,7 +300,7 @@ async fn bench(args: PrefixBenchArgs) -> Result<()> {
     );
     print!("{}", table.render());
     let share = cold_ttft_ms.map_or_else(String::new, |c| {
-        format!(" = {:.4}% of a cold prompt's TTFT", hash_us / 10.0 / c)
+        format!(" = {:.6}% of a cold prompt's TTFT", hash_us / 10.0 / c)
     });
     println!(
         "hashing a {}-token prompt's blocks: {hash_us:.1} µs{share}",

@@ -6,8 +6,10 @@
 //!   conversion (quantized layers become [`ferrite_kernels::wq::WqMatrix`]).
 //! - [`config`]: a model's shape ([`config::ModelConfig`]) from GGUF metadata or `config.json`.
 //! - [`model`]: loading ([`model::load`]) and the Llama-family forward.
-//! - [`kv_cache`]: the paged KV cache (block pool, block tables, storage).
-//! - [`scheduler`]: continuous batching with chunked prefill and preemption by recompute.
+//! - [`kv_cache`]: the paged KV cache: the block pool (reference counts, the index of cached
+//!   blocks, least-recently-freed eviction), block tables, storage.
+//! - [`scheduler`]: continuous batching with chunked prefill, preemption by recompute and
+//!   prefix caching (a new sequence starts after its longest cached prefix).
 //! - [`sampler`]: sampling parameters and token selection.
 //! - [`tp`]: tensor parallelism: which share of the model a rank holds.
 //! - [`plan`]: the step plan the leader sends every rank, and the block tables ranks keep.

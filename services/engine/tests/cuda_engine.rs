@@ -3,8 +3,8 @@
 //! of at least 9 of 10 prompts) and close first-token log-probabilities, in f16 and bf16; the
 //! tiny Gemma 2 and Qwen3 checkpoints (head size 32: soft caps, sliding windows, post-norms,
 //! q/k norms) give close log-probabilities; decode runs through CUDA graphs (f16) and eagerly
-//! (bf16); and a context the GPU's memory cannot hold is
-//! refused with the flag to change.
+//! (bf16); prefix-cache hits give the cold tokens; and a context the GPU's memory cannot hold
+//! is refused with the flag to change.
 //!
 //! The default model's projections are GGUF Q4_1, which stay quantized on the GPU (repacked to
 //! 4-bit codes plus per-group minimums, `wq::gguf`), so these comparisons run the quantized
@@ -159,6 +159,71 @@ fn the_default_model_generates_the_cpus_greedy_tokens() {
                 dtype.name()
             );
         }
+    }
+}
+
+/// Prefix caching on the GPU: the ten prompts (lengthened to 40..85 tokens, several blocks of
+/// 16) cold, then with their first halves cached (partial hits), then whole (full hits), all
+/// on one engine through CUDA graphs. A cache fault (a wrong block, a use after evict) gives
+/// garbage; batch shapes that differ from the cold round's may flip a near tie in f16, so the
+/// bar is the CPU comparison's: the 16 greedy tokens of at least 9 of 10 prompts.
+#[test]
+fn prefix_cache_hits_on_the_gpu_give_its_cold_tokens() {
+    let Some(gpu) = gpu("prefix_cache_hits_on_the_gpu_give_its_cold_tokens") else {
+        return;
+    };
+    let model = default_model().model;
+    let vocab = model.config().vocab_size as u64;
+    let mut engine = Engine::new(model, vec![], cfg(on(&gpu, Dtype::F16, true))).expect("engine");
+    let prompts: Vec<Vec<u32>> = (0..10u64)
+        .map(|i| {
+            (0..40 + 5 * i)
+                .map(|j| ((i * 7919 + j * 104_729 + 11) % vocab) as u32)
+                .collect()
+        })
+        .collect();
+    let round = |engine: &mut Engine, prompts: &[Vec<u32>], base: u64| {
+        let params = SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(16)
+        };
+        let requests = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (base + i as u64, p.clone(), params.clone()))
+            .collect();
+        let mut cached = 0;
+        let out = engine
+            .run_to_completion(requests, |ev| {
+                cached += ev.cached_tokens.unwrap_or(0);
+                true
+            })
+            .expect("generate");
+        let tokens: Vec<Vec<u32>> = (0..prompts.len() as u64)
+            .map(|i| out[&(base + i)].token_ids())
+            .collect();
+        (tokens, cached)
+    };
+    let (cold, none) = round(&mut engine, &prompts, 0);
+    assert_eq!(none, 0);
+    engine.reset_prefix_cache();
+    let halves: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| p[..p.len() / 2].iter().copied().chain([13]).collect())
+        .collect();
+    round(&mut engine, &halves, 100);
+    let (partial, partial_cached) = round(&mut engine, &prompts, 200);
+    let (full, full_cached) = round(&mut engine, &prompts, 300);
+    assert!(
+        partial_cached > 0 && full_cached > partial_cached,
+        "{partial_cached} {full_cached}"
+    );
+    for (name, got) in [("partial", &partial), ("full", &full)] {
+        let same = (0..10).filter(|&i| got[i] == cold[i]).count();
+        assert!(
+            same >= 9,
+            "{name} hits: {same}/10 prompts gave the cold tokens"
+        );
     }
 }
 

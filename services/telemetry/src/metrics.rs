@@ -58,9 +58,10 @@ pub mod names {
     pub const GATEWAY_E2E_REQUEST_LATENCY: &str = "ferrite_gateway_e2e_request_latency_seconds";
     pub const GATEWAY_PROMPT_TOKENS: &str = "ferrite_gateway_prompt_tokens_total";
     pub const GATEWAY_GENERATION_TOKENS: &str = "ferrite_gateway_generation_tokens_total";
-    /// Routing decisions by policy (`p2c`, `kv`) and reason: `prefix` (a pool's cached prefix
-    /// won), `cold` (no pool holds any of it: power of two choices), `tie` (pools within one
-    /// block of each other: power of two choices among them).
+    /// Routing decisions by policy and reason: `p2c` (always reason `p2c`), or `kv` with
+    /// `prefix` (a pool's cached prefix won), `cold` (no pool holds any of it: power of two
+    /// choices) or `tie` (pools within one block of each other: power of two choices among
+    /// them).
     pub const GATEWAY_ROUTE_DECISIONS: &str = "ferrite_gateway_route_decisions_total";
     /// KV blocks the gateway's index says each pool holds (from the pool's KV events; 0 while
     /// the pool's stream is down).

@@ -3,7 +3,8 @@
 //! # Layout
 //!
 //! - [`service`]: the `ferrite.worker.v1.Worker` gRPC service over the engine thread's handle,
-//!   (or the synthetic backend), and the engine-error → gRPC-status mapping.
+//!   (or the synthetic backend), and the engine-error → gRPC-status mapping; the pool's KV
+//!   events (`WatchKvCache`) for the gateways' KV-aware routing.
 //! - [`synthetic`]: fixed-rate tokens without a model, for measuring the gateway.
 //! - [`lifecycle`]: rank 0, the leader: load → serve → register (Starting, then Ready once
 //!   every rank is up) → on shutdown: Draining, finish in-flight requests (bounded),
