@@ -146,6 +146,8 @@ pub struct EngineStats {
     pub kv_blocks_total: usize,
     /// Blocks the prefix cache names.
     pub kv_blocks_cached: usize,
+    /// Free blocks holding no cached prefix: taking them evicts nothing.
+    pub kv_blocks_empty: usize,
     /// Tokens the requests in the engine still have to run through the model.
     pub pending_tokens: usize,
     /// Preemptions since the engine started.
@@ -395,6 +397,7 @@ impl Engine {
             kv_blocks_used: self.sched.blocks_used(),
             kv_blocks_total: self.sched.blocks_total(),
             kv_blocks_cached: self.sched.blocks_cached(),
+            kv_blocks_empty: self.sched.blocks_empty(),
             pending_tokens: self.sched.pending_tokens(),
             preemptions: self.preemptions,
             prefix_cache_queries,

@@ -58,6 +58,8 @@ pub struct KvBlockPool {
     head: u32,
     tail: u32,
     free: usize,
+    /// Free blocks that hold no cached prefix (taking one evicts nothing).
+    empty: usize,
     index: HashMap<BlockHash, u32>,
     /// Changes to the index since last taken, when someone listens.
     events: Option<Vec<KvEvent>>,
@@ -74,6 +76,7 @@ impl KvBlockPool {
             head: NONE,
             tail: NONE,
             free: 0,
+            empty: 0,
             index: HashMap::new(),
             events: None,
         };
@@ -90,6 +93,11 @@ impl KvBlockPool {
     /// Blocks no sequence holds (cached ones among them, evictable).
     pub fn num_free(&self) -> usize {
         self.free
+    }
+
+    /// Free blocks that hold no cached prefix: what the pool can hand out without evicting.
+    pub fn num_empty(&self) -> usize {
+        self.empty
     }
 
     /// Blocks some sequence holds.
@@ -143,6 +151,7 @@ impl KvBlockPool {
         }
         self.tail = b;
         self.free += 1;
+        self.empty += usize::from(self.hash[i].is_none());
     }
 
     fn push_front(&mut self, b: u32) {
@@ -155,6 +164,7 @@ impl KvBlockPool {
         }
         self.head = b;
         self.free += 1;
+        self.empty += usize::from(self.hash[i].is_none());
     }
 
     fn unlink(&mut self, b: u32) {
@@ -171,6 +181,7 @@ impl KvBlockPool {
         self.prev[i] = NONE;
         self.next[i] = NONE;
         self.free -= 1;
+        self.empty -= usize::from(self.hash[i].is_none());
     }
 
     /// Takes the free block at the head of the queue, O(1), evicting its cached contents.
@@ -280,6 +291,7 @@ impl KvBlockPool {
             {
                 self.index.remove(&h);
                 self.event(KvEvent::Removed(h));
+                self.empty += 1;
                 forgotten += 1;
             }
         }

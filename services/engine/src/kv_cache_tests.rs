@@ -41,6 +41,15 @@ fn check(pool: &KvBlockPool) {
     }
     let named = pool.hash.iter().filter(|x| x.is_some()).count();
     assert_eq!(named, pool.index.len());
+    let empty = forward
+        .iter()
+        .filter(|&&b| pool.hash[b as usize].is_none())
+        .count();
+    assert_eq!(
+        pool.num_empty(),
+        empty,
+        "free blocks without a cached prefix"
+    );
 }
 
 /// 1: free + used = total; a shared block counts once per table holding it.

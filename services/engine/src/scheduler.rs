@@ -218,6 +218,11 @@ impl Scheduler {
         self.pool.num_cached()
     }
 
+    /// Free blocks holding no cached prefix (what admits work without evicting any).
+    pub fn blocks_empty(&self) -> usize {
+        self.pool.num_empty()
+    }
+
     /// Prompt tokens looked up in the prefix cache at admission, and those found, since start.
     pub fn prefix_cache_counts(&self) -> (u64, u64) {
         (self.prefix_queries, self.prefix_hits)

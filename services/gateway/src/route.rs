@@ -5,17 +5,24 @@
 //!
 //! - `p2c`, power of two choices: pick two at random and take the one with less outstanding
 //!   work (this gateway's requests in flight there).
-//! - `kv` (the default): KV-aware. Each pool's cost is the work it would do before this
-//!   request's first token, in tokens ([`kv_cost`]): the prompt tokens it does not hold in its
-//!   prefix cache (from the pools' KV events, [`crate::kv_index`]), plus its backlog (prompt
-//!   tokens it has yet to prefill and one per decoding request, as it reports them), plus a
-//!   whole prompt when its free KV blocks cannot hold the request's new ones (it would wait
-//!   for running requests to finish, so its cached prefix is worth nothing). This is the sum Dynamo's router minimises and llm-d's
-//!   scorers weigh, in the one unit a prefill costs. The cheapest pool wins; pools within one
-//!   block of it are a tie, settled by power of two choices among them, and so is a cold
-//!   request (no pool holds any of it), so cold requests and popular prefixes held everywhere
-//!   still spread by load instead of piling onto one pool. Every input but the tie-break comes
-//!   from the pools, so gateways agree without talking to each other.
+//! - `kv` (the default): KV-aware. Each pool's cost is in tokens of prefill ([`kv_cost`]):
+//!   - the prompt tokens it does not hold in its prefix cache (from the pools' KV events,
+//!     [`crate::kv_index`]): what it would compute for this request;
+//!   - its backlog (prompt tokens it has yet to prefill, one per decoding request, as it
+//!     reports them): what it computes first (the queue and the running requests);
+//!   - KV use: the cached tokens its new blocks would evict (those beyond its empty blocks),
+//!     which some later request would compute again; or, when even its evictable blocks
+//!     cannot hold them, a whole prompt (it would wait for running requests to finish, so its
+//!     cached prefix is worth nothing).
+//!
+//!   The first two are the sum Dynamo's router minimises; the third keeps a pool whose cache
+//!   is full of other prefixes from taking on more while another has room (without it, a pool
+//!   that drew more prefixes than it holds keeps them all, half-evicted, and recomputes their
+//!   tails forever). The cheapest pool wins; pools within one block of it are a tie, settled
+//!   by power of two choices among them, and so is a cold request (no pool holds any of it),
+//!   so cold requests and prefixes held everywhere still spread by load instead of piling
+//!   onto one pool. Every input but the tie-break comes from the pools, so gateways agree
+//!   without talking to each other.
 //!
 //! A pool that fails before sending its first token is marked tried and the request goes to
 //! another; once a token has reached the client the request is bound to its pool.
@@ -143,11 +150,17 @@ pub fn kv_cost(pool: &PoolPrefix, prompt_len: usize) -> usize {
         return uncached;
     };
     let backlog = usize::try_from(load.pending_tokens).unwrap_or(usize::MAX);
+    let bs = pool.block_size.max(1);
+    let need = uncached.div_ceil(bs);
     let free = load.kv_blocks_total.saturating_sub(load.kv_blocks_used) as usize;
-    let full = load.kv_blocks_total > 0 && uncached.div_ceil(pool.block_size.max(1)) > free;
-    uncached
-        .saturating_add(backlog)
-        .saturating_add(if full { prompt_len } else { 0 })
+    let kv_use = if load.kv_blocks_total == 0 {
+        0
+    } else if need > free {
+        prompt_len
+    } else {
+        need.saturating_sub(load.kv_blocks_empty as usize) * bs
+    };
+    uncached.saturating_add(backlog).saturating_add(kv_use)
 }
 
 /// Why the KV-aware choice went as it did (the metric's `reason` label).
@@ -340,9 +353,19 @@ mod tests {
                 pending_tokens: pending,
                 kv_blocks_used: used,
                 kv_blocks_total: 1000,
+                // Every free block empty: taking one evicts nothing.
+                kv_blocks_empty: 1000 - used,
                 ..pb::Load::default()
             }),
         }
+    }
+
+    /// `p` with its free blocks full of other prefixes but `empty`.
+    fn with_empty(mut p: PoolPrefix, empty: u32) -> PoolPrefix {
+        if let Some(l) = p.load.as_mut() {
+            l.kv_blocks_empty = empty;
+        }
+        p
     }
 
     /// Every pool `pick_kv` chooses over 64 seeds, and the reasons it gave.
@@ -413,6 +436,25 @@ mod tests {
             2000,
             "unknown: idle and cold"
         );
+    }
+
+    /// A pool whose cache is full of other prefixes (no empty block) pays for what its new
+    /// blocks would evict: it keeps a prefix it mostly holds, but one it holds less than half
+    /// of goes to a pool with room, so a pool that drew too many prefixes sheds them.
+    #[tokio::test]
+    async fn a_full_cache_gives_up_a_prefix_it_barely_holds_to_a_pool_with_room() {
+        let pools = [pool("a", 0, None), pool("b", 0, None)];
+        let roomy = prefix(0, 0, 0);
+        // 1016 tokens; a holds 30 of its 63 blocks: 34 new blocks evict 544 cached tokens.
+        let barely = with_empty(prefix(480, 0, 0), 0);
+        assert_eq!(kv_cost(&barely, 1016), 536 + 544);
+        assert_eq!(kv_cost(&roomy, 1016), 1016);
+        let (p, why) = pick_kv(&pools, &[barely, roomy.clone()], 1016, 1).expect("a pool");
+        assert_eq!((p.name.as_str(), why), ("b", KvReason::Prefix));
+        // Holding 50 blocks, a keeps it: 14 new blocks cost 216 + 224 tokens.
+        let mostly = with_empty(prefix(800, 0, 0), 0);
+        let (p, _) = pick_kv(&pools, &[mostly, roomy], 1016, 1).expect("a pool");
+        assert_eq!(p.name, "a");
     }
 
     #[tokio::test]

@@ -148,6 +148,7 @@ fn load_of(s: &EngineStats) -> pb::Load {
         kv_blocks_used: n(s.kv_blocks_used),
         kv_blocks_total: n(s.kv_blocks_total),
         kv_blocks_cached: n(s.kv_blocks_cached),
+        kv_blocks_empty: n(s.kv_blocks_empty),
         pending_tokens: s.pending_tokens as u64,
     }
 }
