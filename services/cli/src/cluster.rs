@@ -525,7 +525,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
                     pool: &args.pool,
                     world: args.tp,
                     record: l.record(),
-                    placement: &args.placement,
+                    placement: Some(&args.placement),
                     otlp_endpoint: telemetry.endpoint(),
                 })?),
                 None => None,
