@@ -32,12 +32,18 @@ fn options() -> WorkerOptions {
 
 /// etcd, a gateway and a pool of 3 rank processes, as a [`Cluster`] whose one worker is rank 0.
 async fn tp_cluster(pool: &str) -> Result<(Cluster, Vec<ferrite_cluster_tests::RankProc>)> {
+    tp_cluster_with(pool, options()).await
+}
+
+async fn tp_cluster_with(
+    pool: &str,
+    opts: WorkerOptions,
+) -> Result<(Cluster, Vec<ferrite_cluster_tests::RankProc>)> {
     let etcd = tokio::task::spawn_blocking(EtcdServer::start)
         .await
         .context("starting etcd")?;
     let endpoint = etcd.endpoint();
     let gateway = GatewayProc::spawn(&endpoint)?;
-    let opts = options();
     let (tp, gateway) = tokio::try_join!(
         TpPool::start(&endpoint, pool, 3, &opts),
         GatewayProc::ready(gateway)
@@ -45,7 +51,7 @@ async fn tp_cluster(pool: &str) -> Result<(Cluster, Vec<ferrite_cluster_tests::R
     let cluster = Cluster {
         gateway,
         workers: vec![tp.leader],
-        options: options(),
+        options: opts,
         etcd,
     };
     cluster.wait_for_ready_pools(1, DISCOVERY_TIMEOUT).await?;
@@ -210,6 +216,50 @@ async fn a_rank_killed_mid_stream_fails_its_pool_fast_and_the_gateway_moves_on()
             .with_context(|| format!("request {i} after the pool was lost"))?;
         ensure!(c.token_ids.len() == 4, "{c:?}");
     }
+    Ok(())
+}
+
+/// A rank that stops answering (SIGSTOP: alive, silent) fails its pool once a collective has
+/// waited the collective timeout for it, naming it: nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_rank_fails_its_pool_after_the_collective_timeout() -> Result<()> {
+    let _turn = serial().await;
+    let opts = WorkerOptions {
+        extra_args: vec!["--collective-timeout-s".into(), "2".into()],
+        ..options()
+    };
+    let (cluster, mut ranks) = tp_cluster_with("tp", opts).await?;
+    let mut client = cluster.inference().await?;
+    let mut stream = client
+        .generate(greedy_text("Write a very long essay about the sea.", 1500))
+        .await?
+        .into_inner();
+    stream.message().await?.context("no first message")?;
+    let silent = ranks.iter_mut().find(|r| r.rank == 1).context("rank 1")?;
+    let pid = silent.proc.pid().to_string();
+    let stopped = Instant::now();
+    let ok = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()?;
+    ensure!(ok.success(), "kill -STOP {pid}");
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => anyhow::bail!("the stream ended cleanly while a rank was silent"),
+            Ok(Err(status)) => break status,
+            Err(_) => anyhow::bail!("still waiting 10 s after rank 1 went silent"),
+        }
+    };
+    let took = stopped.elapsed();
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    ensure!(status.code() == Code::Unavailable, "{status:?}");
+    ensure!(status.message().contains("rank 1"), "{status:?}");
+    ensure!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+        "failed {took:?} after rank 1 went silent (collective timeout 2 s)"
+    );
     Ok(())
 }
 
