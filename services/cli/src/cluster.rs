@@ -456,6 +456,9 @@ async fn follow(args: &WorkerArgs, mut follower: RunningFollower) -> Result<()> 
         "ferrite worker: pool {} rank {} of {}; gRPC health on {}",
         args.pool, args.rank, args.tp, follower.addr
     );
+    if let Some(m) = follower.metrics_addr {
+        println!("  metrics: http://{m}/metrics");
+    }
     println!("ready");
     let ended = tokio::select! {
         r = follower.finished() => Some(r),

@@ -84,6 +84,11 @@ impl WorkerService {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Whether [`Self::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
     /// What produces the tokens.
     pub fn backend(&self) -> &Backend {
         &self.backend
