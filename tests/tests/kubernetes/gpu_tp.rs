@@ -52,29 +52,30 @@ async fn gpu_tp_overlay_rehearsed() -> Result<()> {
     let schema = KeySchema::new(PREFIX);
     let key = schema.pool(&pod.name);
     let worker_port = PodPlan::resolve_port(&container, &"grpc".into())?;
-    // The pod is Ready once its own gateway half serves; the pool registers in the cluster's
-    // etcd as soon as that is reachable (etcd's members turn Ready about when it does).
+    // The pod is Ready once its own gateway half serves; the pool and its ranks register in
+    // the cluster's etcd as soon as that is reachable (its members may turn Ready later).
     let found = ferrite_cluster_tests::wait::until(
-        &format!("pool {} to register in etcd", pod.name),
+        &format!("pool {} and its {tp} ranks to register in etcd", pod.name),
         Duration::from_secs(30),
         || async {
             let entries = store
                 .get_prefix(&schema.pool(&pod.name))
                 .await
                 .map_err(|e| e.to_string())?;
+            let keys: Vec<&String> = entries.iter().map(|(k, _)| k).collect();
+            let ranks = (0..tp)
+                .filter(|r| keys.contains(&&schema.rank(&pod.name, *r)))
+                .count();
             match entries.iter().find(|(k, _)| *k == key) {
-                Some((k, v)) => decode::<PoolRecord>(k, v)
-                    .map(|r| (r, entries.clone()))
-                    .map_err(|e| e.to_string()),
-                None => Err(format!(
-                    "{:?}",
-                    entries.iter().map(|(k, _)| k).collect::<Vec<_>>()
-                )),
+                Some((k, v)) if ranks == tp as usize => {
+                    decode::<PoolRecord>(k, v).map_err(|e| e.to_string())
+                }
+                _ => Err(format!("{keys:?}")),
             }
         },
     )
     .await;
-    let ((record, entries), _) = match found {
+    let (record, _) = match found {
         Ok(f) => f,
         Err(e) => {
             let report = cluster.report(&pod.name).await;
@@ -88,18 +89,6 @@ async fn gpu_tp_overlay_rehearsed() -> Result<()> {
         "pool {}: {record:?}; expected {tp} ranks, Ready, rank 0 at http://{}:{worker_port}",
         pod.name,
         pod.ip
-    );
-    let ranks = (0..tp)
-        .filter(|r| {
-            entries
-                .iter()
-                .any(|(k, _)| *k == schema.rank(&pod.name, *r))
-        })
-        .count();
-    ensure!(
-        ranks == tp as usize,
-        "pool {}: {ranks} of ranks 0..{tp} registered",
-        pod.name
     );
     eprintln!(
         "pool {} of {tp} ranks (one `ferrite serve` pod) registered in the cluster's etcd",

@@ -76,6 +76,22 @@ async fn pool_in_etcd(
     Ok((record, comm, ranks))
 }
 
+/// [`check_pools`], given a few seconds: rank 0 reports SERVING as its registration starts,
+/// and the write may land a moment after its pod turned Ready.
+async fn pools_formed(store: &Store, groups: &[Vec<PodPlan>]) -> Result<Vec<u64>> {
+    let (epochs, _) = ferrite_cluster_tests::wait::until(
+        "every group's pool in etcd",
+        Duration::from_secs(10),
+        || async {
+            check_pools(store, groups)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        },
+    )
+    .await?;
+    Ok(epochs)
+}
+
 /// Each group's pool is in etcd as the manifests and LWS make it; returns each pool's epoch.
 async fn check_pools(store: &Store, groups: &[Vec<PodPlan>]) -> Result<Vec<u64>> {
     let mut epochs = Vec::new();
@@ -161,7 +177,7 @@ async fn multinode_overlay_rehearsed() -> Result<()> {
 
     let etcd = cluster.service_addr("ferrite-etcd", 2379)?;
     let store = Store::connect(&[format!("http://{etcd}")], PREFIX).await?;
-    let epochs = check_pools(&store, &groups).await?;
+    let epochs = pools_formed(&store, &groups).await?;
     eprintln!(
         "{group_count} pools of {size} ranks formed through etcd: {}",
         groups
@@ -215,7 +231,9 @@ async fn multinode_overlay_rehearsed() -> Result<()> {
     let failed_after = killed.elapsed();
     ferrite_cluster_tests::wait::until(
         &format!("every key of pool {pool} to leave etcd within the lease TTL"),
-        lease_ttl.saturating_sub(killed.elapsed()) + Duration::from_secs(1),
+        // The TTL from the kill, and etcd's expiry sweep (it revokes expired leases in
+        // passes, later on a loaded machine).
+        lease_ttl.saturating_sub(killed.elapsed()) + Duration::from_secs(3),
         || async {
             match pool_in_etcd(&store, &pool).await {
                 Ok((None, None, r)) if r.is_empty() => Ok(()),
@@ -265,7 +283,7 @@ async fn multinode_overlay_rehearsed() -> Result<()> {
         &cluster,
         Some(&group),
     );
-    let again = check_pools(&store, &groups[..1]).await?;
+    let again = pools_formed(&store, &groups[..1]).await?;
     ensure!(
         again[0] != epochs[0],
         "pool {pool} re-formed with the old epoch {}",
