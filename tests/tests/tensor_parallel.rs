@@ -284,6 +284,36 @@ async fn a_pool_that_cannot_form_says_which_rank_or_size() -> Result<()> {
     let exit = rank1.wait_exit(Duration::from_secs(30)).await?;
     ensure!(!exit.success(), "rank 1 exited {exit:?}");
 
+    // `serve --tp 3` whose ranks cannot start (a variable only `worker` reads, malformed):
+    // serve says which rank exited, at once rather than after its start-up timeout.
+    let args = [
+        "serve",
+        "--tp",
+        "3",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain(["127.0.0.1:0".into()])
+    .collect::<Vec<_>>();
+    let env = [("FERRITE_TP_START_TIMEOUT_S".to_owned(), "soon".to_owned())];
+    let mut serve = Proc::spawn_with_env("serve --tp 3", &ferrite_bin()?, &args, &env)?;
+    let started = Instant::now();
+    let exit = serve.wait_exit(WORKER_READY_TIMEOUT).await?;
+    ensure!(!exit.success(), "{exit:?}");
+    let err = serve.stderr();
+    ensure!(
+        err.contains("exited") && err.contains("before the pool formed"),
+        "{err}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+
     let mut two = WorkerProc::spawn_rank(&endpoint, "two", 0, 2, &opts)?;
     let exit = two.wait_exit(WORKER_READY_TIMEOUT).await?;
     ensure!(!exit.success(), "{exit:?}");

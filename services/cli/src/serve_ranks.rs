@@ -83,6 +83,18 @@ impl RankProcesses {
         self.children.iter().map(Child::id).collect()
     }
 
+    /// Resolves when any rank exits, saying which and how (its error is on stderr).
+    pub async fn first_exit(&mut self) -> String {
+        loop {
+            for (i, c) in self.children.iter_mut().enumerate() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    return format!("rank {} exited ({status})", i + 1);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits (at most `limit`) for the ranks to exit after the leader stopped the pool.
     pub async fn wait_exit(mut self, limit: Duration) {
         let deadline = Instant::now() + limit;
