@@ -70,6 +70,28 @@ impl MappedFile {
         bytes.len()
     }
 
+    /// Lets the kernel drop the whole pages within bytes `start..end` from this process's
+    /// memory; they are read from the file again if touched. What a rank does with the
+    /// full-width rows it copied its columns out of: it keeps the copy, not the rows.
+    pub fn release_range(&self, start: usize, end: usize) {
+        const PAGE: usize = 4096;
+        let (first, last) = (
+            start.div_ceil(PAGE) * PAGE,
+            end.min(self.bytes().len()) / PAGE * PAGE,
+        );
+        if let Storage::Mapped(map) = &self.map
+            && last > first
+        {
+            // SAFETY: the map is read-only and never written, so a dropped page reads back from
+            // the file with the same bytes; nothing can observe the difference. Failure only
+            // keeps the pages.
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, last - first)
+            };
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match &self.map {
             Storage::Mapped(m) => m,

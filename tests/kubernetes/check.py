@@ -16,7 +16,9 @@ For every kustomization (deploy/kubernetes/base, overlays/*, examples/*):
      PodMonitor selectors select pods of the same rendering and name ports those pods declare;
      probes name declared ports; referenced ConfigMaps, ServiceAccounts and claims exist; every
      container has requests and limits and the restricted security settings; a worker's grace
-     period covers its drain; tensor-parallel sizes match GPU counts;
+     period covers its drain; tensor-parallel sizes match GPU counts; a LeaderWorkerSet's
+     templates differ only where rank 0 does, and its ranks take FERRITE_TP and FERRITE_RANK
+     from what LWS injects, one GPU each;
 then checkov over all renderings (skips in deploy/kubernetes/.checkov.yaml) and hadolint over
 deploy/docker/Dockerfile. Prints one line per failure and a closing `N passed, M failed`.
 """
@@ -197,10 +199,13 @@ def check_consistency(report, where, objs):
     for pm in by_kind.get("PodMonitor", {}).values():
         pods = selected(pm["spec"]["selector"])
         report.check(bool(pods), f"{where}: {name_of(pm)} selects no pod")
+        ports = {e["port"] for e in pm["spec"]["podMetricsEndpoints"]}
         for o, label, t in pods:
-            ports = {e["port"] for e in pm["spec"]["podMetricsEndpoints"]}
+            # The ranks > 0 of a multinode pool serve no /metrics: a LeaderWorkerSet's workers
+            # are not scraped, its leader is.
+            if o["kind"] == "LeaderWorkerSet" and label.endswith("workerTemplate"):
+                continue
             report.check(bool(ports & port_names(t)), f"{where}: {name_of(pm)} scrapes none of {sorted(ports)} on {label}")
-
     for ip in by_kind.get("InferencePool", {}).values():
         pods = selected(ip["spec"]["selector"])
         report.check(bool(pods), f"{where}: {name_of(ip)} selects no pod")
@@ -312,15 +317,32 @@ def check_leader_worker(report, where, lws):
     lwt = lws["spec"]["leaderWorkerTemplate"]
     report.check(lwt.get("restartPolicy") == "RecreateGroupOnPodRestart", f"{where}: {name_of(lws)}: restartPolicy must be RecreateGroupOnPodRestart")
     leader, worker = copy.deepcopy(lwt["leaderTemplate"]), copy.deepcopy(lwt["workerTemplate"])
+    # The ranks > 0 declare only ports they listen on: a subset of rank 0's (which alone serves
+    # the worker API, the collective listener and /metrics).
+    for lc, wc in zip(leader["spec"]["containers"], worker["spec"]["containers"]):
+        lp = [p for p in lc.get("ports", [])]
+        report.check(all(p in lp for p in wc.get("ports", [])),
+                     f"{where}: {name_of(lws)}: container {wc['name']} of the workers declares ports rank 0 does not")
     # Where rank 0 may differ from the other ranks; everything else must be the same.
     for t in (leader, worker):
         t["metadata"]["labels"].pop("ferrite.dev/rank-role", None)
         t["spec"].pop("terminationGracePeriodSeconds", None)
         t["spec"]["affinity"]["podAntiAffinity"] = None
         for c in t["spec"]["containers"]:
-            for k in ("readinessProbe", "startupProbe", "lifecycle"):
+            for k in ("readinessProbe", "startupProbe", "lifecycle", "ports"):
                 c.pop(k, None)
     report.check(leader == worker, f"{where}: {name_of(lws)}: leader and worker templates differ beyond the rank-0 fields")
+    # A group is one pool: its size and each pod's rank are what LWS injects (LWS_GROUP_SIZE,
+    # LWS_WORKER_INDEX, ahead of the template's env), one GPU per rank.
+    for label, t in pod_templates(lws):
+        for c in t["spec"]["containers"]:
+            if c.get("args", [])[:1] != ["worker"]:
+                continue
+            cname = f"{label} container {c['name']}"
+            report.check(env_value(c, "FERRITE_TP") == "$(LWS_GROUP_SIZE)", f"{where}: {cname}: FERRITE_TP must be $(LWS_GROUP_SIZE)")
+            report.check(env_value(c, "FERRITE_RANK") == "$(LWS_WORKER_INDEX)", f"{where}: {cname}: FERRITE_RANK must be $(LWS_WORKER_INDEX)")
+            gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+            report.check(gpus is None or int(gpus) == 1, f"{where}: {cname}: one rank per pod drives one GPU, not {gpus}")
 
 
 # ---------------------------------------------------------------------------------------------

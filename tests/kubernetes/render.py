@@ -5,7 +5,7 @@
     python tests/kubernetes/render.py --yaml overlays/cpu   # kubectl's YAML, as it printed it
 
 Run with the interpreter of target/k8s-tools (tests/kubernetes/tools.sh), which has PyYAML and
-kubectl; the rehearsal test (tests/tests/kubernetes.rs) reads the JSON. kubectl is taken from
+kubectl; the rehearsal test (tests/tests/kubernetes/) reads the JSON. kubectl is taken from
 $FERRITE_KUBECTL, else from beside this interpreter, else from the PATH.
 """
 

@@ -116,6 +116,18 @@ pub async fn worker_greedy(
     prompt_token_ids: Vec<u32>,
     max_tokens: u32,
 ) -> Result<Vec<u32>, Status> {
+    let tokens = worker_tokens(client, prompt_token_ids, max_tokens, None).await?;
+    Ok(tokens.iter().map(|t| t.id).collect())
+}
+
+/// Greedy generation straight from a worker, each token with its logprob and, with
+/// `logprobs`, that many top alternatives.
+pub async fn worker_tokens(
+    client: &mut WorkerClient<Channel>,
+    prompt_token_ids: Vec<u32>,
+    max_tokens: u32,
+    logprobs: Option<u32>,
+) -> Result<Vec<pb::Token>, Status> {
     let req = pb::GenerateRequest {
         prompt_token_ids,
         sampling: Some(pb::SamplingParams {
@@ -124,15 +136,16 @@ pub async fn worker_greedy(
             top_p: 1.0,
             repetition_penalty: 1.0,
             ignore_eos: true,
+            logprobs,
             ..pb::SamplingParams::default()
         }),
     };
     let mut stream = client.generate(req).await?.into_inner();
-    let mut ids = Vec::new();
+    let mut tokens = Vec::new();
     while let Some(msg) = stream.next().await {
-        ids.extend(msg?.tokens.iter().map(|t| t.id));
+        tokens.extend(msg?.tokens);
     }
-    Ok(ids)
+    Ok(tokens)
 }
 
 /// The final status of a raw gRPC call, as the server sent it.

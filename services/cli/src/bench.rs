@@ -1,14 +1,18 @@
 //! `ferrite bench …`: measurements printed as tables in the seed files' grid format.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use ferrite_engine::engine::Engine;
+use ferrite_engine::executor::Executor;
 use ferrite_engine::sampler::SamplingParams;
+use ferrite_engine::tp::TpRank;
+use ferrite_worker::CommLeader;
 use serde_json::json;
 
 use crate::loading::ModelArgs;
+use crate::serve_ranks::{RankLaunch, RankProcesses};
 use crate::table::Table;
 
 #[derive(Debug, Subcommand)]
@@ -55,6 +59,10 @@ pub struct DecodeArgs {
     /// Measured runs per batch size (after one warm-up run).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Ranks of a tensor-parallel pool: this process is rank 0 and starts ranks 1..N as
+    /// processes of their own (the cores shared among them), as `serve --tp N` does.
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
     #[arg(long)]
     json: bool,
 }
@@ -84,14 +92,12 @@ fn decode(args: DecodeArgs) -> Result<()> {
     if args.runs == 0 || args.new_tokens < 2 || args.prompt_tokens == 0 {
         bail!("--runs ≥ 1, --new-tokens ≥ 2 and --prompt-tokens ≥ 1 are needed");
     }
-    let (model, _) = args.model.load_for_engine()?;
-    let vocab = model.config().vocab_size as u64;
-    // Token ids only: dummy-weight models have no tokenizer.
-    let cfg = args.model.engine_config(&model)?;
-    let mut engine = Engine::new(model, vec![], cfg)?;
+    let (mut engine, _ranks) = decode_engine(&args)?;
+    let vocab = engine.config().vocab_size as u64;
     let threads = rayon::current_num_threads();
     let mut table = Table::new(&[
         "model",
+        "tp",
         "threads",
         "batch",
         "prompt",
@@ -143,6 +149,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         let (dc, dc_sd) = mean_std(figures.iter().map(|f| f.decode_tok_s));
         table.row(vec![
             args.model.model.clone(),
+            args.tp.to_string(),
             threads.to_string(),
             batch.to_string(),
             args.prompt_tokens.to_string(),
@@ -153,7 +160,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
             format!("{:.1}", dc / batch as f64),
         ]);
         rows_json.push(json!({
-            "model": args.model.model, "threads": threads, "batch": batch,
+            "model": args.model.model, "tp": args.tp, "threads": threads, "batch": batch,
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "runs": args.runs,
             "prefill_tok_s": { "mean": pf, "std": pf_sd },
             "decode_tok_s": { "mean": dc, "std": dc_sd },
@@ -165,6 +172,38 @@ fn decode(args: DecodeArgs) -> Result<()> {
         print!("{}", table.render());
     }
     Ok(())
+}
+
+/// The engine `bench decode` drives: the whole model here, or rank 0 of a pool of `--tp`
+/// rank processes (returned too: they are killed when dropped).
+fn decode_engine(args: &DecodeArgs) -> Result<(Engine, Option<RankProcesses>)> {
+    if args.tp <= 1 {
+        let (model, _) = args.model.load_for_engine()?;
+        // Token ids only: dummy-weight models have no tokenizer.
+        let cfg = args.model.engine_config(&model)?;
+        return Ok((Engine::new(model, vec![], cfg)?, None));
+    }
+    let threads = crate::serve_ranks::threads_per_rank(args.tp);
+    // Fails only if the pool was already built, which keeps that one.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    let leader = CommLeader::bind(([127, 0, 0, 1], 0).into(), None, args.tp)?;
+    let ranks = RankProcesses::spawn(&RankLaunch {
+        model: &args.model,
+        pool: "bench",
+        world: args.tp,
+        record: leader.record(),
+        placement: None,
+        otlp_endpoint: None,
+    })?;
+    let (model, _) = args
+        .model
+        .load_shard_for_engine(TpRank::new(0, args.tp as usize)?)?;
+    let cfg = args.model.engine_config(&model)?;
+    let comm = leader.accept_now(Duration::from_secs(300), Duration::from_secs(30))?;
+    let exec = Executor::new(model, &cfg, comm)?;
+    Ok((Engine::from_executor(exec, vec![], &cfg)?, Some(ranks)))
 }
 
 fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {

@@ -465,6 +465,9 @@ async fn follow(args: &WorkerArgs, mut follower: RunningFollower) -> Result<()> 
         "ferrite worker: pool {} rank {} of {}; gRPC health on {}",
         args.pool, args.rank, args.tp, follower.addr
     );
+    if let Some(m) = follower.metrics_addr {
+        println!("  metrics: http://{m}/metrics");
+    }
     println!("ready");
     let ended = tokio::select! {
         r = follower.finished() => Some(r),
@@ -531,13 +534,13 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
         let (worker, ranks, addrs, task) = start_up("serve", telemetry, async {
             let (store, schema) = args.placement.store(true).await?;
             let leader = bind_leader(&worker_args, &store, &schema)?;
-            let ranks = match &leader {
+            let mut ranks = match &leader {
                 Some(l) => Some(RankProcesses::spawn(&RankLaunch {
                     model: &args.model,
                     pool: &args.pool,
                     world: args.tp,
                     record: l.record(),
-                    placement: &args.placement,
+                    placement: Some(&args.placement),
                     otlp_endpoint: telemetry.endpoint(),
                 })?),
                 None => None,
@@ -550,7 +553,16 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
                 Some(store.clone()),
                 schema.clone(),
             );
-            let Started::Leader(worker) = started.await? else {
+            // A rank that exits while the pool forms (a bad flag, a model it cannot load)
+            // fails the start now, not after the start-up timeout.
+            let started = match ranks.as_mut() {
+                Some(r) => tokio::select! {
+                    s = started => s?,
+                    exited = r.first_exit() => anyhow::bail!("{exited} before the pool formed"),
+                },
+                None => started.await?,
+            };
+            let Started::Leader(worker) = started else {
                 anyhow::bail!("serve runs rank 0 of its pool");
             };
             let worker = *worker;

@@ -1,5 +1,6 @@
-//! The rank processes of `ferrite serve --tp N`: ranks 1..N of the pool whose rank 0 is the
-//! serving process itself, started as `ferrite worker` processes of the same binary.
+//! The rank processes of `ferrite serve --tp N` (and `bench decode --tp N`): ranks 1..N of the
+//! pool whose rank 0 is the launching process itself, started as `ferrite worker` processes of
+//! the same binary.
 //!
 //! They are handed rank 0's listener on their command line (`--comm-join`), since `serve`'s
 //! placement store usually lives inside its own process; with `--etcd` they also register
@@ -24,7 +25,8 @@ pub struct RankLaunch<'a> {
     pub pool: &'a str,
     pub world: u32,
     pub record: &'a CommRecord,
-    pub placement: &'a PlacementArgs,
+    /// Where they register their rank keys; `None`: nowhere (placement in the launcher).
+    pub placement: Option<&'a PlacementArgs>,
     pub otlp_endpoint: Option<&'a str>,
 }
 
@@ -64,9 +66,9 @@ impl RankProcesses {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
-            if !l.placement.etcd.is_empty() {
-                cmd.args(["--etcd", &l.placement.etcd.join(",")])
-                    .args(["--prefix", &l.placement.prefix]);
+            if let Some(p) = l.placement.filter(|p| !p.etcd.is_empty()) {
+                cmd.args(["--etcd", &p.etcd.join(",")])
+                    .args(["--prefix", &p.prefix]);
             }
             let child = cmd
                 .spawn()
@@ -79,6 +81,18 @@ impl RankProcesses {
     /// The ranks' process ids, rank 1 first.
     pub fn pids(&self) -> Vec<u32> {
         self.children.iter().map(Child::id).collect()
+    }
+
+    /// Resolves when any rank exits, saying which and how (its error is on stderr).
+    pub async fn first_exit(&mut self) -> String {
+        loop {
+            for (i, c) in self.children.iter_mut().enumerate() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    return format!("rank {} exited ({status})", i + 1);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits (at most `limit`) for the ranks to exit after the leader stopped the pool.

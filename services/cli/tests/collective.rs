@@ -123,3 +123,32 @@ fn doctor_checks_the_libraries_and_an_all_reduce_across_local_ranks() {
     );
     assert!(checks.iter().all(|c| c["verdict"] != "FIX"), "{report}");
 }
+
+/// `bench decode --tp 3`: the engine as rank 0 of a pool of three rank processes it starts,
+/// measured like the single-process one (and its ranks gone when it ends).
+#[test]
+fn bench_decode_runs_a_pool_of_rank_processes() {
+    let out = ferrite(&[
+        "bench",
+        "decode",
+        "--tp",
+        "3",
+        "--batch-sizes",
+        "2",
+        "--prompt-tokens",
+        "16",
+        "--new-tokens",
+        "4",
+        "--runs",
+        "1",
+        "--kv-cache-mib",
+        "100",
+        "--max-model-len",
+        "256",
+        "--json",
+    ]);
+    let rows = json_of(&out);
+    let row = &rows[0];
+    assert_eq!(row["tp"], 3, "{rows}");
+    assert!(row["decode_tok_s"]["mean"].as_f64() > Some(0.0), "{rows}");
+}

@@ -11,7 +11,7 @@ use ferrite_collective::Collective;
 use ferrite_engine::EngineError;
 use ferrite_engine::executor::Executor;
 use ferrite_engine::model::EngineModel;
-use ferrite_placement::{KeySchema, RankRecord, Registration, Store};
+use ferrite_placement::{KeySchema, RankRecord, Registration, RegistrationState, Store};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -21,6 +21,8 @@ use crate::lifecycle::{WorkerConfig, WorkerError};
 #[derive(Debug)]
 pub struct RunningFollower {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served (start-up phases, the process), if asked for.
+    pub metrics_addr: Option<SocketAddr>,
     registration: Option<Registration>,
     done: oneshot::Receiver<Result<(), EngineError>>,
     stop_health: Option<oneshot::Sender<()>>,
@@ -54,7 +56,14 @@ impl RunningFollower {
         };
         let listener = TcpListener::bind(cfg.listen).await.map_err(listen_err)?;
         let addr = listener.local_addr().map_err(listen_err)?;
-        let stop_health = serve_health(listener);
+        let metrics_addr = match cfg.metrics_listen {
+            Some(at) => Some(crate::lifecycle::serve_metrics(at).await?),
+            None => None,
+        };
+        let (stop_health, health) = serve_health(listener);
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
         let _register = tracing::info_span!(target: ferrite_telemetry::phases::TARGET, "register",
             pool = %cfg.pool, rank = i64::from(cfg.tp.rank), address = %addr)
         .entered();
@@ -76,6 +85,19 @@ impl RunningFollower {
             )
         });
         drop(_register);
+        // Ready (gRPC health SERVING) once the rank's key is in the store, or at once without
+        // one (a rank of `ferrite serve --tp N`).
+        let registered = registration.as_ref().map(Registration::subscribe);
+        tokio::spawn(async move {
+            if let Some(mut state) = registered {
+                let _ = state
+                    .wait_for(|s| matches!(s, RegistrationState::Registered(_)))
+                    .await;
+            }
+            health
+                .set_service_status("", tonic_health::ServingStatus::Serving)
+                .await;
+        });
         let (tx, done) = oneshot::channel();
         std::thread::Builder::new()
             .name(format!("ferrite-rank-{}", cfg.tp.rank))
@@ -86,6 +108,7 @@ impl RunningFollower {
             .map_err(WorkerError::Thread)?;
         Ok(Self {
             addr,
+            metrics_addr,
             registration,
             done,
             stop_health: Some(stop_health),
@@ -111,15 +134,14 @@ impl RunningFollower {
     }
 }
 
-/// Serves the gRPC health service (SERVING) on `listener` until the returned sender fires or
-/// is dropped.
-fn serve_health(listener: TcpListener) -> oneshot::Sender<()> {
+/// Serves the gRPC health service on `listener` (NOT_SERVING until told otherwise through the
+/// returned reporter) until the returned sender fires or is dropped.
+fn serve_health(
+    listener: TcpListener,
+) -> (oneshot::Sender<()>, tonic_health::server::HealthReporter) {
     let (stop, stopped) = oneshot::channel::<()>();
+    let (reporter, service) = tonic_health::server::health_reporter();
     tokio::spawn(async move {
-        let (health, service) = tonic_health::server::health_reporter();
-        health
-            .set_service_status("", tonic_health::ServingStatus::Serving)
-            .await;
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         let served = tonic::transport::Server::builder()
             .add_service(service)
@@ -131,5 +153,5 @@ fn serve_health(listener: TcpListener) -> oneshot::Sender<()> {
             tracing::error!("health server: {e}");
         }
     });
-    stop
+    (stop, reporter)
 }

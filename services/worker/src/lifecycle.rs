@@ -8,7 +8,9 @@ use ferrite_engine::engine::{Engine, EngineConfig};
 use ferrite_engine::executor::Executor;
 use ferrite_engine::handle::EngineHandle;
 use ferrite_engine::model::EngineModel;
-use ferrite_placement::{KeySchema, PoolRecord, PoolState, RankRecord, Registration, Store};
+use ferrite_placement::{
+    KeySchema, PoolRecord, PoolState, RankRecord, Registration, RegistrationState, Store,
+};
 use ferrite_proto::worker::v1 as pb;
 use ferrite_telemetry::metrics::ScrapeHook;
 use ferrite_text::Tokenizer;
@@ -313,9 +315,7 @@ impl RunningWorker {
             }
             // Returns at once; if the store is unreachable it keeps trying in the background.
             let registration = Registration::start(store, cfg.lease_ttl, entries);
-            health
-                .set_serving::<pb::worker_server::WorkerServer<WorkerService>>()
-                .await;
+            serving_once_registered(&registration, health.clone(), service.clone());
             if cfg.tp.rank == 0 {
                 pool_record.state = PoolState::Ready;
                 if let Err(e) = registration
@@ -402,8 +402,30 @@ impl RunningWorker {
     }
 }
 
+/// Reports the worker API SERVING on gRPC health (what readiness probes ask) once the
+/// registration is in the store, not before: a worker no gateway can find is not ready. Not
+/// after a drain began.
+fn serving_once_registered(
+    registration: &Registration,
+    health: tonic_health::server::HealthReporter,
+    service: WorkerService,
+) {
+    let mut state = registration.subscribe();
+    tokio::spawn(async move {
+        let registered = state
+            .wait_for(|s| matches!(s, RegistrationState::Registered(_)))
+            .await
+            .is_ok();
+        if registered && !service.is_draining() {
+            health
+                .set_serving::<pb::worker_server::WorkerServer<WorkerService>>()
+                .await;
+        }
+    });
+}
+
 /// Serves `/metrics` on `at` until the process ends; returns the bound address.
-async fn serve_metrics(at: SocketAddr) -> Result<SocketAddr, WorkerError> {
+pub(crate) async fn serve_metrics(at: SocketAddr) -> Result<SocketAddr, WorkerError> {
     let err = |source| WorkerError::Metrics { addr: at, source };
     let listener = TcpListener::bind(at).await.map_err(err)?;
     let addr = listener.local_addr().map_err(err)?;

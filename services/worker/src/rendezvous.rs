@@ -127,18 +127,26 @@ impl CommLeader {
     /// Accepts the other ranks (the `comm_init` phase). Returns the collective and the
     /// registration that keeps the record alive (drop it when the pool ends).
     pub async fn accept(
-        self,
+        mut self,
         tp: &TpConfig,
     ) -> Result<(Box<dyn Collective>, Option<Registration>), RendezvousError> {
         let span = comm_init_span(tp, &self.record);
-        let (world, epoch) = (self.record.world as usize, self.record.epoch);
         let (start, io) = (tp.start_timeout, tp.collective_timeout);
-        let listener = self.listener;
-        let comm = blocking(span, move || {
-            TcpCollective::lead(listener, world, epoch, start, io)
-        })
-        .await?;
-        Ok((Box::new(comm), self.registration))
+        let registration = self.registration.take();
+        let comm = blocking(span, move || self.accept_now(start, io)).await?;
+        Ok((comm, registration))
+    }
+
+    /// [`Self::accept`] on this thread (blocking), for callers outside an async runtime:
+    /// waits at most `start` for the ranks; each collective then waits at most `io`.
+    pub fn accept_now(
+        self,
+        start: Duration,
+        io: Duration,
+    ) -> Result<Box<dyn Collective>, CollectiveError> {
+        let (world, epoch) = (self.record.world as usize, self.record.epoch);
+        let comm = TcpCollective::lead(self.listener, world, epoch, start, io)?;
+        Ok(Box::new(comm))
     }
 }
 

@@ -106,6 +106,11 @@ impl WorkerService {
         self.closing.send_replace(true);
     }
 
+    /// Whether [`Self::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
     /// What produces the tokens.
     pub fn backend(&self) -> &Backend {
         &self.backend

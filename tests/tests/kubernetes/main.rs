@@ -1,10 +1,12 @@
-//! The Kubernetes deployment (deploy/kubernetes) rehearsed without a cluster: the `cpu` overlay
-//! is rendered with `kubectl kustomize`, and every container of it is started as a local
-//! process from exactly its rendered `command`/`args`/`env` (see `rehearsal.rs` for how names,
-//! addresses and volumes map to this machine). Then, as a cluster would judge it:
+//! The Kubernetes deployment (deploy/kubernetes) rehearsed without a cluster: an overlay is
+//! rendered with `kubectl kustomize`, and every container of it is started as a local process
+//! from exactly its rendered `command`/`args`/`env` (see `rehearsal.rs` for how names,
+//! addresses and volumes map to this machine, `lws.rs` for how a LeaderWorkerSet becomes
+//! pods). Then, as a cluster would judge it, for the `cpu` overlay:
 //!
 //! - every probe, as declared (gRPC health service names, HTTP paths, named ports), passes:
-//!   each pod turns Ready, no liveness probe fails;
+//!   each pod turns Ready, no liveness probe fails; every declared port listens, and every
+//!   PodMonitor endpoint answers;
 //! - the gateway Service (its gRPC port, and its HTTP port 80 → `http`) lists both worker
 //!   pools (named after their pods) and answers the official `openai` Python client;
 //! - the workers' and gateways' start-up traces reach the collector through its Service;
@@ -13,12 +15,19 @@
 //!   etcd, and the other pool serves what comes next;
 //! - deleting every pod ends every process with exit 0 within its grace period.
 //!
+//! The `multinode` overlay (a LeaderWorkerSet of tensor-parallel pools) and the `gpu-tp` overlay
+//! (`ferrite serve --tp 3` in one pod) are rehearsed the same way, their GPUs mapped to the CPU
+//! (`multinode.rs`, `gpu_tp.rs`).
+//!
 //! So a flag, variable, port or path renamed on one side (binary or manifests) fails here.
-//! It also checks that every FERRITE_* variable the manifests set for `worker`/`gateway`/`serve`
+//! It also checks that every FERRITE_* variable the overlays set for `worker`/`gateway`/`serve`
 //! is one the binary reads. Needs the tools of tests/kubernetes/tools.sh (tests/run.sh installs
 //! them) and the ferrite binary (release build).
 
+mod gpu_tp;
+mod lws;
 mod manifest;
+mod multinode;
 mod probe;
 mod proxy;
 mod rehearsal;
@@ -107,18 +116,43 @@ const PROCESS_VARIABLES: &[&str] = &[
     "FERRITE_KERNEL_CACHE",
 ];
 
+/// The overlays with ferrite containers of their own.
+const OVERLAYS: &[&str] = &[
+    "overlays/cpu",
+    "overlays/gpu",
+    "overlays/gpu-tp",
+    "overlays/multinode",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cpu_overlay_sets_only_variables_the_binary_reads() -> Result<()> {
-    let plan = Plan::new(&render("overlays/cpu").await?, rehearsal::first_pod_ip())?;
+async fn overlays_set_only_variables_the_binary_reads() -> Result<()> {
     let bin = ferrite_bin()?;
     let binary = std::fs::read(&bin)?;
     let mut help = BTreeMap::new();
+    for overlay in OVERLAYS {
+        let plan = Plan::new(&render(overlay).await?, rehearsal::first_pod_ip())?;
+        let checked = variables_read(&plan, &bin, &binary, &mut help).await?;
+        anyhow::ensure!(
+            checked > 10,
+            "{overlay}: only {checked} variables found: is the rendering right?"
+        );
+    }
+    Ok(())
+}
+
+/// Checks every FERRITE_* variable `plan`'s ferrite containers set; returns how many.
+async fn variables_read(
+    plan: &Plan,
+    bin: &std::path::Path,
+    binary: &[u8],
+    help: &mut BTreeMap<String, String>,
+) -> Result<usize> {
     let mut checked = 0;
-    for (owner, sub, c) in ferrite_containers(&plan) {
+    for (owner, sub, c) in ferrite_containers(plan) {
         if !help.contains_key(&sub) {
             let text = Proc::output(
                 format!("ferrite {sub} --help"),
-                &bin,
+                bin,
                 &[sub.clone(), "--help".into()],
                 Duration::from_secs(30),
             )
@@ -149,11 +183,7 @@ async fn cpu_overlay_sets_only_variables_the_binary_reads() -> Result<()> {
             checked += 1;
         }
     }
-    anyhow::ensure!(
-        checked > 10,
-        "only {checked} variables found: is the rendering right?"
-    );
-    Ok(())
+    Ok(checked)
 }
 
 /// The model file of [`MODEL`] in this machine's cache (pulled if needed).
@@ -199,26 +229,57 @@ fn ready_pools(models: &[(String, u32)]) -> u32 {
         .map_or(0, |(_, r)| *r)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cpu_overlay_rehearsed() -> Result<()> {
-    let _turn = serial().await;
-    let root = workspace_root();
-    let plan = Plan::new(&render("overlays/cpu").await?, rehearsal::first_pod_ip())?;
+/// A rehearsed overlay: its cluster, and the receiver standing in for the collector's backend.
+struct Rehearsal {
+    cluster: Cluster,
+    receiver: OtlpReceiver,
+}
 
-    // The images: ferrite's from its Dockerfile's cpu stage, etcd's binary from the PATH, the
-    // collector as a stand-in: its OTLP port reaches a receiver here.
+/// Renders `overlay`, starts every pod of it and waits until all are Ready; prints each pod's
+/// start → Ready time.
+///
+/// The images: ferrite's from its Dockerfile's `cpu` and `cuda` stages (the CUDA image's
+/// containers get FERRITE_DEVICE=cpu: no GPU here, and tensor parallelism on GPUs needs the
+/// NCCL backend), etcd's binary from the PATH, the collector as a stand-in whose OTLP port
+/// reaches a receiver here. The model volume holds the model already (as a filled
+/// PersistentVolume would): the init containers find it instead of downloading it.
+async fn rehearse(overlay: &str) -> Result<Rehearsal> {
+    let root = workspace_root();
+    let plan = Plan::new(&render(overlay).await?, rehearsal::first_pod_ip())?;
     let receiver = OtlpReceiver::start().await?;
     let receiver_addr: std::net::SocketAddr =
         receiver.endpoint().trim_start_matches("http://").parse()?;
     let dockerfile = root.join("deploy/docker/Dockerfile");
-    let ferrite_image = image_config(&dockerfile, "cpu")?;
-    let entrypoint = ferrite_image
+    let cpu_image = image_config(&dockerfile, "cpu")?;
+    let cuda_image = image_config(&dockerfile, "cuda")?;
+    let entrypoint = cpu_image
         .entrypoint
         .first()
         .cloned()
         .context("the cpu image has no ENTRYPOINT")?;
+    anyhow::ensure!(
+        cuda_image.entrypoint == cpu_image.entrypoint,
+        "the cuda and cpu images start differently"
+    );
+    let gpu_to_cpu = vec![("FERRITE_DEVICE".to_owned(), "cpu".to_owned())];
+    let uses_cuda = plan.pods.iter().any(|p| {
+        p.containers()
+            .iter()
+            .any(|c| manifest::str_at(c, "/image").starts_with("ferrite-cuda"))
+    });
+    if uses_cuda {
+        eprintln!(
+            "{overlay}: the ferrite-cuda image's containers run with FERRITE_DEVICE=cpu (their \
+             nvidia.com/gpu mapped to the CPU: no GPU here, and GPU tensor parallelism needs the \
+             NCCL backend)"
+        );
+    }
     let images = Images {
-        configs: [("ferrite".to_owned(), ferrite_image)].into(),
+        configs: [
+            ("ferrite".to_owned(), cpu_image),
+            ("ferrite-cuda".to_owned(), cuda_image),
+        ]
+        .into(),
         executables: [
             (entrypoint, ferrite_bin()?),
             ("/usr/local/bin/etcd".to_owned(), which("etcd")?),
@@ -229,9 +290,8 @@ async fn cpu_overlay_rehearsed() -> Result<()> {
             [("otlp-grpc".to_owned(), receiver_addr)].into(),
         )]
         .into(),
+        env_overrides: [("ferrite-cuda".to_owned(), gpu_to_cpu)].into(),
     };
-    // The model volume holds the model already (as a filled PersistentVolume would): the init
-    // container finds it instead of downloading it.
     let model = cached_model().await?;
     let seeds = [(
         "models".to_owned(),
@@ -249,10 +309,26 @@ async fn cpu_overlay_rehearsed() -> Result<()> {
     let mut cluster = Cluster::new(plan, images, workdir).await?;
     cluster.start_all(&seeds).await?;
     cluster.wait_all_ready(READY_TIMEOUT).await?;
+    print_timings(
+        &format!("{overlay}: pod start → Ready (probes on their declared periods)"),
+        &cluster,
+        None,
+    );
+    Ok(Rehearsal { cluster, receiver })
+}
 
-    eprintln!("pod start → Ready (probes on their declared periods):");
+/// The start → Ready table of `cluster`'s pods (only `only`, if given).
+fn print_timings(title: &str, cluster: &Cluster, only: Option<&[String]>) {
+    eprintln!("{title}:");
     for pod in &cluster.pods {
+        if only.is_some_and(|names| !names.contains(&pod.plan.name)) {
+            continue;
+        }
         let after = (*proxy::lock(&pod.ready_after)).unwrap_or_default();
+        let role = match pod.plan.labels.get(lws::WORKER_INDEX) {
+            Some(i) => format!("{} rank {i}", pod.plan.component),
+            None => pod.plan.component.clone(),
+        };
         let stand_in = if pod.containers.is_empty() {
             " (stand-in)"
         } else {
@@ -260,27 +336,36 @@ async fn cpu_overlay_rehearsed() -> Result<()> {
         };
         eprintln!(
             "  {:<15} {:<36} {:>6.2} s{stand_in}",
-            pod.plan.component,
+            role,
             pod.plan.name,
             after.as_secs_f64()
         );
     }
+}
 
-    // The gateway Service: both pools, then the openai client on the HTTP port (80 → http).
-    let gateway_grpc = cluster.service_addr("ferrite-gateway", 50051)?;
-    let gateway_http = cluster.service_addr("ferrite-gateway", 80)?;
-    let workers = cluster.plan.pods_of("Deployment/ferrite-worker").len() as u32;
-    wait::until(
-        "the gateway Service to list every worker pool",
-        Duration::from_secs(30),
+/// Waits until the gateway at `gateway` counts `n` Ready pools of [`MODEL`].
+async fn wait_for_ready_pools(
+    gateway: std::net::SocketAddr,
+    n: u32,
+    timeout: Duration,
+) -> Result<Duration> {
+    let (_, took) = wait::until(
+        &format!("the gateway Service to list {n} Ready pools"),
+        timeout,
         || async {
-            match list_models(gateway_grpc).await {
-                Ok(m) if ready_pools(&m) == workers => Ok(()),
+            match list_models(gateway).await {
+                Ok(m) if ready_pools(&m) == n => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         },
     )
     .await?;
+    Ok(took)
+}
+
+/// The official `openai` client through the gateway Service's HTTP port: models, a
+/// completion, a chat.
+async fn openai_answers(gateway_http: std::net::SocketAddr) -> Result<()> {
     let openai = run_client(
         "openai_client.py",
         &[
@@ -317,6 +402,74 @@ async fn cpu_overlay_rehearsed() -> Result<()> {
         "openai chat through the Service: {}",
         openai["chat"]
     );
+    Ok(())
+}
+
+/// Every declared port listens and every PodMonitor endpoint answers. (`comm`, rank 0's
+/// rendezvous listener, is open only while its pool forms: the collective record in etcd names
+/// it, and the multinode rehearsal checks that.)
+async fn ports_and_scrapes(cluster: &Cluster) -> Result<()> {
+    let scraped = cluster.check_ports_and_scrapes(&["comm"]).await?;
+    eprintln!(
+        "every declared container port listens; the PodMonitors scrape {} endpoints",
+        scraped.len()
+    );
+    Ok(())
+}
+
+/// No pod saw a probe failure a kubelet would act on (a liveness failure, a start-up probe
+/// given up).
+fn no_probe_problems(cluster: &Cluster) -> Result<()> {
+    for pod in &cluster.pods {
+        let problems = proxy::lock(&pod.problems).clone();
+        anyhow::ensure!(problems.is_empty(), "pod {}: {problems:?}", pod.plan.name);
+    }
+    Ok(())
+}
+
+/// Deletes every pod: each ferrite process exits 0 within its grace period (etcd may end by
+/// the SIGTERM it re-raises after shutting down cleanly).
+async fn delete_everything(cluster: &mut Cluster) -> Result<()> {
+    let ferrite_pods: Vec<String> = cluster
+        .pods
+        .iter()
+        .filter(|p| {
+            p.containers
+                .iter()
+                .any(|c| str_at(&c.spec, "/image").starts_with("ferrite"))
+        })
+        .map(|p| p.plan.name.clone())
+        .collect();
+    for (pod, exits) in cluster.terminate_all().await? {
+        for e in exits {
+            anyhow::ensure!(
+                e.success || (e.by_sigterm && !e.killed && !ferrite_pods.contains(&pod)),
+                "pod {pod} container {} ended {} after {:?} (killed: {})",
+                e.container,
+                e.status,
+                e.after,
+                e.killed
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cpu_overlay_rehearsed() -> Result<()> {
+    let _turn = serial().await;
+    let Rehearsal {
+        mut cluster,
+        receiver,
+    } = rehearse("overlays/cpu").await?;
+
+    // The gateway Service: both pools, then the openai client on the HTTP port (80 → http).
+    let gateway_grpc = cluster.service_addr("ferrite-gateway", 50051)?;
+    let gateway_http = cluster.service_addr("ferrite-gateway", 80)?;
+    let workers = cluster.plan.pods_of("Deployment/ferrite-worker").len() as u32;
+    wait_for_ready_pools(gateway_grpc, workers, Duration::from_secs(30)).await?;
+    ports_and_scrapes(&cluster).await?;
+    openai_answers(gateway_http).await?;
 
     // Traces went through the collector's Service to the stand-in.
     let spans = receiver
@@ -341,38 +494,9 @@ async fn cpu_overlay_rehearsed() -> Result<()> {
     );
 
     drain_a_worker(&mut cluster, gateway_grpc).await?;
-
     // No liveness probe failed meanwhile (the kubelet would have restarted the container).
-    for pod in &cluster.pods {
-        let problems = proxy::lock(&pod.problems).clone();
-        anyhow::ensure!(problems.is_empty(), "pod {}: {problems:?}", pod.plan.name);
-    }
-
-    // Deleting everything: each ferrite process exits 0 within its grace period (etcd may end
-    // by the SIGTERM it re-raises after shutting down cleanly).
-    let ferrite_pods: Vec<String> = cluster
-        .pods
-        .iter()
-        .filter(|p| {
-            p.containers
-                .iter()
-                .any(|c| str_at(&c.spec, "/image").starts_with("ferrite"))
-        })
-        .map(|p| p.plan.name.clone())
-        .collect();
-    for (pod, exits) in cluster.terminate_all().await? {
-        for e in exits {
-            anyhow::ensure!(
-                e.success || (e.by_sigterm && !e.killed && !ferrite_pods.contains(&pod)),
-                "pod {pod} container {} ended {} after {:?} (killed: {})",
-                e.container,
-                e.status,
-                e.after,
-                e.killed
-            );
-        }
-    }
-    Ok(())
+    no_probe_problems(&cluster)?;
+    delete_everything(&mut cluster).await
 }
 
 /// Deletes the first worker pod while it serves requests: they finish, the process exits 0

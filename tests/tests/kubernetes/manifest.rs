@@ -21,7 +21,7 @@ pub fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
-fn labels_of(v: Option<&Value>) -> BTreeMap<String, String> {
+pub fn labels_of(v: Option<&Value>) -> BTreeMap<String, String> {
     v.and_then(Value::as_object)
         .map(|m| {
             m.iter()
@@ -42,6 +42,7 @@ pub struct PodPlan {
     pub component: String,
     pub ip: Ipv4Addr,
     pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
     /// The pod template's `spec`.
     pub spec: Value,
 }
@@ -102,6 +103,16 @@ impl PodPlan {
                 .cloned()
                 .ok_or_else(|| anyhow!("pod {} has no label {label}", self.name));
         }
+        if let Some(key) = path
+            .strip_prefix("metadata.annotations['")
+            .and_then(|s| s.strip_suffix("']"))
+        {
+            return self
+                .annotations
+                .get(key)
+                .cloned()
+                .ok_or_else(|| anyhow!("pod {} has no annotation {key}", self.name));
+        }
         Ok(match path {
             "metadata.name" => self.name.clone(),
             "metadata.namespace" => self.namespace.clone(),
@@ -152,12 +163,21 @@ impl ServicePlan {
     }
 }
 
+/// A PodMonitor's scrape endpoints: (port name, path) on the pods its selector picks.
+#[derive(Debug, Clone)]
+pub struct MonitorPlan {
+    pub name: String,
+    pub selector: Value,
+    pub endpoints: Vec<(String, String)>,
+}
+
 /// Everything of a rendering the rehearsal acts on.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub pods: Vec<PodPlan>,
     pub services: Vec<ServicePlan>,
     pub config_maps: BTreeMap<String, BTreeMap<String, String>>,
+    pub monitors: Vec<MonitorPlan>,
 }
 
 impl Plan {
@@ -166,6 +186,7 @@ impl Plan {
         let mut pods = Vec::new();
         let mut services = Vec::new();
         let mut config_maps = BTreeMap::new();
+        let mut monitors = Vec::new();
         let mut next_ip = u32::from(first_ip);
         for obj in objects {
             let namespace = str_at(obj, "/metadata/namespace").to_owned();
@@ -225,11 +246,31 @@ impl Plan {
                                 .unwrap_or_default(),
                             ip: Ipv4Addr::from(next_ip),
                             labels: labels.clone(),
+                            annotations: labels_of(template.pointer("/metadata/annotations")),
                             spec,
                         });
                         next_ip += 1;
                     }
                 }
+                "LeaderWorkerSet" => {
+                    let (group_pods, service) = crate::lws::expand(obj, &mut next_ip)?;
+                    pods.extend(group_pods);
+                    services.push(service);
+                }
+                "PodMonitor" => monitors.push(MonitorPlan {
+                    name,
+                    selector: obj.pointer("/spec/selector").cloned().unwrap_or_default(),
+                    endpoints: array(&obj["spec"], "podMetricsEndpoints")
+                        .iter()
+                        .map(|e| {
+                            let path = match str_at(e, "/path") {
+                                "" => "/metrics",
+                                p => p,
+                            };
+                            (str_at(e, "/port").to_owned(), path.to_owned())
+                        })
+                        .collect(),
+                }),
                 "Service" => {
                     let ports = array(&obj["spec"], "ports")
                         .iter()
@@ -270,6 +311,7 @@ impl Plan {
             pods,
             services,
             config_maps,
+            monitors,
         })
     }
 

@@ -19,6 +19,12 @@
 //!
 //! Images that are not ferrite's or etcd's run as stand-ins: the test names a local address
 //! for each of their ports (the OpenTelemetry Collector's OTLP port becomes an OTLP receiver).
+//! Hardware this machine lacks is mapped by variables set over an image's containers' own
+//! (the CUDA image's containers get `FERRITE_DEVICE=cpu`: their GPUs become the CPU).
+//!
+//! Beyond what a kubelet does, [`Cluster::kill`] ends a pod's processes as a crash would, and
+//! [`Cluster::recreate`] deletes pods and creates them anew (what a LeaderWorkerSet does to a
+//! group with `RecreateGroupOnPodRestart`).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -29,6 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use ferrite_cluster_tests::Proc;
 use serde_json::Value;
+use tokio::net::TcpStream;
 
 use crate::manifest::{ImageConfig, Plan, PodPlan, Rewrites, array, expand, str_at};
 use crate::probe::Probe;
@@ -46,6 +53,9 @@ pub struct Images {
     pub executables: BTreeMap<String, PathBuf>,
     /// Image repository → (port name → local address) for images run as stand-ins.
     pub stand_ins: BTreeMap<String, BTreeMap<String, SocketAddr>>,
+    /// Image repository → variables set over its containers' own (after `env`, as a mutating
+    /// admission webhook would), mapping hardware this machine lacks.
+    pub env_overrides: BTreeMap<String, Vec<(String, String)>>,
 }
 
 fn repository(image: &str) -> &str {
@@ -117,6 +127,7 @@ pub struct Cluster {
     rewrites: Rewrites,
     images: Images,
     workdir: PathBuf,
+    seeds: BTreeMap<String, Seed>,
 }
 
 impl Drop for Cluster {
@@ -169,6 +180,7 @@ impl Cluster {
             rewrites,
             images,
             workdir,
+            seeds: BTreeMap::new(),
         })
     }
 
@@ -184,7 +196,13 @@ impl Cluster {
     /// Starts every pod at once, as `kubectl apply` would (init containers run inside each
     /// pod's task, so one pod's init does not hold up another).
     pub async fn start_all(&mut self, seeds: &BTreeMap<String, Seed>) -> Result<()> {
+        self.seeds = seeds.clone();
         let plans = self.plan.pods.clone();
+        self.pods = self.start_pods(plans).await?;
+        Ok(())
+    }
+
+    async fn start_pods(&self, plans: Vec<PodPlan>) -> Result<Vec<Pod>> {
         let starts = plans.into_iter().map(|plan| {
             let ctx = StartContext {
                 rewrites: self.rewrites.clone(),
@@ -192,12 +210,163 @@ impl Cluster {
                 config_maps: self.plan.config_maps.clone(),
                 workdir: self.workdir.clone(),
                 states: self.states.clone(),
-                seeds: seeds.clone(),
+                seeds: self.seeds.clone(),
             };
             async move { ctx.start_pod(plan).await }
         });
-        self.pods = futures::future::try_join_all(starts).await?;
+        futures::future::try_join_all(starts).await
+    }
+
+    fn pod_mut(&mut self, name: &str) -> Result<&mut Pod> {
+        self.pods
+            .iter_mut()
+            .find(|p| p.plan.name == name)
+            .ok_or_else(|| anyhow!("no pod {name}"))
+    }
+
+    /// The probes' last failures and each container's argv and stderr tail, for errors.
+    pub async fn report(&mut self, name: &str) -> String {
+        match self.pod_mut(name) {
+            Ok(pod) => pod_report(pod).await,
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Whether every container of pod `name` still runs.
+    pub fn all_running(&mut self, name: &str) -> Result<bool> {
+        let pod = self.pod_mut(name)?;
+        Ok(pod.containers.iter_mut().all(|c| c.proc.is_running()))
+    }
+
+    /// Ends every container of pod `name` with SIGKILL, as a crash (or the OOM killer, or a
+    /// lost node) would; the pod stays, not Ready.
+    pub async fn kill(&mut self, name: &str) -> Result<()> {
+        let pod = self.pod_mut(name)?;
+        for c in &mut pod.containers {
+            c.proc.kill_hard().await?;
+        }
         Ok(())
+    }
+
+    /// Waits (at most `timeout`) for every container of pods `names` to exit by itself;
+    /// returns (pod, container, exit status, whether it exited 0).
+    pub async fn wait_exited(
+        &mut self,
+        names: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<(String, String, String, bool)>> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        for name in names {
+            let pod = self.pod_mut(name)?;
+            for c in &mut pod.containers {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let status = match c.proc.wait_exit(left).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let report = c.proc.stderr_report().await;
+                        bail!("pod {name} container {}: {e}\n{report}", c.name);
+                    }
+                };
+                out.push((
+                    name.clone(),
+                    c.name.clone(),
+                    status.to_string(),
+                    status.success(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes pods `names` (a kubelet's termination, for what still runs of them) and creates
+    /// them anew from their plans: same names, labels and addresses, fresh emptyDirs.
+    pub async fn recreate(&mut self, names: &[String]) -> Result<()> {
+        for name in names {
+            let states = self.states.clone();
+            let i = self
+                .pods
+                .iter()
+                .position(|p| &p.plan.name == name)
+                .ok_or_else(|| anyhow!("no pod {name}"))?;
+            let mut pod = self.pods.remove(i);
+            terminate_pod(&mut pod, &states).await?;
+            drop(pod);
+            let dir = self.workdir.join("pods").join(name);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)?;
+            }
+            lock(&states).insert(name.clone(), PodState::default());
+        }
+        let plans: Vec<PodPlan> = self
+            .plan
+            .pods
+            .iter()
+            .filter(|p| names.contains(&p.name))
+            .cloned()
+            .collect();
+        let started = self.start_pods(plans).await?;
+        self.pods.extend(started);
+        Ok(())
+    }
+
+    /// Every TCP port each started container declares accepts connections on its pod's
+    /// address (but those named in `transient`, open only for a while), and every PodMonitor
+    /// endpoint answers 200 on the pods it selects that declare its port (what Prometheus
+    /// would scrape). Returns what was scraped, as `pod port path`.
+    pub async fn check_ports_and_scrapes(&self, transient: &[&str]) -> Result<Vec<String>> {
+        for pod in self.pods.iter().filter(|p| !p.containers.is_empty()) {
+            for c in &pod.containers {
+                for port in array(&c.spec, "ports") {
+                    if !matches!(str_at(&port, "/protocol"), "" | "TCP")
+                        || transient.contains(&str_at(&port, "/name"))
+                    {
+                        continue;
+                    }
+                    let n = PodPlan::resolve_port(&c.spec, &port["containerPort"])?;
+                    let at = SocketAddr::new(IpAddr::V4(pod.plan.ip), n);
+                    let connected =
+                        tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(at)).await;
+                    anyhow::ensure!(
+                        matches!(connected, Ok(Ok(_))),
+                        "pod {} container {} declares port {} ({n}), but nothing listens there: {connected:?}",
+                        pod.plan.name,
+                        c.name,
+                        str_at(&port, "/name")
+                    );
+                }
+            }
+        }
+        let mut scraped = Vec::new();
+        for m in &self.plan.monitors {
+            for pod in self.pods.iter().filter(|p| !p.containers.is_empty()) {
+                if !pod.plan.selected_by(&m.selector) {
+                    continue;
+                }
+                for (port, path) in &m.endpoints {
+                    let Some(n) = pod
+                        .containers
+                        .iter()
+                        .find_map(|c| PodPlan::resolve_port(&c.spec, &port.as_str().into()).ok())
+                    else {
+                        continue;
+                    };
+                    let at = SocketAddr::new(IpAddr::V4(pod.plan.ip), n);
+                    let r = ferrite_cluster_tests::http::get(at, path)
+                        .await
+                        .with_context(|| format!("PodMonitor {} scraping {at}{path}", m.name))?;
+                    anyhow::ensure!(
+                        r.status == 200,
+                        "PodMonitor {}: GET http://{at}{path} on pod {} answered {}",
+                        m.name,
+                        pod.plan.name,
+                        r.status
+                    );
+                    scraped.push(format!("{} {port} {path}", pod.plan.name));
+                }
+            }
+        }
+        Ok(scraped)
     }
 
     /// Waits until every pod is Ready; fails early, with the probes' last word, on a problem a
@@ -297,10 +466,13 @@ async fn terminate_pod(pod: &mut Pod, states: &States) -> Result<Vec<Exit>> {
             .pointer("/lifecycle/preStop")
             .cloned()
             .unwrap_or(Value::Null);
-        if let Some(s) = pre_stop.pointer("/sleep/seconds").and_then(Value::as_u64) {
-            tokio::time::sleep(Duration::from_secs(s).min(grace)).await;
-        } else if !pre_stop.is_null() {
-            bail!("container {}: only preStop sleep is rehearsed", c.name);
+        // A container that has ended already gets neither its preStop nor a signal.
+        if c.proc.is_running() {
+            if let Some(s) = pre_stop.pointer("/sleep/seconds").and_then(Value::as_u64) {
+                tokio::time::sleep(Duration::from_secs(s).min(grace)).await;
+            } else if !pre_stop.is_null() {
+                bail!("container {}: only preStop sleep is rehearsed", c.name);
+            }
         }
         if c.proc.is_running() {
             c.proc.signal_term()?;
@@ -475,6 +647,9 @@ impl StartContext {
                 bail!("{name}: env {key}: a source the rehearsal does not know: {e}");
             };
             vars.insert(key, value);
+        }
+        if let Some(overrides) = self.images.env_overrides.get(repository(image)) {
+            vars.extend(overrides.iter().cloned());
         }
         let strings = |key: &str| -> Option<Vec<String>> {
             spec.get(key).and_then(Value::as_array).map(|a| {

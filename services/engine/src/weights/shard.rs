@@ -89,6 +89,13 @@ impl Matrix {
                 for row in bytes.chunks_exact(rb) {
                     out.extend_from_slice(&row[within.clone()]);
                 }
+                // The copy is the shard: the full rows' pages need not stay in memory.
+                if let Storage::Mapped {
+                    file, start, end, ..
+                } = &self.storage
+                {
+                    file.release_range(*start, *end);
+                }
                 Storage::Owned {
                     ty: *ty,
                     bytes: Arc::from(out),
