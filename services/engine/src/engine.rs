@@ -182,7 +182,6 @@ pub struct Engine {
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
     preemptions: u64,
-    block_size: usize,
     /// Faults the unit tests make a step meet.
     #[cfg(test)]
     faults: tests::Faults,
@@ -246,7 +245,6 @@ impl Engine {
             requests: HashMap::new(),
             eos_ids,
             preemptions: 0,
-            block_size: cfg.block_size,
             #[cfg(test)]
             faults: tests::Faults::default(),
         })
@@ -284,7 +282,7 @@ impl Engine {
 
     /// Tokens per KV block.
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.sched.config().block_size
     }
 
     /// The seed of this engine's block hashes, when prefix caching is on.
