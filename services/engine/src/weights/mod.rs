@@ -16,6 +16,7 @@ use std::sync::Arc;
 use ferrite_kernels::cpu::matmul::{Weight, WeightView};
 use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::{WqFormat, WqMatrix, quantize_rtn};
 use rayon::prelude::*;
 
@@ -252,6 +253,8 @@ enum Storage {
         bytes: Arc<[u8]>,
     },
     Quantized(Arc<WqMatrix>),
+    /// W8A8: int8 codes with per-row scales; activations quantized per token at run time.
+    Int8(Arc<I8Matrix>),
 }
 
 impl Matrix {
@@ -260,6 +263,30 @@ impl Matrix {
             rows: w.rows(),
             cols: w.cols(),
             storage: Storage::Quantized(Arc::new(w)),
+        }
+    }
+
+    pub fn from_i8(w: I8Matrix) -> Self {
+        Self {
+            rows: w.rows(),
+            cols: w.cols(),
+            storage: Storage::Int8(Arc::new(w)),
+        }
+    }
+
+    /// A row-major f32 `[rows, cols]` matrix held in memory (calibration's working copies).
+    ///
+    /// # Panics
+    /// If `w.len() != rows * cols`.
+    pub fn from_f32(rows: usize, cols: usize, w: &[f32]) -> Self {
+        assert_eq!(w.len(), rows * cols, "{rows}x{cols} f32 matrix");
+        Self {
+            rows,
+            cols,
+            storage: Storage::Owned {
+                ty: GgmlType::F32,
+                bytes: w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
         }
     }
 
@@ -284,6 +311,7 @@ impl Matrix {
                 bytes,
             }),
             Storage::Quantized(w) => Weight::Wq(w),
+            Storage::Int8(w) => Weight::I8(w),
         }
     }
 
@@ -292,6 +320,7 @@ impl Matrix {
         match &self.storage {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.to_string(),
             Storage::Quantized(w) => w.format().to_string(),
+            Storage::Int8(_) => "w8a8-int8".to_owned(),
         }
     }
 
@@ -306,11 +335,12 @@ impl Matrix {
                 let _ = ferrite_kernels::quant::dequantize(v.ty, v.row(i), out);
             }
             Weight::Wq(w) => w.dequantize_row(i, out),
+            Weight::I8(w) => w.dequantize_row(i, out),
         }
     }
 
     /// The whole matrix as f32, row-major.
-    fn to_f32(&self) -> Vec<f32> {
+    pub fn to_f32(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.rows * self.cols];
         w.par_chunks_mut(self.cols.max(1))
             .enumerate()
@@ -349,6 +379,7 @@ impl Matrix {
                     matrix: Cow::Owned(r.matrix),
                     mins: r.mins,
                 }),
+            Weight::I8(_) => None,
         }
     }
 
@@ -366,6 +397,7 @@ impl Matrix {
             ) => Arc::ptr_eq(a, b) && s1 == s2,
             (Storage::Owned { bytes: a, .. }, Storage::Owned { bytes: b, .. }) => Arc::ptr_eq(a, b),
             (Storage::Quantized(a), Storage::Quantized(b)) => Arc::ptr_eq(a, b),
+            (Storage::Int8(a), Storage::Int8(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -376,6 +408,15 @@ impl Matrix {
             Storage::Mapped { start, end, .. } => end - start,
             Storage::Owned { bytes, .. } => bytes.len(),
             Storage::Quantized(w) => w.bytes_len(),
+            Storage::Int8(w) => w.bytes_len(),
+        }
+    }
+
+    /// The int8 matrix of a W8A8 weight.
+    pub fn as_i8(&self) -> Option<&I8Matrix> {
+        match &self.storage {
+            Storage::Int8(w) => Some(w),
+            _ => None,
         }
     }
 
