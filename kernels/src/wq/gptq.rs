@@ -72,6 +72,50 @@ pub fn quantize_gptq(
     opts: GptqOptions,
 ) -> Result<(WqMatrix, GptqStats), WqError> {
     format.check_cols(cols)?;
+    let grids = GridRule {
+        group_len: format.group_len(cols),
+        // Per-channel grids are taken up front, as the reference does.
+        fixed: format.group_size.is_none(),
+        grid: &|part: &[f32]| GroupGrid::for_group(part, format),
+    };
+    let (codes, grids, damp) = gptq_codes(w, rows, cols, h, &grids, opts)?;
+    let scales: Vec<f32> = grids.iter().map(|g| g.scale).collect();
+    let zeros: Vec<u8> = grids.iter().map(|g| g.zero).collect();
+    let zeros_opt = format.zero_point.then_some(zeros.as_slice());
+    let m = WqMatrix::from_codes(format, rows, cols, &codes, &scales, zeros_opt)?;
+    let output_error = output_error_of(w, &m.dequantize(), rows, cols, h);
+    Ok((m, GptqStats { damp, output_error }))
+}
+
+/// How [`gptq_codes`] makes each group's grid.
+pub struct GridRule<'a> {
+    /// Columns per group (the row's length for one grid per row).
+    pub group_len: usize,
+    /// Take every grid from the original weights up front (per-channel grids); act-order
+    /// always does.
+    pub fixed: bool,
+    pub grid: &'a (dyn Fn(&[f32]) -> GroupGrid + Sync),
+}
+
+impl std::fmt::Debug for GridRule<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GridRule")
+            .field("group_len", &self.group_len)
+            .field("fixed", &self.fixed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// GPTQ's codes (`rows * cols`, original column order), each row-group's grid (`rows *
+/// groups`) and the damping used, for any grid rule: the weight-only formats and W8A8's int8.
+pub fn gptq_codes(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    h: &[f64],
+    rule: &GridRule<'_>,
+    opts: GptqOptions,
+) -> Result<(Vec<u8>, Vec<GroupGrid>, f64), WqError> {
     if w.len() != rows * cols || h.len() != cols * cols {
         return Err(WqError::Shape(format!(
             "{} weights and a {}-entry Hessian for a {rows}x{cols} matrix",
@@ -95,11 +139,10 @@ pub fn quantize_gptq(
             }
         }
     }
-    let g = format.group_len(cols);
-    let groups = format.groups_per_row(cols);
-    // Static grids (act-order, and per-channel formats: one group per row, taken up front as
-    // the reference does) from the weights before any update.
-    let static_grids = opts.act_order || format.group_size.is_none();
+    let g = rule.group_len.clamp(1, cols.max(1));
+    let groups = cols.div_ceil(g);
+    // Static grids (act-order, and fixed rules) from the weights before any update.
+    let static_grids = opts.act_order || rule.fixed;
     let grids0: Vec<GroupGrid> = if static_grids {
         (0..rows * groups)
             .map(|rg| {
@@ -107,7 +150,7 @@ pub fn quantize_gptq(
                 let lo = r * cols + gi * g;
                 let hi = r * cols + ((gi + 1) * g).min(cols);
                 let part: Vec<f32> = wm[lo..hi].iter().map(|&v| v as f32).collect();
-                GroupGrid::for_group(&part, format)
+                (rule.grid)(&part)
             })
             .collect()
     } else {
@@ -126,14 +169,12 @@ pub fn quantize_gptq(
 
     let bs = opts.block_size.max(1);
     let mut codes = vec![0u8; rows * cols];
-    let mut scales = vec![0f32; rows * groups];
-    let mut zeros = vec![0u8; rows * groups];
+    let mut out_grids = vec![(rule.grid)(&[]); rows * groups];
     codes
         .par_chunks_mut(cols)
-        .zip(scales.par_chunks_mut(groups))
-        .zip(zeros.par_chunks_mut(groups))
+        .zip(out_grids.par_chunks_mut(groups))
         .enumerate()
-        .for_each(|(r, ((codes, scales), zeros))| {
+        .for_each(|(r, (codes, row_grids))| {
             let mut row: Vec<f64> = perm.iter().map(|&c| wm[r * cols + c]).collect();
             let mut grid = None;
             let mut block = vec![0f64; bs];
@@ -155,15 +196,14 @@ pub fn quantize_gptq(
                                 .iter()
                                 .map(|&v| v as f32)
                                 .collect();
-                            grid = Some(GroupGrid::for_group(&part, format));
+                            grid = Some((rule.grid)(&part));
                         }
-                        grid.unwrap_or_else(|| GroupGrid::for_group(&[], format))
+                        grid.unwrap_or_else(|| (rule.grid)(&[]))
                     };
                     let x = block[i];
                     let q = gr.code(x);
                     codes[col] = q;
-                    scales[gi] = gr.scale;
-                    zeros[gi] = gr.zero;
+                    row_grids[gi] = gr;
                     let urow = &u[pos * cols..(pos + 1) * cols];
                     let e = (x - gr.value(q)) / urow[pos];
                     for (b, &uij) in block[i..n].iter_mut().zip(&urow[pos..i2]) {
@@ -180,17 +220,17 @@ pub fn quantize_gptq(
                 }
             }
         });
-    let zeros_opt = format.zero_point.then_some(zeros.as_slice());
-    let m = WqMatrix::from_codes(format, rows, cols, &codes, &scales, zeros_opt)?;
-    let output_error = output_error(w, &m, h);
-    Ok((m, GptqStats { damp, output_error }))
+    Ok((codes, out_grids, damp))
 }
 
 /// `Σ_rows (w − q)ᵀ H (w − q)`: a quantized matrix's output error on the calibration inputs
 /// whose `Σ x xᵀ` is `h` (for comparing methods on the same inputs).
 pub fn output_error(w: &[f32], q: &WqMatrix, h: &[f64]) -> f64 {
-    let (rows, cols) = (q.rows(), q.cols());
-    let deq = q.dequantize();
+    output_error_of(w, &q.dequantize(), q.rows(), q.cols(), h)
+}
+
+/// [`output_error`] for any dequantized `[rows, cols]` matrix `deq`.
+pub fn output_error_of(w: &[f32], deq: &[f32], rows: usize, cols: usize, h: &[f64]) -> f64 {
     (0..rows)
         .into_par_iter()
         .map(|r| {

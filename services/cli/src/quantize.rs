@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use ferrite_engine::calib::{CalibOptions, LayerReport, Method as CalibMethod};
+use ferrite_engine::calib::{
+    CalibOptions, LayerReport, Method as CalibMethod, Scheme as CalibScheme,
+};
 use ferrite_engine::quantize::{CalibText, DEFAULT_CALIB_FILE, QuantizeJob, quantize_model};
 use ferrite_kernels::wq::{Bits, GptqOptions, ScaleType, WqFormat};
 
@@ -32,6 +34,9 @@ pub enum Scheme {
     W8a16,
     /// 2-bit weights, 16-bit activations.
     W2a16,
+    /// int8 weights (one scale per output channel) and int8 activations quantized per token at
+    /// run time; compressed-tensors format (--bits, --group-size, --sym do not apply).
+    W8a8,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -50,7 +55,8 @@ pub enum ScaleDtype {
 pub struct QuantizeArgs {
     #[arg(long, value_enum, default_value = "rtn")]
     method: Method,
-    /// What is stored: w4a16, w8a16 or w2a16 (weight-only, GPTQ format).
+    /// What is stored: w4a16, w8a16 or w2a16 (weight-only, GPTQ format), or w8a8 (int8
+    /// weights and activations, compressed-tensors format).
     #[arg(long, value_enum, default_value = "w4a16")]
     scheme: Scheme,
     /// Bits per weight (8, 4 or 2): overrides the scheme's.
@@ -107,6 +113,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         Scheme::W4a16 => 4,
         Scheme::W8a16 => 8,
         Scheme::W2a16 => 2,
+        Scheme::W8a8 => 8,
     };
     let format = WqFormat {
         bits: Bits::from_u32(args.bits.unwrap_or(scheme_bits))?,
@@ -129,7 +136,11 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         Method::Awq => CalibMethod::Awq,
         Method::Smoothquant => CalibMethod::SmoothQuant,
     };
-    let mut opts = CalibOptions::new(method, format);
+    let scheme = match args.scheme {
+        Scheme::W8a8 => CalibScheme::W8A8,
+        _ => CalibScheme::WeightOnly(format),
+    };
+    let mut opts = CalibOptions::new(method, scheme);
     opts.gptq = GptqOptions {
         damp: args.damp,
         act_order: args.act_order,
@@ -169,8 +180,12 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     };
     let r = quantize_model(&job, &mut progress)
         .with_context(|| format!("quantizing {}", args.input.display()))?;
+    let written_as = match scheme {
+        CalibScheme::W8A8 => "compressed-tensors format",
+        CalibScheme::WeightOnly(_) => "gptq format",
+    };
     println!(
-        "{}: {} layers quantized to {format} by {} (gptq format), {} tensors kept in float, {} \
+        "{}: {} layers quantized to {scheme} by {} ({written_as}), {} tensors kept in float, {} \
          calibration tokens; {:.1} MB -> {:.1} MB in {:.2} s",
         r.output.display(),
         r.quantized_layers,

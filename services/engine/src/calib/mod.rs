@@ -31,7 +31,8 @@ mod stats;
 
 use std::time::Instant;
 
-use ferrite_kernels::wq::gptq::output_error;
+use ferrite_kernels::w8a8::{quantize_int8_gptq, quantize_int8_rtn};
+use ferrite_kernels::wq::gptq::{output_error, output_error_of};
 use ferrite_kernels::wq::{GptqOptions, WqFormat, quantize_gptq, quantize_rtn};
 
 use crate::error::{EngineError, Result};
@@ -55,11 +56,30 @@ pub enum Method {
     SmoothQuant,
 }
 
+/// What a projection is stored as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// Weight-only codes in groups (GPTQ format), activations stay float.
+    WeightOnly(WqFormat),
+    /// int8 weights per channel, activations int8 per token at run time (compressed-tensors
+    /// `int-quantized`).
+    W8A8,
+}
+
+impl std::fmt::Display for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scheme::WeightOnly(w) => write!(f, "{w}"),
+            Scheme::W8A8 => f.write_str("w8a8-int8"),
+        }
+    }
+}
+
 /// Everything [`quantize_layers`] needs besides the model and the tokens.
 #[derive(Debug, Clone, Copy)]
 pub struct CalibOptions {
     pub method: Method,
-    pub format: WqFormat,
+    pub scheme: Scheme,
     pub gptq: GptqOptions,
     /// SmoothQuant's weights by GPTQ (else RTN).
     pub smooth_then_gptq: bool,
@@ -74,10 +94,10 @@ pub struct CalibOptions {
 }
 
 impl CalibOptions {
-    pub fn new(method: Method, format: WqFormat) -> Self {
+    pub fn new(method: Method, scheme: Scheme) -> Self {
         Self {
             method,
-            format,
+            scheme,
             gptq: GptqOptions::default(),
             smooth_then_gptq: false,
             alpha: 0.5,
@@ -190,6 +210,11 @@ pub(crate) fn quantize_layers(
             tokens.len()
         )));
     }
+    if opts.method == Method::Awq && opts.scheme == Scheme::W8A8 {
+        return Err(EngineError::InvalidRequest(
+            "AWQ searches weight-only grids; for W8A8 use smoothquant (or rtn, gptq)".into(),
+        ));
+    }
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
         return Err(EngineError::InvalidRequest(format!(
             "calibration token {bad} is outside the vocabulary"
@@ -267,23 +292,38 @@ pub(crate) fn quantize_layers(
                     "layer {li} {}",
                     ["q", "k", "v", "o", "gate", "up", "down"][p]
                 );
-                let bad = |e: ferrite_kernels::wq::WqError| EngineError::BadTensor {
+                let bad = |e: String| EngineError::BadTensor {
                     name: name.clone(),
-                    reason: format!("cannot quantize to {}: {e}", opts.format),
+                    reason: format!("cannot quantize to {}: {e}", opts.scheme),
                 };
-                let q = match (&stats[si].hessian, opts.uses_hessian()) {
-                    (Some(hm), true) => {
-                        let (q, st) =
-                            quantize_gptq(&wf.w[p], rows, cols, hm, opts.format, opts.gptq)
-                                .map_err(bad)?;
+                let hessian = stats[si].hessian.as_deref().filter(|_| opts.uses_hessian());
+                let w = &wf.w[p];
+                let m = match (opts.scheme, hessian) {
+                    (Scheme::WeightOnly(f), Some(hm)) => {
+                        let (q, st) = quantize_gptq(w, rows, cols, hm, f, opts.gptq)
+                            .map_err(|e| bad(e.to_string()))?;
+                        let rtn = quantize_rtn(w, rows, cols, f).map_err(|e| bad(e.to_string()))?;
                         gptq_error += st.output_error;
-                        let rtn = quantize_rtn(&wf.w[p], rows, cols, opts.format).map_err(bad)?;
-                        rtn_error += output_error(&wf.w[p], &rtn, hm);
-                        q
+                        rtn_error += output_error(w, &rtn, hm);
+                        Matrix::from_wq(q)
                     }
-                    _ => quantize_rtn(&wf.w[p], rows, cols, opts.format).map_err(bad)?,
+                    (Scheme::WeightOnly(f), None) => Matrix::from_wq(
+                        quantize_rtn(w, rows, cols, f).map_err(|e| bad(e.to_string()))?,
+                    ),
+                    (Scheme::W8A8, Some(hm)) => {
+                        let (q, st) = quantize_int8_gptq(w, rows, cols, hm, opts.gptq)
+                            .map_err(|e| bad(e.to_string()))?;
+                        let rtn =
+                            quantize_int8_rtn(w, rows, cols).map_err(|e| bad(e.to_string()))?;
+                        gptq_error += st.output_error;
+                        rtn_error += output_error_of(w, &rtn.dequantize(), rows, cols, hm);
+                        Matrix::from_i8(q)
+                    }
+                    (Scheme::W8A8, None) => Matrix::from_i8(
+                        quantize_int8_rtn(w, rows, cols).map_err(|e| bad(e.to_string()))?,
+                    ),
                 };
-                *projections_mut(&mut layer)[p] = Matrix::from_wq(q);
+                *projections_mut(&mut layer)[p] = m;
             }
         }
         if li + 1 < c.num_layers {

@@ -118,7 +118,9 @@ pub(super) fn awq(
     stats: &mut [SiteStats],
     opts: &CalibOptions,
 ) -> Result<()> {
-    let format = opts.format;
+    let super::Scheme::WeightOnly(format) = opts.scheme else {
+        return Ok(());
+    };
     for (si, &site) in SITES.iter().enumerate() {
         if !foldable(c, site) {
             continue;

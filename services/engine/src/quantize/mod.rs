@@ -1,5 +1,6 @@
 //! `ferrite quantize`: a model (a Hugging Face directory, or a GGUF file dequantized) to a
-//! quantized Hugging Face directory that ferrite and other GPTQ loaders read.
+//! quantized Hugging Face directory that ferrite and other tools read: weight-only schemes in
+//! the GPTQ format, W8A8 in compressed-tensors' `int-quantized` format.
 //!
 //! The decoder layers' projections are quantized ([`crate::calib`] does the work, layer by
 //! layer); the embeddings and the LM head stay as stored, as GPTQ tools leave them. Norms and
@@ -12,9 +13,10 @@ use std::time::Instant;
 
 use ferrite_kernels::wq::WqFormat;
 
-use crate::calib::{self, CalibOptions, LayerReport, Method};
+use crate::calib::{self, CalibOptions, LayerReport, Method, Scheme};
 use crate::error::{EngineError, Result};
 use crate::model::{self, LoadOptions, WeightFormat};
+use crate::weights::compressed::CompressedW8A8;
 use crate::weights::gptq::GptqConfig;
 
 /// What [`quantize_model`] did.
@@ -71,7 +73,7 @@ pub fn quantize_checkpoint(
     let job = QuantizeJob {
         input: input.to_owned(),
         output: output.to_owned(),
-        opts: CalibOptions::new(Method::Rtn, format),
+        opts: CalibOptions::new(Method::Rtn, Scheme::WeightOnly(format)),
         calib: CalibText::File(PathBuf::from(DEFAULT_CALIB_FILE)),
         calib_tokens: 0,
     };
@@ -150,14 +152,12 @@ pub fn quantize_model(
             _ => None,
         },
     };
-    let quantizer = format!("ferrite {}-{}", job.opts.method_name(), job.opts.format);
-    let written = write::write_dir(
-        &src,
-        &layers,
-        &GptqConfig::for_format(job.opts.format),
-        &quantizer,
-        output,
-    )?;
+    let quantizer = format!("ferrite {}-{}", job.opts.method_name(), job.opts.scheme);
+    let quantization = match job.opts.scheme {
+        Scheme::WeightOnly(f) => GptqConfig::for_format(f).to_json(),
+        Scheme::W8A8 => CompressedW8A8::to_json(),
+    };
+    let written = write::write_dir(&src, &layers, quantization, &quantizer, output)?;
     let used = tokens.len() / job.opts.ctx.max(1) * job.opts.ctx;
     Ok(QuantizeReport {
         quantized_layers: layers.len() * 7,

@@ -1,5 +1,7 @@
 //! Writing a quantized model as a Hugging Face directory: `config.json` with its
-//! `quantization_config`, `model.safetensors` with Hugging Face tensor names, and the tokenizer.
+//! `quantization_config`, `model.safetensors` with Hugging Face tensor names (weight-only
+//! projections in the GPTQ layout, W8A8 ones as compressed-tensors' int8 `weight` and
+//! `weight_scale`), and the tokenizer.
 //!
 //! Everything is written from the loaded model, so a GGUF input becomes an ordinary Hugging
 //! Face checkpoint: its Llama Q and K rows, which llama.cpp's converter interleaves for its
@@ -23,7 +25,7 @@ use crate::error::{EngineError, Result};
 use crate::model::LlamaModel;
 use crate::model::llama::Layer;
 use crate::weights::Matrix;
-use crate::weights::gptq::{GptqConfig, GptqTensors};
+use crate::weights::gptq::GptqTensors;
 
 /// Files copied unchanged from a Hugging Face input, when present.
 const COPIED_FILES: &[&str] = &[
@@ -172,6 +174,27 @@ fn projection(
     order: Option<Vec<usize>>,
     out: &mut Vec<Out>,
 ) -> Result<()> {
+    if let Some(w) = m.as_i8() {
+        // compressed-tensors int-quantized: int8 `[out, in]` and one f32 scale per row.
+        let rows: Vec<usize> = order.unwrap_or_else(|| (0..w.rows()).collect());
+        let codes: Vec<u8> = rows
+            .iter()
+            .flat_map(|&r| w.row_codes(r).iter().map(|&q| q as u8))
+            .collect();
+        let scales: Vec<f32> = rows.iter().map(|&r| w.scales()[r]).collect();
+        out.push(Out {
+            name: format!("{stem}.weight"),
+            dtype: Dtype::I8,
+            shape: vec![w.rows(), w.cols()],
+            bytes: codes,
+        });
+        out.push(f32_tensor(
+            format!("{stem}.weight_scale"),
+            vec![w.rows(), 1],
+            &scales,
+        ));
+        return Ok(());
+    }
     let Some(view) = m.as_wq() else {
         out.push(float_matrix(format!("{stem}.weight"), m));
         return Ok(());
@@ -320,7 +343,7 @@ pub(super) struct Written {
 pub(super) fn write_dir(
     src: &Source<'_>,
     layers: &[Layer],
-    quantization: &GptqConfig,
+    quantization: serde_json::Value,
     quantizer: &str,
     output: &Path,
 ) -> Result<Written> {
@@ -344,7 +367,10 @@ pub(super) fn write_dir(
     if !m.lm_head.same_storage(&m.embed) {
         out.push(float_matrix("lm_head.weight".into(), &m.lm_head));
     }
-    let float_tensors = out.iter().filter(|t| t.dtype != Dtype::I32).count();
+    let float_tensors = out
+        .iter()
+        .filter(|t| !matches!(t.dtype, Dtype::I32 | Dtype::I8) && !t.name.ends_with("_scale"))
+        .count();
 
     std::fs::create_dir_all(output).map_err(io(output))?;
     let views = out
@@ -370,7 +396,7 @@ pub(super) fn write_dir(
         }
     })?;
 
-    cfg["quantization_config"] = quantization.to_json();
+    cfg["quantization_config"] = quantization;
     let out_cfg = output.join("config.json");
     let text = serde_json::to_string_pretty(&cfg)
         .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
