@@ -37,6 +37,9 @@ pub enum Scheme {
     /// int8 weights (one scale per output channel) and int8 activations quantized per token at
     /// run time; compressed-tensors format (--bits, --group-size, --sym do not apply).
     W8a8,
+    /// No quantization: the layers written in f32 (with --method rtn; exports a GGUF file as a
+    /// Hugging Face directory, the baseline of speed and quality comparisons).
+    F32,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -113,7 +116,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         Scheme::W4a16 => 4,
         Scheme::W8a16 => 8,
         Scheme::W2a16 => 2,
-        Scheme::W8a8 => 8,
+        Scheme::W8a8 | Scheme::F32 => 8,
     };
     let format = WqFormat {
         bits: Bits::from_u32(args.bits.unwrap_or(scheme_bits))?,
@@ -138,6 +141,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     };
     let scheme = match args.scheme {
         Scheme::W8a8 => CalibScheme::W8A8,
+        Scheme::F32 => CalibScheme::F32,
         _ => CalibScheme::WeightOnly(format),
     };
     let mut opts = CalibOptions::new(method, scheme);
@@ -183,6 +187,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     let written_as = match scheme {
         CalibScheme::W8A8 => "compressed-tensors format",
         CalibScheme::WeightOnly(_) => "gptq format",
+        CalibScheme::F32 => "not quantized",
     };
     println!(
         "{}: {} layers quantized to {scheme} by {} ({written_as}), {} tensors kept in float, {} \

@@ -76,6 +76,15 @@ fn gguf_input_writes_a_hugging_face_directory_with_the_same_function() {
     let d = max_abs_diff(&from_dir, &at_load);
     assert!(d < 1e-4, "logits differ by {d}");
     let _ = std::fs::remove_dir_all(&out);
+    // Exported unquantized (`--scheme f32`): the GGUF model's own logits.
+    let opts = CalibOptions::new(Method::Rtn, Scheme::F32);
+    quantize_model(&job(&gguf, &out, opts), &mut |_| {}).expect("export");
+    let exported = model::load(&out).expect("load");
+    assert_eq!(exported.model.linear_storage(), "F32");
+    let got = prefill_logits(&exported.model, &PROMPT, LogitsWanted::All);
+    let d = max_abs_diff(&got, &logits(&gguf, LoadOptions::default(), &PROMPT));
+    assert!(d < 1e-4, "exported logits differ by {d}");
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// GPTQ lowers every layer's output error below RTN's on the calibration inputs; AWQ and

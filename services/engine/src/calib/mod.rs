@@ -64,6 +64,9 @@ pub enum Scheme {
     /// int8 weights per channel, activations int8 per token at run time (compressed-tensors
     /// `int-quantized`).
     W8A8,
+    /// Not quantized: the projections in f32 (a GGUF file exported as a Hugging Face
+    /// directory, the baseline of speed and quality tables).
+    F32,
 }
 
 impl std::fmt::Display for Scheme {
@@ -71,6 +74,7 @@ impl std::fmt::Display for Scheme {
         match self {
             Scheme::WeightOnly(w) => write!(f, "{w}"),
             Scheme::W8A8 => f.write_str("w8a8-int8"),
+            Scheme::F32 => f.write_str("f32"),
         }
     }
 }
@@ -210,6 +214,11 @@ pub(crate) fn quantize_layers(
             tokens.len()
         )));
     }
+    if opts.scheme == Scheme::F32 && opts.method != Method::Rtn {
+        return Err(EngineError::InvalidRequest(
+            "--scheme f32 writes the weights unquantized: use --method rtn".into(),
+        ));
+    }
     if opts.method == Method::Awq && opts.scheme == Scheme::W8A8 {
         return Err(EngineError::InvalidRequest(
             "AWQ searches weight-only grids; for W8A8 use smoothquant (or rtn, gptq)".into(),
@@ -322,6 +331,7 @@ pub(crate) fn quantize_layers(
                     (Scheme::W8A8, None) => Matrix::from_i8(
                         quantize_int8_rtn(w, rows, cols).map_err(|e| bad(e.to_string()))?,
                     ),
+                    (Scheme::F32, _) => Matrix::from_f32(rows, cols, w),
                 };
                 *projections_mut(&mut layer)[p] = m;
             }

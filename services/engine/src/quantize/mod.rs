@@ -156,6 +156,7 @@ pub fn quantize_model(
     let quantization = match job.opts.scheme {
         Scheme::WeightOnly(f) => GptqConfig::for_format(f).to_json(),
         Scheme::W8A8 => CompressedW8A8::to_json(),
+        Scheme::F32 => serde_json::Value::Null,
     };
     let written = write::write_dir(&src, &layers, quantization, &quantizer, output)?;
     let used = tokens.len() / job.opts.ctx.max(1) * job.opts.ctx;

@@ -196,7 +196,18 @@ fn projection(
         return Ok(());
     }
     let Some(view) = m.as_wq() else {
-        out.push(float_matrix(format!("{stem}.weight"), m));
+        let name = format!("{stem}.weight");
+        match order {
+            Some(o) => {
+                let w = m.to_f32();
+                let rows: Vec<f32> = o
+                    .iter()
+                    .flat_map(|&r| w[r * m.cols..(r + 1) * m.cols].to_vec())
+                    .collect();
+                out.push(f32_tensor(name, vec![m.rows, m.cols], &rows));
+            }
+            None => out.push(float_matrix(name, m)),
+        }
         return Ok(());
     };
     let w = match &order {
@@ -396,7 +407,13 @@ pub(super) fn write_dir(
         }
     })?;
 
-    cfg["quantization_config"] = quantization;
+    if quantization.is_null() {
+        if let Some(o) = cfg.as_object_mut() {
+            o.remove("quantization_config");
+        }
+    } else {
+        cfg["quantization_config"] = quantization;
+    }
     let out_cfg = output.join("config.json");
     let text = serde_json::to_string_pretty(&cfg)
         .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
