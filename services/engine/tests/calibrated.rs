@@ -139,6 +139,21 @@ fn calibrated_methods_load_and_stay_close_to_the_original() {
                 );
             }
         }
+        if name == "w8a8-rtn" {
+            // The compressed-tensors layout, checked by numpy alone.
+            let check = std::process::Command::new("python3")
+                .arg(fixtures().join("quant/compressed_check.py"))
+                .arg(&qwen2)
+                .arg(&out)
+                .output()
+                .expect("python3");
+            assert!(
+                check.status.success(),
+                "compressed_check.py: {}{}",
+                String::from_utf8_lossy(&check.stdout),
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
         let loaded = model::load(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
         let want_storage = if opts.scheme == Scheme::W8A8 {
             "w8a8-int8"
