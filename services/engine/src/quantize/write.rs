@@ -380,7 +380,10 @@ pub(super) fn write_dir(
     }
     let float_tensors = out
         .iter()
-        .filter(|t| !matches!(t.dtype, Dtype::I32 | Dtype::I8) && !t.name.ends_with("_scale"))
+        .filter(|t| {
+            let quantized_part = [".weight_scale", ".scales", ".qweight", ".qzeros", ".g_idx"];
+            t.dtype != Dtype::I8 && !quantized_part.iter().any(|p| t.name.ends_with(p))
+        })
         .count();
 
     std::fs::create_dir_all(output).map_err(io(output))?;
