@@ -9,6 +9,8 @@
 //!   cache). They are the test oracle for every other backend.
 //! - [`wq`]: weight-only quantization (8/4/2-bit codes in groups, f16/bf16 scales, optional zero
 //!   points): RTN quantizing, the CPU layout and its matmul kernel.
+//! - [`w8a8`]: int8 weights (per-channel scales) times int8 activations quantized per token,
+//!   i32 sums: AVX-VNNI, AVX2 and portable kernels chosen at run time.
 //! - [`cuda`]: the CUDA backend — kernel sources (`kernels/cuda/*.cu`) compiled by NVRTC into a
 //!   CUBIN cache, the opened device, launch wrappers, cuBLAS projections.
 //! - [`device`]: `--device cpu|cuda[:N]|auto`, with CUDA probed at run time without panicking.
@@ -23,4 +25,5 @@ pub mod cuda;
 pub mod device;
 pub mod mapped;
 pub mod quant;
+pub mod w8a8;
 pub mod wq;

@@ -1,7 +1,8 @@
 //! `y = x · Wᵀ` with f32 activations and weights stored in any [`GgmlType`] (read in place) or
 //! a weight-only quantized [`WqMatrix`].
 //!
-//! Activations are never quantized: every product is accumulated in f32 from the exactly
+//! Activations are quantized only for [`Weight::I8`] (W8A8: per token, once per call, shared by
+//! every weight of the call). Otherwise every product is accumulated in f32 from the exactly
 //! dequantized weight, so results match `dequantize` followed by an f32 dot product up to
 //! summation order. Work is split over weight rows on rayon's global pool; within a task,
 //! groups of up to 8 activation rows share each decoded weight block.
@@ -9,6 +10,7 @@
 use rayon::prelude::*;
 
 use crate::quant::{GgmlType, Isa, QuantError, RowKernel};
+use crate::w8a8::{I8Activations, I8Matrix};
 use crate::wq::WqMatrix;
 
 /// A weight matrix in any storage the matmul runs on.
@@ -18,6 +20,8 @@ pub enum Weight<'a> {
     Ggml(WeightView<'a>),
     /// Weight-only quantized codes with group scales.
     Wq(&'a WqMatrix),
+    /// int8 weights times int8 activations quantized per token (W8A8).
+    I8(&'a I8Matrix),
 }
 
 impl Weight<'_> {
@@ -26,6 +30,7 @@ impl Weight<'_> {
         match self {
             Weight::Ggml(w) => w.rows,
             Weight::Wq(w) => w.rows(),
+            Weight::I8(w) => w.rows(),
         }
     }
 
@@ -34,6 +39,7 @@ impl Weight<'_> {
         match self {
             Weight::Ggml(w) => w.cols,
             Weight::Wq(w) => w.cols(),
+            Weight::I8(w) => w.cols(),
         }
     }
 }
@@ -255,6 +261,11 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
         }
     }
 
+    // W8A8 weights share one per-token quantization of `x`.
+    let acts = ws
+        .iter()
+        .any(|w| matches!(w, Weight::I8(_)))
+        .then(|| I8Activations::new(x, m, k));
     let run = |mut task: Task<'_>| match &ws[task.w] {
         Weight::Ggml(w) => {
             let kern = RowKernel::new(isa, w.ty, k);
@@ -265,6 +276,11 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
             kern.run(rows, n, x, &mut task.outs, &mut scratch);
         }
         Weight::Wq(w) => w.matmul_rows(isa, task.r0, x, &mut task.outs),
+        Weight::I8(w) => {
+            if let Some(a) = &acts {
+                w.matmul_rows(isa, task.r0, a, &mut task.outs);
+            }
+        }
     };
     if tasks.len() == 1 || macs < SERIAL_MACS {
         tasks.into_iter().for_each(run);

@@ -20,6 +20,7 @@
 #[allow(unsafe_code)]
 mod avx2;
 pub mod gguf;
+pub mod gptq;
 #[allow(unsafe_code)]
 mod matmul;
 mod rtn;
@@ -30,7 +31,8 @@ use std::str::FromStr;
 
 use half::{bf16, f16};
 
-pub use rtn::quantize_rtn;
+pub use gptq::{GptqOptions, GptqStats, quantize_gptq};
+pub use rtn::{GroupGrid, quantize_rtn};
 
 /// Bits per weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -56,7 +56,55 @@ pub fn quantize_rtn(
     WqMatrix::from_codes(format, rows, cols, &codes, &scales, zeros)
 }
 
+/// One group's quantization grid: `w = scale * (q - zero)`, `q` in `0..=2^bits - 1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupGrid {
+    /// Already rounded to the format's scale type; 0 for an all-zero group.
+    pub scale: f32,
+    pub zero: u8,
+    pub max_code: u8,
+}
+
+impl GroupGrid {
+    /// The grid [`quantize_rtn`] gives the group `w` (the rules in its doc comment). GPTQ
+    /// ([`super::gptq`]) uses the same rule, so both write the same kinds of groups.
+    pub fn for_group(w: &[f32], format: WqFormat) -> Self {
+        let (scale, zero) = if format.zero_point {
+            asymmetric_params(w, format)
+        } else {
+            symmetric_params(w, format)
+        };
+        Self {
+            scale,
+            zero,
+            max_code: format.bits.max_code(),
+        }
+    }
+
+    /// The code of `x` on this grid (f64, so GPTQ's error feedback keeps its precision).
+    pub fn code(&self, x: f64) -> u8 {
+        if self.scale == 0.0 {
+            return self.zero;
+        }
+        ((x / f64::from(self.scale)).round() + f64::from(self.zero))
+            .clamp(0.0, f64::from(self.max_code)) as u8
+    }
+
+    /// The value code `q` stands for.
+    pub fn value(&self, q: u8) -> f64 {
+        f64::from(self.scale) * (f64::from(q) - f64::from(self.zero))
+    }
+}
+
 fn asymmetric_group(w: &[f32], format: WqFormat, q: &mut [u8]) -> (f32, u8) {
+    let grid = GroupGrid::for_group(w, format);
+    for (q, &x) in q.iter_mut().zip(w) {
+        *q = grid.code(f64::from(x));
+    }
+    (grid.scale, grid.zero)
+}
+
+fn asymmetric_params(w: &[f32], format: WqFormat) -> (f32, u8) {
     let maxq = f32::from(format.bits.max_code());
     let lo = w.iter().copied().fold(0f32, f32::min);
     let hi = w.iter().copied().fold(0f32, f32::max);
@@ -72,7 +120,6 @@ fn asymmetric_group(w: &[f32], format: WqFormat, q: &mut [u8]) -> (f32, u8) {
     };
     let mut scale = round((hi - lo) / maxq);
     if scale == 0.0 {
-        q.fill(1);
         return (0.0, 1);
     }
     let mut zero = (-lo / scale).round();
@@ -81,15 +128,18 @@ fn asymmetric_group(w: &[f32], format: WqFormat, q: &mut [u8]) -> (f32, u8) {
         scale = round(hi / (maxq - 1.0));
         zero = 1.0;
     }
-    let zero = zero.clamp(1.0, maxq);
-    for (q, &x) in q.iter_mut().zip(w) {
-        *q = ((x / scale).round() + zero).clamp(0.0, maxq) as u8;
-    }
-    (scale, zero as u8)
+    (scale, zero.clamp(1.0, maxq) as u8)
 }
 
 fn symmetric_group(w: &[f32], format: WqFormat, q: &mut [u8]) -> (f32, u8) {
-    let maxq = f32::from(format.bits.max_code());
+    let grid = GroupGrid::for_group(w, format);
+    for (q, &x) in q.iter_mut().zip(w) {
+        *q = grid.code(f64::from(x));
+    }
+    (grid.scale, grid.zero)
+}
+
+fn symmetric_params(w: &[f32], format: WqFormat) -> (f32, u8) {
     let zero = format.fixed_zero();
     let m = w
         .iter()
@@ -99,11 +149,7 @@ fn symmetric_group(w: &[f32], format: WqFormat, q: &mut [u8]) -> (f32, u8) {
     let magnitude = (m.abs() / f32::from(zero)).min(format.scale_type.max());
     let scale = -m.signum() * format.scale_type.round_up(magnitude);
     if scale == 0.0 {
-        q.fill(zero);
         return (0.0, zero);
-    }
-    for (q, &x) in q.iter_mut().zip(w) {
-        *q = ((x / scale).round() + f32::from(zero)).clamp(0.0, maxq) as u8;
     }
     (scale, zero)
 }

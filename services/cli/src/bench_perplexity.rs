@@ -6,13 +6,27 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ferrite_engine::calib::split_tokens;
 use ferrite_engine::eval::perplexity;
 use ferrite_engine::model::{self, LoadOptions};
 use ferrite_engine::registry;
+use ferrite_kernels::wq::WqFormat;
 use serde_json::json;
 
 use crate::table::Table;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Split {
+    All,
+    HeldOut,
+}
+
+/// One row: the model at `--model` (as stored or quantized at load), or another checkpoint.
+#[derive(Debug, Clone)]
+enum Row {
+    Model(Option<WqFormat>),
+    Dir(PathBuf),
+}
 #[derive(Debug, Args)]
 pub struct PerplexityArgs {
     /// A .gguf file, a Hugging Face model directory, or a known model name.
@@ -21,7 +35,8 @@ pub struct PerplexityArgs {
     /// The text to score.
     #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
     file: PathBuf,
-    /// Comma-separated weight formats: `original` (as stored) or a --quantize value.
+    /// Comma-separated rows: `original` (as stored), a --quantize value, or a directory
+    /// written by `ferrite quantize` (any quantized Hugging Face directory).
     #[arg(
         long,
         default_value = "original,rtn-w8g128,rtn-w4g128,rtn-w2g64",
@@ -34,6 +49,10 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks.
     #[arg(long)]
     max_chunks: Option<usize>,
+    /// Which tokens of the text to score: `all`, or `held-out` (the second half, which
+    /// `ferrite quantize` does not calibrate on).
+    #[arg(long, value_enum, default_value = "all")]
+    split: Split,
     #[arg(long)]
     json: bool,
 }
@@ -43,10 +62,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         .formats
         .iter()
         .map(|f| match f.as_str() {
-            "original" => Ok(None),
+            "original" => Ok(Row::Model(None)),
+            q if std::path::Path::new(q).is_dir() => Ok(Row::Dir(PathBuf::from(q))),
             q => model::parse_quantize(q)
-                .map(Some)
-                .map_err(anyhow::Error::msg),
+                .map(|f| Row::Model(Some(f)))
+                .map_err(|e| anyhow::anyhow!("{e} (or name a quantized model directory)")),
         })
         .collect::<Result<Vec<_>>>()?;
     if formats.is_empty() {
@@ -66,27 +86,37 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         .file
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    for quantize in formats {
+    for row in formats {
+        let (row_path, quantize) = match &row {
+            Row::Model(q) => (path.clone(), *q),
+            Row::Dir(d) => (d.clone(), None),
+        };
         let loaded = model::load_with(
-            &path,
+            &row_path,
             LoadOptions {
                 quantize,
                 ..LoadOptions::default()
             },
         )
-        .with_context(|| format!("loading {}", path.display()))?;
+        .with_context(|| format!("loading {}", row_path.display()))?;
         let tokenizer = loaded
             .tokenizer
             .as_ref()
             .context("the model has no tokenizer")?;
         let mut tokens: Vec<u32> = tokenizer.bos_id().into_iter().collect();
         tokens.extend(tokenizer.encode(&text, false)?);
+        if args.split == Split::HeldOut {
+            tokens = split_tokens(&tokens).1.to_vec();
+        }
         let start = Instant::now();
         let p = perplexity(&loaded.model, &tokens, args.ctx, args.max_chunks)?;
         let seconds = start.elapsed().as_secs_f64();
-        let weights = match quantize {
-            Some(f) => format!("rtn-{f}"),
-            None => format!("original ({})", loaded.model.linear_storage()),
+        let weights = match (&row, quantize) {
+            (_, Some(f)) => format!("rtn-{f}"),
+            (Row::Dir(d), None) => {
+                format!("{} ({})", quantizer_of(d), loaded.model.linear_storage())
+            }
+            (Row::Model(_), None) => format!("original ({})", loaded.model.linear_storage()),
         };
         let base = *first_ppl.get_or_insert(p.ppl);
         let rel = (p.ppl / base - 1.0) * 100.0;
@@ -114,4 +144,26 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         print!("{}", table.render());
     }
     Ok(())
+}
+
+/// What made a quantized directory: the `quantizer` its safetensors metadata names (`ferrite
+/// gptq-w4g128`), else its directory name.
+fn quantizer_of(dir: &std::path::Path) -> String {
+    let name = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    use std::io::Read;
+    let header = std::fs::File::open(dir.join("model.safetensors"))
+        .ok()
+        .and_then(|mut f| {
+            let mut len = [0u8; 8];
+            f.read_exact(&mut len).ok()?;
+            let mut h = vec![0u8; usize::try_from(u64::from_le_bytes(len)).ok()?.min(1 << 26)];
+            f.read_exact(&mut h).ok()?;
+            Some(h)
+        });
+    header
+        .and_then(|h| serde_json::from_slice::<serde_json::Value>(&h).ok())
+        .and_then(|h| h["__metadata__"]["quantizer"].as_str().map(str::to_owned))
+        .map_or(name, |q| q.trim_start_matches("ferrite ").to_owned())
 }

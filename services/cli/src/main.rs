@@ -66,7 +66,7 @@ enum Command {
     Gateway(cluster::GatewayArgs),
     /// Generate a completion for one prompt.
     Generate(generate::GenerateArgs),
-    /// Quantize a Hugging Face safetensors checkpoint to a GPTQ-format one (RTN).
+    /// Quantize a model (Hugging Face directory or GGUF file) by RTN, GPTQ, AWQ or SmoothQuant.
     Quantize(quantize::QuantizeArgs),
     /// List or pull the models ferrite knows by name.
     #[command(subcommand)]

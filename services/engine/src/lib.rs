@@ -25,6 +25,7 @@
 //! The engine is synchronous and owns its state: one thread drives [`engine::Engine::step`]
 //! ([`handle::EngineHandle`] runs that thread for servers).
 
+pub mod calib;
 pub mod config;
 pub mod engine;
 pub mod error;

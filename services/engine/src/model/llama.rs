@@ -53,7 +53,7 @@ impl WeightNaming {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Layer {
     pub(crate) attn_norm: Vec<f32>,
     pub(crate) q: Matrix,
@@ -334,7 +334,7 @@ impl LlamaModel {
         comm: &mut dyn Collective,
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;
-        let (h, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let h = c.hidden_size;
         let mut positions = Vec::new();
         let mut owner = Vec::new();
         for (s, seq) in seqs.iter().enumerate() {
@@ -349,17 +349,7 @@ impl LlamaModel {
             owner.extend(std::iter::repeat_n(s, seq.tokens.len()));
         }
         let n_tok = positions.len();
-        let mut x = vec![0f32; n_tok * h];
-        for (row, &id) in x
-            .chunks_exact_mut(h)
-            .zip(seqs.iter().flat_map(|s| s.tokens))
-        {
-            // In the vocabulary: the engine admits only such prompts, and samples only such ids.
-            self.embed.dequantize_row(id as usize, row);
-            if c.embedding_scale != 1.0 {
-                row.iter_mut().for_each(|v| *v *= c.embedding_scale);
-            }
-        }
+        let x = self.embed_tokens(seqs.iter().flat_map(|s| s.tokens.iter().copied()), n_tok);
         let query_tokens: Vec<QueryToken<'_>> = positions
             .iter()
             .zip(&owner)
@@ -368,79 +358,16 @@ impl LlamaModel {
                 pos,
             })
             .collect();
-        let mut xn = vec![0f32; n_tok * h];
-        let mut q = vec![0f32; n_tok * q_dim];
-        let mut k = vec![0f32; n_tok * kv_dim];
-        let mut v = vec![0f32; n_tok * kv_dim];
-        let mut attn = vec![0f32; n_tok * q_dim];
-        let mut proj = vec![0f32; n_tok * h];
-        let mut gate = vec![0f32; n_tok * c.intermediate_size];
-        let mut up = vec![0f32; n_tok * c.intermediate_size];
+        let mut bufs = LayerBuffers::new(c, x);
         for (li, layer) in self.layers.iter().enumerate() {
-            rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut xn);
-            matmul_many(
-                &xn,
-                n_tok,
-                &[layer.q.view(), layer.k.view(), layer.v.view()],
-                &mut [&mut q, &mut k, &mut v],
-            );
-            if let Some([bq, bk, bv]) = &layer.qkv_bias {
-                add_bias(&mut q, bq);
-                add_bias(&mut k, bk);
-                add_bias(&mut v, bv);
-            }
-            if let Some([nq, nk]) = &layer.qk_norm {
-                rms_norm_in_place(&mut q, nq, c.rms_norm_eps);
-                rms_norm_in_place(&mut k, nk, c.rms_norm_eps);
-            }
-            self.rope.apply(&mut q, &positions, c.num_heads);
-            self.rope.apply(&mut k, &positions, c.num_kv_heads);
-            for (t, qt) in query_tokens.iter().enumerate() {
-                kv.write(
-                    li,
-                    qt.block_table,
-                    qt.pos,
-                    &k[t * kv_dim..(t + 1) * kv_dim],
-                    &v[t * kv_dim..(t + 1) * kv_dim],
-                );
-            }
-            let attention = AttentionOptions {
-                scale: c.attention_scale,
-                soft_cap: c.attn_logit_softcap,
-                sliding_window: c.attention_window[li],
+            let at = LayerAt {
+                index: li,
+                positions: &positions,
+                query_tokens: &query_tokens,
             };
-            paged_attention(
-                &q,
-                &query_tokens,
-                c.num_heads,
-                &kv.layer(li),
-                attention,
-                &mut attn,
-            );
-            matmul(&attn, n_tok, layer.o.view(), &mut proj);
-            comm.all_reduce_sum(&mut proj)?;
-            if let Some([post_attn, _]) = &layer.post_norms {
-                rms_norm_in_place(&mut proj, post_attn, c.rms_norm_eps);
-            }
-            add_in_place(&mut x, &proj);
-            rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut xn);
-            matmul_many(
-                &xn,
-                n_tok,
-                &[layer.gate.view(), layer.up.view()],
-                &mut [&mut gate, &mut up],
-            );
-            match c.activation {
-                Activation::Silu => silu_mul_in_place(&mut gate, &up),
-                Activation::GeluTanh => gelu_tanh_mul_in_place(&mut gate, &up),
-            }
-            matmul(&gate, n_tok, layer.down.view(), &mut proj);
-            comm.all_reduce_sum(&mut proj)?;
-            if let Some([_, post_ffn]) = &layer.post_norms {
-                rms_norm_in_place(&mut proj, post_ffn, c.rms_norm_eps);
-            }
-            add_in_place(&mut x, &proj);
+            self.layer_forward(layer, &at, &mut bufs, kv, comm, &mut |_, _| {})?;
         }
+        let x = bufs.x;
         // Only the rows someone asked for go through the final norm and the LM head.
         let mut picked = Vec::new();
         let mut t0 = 0;
@@ -464,6 +391,159 @@ impl LlamaModel {
             soft_cap_in_place(&mut logits, cap);
         }
         Ok(logits)
+    }
+}
+
+/// A projection input a forward shows its tap (calibration reads them; see `crate::calib`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Site {
+    /// The normed hidden state q, k and v read.
+    Qkv,
+    /// The attention output o reads.
+    O,
+    /// The normed hidden state gate and up read.
+    GateUp,
+    /// The activated product down reads.
+    Down,
+}
+
+/// Where a layer runs: its index and the tokens' positions and KV blocks.
+pub(crate) struct LayerAt<'a> {
+    pub(crate) index: usize,
+    pub(crate) positions: &'a [usize],
+    pub(crate) query_tokens: &'a [QueryToken<'a>],
+}
+
+/// The activations of one layer's forward, sized for a number of tokens.
+pub(crate) struct LayerBuffers {
+    /// The hidden states, `[tokens, hidden]`: a layer's input, then its output.
+    pub(crate) x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl LayerBuffers {
+    /// Buffers around the hidden states `x` (`[tokens, hidden]`).
+    pub(crate) fn new(c: &ModelConfig, x: Vec<f32>) -> Self {
+        let (h, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let n_tok = x.len() / h.max(1);
+        Self {
+            x,
+            xn: vec![0f32; n_tok * h],
+            q: vec![0f32; n_tok * q_dim],
+            k: vec![0f32; n_tok * kv_dim],
+            v: vec![0f32; n_tok * kv_dim],
+            attn: vec![0f32; n_tok * q_dim],
+            proj: vec![0f32; n_tok * h],
+            gate: vec![0f32; n_tok * c.intermediate_size],
+            up: vec![0f32; n_tok * c.intermediate_size],
+        }
+    }
+}
+
+impl LlamaModel {
+    /// The embeddings of `n_tok` token ids (in the vocabulary: the engine admits only such
+    /// prompts and samples only such ids), scaled as the model wants.
+    pub(crate) fn embed_tokens(&self, ids: impl Iterator<Item = u32>, n_tok: usize) -> Vec<f32> {
+        let h = self.cfg.hidden_size;
+        let mut x = vec![0f32; n_tok * h];
+        for (row, id) in x.chunks_exact_mut(h).zip(ids) {
+            self.embed.dequantize_row(id as usize, row);
+            if self.cfg.embedding_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= self.cfg.embedding_scale);
+            }
+        }
+        x
+    }
+
+    /// One decoder layer over the hidden states `x` (updated in place), with `layer`'s weights
+    /// (this model's own, or calibration's stand-ins). `tap` sees each projection's input.
+    pub(crate) fn layer_forward(
+        &self,
+        layer: &Layer,
+        at: &LayerAt<'_>,
+        b: &mut LayerBuffers,
+        kv: &mut KvCache,
+        comm: &mut dyn Collective,
+        tap: &mut dyn FnMut(Site, &[f32]),
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (li, n_tok) = (at.index, at.positions.len());
+        let kv_dim = c.kv_dim();
+        rms_norm(&b.x, &layer.attn_norm, c.rms_norm_eps, &mut b.xn);
+        tap(Site::Qkv, &b.xn);
+        matmul_many(
+            &b.xn,
+            n_tok,
+            &[layer.q.view(), layer.k.view(), layer.v.view()],
+            &mut [&mut b.q, &mut b.k, &mut b.v],
+        );
+        if let Some([bq, bk, bv]) = &layer.qkv_bias {
+            add_bias(&mut b.q, bq);
+            add_bias(&mut b.k, bk);
+            add_bias(&mut b.v, bv);
+        }
+        if let Some([nq, nk]) = &layer.qk_norm {
+            rms_norm_in_place(&mut b.q, nq, c.rms_norm_eps);
+            rms_norm_in_place(&mut b.k, nk, c.rms_norm_eps);
+        }
+        self.rope.apply(&mut b.q, at.positions, c.num_heads);
+        self.rope.apply(&mut b.k, at.positions, c.num_kv_heads);
+        for (t, qt) in at.query_tokens.iter().enumerate() {
+            kv.write(
+                li,
+                qt.block_table,
+                qt.pos,
+                &b.k[t * kv_dim..(t + 1) * kv_dim],
+                &b.v[t * kv_dim..(t + 1) * kv_dim],
+            );
+        }
+        let attention = AttentionOptions {
+            scale: c.attention_scale,
+            soft_cap: c.attn_logit_softcap,
+            sliding_window: c.attention_window[li],
+        };
+        paged_attention(
+            &b.q,
+            at.query_tokens,
+            c.num_heads,
+            &kv.layer(li),
+            attention,
+            &mut b.attn,
+        );
+        tap(Site::O, &b.attn);
+        matmul(&b.attn, n_tok, layer.o.view(), &mut b.proj);
+        comm.all_reduce_sum(&mut b.proj)?;
+        if let Some([post_attn, _]) = &layer.post_norms {
+            rms_norm_in_place(&mut b.proj, post_attn, c.rms_norm_eps);
+        }
+        add_in_place(&mut b.x, &b.proj);
+        rms_norm(&b.x, &layer.ffn_norm, c.rms_norm_eps, &mut b.xn);
+        tap(Site::GateUp, &b.xn);
+        matmul_many(
+            &b.xn,
+            n_tok,
+            &[layer.gate.view(), layer.up.view()],
+            &mut [&mut b.gate, &mut b.up],
+        );
+        match c.activation {
+            Activation::Silu => silu_mul_in_place(&mut b.gate, &b.up),
+            Activation::GeluTanh => gelu_tanh_mul_in_place(&mut b.gate, &b.up),
+        }
+        tap(Site::Down, &b.gate);
+        matmul(&b.gate, n_tok, layer.down.view(), &mut b.proj);
+        comm.all_reduce_sum(&mut b.proj)?;
+        if let Some([_, post_ffn]) = &layer.post_norms {
+            rms_norm_in_place(&mut b.proj, post_ffn, c.rms_norm_eps);
+        }
+        add_in_place(&mut b.x, &b.proj);
+        Ok(())
     }
 }
 

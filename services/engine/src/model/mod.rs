@@ -16,6 +16,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::tp::TpRank;
 use crate::weights::TensorMap;
+use crate::weights::compressed::CompressedW8A8;
 use crate::weights::gguf::{GgufFile, GgufValue};
 use crate::weights::gptq::GptqConfig;
 use crate::weights::safetensors;
@@ -386,6 +387,9 @@ fn load_hf_dir(
         let mut tensors = safetensors::open_dir(dir)?;
         if let Some(gptq) = GptqConfig::from_hf_config(&cfg_json)? {
             tensors.set_gptq(gptq);
+        }
+        if let Some(c) = CompressedW8A8::from_hf_config(&cfg_json)? {
+            tensors.set_compressed(c);
         }
         record_config(&span, &cfg);
         (cfg, tensors)

@@ -39,10 +39,14 @@ impl GptqConfig {
         };
         let bad = |m: String| EngineError::BadConfig(format!("quantization_config: {m}"));
         let method = q.get("quant_method").and_then(|v| v.as_str()).unwrap_or("");
+        if method == "compressed-tensors" {
+            // Read by `compressed::CompressedW8A8`.
+            return Ok(None);
+        }
         if method != "gptq" {
             return Err(bad(format!(
-                "quant_method `{method}` is not supported (gptq is; or load the unquantized \
-                 model with --quantize rtn-w4g128)"
+                "quant_method `{method}` is not supported (gptq and compressed-tensors W8A8 are; \
+                 or load the unquantized model with --quantize rtn-w4g128)"
             )));
         }
         let bits = q

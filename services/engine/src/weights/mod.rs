@@ -4,6 +4,7 @@
 //! range in one of the mapped files. Nothing is copied at load; the model borrows rows
 //! straight from the map.
 
+pub mod compressed;
 pub mod gguf;
 pub mod gptq;
 pub mod safetensors;
@@ -16,10 +17,12 @@ use std::sync::Arc;
 use ferrite_kernels::cpu::matmul::{Weight, WeightView};
 use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::{WqFormat, WqMatrix, quantize_rtn};
 use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
+use compressed::CompressedW8A8;
 use gptq::GptqConfig;
 
 /// Where one tensor's bytes are.
@@ -33,9 +36,26 @@ pub struct TensorEntry {
     pub end: usize,
 }
 
-/// Where one little-endian i32 tensor's bytes are (packed codes of a quantized checkpoint).
+/// The integer element types of quantized checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntType {
+    I32,
+    I8,
+}
+
+impl IntType {
+    pub fn bytes(self) -> usize {
+        match self {
+            IntType::I32 => 4,
+            IntType::I8 => 1,
+        }
+    }
+}
+
+/// Where one little-endian integer tensor's bytes are (codes of a quantized checkpoint).
 #[derive(Debug, Clone)]
 pub struct IntTensor {
+    pub ty: IntType,
     pub shape: Vec<usize>,
     pub file: usize,
     pub start: usize,
@@ -51,6 +71,8 @@ pub struct TensorMap {
     /// Set for GPTQ checkpoints: their linear layers are `<stem>.qweight` and friends, and
     /// [`Self::matrix`] converts them on request of `<stem>.weight`.
     gptq: Option<GptqConfig>,
+    /// Set for compressed-tensors W8A8 checkpoints: `<stem>.weight` is int8.
+    compressed: Option<CompressedW8A8>,
 }
 
 impl TensorMap {
@@ -60,6 +82,7 @@ impl TensorMap {
             entries: HashMap::new(),
             ints: HashMap::new(),
             gptq: None,
+            compressed: None,
         }
     }
 
@@ -80,9 +103,21 @@ impl TensorMap {
         self.gptq.as_ref()
     }
 
+    /// Marks the checkpoint as compressed-tensors W8A8.
+    pub fn set_compressed(&mut self, cfg: CompressedW8A8) {
+        self.compressed = Some(cfg);
+    }
+
+    /// Whether `name` is an int8 weight of a compressed-tensors W8A8 checkpoint.
+    fn is_int8_weight(&self, name: &str) -> bool {
+        self.compressed.is_some() && self.ints.get(name).is_some_and(|e| e.ty == IntType::I8)
+    }
+
     /// Whether a tensor (or, in a GPTQ checkpoint, a quantized linear layer) has this name.
     pub fn contains(&self, name: &str) -> bool {
-        self.entries.contains_key(name) || self.gptq_stem(name).is_some()
+        self.entries.contains_key(name)
+            || self.gptq_stem(name).is_some()
+            || self.is_int8_weight(name)
     }
 
     /// The names of the float tensors, then of the integer ones.
@@ -104,13 +139,25 @@ impl TensorMap {
         let e = self
             .ints
             .get(name)
-            .ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+            .filter(|e| e.ty == IntType::I32)
+            .ok_or_else(|| EngineError::MissingTensor(format!("{name} (I32)")))?;
         let bytes = &self.files[e.file].bytes()[e.start..e.end];
         let values = bytes
             .chunks_exact(4)
             .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         Ok((e.shape.clone(), values))
+    }
+
+    /// An i8 tensor's shape and values.
+    pub fn i8_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<i8>)> {
+        let e = self
+            .ints
+            .get(name)
+            .filter(|e| e.ty == IntType::I8)
+            .ok_or_else(|| EngineError::MissingTensor(format!("{name} (I8)")))?;
+        let bytes = &self.files[e.file].bytes()[e.start..e.end];
+        Ok((e.shape.clone(), bytes.iter().map(|&b| b as i8).collect()))
     }
 
     /// For `<stem>.weight` in a GPTQ checkpoint whose `<stem>.qweight` exists: the stem.
@@ -154,6 +201,10 @@ impl TensorMap {
     pub fn matrix(&self, name: &str) -> Result<Matrix> {
         if let (Some(stem), Some(cfg)) = (self.gptq_stem(name), &self.gptq) {
             return gptq::load_linear(self, stem, cfg).map(Matrix::from_wq);
+        }
+        if self.is_int8_weight(name) {
+            let stem = name.strip_suffix(".weight").unwrap_or(name);
+            return compressed::load_linear(self, stem).map(Matrix::from_i8);
         }
         let e = self
             .entries
@@ -252,6 +303,8 @@ enum Storage {
         bytes: Arc<[u8]>,
     },
     Quantized(Arc<WqMatrix>),
+    /// W8A8: int8 codes with per-row scales; activations quantized per token at run time.
+    Int8(Arc<I8Matrix>),
 }
 
 impl Matrix {
@@ -260,6 +313,30 @@ impl Matrix {
             rows: w.rows(),
             cols: w.cols(),
             storage: Storage::Quantized(Arc::new(w)),
+        }
+    }
+
+    pub fn from_i8(w: I8Matrix) -> Self {
+        Self {
+            rows: w.rows(),
+            cols: w.cols(),
+            storage: Storage::Int8(Arc::new(w)),
+        }
+    }
+
+    /// A row-major f32 `[rows, cols]` matrix held in memory (calibration's working copies).
+    ///
+    /// # Panics
+    /// If `w.len() != rows * cols`.
+    pub fn from_f32(rows: usize, cols: usize, w: &[f32]) -> Self {
+        assert_eq!(w.len(), rows * cols, "{rows}x{cols} f32 matrix");
+        Self {
+            rows,
+            cols,
+            storage: Storage::Owned {
+                ty: GgmlType::F32,
+                bytes: w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
         }
     }
 
@@ -284,6 +361,7 @@ impl Matrix {
                 bytes,
             }),
             Storage::Quantized(w) => Weight::Wq(w),
+            Storage::Int8(w) => Weight::I8(w),
         }
     }
 
@@ -292,6 +370,7 @@ impl Matrix {
         match &self.storage {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.to_string(),
             Storage::Quantized(w) => w.format().to_string(),
+            Storage::Int8(_) => "w8a8-int8".to_owned(),
         }
     }
 
@@ -306,11 +385,12 @@ impl Matrix {
                 let _ = ferrite_kernels::quant::dequantize(v.ty, v.row(i), out);
             }
             Weight::Wq(w) => w.dequantize_row(i, out),
+            Weight::I8(w) => w.dequantize_row(i, out),
         }
     }
 
     /// The whole matrix as f32, row-major.
-    fn to_f32(&self) -> Vec<f32> {
+    pub fn to_f32(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.rows * self.cols];
         w.par_chunks_mut(self.cols.max(1))
             .enumerate()
@@ -349,6 +429,7 @@ impl Matrix {
                     matrix: Cow::Owned(r.matrix),
                     mins: r.mins,
                 }),
+            Weight::I8(_) => None,
         }
     }
 
@@ -366,6 +447,7 @@ impl Matrix {
             ) => Arc::ptr_eq(a, b) && s1 == s2,
             (Storage::Owned { bytes: a, .. }, Storage::Owned { bytes: b, .. }) => Arc::ptr_eq(a, b),
             (Storage::Quantized(a), Storage::Quantized(b)) => Arc::ptr_eq(a, b),
+            (Storage::Int8(a), Storage::Int8(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -376,6 +458,15 @@ impl Matrix {
             Storage::Mapped { start, end, .. } => end - start,
             Storage::Owned { bytes, .. } => bytes.len(),
             Storage::Quantized(w) => w.bytes_len(),
+            Storage::Int8(w) => w.bytes_len(),
+        }
+    }
+
+    /// The int8 matrix of a W8A8 weight.
+    pub fn as_i8(&self) -> Option<&I8Matrix> {
+        match &self.storage {
+            Storage::Int8(w) => Some(w),
+            _ => None,
         }
     }
 

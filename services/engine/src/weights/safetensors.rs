@@ -11,7 +11,7 @@ use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
 use serde::Deserialize;
 
-use super::{IntTensor, TensorEntry, TensorMap};
+use super::{IntTensor, IntType, TensorEntry, TensorMap};
 use crate::error::{EngineError, Result};
 
 #[derive(Deserialize)]
@@ -102,15 +102,17 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
         }
         let entry: HeaderEntry = serde_json::from_value(value)
             .map_err(|e| bad(format!("tensor `{name}`: bad header entry: {e}")))?;
-        // Integer tensors are the packed codes of quantized checkpoints (GPTQ).
-        let ty = match entry.dtype.as_str() {
-            "F32" => Some(GgmlType::F32),
-            "F16" => Some(GgmlType::F16),
-            "BF16" => Some(GgmlType::BF16),
-            "I32" => None,
+        // Integer tensors are the codes of quantized checkpoints (GPTQ's packed I32,
+        // compressed-tensors' I8).
+        let (ty, int_ty) = match entry.dtype.as_str() {
+            "F32" => (Some(GgmlType::F32), None),
+            "F16" => (Some(GgmlType::F16), None),
+            "BF16" => (Some(GgmlType::BF16), None),
+            "I32" => (None, Some(IntType::I32)),
+            "I8" => (None, Some(IntType::I8)),
             other => {
                 return Err(EngineError::UnsupportedTensorType(format!(
-                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32)",
+                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32, I8)",
                     path.display()
                 )));
             }
@@ -121,7 +123,12 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| bad(format!("tensor `{name}` is impossibly large")))?;
-        let want = elems.checked_mul(ty.map_or(4, GgmlType::block_bytes));
+        let elem_bytes = match (ty, int_ty) {
+            (Some(t), _) => t.block_bytes(),
+            (None, Some(i)) => i.bytes(),
+            (None, None) => 4,
+        };
+        let want = elems.checked_mul(elem_bytes);
         if start > end || end > data_len || want != Some(end - start) {
             return Err(bad(format!(
                 "tensor `{name}`: offsets [{start}, {end}] do not fit its shape {:?} {} or the file's {data_len} data bytes",
@@ -143,6 +150,7 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
             None => map.insert_i32(
                 name,
                 IntTensor {
+                    ty: int_ty.unwrap_or(IntType::I32),
                     shape: entry.shape,
                     file: file_index,
                     start,

@@ -19,6 +19,7 @@ impl Matrix {
         match &self.storage {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.block_elems(),
             Storage::Quantized(w) => w.format().group_size.unwrap_or(1),
+            Storage::Int8(_) => 1,
         }
     }
 
@@ -54,6 +55,10 @@ impl Matrix {
                 w.slice(rows.clone(), 0..self.cols)
                     .map_err(|e| bad(name, e.to_string()))?,
             )),
+            Storage::Int8(w) => Storage::Int8(Arc::new(
+                w.slice(rows.clone(), 0..self.cols)
+                    .map_err(|e| bad(name, e.to_string()))?,
+            )),
         };
         Ok(Matrix {
             rows: rows.len(),
@@ -83,7 +88,7 @@ impl Matrix {
                 let within = cols.start / be * bb..cols.end / be * bb;
                 let bytes = match self.view() {
                     ferrite_kernels::cpu::matmul::Weight::Ggml(v) => v.bytes,
-                    ferrite_kernels::cpu::matmul::Weight::Wq(_) => &[],
+                    _ => &[],
                 };
                 let mut out = Vec::with_capacity(self.rows * within.len());
                 for row in bytes.chunks_exact(rb) {
@@ -105,6 +110,10 @@ impl Matrix {
                 w.slice(0..self.rows, cols.clone())
                     .map_err(|e| bad(name, e.to_string()))?,
             )),
+            Storage::Int8(w) => Storage::Int8(Arc::new(
+                w.slice(0..self.rows, cols.clone())
+                    .map_err(|e| bad(name, e.to_string()))?,
+            )),
         };
         Ok(Matrix {
             rows: self.rows,
@@ -122,6 +131,7 @@ impl Matrix {
             } => file.load_range(*start, *end),
             Storage::Owned { bytes, .. } => bytes.len(),
             Storage::Quantized(w) => w.bytes_len(),
+            Storage::Int8(w) => w.bytes_len(),
         }
     }
 
@@ -137,7 +147,9 @@ impl Matrix {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty
                 .row_bytes(self.cols)
                 .map_err(|e| bad(name, e.to_string())),
-            Storage::Quantized(_) => Err(bad(name, "quantized rows have no byte length".into())),
+            Storage::Quantized(_) | Storage::Int8(_) => {
+                Err(bad(name, "quantized rows have no byte length".into()))
+            }
         }
     }
 }

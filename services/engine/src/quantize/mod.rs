@@ -1,0 +1,172 @@
+//! `ferrite quantize`: a model (a Hugging Face directory, or a GGUF file dequantized) to a
+//! quantized Hugging Face directory that ferrite and other tools read: weight-only schemes in
+//! the GPTQ format, W8A8 in compressed-tensors' `int-quantized` format.
+//!
+//! The decoder layers' projections are quantized ([`crate::calib`] does the work, layer by
+//! layer); the embeddings and the LM head stay as stored, as GPTQ tools leave them. Norms and
+//! biases are written as f32 (SmoothQuant and AWQ fold scales into them).
+
+mod write;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ferrite_kernels::wq::WqFormat;
+
+use crate::calib::{self, CalibOptions, LayerReport, Method, Scheme};
+use crate::error::{EngineError, Result};
+use crate::model::{self, LoadOptions, WeightFormat};
+use crate::weights::compressed::CompressedW8A8;
+use crate::weights::gptq::GptqConfig;
+
+/// What [`quantize_model`] did.
+#[derive(Debug, Clone)]
+pub struct QuantizeReport {
+    pub quantized_layers: usize,
+    /// Tensors written in float (embeddings, norms, biases, LM head).
+    pub copied_tensors: usize,
+    pub bytes_in: usize,
+    pub bytes_out: u64,
+    pub calibration_tokens: usize,
+    pub seconds: f64,
+    pub output: PathBuf,
+}
+
+/// One `ferrite quantize` run.
+#[derive(Debug, Clone)]
+pub struct QuantizeJob {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub opts: CalibOptions,
+    /// The calibration text; its first half is used (see [`calib::split_tokens`]).
+    pub calib: CalibText,
+    /// At most this many calibration tokens.
+    pub calib_tokens: usize,
+}
+
+/// Where calibration tokens come from.
+#[derive(Debug, Clone)]
+pub enum CalibText {
+    /// A text file, tokenized by the model's tokenizer (the first half is used).
+    File(PathBuf),
+    /// Token ids, used as they are (models without a tokenizer; tests).
+    Tokens(Vec<u32>),
+}
+
+/// The default calibration text: one every Debian machine has.
+pub const DEFAULT_CALIB_FILE: &str = "/usr/share/common-licenses/GPL-3";
+
+/// Quantizes the checkpoint in directory `input` to `format` by round-to-nearest, writing
+/// `output` (created; it must not exist or be empty).
+pub fn quantize_checkpoint(
+    input: &Path,
+    output: &Path,
+    format: WqFormat,
+) -> Result<QuantizeReport> {
+    if !input.is_dir() {
+        return Err(EngineError::BadConfig(format!(
+            "{} is not a Hugging Face model directory (config.json + *.safetensors); to run a \
+             GGUF model quantized, load it with --quantize rtn-{format}",
+            input.display()
+        )));
+    }
+    let job = QuantizeJob {
+        input: input.to_owned(),
+        output: output.to_owned(),
+        opts: CalibOptions::new(Method::Rtn, Scheme::WeightOnly(format)),
+        calib: CalibText::File(PathBuf::from(DEFAULT_CALIB_FILE)),
+        calib_tokens: 0,
+    };
+    quantize_model(&job, &mut |_| {})
+}
+
+/// Runs `job`; `progress` hears of each layer as it is done.
+pub fn quantize_model(
+    job: &QuantizeJob,
+    progress: &mut dyn FnMut(&LayerReport),
+) -> Result<QuantizeReport> {
+    let start = Instant::now();
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| EngineError::Io { path, source }
+    };
+    let hf_config = if job.input.is_dir() {
+        let p = job.input.join("config.json");
+        let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).map_err(io(&p))?)
+            .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
+        if cfg.get("quantization_config").is_some() {
+            return Err(EngineError::BadConfig(format!(
+                "{} is already quantized (config.json has a quantization_config)",
+                job.input.display()
+            )));
+        }
+        Some(cfg)
+    } else {
+        None
+    };
+    let output = &job.output;
+    if output.exists()
+        && std::fs::read_dir(output)
+            .map_err(io(output))?
+            .next()
+            .is_some()
+    {
+        return Err(EngineError::BadConfig(format!(
+            "{} exists and is not empty; refusing to overwrite it",
+            output.display()
+        )));
+    }
+    // Pages are read as each layer is quantized, not all up front.
+    let loaded = model::load_with(
+        &job.input,
+        LoadOptions {
+            lazy_pages: true,
+            ..LoadOptions::default()
+        },
+    )?;
+    let tokens =
+        match (&job.calib, job.opts.method) {
+            (_, Method::Rtn) => Vec::new(),
+            (CalibText::Tokens(t), _) => t[..t.len().min(job.calib_tokens)].to_vec(),
+            (CalibText::File(p), _) => {
+                let tok = loaded.tokenizer.as_ref().ok_or_else(|| {
+                    EngineError::BadConfig(
+                        "calibration needs the model's tokenizer; it has none".into(),
+                    )
+                })?;
+                let text = std::fs::read_to_string(p).map_err(io(p))?;
+                let mut all: Vec<u32> = tok.bos_id().into_iter().collect();
+                all.extend(tok.encode(&text, false).map_err(|e| {
+                    EngineError::BadConfig(format!("tokenizing {}: {e}", p.display()))
+                })?);
+                let (calib, _held_out) = calib::split_tokens(&all);
+                calib[..calib.len().min(job.calib_tokens)].to_vec()
+            }
+        };
+    let layers = calib::quantize_layers(&loaded.model, &tokens, &job.opts, progress)?;
+    let src = write::Source {
+        model: &loaded.model,
+        tokenizer: loaded.tokenizer.as_ref(),
+        hf: match (loaded.format, hf_config) {
+            (WeightFormat::Safetensors, Some(cfg)) => Some((job.input.as_path(), cfg)),
+            _ => None,
+        },
+    };
+    let quantizer = format!("ferrite {}-{}", job.opts.method_name(), job.opts.scheme);
+    let quantization = match job.opts.scheme {
+        Scheme::WeightOnly(f) => GptqConfig::for_format(f).to_json(),
+        Scheme::W8A8 => CompressedW8A8::to_json(),
+        Scheme::F32 => serde_json::Value::Null,
+    };
+    let written = write::write_dir(&src, &layers, quantization, &quantizer, output)?;
+    let used = tokens.len() / job.opts.ctx.max(1) * job.opts.ctx;
+    Ok(QuantizeReport {
+        quantized_layers: layers.len() * 7,
+        copied_tensors: written.float_tensors,
+        bytes_in: loaded.checkpoint_bytes,
+        bytes_out: written.bytes_out,
+        calibration_tokens: used,
+        seconds: start.elapsed().as_secs_f64(),
+        output: output.to_owned(),
+    })
+}

@@ -1,0 +1,450 @@
+//! Writing a quantized model as a Hugging Face directory: `config.json` with its
+//! `quantization_config`, `model.safetensors` with Hugging Face tensor names (weight-only
+//! projections in the GPTQ layout, W8A8 ones as compressed-tensors' int8 `weight` and
+//! `weight_scale`), and the tokenizer.
+//!
+//! Everything is written from the loaded model, so a GGUF input becomes an ordinary Hugging
+//! Face checkpoint: its Llama Q and K rows, which llama.cpp's converter interleaves for its
+//! RoPE, are put back in Hugging Face's order (the model then runs with the rotate-half RoPE
+//! that `config.json` implies), and its tokenizer is written as `tokenizer.json`. Tensors kept
+//! in float are written in their stored float type (other GGUF types as f32, exactly their
+//! dequantized values); norms and biases, which calibration may have rescaled, as f32.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ferrite_kernels::cpu::matmul::Weight;
+use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::wq::{ScaleType, WqMatrix};
+use ferrite_text::Tokenizer;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+
+use crate::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
+use crate::error::{EngineError, Result};
+use crate::model::LlamaModel;
+use crate::model::llama::Layer;
+use crate::weights::Matrix;
+use crate::weights::gptq::GptqTensors;
+
+/// Files copied unchanged from a Hugging Face input, when present.
+const COPIED_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+];
+
+/// Where the model came from.
+pub(super) struct Source<'a> {
+    pub(super) model: &'a LlamaModel,
+    pub(super) tokenizer: Option<&'a Tokenizer>,
+    /// The input directory and its config.json, for a Hugging Face input.
+    pub(super) hf: Option<(&'a Path, serde_json::Value)>,
+}
+
+/// One tensor to write.
+struct Out {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+fn f32_tensor(name: String, shape: Vec<usize>, v: &[f32]) -> Out {
+    Out {
+        name,
+        dtype: Dtype::F32,
+        shape,
+        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// A float matrix in its stored float type, or dequantized to f32.
+fn float_matrix(name: String, m: &Matrix) -> Out {
+    let shape = vec![m.rows, m.cols];
+    if let Weight::Ggml(v) = m.view() {
+        let dtype = match v.ty {
+            GgmlType::F32 => Some(Dtype::F32),
+            GgmlType::F16 => Some(Dtype::F16),
+            GgmlType::BF16 => Some(Dtype::BF16),
+            _ => None,
+        };
+        if let Some(dtype) = dtype {
+            return Out {
+                name,
+                dtype,
+                shape,
+                bytes: v.bytes.to_vec(),
+            };
+        }
+    }
+    f32_tensor(name, shape, &m.to_f32())
+}
+
+/// `w - offset` (Gemma's norms are stored without the 1 ferrite folds in at load).
+fn norm_tensor(name: String, w: &[f32], c: &ModelConfig) -> Out {
+    let v: Vec<f32> = w.iter().map(|x| x - c.norm_weight_offset).collect();
+    f32_tensor(name, vec![v.len()], &v)
+}
+
+/// The row order that undoes llama.cpp's Q/K interleaving: row `hf` of the result is row
+/// `order[hf]` of the GGUF matrix (within each head, HF's `t·d/2 + i` is GGUF's `2i + t`).
+fn unpermute_order(heads: usize, head_dim: usize) -> Vec<usize> {
+    let half = head_dim / 2;
+    (0..heads * head_dim)
+        .map(|r| {
+            let (h, j) = (r / head_dim, r % head_dim);
+            let (t, i) = (j / half, j % half);
+            h * head_dim + 2 * i + t
+        })
+        .collect()
+}
+
+fn permute_rows(w: &WqMatrix, order: &[usize]) -> Result<WqMatrix> {
+    let (cols, groups) = (w.cols(), w.groups_per_row());
+    let (codes, scales, zeros) = (w.codes(), w.scales(), w.zeros());
+    let mut c2 = Vec::with_capacity(codes.len());
+    let mut s2 = Vec::with_capacity(scales.len());
+    let mut z2 = Vec::with_capacity(zeros.len());
+    for &r in order {
+        c2.extend_from_slice(&codes[r * cols..(r + 1) * cols]);
+        s2.extend_from_slice(&scales[r * groups..(r + 1) * groups]);
+        z2.extend_from_slice(&zeros[r * groups..(r + 1) * groups]);
+    }
+    let format = w.format();
+    let z = format.zero_point.then_some(z2.as_slice());
+    WqMatrix::from_codes(format, order.len(), cols, &c2, &s2, z)
+        .map_err(|e| EngineError::Internal(format!("reordering quantized rows: {e}")))
+}
+
+/// The GPTQ tensors of one quantized projection `stem`.
+fn gptq_tensors(stem: &str, w: &WqMatrix, out: &mut Vec<Out>) -> Result<()> {
+    let g = GptqTensors::from_wq(w).map_err(|e| match e {
+        EngineError::BadTensor { reason, .. } => EngineError::BadTensor {
+            name: format!("{stem}.weight"),
+            reason,
+        },
+        other => other,
+    })?;
+    let words = |v: &[i32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+    let p = 32 / w.format().bits.get() as usize;
+    let scale_dtype = match g.scale_type {
+        ScaleType::F16 => Dtype::F16,
+        ScaleType::Bf16 => Dtype::BF16,
+    };
+    let mut push = |part: &str, dtype, shape, bytes| {
+        out.push(Out {
+            name: format!("{stem}.{part}"),
+            dtype,
+            shape,
+            bytes,
+        })
+    };
+    push(
+        "qweight",
+        Dtype::I32,
+        vec![g.cols / p, g.rows],
+        words(&g.qweight),
+    );
+    push(
+        "qzeros",
+        Dtype::I32,
+        vec![g.groups, g.rows / p],
+        words(&g.qzeros),
+    );
+    push(
+        "scales",
+        scale_dtype,
+        vec![g.groups, g.rows],
+        g.scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+    );
+    push("g_idx", Dtype::I32, vec![g.cols], words(&g.g_idx));
+    Ok(())
+}
+
+/// A quantized projection's tensors, rows put in Hugging Face order when `order` is given.
+fn projection(
+    stem: String,
+    m: &Matrix,
+    order: Option<Vec<usize>>,
+    out: &mut Vec<Out>,
+) -> Result<()> {
+    if let Some(w) = m.as_i8() {
+        // compressed-tensors int-quantized: int8 `[out, in]` and one f32 scale per row.
+        let rows: Vec<usize> = order.unwrap_or_else(|| (0..w.rows()).collect());
+        let codes: Vec<u8> = rows
+            .iter()
+            .flat_map(|&r| w.row_codes(r).iter().map(|&q| q as u8))
+            .collect();
+        let scales: Vec<f32> = rows.iter().map(|&r| w.scales()[r]).collect();
+        out.push(Out {
+            name: format!("{stem}.weight"),
+            dtype: Dtype::I8,
+            shape: vec![w.rows(), w.cols()],
+            bytes: codes,
+        });
+        out.push(f32_tensor(
+            format!("{stem}.weight_scale"),
+            vec![w.rows(), 1],
+            &scales,
+        ));
+        return Ok(());
+    }
+    let Some(view) = m.as_wq() else {
+        let name = format!("{stem}.weight");
+        match order {
+            Some(o) => {
+                let w = m.to_f32();
+                let rows: Vec<f32> = o
+                    .iter()
+                    .flat_map(|&r| w[r * m.cols..(r + 1) * m.cols].to_vec())
+                    .collect();
+                out.push(f32_tensor(name, vec![m.rows, m.cols], &rows));
+            }
+            None => out.push(float_matrix(name, m)),
+        }
+        return Ok(());
+    };
+    let w = match &order {
+        Some(o) => std::borrow::Cow::Owned(permute_rows(&view.matrix, o)?),
+        None => view.matrix,
+    };
+    gptq_tensors(&stem, &w, out)
+}
+
+/// The tensors of one decoder layer.
+fn layer_tensors(
+    i: usize,
+    l: &Layer,
+    c: &ModelConfig,
+    gguf_rope: bool,
+    out: &mut Vec<Out>,
+) -> Result<()> {
+    let p = |n: &str| format!("model.layers.{i}.{n}");
+    out.push(norm_tensor(p("input_layernorm.weight"), &l.attn_norm, c));
+    match &l.post_norms {
+        Some([post_attn, post_ffn]) => {
+            out.push(norm_tensor(
+                p("post_attention_layernorm.weight"),
+                post_attn,
+                c,
+            ));
+            out.push(norm_tensor(
+                p("pre_feedforward_layernorm.weight"),
+                &l.ffn_norm,
+                c,
+            ));
+            out.push(norm_tensor(
+                p("post_feedforward_layernorm.weight"),
+                post_ffn,
+                c,
+            ));
+        }
+        None => out.push(norm_tensor(
+            p("post_attention_layernorm.weight"),
+            &l.ffn_norm,
+            c,
+        )),
+    }
+    if let Some(biases) = &l.qkv_bias {
+        for (b, n) in biases.iter().zip(["q", "k", "v"]) {
+            out.push(f32_tensor(
+                p(&format!("self_attn.{n}_proj.bias")),
+                vec![b.len()],
+                b,
+            ));
+        }
+    }
+    if let Some([nq, nk]) = &l.qk_norm {
+        out.push(norm_tensor(p("self_attn.q_norm.weight"), nq, c));
+        out.push(norm_tensor(p("self_attn.k_norm.weight"), nk, c));
+    }
+    let qk_order = |heads: usize| gguf_rope.then(|| unpermute_order(heads, c.head_dim));
+    projection(p("self_attn.q_proj"), &l.q, qk_order(c.num_heads), out)?;
+    projection(p("self_attn.k_proj"), &l.k, qk_order(c.num_kv_heads), out)?;
+    projection(p("self_attn.v_proj"), &l.v, None, out)?;
+    projection(p("self_attn.o_proj"), &l.o, None, out)?;
+    projection(p("mlp.gate_proj"), &l.gate, None, out)?;
+    projection(p("mlp.up_proj"), &l.up, None, out)?;
+    projection(p("mlp.down_proj"), &l.down, None, out)
+}
+
+/// `config.json` for a model loaded from GGUF (the fields ferrite and transformers read).
+fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_json::Value> {
+    let c = m.config();
+    let (arch, model_type) = match c.architecture {
+        Architecture::Llama => ("LlamaForCausalLM", "llama"),
+        Architecture::Mistral => ("MistralForCausalLM", "mistral"),
+        Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+        Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        Architecture::Gemma2 => {
+            return Err(EngineError::BadConfig(
+                "quantizing a Gemma 2 GGUF file is not supported: quantize its Hugging Face \
+                 directory"
+                    .into(),
+            ));
+        }
+    };
+    let rope_scaling = match c.rope_scaling {
+        RopeScaling::None => serde_json::Value::Null,
+        RopeScaling::Linear { factor } => {
+            serde_json::json!({"rope_type": "linear", "factor": factor})
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => serde_json::json!({
+            "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position,
+        }),
+    };
+    // The config written must give the same rotary frequencies (a GGUF file may carry
+    // per-pair factors that no config.json field expresses).
+    let neox = ModelConfig {
+        rope_style: RopeStyle::Neox,
+        ..c.clone()
+    };
+    if crate::model::llama::build_rope(&neox, None).inv_freq != m.rope.inv_freq {
+        return Err(EngineError::BadConfig(
+            "this GGUF file's RoPE frequencies have no config.json equivalent; quantize its \
+             Hugging Face directory"
+                .into(),
+        ));
+    }
+    let tied = m.lm_head.same_storage(&m.embed);
+    Ok(serde_json::json!({
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": tied,
+        "vocab_size": c.vocab_size,
+        "hidden_act": "silu",
+        "attention_bias": c.qkv_bias,
+        "torch_dtype": "float32",
+        "bos_token_id": tok.and_then(Tokenizer::bos_id),
+        "eos_token_id": tok.and_then(|t| t.eos_ids().first().copied()),
+    }))
+}
+
+/// What [`write_dir`] wrote.
+pub(super) struct Written {
+    pub(super) bytes_out: u64,
+    pub(super) float_tensors: usize,
+}
+
+/// Writes `layers` (and the rest of `src`'s model) to `output` with `quantization` as the
+/// config's `quantization_config`.
+pub(super) fn write_dir(
+    src: &Source<'_>,
+    layers: &[Layer],
+    quantization: serde_json::Value,
+    quantizer: &str,
+    output: &Path,
+) -> Result<Written> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| EngineError::Io { path, source }
+    };
+    let m = src.model;
+    let c = m.config();
+    let mut cfg = match &src.hf {
+        Some((_, cfg)) => cfg.clone(),
+        None => config_from_gguf(m, src.tokenizer)?,
+    };
+    let gguf_rope = c.rope_style == RopeStyle::Interleaved;
+    let mut out = Vec::new();
+    for (i, l) in layers.iter().enumerate() {
+        layer_tensors(i, l, c, gguf_rope, &mut out)?;
+    }
+    out.push(float_matrix("model.embed_tokens.weight".into(), &m.embed));
+    out.push(norm_tensor("model.norm.weight".into(), &m.norm, c));
+    if !m.lm_head.same_storage(&m.embed) {
+        out.push(float_matrix("lm_head.weight".into(), &m.lm_head));
+    }
+    let float_tensors = out
+        .iter()
+        .filter(|t| {
+            let quantized_part = [".weight_scale", ".scales", ".qweight", ".qzeros", ".g_idx"];
+            t.dtype != Dtype::I8 && !quantized_part.iter().any(|p| t.name.ends_with(p))
+        })
+        .count();
+
+    std::fs::create_dir_all(output).map_err(io(output))?;
+    let views = out
+        .iter()
+        .map(|t| {
+            TensorView::new(t.dtype, t.shape.clone(), &t.bytes)
+                .map(|v| (t.name.clone(), v))
+                .map_err(|e| EngineError::BadTensor {
+                    name: t.name.clone(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let metadata = HashMap::from([
+        ("format".to_owned(), "pt".to_owned()),
+        ("quantizer".to_owned(), quantizer.to_owned()),
+    ]);
+    let weights = output.join("model.safetensors");
+    safetensors::tensor::serialize_to_file(views, Some(metadata), &weights).map_err(|e| {
+        EngineError::Io {
+            path: weights.clone(),
+            source: std::io::Error::other(e.to_string()),
+        }
+    })?;
+
+    if quantization.is_null() {
+        if let Some(o) = cfg.as_object_mut() {
+            o.remove("quantization_config");
+        }
+    } else {
+        cfg["quantization_config"] = quantization;
+    }
+    let out_cfg = output.join("config.json");
+    let text = serde_json::to_string_pretty(&cfg)
+        .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
+    std::fs::write(&out_cfg, text).map_err(io(&out_cfg))?;
+    match (&src.hf, src.tokenizer) {
+        (Some((dir, _)), _) => {
+            for f in COPIED_FILES {
+                let from = dir.join(f);
+                if from.exists() {
+                    std::fs::copy(&from, output.join(f)).map_err(io(&from))?;
+                }
+            }
+        }
+        (None, Some(t)) => {
+            let json = t
+                .to_tokenizer_json()
+                .map_err(|e| EngineError::BadConfig(format!("tokenizer: {e}")))?;
+            let p = output.join("tokenizer.json");
+            std::fs::write(&p, json).map_err(io(&p))?;
+            let p = output.join("tokenizer_config.json");
+            let text = serde_json::to_string_pretty(&t.to_tokenizer_config())
+                .map_err(|e| EngineError::BadConfig(format!("tokenizer_config.json: {e}")))?;
+            std::fs::write(&p, text).map_err(io(&p))?;
+        }
+        (None, None) => {}
+    }
+    Ok(Written {
+        bytes_out: std::fs::metadata(&weights).map_err(io(&weights))?.len(),
+        float_tensors,
+    })
+}
