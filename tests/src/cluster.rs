@@ -58,10 +58,6 @@ impl Default for WorkerOptions {
 }
 
 impl WorkerOptions {
-    fn args(&self, pool: &str, etcd: &str) -> Vec<String> {
-        self.rank_args(pool, etcd, 0, 1)
-    }
-
     /// The command line of rank `rank` of a pool of `tp`.
     fn rank_args(&self, pool: &str, etcd: &str, rank: u32, tp: u32) -> Vec<String> {
         let (rank, tp) = (rank.to_string(), tp.to_string());
@@ -213,12 +209,7 @@ pub struct WorkerProc {
 impl WorkerProc {
     /// Starts the process without waiting for it (see [`WorkerProc::ready`]).
     pub fn spawn(etcd: &str, pool: &str, options: &WorkerOptions) -> Result<Proc> {
-        Proc::spawn_with_env(
-            format!("worker {pool}"),
-            &ferrite_bin()?,
-            &options.args(pool, etcd),
-            &options.env,
-        )
+        Self::spawn_rank(etcd, pool, 0, 1, options)
     }
 
     /// Starts rank `rank` of a pool of `tp` (rank 0 serves the worker API) without waiting.
@@ -229,8 +220,13 @@ impl WorkerProc {
         tp: u32,
         options: &WorkerOptions,
     ) -> Result<Proc> {
+        let name = if tp == 1 {
+            format!("worker {pool}")
+        } else {
+            format!("{pool} rank {rank}")
+        };
         Proc::spawn_with_env(
-            format!("{pool} rank {rank}"),
+            name,
             &ferrite_bin()?,
             &options.rank_args(pool, etcd, rank, tp),
             &options.env,

@@ -207,15 +207,12 @@ impl RunningWorker {
     /// After the pool was lost: deregisters at once (the keys go now, not after the TTL) and
     /// stops serving.
     pub async fn abandon(mut self) {
-        if let Err(e) = self.registration.deregister().await {
-            tracing::warn!("could not deregister (the keys expire with the lease): {e}");
-        }
-        if let Some(r) = self.comm_record.take() {
-            let _ = r.deregister().await;
-        }
-        if let Some(stop) = self.stop_server.take() {
-            let _ = stop.send(());
-        }
+        leave(
+            self.registration,
+            self.comm_record.take(),
+            self.stop_server.take(),
+        )
+        .await;
     }
 
     /// A worker over the [`SyntheticEngine`]: no model, `tokens_per_s` per stream.
@@ -380,15 +377,12 @@ impl RunningWorker {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if let Err(e) = self.registration.deregister().await {
-            tracing::warn!("could not deregister (the keys expire with the lease): {e}");
-        }
-        if let Some(r) = self.comm_record.take() {
-            let _ = r.deregister().await;
-        }
-        if let Some(stop) = self.stop_server.take() {
-            let _ = stop.send(());
-        }
+        leave(
+            self.registration,
+            self.comm_record.take(),
+            self.stop_server.take(),
+        )
+        .await;
         let _ = (&mut self.server).await;
         // Every handle of the engine goes with `self`; its thread then ends (within its idle
         // poll), and the executor stops the pool's other ranks as it goes.
@@ -399,6 +393,23 @@ impl RunningWorker {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
         Ok(())
+    }
+}
+
+/// Removes a worker's keys now (else they expire with the lease) and stops its server.
+async fn leave(
+    registration: Registration,
+    comm_record: Option<Registration>,
+    stop_server: Option<oneshot::Sender<()>>,
+) {
+    if let Err(e) = registration.deregister().await {
+        tracing::warn!("could not deregister (the keys expire with the lease): {e}");
+    }
+    if let Some(r) = comm_record {
+        let _ = r.deregister().await;
+    }
+    if let Some(stop) = stop_server {
+        let _ = stop.send(());
     }
 }
 
