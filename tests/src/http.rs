@@ -74,13 +74,24 @@ async fn request(
             ));
         }
         head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await?;
-        if let Some(b) = &body {
-            stream.write_all(b.as_bytes()).await?;
+        // A server may answer before it read the whole body (413 on a declared length past
+        // its limit) and close: as HTTP clients do, read that answer when sending fails.
+        let sent = async {
+            stream.write_all(head.as_bytes()).await?;
+            if let Some(b) = &body {
+                stream.write_all(b.as_bytes()).await?;
+            }
+            std::io::Result::Ok(())
         }
+        .await;
         let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        parse(&raw)
+        let read = stream.read_to_end(&mut raw).await;
+        match (sent, read) {
+            (_, Ok(_)) if !raw.is_empty() => parse(&raw),
+            (Err(e), _) => Err(e.into()),
+            (Ok(()), Err(e)) => Err(e.into()),
+            (Ok(()), Ok(_)) => parse(&raw),
+        }
     };
     tokio::time::timeout(TIMEOUT, exchange)
         .await
