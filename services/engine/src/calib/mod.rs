@@ -26,6 +26,7 @@
 //! Only one layer's f32 weights exist at a time (the checkpoint stays memory-mapped), so a
 //! model larger than memory can be quantized as long as its hidden states fit.
 
+mod clip;
 mod scales;
 mod stats;
 
@@ -111,8 +112,14 @@ impl CalibOptions {
         }
     }
 
-    fn uses_hessian(&self) -> bool {
+    /// Whether the weights are rounded by GPTQ (else to nearest).
+    fn uses_gptq(&self) -> bool {
         self.method == Method::Gptq || (self.method == Method::SmoothQuant && self.smooth_then_gptq)
+    }
+
+    /// Whether calibration collects `H = Σ x xᵀ`: GPTQ's error feedback, AWQ's clipping.
+    fn uses_hessian(&self) -> bool {
+        self.uses_gptq() || self.method == Method::Awq
     }
 
     /// A name for reports: `gptq`, `awq`, `smoothquant+gptq`, ...
@@ -305,7 +312,7 @@ pub(crate) fn quantize_layers(
                     name: name.clone(),
                     reason: format!("cannot quantize to {}: {e}", opts.scheme),
                 };
-                let hessian = stats[si].hessian.as_deref().filter(|_| opts.uses_hessian());
+                let hessian = stats[si].hessian.as_deref().filter(|_| opts.uses_gptq());
                 let w = &wf.w[p];
                 let m = match (opts.scheme, hessian) {
                     (Scheme::WeightOnly(f), Some(hm)) => {
