@@ -8,6 +8,10 @@
 //! by less than its latency (by the latency minus roughly the prefill time), so `--json` also
 //! gives each run's `ttft_s` (time until every request has its first token) to compute that
 //! figure. Input throughput is not measured (the seed prints `0.00` and `N/A`).
+//!
+//! `--row NAME=MODEL` (repeated) measures several models in one run, as the seed's rows
+//! (`original`, `w8a16_awq`, ...): each configuration's table then ranks them by output
+//! throughput, and a ranking section closes the report, as in the seed.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -89,8 +93,14 @@ pub struct LatencyArgs {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Name in the Model column (`<label>_<config>`); default: `ferrite-<weight format>`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "rows")]
     label: Option<String>,
+    /// `NAME=MODEL`, repeatable: measure each model (a .gguf file or directory, e.g. one
+    /// written by `ferrite quantize`) as row NAME in the same run, in place of --model. With
+    /// seed 003's row names (`original`, `w8a16_awq`, `w8a8_smooth_gptq`, ...) its 2:4-sparse
+    /// rows are listed as not measured, with the reason.
+    #[arg(long = "row", value_parser = parse_row)]
+    rows: Vec<(String, String)>,
     /// One JSON object per configuration (one per line) instead of the Markdown tables.
     #[arg(long)]
     json: bool,
@@ -105,10 +115,92 @@ struct RunFigures {
     overall_tok_s: f64,
 }
 
+/// Seed 003's rows that ferrite measures (given as `--row`s) ...
+const SEED_ROWS: [&str; 6] = [
+    "original",
+    "w8a16_awq",
+    "w8a16_smooth_awq",
+    "w8a8_smooth_gptq",
+    "w8a8_smooth_ptq",
+    "w8a8_fp8",
+];
+/// ... and those it does not build.
+const SPARSE_ROWS: [&str; 2] = ["w8a16_sparse_awq", "w8a8_sparse_smooth_gptq"];
+const SPARSE_REASON: &str = "not measured: ferrite has no 2:4 sparse weights (out of scope: \
+     the sparse rows of seed 003 are within noise of their dense ones)";
+
+fn parse_row(s: &str) -> std::result::Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, model)) if !name.is_empty() && !model.is_empty() => {
+            Ok((name.to_owned(), model.to_owned()))
+        }
+        _ => Err(format!("--row {s}: expected NAME=MODEL")),
+    }
+}
+
+/// One row of the tables: its runs per configuration, or why it has none.
+struct RowResult {
+    label: String,
+    model: String,
+    configs: Vec<Measured>,
+}
+
+/// One (row, configuration): the measured runs, or the reason there are none.
+type Measured = (Config, std::result::Result<Vec<RunFigures>, String>);
+
 pub fn run(args: LatencyArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    let configs = chosen_configs(&args)?;
+    let rows: Vec<(Option<String>, ModelArgs)> = if args.rows.is_empty() {
+        vec![(args.label.clone(), args.model.clone())]
+    } else {
+        args.rows
+            .iter()
+            .map(|(name, path)| {
+                let mut m = args.model.clone();
+                m.model = path.clone();
+                (Some(name.clone()), m)
+            })
+            .collect()
+    };
+    let mut results = Vec::new();
+    let mut device = String::new();
+    for (label, model) in &rows {
+        let (row, dev) = measure_row(label.clone(), model, &configs, args.runs)?;
+        device = dev;
+        if args.json {
+            for (cfg, runs) in &row.configs {
+                println!("{}", to_json(*cfg, &row.label, &device, &row.model, runs));
+            }
+        }
+        results.push(row);
+    }
+    if results
+        .iter()
+        .any(|r| SEED_ROWS.contains(&r.label.as_str()))
+    {
+        for name in SPARSE_ROWS {
+            let configs = configs
+                .iter()
+                .map(|&c| (c, Err(SPARSE_REASON.to_owned())))
+                .collect();
+            results.push(RowResult {
+                label: name.to_owned(),
+                model: String::new(),
+                configs,
+            });
+        }
+    }
+    if !args.json {
+        print!("{}", to_markdown(&device, &configs, &results));
+    }
+    Ok(())
+}
+
+/// The configurations asked for: `--configs`, or the one `custom` configuration.
+fn chosen_configs(args: &LatencyArgs) -> Result<Vec<Config>> {
     let configs: Vec<Config> = match (args.batch_size, args.input_len, args.output_len) {
         (Some(batch), Some(input_len), Some(output_len)) => {
             if batch == 0 || input_len == 0 || output_len == 0 {
@@ -127,56 +219,63 @@ pub fn run(args: LatencyArgs) -> Result<()> {
     if configs.is_empty() {
         bail!("--configs is empty");
     }
-    let (model, _) = args.model.load_for_engine()?;
+    Ok(configs)
+}
+
+/// Loads one row's model and measures every configuration on it (a warm-up run, then
+/// `runs`); returns the row and the device it ran on.
+fn measure_row(
+    label: Option<String>,
+    args: &ModelArgs,
+    configs: &[Config],
+    runs: usize,
+) -> Result<(RowResult, String)> {
+    let (model, _) = args.load_for_engine()?;
     let storage = model.linear_storage();
-    let label = args
-        .label
-        .clone()
-        .unwrap_or_else(|| match args.model.quantize {
-            Some(f) => format!("ferrite-rtn-{f}"),
-            None => format!("ferrite-{}", storage.to_lowercase()),
-        });
+    let label = label.unwrap_or_else(|| match args.quantize {
+        Some(f) => format!("ferrite-rtn-{f}"),
+        None => format!("ferrite-{}", storage.to_lowercase()),
+    });
     // Token ids only: dummy-weight models have no tokenizer, and `ignore_eos` needs no EOS ids.
-    let cfg = args.model.engine_config(&model)?;
+    let cfg = args.engine_config(&model)?;
     let mut engine = Engine::new(model, vec![], cfg)?;
     let device = describe(&engine);
     let max_len = engine.max_model_len();
-    let model = format!(
-        "{} (layers stored as {storage}, max_model_len {max_len})",
-        args.model.model
-    );
-    if !args.json {
-        print!(
-            "# Performance Benchmark Results\n\n**Device:** {device}; **Model:** {model}\n\n---\n"
-        );
-    }
+    let mut measured = Vec::new();
     let mut next_id = 0u64;
-    for cfg in configs {
-        let name = format!("{label}_{}", cfg.name);
-        let skipped = (cfg.input_len + cfg.output_len > max_len).then(|| {
-            format!(
-                "skipped {}: input_len + output_len = {} tokens exceeds the max model length {max_len} (--max-model-len)",
-                cfg.name,
-                cfg.input_len + cfg.output_len
-            )
-        });
-        let mut runs = Vec::new();
-        if skipped.is_none() {
-            // Run 0 is the untimed warm-up.
-            for run in 0..=args.runs {
-                let figures = measure(&mut engine, cfg, &mut next_id)?;
-                if run > 0 {
-                    runs.push(figures);
-                }
+    for &cfg in configs {
+        let need = cfg.input_len + cfg.output_len;
+        if need > max_len {
+            let reason = format!(
+                "skipped {}: input_len + output_len = {need} tokens exceeds the max model \
+                 length {max_len} (--max-model-len)",
+                cfg.name
+            );
+            measured.push((cfg, Err(reason)));
+            continue;
+        }
+        let mut figures = Vec::new();
+        // Run 0 is the untimed warm-up.
+        for run in 0..=runs {
+            let f = measure(&mut engine, cfg, &mut next_id)?;
+            if run > 0 {
+                figures.push(f);
             }
         }
-        if args.json {
-            println!("{}", to_json(cfg, &label, &device, &model, &runs, skipped));
-        } else {
-            print!("{}", to_markdown(cfg, &name, &runs, skipped));
-        }
+        measured.push((cfg, Ok(figures)));
     }
-    Ok(())
+    let model = format!(
+        "{} (layers stored as {storage}, max_model_len {max_len})",
+        args.model
+    );
+    Ok((
+        RowResult {
+            label,
+            model,
+            configs: measured,
+        },
+        device,
+    ))
 }
 
 /// Submits one batch and times it to its last token.
@@ -271,15 +370,77 @@ fn stats(runs: &[RunFigures]) -> [(f64, f64); 3] {
     ]
 }
 
-/// One configuration's section in the seed's layout.
-fn to_markdown(cfg: Config, name: &str, runs: &[RunFigures], skipped: Option<String>) -> String {
+/// The seed's layout: a header, a section per configuration (the summary table with rows by
+/// output throughput, best first; then each row's runs), and the ranking.
+fn to_markdown(device: &str, configs: &[Config], rows: &[RowResult]) -> String {
+    let measured: Vec<&RowResult> = rows.iter().filter(|r| !r.model.is_empty()).collect();
+    let mut s = match measured.as_slice() {
+        [one] => format!(
+            "# Performance Benchmark Results\n\n**Device:** {device}; **Model:** {}\n\n---\n",
+            one.model
+        ),
+        _ => {
+            let list: Vec<String> = measured
+                .iter()
+                .map(|r| format!("- `{}`: {}", r.label, r.model))
+                .collect();
+            format!(
+                "# Performance Benchmark Results\n\n**Device:** {device}; **Models:**\n\n{}\n\n---\n",
+                list.join("\n")
+            )
+        }
+    };
+    for (ci, &cfg) in configs.iter().enumerate() {
+        let cells: Vec<(String, &std::result::Result<Vec<RunFigures>, String>)> = rows
+            .iter()
+            .map(|r| (format!("{}_{}", r.label, cfg.name), &r.configs[ci].1))
+            .collect();
+        s.push_str(&config_section(cfg, &cells));
+    }
+    if rows.len() > 1 {
+        s.push_str(&ranking(configs, rows));
+    }
+    s
+}
+
+/// Mean output throughput of measured runs (for ordering), `None` for rows not measured.
+fn output_mean(runs: &std::result::Result<Vec<RunFigures>, String>) -> Option<f64> {
+    runs.as_ref().ok().map(|r| stats(r)[1].0)
+}
+
+/// One configuration's section: `cells` are (row name, its runs or why there are none).
+fn config_section(
+    cfg: Config,
+    cells: &[(String, &std::result::Result<Vec<RunFigures>, String>)],
+) -> String {
     let mut s = format!(
         "\n\n## Configuration: batch_size={}, input_len={}, output_len={}\n\n",
         cfg.batch, cfg.input_len, cfg.output_len
     );
-    if let Some(reason) = skipped {
-        s.push_str(&format!("{reason}\n"));
+    let measured: Vec<(&String, &Vec<RunFigures>)> = cells
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().ok().map(|r| (n, r)))
+        .collect();
+    let reasons: Vec<String> = cells
+        .iter()
+        .filter_map(|(n, r)| r.as_ref().err().map(|e| (n, e)))
+        .map(|(n, e)| {
+            if cells.len() == 1 {
+                format!("{e}\n")
+            } else {
+                format!("- `{n}`: {e}\n")
+            }
+        })
+        .collect();
+    if measured.is_empty() {
+        s.push_str(&reasons.concat());
         return s;
+    }
+    if cells.len() > 1 {
+        s.push_str(&format!(
+            "**Total models tested:** {}\n\n\n",
+            measured.len()
+        ));
     }
     let header = [
         "Model",
@@ -291,26 +452,43 @@ fn to_markdown(cfg: Config, name: &str, runs: &[RunFigures], skipped: Option<Str
     ];
     // The seed's tables are unpadded: each rule cell is as wide as its header cell.
     let rule: Vec<String> = header.iter().map(|h| "-".repeat(h.len() + 2)).collect();
-    let [lat, out, all] = stats(runs);
     s.push_str(&format!(
         "### Summary Table\n\n| {} |\n|{}|\n",
         header.join(" | "),
         rule.join("|")
     ));
-    s.push_str(&format!(
-        "| `{name}` | {} | {:.2} ± {:.2} | {:.2} ± {:.2} | {:.2} ± {:.2} | 0.00 |\n",
-        runs.len(),
-        lat.0,
-        lat.1,
-        out.0,
-        out.1,
-        all.0,
-        all.1
-    ));
-    s.push_str(&format!(
-        "\n### Detailed Results\n\n\n#### {name}\n\n- **Total runs:** {}\n\n- **Individual runs:**\n\n",
+    let mut ranked = measured.clone();
+    ranked.sort_by(|a, b| stats(b.1)[1].0.total_cmp(&stats(a.1)[1].0));
+    for (name, runs) in &ranked {
+        let [lat, out, all] = stats(runs);
+        s.push_str(&format!(
+            "| `{name}` | {} | {:.2} ± {:.2} | {:.2} ± {:.2} | {:.2} ± {:.2} | 0.00 |\n",
+            runs.len(),
+            lat.0,
+            lat.1,
+            out.0,
+            out.1,
+            all.0,
+            all.1
+        ));
+    }
+    if !reasons.is_empty() {
+        s.push_str(&format!("\nNot measured:\n\n{}", reasons.concat()));
+    }
+    s.push_str("\n### Detailed Results\n");
+    for (name, runs) in measured {
+        s.push_str(&detailed(name, runs));
+    }
+    s
+}
+
+/// One row's runs and statistics, as the seed's "Detailed Results" give them.
+fn detailed(name: &str, runs: &[RunFigures]) -> String {
+    let [lat, out, all] = stats(runs);
+    let mut s = format!(
+        "\n\n#### {name}\n\n- **Total runs:** {}\n\n- **Individual runs:**\n\n",
         runs.len()
-    ));
+    );
     for (i, r) in runs.iter().enumerate() {
         s.push_str(&format!(
             "  - `{name}_run{}`:\n    - Latency: {:.2}s\n    - Output Throughput: {:.2} tok/s\n    - Overall Throughput: {:.2} tok/s\n    - Input Throughput: N/A\n",
@@ -327,22 +505,52 @@ fn to_markdown(cfg: Config, name: &str, runs: &[RunFigures], skipped: Option<Str
     s
 }
 
+/// The seed's closing section: per configuration, the measured rows by output throughput.
+fn ranking(configs: &[Config], rows: &[RowResult]) -> String {
+    let mut s = String::from("\n---\n\n\n## Performance Ranking (by Output Throughput)\n");
+    for (ci, cfg) in configs.iter().enumerate() {
+        s.push_str(&format!(
+            "\n\n### Configuration: batch_size={}, input_len={}, output_len={}\n\n",
+            cfg.batch, cfg.input_len, cfg.output_len
+        ));
+        let mut ranked: Vec<(f64, String)> = rows
+            .iter()
+            .filter_map(|r| {
+                output_mean(&r.configs[ci].1).map(|m| (m, format!("{}_{}", r.label, cfg.name)))
+            })
+            .collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+        for (i, (mean, name)) in ranked.iter().enumerate() {
+            let place = match i {
+                0 => "🥇".to_owned(),
+                1 => "🥈".to_owned(),
+                2 => "🥉".to_owned(),
+                _ => format!("{}.", i + 1),
+            };
+            s.push_str(&format!("{place} **{name}**: {mean:.2} tok/s\n"));
+        }
+    }
+    s
+}
+
 fn to_json(
     cfg: Config,
     label: &str,
     device: &str,
     model: &str,
-    runs: &[RunFigures],
-    skipped: Option<String>,
+    runs: &std::result::Result<Vec<RunFigures>, String>,
 ) -> serde_json::Value {
     let mut v = json!({
         "config": cfg.name, "label": label, "device": device, "model": model,
         "batch_size": cfg.batch, "input_len": cfg.input_len, "output_len": cfg.output_len,
     });
-    if let Some(reason) = skipped {
-        v["skipped"] = json!(reason);
-        return v;
-    }
+    let runs = match runs {
+        Ok(runs) => runs,
+        Err(reason) => {
+            v["skipped"] = json!(reason);
+            return v;
+        }
+    };
     let [lat, out, all] = stats(runs);
     let ms = |(mean, std): (f64, f64)| json!({ "mean": mean, "std": std });
     v["runs"] = runs

@@ -180,11 +180,65 @@ fn bench_latency_json_throughputs_and_skips() {
     assert!(!text.contains("Summary Table"), "{text}");
 }
 
+/// Two models as seed 003's rows: both in each configuration's table, ranked by output
+/// throughput; the sparse rows listed as not measured with the reason; the ranking closes.
+#[test]
+fn bench_latency_rows_are_ranked_like_the_seeds() {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models");
+    let row = |name: &str, dir: &str| format!("{name}={}", fixtures.join(dir).display());
+    let text = stdout_of(&ferrite(&[
+        "bench",
+        "latency",
+        "--row",
+        &row("original", "qwen2"),
+        "--row",
+        &row("w8a16_awq", "llama31"),
+        "--batch-size",
+        "2",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--runs",
+        "2",
+    ]));
+    assert!(text.contains("**Models:**"), "{text}");
+    assert!(text.contains("**Total models tested:** 2"), "{text}");
+    let table: Vec<&str> = text.lines().filter(|l| l.starts_with("| `")).collect();
+    assert_eq!(table.len(), 2, "{text}");
+    let mean = |l: &str| -> f64 {
+        let cell = l.split(" | ").nth(3).expect("output column");
+        cell.split(" ± ")
+            .next()
+            .and_then(|m| m.parse().ok())
+            .expect("mean")
+    };
+    assert!(mean(table[0]) >= mean(table[1]), "not ranked: {text}");
+    for name in ["w8a16_sparse_awq_custom", "w8a8_sparse_smooth_gptq_custom"] {
+        assert!(
+            text.contains(&format!(
+                "- `{name}`: not measured: ferrite has no 2:4 sparse"
+            )),
+            "{text}"
+        );
+    }
+    let ranking = text
+        .split("## Performance Ranking (by Output Throughput)")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no ranking: {text}"));
+    assert!(
+        ranking.contains("🥇 **") && ranking.contains("🥈 **"),
+        "{text}"
+    );
+    assert!(!ranking.contains("sparse"), "{text}");
+}
+
 #[test]
 fn bench_latency_refuses_bad_arguments() {
     let tiny = tiny_model();
     for (bad, says) in [
         (vec!["--runs", "0"], "--runs"),
+        (vec!["--row", "original"], "NAME=MODEL"),
         (vec!["--configs", "interactive,nope"], "'nope'"),
         (vec!["--batch-size", "2"], "--input-len"),
         (
