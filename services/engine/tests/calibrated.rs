@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use ferrite_engine::calib::{CalibOptions, LayerReport, Method, Scheme};
+use ferrite_engine::calib::{CalibOptions, LayerReport, Method, Scheme, SmoothWeights};
 use ferrite_engine::model::{self, LoadOptions, LogitsWanted};
 use ferrite_engine::quantize::{CalibText, QuantizeJob, quantize_model};
 use ferrite_kernels::wq::WqFormat;
@@ -95,9 +95,11 @@ fn calibrated_methods_load_and_stay_close_to_the_original() {
     let original = logits(&qwen2, LoadOptions::default(), &PROMPT);
     let format = Scheme::WeightOnly("w8g32".parse().expect("format"));
     let mut smooth_gptq = CalibOptions::new(Method::SmoothQuant, format);
-    smooth_gptq.smooth_then_gptq = true;
+    smooth_gptq.smooth_weights = SmoothWeights::Gptq;
+    let mut smooth_awq = CalibOptions::new(Method::SmoothQuant, format);
+    smooth_awq.smooth_weights = SmoothWeights::Awq;
     let mut w8a8_smooth_gptq = CalibOptions::new(Method::SmoothQuant, Scheme::W8A8);
-    w8a8_smooth_gptq.smooth_then_gptq = true;
+    w8a8_smooth_gptq.smooth_weights = SmoothWeights::Gptq;
     let mut moved = Vec::new();
     for (name, opts) in [
         ("gptq", CalibOptions::new(Method::Gptq, format)),
@@ -107,6 +109,7 @@ fn calibrated_methods_load_and_stay_close_to_the_original() {
             CalibOptions::new(Method::SmoothQuant, format),
         ),
         ("smoothquant-gptq", smooth_gptq),
+        ("smoothquant-awq", smooth_awq),
         ("w8a8-rtn", CalibOptions::new(Method::Rtn, Scheme::W8A8)),
         ("w8a8-gptq", CalibOptions::new(Method::Gptq, Scheme::W8A8)),
         (
@@ -128,7 +131,7 @@ fn calibrated_methods_load_and_stay_close_to_the_original() {
             "{name}"
         );
         assert_eq!(reports.len(), 2, "{name}: one report per layer");
-        if opts.method == Method::Gptq || opts.smooth_then_gptq {
+        if opts.method == Method::Gptq || opts.smooth_weights == SmoothWeights::Gptq {
             for l in &reports {
                 assert!(
                     l.gptq_error < l.rtn_error,

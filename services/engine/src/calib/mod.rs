@@ -80,14 +80,23 @@ impl std::fmt::Display for Scheme {
     }
 }
 
+/// How SmoothQuant's weights are rounded once its scales are folded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SmoothWeights {
+    Rtn,
+    Gptq,
+    /// AWQ's scale search and clipping on the smoothed layer (seed 003's `smooth_awq`).
+    Awq,
+}
+
 /// Everything [`quantize_layers`] needs besides the model and the tokens.
 #[derive(Debug, Clone, Copy)]
 pub struct CalibOptions {
     pub method: Method,
     pub scheme: Scheme,
     pub gptq: GptqOptions,
-    /// SmoothQuant's weights by GPTQ (else RTN).
-    pub smooth_then_gptq: bool,
+    /// How SmoothQuant's smoothed weights are rounded.
+    pub smooth_weights: SmoothWeights,
     /// SmoothQuant's migration strength α: `s = max|x|^α / max|w|^(1-α)`.
     pub alpha: f32,
     /// Tokens per calibration sequence.
@@ -104,8 +113,8 @@ impl CalibOptions {
             method,
             scheme,
             gptq: GptqOptions::default(),
-            smooth_then_gptq: false,
-            alpha: 0.5,
+            smooth_weights: SmoothWeights::Rtn,
+            alpha: 0.8,
             ctx: 512,
             awq_grid: 20,
             awq_rows: 1024,
@@ -114,12 +123,19 @@ impl CalibOptions {
 
     /// Whether the weights are rounded by GPTQ (else to nearest).
     fn uses_gptq(&self) -> bool {
-        self.method == Method::Gptq || (self.method == Method::SmoothQuant && self.smooth_then_gptq)
+        self.method == Method::Gptq
+            || (self.method == Method::SmoothQuant && self.smooth_weights == SmoothWeights::Gptq)
     }
 
     /// Whether calibration collects `H = Σ x xᵀ`: GPTQ's error feedback, AWQ's clipping.
     fn uses_hessian(&self) -> bool {
-        self.uses_gptq() || self.method == Method::Awq
+        self.uses_gptq() || self.uses_awq()
+    }
+
+    /// Whether AWQ's search and clipping run (alone, or after SmoothQuant's scales).
+    fn uses_awq(&self) -> bool {
+        self.method == Method::Awq
+            || (self.method == Method::SmoothQuant && self.smooth_weights == SmoothWeights::Awq)
     }
 
     /// A name for reports: `gptq`, `awq`, `smoothquant+gptq`, ...
@@ -129,8 +145,11 @@ impl CalibOptions {
             Method::Gptq if self.gptq.act_order => "gptq-act-order".into(),
             Method::Gptq => "gptq".into(),
             Method::Awq => "awq".into(),
-            Method::SmoothQuant if self.smooth_then_gptq => "smoothquant+gptq".into(),
-            Method::SmoothQuant => "smoothquant+rtn".into(),
+            Method::SmoothQuant => match self.smooth_weights {
+                SmoothWeights::Rtn => "smoothquant+rtn".into(),
+                SmoothWeights::Gptq => "smoothquant+gptq".into(),
+                SmoothWeights::Awq => "smoothquant+awq".into(),
+            },
         }
     }
 }
@@ -226,7 +245,7 @@ pub(crate) fn quantize_layers(
             "--scheme f32 writes the weights unquantized: use --method rtn".into(),
         ));
     }
-    if opts.method == Method::Awq && opts.scheme == Scheme::W8A8 {
+    if opts.uses_awq() && opts.scheme == Scheme::W8A8 {
         return Err(EngineError::InvalidRequest(
             "AWQ searches weight-only grids; for W8A8 use smoothquant (or rtn, gptq)".into(),
         ));
@@ -297,8 +316,10 @@ pub(crate) fn quantize_layers(
         let mut wf = F32Weights::of(&layer);
         match opts.method {
             Method::SmoothQuant => scales::smooth(c, &mut layer, &mut wf, &mut stats, opts.alpha)?,
-            Method::Awq => scales::awq(c, &mut layer, &mut wf, &mut stats, opts)?,
-            Method::Rtn | Method::Gptq => {}
+            Method::Awq | Method::Rtn | Method::Gptq => {}
+        }
+        if opts.uses_awq() {
+            scales::awq(c, &mut layer, &mut wf, &mut stats, opts)?;
         }
         let (mut gptq_error, mut rtn_error) = (0.0, 0.0);
         for (si, &site) in SITES.iter().enumerate() {
