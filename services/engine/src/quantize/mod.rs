@@ -16,7 +16,7 @@ use ferrite_kernels::wq::WqFormat;
 use crate::calib::{self, CalibOptions, LayerReport, Method, Scheme};
 use crate::error::{EngineError, Result};
 use crate::model::{self, LoadOptions, WeightFormat};
-use crate::weights::compressed::CompressedW8A8;
+use crate::weights::compressed::{CompressedConfig, CompressedScheme};
 use crate::weights::gptq::GptqConfig;
 
 /// What [`quantize_model`] did.
@@ -155,7 +155,10 @@ pub fn quantize_model(
     let quantizer = format!("ferrite {}-{}", job.opts.method_name(), job.opts.scheme);
     let quantization = match job.opts.scheme {
         Scheme::WeightOnly(f) => GptqConfig::for_format(f).to_json(),
-        Scheme::W8A8 => CompressedW8A8::to_json(),
+        Scheme::W8A8 => CompressedConfig {
+            scheme: CompressedScheme::W8A8Int8,
+        }
+        .to_json(),
         Scheme::F32 => serde_json::Value::Null,
     };
     let written = write::write_dir(&src, &layers, quantization, &quantizer, output)?;

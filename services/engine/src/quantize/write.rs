@@ -179,7 +179,7 @@ fn projection(
         let rows: Vec<usize> = order.unwrap_or_else(|| (0..w.rows()).collect());
         let codes: Vec<u8> = rows
             .iter()
-            .flat_map(|&r| w.row_codes(r).iter().map(|&q| q as u8))
+            .flat_map(|&r| w.row_codes(r).into_iter().map(|q| q as u8))
             .collect();
         let scales: Vec<f32> = rows.iter().map(|&r| w.scales()[r]).collect();
         out.push(Out {
