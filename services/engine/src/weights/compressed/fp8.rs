@@ -56,21 +56,37 @@ pub(super) fn load_linear(
     Fp8Matrix::from_codes(rows, cols, codes.to_vec(), &scales, acts).map_err(|e| bad(e.to_string()))
 }
 
-/// The tensors of FP8 layer `w` as written (`weight` codes, f32 `weight_scale` `[out, 1]` or
-/// `[1]`, and `input_scale` for a static activation scale): (suffix, shape, dtype is F8, bytes).
-pub fn fp8_tensors(w: &Fp8Matrix) -> Vec<(&'static str, Vec<usize>, bool, Vec<u8>)> {
-    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let (scale_shape, scales) = if w.per_tensor() {
-        (vec![1], f32_bytes(&w.scales()[..1]))
-    } else {
-        (vec![w.rows(), 1], f32_bytes(w.scales()))
-    };
-    let mut out = vec![
-        ("weight", vec![w.rows(), w.cols()], true, w.codes().to_vec()),
-        ("weight_scale", scale_shape, false, scales),
-    ];
-    if let Fp8Activations::Static(s) = w.activations() {
-        out.push(("input_scale", vec![1], false, f32_bytes(&[s])));
+/// One FP8 layer in `float-quantized` tensors, ready to write.
+#[derive(Debug)]
+pub struct Fp8Tensors {
+    /// e4m3 codes `[rows, cols]`.
+    pub weight: Vec<u8>,
+    /// f32, `[rows, 1]` per channel or `[1]` per tensor (`scale_shape`).
+    pub weight_scale: Vec<f32>,
+    pub scale_shape: Vec<usize>,
+    /// The static per-tensor activation scale, if the layer has one.
+    pub input_scale: Option<f32>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Fp8Tensors {
+    pub fn from_fp8(w: &Fp8Matrix) -> Self {
+        let (weight_scale, scale_shape) = if w.per_tensor() {
+            (w.scales()[..1].to_vec(), vec![1])
+        } else {
+            (w.scales().to_vec(), vec![w.rows(), 1])
+        };
+        Self {
+            weight: w.codes().to_vec(),
+            weight_scale,
+            scale_shape,
+            input_scale: match w.activations() {
+                Fp8Activations::Static(s) => Some(s),
+                _ => None,
+            },
+            rows: w.rows(),
+            cols: w.cols(),
+        }
     }
-    out
 }

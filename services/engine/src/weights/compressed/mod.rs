@@ -23,7 +23,7 @@ use ferrite_kernels::fp8::Fp8Activations;
 use ferrite_kernels::wq::{Bits, WqFormat};
 use serde_json::{Value, json};
 
-pub use fp8::fp8_tensors;
+pub use fp8::Fp8Tensors;
 pub use packed::PackedTensors;
 
 use super::{Matrix, TensorMap};
