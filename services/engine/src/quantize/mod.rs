@@ -63,6 +63,17 @@ pub enum OutputFormat {
     CompressedTensors,
 }
 
+/// The `--format` names: `gptq`, `awq`, `compressed-tensors`.
+impl std::fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Gptq => "gptq",
+            Self::Awq => "awq",
+            Self::CompressedTensors => "compressed-tensors",
+        })
+    }
+}
+
 impl OutputFormat {
     /// GPTQ for the weight-only schemes, compressed-tensors for W8A8 and FP8.
     pub fn default_for(scheme: Scheme) -> Self {
@@ -101,7 +112,7 @@ impl OutputFormat {
                 act: Fp8Act::DynamicPerToken,
             })),
             (s, f) => bad(format!(
-                "{s} is written in the compressed-tensors format, not {f:?} (--format \
+                "{s} is written in the compressed-tensors format, not {f} (--format \
                  compressed-tensors)"
             )),
         }

@@ -86,9 +86,12 @@ impl TensorMap {
         if let QuantConfig::Compressed(c) = &cfg
             && c.dequantizes_on_cpu()
         {
-            tracing::info!(
-                "{}: FP8 weights are dequantized to f32 at load and activations rounded \
-                 through FP8 in f32 (correct, not fast)",
+            // A warning, so it shows at the default log level: the memory and speed cost is
+            // the user's to know.
+            tracing::warn!(
+                "{}: FP8 weights are dequantized to f32 at load (4 bytes per weight) and the \
+                 CPU rounds activations through FP8 before an f32 matmul: correct, not fast \
+                 (the GPU runs them as dense 16-bit weights)",
                 c.describe()
             );
         }

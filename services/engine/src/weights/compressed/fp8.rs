@@ -4,7 +4,7 @@
 
 use ferrite_kernels::fp8::{Fp8Activations, Fp8Matrix};
 
-use super::{Fp8Act, fp8_activations};
+use super::Fp8Act;
 use crate::error::{EngineError, Result};
 use crate::weights::{IntType, TensorMap};
 
@@ -16,6 +16,15 @@ fn scalar(t: &TensorMap, name: &str) -> Result<f32> {
             name: name.to_owned(),
             reason: format!("{} values, expected one (per tensor)", other.len()),
         }),
+    }
+}
+
+/// The activations an FP8 layer with `act` quantizes, given its static scale (if any).
+fn fp8_activations(act: Fp8Act, static_scale: Option<f32>) -> Fp8Activations {
+    match (act, static_scale) {
+        (Fp8Act::StaticPerTensor, Some(s)) => Fp8Activations::Static(s),
+        (Fp8Act::DynamicPerToken, _) => Fp8Activations::DynamicPerToken,
+        _ => Fp8Activations::None,
     }
 }
 

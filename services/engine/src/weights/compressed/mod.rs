@@ -19,7 +19,6 @@ mod fp8;
 mod int8;
 mod packed;
 
-use ferrite_kernels::fp8::Fp8Activations;
 use ferrite_kernels::wq::{Bits, WqFormat};
 use serde_json::{Value, json};
 
@@ -224,7 +223,7 @@ fn fp8_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<CompressedSc
     Ok(CompressedScheme::Fp8 { per_channel, act })
 }
 
-/// `Ok` when `v` (an optional config object) is absent, null or empty.
+/// Whether `v` (an optional config object) is absent, null or empty.
 fn absent(v: Option<&Value>) -> bool {
     match v {
         None | Some(Value::Null) => true,
@@ -412,15 +411,6 @@ impl CompressedConfig {
             "sparsity_config": {},
             "global_compression_ratio": null
         })
-    }
-}
-
-/// The activations an FP8 layer with `act` quantizes, given its static scale (if any).
-fn fp8_activations(act: Fp8Act, static_scale: Option<f32>) -> Fp8Activations {
-    match (act, static_scale) {
-        (Fp8Act::StaticPerTensor, Some(s)) => Fp8Activations::Static(s),
-        (Fp8Act::DynamicPerToken, _) => Fp8Activations::DynamicPerToken,
-        _ => Fp8Activations::None,
     }
 }
 
