@@ -11,6 +11,8 @@
 //!   points): RTN quantizing, the CPU layout and its matmul kernel.
 //! - [`w8a8`]: int8 weights (per-channel scales) times int8 activations quantized per token,
 //!   i32 sums: AVX-VNNI, AVX2 and portable kernels chosen at run time.
+//! - [`fp8`]: FP8 (e4m3) weights and activations on the CPU, by dequantizing the weights to f32
+//!   and rounding activations through e4m3 (correct, not fast).
 //! - [`cuda`]: the CUDA backend — kernel sources (`kernels/cuda/*.cu`) compiled by NVRTC into a
 //!   CUBIN cache, the opened device, launch wrappers, cuBLAS projections.
 //! - [`device`]: `--device cpu|cuda[:N]|auto`, with CUDA probed at run time without panicking.
@@ -23,6 +25,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod device;
+pub mod fp8;
 pub mod mapped;
 pub mod quant;
 pub mod w8a8;

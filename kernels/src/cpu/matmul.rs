@@ -2,13 +2,15 @@
 //! a weight-only quantized [`WqMatrix`].
 //!
 //! Activations are quantized only for [`Weight::I8`] (W8A8: per token, once per call, shared by
-//! every weight of the call). Otherwise every product is accumulated in f32 from the exactly
+//! every weight of the call) and rounded through e4m3 for [`Weight::F8`] (per token, or with
+//! each weight's static scale). Otherwise every product is accumulated in f32 from the exactly
 //! dequantized weight, so results match `dequantize` followed by an f32 dot product up to
 //! summation order. Work is split over weight rows on rayon's global pool; within a task,
 //! groups of up to 8 activation rows share each decoded weight block.
 
 use rayon::prelude::*;
 
+use crate::fp8::{Fp8Activations, Fp8Matrix, quantize_activations};
 use crate::quant::{GgmlType, Isa, QuantError, RowKernel};
 use crate::w8a8::{I8Activations, I8Matrix};
 use crate::wq::WqMatrix;
@@ -22,6 +24,8 @@ pub enum Weight<'a> {
     Wq(&'a WqMatrix),
     /// int8 weights times int8 activations quantized per token (W8A8).
     I8(&'a I8Matrix),
+    /// FP8 weights (dequantized to f32) times activations rounded through FP8.
+    F8(&'a Fp8Matrix),
 }
 
 impl Weight<'_> {
@@ -31,6 +35,7 @@ impl Weight<'_> {
             Weight::Ggml(w) => w.rows,
             Weight::Wq(w) => w.rows(),
             Weight::I8(w) => w.rows(),
+            Weight::F8(w) => w.rows(),
         }
     }
 
@@ -40,6 +45,7 @@ impl Weight<'_> {
             Weight::Ggml(w) => w.cols,
             Weight::Wq(w) => w.cols(),
             Weight::I8(w) => w.cols(),
+            Weight::F8(w) => w.cols(),
         }
     }
 }
@@ -266,6 +272,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
         .iter()
         .any(|w| matches!(w, Weight::I8(_)))
         .then(|| I8Activations::new(x, m, k));
+    let f8_acts = fp8_activations(x, k, ws);
     let run = |mut task: Task<'_>| match &ws[task.w] {
         Weight::Ggml(w) => {
             let kern = RowKernel::new(isa, w.ty, k);
@@ -281,10 +288,40 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
                 w.matmul_rows(isa, task.r0, a, &mut task.outs);
             }
         }
+        Weight::F8(w) => {
+            let kern = RowKernel::new(isa, GgmlType::F32, k);
+            let mut scratch = vec![0f32; kern.scratch_len()];
+            let n = task.outs.first().map_or(0, |o| o.len());
+            let rows = &w.f32_bytes()[task.r0 * k * 4..(task.r0 + n) * k * 4];
+            let xs = f8_acts[task.w].as_deref().unwrap_or(x);
+            kern.run(rows, n, xs, &mut task.outs, &mut scratch);
+        }
     };
     if tasks.len() == 1 || macs < SERIAL_MACS {
         tasks.into_iter().for_each(run);
     } else {
         tasks.into_par_iter().for_each(run);
     }
+}
+
+/// For each FP8 weight of `ws`, its input `x` (`k` wide) rounded through e4m3: computed once for
+/// all the dynamic ones, once per weight for static scales (q, k and v may each have their own).
+fn fp8_activations(x: &[f32], k: usize, ws: &[Weight<'_>]) -> Vec<Option<Vec<f32>>> {
+    let mut dynamic: Option<Vec<f32>> = None;
+    ws.iter()
+        .map(|w| match w {
+            Weight::F8(f) => match f.activations() {
+                Fp8Activations::DynamicPerToken => Some(
+                    dynamic
+                        .get_or_insert_with(|| {
+                            quantize_activations(x, k, Fp8Activations::DynamicPerToken)
+                        })
+                        .clone(),
+                ),
+                Fp8Activations::None => None,
+                act => Some(quantize_activations(x, k, act)),
+            },
+            _ => None,
+        })
+        .collect()
 }

@@ -26,7 +26,7 @@ fn load<T: Copy>(p: &[T], off: usize) -> __m256i {
 }
 
 /// The tile loop shared by both kernels: `dot(acc, x_vec, w_vec)` accumulates one step;
-/// `finish(r, i, sum)` writes one output.
+/// `fix(r, xq)` is what to take out of row `r`'s i32 sum with activation row `xq`.
 macro_rules! tiles {
     ($w:ident, $r0:ident, $n:ident, $x:ident, $outs:ident, $xs:expr, $step:ident, $fix:expr) => {{
         let kp = $x.padded_cols;
@@ -57,8 +57,8 @@ macro_rules! tiles {
                 for t in 0..rt {
                     let r = $r0 + j0 + t;
                     for (u, a) in acc[t].iter().enumerate().take(mt) {
-                        let dot = hsum(*a) - $fix(r);
                         let i = i0 + u;
+                        let dot = hsum(*a) - $fix(r, &$x.q[i * kp..(i + 1) * kp]);
                         $outs[i][j0 + t] = $x.scales[i] * $w.scales[r] * dot as f32;
                     }
                 }
@@ -85,7 +85,7 @@ pub(super) unsafe fn rows_vnni(
     fn step(acc: __m256i, xv: __m256i, wv: __m256i) -> __m256i {
         _mm256_dpbusd_avx_epi32(acc, xv, wv)
     }
-    let fix = |r: usize| 128 * w.row_sums[r];
+    let fix = |r: usize, xq: &[i8]| 128 * w.row_sums[r] + w.minus128_fix(r, xq);
     tiles!(w, r0, n, x, outs, x.u, step, fix);
 }
 
@@ -109,7 +109,7 @@ pub(super) unsafe fn rows_maddubs(
         let p16 = _mm256_maddubs_epi16(ax, sw);
         _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
     }
-    let fix = |_: usize| 0;
+    let fix = |r: usize, xq: &[i8]| w.minus128_fix(r, xq);
     tiles!(w, r0, n, x, outs, x.q, step, fix);
 }
 

@@ -42,7 +42,8 @@ impl I8Matrix {
                     .iter()
                     .zip(xq)
                     .map(|(&a, &b)| i32::from(a) * i32::from(b))
-                    .sum();
+                    .sum::<i32>()
+                    - self.minus128_fix(r, xq);
                 *o = x.scales[i] * self.scales[r] * dot as f32;
             }
         }

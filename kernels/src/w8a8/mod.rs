@@ -8,7 +8,10 @@
 //!
 //! Rows of int8 codes padded with zeros to a multiple of [`K_ALIGN`] (one 32-byte vector), so
 //! the SIMD loops need no tails; each row's scale and `Σ codes` (for the VNNI kernel's
-//! unsigned activations, below).
+//! unsigned activations, below). Codes are kept in `-127..=127` (the AVX2 kernel's sign trick
+//! needs a symmetric range); the few `-128`s a checkpoint may hold (llm-compressor's symmetric
+//! int8 grid reaches `-128`, and vLLM uses it) are stored as `-127` and listed per row, and each
+//! kernel subtracts their activations from the i32 sum, so the product is exact.
 //!
 //! # Kernels (chosen at run time)
 //!
@@ -54,6 +57,10 @@ pub struct I8Matrix {
     scales: Vec<f32>,
     /// `Σ codes` per row.
     row_sums: Vec<i32>,
+    /// The columns whose code is `-128` (stored as `-127`): row `r`'s are
+    /// `minus128_cols[minus128_start[r]..minus128_start[r + 1]]`.
+    minus128_start: Vec<u32>,
+    minus128_cols: Vec<u32>,
 }
 
 impl std::fmt::Debug for I8Matrix {
@@ -66,9 +73,8 @@ impl std::fmt::Debug for I8Matrix {
 }
 
 impl I8Matrix {
-    /// From row-major codes (`rows * cols`) and one finite scale per row. A code of -128
-    /// (which symmetric int8 checkpoints may hold) becomes -127, within one step of it: the
-    /// AVX2 kernel's sign trick needs the symmetric range.
+    /// From row-major codes (`rows * cols`) and one finite scale per row (a `-128` is kept
+    /// exactly: see the module docs).
     pub fn from_codes(
         rows: usize,
         cols: usize,
@@ -88,11 +94,17 @@ impl I8Matrix {
         let kp = cols.next_multiple_of(K_ALIGN);
         let mut padded = vec![0i8; rows * kp];
         let mut row_sums = Vec::with_capacity(rows);
+        let mut minus128_start = vec![0u32];
+        let mut minus128_cols = Vec::new();
         for (dst, src) in padded.chunks_exact_mut(kp).zip(codes.chunks_exact(cols)) {
-            for (d, &s) in dst.iter_mut().zip(src) {
+            for (c, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
                 *d = s.max(-127);
+                if s == -128 {
+                    minus128_cols.push(c as u32);
+                }
             }
             row_sums.push(dst.iter().map(|&v| i32::from(v)).sum());
+            minus128_start.push(minus128_cols.len() as u32);
         }
         Ok(Self {
             rows,
@@ -100,7 +112,23 @@ impl I8Matrix {
             codes: padded,
             scales: scales.to_vec(),
             row_sums,
+            minus128_start,
+            minus128_cols,
         })
+    }
+
+    /// Row `r`'s columns whose code is `-128`.
+    fn minus128(&self, r: usize) -> &[u32] {
+        &self.minus128_cols[self.minus128_start[r] as usize..self.minus128_start[r + 1] as usize]
+    }
+
+    /// What the `-128`s of row `r` add to its product with activation row `xq` beyond the
+    /// stored `-127`s: `-Σ xq[c]` (subtracted from the i32 sum as a fix-up).
+    pub(crate) fn minus128_fix(&self, r: usize, xq: &[i8]) -> i32 {
+        self.minus128(r)
+            .iter()
+            .map(|&c| i32::from(xq[c as usize]))
+            .sum()
     }
 
     pub fn rows(&self) -> usize {
@@ -115,10 +143,14 @@ impl I8Matrix {
         self.cols.next_multiple_of(K_ALIGN)
     }
 
-    /// Row `r`'s codes (without padding).
-    pub fn row_codes(&self, r: usize) -> &[i8] {
+    /// Row `r`'s codes (without padding, `-128`s included).
+    pub fn row_codes(&self, r: usize) -> Vec<i8> {
         let kp = self.padded_cols();
-        &self.codes[r * kp..r * kp + self.cols]
+        let mut row = self.codes[r * kp..r * kp + self.cols].to_vec();
+        for &c in self.minus128(r) {
+            row[c as usize] = -128;
+        }
+        row
     }
 
     pub fn scales(&self) -> &[f32] {
@@ -137,7 +169,7 @@ impl I8Matrix {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.cols, "output row length");
         let s = self.scales[r];
-        for (o, &q) in out.iter_mut().zip(self.row_codes(r)) {
+        for (o, q) in out.iter_mut().zip(self.row_codes(r)) {
             *o = s * f32::from(q);
         }
     }
@@ -156,6 +188,14 @@ impl I8Matrix {
         if parts.iter().any(|p| p.cols != first.cols) {
             return None;
         }
+        let mut minus128_start = vec![0u32];
+        let mut minus128_cols = Vec::new();
+        for p in parts {
+            for r in 0..p.rows {
+                minus128_cols.extend_from_slice(p.minus128(r));
+                minus128_start.push(minus128_cols.len() as u32);
+            }
+        }
         Some(I8Matrix {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
@@ -168,6 +208,8 @@ impl I8Matrix {
                 .iter()
                 .flat_map(|p| p.row_sums.iter().copied())
                 .collect(),
+            minus128_start,
+            minus128_cols,
         })
     }
 
@@ -350,10 +392,30 @@ mod tests {
 
     #[test]
     fn slices_and_minus_128() {
-        let q = I8Matrix::from_codes(2, 3, &[-128, 5, 7, 1, 2, 3], &[0.5, 2.0]).expect("m");
-        assert_eq!(q.row_codes(0), &[-127, 5, 7]);
+        let q = I8Matrix::from_codes(2, 3, &[-128, 5, 7, 1, 2, -128], &[0.5, 2.0]).expect("m");
+        assert_eq!(q.row_codes(0), vec![-128, 5, 7]);
+        assert_eq!(q.dequantize(), vec![-64.0, 2.5, 3.5, 2.0, 4.0, -256.0]);
         let s = q.slice(1..2, 1..3).expect("slice");
-        assert_eq!(s.dequantize(), vec![4.0, 6.0]);
+        assert_eq!(s.dequantize(), vec![4.0, -256.0]);
+        let both = I8Matrix::stack(&[&s, &q.slice(0..1, 0..2).expect("slice")]).expect("stack");
+        assert_eq!(both.row_codes(1), vec![-128, 5]);
+        // Every kernel multiplies the -128s exactly.
+        let x = [0.25f32, -1.0, 0.5];
+        let acts = I8Activations::new(&x, 1, 3);
+        let xq: Vec<f32> = acts.q[..3]
+            .iter()
+            .map(|&v| f32::from(v) * acts.scales[0])
+            .collect();
+        let want: Vec<f32> = q
+            .dequantize()
+            .chunks(3)
+            .map(|w| w.iter().zip(&xq).map(|(a, b)| a * b).sum())
+            .collect();
+        for isa in [Isa::Scalar, Isa::Avx2] {
+            let mut out = vec![0f32; 2];
+            q.matmul_rows(isa, 0, &acts, &mut [&mut out]);
+            assert_eq!(out, want, "{isa:?}");
+        }
         assert!(q.slice(0..3, 0..1).is_err());
         assert!(I8Matrix::from_codes(1, 2, &[1, 2], &[f32::NAN]).is_err());
     }

@@ -1,7 +1,7 @@
 //! The [`WqMatrix`] kernel with AVX2 + FMA intrinsics: codes are decoded straight into vector
 //! registers (shift, mask, convert) and multiplied into up to four activation rows at once,
 //! with no widened copy in memory. Same arithmetic as the portable kernel: per group
-//! `s * (Σ q x - z Σ x)`, f32 throughout.
+//! `s * Σ (q - z) x`, the zero subtracted in integers before the codes become f32.
 
 use std::arch::x86_64::*;
 
@@ -10,21 +10,13 @@ use super::{Bits, WqMatrix};
 /// Activation rows decoded codes are shared by.
 const M: usize = 4;
 
-/// `outs[i][j] = row(r0 + j) · x_i`, as [`super::matmul::rows`]; `xsum` holds `Σ x` per
-/// (activation row, group).
+/// `outs[i][j] = row(r0 + j) · x_i`, as [`super::matmul::rows`].
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA. Sizes are checked by the caller: `x` holds `outs.len()`
 /// rows of `w.cols`, and rows `r0..r0 + n` exist.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn rows(
-    w: &WqMatrix,
-    r0: usize,
-    n: usize,
-    x: &[f32],
-    xsum: &[f32],
-    outs: &mut [&mut [f32]],
-) {
+pub(super) unsafe fn rows(w: &WqMatrix, r0: usize, n: usize, x: &[f32], outs: &mut [&mut [f32]]) {
     let k = w.cols;
     let g = w.format.group_len(k);
     let groups = w.groups_per_row();
@@ -48,22 +40,22 @@ pub(super) unsafe fn rows(
                 let (lo, hi) = (gi * g, ((gi + 1) * g).min(k));
                 let bytes = &packed[lo / per_byte..hi / per_byte];
                 let xg = |mm: usize| &xs[mm][lo..hi];
+                let gidx = r * groups + gi;
+                let z = w.zero_code(gidx);
                 let mut dots = [0f32; M];
                 // SAFETY (all four): AVX2/FMA are enabled for this function; `group_dots`
                 // slices its inputs with bounds checks.
                 match m {
-                    1 => dots[..1].copy_from_slice(&unsafe { group_dots(bits, bytes, [xg(0)]) }),
+                    1 => dots[..1].copy_from_slice(&unsafe { group_dots(bits, bytes, z, [xg(0)]) }),
                     2 => dots[..2]
-                        .copy_from_slice(&unsafe { group_dots(bits, bytes, [xg(0), xg(1)]) }),
+                        .copy_from_slice(&unsafe { group_dots(bits, bytes, z, [xg(0), xg(1)]) }),
                     3 => dots[..3].copy_from_slice(&unsafe {
-                        group_dots(bits, bytes, [xg(0), xg(1), xg(2)])
+                        group_dots(bits, bytes, z, [xg(0), xg(1), xg(2)])
                     }),
-                    _ => dots = unsafe { group_dots(bits, bytes, [xg(0), xg(1), xg(2), xg(3)]) },
+                    _ => dots = unsafe { group_dots(bits, bytes, z, [xg(0), xg(1), xg(2), xg(3)]) },
                 }
-                let gidx = r * groups + gi;
-                let (s, z) = (w.scales[gidx], w.zero(gidx));
                 for mm in 0..m {
-                    total[mm] += s * (dots[mm] - z * xsum[(i0 + mm) * groups + gi]);
+                    total[mm] += w.scales[gidx] * dots[mm];
                 }
             }
             for (o, tot) in outs.iter_mut().zip(total) {
@@ -73,11 +65,19 @@ pub(super) unsafe fn rows(
     }
 }
 
-/// `Σ q x` for each of the `MM` activation-row slices in `xs` (one group's), codes in `bytes`.
+/// `Σ (q - z) x` for each of the `MM` activation-row slices in `xs` (one group's), codes in
+/// `bytes`. The zero is subtracted (exactly, in integers) before the products: `Σ q x - z Σ x`
+/// would cancel two large f32 sums, as an 8-bit zero is ~128 and an outlier activation channel
+/// makes both sums large. It also saves the pass that computed `Σ x`.
 /// `MM` is a constant so the accumulators live in registers; two sets of them alternate so
 /// consecutive FMAs do not wait on each other.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn group_dots<const MM: usize>(bits: Bits, bytes: &[u8], xs: [&[f32]; MM]) -> [f32; MM] {
+unsafe fn group_dots<const MM: usize>(
+    bits: Bits,
+    bytes: &[u8],
+    z: u8,
+    xs: [&[f32]; MM],
+) -> [f32; MM] {
     let len = xs.first().map_or(0, |x| x.len());
     let mut a0 = [_mm256_setzero_ps(); MM];
     let mut a1 = [_mm256_setzero_ps(); MM];
@@ -88,6 +88,8 @@ unsafe fn group_dots<const MM: usize>(bits: Bits, bytes: &[u8], xs: [&[f32]; MM]
         // SAFETY: `xv` has 8 floats; AVX2 is enabled.
         unsafe { _mm256_loadu_ps(xv.as_ptr()) }
     };
+    let zv = _mm256_set1_epi32(i32::from(z));
+    let to_f32 = |q: __m256i| _mm256_cvtepi32_ps(_mm256_sub_epi32(q, zv));
     let word_at = |i: usize| {
         let b: [u8; 4] = bytes[i..i + 4].try_into().unwrap_or([0; 4]);
         _mm256_set1_epi32(i32::from_le_bytes(b))
@@ -99,14 +101,14 @@ unsafe fn group_dots<const MM: usize>(bits: Bits, bytes: &[u8], xs: [&[f32]; MM]
                 let q = u128::from_le_bytes(b);
                 let q0 = _mm256_cvtepu8_epi32(_mm_set1_epi64x(q as u64 as i64));
                 let q1 = _mm256_cvtepu8_epi32(_mm_set1_epi64x((q >> 64) as u64 as i64));
-                (_mm256_cvtepi32_ps(q0), _mm256_cvtepi32_ps(q1))
+                (to_f32(q0), to_f32(q1))
             }
             Bits::B4 => {
                 let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
                 let mask = _mm256_set1_epi32(0xf);
                 let q0 = _mm256_and_si256(_mm256_srlv_epi32(word_at(off / 2), shifts), mask);
                 let q1 = _mm256_and_si256(_mm256_srlv_epi32(word_at(off / 2 + 4), shifts), mask);
-                (_mm256_cvtepi32_ps(q0), _mm256_cvtepi32_ps(q1))
+                (to_f32(q0), to_f32(q1))
             }
             Bits::B2 => {
                 let low = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
@@ -115,7 +117,7 @@ unsafe fn group_dots<const MM: usize>(bits: Bits, bytes: &[u8], xs: [&[f32]; MM]
                 let w = word_at(off / 4);
                 let q0 = _mm256_and_si256(_mm256_srlv_epi32(w, low), mask);
                 let q1 = _mm256_and_si256(_mm256_srlv_epi32(w, high), mask);
-                (_mm256_cvtepi32_ps(q0), _mm256_cvtepi32_ps(q1))
+                (to_f32(q0), to_f32(q1))
             }
         };
         for mm in 0..MM {
@@ -137,7 +139,7 @@ unsafe fn group_dots<const MM: usize>(bits: Bits, bytes: &[u8], xs: [&[f32]; MM]
             dots[mm] += tail
                 .iter()
                 .zip(xt)
-                .map(|(&q, &x)| f32::from(q) * x)
+                .map(|(&q, &x)| (f32::from(q) - f32::from(z)) * x)
                 .sum::<f32>();
         }
     }

@@ -1,11 +1,10 @@
 //! The CPU kernels: stored rows of a [`WqMatrix`] times f32 activation rows. The portable one
 //! is here (the reference); the AVX2 one, same arithmetic, in `avx2.rs`.
 //!
-//! Per group, `Σ s (q - z) x = s (Σ q x - z Σ x)`: the codes are widened to f32 once per group
-//! and shared by every activation row, and `Σ x` per group is computed once per call, so the
-//! zero point costs one multiply-add per group rather than one per element. Here the dot
-//! products run in tiles of 4 weight rows × 2 activation rows, so each load feeds two or four
-//! multiply-adds.
+//! Per group, `s Σ (q - z) x`: the codes, less their zero (exact in integers), are widened to
+//! f32 once per group and shared by every activation row. (Not `s (Σ q x - z Σ x)`: that
+//! cancels two large f32 sums; see `avx2::group_dots`.) Here the dot products run in tiles of
+//! 4 weight rows × 2 activation rows, so each load feeds two or four multiply-adds.
 
 use super::{Bits, WqMatrix};
 use crate::quant::Isa;
@@ -30,33 +29,19 @@ impl WqMatrix {
             r0 + n,
             self.rows
         );
-        // Σ x per (activation row, group), for the zero points.
-        let g = self.format.group_len(k);
-        let xsum: Vec<f32> = x
-            .chunks_exact(k)
-            .flat_map(|xi| xi.chunks(g).map(|c| c.iter().sum::<f32>()))
-            .collect();
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx2 && isa.is_available() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above); sizes checked above.
-            unsafe { super::avx2::rows(self, r0, n, x, &xsum, outs) };
+            unsafe { super::avx2::rows(self, r0, n, x, outs) };
             return;
         }
         let _ = isa;
-        rows(self, r0, n, x, &xsum, outs);
+        rows(self, r0, n, x, outs);
     }
 }
 
-/// The portable kernel (the reference for the AVX2 one); `xsum` holds `Σ x` per (activation
-/// row, group).
-pub(super) fn rows(
-    w: &WqMatrix,
-    r0: usize,
-    n: usize,
-    x: &[f32],
-    xsum: &[f32],
-    outs: &mut [&mut [f32]],
-) {
+/// The portable kernel (the reference for the AVX2 one).
+pub(super) fn rows(w: &WqMatrix, r0: usize, n: usize, x: &[f32], outs: &mut [&mut [f32]]) {
     let k = w.cols;
     let g = w.format.group_len(k);
     let groups = w.groups_per_row();
@@ -82,6 +67,7 @@ pub(super) fn rows(
                     widen(
                         &packed[lo / per_byte..hi / per_byte],
                         w.format.bits,
+                        w.zero_code((r0 + j0 + rr) * groups + gi),
                         &mut wbuf[rr * g..rr * g + len],
                     );
                 }
@@ -90,10 +76,8 @@ pub(super) fn rows(
                 for (pair, xs) in xs.chunks(2).enumerate() {
                     let xg = |m: usize| &xs[m][lo..hi];
                     let mut add = |rr: usize, m: usize, dot: f32| {
-                        let i = i0 + pair * 2 + m;
                         let gidx = (r0 + j0 + rr) * groups + gi;
-                        totals[pair * 2 + m][rr] +=
-                            w.scales[gidx] * (dot - w.zero(gidx) * xsum[i * groups + gi]);
+                        totals[pair * 2 + m][rr] += w.scales[gidx] * dot;
                     };
                     match (rn, xs.len()) {
                         (ROWS, 2) => {
@@ -164,27 +148,29 @@ fn tile<const R: usize, const M: usize>(w: [&[f32]; R], x: [&[f32]; M]) -> [[f32
     out
 }
 
-/// Packed codes to f32 (written so LLVM vectorizes each case).
+/// Packed codes less their zero `z`, to f32 (written so LLVM vectorizes each case).
 #[inline(always)]
-fn widen(packed: &[u8], bits: Bits, out: &mut [f32]) {
+fn widen(packed: &[u8], bits: Bits, z: u8, out: &mut [f32]) {
+    let z = i16::from(z);
+    let f = |q: u8| f32::from(i16::from(q) - z);
     match bits {
         Bits::B8 => {
             for (o, &b) in out.iter_mut().zip(packed) {
-                *o = f32::from(b);
+                *o = f(b);
             }
         }
         Bits::B4 => {
             for (o, &b) in out.chunks_exact_mut(2).zip(packed) {
-                o[0] = f32::from(b & 0xf);
-                o[1] = f32::from(b >> 4);
+                o[0] = f(b & 0xf);
+                o[1] = f(b >> 4);
             }
         }
         Bits::B2 => {
             for (o, &b) in out.chunks_exact_mut(4).zip(packed) {
-                o[0] = f32::from(b & 3);
-                o[1] = f32::from((b >> 2) & 3);
-                o[2] = f32::from((b >> 4) & 3);
-                o[3] = f32::from(b >> 6);
+                o[0] = f(b & 3);
+                o[1] = f((b >> 2) & 3);
+                o[2] = f((b >> 4) & 3);
+                o[3] = f(b >> 6);
             }
         }
     }

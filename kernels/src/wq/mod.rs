@@ -449,11 +449,11 @@ impl WqMatrix {
         }
     }
 
-    fn zero(&self, group: usize) -> f32 {
+    fn zero_code(&self, group: usize) -> u8 {
         if self.format.zero_point {
-            f32::from(self.zeros[group])
+            self.zeros[group]
         } else {
-            f32::from(self.format.fixed_zero())
+            self.format.fixed_zero()
         }
     }
 
@@ -468,7 +468,7 @@ impl WqMatrix {
         let codes = unpack(self.packed_row(r), self.format.bits, self.cols);
         let base = r * self.groups_per_row();
         for (gi, (o, q)) in out.chunks_mut(g).zip(codes.chunks(g)).enumerate() {
-            let (s, z) = (self.scales[base + gi], self.zero(base + gi));
+            let (s, z) = (self.scales[base + gi], f32::from(self.zero_code(base + gi)));
             for (o, &q) in o.iter_mut().zip(q) {
                 *o = s * (f32::from(q) - z);
             }

@@ -1,4 +1,4 @@
-//! `ferrite quantize --method rtn|gptq|awq|smoothquant --scheme w4a16|... IN OUT`.
+//! `ferrite quantize --method rtn|gptq|awq|smoothquant --scheme w4a16|... [--format ...] IN OUT`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,7 +8,9 @@ use clap::{Args, ValueEnum};
 use ferrite_engine::calib::{
     CalibOptions, LayerReport, Method as CalibMethod, Scheme as CalibScheme, SmoothWeights,
 };
-use ferrite_engine::quantize::{CalibText, DEFAULT_CALIB_FILE, QuantizeJob, quantize_model};
+use ferrite_engine::quantize::{
+    CalibText, DEFAULT_CALIB_FILE, OutputFormat, QuantizeJob, quantize_model,
+};
 use ferrite_kernels::wq::{Bits, GptqOptions, ScaleType, WqFormat};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -28,18 +30,38 @@ pub enum Method {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Scheme {
-    /// 4-bit weights, 16-bit activations (the GPTQ format; groups of --group-size).
+    /// 4-bit weights, 16-bit activations (groups of --group-size; GPTQ, AWQ or
+    /// compressed-tensors format).
     W4a16,
-    /// 8-bit weights, 16-bit activations.
+    /// 8-bit weights, 16-bit activations (GPTQ or compressed-tensors format).
     W8a16,
-    /// 2-bit weights, 16-bit activations.
+    /// 2-bit weights, 16-bit activations (GPTQ or compressed-tensors format).
     W2a16,
     /// int8 weights (one scale per output channel) and int8 activations quantized per token at
     /// run time; compressed-tensors format (--bits, --group-size, --sym do not apply).
     W8a8,
+    /// FP8 (e4m3) weights, one scale per output channel, and FP8 activations quantized per
+    /// token at run time; compressed-tensors format (--method rtn or smoothquant). The CPU runs
+    /// it by dequantizing the weights to f32 (correct, not fast).
+    Fp8,
     /// No quantization: the layers written in f32 (with --method rtn; exports a GGUF file as a
     /// Hugging Face directory, the baseline of speed and quality comparisons).
     F32,
+}
+
+/// The checkpoint layout written (all load in ferrite, vLLM and transformers).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Format {
+    /// GPTQ (`quant_method: gptq`, AutoGPTQ's layout): weight-only schemes. The default for
+    /// them.
+    Gptq,
+    /// AWQ's GEMM layout (`quant_method: awq`, AutoAWQ's): 4-bit weights in groups
+    /// (`--scheme w4a16`), zero points stored (the midpoint with --sym).
+    Awq,
+    /// compressed-tensors (llm-compressor's): `pack-quantized` for weight-only schemes,
+    /// `int-quantized` for w8a8, `float-quantized` for fp8. The default (and only layout) for
+    /// w8a8 and fp8.
+    CompressedTensors,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -60,10 +82,14 @@ pub enum ScaleDtype {
 pub struct QuantizeArgs {
     #[arg(long, value_enum, default_value = "rtn")]
     method: Method,
-    /// What is stored: w4a16, w8a16 or w2a16 (weight-only, GPTQ format), or w8a8 (int8
-    /// weights and activations, compressed-tensors format).
+    /// What is stored: w4a16, w8a16 or w2a16 (weight-only), w8a8 (int8 weights and
+    /// activations) or fp8 (e4m3 weights and activations).
     #[arg(long, value_enum, default_value = "w4a16")]
     scheme: Scheme,
+    /// The layout written: gptq (default for weight-only schemes), awq (w4a16 in groups) or
+    /// compressed-tensors (any scheme; the only one for w8a8 and fp8).
+    #[arg(long, value_enum)]
+    format: Option<Format>,
     /// Bits per weight (8, 4 or 2): overrides the scheme's.
     #[arg(long)]
     bits: Option<u32>,
@@ -122,7 +148,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         Scheme::W4a16 => 4,
         Scheme::W8a16 => 8,
         Scheme::W2a16 => 2,
-        Scheme::W8a8 | Scheme::F32 => 8,
+        Scheme::W8a8 | Scheme::Fp8 | Scheme::F32 => 8,
     };
     let format = WqFormat {
         bits: Bits::from_u32(args.bits.unwrap_or(scheme_bits))?,
@@ -147,6 +173,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     };
     let scheme = match args.scheme {
         Scheme::W8a8 => CalibScheme::W8A8,
+        Scheme::Fp8 => CalibScheme::Fp8,
         Scheme::F32 => CalibScheme::F32,
         _ => CalibScheme::WeightOnly(format),
     };
@@ -169,6 +196,11 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         opts,
         calib: CalibText::File(args.calib),
         calib_tokens: args.calib_tokens,
+        format: args.format.map(|f| match f {
+            Format::Gptq => OutputFormat::Gptq,
+            Format::Awq => OutputFormat::Awq,
+            Format::CompressedTensors => OutputFormat::CompressedTensors,
+        }),
     };
     let mut progress = |r: &LayerReport| {
         let width = 30;
@@ -194,10 +226,14 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     };
     let r = quantize_model(&job, &mut progress)
         .with_context(|| format!("quantizing {}", args.input.display()))?;
-    let written_as = match scheme {
-        CalibScheme::W8A8 => "compressed-tensors format",
-        CalibScheme::WeightOnly(_) => "gptq format",
-        CalibScheme::F32 => "not quantized",
+    let written_as = match (
+        scheme,
+        job.format.unwrap_or(OutputFormat::default_for(scheme)),
+    ) {
+        (CalibScheme::F32, _) => "not quantized",
+        (_, OutputFormat::Gptq) => "gptq format",
+        (_, OutputFormat::Awq) => "awq format",
+        (_, OutputFormat::CompressedTensors) => "compressed-tensors format",
     };
     println!(
         "{}: {} layers quantized to {scheme} by {} ({written_as}), {} tensors kept in float, {} \

@@ -35,6 +35,7 @@ fn job(input: &Path, output: &Path, opts: CalibOptions) -> QuantizeJob {
         opts,
         calib: CalibText::Tokens(calib_tokens(256, 256)),
         calib_tokens: 256,
+        format: None,
     }
 }
 

@@ -32,6 +32,7 @@ mod stats;
 
 use std::time::Instant;
 
+use ferrite_kernels::fp8::{Fp8Activations, quantize_fp8_rtn};
 use ferrite_kernels::w8a8::{quantize_int8_gptq, quantize_int8_rtn};
 use ferrite_kernels::wq::gptq::{output_error, output_error_of};
 use ferrite_kernels::wq::{GptqOptions, WqFormat, quantize_gptq, quantize_rtn};
@@ -65,6 +66,9 @@ pub enum Scheme {
     /// int8 weights per channel, activations int8 per token at run time (compressed-tensors
     /// `int-quantized`).
     W8A8,
+    /// FP8 e4m3 weights per channel (round to nearest), activations FP8 per token at run time
+    /// (compressed-tensors `float-quantized`).
+    Fp8,
     /// Not quantized: the projections in f32 (a GGUF file exported as a Hugging Face
     /// directory, the baseline of speed and quality tables).
     F32,
@@ -75,6 +79,7 @@ impl std::fmt::Display for Scheme {
         match self {
             Scheme::WeightOnly(w) => write!(f, "{w}"),
             Scheme::W8A8 => f.write_str("w8a8-int8"),
+            Scheme::Fp8 => f.write_str("fp8-e4m3"),
             Scheme::F32 => f.write_str("f32"),
         }
     }
@@ -151,6 +156,28 @@ impl CalibOptions {
                 SmoothWeights::Awq => "smoothquant+awq".into(),
             },
         }
+    }
+}
+
+/// Refuses the method and scheme pairs that make no sense.
+pub(crate) fn check_options(opts: &CalibOptions) -> Result<()> {
+    let refuse = |m: &str| Err(EngineError::InvalidRequest(m.into()));
+    match (opts.scheme, opts.method) {
+        (Scheme::F32, m) if m != Method::Rtn => {
+            refuse("--scheme f32 writes the weights unquantized: use --method rtn")
+        }
+        (Scheme::W8A8 | Scheme::Fp8, _) if opts.uses_awq() => refuse(
+            "AWQ searches weight-only grids; for W8A8 or FP8 use smoothquant with --weights rtn \
+             or gptq (or rtn, gptq)",
+        ),
+        (Scheme::Fp8, Method::Gptq | Method::Awq) => refuse(
+            "FP8 weights are rounded to nearest (as llm-compressor's FP8 schemes do): use \
+             --method rtn or smoothquant",
+        ),
+        (Scheme::Fp8, Method::SmoothQuant) if opts.smooth_weights == SmoothWeights::Gptq => {
+            refuse("FP8 weights are rounded to nearest: use smoothquant with --weights rtn")
+        }
+        _ => Ok(()),
     }
 }
 
@@ -240,16 +267,7 @@ pub(crate) fn quantize_layers(
             tokens.len()
         )));
     }
-    if opts.scheme == Scheme::F32 && opts.method != Method::Rtn {
-        return Err(EngineError::InvalidRequest(
-            "--scheme f32 writes the weights unquantized: use --method rtn".into(),
-        ));
-    }
-    if opts.uses_awq() && opts.scheme == Scheme::W8A8 {
-        return Err(EngineError::InvalidRequest(
-            "AWQ searches weight-only grids; for W8A8 use smoothquant (or rtn, gptq)".into(),
-        ));
-    }
+    check_options(opts)?;
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
         return Err(EngineError::InvalidRequest(format!(
             "calibration token {bad} is outside the vocabulary"
@@ -358,6 +376,10 @@ pub(crate) fn quantize_layers(
                     }
                     (Scheme::W8A8, None) => Matrix::from_i8(
                         quantize_int8_rtn(w, rows, cols).map_err(|e| bad(e.to_string()))?,
+                    ),
+                    (Scheme::Fp8, _) => Matrix::from_fp8(
+                        quantize_fp8_rtn(w, rows, cols, Fp8Activations::DynamicPerToken)
+                            .map_err(|e| bad(e.to_string()))?,
                     ),
                     (Scheme::F32, _) => Matrix::from_f32(rows, cols, w),
                 };

@@ -16,9 +16,8 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::tp::TpRank;
 use crate::weights::TensorMap;
-use crate::weights::compressed::CompressedW8A8;
 use crate::weights::gguf::{GgufFile, GgufValue};
-use crate::weights::gptq::GptqConfig;
+use crate::weights::quantized::QuantConfig;
 use crate::weights::safetensors;
 use dummy::dummy_tensors;
 pub use llama::{LlamaModel, LogitsWanted, SeqChunk, WeightNaming};
@@ -298,10 +297,10 @@ fn row_parallel_align(
             naming.layer(i, "ffn_down.weight", "mlp.down_proj.weight"),
         ]
     });
-    let gptq = t.gptq().and_then(|g| g.group_size);
+    let quantized = t.quant().and_then(QuantConfig::group_size);
     stored
         .filter_map(|name| t.entry(&name).map(|e| e.ty.block_elems()))
-        .chain(gptq)
+        .chain(quantized)
         .chain(quantize.and_then(|f| f.group_size))
         .max()
         .unwrap_or(1)
@@ -385,11 +384,8 @@ fn load_hf_dir(
             .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
         let cfg = ModelConfig::from_hf_config(&cfg_json)?;
         let mut tensors = safetensors::open_dir(dir)?;
-        if let Some(gptq) = GptqConfig::from_hf_config(&cfg_json)? {
-            tensors.set_gptq(gptq);
-        }
-        if let Some(c) = CompressedW8A8::from_hf_config(&cfg_json)? {
-            tensors.set_compressed(c);
+        if let Some(q) = QuantConfig::from_hf_config(&cfg_json)? {
+            tensors.set_quant(q);
         }
         record_config(&span, &cfg);
         (cfg, tensors)

@@ -1,22 +1,27 @@
 //! `ferrite quantize`: a model (a Hugging Face directory, or a GGUF file dequantized) to a
-//! quantized Hugging Face directory that ferrite and other tools read: weight-only schemes in
-//! the GPTQ format, W8A8 in compressed-tensors' `int-quantized` format.
+//! quantized Hugging Face directory that ferrite and other tools read ([`OutputFormat`]):
+//! weight-only schemes in the GPTQ format (the default), AWQ's GEMM format or compressed-tensors'
+//! `pack-quantized`; W8A8 in compressed-tensors' `int-quantized` format, FP8 in its
+//! `float-quantized` one.
 //!
 //! The decoder layers' projections are quantized ([`crate::calib`] does the work, layer by
 //! layer); the embeddings and the LM head stay as stored, as GPTQ tools leave them. Norms and
 //! biases are written as f32 (SmoothQuant and AWQ fold scales into them).
 
+mod layout;
 mod write;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrite_kernels::wq::WqFormat;
+use ferrite_text::Tokenizer;
 
 use crate::calib::{self, CalibOptions, LayerReport, Method, Scheme};
 use crate::error::{EngineError, Result};
 use crate::model::{self, LoadOptions, WeightFormat};
-use crate::weights::compressed::CompressedW8A8;
+use crate::weights::awq::AwqConfig;
+use crate::weights::compressed::{CompressedConfig, CompressedScheme, Fp8Act};
 use crate::weights::gptq::GptqConfig;
 
 /// What [`quantize_model`] did.
@@ -42,6 +47,76 @@ pub struct QuantizeJob {
     pub calib: CalibText,
     /// At most this many calibration tokens.
     pub calib_tokens: usize,
+    /// The layout written; `None` is the scheme's usual one ([`OutputFormat::default_for`]).
+    pub format: Option<OutputFormat>,
+}
+
+/// The checkpoint layouts `ferrite quantize` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// GPTQ (`quant_method: gptq`, v1 zero points): weight-only schemes.
+    Gptq,
+    /// AWQ's GEMM layout (`quant_method: awq`): 4-bit weight-only schemes in groups.
+    Awq,
+    /// compressed-tensors: `pack-quantized` weight-only, `int-quantized` W8A8,
+    /// `float-quantized` FP8.
+    CompressedTensors,
+}
+
+/// The `--format` names: `gptq`, `awq`, `compressed-tensors`.
+impl std::fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Gptq => "gptq",
+            Self::Awq => "awq",
+            Self::CompressedTensors => "compressed-tensors",
+        })
+    }
+}
+
+impl OutputFormat {
+    /// GPTQ for the weight-only schemes, compressed-tensors for W8A8 and FP8.
+    pub fn default_for(scheme: Scheme) -> Self {
+        match scheme {
+            Scheme::WeightOnly(_) | Scheme::F32 => Self::Gptq,
+            Scheme::W8A8 | Scheme::Fp8 => Self::CompressedTensors,
+        }
+    }
+
+    /// The `quantization_config` of `scheme` in this layout (null for f32), or why the layout
+    /// cannot hold it.
+    pub fn quantization_config(self, scheme: Scheme) -> Result<serde_json::Value> {
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        let compressed = |scheme| CompressedConfig { scheme }.to_json();
+        match (scheme, self) {
+            (Scheme::F32, _) => Ok(serde_json::Value::Null),
+            (Scheme::WeightOnly(f), Self::Gptq) => Ok(GptqConfig::for_format(f).to_json()),
+            (Scheme::WeightOnly(f), Self::CompressedTensors) => {
+                Ok(CompressedConfig::packed(f).to_json())
+            }
+            (Scheme::WeightOnly(f), Self::Awq) => {
+                if f.bits.get() != 4 || f.group_size.is_none() {
+                    return bad(format!(
+                        "the AWQ format holds 4-bit weights in groups (w4a16 with a group \
+                         size), not {f}"
+                    ));
+                }
+                Ok(AwqConfig {
+                    group_size: f.group_size,
+                }
+                .to_json())
+            }
+            (Scheme::W8A8, Self::CompressedTensors) => Ok(compressed(CompressedScheme::W8A8Int8)),
+            (Scheme::Fp8, Self::CompressedTensors) => Ok(compressed(CompressedScheme::Fp8 {
+                per_channel: true,
+                act: Fp8Act::DynamicPerToken,
+            })),
+            (s, f) => bad(format!(
+                "{s} is written in the compressed-tensors format, not {f} (--format \
+                 compressed-tensors)"
+            )),
+        }
+    }
 }
 
 /// Where calibration tokens come from.
@@ -76,6 +151,7 @@ pub fn quantize_checkpoint(
         opts: CalibOptions::new(Method::Rtn, Scheme::WeightOnly(format)),
         calib: CalibText::File(PathBuf::from(DEFAULT_CALIB_FILE)),
         calib_tokens: 0,
+        format: None,
     };
     quantize_model(&job, &mut |_| {})
 }
@@ -86,6 +162,11 @@ pub fn quantize_model(
     progress: &mut dyn FnMut(&LayerReport),
 ) -> Result<QuantizeReport> {
     let start = Instant::now();
+    let format = job
+        .format
+        .unwrap_or_else(|| OutputFormat::default_for(job.opts.scheme));
+    let quantization = format.quantization_config(job.opts.scheme)?;
+    calib::check_options(&job.opts)?;
     let io = |path: &Path| {
         let path = path.to_owned();
         move |source| EngineError::Io { path, source }
@@ -124,25 +205,7 @@ pub fn quantize_model(
             ..LoadOptions::default()
         },
     )?;
-    let tokens =
-        match (&job.calib, job.opts.method) {
-            (_, Method::Rtn) => Vec::new(),
-            (CalibText::Tokens(t), _) => t[..t.len().min(job.calib_tokens)].to_vec(),
-            (CalibText::File(p), _) => {
-                let tok = loaded.tokenizer.as_ref().ok_or_else(|| {
-                    EngineError::BadConfig(
-                        "calibration needs the model's tokenizer; it has none".into(),
-                    )
-                })?;
-                let text = std::fs::read_to_string(p).map_err(io(p))?;
-                let mut all: Vec<u32> = tok.bos_id().into_iter().collect();
-                all.extend(tok.encode(&text, false).map_err(|e| {
-                    EngineError::BadConfig(format!("tokenizing {}: {e}", p.display()))
-                })?);
-                let (calib, _held_out) = calib::split_tokens(&all);
-                calib[..calib.len().min(job.calib_tokens)].to_vec()
-            }
-        };
+    let tokens = calibration_tokens(job, loaded.tokenizer.as_ref())?;
     let layers = calib::quantize_layers(&loaded.model, &tokens, &job.opts, progress)?;
     let src = write::Source {
         model: &loaded.model,
@@ -153,12 +216,7 @@ pub fn quantize_model(
         },
     };
     let quantizer = format!("ferrite {}-{}", job.opts.method_name(), job.opts.scheme);
-    let quantization = match job.opts.scheme {
-        Scheme::WeightOnly(f) => GptqConfig::for_format(f).to_json(),
-        Scheme::W8A8 => CompressedW8A8::to_json(),
-        Scheme::F32 => serde_json::Value::Null,
-    };
-    let written = write::write_dir(&src, &layers, quantization, &quantizer, output)?;
+    let written = write::write_dir(&src, &layers, format, quantization, &quantizer, output)?;
     let used = tokens.len() / job.opts.ctx.max(1) * job.opts.ctx;
     Ok(QuantizeReport {
         quantized_layers: layers.len() * 7,
@@ -169,4 +227,32 @@ pub fn quantize_model(
         seconds: start.elapsed().as_secs_f64(),
         output: output.to_owned(),
     })
+}
+
+/// The calibration tokens `job` asks for (none for round to nearest): its tokens, or its text
+/// file's calibration half tokenized by `tok`.
+fn calibration_tokens(job: &QuantizeJob, tok: Option<&Tokenizer>) -> Result<Vec<u32>> {
+    match (&job.calib, job.opts.method) {
+        (_, Method::Rtn) => Ok(Vec::new()),
+        (CalibText::Tokens(t), _) => Ok(t[..t.len().min(job.calib_tokens)].to_vec()),
+        (CalibText::File(p), _) => {
+            let tok = tok.ok_or_else(|| {
+                EngineError::BadConfig(
+                    "calibration needs the model's tokenizer; it has none".into(),
+                )
+            })?;
+            let text = std::fs::read_to_string(p).map_err(|source| EngineError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            let mut all: Vec<u32> = tok.bos_id().into_iter().collect();
+            all.extend(
+                tok.encode(&text, false).map_err(|e| {
+                    EngineError::BadConfig(format!("tokenizing {}: {e}", p.display()))
+                })?,
+            );
+            let (calib, _held_out) = calib::split_tokens(&all);
+            Ok(calib[..calib.len().min(job.calib_tokens)].to_vec())
+        }
+    }
 }

@@ -1,7 +1,6 @@
 //! Writing a quantized model as a Hugging Face directory: `config.json` with its
-//! `quantization_config`, `model.safetensors` with Hugging Face tensor names (weight-only
-//! projections in the GPTQ layout, W8A8 ones as compressed-tensors' int8 `weight` and
-//! `weight_scale`), and the tokenizer.
+//! `quantization_config`, `model.safetensors` with Hugging Face tensor names (each projection
+//! in its format's tensors, see [`super::layout`]), and the tokenizer.
 //!
 //! Everything is written from the loaded model, so a GGUF input becomes an ordinary Hugging
 //! Face checkpoint: its Llama Q and K rows, which llama.cpp's converter interleaves for its
@@ -13,19 +12,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ferrite_kernels::cpu::matmul::Weight;
-use ferrite_kernels::quant::GgmlType;
-use ferrite_kernels::wq::{ScaleType, WqMatrix};
 use ferrite_text::Tokenizer;
-use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
+use super::OutputFormat;
+use super::layout::{Out, f32_tensor, float_matrix, projection};
 use crate::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::model::LlamaModel;
 use crate::model::llama::Layer;
-use crate::weights::Matrix;
-use crate::weights::gptq::GptqTensors;
 
 /// Files copied unchanged from a Hugging Face input, when present.
 const COPIED_FILES: &[&str] = &[
@@ -47,45 +42,6 @@ pub(super) struct Source<'a> {
     pub(super) hf: Option<(&'a Path, serde_json::Value)>,
 }
 
-/// One tensor to write.
-struct Out {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-fn f32_tensor(name: String, shape: Vec<usize>, v: &[f32]) -> Out {
-    Out {
-        name,
-        dtype: Dtype::F32,
-        shape,
-        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-/// A float matrix in its stored float type, or dequantized to f32.
-fn float_matrix(name: String, m: &Matrix) -> Out {
-    let shape = vec![m.rows, m.cols];
-    if let Weight::Ggml(v) = m.view() {
-        let dtype = match v.ty {
-            GgmlType::F32 => Some(Dtype::F32),
-            GgmlType::F16 => Some(Dtype::F16),
-            GgmlType::BF16 => Some(Dtype::BF16),
-            _ => None,
-        };
-        if let Some(dtype) = dtype {
-            return Out {
-                name,
-                dtype,
-                shape,
-                bytes: v.bytes.to_vec(),
-            };
-        }
-    }
-    f32_tensor(name, shape, &m.to_f32())
-}
-
 /// `w - offset` (Gemma's norms are stored without the 1 ferrite folds in at load).
 fn norm_tensor(name: String, w: &[f32], c: &ModelConfig) -> Out {
     let v: Vec<f32> = w.iter().map(|x| x - c.norm_weight_offset).collect();
@@ -105,124 +61,12 @@ fn unpermute_order(heads: usize, head_dim: usize) -> Vec<usize> {
         .collect()
 }
 
-fn permute_rows(w: &WqMatrix, order: &[usize]) -> Result<WqMatrix> {
-    let (cols, groups) = (w.cols(), w.groups_per_row());
-    let (codes, scales, zeros) = (w.codes(), w.scales(), w.zeros());
-    let mut c2 = Vec::with_capacity(codes.len());
-    let mut s2 = Vec::with_capacity(scales.len());
-    let mut z2 = Vec::with_capacity(zeros.len());
-    for &r in order {
-        c2.extend_from_slice(&codes[r * cols..(r + 1) * cols]);
-        s2.extend_from_slice(&scales[r * groups..(r + 1) * groups]);
-        z2.extend_from_slice(&zeros[r * groups..(r + 1) * groups]);
-    }
-    let format = w.format();
-    let z = format.zero_point.then_some(z2.as_slice());
-    WqMatrix::from_codes(format, order.len(), cols, &c2, &s2, z)
-        .map_err(|e| EngineError::Internal(format!("reordering quantized rows: {e}")))
-}
-
-/// The GPTQ tensors of one quantized projection `stem`.
-fn gptq_tensors(stem: &str, w: &WqMatrix, out: &mut Vec<Out>) -> Result<()> {
-    let g = GptqTensors::from_wq(w).map_err(|e| match e {
-        EngineError::BadTensor { reason, .. } => EngineError::BadTensor {
-            name: format!("{stem}.weight"),
-            reason,
-        },
-        other => other,
-    })?;
-    let words = |v: &[i32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
-    let p = 32 / w.format().bits.get() as usize;
-    let scale_dtype = match g.scale_type {
-        ScaleType::F16 => Dtype::F16,
-        ScaleType::Bf16 => Dtype::BF16,
-    };
-    let mut push = |part: &str, dtype, shape, bytes| {
-        out.push(Out {
-            name: format!("{stem}.{part}"),
-            dtype,
-            shape,
-            bytes,
-        })
-    };
-    push(
-        "qweight",
-        Dtype::I32,
-        vec![g.cols / p, g.rows],
-        words(&g.qweight),
-    );
-    push(
-        "qzeros",
-        Dtype::I32,
-        vec![g.groups, g.rows / p],
-        words(&g.qzeros),
-    );
-    push(
-        "scales",
-        scale_dtype,
-        vec![g.groups, g.rows],
-        g.scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
-    );
-    push("g_idx", Dtype::I32, vec![g.cols], words(&g.g_idx));
-    Ok(())
-}
-
-/// A quantized projection's tensors, rows put in Hugging Face order when `order` is given.
-fn projection(
-    stem: String,
-    m: &Matrix,
-    order: Option<Vec<usize>>,
-    out: &mut Vec<Out>,
-) -> Result<()> {
-    if let Some(w) = m.as_i8() {
-        // compressed-tensors int-quantized: int8 `[out, in]` and one f32 scale per row.
-        let rows: Vec<usize> = order.unwrap_or_else(|| (0..w.rows()).collect());
-        let codes: Vec<u8> = rows
-            .iter()
-            .flat_map(|&r| w.row_codes(r).iter().map(|&q| q as u8))
-            .collect();
-        let scales: Vec<f32> = rows.iter().map(|&r| w.scales()[r]).collect();
-        out.push(Out {
-            name: format!("{stem}.weight"),
-            dtype: Dtype::I8,
-            shape: vec![w.rows(), w.cols()],
-            bytes: codes,
-        });
-        out.push(f32_tensor(
-            format!("{stem}.weight_scale"),
-            vec![w.rows(), 1],
-            &scales,
-        ));
-        return Ok(());
-    }
-    let Some(view) = m.as_wq() else {
-        let name = format!("{stem}.weight");
-        match order {
-            Some(o) => {
-                let w = m.to_f32();
-                let rows: Vec<f32> = o
-                    .iter()
-                    .flat_map(|&r| w[r * m.cols..(r + 1) * m.cols].to_vec())
-                    .collect();
-                out.push(f32_tensor(name, vec![m.rows, m.cols], &rows));
-            }
-            None => out.push(float_matrix(name, m)),
-        }
-        return Ok(());
-    };
-    let w = match &order {
-        Some(o) => std::borrow::Cow::Owned(permute_rows(&view.matrix, o)?),
-        None => view.matrix,
-    };
-    gptq_tensors(&stem, &w, out)
-}
-
 /// The tensors of one decoder layer.
 fn layer_tensors(
     i: usize,
     l: &Layer,
     c: &ModelConfig,
-    gguf_rope: bool,
+    (gguf_rope, format): (bool, OutputFormat),
     out: &mut Vec<Out>,
 ) -> Result<()> {
     let p = |n: &str| format!("model.layers.{i}.{n}");
@@ -265,13 +109,20 @@ fn layer_tensors(
         out.push(norm_tensor(p("self_attn.k_norm.weight"), nk, c));
     }
     let qk_order = |heads: usize| gguf_rope.then(|| unpermute_order(heads, c.head_dim));
-    projection(p("self_attn.q_proj"), &l.q, qk_order(c.num_heads), out)?;
-    projection(p("self_attn.k_proj"), &l.k, qk_order(c.num_kv_heads), out)?;
-    projection(p("self_attn.v_proj"), &l.v, None, out)?;
-    projection(p("self_attn.o_proj"), &l.o, None, out)?;
-    projection(p("mlp.gate_proj"), &l.gate, None, out)?;
-    projection(p("mlp.up_proj"), &l.up, None, out)?;
-    projection(p("mlp.down_proj"), &l.down, None, out)
+    let q_order = qk_order(c.num_heads);
+    let k_order = qk_order(c.num_kv_heads);
+    for (name, m, order) in [
+        ("self_attn.q_proj", &l.q, q_order.as_deref()),
+        ("self_attn.k_proj", &l.k, k_order.as_deref()),
+        ("self_attn.v_proj", &l.v, None),
+        ("self_attn.o_proj", &l.o, None),
+        ("mlp.gate_proj", &l.gate, None),
+        ("mlp.up_proj", &l.up, None),
+        ("mlp.down_proj", &l.down, None),
+    ] {
+        projection(&p(name), m, order, format, out)?;
+    }
+    Ok(())
 }
 
 /// `config.json` for a model loaded from GGUF (the fields ferrite and transformers read).
@@ -349,11 +200,12 @@ pub(super) struct Written {
     pub(super) float_tensors: usize,
 }
 
-/// Writes `layers` (and the rest of `src`'s model) to `output` with `quantization` as the
-/// config's `quantization_config`.
+/// Writes `layers` (and the rest of `src`'s model) to `output` in `format`, with
+/// `quantization` as the config's `quantization_config`.
 pub(super) fn write_dir(
     src: &Source<'_>,
     layers: &[Layer],
+    format: OutputFormat,
     quantization: serde_json::Value,
     quantizer: &str,
     output: &Path,
@@ -371,20 +223,14 @@ pub(super) fn write_dir(
     let gguf_rope = c.rope_style == RopeStyle::Interleaved;
     let mut out = Vec::new();
     for (i, l) in layers.iter().enumerate() {
-        layer_tensors(i, l, c, gguf_rope, &mut out)?;
+        layer_tensors(i, l, c, (gguf_rope, format), &mut out)?;
     }
     out.push(float_matrix("model.embed_tokens.weight".into(), &m.embed));
     out.push(norm_tensor("model.norm.weight".into(), &m.norm, c));
     if !m.lm_head.same_storage(&m.embed) {
         out.push(float_matrix("lm_head.weight".into(), &m.lm_head));
     }
-    let float_tensors = out
-        .iter()
-        .filter(|t| {
-            let quantized_part = [".weight_scale", ".scales", ".qweight", ".qzeros", ".g_idx"];
-            t.dtype != Dtype::I8 && !quantized_part.iter().any(|p| t.name.ends_with(p))
-        })
-        .count();
+    let float_tensors = out.iter().filter(|t| !t.quantized).count();
 
     std::fs::create_dir_all(output).map_err(io(output))?;
     let views = out

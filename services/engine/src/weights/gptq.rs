@@ -13,11 +13,11 @@
 //!
 //! Values are `scale * (q - zero)`, exactly the [`WqMatrix`] convention.
 
-use ferrite_kernels::quant::GgmlType;
 use ferrite_kernels::wq::{Bits, ScaleType, WqFormat, WqMatrix};
 use half::{bf16, f16};
 
 use super::TensorMap;
+use super::packing::{Unpacked, code, per_word, put, scale_type};
 use crate::error::{EngineError, Result};
 
 /// The `quantization_config` of a GPTQ checkpoint's config.json.
@@ -32,23 +32,9 @@ pub struct GptqConfig {
 }
 
 impl GptqConfig {
-    /// Reads `quantization_config`; `Ok(None)` when there is none.
-    pub fn from_hf_config(cfg: &serde_json::Value) -> Result<Option<Self>> {
-        let Some(q) = cfg.get("quantization_config") else {
-            return Ok(None);
-        };
-        let bad = |m: String| EngineError::BadConfig(format!("quantization_config: {m}"));
-        let method = q.get("quant_method").and_then(|v| v.as_str()).unwrap_or("");
-        if method == "compressed-tensors" {
-            // Read by `compressed::CompressedW8A8`.
-            return Ok(None);
-        }
-        if method != "gptq" {
-            return Err(bad(format!(
-                "quant_method `{method}` is not supported (gptq and compressed-tensors W8A8 are; \
-                 or load the unquantized model with --quantize rtn-w4g128)"
-            )));
-        }
+    /// Reads a `quantization_config` whose `quant_method` is `gptq`.
+    pub fn from_json(q: &serde_json::Value) -> Result<Self> {
+        let bad = |m: String| EngineError::BadConfig(format!("quantization_config (gptq): {m}"));
         let bits = q
             .get("bits")
             .and_then(|v| v.as_u64())
@@ -72,12 +58,12 @@ impl GptqConfig {
             Some("gptq_v2") => true,
             Some(other) => return Err(bad(format!("checkpoint_format `{other}`"))),
         };
-        Ok(Some(Self {
+        Ok(Self {
             bits,
             group_size,
             sym: q.get("sym").and_then(|v| v.as_bool()).unwrap_or(true),
             v2,
-        }))
+        })
     }
 
     /// The config for checkpoints of `format` that ferrite writes (v1, like AutoGPTQ).
@@ -107,11 +93,6 @@ impl GptqConfig {
     }
 }
 
-/// Codes per i32 word.
-fn per_word(bits: Bits) -> usize {
-    32 / bits.get() as usize
-}
-
 /// Converts GPTQ layer `<stem>` to a [`WqMatrix`].
 pub fn load_linear(t: &TensorMap, stem: &str, cfg: &GptqConfig) -> Result<WqMatrix> {
     let name = |part: &str| format!("{stem}.{part}");
@@ -120,7 +101,6 @@ pub fn load_linear(t: &TensorMap, stem: &str, cfg: &GptqConfig) -> Result<WqMatr
         reason,
     };
     let (bits, p) = (cfg.bits.get(), per_word(cfg.bits));
-    let mask = u32::from(cfg.bits.max_code());
     let (qshape, qweight) = t.i32_tensor(&name("qweight"))?;
     let [words_in, out] = qshape[..] else {
         return Err(bad(format!("shape {qshape:?} is not 2-D")));
@@ -145,11 +125,8 @@ pub fn load_linear(t: &TensorMap, stem: &str, cfg: &GptqConfig) -> Result<WqMatr
     let scale_entry = t
         .entry(&scales_name)
         .ok_or_else(|| EngineError::MissingTensor(scales_name.clone()))?;
-    let scale_type = match scale_entry.ty {
-        GgmlType::BF16 => ScaleType::Bf16,
-        _ => ScaleType::F16,
-    };
     let scales_t = t.vector(&scales_name)?;
+    let scale_type = scale_type(scale_entry.ty, &scales_t, &scales_name);
     if scale_entry.shape != [groups, out] {
         return Err(bad(format!(
             "scales have shape {:?}, expected [{groups}, {out}]",
@@ -175,7 +152,7 @@ pub fn load_linear(t: &TensorMap, stem: &str, cfg: &GptqConfig) -> Result<WqMatr
     for (wi, words) in qweight.chunks_exact(out).enumerate() {
         for (n, &w) in words.iter().enumerate() {
             for t in 0..p {
-                codes[n * cols + wi * p + t] = ((w as u32 >> (t as u32 * bits)) & mask) as u8;
+                codes[n * cols + wi * p + t] = code(w, t, cfg.bits);
             }
         }
     }
@@ -184,33 +161,23 @@ pub fn load_linear(t: &TensorMap, stem: &str, cfg: &GptqConfig) -> Result<WqMatr
     for g in 0..groups {
         for n in 0..out {
             scales[n * groups + g] = scales_t[g * out + n];
-            let word = qzeros[g * (out / p) + n / p] as u32;
-            let stored = (word >> ((n % p) as u32 * bits)) & mask;
-            let zero = stored as i32 + cfg.zero_offset();
+            let stored = code(qzeros[g * (out / p) + n / p], n % p, cfg.bits);
+            let zero = i32::from(stored) + cfg.zero_offset();
             zeros[n * groups + g] = u8::try_from(zero)
                 .ok()
                 .filter(|&z| z <= cfg.bits.max_code())
                 .ok_or_else(|| bad(format!("zero point {zero} does not fit {bits} bits")))?;
         }
     }
-    // A symmetric checkpoint whose zeros all sit at the midpoint runs as a symmetric format.
-    let format = WqFormat {
-        bits: cfg.bits,
-        group_size: cfg.group_size,
-        zero_point: true,
-        scale_type,
+    let u = Unpacked {
+        rows: out,
+        cols,
+        codes,
+        scales,
+        zeros,
     };
-    let sym = WqFormat {
-        zero_point: false,
-        ..format
-    };
-    let as_sym = cfg.sym && zeros.iter().all(|&z| z == sym.fixed_zero());
-    let built = if as_sym {
-        WqMatrix::from_codes(sym, out, cols, &codes, &scales, None)
-    } else {
-        WqMatrix::from_codes(format, out, cols, &codes, &scales, Some(&zeros))
-    };
-    built.map_err(|e| bad(e.to_string()))
+    u.into_wq(cfg.bits, cfg.group_size, scale_type, cfg.sym)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// One linear layer in GPTQ tensors, ready to write.
@@ -236,7 +203,7 @@ impl GptqTensors {
     pub fn from_wq(w: &WqMatrix) -> Result<Self> {
         let format = w.format();
         let (rows, cols) = (w.rows(), w.cols());
-        let (bits, p) = (format.bits.get(), per_word(format.bits));
+        let p = per_word(format.bits);
         let bad = |m: String| EngineError::BadTensor {
             name: "(quantized layer)".into(),
             reason: m,
@@ -252,8 +219,12 @@ impl GptqTensors {
         let mut qweight = vec![0i32; cols / p * rows];
         for n in 0..rows {
             for k in 0..cols {
-                let word = &mut qweight[(k / p) * rows + n];
-                *word |= (u32::from(codes[n * cols + k]) << ((k % p) as u32 * bits)) as i32;
+                put(
+                    &mut qweight[(k / p) * rows + n],
+                    k % p,
+                    format.bits,
+                    codes[n * cols + k],
+                );
             }
         }
         let zeros = w.zeros();
@@ -265,8 +236,12 @@ impl GptqTensors {
                 let stored = z
                     .checked_sub(1)
                     .ok_or_else(|| bad("a zero point of 0 cannot be stored in GPTQ v1".into()))?;
-                qzeros[g * (rows / p) + n / p] |=
-                    (u32::from(stored) << ((n % p) as u32 * bits)) as i32;
+                put(
+                    &mut qzeros[g * (rows / p) + n / p],
+                    n % p,
+                    format.bits,
+                    stored,
+                );
                 let s = w.scales()[n * groups + g];
                 scales[g * rows + n] = match format.scale_type {
                     ScaleType::F16 => f16::from_f32(s).to_bits(),

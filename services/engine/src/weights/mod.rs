@@ -4,9 +4,12 @@
 //! range in one of the mapped files. Nothing is copied at load; the model borrows rows
 //! straight from the map.
 
+pub mod awq;
 pub mod compressed;
 pub mod gguf;
 pub mod gptq;
+mod packing;
+pub mod quantized;
 pub mod safetensors;
 mod shard;
 
@@ -15,6 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrite_kernels::cpu::matmul::{Weight, WeightView};
+use ferrite_kernels::fp8::Fp8Matrix;
 use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
 use ferrite_kernels::w8a8::I8Matrix;
@@ -22,8 +26,7 @@ use ferrite_kernels::wq::{WqFormat, WqMatrix, quantize_rtn};
 use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
-use compressed::CompressedW8A8;
-use gptq::GptqConfig;
+use quantized::QuantConfig;
 
 /// Where one tensor's bytes are.
 #[derive(Debug, Clone)]
@@ -36,23 +39,28 @@ pub struct TensorEntry {
     pub end: usize,
 }
 
-/// The integer element types of quantized checkpoints.
+/// The element types of quantized checkpoints' codes (and their I64 shapes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IntType {
     I32,
     I8,
+    I64,
+    /// FP8 e4m3 (`float8_e4m3fn`): codes, read by [`crate::weights::compressed`].
+    F8E4M3,
 }
 
 impl IntType {
     pub fn bytes(self) -> usize {
         match self {
             IntType::I32 => 4,
-            IntType::I8 => 1,
+            IntType::I8 | IntType::F8E4M3 => 1,
+            IntType::I64 => 8,
         }
     }
 }
 
-/// Where one little-endian integer tensor's bytes are (codes of a quantized checkpoint).
+/// Where one little-endian integer (or FP8) tensor's bytes are (codes of a quantized
+/// checkpoint).
 #[derive(Debug, Clone)]
 pub struct IntTensor {
     pub ty: IntType,
@@ -68,11 +76,10 @@ pub struct TensorMap {
     files: Vec<Arc<MappedFile>>,
     entries: HashMap<String, TensorEntry>,
     ints: HashMap<String, IntTensor>,
-    /// Set for GPTQ checkpoints: their linear layers are `<stem>.qweight` and friends, and
-    /// [`Self::matrix`] converts them on request of `<stem>.weight`.
-    gptq: Option<GptqConfig>,
-    /// Set for compressed-tensors W8A8 checkpoints: `<stem>.weight` is int8.
-    compressed: Option<CompressedW8A8>,
+    /// Set for quantized checkpoints: their linear layers are stored in the format's tensors
+    /// (`<stem>.qweight`, `<stem>.weight_packed`, an int8 or FP8 `<stem>.weight`, ...), and
+    /// [`Self::matrix`] converts them on request of `<stem>.weight` (see [`quantized`]).
+    quant: Option<QuantConfig>,
 }
 
 impl TensorMap {
@@ -81,8 +88,7 @@ impl TensorMap {
             files,
             entries: HashMap::new(),
             ints: HashMap::new(),
-            gptq: None,
-            compressed: None,
+            quant: None,
         }
     }
 
@@ -94,30 +100,9 @@ impl TensorMap {
         self.ints.insert(name, entry);
     }
 
-    /// Marks the checkpoint as GPTQ-quantized (from config.json's `quantization_config`).
-    pub fn set_gptq(&mut self, cfg: GptqConfig) {
-        self.gptq = Some(cfg);
-    }
-
-    pub fn gptq(&self) -> Option<&GptqConfig> {
-        self.gptq.as_ref()
-    }
-
-    /// Marks the checkpoint as compressed-tensors W8A8.
-    pub fn set_compressed(&mut self, cfg: CompressedW8A8) {
-        self.compressed = Some(cfg);
-    }
-
-    /// Whether `name` is an int8 weight of a compressed-tensors W8A8 checkpoint.
-    fn is_int8_weight(&self, name: &str) -> bool {
-        self.compressed.is_some() && self.ints.get(name).is_some_and(|e| e.ty == IntType::I8)
-    }
-
-    /// Whether a tensor (or, in a GPTQ checkpoint, a quantized linear layer) has this name.
+    /// Whether a tensor (or, in a quantized checkpoint, a quantized linear layer) has this name.
     pub fn contains(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
-            || self.gptq_stem(name).is_some()
-            || self.is_int8_weight(name)
+        self.entries.contains_key(name) || self.quantized_stem(name).is_some()
     }
 
     /// The names of the float tensors, then of the integer ones.
@@ -134,39 +119,45 @@ impl TensorMap {
         Some(&self.files[e.file].bytes()[e.start..e.end])
     }
 
-    /// An i32 tensor's shape and values.
-    pub fn i32_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<i32>)> {
+    /// The shape and stored bytes of integer (or FP8) tensor `name` of type `ty`.
+    pub fn int_bytes(&self, name: &str, ty: IntType) -> Result<(Vec<usize>, &[u8])> {
         let e = self
             .ints
             .get(name)
-            .filter(|e| e.ty == IntType::I32)
-            .ok_or_else(|| EngineError::MissingTensor(format!("{name} (I32)")))?;
-        let bytes = &self.files[e.file].bytes()[e.start..e.end];
+            .filter(|e| e.ty == ty)
+            .ok_or_else(|| EngineError::MissingTensor(format!("{name} ({ty:?})")))?;
+        Ok((e.shape.clone(), &self.files[e.file].bytes()[e.start..e.end]))
+    }
+
+    /// The type of integer (or FP8) tensor `name`, if there is one.
+    pub fn int_type(&self, name: &str) -> Option<IntType> {
+        self.ints.get(name).map(|e| e.ty)
+    }
+
+    /// An i32 tensor's shape and values.
+    pub fn i32_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<i32>)> {
+        let (shape, bytes) = self.int_bytes(name, IntType::I32)?;
         let values = bytes
             .chunks_exact(4)
             .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        Ok((e.shape.clone(), values))
+        Ok((shape, values))
+    }
+
+    /// An i64 tensor's shape and values.
+    pub fn i64_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        let (shape, bytes) = self.int_bytes(name, IntType::I64)?;
+        let values = bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect();
+        Ok((shape, values))
     }
 
     /// An i8 tensor's shape and values.
     pub fn i8_tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<i8>)> {
-        let e = self
-            .ints
-            .get(name)
-            .filter(|e| e.ty == IntType::I8)
-            .ok_or_else(|| EngineError::MissingTensor(format!("{name} (I8)")))?;
-        let bytes = &self.files[e.file].bytes()[e.start..e.end];
-        Ok((e.shape.clone(), bytes.iter().map(|&b| b as i8).collect()))
-    }
-
-    /// For `<stem>.weight` in a GPTQ checkpoint whose `<stem>.qweight` exists: the stem.
-    fn gptq_stem<'n>(&self, name: &'n str) -> Option<&'n str> {
-        self.gptq.as_ref()?;
-        let stem = name.strip_suffix(".weight")?;
-        self.ints
-            .contains_key(&format!("{stem}.qweight"))
-            .then_some(stem)
+        let (shape, bytes) = self.int_bytes(name, IntType::I8)?;
+        Ok((shape, bytes.iter().map(|&b| b as i8).collect()))
     }
 
     pub fn entry(&self, name: &str) -> Option<&TensorEntry> {
@@ -196,15 +187,11 @@ impl TensorMap {
             .sum::<usize>()
     }
 
-    /// A 2-D tensor as a matrix kept in place in the map (or, for a GPTQ layer, converted to
-    /// the weight-only quantized layout).
+    /// A 2-D tensor as a matrix kept in place in the map (or, for a quantized layer,
+    /// converted to the layout ferrite computes it in).
     pub fn matrix(&self, name: &str) -> Result<Matrix> {
-        if let (Some(stem), Some(cfg)) = (self.gptq_stem(name), &self.gptq) {
-            return gptq::load_linear(self, stem, cfg).map(Matrix::from_wq);
-        }
-        if self.is_int8_weight(name) {
-            let stem = name.strip_suffix(".weight").unwrap_or(name);
-            return compressed::load_linear(self, stem).map(Matrix::from_i8);
+        if let Some(stem) = self.quantized_stem(name) {
+            return self.quantized_matrix(stem);
         }
         let e = self
             .entries
@@ -305,6 +292,8 @@ enum Storage {
     Quantized(Arc<WqMatrix>),
     /// W8A8: int8 codes with per-row scales; activations quantized per token at run time.
     Int8(Arc<I8Matrix>),
+    /// FP8 e4m3 codes, dequantized to f32 for the CPU; activations rounded through FP8.
+    Fp8(Arc<Fp8Matrix>),
 }
 
 impl Matrix {
@@ -321,6 +310,14 @@ impl Matrix {
             rows: w.rows(),
             cols: w.cols(),
             storage: Storage::Int8(Arc::new(w)),
+        }
+    }
+
+    pub fn from_fp8(w: Fp8Matrix) -> Self {
+        Self {
+            rows: w.rows(),
+            cols: w.cols(),
+            storage: Storage::Fp8(Arc::new(w)),
         }
     }
 
@@ -362,6 +359,7 @@ impl Matrix {
             }),
             Storage::Quantized(w) => Weight::Wq(w),
             Storage::Int8(w) => Weight::I8(w),
+            Storage::Fp8(w) => Weight::F8(w),
         }
     }
 
@@ -371,6 +369,7 @@ impl Matrix {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.to_string(),
             Storage::Quantized(w) => w.format().to_string(),
             Storage::Int8(_) => "w8a8-int8".to_owned(),
+            Storage::Fp8(_) => "fp8-e4m3".to_owned(),
         }
     }
 
@@ -386,6 +385,7 @@ impl Matrix {
             }
             Weight::Wq(w) => w.dequantize_row(i, out),
             Weight::I8(w) => w.dequantize_row(i, out),
+            Weight::F8(w) => w.dequantize_row(i, out),
         }
     }
 
@@ -429,7 +429,7 @@ impl Matrix {
                     matrix: Cow::Owned(r.matrix),
                     mins: r.mins,
                 }),
-            Weight::I8(_) => None,
+            Weight::I8(_) | Weight::F8(_) => None,
         }
     }
 
@@ -448,6 +448,7 @@ impl Matrix {
             (Storage::Owned { bytes: a, .. }, Storage::Owned { bytes: b, .. }) => Arc::ptr_eq(a, b),
             (Storage::Quantized(a), Storage::Quantized(b)) => Arc::ptr_eq(a, b),
             (Storage::Int8(a), Storage::Int8(b)) => Arc::ptr_eq(a, b),
+            (Storage::Fp8(a), Storage::Fp8(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -459,6 +460,15 @@ impl Matrix {
             Storage::Owned { bytes, .. } => bytes.len(),
             Storage::Quantized(w) => w.bytes_len(),
             Storage::Int8(w) => w.bytes_len(),
+            Storage::Fp8(w) => w.bytes_len(),
+        }
+    }
+
+    /// The FP8 matrix of an FP8 weight.
+    pub fn as_fp8(&self) -> Option<&Fp8Matrix> {
+        match &self.storage {
+            Storage::Fp8(w) => Some(w),
+            _ => None,
         }
     }
 

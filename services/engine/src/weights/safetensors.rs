@@ -102,17 +102,19 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
         }
         let entry: HeaderEntry = serde_json::from_value(value)
             .map_err(|e| bad(format!("tensor `{name}`: bad header entry: {e}")))?;
-        // Integer tensors are the codes of quantized checkpoints (GPTQ's packed I32,
-        // compressed-tensors' I8).
+        // Integer and FP8 tensors are the codes of quantized checkpoints (GPTQ's and AWQ's packed
+        // I32, compressed-tensors' I8, packed I32, FP8 and its I64 `weight_shape`).
         let (ty, int_ty) = match entry.dtype.as_str() {
             "F32" => (Some(GgmlType::F32), None),
             "F16" => (Some(GgmlType::F16), None),
             "BF16" => (Some(GgmlType::BF16), None),
             "I32" => (None, Some(IntType::I32)),
             "I8" => (None, Some(IntType::I8)),
+            "I64" => (None, Some(IntType::I64)),
+            "F8_E4M3" => (None, Some(IntType::F8E4M3)),
             other => {
                 return Err(EngineError::UnsupportedTensorType(format!(
-                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32, I8)",
+                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32, I8, I64, F8_E4M3)",
                     path.display()
                 )));
             }

@@ -19,7 +19,7 @@ impl Matrix {
         match &self.storage {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.block_elems(),
             Storage::Quantized(w) => w.format().group_size.unwrap_or(1),
-            Storage::Int8(_) => 1,
+            Storage::Int8(_) | Storage::Fp8(_) => 1,
         }
     }
 
@@ -56,6 +56,10 @@ impl Matrix {
                     .map_err(|e| bad(name, e.to_string()))?,
             )),
             Storage::Int8(w) => Storage::Int8(Arc::new(
+                w.slice(rows.clone(), 0..self.cols)
+                    .map_err(|e| bad(name, e.to_string()))?,
+            )),
+            Storage::Fp8(w) => Storage::Fp8(Arc::new(
                 w.slice(rows.clone(), 0..self.cols)
                     .map_err(|e| bad(name, e.to_string()))?,
             )),
@@ -114,6 +118,10 @@ impl Matrix {
                 w.slice(0..self.rows, cols.clone())
                     .map_err(|e| bad(name, e.to_string()))?,
             )),
+            Storage::Fp8(w) => Storage::Fp8(Arc::new(
+                w.slice(0..self.rows, cols.clone())
+                    .map_err(|e| bad(name, e.to_string()))?,
+            )),
         };
         Ok(Matrix {
             rows: self.rows,
@@ -132,6 +140,7 @@ impl Matrix {
             Storage::Owned { bytes, .. } => bytes.len(),
             Storage::Quantized(w) => w.bytes_len(),
             Storage::Int8(w) => w.bytes_len(),
+            Storage::Fp8(w) => w.bytes_len(),
         }
     }
 
@@ -147,7 +156,7 @@ impl Matrix {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty
                 .row_bytes(self.cols)
                 .map_err(|e| bad(name, e.to_string())),
-            Storage::Quantized(_) | Storage::Int8(_) => {
+            Storage::Quantized(_) | Storage::Int8(_) | Storage::Fp8(_) => {
                 Err(bad(name, "quantized rows have no byte length".into()))
             }
         }

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses part of this module
 
+pub mod reference;
+
 use std::path::PathBuf;
 
 use ferrite_engine::eval::BatchForward;

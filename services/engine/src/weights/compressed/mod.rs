@@ -1,0 +1,504 @@
+//! compressed-tensors checkpoints (what llm-compressor writes and vLLM reads): the
+//! `quantization_config` and its three forms ferrite runs.
+//!
+//! - `pack-quantized` ([`packed`]): weight-only integer codes (2, 4 or 8 bits, symmetric or
+//!   with zero points, in groups or one scale per channel) packed into i32 words, converted to a
+//!   [`ferrite_kernels::wq::WqMatrix`];
+//! - `int-quantized` ([`int8`]): W8A8, int8 weights per channel and int8 activations quantized
+//!   per token at run time, an [`ferrite_kernels::w8a8::I8Matrix`];
+//! - `float-quantized` ([`fp8`]): FP8 e4m3 weights (one scale per tensor or per channel) with
+//!   FP8 activations (dynamic per token, or a static per-tensor scale) or none, an
+//!   [`ferrite_kernels::fp8::Fp8Matrix`]: on the CPU the weights are dequantized to f32 at load
+//!   and activations rounded through e4m3 (correct, not fast).
+//!
+//! Everything else is refused with the reason: other formats, act-order `g_idx`, static int8
+//! activation scales, FP8 blocks or groups, 2:4 sparsity, transforms, a quantized KV cache, and
+//! config groups with different schemes.
+
+mod fp8;
+mod int8;
+mod packed;
+
+use ferrite_kernels::wq::{Bits, WqFormat};
+use serde_json::{Value, json};
+
+pub use fp8::Fp8Tensors;
+pub use packed::PackedTensors;
+
+use super::{Matrix, TensorMap};
+use crate::error::{EngineError, Result};
+
+/// How FP8 activations are quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Act {
+    /// Not quantized (FP8 weights, 16-bit activations).
+    None,
+    /// Per token at run time.
+    DynamicPerToken,
+    /// One static scale per layer (`<stem>.input_scale`).
+    StaticPerTensor,
+}
+
+/// The one scheme all of a checkpoint's config groups share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompressedScheme {
+    /// `int-quantized`: int8 weights per channel, int8 activations per token, dynamic.
+    W8A8Int8,
+    /// `pack-quantized`: weight-only integer codes; `group_size` `None` is per channel.
+    Packed {
+        bits: Bits,
+        group_size: Option<usize>,
+        sym: bool,
+    },
+    /// `float-quantized`: FP8 e4m3 weights, per channel or per tensor.
+    Fp8 { per_channel: bool, act: Fp8Act },
+}
+
+/// A compressed-tensors `quantization_config` ferrite can run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompressedConfig {
+    pub scheme: CompressedScheme,
+}
+
+/// One `QuantizationArgs` (weights or activations) of a config group.
+#[derive(Debug, PartialEq)]
+struct Args {
+    bits: u64,
+    float: bool,
+    sym: bool,
+    /// `tensor`, `channel`, `group`, `token`, `block`, ...
+    strategy: String,
+    group_size: Option<i64>,
+    dynamic: bool,
+    /// Activation ordering with a `g_idx` (`group`; `static`/`weight` leave none).
+    g_idx: bool,
+}
+
+impl Args {
+    fn parse(v: &Value) -> std::result::Result<Self, String> {
+        let group_size = v.get("group_size").and_then(Value::as_i64);
+        // compressed-tensors infers a missing strategy from the group size.
+        let strategy = match v.get("strategy").and_then(Value::as_str) {
+            Some(s) => s.to_ascii_lowercase(),
+            None => match group_size {
+                None => "tensor".into(),
+                Some(-1) => "channel".into(),
+                Some(_) => "group".into(),
+            },
+        };
+        let ty = v.get("type").and_then(Value::as_str).unwrap_or("int");
+        if ty != "int" && ty != "float" {
+            return Err(format!("type `{ty}`"));
+        }
+        let g_idx = match v.get("actorder") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(Value::String(s)) => matches!(s.as_str(), "group" | "dynamic"),
+            Some(other) => return Err(format!("actorder {other}")),
+        };
+        Ok(Self {
+            bits: v.get("num_bits").and_then(Value::as_u64).unwrap_or(8),
+            float: ty == "float",
+            sym: v.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
+            strategy,
+            group_size,
+            // `true`, or a string (`local`) for the dynamic kinds ferrite does not run.
+            dynamic: !matches!(v.get("dynamic"), None | Some(Value::Bool(false))),
+            g_idx,
+        })
+    }
+
+    fn is(&self, float: bool, bits: u64, strategy: &str, dynamic: bool) -> bool {
+        self.float == float
+            && self.bits == bits
+            && self.sym
+            && self.strategy == strategy
+            && self.dynamic == dynamic
+    }
+}
+
+/// The scheme of one config group in `format`, or why ferrite cannot run it.
+fn group_scheme(format: &str, g: &Value) -> std::result::Result<CompressedScheme, String> {
+    let w = Args::parse(&g["weights"])?;
+    let acts = match &g["input_activations"] {
+        Value::Null => None,
+        a => Some(Args::parse(a)?),
+    };
+    if !g["output_activations"].is_null() {
+        return Err("output activation quantization is not supported".into());
+    }
+    if w.g_idx {
+        return Err(
+            "act-order (actorder `group`, a g_idx per layer) is not supported: its \
+                    groups are not contiguous"
+                .into(),
+        );
+    }
+    match format {
+        "pack-quantized" => packed_scheme(&w, acts.as_ref()),
+        "int-quantized" => match acts {
+            Some(a) if w.is(false, 8, "channel", false) && a.is(false, 8, "token", true) => {
+                Ok(CompressedScheme::W8A8Int8)
+            }
+            Some(a) if !a.float && !a.dynamic => Err("static int8 activation scales \
+                 (input_scale) are not supported; ferrite quantizes activations per token at \
+                 run time (quantize with dynamic per-token activations)"
+                .into()),
+            _ => Err(
+                "int-quantized is supported as W8A8: int8 symmetric weights per channel, \
+                      int8 symmetric activations per token, dynamic"
+                    .into(),
+            ),
+        },
+        "float-quantized" => fp8_scheme(&w, acts.as_ref()),
+        other => Err(format!(
+            "format `{other}` is not supported (pack-quantized, int-quantized W8A8 and \
+             float-quantized FP8 are)"
+        )),
+    }
+}
+
+fn packed_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<CompressedScheme, String> {
+    if acts.is_some() {
+        return Err(
+            "pack-quantized with quantized activations (W4A8) is not supported; \
+                    ferrite runs pack-quantized weight-only"
+                .into(),
+        );
+    }
+    let bits = u32::try_from(w.bits)
+        .ok()
+        .and_then(|b| Bits::from_u32(b).ok())
+        .filter(|_| !w.float)
+        .ok_or_else(|| {
+            format!(
+                "{}-bit weights (2, 4 or 8-bit integers are supported)",
+                w.bits
+            )
+        })?;
+    let group_size = match (w.strategy.as_str(), w.group_size) {
+        ("group", Some(g)) if g > 0 => Some(g as usize),
+        ("channel", _) => None,
+        (s, g) => {
+            return Err(format!(
+                "weight strategy `{s}` (group size {g:?}): group or channel are supported"
+            ));
+        }
+    };
+    if w.dynamic {
+        return Err("dynamic weight quantization is not supported".into());
+    }
+    Ok(CompressedScheme::Packed {
+        bits,
+        group_size,
+        sym: w.sym,
+    })
+}
+
+fn fp8_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<CompressedScheme, String> {
+    let per_channel = match w.strategy.as_str() {
+        "channel" => true,
+        "tensor" => false,
+        s => {
+            return Err(format!(
+                "FP8 weight strategy `{s}` is not supported (tensor or channel are)"
+            ));
+        }
+    };
+    if !w.is(true, 8, &w.strategy, false) {
+        return Err("float-quantized weights must be FP8 (8-bit float, symmetric, static)".into());
+    }
+    let act = match acts {
+        None => Fp8Act::None,
+        Some(a) if a.is(true, 8, "token", true) => Fp8Act::DynamicPerToken,
+        Some(a) if a.is(true, 8, "tensor", false) => Fp8Act::StaticPerTensor,
+        Some(a) => {
+            return Err(format!(
+                "FP8 activations by strategy `{}` (dynamic: {}) are not supported (dynamic per \
+                 token, or static per tensor, are)",
+                a.strategy, a.dynamic
+            ));
+        }
+    };
+    Ok(CompressedScheme::Fp8 { per_channel, act })
+}
+
+/// Whether `v` (an optional config object) is absent, null or empty.
+fn absent(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => true,
+        Some(Value::Object(o)) => o.is_empty(),
+        Some(_) => false,
+    }
+}
+
+impl CompressedConfig {
+    /// Reads a `quantization_config` whose `quant_method` is `compressed-tensors`.
+    pub fn from_json(q: &Value) -> Result<Self> {
+        let bad = |m: String| {
+            EngineError::BadConfig(format!("quantization_config (compressed-tensors): {m}"))
+        };
+        let status = q.get("quantization_status").and_then(Value::as_str);
+        if !matches!(status, None | Some("compressed")) {
+            return Err(bad(format!(
+                "quantization_status {status:?}: ferrite reads compressed checkpoints"
+            )));
+        }
+        let sparsity = q.get("sparsity_config");
+        let sparse_format = sparsity
+            .and_then(|s| s.get("format"))
+            .and_then(Value::as_str);
+        if !absent(sparsity) && sparse_format != Some("dense") {
+            return Err(bad(format!(
+                "sparsity_config format {sparse_format:?}: sparse (2:4) weights are not \
+                 supported"
+            )));
+        }
+        if !absent(q.get("transform_config")) {
+            return Err(bad("transforms (transform_config) are not supported".into()));
+        }
+        if !absent(q.get("kv_cache_scheme")) {
+            return Err(bad(
+                "a quantized KV cache (kv_cache_scheme) is not supported".into(),
+            ));
+        }
+        let top_format = q.get("format").and_then(Value::as_str).unwrap_or("");
+        let groups = q
+            .get("config_groups")
+            .and_then(Value::as_object)
+            .filter(|g| !g.is_empty())
+            .ok_or_else(|| bad("no config_groups".into()))?;
+        let mut scheme = None;
+        for (name, g) in groups {
+            let format = g
+                .get("format")
+                .and_then(Value::as_str)
+                .unwrap_or(top_format);
+            let s = group_scheme(format, g).map_err(|m| bad(format!("group `{name}`: {m}")))?;
+            if scheme.is_some_and(|first| first != s) {
+                return Err(bad(
+                    "config groups with different schemes are not supported".into(),
+                ));
+            }
+            scheme = Some(s);
+        }
+        scheme
+            .map(|scheme| Self { scheme })
+            .ok_or_else(|| bad("no config_groups".into()))
+    }
+
+    /// The weight-only group length (what a column shard must keep whole).
+    pub fn group_size(&self) -> Option<usize> {
+        match self.scheme {
+            CompressedScheme::Packed { group_size, .. } => group_size,
+            _ => None,
+        }
+    }
+
+    /// Whether the CPU runs this scheme by dequantizing (FP8).
+    pub fn dequantizes_on_cpu(&self) -> bool {
+        matches!(self.scheme, CompressedScheme::Fp8 { .. })
+    }
+
+    /// A one-line description for logs.
+    pub fn describe(&self) -> String {
+        match self.scheme {
+            CompressedScheme::W8A8Int8 => "compressed-tensors int-quantized W8A8".into(),
+            CompressedScheme::Packed {
+                bits,
+                group_size,
+                sym,
+            } => format!(
+                "compressed-tensors pack-quantized int{} {} {}",
+                bits.get(),
+                group_size.map_or("per channel".into(), |g| format!("groups of {g}")),
+                if sym { "symmetric" } else { "with zero points" }
+            ),
+            CompressedScheme::Fp8 { per_channel, act } => format!(
+                "compressed-tensors float-quantized FP8 (weights per {}, activations {})",
+                if per_channel { "channel" } else { "tensor" },
+                match act {
+                    Fp8Act::None => "not quantized",
+                    Fp8Act::DynamicPerToken => "dynamic per token",
+                    Fp8Act::StaticPerTensor => "static per tensor",
+                }
+            ),
+        }
+    }
+
+    /// Converts layer `<stem>` to the matrix ferrite computes with.
+    pub(super) fn load_linear(&self, t: &TensorMap, stem: &str) -> Result<Matrix> {
+        match self.scheme {
+            CompressedScheme::W8A8Int8 => int8::load_linear(t, stem).map(Matrix::from_i8),
+            CompressedScheme::Packed {
+                bits,
+                group_size,
+                sym,
+            } => packed::load_linear(t, stem, bits, group_size, sym).map(Matrix::from_wq),
+            CompressedScheme::Fp8 { per_channel, act } => {
+                fp8::load_linear(t, stem, per_channel, act).map(Matrix::from_fp8)
+            }
+        }
+    }
+
+    /// The config for weight-only `format` written as `pack-quantized`.
+    pub fn packed(format: WqFormat) -> Self {
+        Self {
+            scheme: CompressedScheme::Packed {
+                bits: format.bits,
+                group_size: format.group_size,
+                sym: !format.zero_point,
+            },
+        }
+    }
+
+    /// The `quantization_config` ferrite writes (the shape llm-compressor's presets take).
+    pub fn to_json(&self) -> Value {
+        let args = |bits: u32, ty: &str, sym: bool, strategy: &str, group: Option<usize>| {
+            json!({
+                "num_bits": bits, "type": ty, "symmetric": sym, "strategy": strategy,
+                "dynamic": strategy == "token", "group_size": group, "block_structure": null,
+                "actorder": null,
+                "observer": if strategy == "token" { Value::Null } else { "minmax".into() },
+                "observer_kwargs": {}
+            })
+        };
+        let (format, weights, acts) = match self.scheme {
+            CompressedScheme::W8A8Int8 => (
+                "int-quantized",
+                args(8, "int", true, "channel", None),
+                args(8, "int", true, "token", None),
+            ),
+            CompressedScheme::Packed {
+                bits,
+                group_size,
+                sym,
+            } => (
+                "pack-quantized",
+                args(
+                    bits.get(),
+                    "int",
+                    sym,
+                    if group_size.is_some() {
+                        "group"
+                    } else {
+                        "channel"
+                    },
+                    group_size,
+                ),
+                Value::Null,
+            ),
+            CompressedScheme::Fp8 { .. } => (
+                "float-quantized",
+                args(8, "float", true, "channel", None),
+                args(8, "float", true, "token", None),
+            ),
+        };
+        json!({
+            "quant_method": "compressed-tensors",
+            "format": format,
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": weights,
+                    "input_activations": acts,
+                    "output_activations": null
+                }
+            },
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": null,
+            "sparsity_config": {},
+            "global_compression_ratio": null
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(format: &str, weights: Value, acts: Value) -> Value {
+        json!({"quant_method": "compressed-tensors", "format": format,
+               "config_groups": {"g": {"targets": ["Linear"], "weights": weights,
+                                       "input_activations": acts}}})
+    }
+
+    #[test]
+    fn what_ferrite_writes_it_reads() {
+        for scheme in [
+            CompressedScheme::W8A8Int8,
+            CompressedScheme::Packed {
+                bits: Bits::B4,
+                group_size: Some(32),
+                sym: false,
+            },
+            CompressedScheme::Packed {
+                bits: Bits::B8,
+                group_size: None,
+                sym: true,
+            },
+            CompressedScheme::Fp8 {
+                per_channel: true,
+                act: Fp8Act::DynamicPerToken,
+            },
+        ] {
+            let c = CompressedConfig { scheme };
+            assert_eq!(CompressedConfig::from_json(&c.to_json()).expect("reads"), c);
+        }
+    }
+
+    #[test]
+    fn unsupported_forms_are_refused_with_the_reason() {
+        let int4 = json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+                          "group_size": 128});
+        let cases = [
+            (
+                config(
+                    "pack-quantized",
+                    json!({"num_bits": 4, "strategy": "group", "group_size": 128,
+                           "actorder": "group"}),
+                    Value::Null,
+                ),
+                "act-order",
+            ),
+            (
+                config(
+                    "int-quantized",
+                    json!({"num_bits": 8, "strategy": "channel"}),
+                    json!({"num_bits": 8, "strategy": "tensor", "dynamic": false}),
+                ),
+                "static int8 activation",
+            ),
+            (
+                config(
+                    "float-quantized",
+                    json!({"num_bits": 8, "type": "float", "strategy": "block",
+                           "block_structure": [128, 128]}),
+                    Value::Null,
+                ),
+                "strategy `block`",
+            ),
+            (
+                config("marlin-24", int4.clone(), Value::Null),
+                "format `marlin-24`",
+            ),
+            (
+                config(
+                    "pack-quantized",
+                    int4.clone(),
+                    json!({"num_bits": 8, "strategy": "token", "dynamic": true}),
+                ),
+                "W4A8",
+            ),
+        ];
+        for (cfg, want) in cases {
+            let e = CompressedConfig::from_json(&cfg).expect_err(want);
+            assert!(e.to_string().contains(want), "{e}");
+        }
+        let mut sparse = config("pack-quantized", int4, Value::Null);
+        sparse["sparsity_config"] = json!({"format": "sparse-24-bitmask"});
+        let e = CompressedConfig::from_json(&sparse).expect_err("2:4");
+        assert!(e.to_string().contains("2:4"), "{e}");
+    }
+}

@@ -1,0 +1,207 @@
+//! `pack-quantized` layers, converted to and from [`WqMatrix`]. A linear layer `<stem>` of
+//! `out` × `in` features with `g` groups per row (1 for strategy `channel`) is stored as:
+//!
+//! - `<stem>.weight_packed`: i32 `[out, in · bits / 32]`: each row's codes packed along the
+//!   *input* dimension, little end first (compressed-tensors' `pack_to_int32`); a code is the
+//!   signed value plus `2^(bits-1)`, so it is unsigned;
+//! - `<stem>.weight_scale`: float `[out, g]`;
+//! - `<stem>.weight_zero_point` (asymmetric only): the signed zero points plus `2^(bits-1)`,
+//!   packed the same way along the *output* dimension, i32 `[out · bits / 32, g]` (an int8
+//!   `[out, g]` of signed zero points is read too);
+//! - `<stem>.weight_shape`: i64 `[out, in]`.
+//!
+//! Values are `scale · (q − zero)` with both offset alike: the [`WqMatrix`] convention, the
+//! symmetric zero being `2^(bits-1)`.
+
+use ferrite_kernels::wq::{Bits, ScaleType, WqMatrix};
+use half::{bf16, f16};
+
+use crate::error::{EngineError, Result};
+use crate::weights::packing::{Unpacked, code, pack, per_word, scale_type, unpack};
+use crate::weights::{IntType, TensorMap};
+
+/// The unsigned value of signed code 0.
+fn offset(bits: Bits) -> u8 {
+    1 << (bits.get() - 1)
+}
+
+/// Converts layer `<stem>` to a [`WqMatrix`].
+pub(super) fn load_linear(
+    t: &TensorMap,
+    stem: &str,
+    bits: Bits,
+    group_size: Option<usize>,
+    sym: bool,
+) -> Result<WqMatrix> {
+    let name = |part: &str| format!("{stem}.{part}");
+    let bad = |reason: String| EngineError::BadTensor {
+        name: name("weight_packed"),
+        reason,
+    };
+    if t.int_type(&name("weight_g_idx")).is_some() {
+        return Err(bad(
+            "has a weight_g_idx (act-order), which is not supported: its groups are not \
+             contiguous"
+                .into(),
+        ));
+    }
+    let (pshape, packed) = t.i32_tensor(&name("weight_packed"))?;
+    let [rows, words] = pshape[..] else {
+        return Err(bad(format!("shape {pshape:?} is not 2-D")));
+    };
+    let p = per_word(bits);
+    let cols = match t.int_type(&name("weight_shape")) {
+        Some(_) => match t.i64_tensor(&name("weight_shape"))?.1[..] {
+            [r, c] if usize::try_from(r) == Ok(rows) => usize::try_from(c).unwrap_or(0),
+            ref other => return Err(bad(format!("weight_shape {other:?} for {rows} rows"))),
+        },
+        None => words * p,
+    };
+    if words != (cols * bits.get() as usize).div_ceil(32) {
+        return Err(bad(format!(
+            "{words} words per row do not hold {cols} {}-bit codes",
+            bits.get()
+        )));
+    }
+    let groups = group_size.map_or(1, |g| cols.div_ceil(g.max(1)));
+    let scale_name = name("weight_scale");
+    let entry = t
+        .entry(&scale_name)
+        .ok_or_else(|| EngineError::MissingTensor(scale_name.clone()))?;
+    if entry.shape != [rows, groups] {
+        return Err(bad(format!(
+            "weight_scale has shape {:?}, expected [{rows}, {groups}]",
+            entry.shape
+        )));
+    }
+    let scales = t.vector(&scale_name)?;
+    let zeros = if sym {
+        vec![offset(bits); rows * groups]
+    } else {
+        zero_points(t, &name("weight_zero_point"), bits, rows, groups)?
+    };
+    let codes: Vec<u8> = packed
+        .chunks_exact(words.max(1))
+        .flat_map(|row| unpack(row, bits).into_iter().take(cols))
+        .collect();
+    let scale_type = scale_type(entry.ty, &scales, &scale_name);
+    let u = Unpacked {
+        rows,
+        cols,
+        codes,
+        scales,
+        zeros,
+    };
+    u.into_wq(bits, group_size, scale_type, sym)
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// The unsigned zero points `[rows, groups]` of tensor `name`: i32 packed along the rows, or
+/// int8 signed values.
+fn zero_points(
+    t: &TensorMap,
+    name: &str,
+    bits: Bits,
+    rows: usize,
+    groups: usize,
+) -> Result<Vec<u8>> {
+    let bad = |reason: String| EngineError::BadTensor {
+        name: name.to_owned(),
+        reason,
+    };
+    if t.int_type(name) == Some(IntType::I8) {
+        let (shape, z) = t.i8_tensor(name)?;
+        if shape != [rows, groups] {
+            return Err(bad(format!("shape {shape:?}, expected [{rows}, {groups}]")));
+        }
+        return z
+            .iter()
+            .map(|&v| {
+                u8::try_from(i16::from(v) + i16::from(offset(bits)))
+                    .ok()
+                    .filter(|&u| u <= bits.max_code())
+                    .ok_or_else(|| bad(format!("zero point {v} does not fit {} bits", bits.get())))
+            })
+            .collect();
+    }
+    let (shape, words) = t.i32_tensor(name)?;
+    let p = per_word(bits);
+    let word_rows = (rows * bits.get() as usize).div_ceil(32);
+    if shape != [word_rows, groups] {
+        return Err(bad(format!(
+            "shape {shape:?}, expected [{word_rows}, {groups}] (packed along the rows)"
+        )));
+    }
+    let mut zeros = vec![0u8; rows * groups];
+    for (wr, row) in words.chunks_exact(groups).enumerate() {
+        for (g, &w) in row.iter().enumerate() {
+            for slot in 0..p {
+                let r = wr * p + slot;
+                if r < rows {
+                    zeros[r * groups + g] = code(w, slot, bits);
+                }
+            }
+        }
+    }
+    Ok(zeros)
+}
+
+/// One linear layer in `pack-quantized` tensors, ready to write.
+#[derive(Debug)]
+pub struct PackedTensors {
+    /// `[rows, cols / p]`.
+    pub weight_packed: Vec<i32>,
+    /// `[rows, groups]`, f16 or bf16 bits as `scale_type` says.
+    pub weight_scale: Vec<u16>,
+    pub scale_type: ScaleType,
+    /// `[rows / p, groups]` for asymmetric formats.
+    pub weight_zero_point: Option<Vec<i32>>,
+    pub rows: usize,
+    pub cols: usize,
+    pub groups: usize,
+}
+
+impl PackedTensors {
+    /// `w` in the `pack-quantized` layout (rows and columns whole words of codes).
+    pub fn from_wq(w: &WqMatrix) -> Result<Self> {
+        let format = w.format();
+        let (rows, cols, groups) = (w.rows(), w.cols(), w.groups_per_row());
+        let p = per_word(format.bits);
+        if !cols.is_multiple_of(p) || (format.zero_point && !rows.is_multiple_of(p)) {
+            return Err(EngineError::BadTensor {
+                name: "(quantized layer)".into(),
+                reason: format!("{rows}x{cols} does not pack {p} codes per 32-bit word"),
+            });
+        }
+        let weight_scale = w
+            .scales()
+            .iter()
+            .map(|&s| match format.scale_type {
+                ScaleType::F16 => f16::from_f32(s).to_bits(),
+                ScaleType::Bf16 => bf16::from_f32(s).to_bits(),
+            })
+            .collect();
+        let weight_zero_point = format.zero_point.then(|| {
+            // Transposed so consecutive rows share a word, as `pack_to_int32(packed_dim=0)`.
+            let zeros = w.zeros();
+            let by_group: Vec<u8> = (0..groups)
+                .flat_map(|g| (0..rows).map(move |r| (g, r)))
+                .map(|(g, r)| zeros[r * groups + g])
+                .collect();
+            let packed = pack(&by_group, format.bits);
+            let word_rows = rows / p;
+            (0..word_rows * groups)
+                .map(|i| packed[(i % groups) * word_rows + i / groups])
+                .collect()
+        });
+        Ok(Self {
+            weight_packed: pack(&w.codes(), format.bits),
+            weight_scale,
+            scale_type: format.scale_type,
+            weight_zero_point,
+            rows,
+            cols,
+            groups,
+        })
+    }
+}

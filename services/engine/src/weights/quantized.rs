@@ -1,0 +1,119 @@
+//! Quantized Hugging Face checkpoints: which format config.json's `quantization_config` names,
+//! and the loader of each one's linear layers.
+//!
+//! - `gptq` ([`super::gptq`]): AutoGPTQ / GPTQModel / `ferrite quantize --format gptq`;
+//! - `awq` ([`super::awq`]): AutoAWQ's GEMM layout / `ferrite quantize --format awq`;
+//! - `compressed-tensors` ([`super::compressed`]): llm-compressor / vLLM / `ferrite quantize
+//!   --format compressed-tensors`, in its `pack-quantized`, `int-quantized` (W8A8) and
+//!   `float-quantized` (FP8) forms.
+//!
+//! A layer `<stem>` is quantized when its format's tensors are there (`<stem>.qweight`,
+//! `<stem>.weight_packed`, or an I8/F8 `<stem>.weight`); anything else (embeddings, the LM
+//! head, layers the quantizer left alone) loads as the float tensor it is.
+
+use serde_json::Value;
+
+use super::awq::AwqConfig;
+use super::compressed::CompressedConfig;
+use super::gptq::GptqConfig;
+use super::{IntType, Matrix, TensorMap};
+use crate::error::{EngineError, Result};
+
+/// A checkpoint's `quantization_config`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuantConfig {
+    Gptq(GptqConfig),
+    Awq(AwqConfig),
+    Compressed(CompressedConfig),
+}
+
+impl QuantConfig {
+    /// Reads config.json's `quantization_config`; `Ok(None)` when there is none.
+    pub fn from_hf_config(cfg: &Value) -> Result<Option<Self>> {
+        let Some(q) = cfg.get("quantization_config") else {
+            return Ok(None);
+        };
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+        Ok(Some(match method {
+            "gptq" => Self::Gptq(GptqConfig::from_json(q)?),
+            "awq" => Self::Awq(AwqConfig::from_json(q)?),
+            "compressed-tensors" => Self::Compressed(CompressedConfig::from_json(q)?),
+            other => {
+                return Err(EngineError::BadConfig(format!(
+                    "quantization_config: quant_method `{other}` is not supported (gptq, awq \
+                     and compressed-tensors are; or load the unquantized model with --quantize \
+                     rtn-w4g128)"
+                )));
+            }
+        }))
+    }
+
+    /// The group length of the weight-only formats (what a column shard must keep whole).
+    pub fn group_size(&self) -> Option<usize> {
+        match self {
+            Self::Gptq(g) => g.group_size,
+            Self::Awq(a) => a.group_size,
+            Self::Compressed(c) => c.group_size(),
+        }
+    }
+
+    /// Whether layer `stem`'s tensors in `t` are this format's.
+    fn holds(&self, t: &TensorMap, stem: &str) -> bool {
+        let int = |suffix: &str| t.ints.contains_key(&format!("{stem}.{suffix}"));
+        match self {
+            Self::Gptq(_) | Self::Awq(_) => int("qweight"),
+            Self::Compressed(_) => {
+                int("weight_packed")
+                    || t.ints
+                        .get(&format!("{stem}.weight"))
+                        .is_some_and(|e| matches!(e.ty, IntType::I8 | IntType::F8E4M3))
+            }
+        }
+    }
+
+    fn load_linear(&self, t: &TensorMap, stem: &str) -> Result<Matrix> {
+        match self {
+            Self::Gptq(g) => super::gptq::load_linear(t, stem, g).map(Matrix::from_wq),
+            Self::Awq(a) => super::awq::load_linear(t, stem, a).map(Matrix::from_wq),
+            Self::Compressed(c) => c.load_linear(t, stem),
+        }
+    }
+}
+
+impl TensorMap {
+    /// Marks the checkpoint as quantized (from config.json's `quantization_config`).
+    pub fn set_quant(&mut self, cfg: QuantConfig) {
+        if let QuantConfig::Compressed(c) = &cfg
+            && c.dequantizes_on_cpu()
+        {
+            // A warning, so it shows at the default log level: the memory and speed cost is
+            // the user's to know.
+            tracing::warn!(
+                "{}: FP8 weights are dequantized to f32 at load (4 bytes per weight) and the \
+                 CPU rounds activations through FP8 before an f32 matmul: correct, not fast \
+                 (the GPU runs them as dense 16-bit weights)",
+                c.describe()
+            );
+        }
+        self.quant = Some(cfg);
+    }
+
+    pub fn quant(&self) -> Option<&QuantConfig> {
+        self.quant.as_ref()
+    }
+
+    /// For `<stem>.weight` of a quantized layer: the stem.
+    pub(super) fn quantized_stem<'n>(&self, name: &'n str) -> Option<&'n str> {
+        let q = self.quant.as_ref()?;
+        let stem = name.strip_suffix(".weight")?;
+        q.holds(self, stem).then_some(stem)
+    }
+
+    /// Quantized layer `stem` converted to the layout ferrite computes with.
+    pub(super) fn quantized_matrix(&self, stem: &str) -> Result<Matrix> {
+        match &self.quant {
+            Some(q) => q.load_linear(self, stem),
+            None => Err(EngineError::MissingTensor(format!("{stem}.weight"))),
+        }
+    }
+}
