@@ -20,7 +20,7 @@ impl Rng {
     }
 }
 
-const FORMATS: [&str; 12] = [
+const FORMATS: [&str; 14] = [
     "w8g32",
     "w8g128",
     "w8pc-sym",
@@ -30,6 +30,8 @@ const FORMATS: [&str; 12] = [
     "w4g128",
     "w4pc",
     "w4g128-sym",
+    "w3g64",
+    "w3g128-sym",
     "w2g32",
     "w2g64",
     "w2g128-sym",

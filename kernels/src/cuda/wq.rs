@@ -30,7 +30,7 @@ pub struct WqDevice {
 /// Whether the GPU kernels take `format` at rows of `cols`: each row's codes a whole number of
 /// 16-byte vectors, groups a multiple of 32 (or one per row).
 pub fn check_layout(format: &WqFormat, cols: usize) -> Result<(), CudaError> {
-    let row_bytes = cols * format.bits.get() as usize / 8;
+    let row_bytes = cols * format.bits.storage() as usize / 8;
     let g = format.group_len(cols);
     if !row_bytes.is_multiple_of(16) || (!g.is_multiple_of(32) && g != cols) {
         return Err(CudaError::Driver(format!(
@@ -45,14 +45,14 @@ fn name(kind: &str, bits: Bits, dtype: Dtype) -> &'static str {
     match (kind, bits, dtype) {
         ("gemv", Bits::B8, Dtype::F16) => "wq_gemv_b8_f16",
         ("gemv", Bits::B8, Dtype::Bf16) => "wq_gemv_b8_bf16",
-        ("gemv", Bits::B4, Dtype::F16) => "wq_gemv_b4_f16",
-        ("gemv", Bits::B4, Dtype::Bf16) => "wq_gemv_b4_bf16",
+        ("gemv", Bits::B4 | Bits::B3, Dtype::F16) => "wq_gemv_b4_f16",
+        ("gemv", Bits::B4 | Bits::B3, Dtype::Bf16) => "wq_gemv_b4_bf16",
         ("gemv", Bits::B2, Dtype::F16) => "wq_gemv_b2_f16",
         ("gemv", Bits::B2, Dtype::Bf16) => "wq_gemv_b2_bf16",
         (_, Bits::B8, Dtype::F16) => "wq_dequant_b8_f16",
         (_, Bits::B8, Dtype::Bf16) => "wq_dequant_b8_bf16",
-        (_, Bits::B4, Dtype::F16) => "wq_dequant_b4_f16",
-        (_, Bits::B4, Dtype::Bf16) => "wq_dequant_b4_bf16",
+        (_, Bits::B4 | Bits::B3, Dtype::F16) => "wq_dequant_b4_f16",
+        (_, Bits::B4 | Bits::B3, Dtype::Bf16) => "wq_dequant_b4_bf16",
         (_, Bits::B2, Dtype::F16) => "wq_dequant_b2_f16",
         (_, Bits::B2, Dtype::Bf16) => "wq_dequant_b2_bf16",
     }
@@ -110,7 +110,7 @@ impl Gpu {
         out: DevPtr,
         w: &WqDevice,
     ) -> Result<(), CudaError> {
-        let threads = (w.rows * w.cols * w.bits.get() as usize).div_ceil(128);
+        let threads = (w.rows * w.cols * w.bits.storage() as usize).div_ceil(128);
         let grid = (threads.div_ceil(256).max(1) as u32, 1, 1);
         let mut args = vec![
             out.into(),

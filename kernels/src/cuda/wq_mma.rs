@@ -97,12 +97,12 @@ impl MmaTile {
     pub fn shared_bytes(self, bits: Bits) -> u32 {
         let (nt, wm, stages) = self.params();
         let (wk, bm, bn) = (8 / wm, 16 * wm, 8 * nt);
-        let codes_per_unit = 128 / bits.get() as usize;
+        let codes_per_unit = 128 / bits.storage() as usize;
         let units_per_stage = 2 * wk;
         let code_stride = units_per_stage * 16 + 16;
         let x_pad = match bits {
             Bits::B8 => 32,
-            Bits::B4 => 64,
+            Bits::B4 | Bits::B3 => 64,
             Bits::B2 => 16,
         };
         let x_stride = units_per_stage * codes_per_unit * 2 + x_pad;
@@ -134,8 +134,8 @@ fn entry(bits: Bits, dtype: Dtype, tile: MmaTile) -> &'static str {
     let names = match (bits, dtype) {
         (Bits::B8, Dtype::F16) => tiles!("wq_mma_b8_f16"),
         (Bits::B8, Dtype::Bf16) => tiles!("wq_mma_b8_bf16"),
-        (Bits::B4, Dtype::F16) => tiles!("wq_mma_b4_f16"),
-        (Bits::B4, Dtype::Bf16) => tiles!("wq_mma_b4_bf16"),
+        (Bits::B4 | Bits::B3, Dtype::F16) => tiles!("wq_mma_b4_f16"),
+        (Bits::B4 | Bits::B3, Dtype::Bf16) => tiles!("wq_mma_b4_bf16"),
         (Bits::B2, Dtype::F16) => tiles!("wq_mma_b2_f16"),
         (Bits::B2, Dtype::Bf16) => tiles!("wq_mma_b2_bf16"),
     };
@@ -188,7 +188,8 @@ impl Gpu {
         // wq_mma.cu is compiled once per code width (sources.rs).
         let module = match w.bits {
             Bits::B8 => "wq_mma_b8",
-            Bits::B4 => "wq_mma_b4",
+            // 3-bit codes are stored as 4-bit ones.
+            Bits::B4 | Bits::B3 => "wq_mma_b4",
             Bits::B2 => "wq_mma_b2",
         };
         unsafe { self.launch(module, entry, (grid_x, grid_y, 1), 256, shared, &args) }

@@ -103,7 +103,7 @@ unsafe fn group_dots<const MM: usize>(
                 let q1 = _mm256_cvtepu8_epi32(_mm_set1_epi64x((q >> 64) as u64 as i64));
                 (to_f32(q0), to_f32(q1))
             }
-            Bits::B4 => {
+            Bits::B4 | Bits::B3 => {
                 let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
                 let mask = _mm256_set1_epi32(0xf);
                 let q0 = _mm256_and_si256(_mm256_srlv_epi32(word_at(off / 2), shifts), mask);

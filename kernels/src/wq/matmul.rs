@@ -159,7 +159,7 @@ fn widen(packed: &[u8], bits: Bits, z: u8, out: &mut [f32]) {
                 *o = f(b);
             }
         }
-        Bits::B4 => {
+        Bits::B4 | Bits::B3 => {
             for (o, &b) in out.chunks_exact_mut(2).zip(packed) {
                 o[0] = f(b & 0xf);
                 o[1] = f(b >> 4);

@@ -38,6 +38,10 @@ pub use rtn::{GroupGrid, quantize_rtn};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bits {
     B2,
+    /// 3-bit codes, held in memory as 4-bit ones (nibbles: a byte does not hold whole 3-bit
+    /// codes, and the 4-bit kernels then run them unchanged); on disk they are packed densely
+    /// (compressed-tensors' layout).
+    B3,
     B4,
     B8,
 }
@@ -46,6 +50,7 @@ impl Bits {
     pub fn get(self) -> u32 {
         match self {
             Bits::B2 => 2,
+            Bits::B3 => 3,
             Bits::B4 => 4,
             Bits::B8 => 8,
         }
@@ -54,10 +59,11 @@ impl Bits {
     pub fn from_u32(bits: u32) -> Result<Self, WqError> {
         match bits {
             2 => Ok(Bits::B2),
+            3 => Ok(Bits::B3),
             4 => Ok(Bits::B4),
             8 => Ok(Bits::B8),
             other => Err(WqError::Format(format!(
-                "{other}-bit weights are not supported (2, 4 or 8)"
+                "{other}-bit weights are not supported (2, 3, 4 or 8)"
             ))),
         }
     }
@@ -67,9 +73,17 @@ impl Bits {
         ((1u32 << self.get()) - 1) as u8
     }
 
-    /// Codes per byte.
+    /// Bits a code takes in memory: [`Self::get`], but 4 for 3-bit codes.
+    pub fn storage(self) -> u32 {
+        match self {
+            Bits::B3 => 4,
+            b => b.get(),
+        }
+    }
+
+    /// Codes per byte in memory.
     pub fn per_byte(self) -> usize {
-        8 / self.get() as usize
+        8 / self.storage() as usize
     }
 }
 
@@ -485,10 +499,10 @@ impl WqMatrix {
     }
 }
 
-/// Packs codes (each `< 2^bits`) little-end first, `8 / bits` per byte. `codes.len()` must be a
+/// Packs codes (each `< 2^bits`) little-end first, [`Bits::per_byte`] per byte. `codes.len()` must be a
 /// multiple of that; a short last byte is zero-padded.
 pub fn pack(codes: &[u8], bits: Bits) -> Vec<u8> {
-    let b = bits.get() as usize;
+    let b = bits.storage() as usize;
     let per = bits.per_byte();
     let mask = bits.max_code();
     codes
@@ -503,7 +517,7 @@ pub fn pack(codes: &[u8], bits: Bits) -> Vec<u8> {
 
 /// The first `n` codes of `packed` (the inverse of [`pack`]).
 pub fn unpack(packed: &[u8], bits: Bits, n: usize) -> Vec<u8> {
-    let b = bits.get() as usize;
+    let b = bits.storage() as usize;
     let mask = bits.max_code();
     packed
         .iter()
@@ -522,13 +536,14 @@ mod tests {
             "w4g128",
             "w8pc",
             "w2g64-sym",
+            "w3g128",
             "w4g32-bf16",
             "w8g64-sym-bf16",
         ] {
             let f: WqFormat = s.parse().expect(s);
             assert_eq!(f.to_string(), s);
         }
-        for bad in ["w3g128", "w4g100", "w4", "q4g128", "w4g128-asym", ""] {
+        for bad in ["w5g128", "w4g100", "w4", "q4g128", "w4g128-asym", ""] {
             assert!(bad.parse::<WqFormat>().is_err(), "{bad}");
         }
     }
@@ -542,7 +557,7 @@ mod tests {
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
             .collect();
-        for name in ["w4g128", "w2g64-sym", "w8pc", "w4g32-bf16"] {
+        for name in ["w4g128", "w2g64-sym", "w8pc", "w4g32-bf16", "w3g64"] {
             let f: WqFormat = name.parse().expect(name);
             let m = quantize_rtn(&w, rows, cols, f).expect("quantize");
             let full = m.dequantize();
@@ -568,13 +583,13 @@ mod tests {
 
     #[test]
     fn packing_round_trips_exactly() {
-        for bits in [Bits::B2, Bits::B4, Bits::B8] {
+        for bits in [Bits::B2, Bits::B3, Bits::B4, Bits::B8] {
             let n = 256;
             let codes: Vec<u8> = (0..n)
                 .map(|i| ((i * 37 + 11) % 256) as u8 & bits.max_code())
                 .collect();
             let packed = pack(&codes, bits);
-            assert_eq!(packed.len(), n * bits.get() as usize / 8);
+            assert_eq!(packed.len(), n * bits.storage() as usize / 8);
             assert_eq!(unpack(&packed, bits, n), codes);
         }
         // The documented bit order: code j at bit (j * bits) % 8.

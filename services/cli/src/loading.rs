@@ -39,7 +39,7 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 64, env = "FERRITE_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
     /// Quantize the layers' weights at load by round-to-nearest: rtn-w<bits>g<group> or
-    /// rtn-w<bits>pc (per-channel), bits 8, 4 or 2, groups 32, 64 or 128, optionally -sym
+    /// rtn-w<bits>pc (per-channel), bits 8, 4, 3 or 2, groups 32, 64 or 128, optionally -sym
     /// (no zero points) and -bf16 (bf16 scales). E.g. rtn-w4g128, rtn-w8pc-sym.
     #[arg(long, value_parser = model::parse_quantize, env = "FERRITE_QUANTIZE")]
     pub quantize: Option<WqFormat>,

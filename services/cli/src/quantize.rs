@@ -90,7 +90,8 @@ pub struct QuantizeArgs {
     /// compressed-tensors (any scheme; the only one for w8a8 and fp8).
     #[arg(long, value_enum)]
     format: Option<Format>,
-    /// Bits per weight (8, 4 or 2): overrides the scheme's.
+    /// Bits per weight (8, 4, 3 or 2): overrides the scheme's. 3-bit weights are written in
+    /// compressed-tensors' layout and held as 4-bit codes in memory (no faster than 4-bit).
     #[arg(long)]
     bits: Option<u32>,
     /// Weights per group along the input dimension: 32, 64, 128, or -1 for per-channel.

@@ -1,5 +1,5 @@
 //! `ferrite quantize`'s writers checked by the tools that read their formats: the AWQ GEMM,
-//! compressed-tensors `pack-quantized` (with and without zero points) and FP8
+//! compressed-tensors `pack-quantized` (4- and 3-bit, with and without zero points) and FP8
 //! `float-quantized` directories it writes from the tiny llama31 fixture were loaded by
 //! transformers (compressed-tensors) or dequantized by AutoAWQ's `dequantize_gemm`, and their
 //! logits stored in `tests/fixtures/quant/interop/written.json` (`generate.py written`). Here
@@ -26,7 +26,7 @@ fn written_checkpoints_give_the_logits_other_tools_read_from_them() {
     let exp = read_json(&fixtures().join("quant/interop/written.json"));
     let input = fixtures().join("models/llama31");
     let checkpoints = exp["checkpoints"].as_object().expect("checkpoints");
-    assert_eq!(checkpoints.len(), 4);
+    assert_eq!(checkpoints.len(), 6);
     for (name, c) in checkpoints {
         let out = temp_dir(name);
         let mut args: Vec<String> = vec!["quantize".into()];

@@ -40,7 +40,7 @@ fn quantize_writes_a_gptq_checkpoint_and_refuses_bad_arguments() {
         (Some("gptq"), Some(4), Some(32), Some(true))
     );
     for bad in [
-        vec!["quantize", "--bits", "3", &tiny_s, "/tmp/x"],
+        vec!["quantize", "--bits", "5", &tiny_s, "/tmp/x"],
         vec![
             "quantize",
             "--bits",

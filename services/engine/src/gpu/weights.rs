@@ -25,8 +25,8 @@ use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::wq_mins::means_len;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
-use ferrite_kernels::wq::WqFormat;
 use ferrite_kernels::wq::gguf::GgufRepack;
+use ferrite_kernels::wq::{Bits, WqFormat};
 use rayon::prelude::*;
 
 use crate::config::ModelConfig;
@@ -233,7 +233,9 @@ impl DeviceMatrix {
             Some(v) => Some(DeviceTensor::from_f32(gpu, dtype, &v)?),
             None => None,
         };
-        let zeros = if f.zero_point {
+        // 3-bit codes run on the 4-bit kernels, whose symmetric zero is 8, not 4: they are given
+        // their zeros (all 4) as zero points instead.
+        let zeros = if f.zero_point || f.bits == Bits::B3 {
             Some(gpu.upload(&m.zeros()).map_err(gpu_error)?)
         } else {
             None
@@ -305,7 +307,7 @@ impl DeviceMatrix {
                 .map(Self::Dense);
         };
         let groups = rows * f.groups_per_row(cols);
-        let code_bytes = rows * cols * f.bits.get() as usize / 8;
+        let code_bytes = rows * cols * f.bits.storage() as usize / 8;
         let bytes_of = |n: usize, seed: u64, mask: u8| -> Result<CudaSlice<u8>> {
             let buf = gpu.zeros::<u8>(n).map_err(gpu_error)?;
             // SAFETY: `buf` holds `n` bytes.

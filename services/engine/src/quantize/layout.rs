@@ -141,10 +141,10 @@ fn awq(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
 
 fn packed(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
     let t = PackedTensors::from_wq(w).map_err(|e| p.named(e))?;
-    let per = 32 / w.format().bits.get() as usize;
+    let words = |n: usize| (n * w.format().bits.get() as usize).div_ceil(32);
     p.words(
         "weight_packed",
-        vec![t.rows, t.cols / per],
+        vec![t.rows, words(t.cols)],
         &t.weight_packed,
     );
     p.scales(
@@ -157,7 +157,7 @@ fn packed(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
     let bytes = shape.iter().flat_map(|d| d.to_le_bytes()).collect();
     p.push("weight_shape", Dtype::I64, vec![2], bytes);
     if let Some(z) = &t.weight_zero_point {
-        p.words("weight_zero_point", vec![t.rows / per, t.groups], z);
+        p.words("weight_zero_point", vec![words(t.rows), t.groups], z);
     }
     Ok(())
 }

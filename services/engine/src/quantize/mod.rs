@@ -14,7 +14,7 @@ mod write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ferrite_kernels::wq::WqFormat;
+use ferrite_kernels::wq::{Bits, WqFormat};
 use ferrite_text::Tokenizer;
 
 use crate::calib::{self, CalibOptions, LayerReport, Method, Scheme};
@@ -78,6 +78,8 @@ impl OutputFormat {
     /// GPTQ for the weight-only schemes, compressed-tensors for W8A8 and FP8.
     pub fn default_for(scheme: Scheme) -> Self {
         match scheme {
+            // GPTQ's 3-bit layout (codes straddling words in groups of 32) is not written.
+            Scheme::WeightOnly(f) if f.bits == Bits::B3 => Self::CompressedTensors,
             Scheme::WeightOnly(_) | Scheme::F32 => Self::Gptq,
             Scheme::W8A8 | Scheme::Fp8 => Self::CompressedTensors,
         }
@@ -90,6 +92,11 @@ impl OutputFormat {
         let compressed = |scheme| CompressedConfig { scheme }.to_json();
         match (scheme, self) {
             (Scheme::F32, _) => Ok(serde_json::Value::Null),
+            (Scheme::WeightOnly(f), Self::Gptq) if f.bits == Bits::B3 => bad(
+                "3-bit weights are written in compressed-tensors' layout (--format \
+                 compressed-tensors), not GPTQ's"
+                    .into(),
+            ),
             (Scheme::WeightOnly(f), Self::Gptq) => Ok(GptqConfig::for_format(f).to_json()),
             (Scheme::WeightOnly(f), Self::CompressedTensors) => {
                 Ok(CompressedConfig::packed(f).to_json())

@@ -39,8 +39,16 @@ impl GptqConfig {
             .get("bits")
             .and_then(|v| v.as_u64())
             .ok_or_else(|| bad("no integer `bits`".into()))?;
-        let bits =
-            Bits::from_u32(u32::try_from(bits).unwrap_or(0)).map_err(|e| bad(e.to_string()))?;
+        let bits = match u32::try_from(bits).unwrap_or(0) {
+            3 => {
+                return Err(bad(
+                    "3-bit GPTQ checkpoints are not supported (their codes straddle words in \
+                     groups of 32); compressed-tensors' 3-bit pack-quantized ones are"
+                        .into(),
+                ));
+            }
+            b => Bits::from_u32(b).map_err(|e| bad(e.to_string()))?,
+        };
         let group_size = match q.get("group_size").and_then(|v| v.as_i64()) {
             Some(-1) => None,
             Some(g) if g > 0 => Some(g as usize),
@@ -208,6 +216,9 @@ impl GptqTensors {
             name: "(quantized layer)".into(),
             reason: m,
         };
+        if format.bits == Bits::B3 {
+            return Err(bad("3-bit codes are not written in GPTQ's layout".into()));
+        }
         if !cols.is_multiple_of(p) || !rows.is_multiple_of(p) {
             return Err(bad(format!(
                 "{rows}x{cols} does not pack {p} codes per 32-bit word on both sides"

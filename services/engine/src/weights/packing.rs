@@ -20,28 +20,40 @@ pub(super) fn put(word: &mut i32, i: usize, bits: Bits, code: u8) {
     *word |= (u32::from(code) << (i as u32 * bits.get())) as i32;
 }
 
-/// `codes` packed into words, consecutive codes in consecutive slots; the count must be a
-/// multiple of [`per_word`].
+/// `codes` as one dense little-endian bit stream in `ceil(n · bits / 32)` words: code `j` at
+/// bits `j·bits ..` of the stream, a 3-bit code straddling two words where it falls so
+/// (compressed-tensors' `pack_to_int32`). For 2, 4 and 8 bits this is the slot layout above.
 pub(super) fn pack(codes: &[u8], bits: Bits) -> Vec<i32> {
-    codes
-        .chunks(per_word(bits))
-        .map(|c| {
-            let mut w = 0;
-            for (i, &q) in c.iter().enumerate() {
-                put(&mut w, i, bits, q);
-            }
-            w
-        })
-        .collect()
+    let b = bits.get() as usize;
+    let mut words = vec![0u32; (codes.len() * b).div_ceil(32)];
+    for (j, &q) in codes.iter().enumerate() {
+        let (w, off) = (j * b / 32, j * b % 32);
+        let v = u64::from(q & bits.max_code()) << off;
+        words[w] |= v as u32;
+        if off + b > 32 {
+            words[w + 1] |= (v >> 32) as u32;
+        }
+    }
+    words.into_iter().map(|w| w as i32).collect()
 }
 
-/// Every slot of `words`, in order.
-pub(super) fn unpack(words: &[i32], bits: Bits) -> Vec<u8> {
-    let p = per_word(bits);
-    words
-        .iter()
-        .flat_map(|&w| (0..p).map(move |i| code(w, i, bits)))
-        .collect()
+/// The first `n` codes of the bit stream `words` (the inverse of [`pack`]); `None` when the
+/// words hold fewer.
+pub(super) fn unpack(words: &[i32], bits: Bits, n: usize) -> Option<Vec<u8>> {
+    let b = bits.get() as usize;
+    if words.len() * 32 < n * b {
+        return None;
+    }
+    let word = |i: usize| u64::from(words.get(i).copied().unwrap_or(0) as u32);
+    Some(
+        (0..n)
+            .map(|j| {
+                let (w, off) = (j * b / 32, j * b % 32);
+                let v = (word(w) | word(w + 1) << 32) >> off;
+                (v as u8) & bits.max_code()
+            })
+            .collect(),
+    )
 }
 
 /// The scale type a layer's stored scales (`ty`, values `scales`, named `name` in the log) run
@@ -117,14 +129,22 @@ mod tests {
 
     #[test]
     fn pack_and_unpack_are_inverse_for_every_width() {
-        for bits in [Bits::B2, Bits::B4, Bits::B8] {
-            let codes: Vec<u8> = (0..64u32)
-                .map(|i| (i * 7 % (u32::from(bits.max_code()) + 1)) as u8)
-                .collect();
-            let words = pack(&codes, bits);
-            assert_eq!(words.len(), 64 / per_word(bits));
-            assert_eq!(unpack(&words, bits), codes, "{bits:?}");
+        for bits in [Bits::B2, Bits::B3, Bits::B4, Bits::B8] {
+            for n in [64, 70] {
+                let codes: Vec<u8> = (0..n as u32)
+                    .map(|i| (i * 7 % (u32::from(bits.max_code()) + 1)) as u8)
+                    .collect();
+                let words = pack(&codes, bits);
+                assert_eq!(words.len(), (n * bits.get() as usize).div_ceil(32));
+                assert_eq!(unpack(&words, bits, n), Some(codes), "{bits:?}");
+                assert_eq!(unpack(&words[1..], bits, n), None);
+            }
         }
+        // 3 bits: code 10 straddles words 0 and 1 (bits 30..33), as pack_to_int32 puts it.
+        let mut codes = vec![0u8; 32];
+        codes[10] = 0b101;
+        codes[0] = 0b011;
+        assert_eq!(pack(&codes, Bits::B3), vec![(1u32 << 30 | 3) as i32, 1, 0]);
         // Slot 0 is the low nibble; slot 7 reaches the sign bit.
         assert_eq!(
             pack(&[1, 0, 0, 0, 0, 0, 0, 0xf], Bits::B4),

@@ -1,7 +1,7 @@
 //! compressed-tensors checkpoints (what llm-compressor writes and vLLM reads): the
 //! `quantization_config` and its three forms ferrite runs.
 //!
-//! - `pack-quantized` ([`packed`]): weight-only integer codes (2, 4 or 8 bits, symmetric or
+//! - `pack-quantized` ([`packed`]): weight-only integer codes (2, 3, 4 or 8 bits, symmetric or
 //!   with zero points, in groups or one scale per channel) packed into i32 words, converted to a
 //!   [`ferrite_kernels::wq::WqMatrix`];
 //! - `int-quantized` ([`int8`]): W8A8, int8 weights per channel and int8 activations quantized
@@ -172,7 +172,7 @@ fn packed_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<Compresse
         .filter(|_| !w.float)
         .ok_or_else(|| {
             format!(
-                "{}-bit weights (2, 4 or 8-bit integers are supported)",
+                "{}-bit weights (2, 3, 4 or 8-bit integers are supported)",
                 w.bits
             )
         })?;

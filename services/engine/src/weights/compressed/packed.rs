@@ -1,12 +1,13 @@
 //! `pack-quantized` layers, converted to and from [`WqMatrix`]. A linear layer `<stem>` of
 //! `out` × `in` features with `g` groups per row (1 for strategy `channel`) is stored as:
 //!
-//! - `<stem>.weight_packed`: i32 `[out, in · bits / 32]`: each row's codes packed along the
-//!   *input* dimension, little end first (compressed-tensors' `pack_to_int32`); a code is the
-//!   signed value plus `2^(bits-1)`, so it is unsigned;
+//! - `<stem>.weight_packed`: i32 `[out, ceil(in · bits / 32)]`: each row's codes packed along
+//!   the *input* dimension as one dense little-endian bit stream (compressed-tensors'
+//!   `pack_to_int32`; 3-bit codes straddle words); a code is the signed value plus
+//!   `2^(bits-1)`, so it is unsigned;
 //! - `<stem>.weight_scale`: float `[out, g]`;
 //! - `<stem>.weight_zero_point` (asymmetric only): the signed zero points plus `2^(bits-1)`,
-//!   packed the same way along the *output* dimension, i32 `[out · bits / 32, g]` (an int8
+//!   packed the same way along the *output* dimension, i32 `[ceil(out · bits / 32), g]` (an int8
 //!   `[out, g]` of signed zero points is read too);
 //! - `<stem>.weight_shape`: i64 `[out, in]`.
 //!
@@ -17,7 +18,7 @@ use ferrite_kernels::wq::{Bits, ScaleType, WqMatrix};
 use half::{bf16, f16};
 
 use crate::error::{EngineError, Result};
-use crate::weights::packing::{Unpacked, code, pack, per_word, scale_type, unpack};
+use crate::weights::packing::{Unpacked, pack, scale_type, unpack};
 use crate::weights::{IntType, TensorMap};
 
 /// The unsigned value of signed code 0.
@@ -49,13 +50,12 @@ pub(super) fn load_linear(
     let [rows, words] = pshape[..] else {
         return Err(bad(format!("shape {pshape:?} is not 2-D")));
     };
-    let p = per_word(bits);
     let cols = match t.int_type(&name("weight_shape")) {
         Some(_) => match t.i64_tensor(&name("weight_shape"))?.1[..] {
             [r, c] if usize::try_from(r) == Ok(rows) => usize::try_from(c).unwrap_or(0),
             ref other => return Err(bad(format!("weight_shape {other:?} for {rows} rows"))),
         },
-        None => words * p,
+        None => words * 32 / bits.get() as usize,
     };
     if words != (cols * bits.get() as usize).div_ceil(32) {
         return Err(bad(format!(
@@ -80,10 +80,10 @@ pub(super) fn load_linear(
     } else {
         zero_points(t, &name("weight_zero_point"), bits, rows, groups)?
     };
-    let codes: Vec<u8> = packed
-        .chunks_exact(words.max(1))
-        .flat_map(|row| unpack(row, bits).into_iter().take(cols))
-        .collect();
+    let mut codes = Vec::with_capacity(rows * cols);
+    for row in packed.chunks_exact(words.max(1)) {
+        codes.extend(unpack(row, bits, cols).ok_or_else(|| bad("too few words".into()))?);
+    }
     let scale_type = scale_type(entry.ty, &scales, &scale_name);
     let u = Unpacked {
         rows,
@@ -125,7 +125,6 @@ fn zero_points(
             .collect();
     }
     let (shape, words) = t.i32_tensor(name)?;
-    let p = per_word(bits);
     let word_rows = (rows * bits.get() as usize).div_ceil(32);
     if shape != [word_rows, groups] {
         return Err(bad(format!(
@@ -133,14 +132,11 @@ fn zero_points(
         )));
     }
     let mut zeros = vec![0u8; rows * groups];
-    for (wr, row) in words.chunks_exact(groups).enumerate() {
-        for (g, &w) in row.iter().enumerate() {
-            for slot in 0..p {
-                let r = wr * p + slot;
-                if r < rows {
-                    zeros[r * groups + g] = code(w, slot, bits);
-                }
-            }
+    for g in 0..groups {
+        let column: Vec<i32> = (0..word_rows).map(|wr| words[wr * groups + g]).collect();
+        let z = unpack(&column, bits, rows).ok_or_else(|| bad("too few words".into()))?;
+        for (r, z) in z.into_iter().enumerate() {
+            zeros[r * groups + g] = z;
         }
     }
     Ok(zeros)
@@ -149,12 +145,12 @@ fn zero_points(
 /// One linear layer in `pack-quantized` tensors, ready to write.
 #[derive(Debug)]
 pub struct PackedTensors {
-    /// `[rows, cols / p]`.
+    /// `[rows, ceil(cols · bits / 32)]`.
     pub weight_packed: Vec<i32>,
     /// `[rows, groups]`, f16 or bf16 bits as `scale_type` says.
     pub weight_scale: Vec<u16>,
     pub scale_type: ScaleType,
-    /// `[rows / p, groups]` for asymmetric formats.
+    /// `[ceil(rows · bits / 32), groups]` for asymmetric formats.
     pub weight_zero_point: Option<Vec<i32>>,
     pub rows: usize,
     pub cols: usize,
@@ -162,17 +158,10 @@ pub struct PackedTensors {
 }
 
 impl PackedTensors {
-    /// `w` in the `pack-quantized` layout (rows and columns whole words of codes).
+    /// `w` in the `pack-quantized` layout.
     pub fn from_wq(w: &WqMatrix) -> Result<Self> {
         let format = w.format();
         let (rows, cols, groups) = (w.rows(), w.cols(), w.groups_per_row());
-        let p = per_word(format.bits);
-        if !cols.is_multiple_of(p) || (format.zero_point && !rows.is_multiple_of(p)) {
-            return Err(EngineError::BadTensor {
-                name: "(quantized layer)".into(),
-                reason: format!("{rows}x{cols} does not pack {p} codes per 32-bit word"),
-            });
-        }
         let weight_scale = w
             .scales()
             .iter()
@@ -188,14 +177,22 @@ impl PackedTensors {
                 .flat_map(|g| (0..rows).map(move |r| (g, r)))
                 .map(|(g, r)| zeros[r * groups + g])
                 .collect();
-            let packed = pack(&by_group, format.bits);
-            let word_rows = rows / p;
+            // One bit stream per group's column of rows, then [word_rows, groups] row-major.
+            let word_rows = (rows * format.bits.get() as usize).div_ceil(32);
+            let columns: Vec<Vec<i32>> = by_group
+                .chunks(rows)
+                .map(|c| pack(c, format.bits))
+                .collect();
             (0..word_rows * groups)
-                .map(|i| packed[(i % groups) * word_rows + i / groups])
+                .map(|i| columns[i % groups][i / groups])
                 .collect()
         });
+        let codes = w.codes();
         Ok(Self {
-            weight_packed: pack(&w.codes(), format.bits),
+            weight_packed: codes
+                .chunks(cols)
+                .flat_map(|row| pack(row, format.bits))
+                .collect(),
             weight_scale,
             scale_type: format.scale_type,
             weight_zero_point,
