@@ -343,13 +343,17 @@ async fn a_rank_killed_mid_stream_fails_its_pool_fast_and_the_gateway_moves_on()
     // so before now), plus etcd's expiry check (every 500 ms) and the revoke's raft round,
     // which a loaded machine stretches.
     let expiry_slack = Duration::from_secs(2);
-    wait::until("the pool's keys to go", LEASE_TTL + expiry_slack, || async {
-        match cluster.pool_keys(&store, "tp").await {
-            Ok(k) if k.is_empty() => Ok(()),
-            Ok(k) => Err(format!("still there: {k:?}")),
-            Err(e) => Err(format!("{e:#}")),
-        }
-    })
+    wait::until(
+        "the pool's keys to go",
+        LEASE_TTL + expiry_slack,
+        || async {
+            match cluster.pool_keys(&store, "tp").await {
+                Ok(k) if k.is_empty() => Ok(()),
+                Ok(k) => Err(format!("still there: {k:?}")),
+                Err(e) => Err(format!("{e:#}")),
+            }
+        },
+    )
     .await?;
     cluster.wait_for_ready_pools(1, DISCOVERY_TIMEOUT).await?;
     let mut grpc_client = cluster.inference().await?;

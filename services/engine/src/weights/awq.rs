@@ -18,7 +18,7 @@ use half::{bf16, f16};
 use serde_json::{Value, json};
 
 use super::TensorMap;
-use super::packing::{Unpacked, code, put, scale_type};
+use super::packing::{Unpacked, code, put, stored_scales};
 use crate::error::{EngineError, Result};
 
 /// Which output of a word's eight each slot holds.
@@ -93,17 +93,7 @@ pub fn load_linear(t: &TensorMap, stem: &str, cfg: &AwqConfig) -> Result<WqMatri
             "qzeros has shape {zshape:?}, expected [{groups}, {words}]"
         )));
     }
-    let scales_name = name("scales");
-    let entry = t
-        .entry(&scales_name)
-        .ok_or_else(|| EngineError::MissingTensor(scales_name.clone()))?;
-    if entry.shape != [groups, rows] {
-        return Err(bad(format!(
-            "scales have shape {:?}, expected [{groups}, {rows}]",
-            entry.shape
-        )));
-    }
-    let stored = t.vector(&scales_name)?;
+    let (stored, scale_type) = stored_scales(t, &name("scales"), [groups, rows])?;
     // Transpose into rows of output features, undoing the interleave.
     let mut codes = vec![0u8; rows * cols];
     for (k, row) in qweight.chunks_exact(words).enumerate() {
@@ -124,7 +114,6 @@ pub fn load_linear(t: &TensorMap, stem: &str, cfg: &AwqConfig) -> Result<WqMatri
             }
         }
     }
-    let scale_type = scale_type(entry.ty, &stored, &scales_name);
     let u = Unpacked {
         rows,
         cols,

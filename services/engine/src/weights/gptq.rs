@@ -17,7 +17,7 @@ use ferrite_kernels::wq::{Bits, ScaleType, WqFormat, WqMatrix};
 use half::{bf16, f16};
 
 use super::TensorMap;
-use super::packing::{Unpacked, code, per_word, put, scale_type};
+use super::packing::{Unpacked, code, per_word, put, stored_scales};
 use crate::error::{EngineError, Result};
 
 /// The `quantization_config` of a GPTQ checkpoint's config.json.
@@ -129,18 +129,7 @@ pub fn load_linear(t: &TensorMap, stem: &str, cfg: &GptqConfig) -> Result<WqMatr
             out / p
         )));
     }
-    let scales_name = name("scales");
-    let scale_entry = t
-        .entry(&scales_name)
-        .ok_or_else(|| EngineError::MissingTensor(scales_name.clone()))?;
-    let scales_t = t.vector(&scales_name)?;
-    let scale_type = scale_type(scale_entry.ty, &scales_t, &scales_name);
-    if scale_entry.shape != [groups, out] {
-        return Err(bad(format!(
-            "scales have shape {:?}, expected [{groups}, {out}]",
-            scale_entry.shape
-        )));
-    }
+    let (scales_t, scale_type) = stored_scales(t, &name("scales"), [groups, out])?;
     if t.ints.contains_key(&name("g_idx")) {
         let (_, g_idx) = t.i32_tensor(&name("g_idx"))?;
         let contiguous = g_idx.len() == cols

@@ -5,6 +5,9 @@
 use ferrite_kernels::quant::GgmlType;
 use ferrite_kernels::wq::{Bits, ScaleType, WqError, WqFormat, WqMatrix};
 
+use super::TensorMap;
+use crate::error::{EngineError, Result};
+
 /// Codes per 32-bit word.
 pub(super) fn per_word(bits: Bits) -> usize {
     32 / bits.get() as usize
@@ -75,6 +78,27 @@ pub(super) fn scale_type(ty: GgmlType, scales: &[f32], name: &str) -> ScaleType 
         }
         _ => ScaleType::F16,
     }
+}
+
+/// A layer's stored scales `name`, after checking that their shape is `shape`: the values
+/// (as f32) and the type they run as ([`scale_type`]).
+pub(super) fn stored_scales(
+    t: &TensorMap,
+    name: &str,
+    shape: [usize; 2],
+) -> Result<(Vec<f32>, ScaleType)> {
+    let entry = t
+        .entry(name)
+        .ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+    if entry.shape != shape {
+        return Err(EngineError::BadTensor {
+            name: name.to_owned(),
+            reason: format!("shape {:?}, expected {shape:?}", entry.shape),
+        });
+    }
+    let values = t.vector(name)?;
+    let ty = scale_type(entry.ty, &values, name);
+    Ok((values, ty))
 }
 
 /// One layer's unpacked codes (`rows * cols`, row-major over output features) and per-group

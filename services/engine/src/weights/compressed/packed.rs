@@ -18,7 +18,7 @@ use ferrite_kernels::wq::{Bits, ScaleType, WqMatrix};
 use half::{bf16, f16};
 
 use crate::error::{EngineError, Result};
-use crate::weights::packing::{Unpacked, pack, scale_type, unpack};
+use crate::weights::packing::{Unpacked, pack, stored_scales, unpack};
 use crate::weights::{IntType, TensorMap};
 
 /// The unsigned value of signed code 0.
@@ -64,17 +64,7 @@ pub(super) fn load_linear(
         )));
     }
     let groups = group_size.map_or(1, |g| cols.div_ceil(g.max(1)));
-    let scale_name = name("weight_scale");
-    let entry = t
-        .entry(&scale_name)
-        .ok_or_else(|| EngineError::MissingTensor(scale_name.clone()))?;
-    if entry.shape != [rows, groups] {
-        return Err(bad(format!(
-            "weight_scale has shape {:?}, expected [{rows}, {groups}]",
-            entry.shape
-        )));
-    }
-    let scales = t.vector(&scale_name)?;
+    let (scales, scale_type) = stored_scales(t, &name("weight_scale"), [rows, groups])?;
     let zeros = if sym {
         vec![offset(bits); rows * groups]
     } else {
@@ -84,7 +74,6 @@ pub(super) fn load_linear(
     for row in packed.chunks_exact(words.max(1)) {
         codes.extend(unpack(row, bits, cols).ok_or_else(|| bad("too few words".into()))?);
     }
-    let scale_type = scale_type(entry.ty, &scales, &scale_name);
     let u = Unpacked {
         rows,
         cols,
