@@ -262,6 +262,12 @@ fn measure_row(
                 figures.push(f);
             }
         }
+        // The tables come at the end (rows are ranked); a long run says how far it got.
+        let [_, out, _] = stats(&figures);
+        eprintln!(
+            "bench latency: {label}_{}: {:.2} output tok/s",
+            cfg.name, out.0
+        );
         measured.push((cfg, Ok(figures)));
     }
     let model = format!(
