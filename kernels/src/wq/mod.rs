@@ -103,6 +103,14 @@ impl ScaleType {
         }
     }
 
+    /// The bits `x` is stored as in this type (rounded to nearest), for writing checkpoints.
+    pub fn to_bits(self, x: f32) -> u16 {
+        match self {
+            ScaleType::F16 => f16::from_f32(x).to_bits(),
+            ScaleType::Bf16 => bf16::from_f32(x).to_bits(),
+        }
+    }
+
     /// The smallest value of this type at or above `x` (`0 <= x <= max`), as f32: a scale
     /// rounded up still spans its group's whole range.
     pub fn round_up(self, x: f32) -> f32 {

@@ -14,7 +14,6 @@
 //! Values are `scale · (q − zero)`, the [`WqMatrix`] convention (zeros stored as they are).
 
 use ferrite_kernels::wq::{Bits, ScaleType, WqMatrix};
-use half::{bf16, f16};
 use serde_json::{Value, json};
 
 use super::TensorMap;
@@ -178,11 +177,7 @@ impl AwqTensors {
                         BITS,
                         zeros[n * groups + g],
                     );
-                    let s = w.scales()[n * groups + g];
-                    scales[g * rows + n] = match format.scale_type {
-                        ScaleType::F16 => f16::from_f32(s).to_bits(),
-                        ScaleType::Bf16 => bf16::from_f32(s).to_bits(),
-                    };
+                    scales[g * rows + n] = format.scale_type.to_bits(w.scales()[n * groups + g]);
                 }
             }
         }

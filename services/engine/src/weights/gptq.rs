@@ -14,7 +14,6 @@
 //! Values are `scale * (q - zero)`, exactly the [`WqMatrix`] convention.
 
 use ferrite_kernels::wq::{Bits, ScaleType, WqFormat, WqMatrix};
-use half::{bf16, f16};
 
 use super::TensorMap;
 use super::packing::{Unpacked, code, per_word, put, stored_scales};
@@ -242,11 +241,7 @@ impl GptqTensors {
                     format.bits,
                     stored,
                 );
-                let s = w.scales()[n * groups + g];
-                scales[g * rows + n] = match format.scale_type {
-                    ScaleType::F16 => f16::from_f32(s).to_bits(),
-                    ScaleType::Bf16 => bf16::from_f32(s).to_bits(),
-                };
+                scales[g * rows + n] = format.scale_type.to_bits(w.scales()[n * groups + g]);
             }
         }
         Ok(Self {

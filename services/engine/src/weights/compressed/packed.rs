@@ -15,7 +15,6 @@
 //! symmetric zero being `2^(bits-1)`.
 
 use ferrite_kernels::wq::{Bits, ScaleType, WqMatrix};
-use half::{bf16, f16};
 
 use crate::error::{EngineError, Result};
 use crate::weights::packing::{Unpacked, pack, stored_scales, unpack};
@@ -154,10 +153,7 @@ impl PackedTensors {
         let weight_scale = w
             .scales()
             .iter()
-            .map(|&s| match format.scale_type {
-                ScaleType::F16 => f16::from_f32(s).to_bits(),
-                ScaleType::Bf16 => bf16::from_f32(s).to_bits(),
-            })
+            .map(|&s| format.scale_type.to_bits(s))
             .collect();
         let weight_zero_point = format.zero_point.then(|| {
             // Transposed so consecutive rows share a word, as `pack_to_int32(packed_dim=0)`.
