@@ -11,7 +11,8 @@
 use rayon::prelude::*;
 
 use crate::fp8::{Fp8Activations, Fp8Matrix, quantize_activations};
-use crate::quant::{GgmlType, Isa, QuantError, RowKernel};
+use crate::quant::q8::{self, Q8Row};
+use crate::quant::{GgmlActivations, GgmlType, Isa, QuantError, RowKernel};
 use crate::w8a8::{I8Activations, I8Matrix};
 use crate::wq::WqMatrix;
 
@@ -217,6 +218,52 @@ struct Task<'o> {
 /// # Panics
 /// As [`matmul_many`].
 pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: &mut [&mut [f32]]) {
+    let opts = MatmulOptions {
+        isa,
+        ..MatmulOptions::default()
+    };
+    opts.many(x, m, ws, outs);
+}
+
+/// How matmuls run: the instruction set, and the activations GGUF block weights take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulOptions {
+    /// Scalar if this CPU lacks it.
+    pub isa: Isa,
+    /// For one-token steps (`m == 1`); batches always use f32 activations.
+    pub ggml_activations: GgmlActivations,
+}
+
+impl Default for MatmulOptions {
+    /// The fastest instruction set; f32 activations.
+    fn default() -> Self {
+        Self {
+            isa: Isa::best(),
+            ggml_activations: GgmlActivations::F32,
+        }
+    }
+}
+
+impl MatmulOptions {
+    /// [`matmul`] with these options.
+    ///
+    /// # Panics
+    /// As [`matmul`].
+    pub fn one<'a>(&self, x: &[f32], m: usize, w: impl Into<Weight<'a>>, out: &mut [f32]) {
+        self.many(x, m, &[w.into()], &mut [out]);
+    }
+
+    /// [`matmul_many`] with these options.
+    ///
+    /// # Panics
+    /// As [`matmul_many`].
+    pub fn many(&self, x: &[f32], m: usize, ws: &[Weight<'_>], outs: &mut [&mut [f32]]) {
+        run_many(self, x, m, ws, outs);
+    }
+}
+
+fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: &mut [&mut [f32]]) {
+    let isa = opts.isa;
     assert_eq!(ws.len(), outs.len(), "one output per weight");
     let Some(k) = ws.first().map(Weight::cols) else {
         return;
@@ -273,7 +320,20 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
         .any(|w| matches!(w, Weight::I8(_)))
         .then(|| I8Activations::new(x, m, k));
     let f8_acts = fp8_activations(x, k, ws);
+    // One-token steps may round the activations to int8 once for all GGUF block weights.
+    let int8 = |w: &WeightView<'_>| m == 1 && opts.ggml_activations.applies_to(w.ty);
+    let q8_acts = ws
+        .iter()
+        .any(|w| matches!(w, Weight::Ggml(v) if int8(v)))
+        .then(|| Q8Row::new(x));
     let run = |mut task: Task<'_>| match &ws[task.w] {
+        Weight::Ggml(w) if int8(w) => {
+            if let Some(a) = &q8_acts {
+                let (out, rb) = (&mut *task.outs[0], w.row_bytes());
+                let rows = &w.bytes[task.r0 * rb..(task.r0 + out.len()) * rb];
+                q8::rows(isa, w.ty, rows, a, out);
+            }
+        }
         Weight::Ggml(w) => {
             let kern = RowKernel::new(isa, w.ty, k);
             let mut scratch = vec![0f32; kern.scratch_len()];
@@ -324,4 +384,41 @@ fn fp8_activations(x: &[f32], k: usize, ws: &[Weight<'_>]) -> Vec<Option<Vec<f32
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::q8::tests::random_row;
+
+    /// With int8 activations a one-token matmul is the integer dot of every row (over rows
+    /// split into parallel tasks), and a two-token one stays on the exact f32 path.
+    #[test]
+    fn int8_activations_apply_to_one_token_steps_only() {
+        let (k, n) = (96, 200);
+        let ty = GgmlType::Q4_1;
+        let bytes: Vec<u8> = (0..n).flat_map(|r| random_row(ty, k, r as u32)).collect();
+        let w = WeightView::new(ty, n, k, &bytes).expect("whole blocks");
+        let x: Vec<f32> = (0..2 * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let int8 = MatmulOptions {
+            ggml_activations: GgmlActivations::Int8,
+            ..MatmulOptions::default()
+        };
+        let mut one = vec![0f32; n];
+        int8.one(&x[..k], 1, w, &mut one);
+        let acts = Q8Row::new(&x[..k]);
+        for (j, got) in one.iter().enumerate() {
+            let want = q8::dot(ty, w.row(j), &acts);
+            assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "row {j}");
+        }
+        let (mut exact, mut two) = (vec![0f32; 2 * n], vec![0f32; 2 * n]);
+        matmul(&x, 2, w, &mut exact);
+        int8.one(&x, 2, w, &mut two);
+        assert_eq!(exact, two);
+        assert_ne!(
+            &exact[..n],
+            &one[..],
+            "the int8 path rounds the activations"
+        );
+    }
 }

@@ -16,10 +16,14 @@ use std::str::FromStr;
 #[allow(unsafe_code)]
 mod avx2;
 mod kernel;
+pub(crate) mod q8;
 pub(crate) mod scalar;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::{Avx2, hsum as hsum256};
 pub(crate) use kernel::RowKernel;
 pub use kernel::{Isa, vec_dot, vec_dot_with};
+pub use q8::GgmlActivations;
 
 /// Elements in one K-quant super-block.
 pub const QK_K: usize = 256;

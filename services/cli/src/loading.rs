@@ -13,6 +13,7 @@ use ferrite_engine::tp::TpRank;
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{self, Gpu};
 use ferrite_kernels::device::{self, Device, DeviceRequest};
+use ferrite_kernels::quant::GgmlActivations;
 use ferrite_kernels::wq::WqFormat;
 use tracing::field::Empty;
 
@@ -62,6 +63,31 @@ pub struct ModelArgs {
     /// computed before (prefix caching is on by default).
     #[arg(long, env = "FERRITE_NO_PREFIX_CACHING")]
     pub no_prefix_caching: bool,
+    /// On the CPU, how GGUF Q4_0, Q4_1 and Q8_0 weights multiply a one-token step's
+    /// activations: `f32` (exact, the default) or `int8` (rounded per block of 32 and
+    /// multiplied in integers, as llama.cpp does: faster decode, logits move by ~1e-2).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "f32",
+        env = "FERRITE_CPU_ACTIVATIONS"
+    )]
+    pub cpu_activations: CpuActivations,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CpuActivations {
+    F32,
+    Int8,
+}
+
+impl From<CpuActivations> for GgmlActivations {
+    fn from(a: CpuActivations) -> Self {
+        match a {
+            CpuActivations::F32 => Self::F32,
+            CpuActivations::Int8 => Self::Int8,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -136,10 +162,12 @@ impl ModelArgs {
         let quantize = self
             .quantize
             .map_or_else(|| "none".to_owned(), |q| format!("rtn-{q}"));
+        // int8 activations change the keys and values computed, not only the speed.
         format!(
-            "model={} load_format={} quantize={quantize}",
+            "model={} load_format={} quantize={quantize} cpu_activations={}",
             self.model,
-            value_name(self.load_format)
+            value_name(self.load_format),
+            value_name(self.cpu_activations)
         )
     }
 
@@ -168,6 +196,7 @@ impl ModelArgs {
         }
         a.extend(["--load-format".into(), value_name(self.load_format)]);
         a.extend(["--dtype".into(), value_name(self.dtype)]);
+        a.extend(["--cpu-activations".into(), value_name(self.cpu_activations)]);
         if self.enforce_eager {
             a.push("--enforce-eager".into());
         }
@@ -231,6 +260,7 @@ impl ModelArgs {
     fn load_options(&self) -> LoadOptions {
         LoadOptions {
             quantize: self.quantize,
+            ggml_activations: self.cpu_activations.into(),
             ..LoadOptions::default()
         }
     }

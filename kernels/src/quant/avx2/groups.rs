@@ -54,7 +54,7 @@ fn f16_to_f32(h: u16) -> f32 {
 /// # Safety
 /// `p` readable for 2 bytes.
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: caller guarantees 2 readable bytes; read_unaligned has no alignment needs.
     f16_to_f32(u16::from_le(unsafe { p.cast::<u16>().read_unaligned() }))
 }
@@ -64,7 +64,7 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 /// # Safety
 /// `p` readable for 4 bytes.
 #[inline(always)]
-unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
+pub(super) unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
     // SAFETY: forwarded.
     unsafe { (f16_at(p), f16_at(p.add(2))) }
 }
@@ -75,7 +75,7 @@ unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
 /// `p` readable for 16 bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load16(p: *const u8) -> __m128i {
+pub(super) unsafe fn load16(p: *const u8) -> __m128i {
     // SAFETY: caller guarantees 16 readable bytes; loadu has no alignment needs.
     unsafe { _mm_loadu_si128(p.cast()) }
 }
@@ -86,7 +86,7 @@ unsafe fn load16(p: *const u8) -> __m128i {
 /// `p` readable for 32 bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load32(p: *const u8) -> __m256i {
+pub(super) unsafe fn load32(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 32 readable bytes; loadu has no alignment needs.
     unsafe { _mm256_loadu_si256(p.cast()) }
 }

@@ -21,6 +21,7 @@ use super::GgmlType;
 use super::scalar;
 
 mod groups;
+mod q8;
 
 use groups::Group;
 
@@ -362,9 +363,10 @@ unsafe fn tile<const X: usize>(
     r
 }
 
+/// The sum of the 8 lanes of `v`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn hsum(v: __m256) -> f32 {
+pub(crate) fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));

@@ -9,7 +9,7 @@
 //! sequence's block table in the paged KV cache.
 
 use ferrite_kernels::cpu::attention::{AttentionOptions, QueryToken, paged_attention};
-use ferrite_kernels::cpu::matmul::{matmul, matmul_many};
+use ferrite_kernels::cpu::matmul::MatmulOptions;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cpu::{
     add_bias, add_in_place, gelu_tanh_mul_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place,
@@ -205,6 +205,10 @@ pub struct LlamaModel {
     pub(crate) norm: Vec<f32>,
     pub(crate) lm_head: Matrix,
     pub(crate) rope: Rope,
+    /// How this model's matmuls run on the CPU (set after loading, from [`LoadOptions`]).
+    ///
+    /// [`LoadOptions`]: super::LoadOptions
+    pub(crate) matmul: MatmulOptions,
 }
 
 impl LlamaModel {
@@ -256,6 +260,7 @@ impl LlamaModel {
             norm,
             lm_head,
             rope,
+            matmul: MatmulOptions::default(),
         })
     }
 
@@ -328,6 +333,19 @@ impl LlamaModel {
     /// writing their keys and values into `kv`. Returns the logits each chunk asked for, in
     /// order, as rows of `vocab_size`.
     pub fn forward(
+        &self,
+        seqs: &[SeqChunk<'_>],
+        kv: &mut KvCache,
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<f32>> {
+        // The whole step runs on a thread of the pool, so each of its ~5 parallel regions per
+        // layer starts from there. Called from outside the pool, every region was injected
+        // into it while the caller slept on a latch: two thread wake-ups per region, a large
+        // share of a one-token step on a 2-core machine.
+        rayon::scope(|_| self.forward_on_pool(seqs, kv, comm))
+    }
+
+    fn forward_on_pool(
         &self,
         seqs: &[SeqChunk<'_>],
         kv: &mut KvCache,
@@ -478,7 +496,7 @@ impl LlamaModel {
         let kv_dim = c.kv_dim();
         rms_norm(&b.x, &layer.attn_norm, c.rms_norm_eps, &mut b.xn);
         tap(Site::Qkv, &b.xn);
-        matmul_many(
+        self.matmul.many(
             &b.xn,
             n_tok,
             &[layer.q.view(), layer.k.view(), layer.v.view()],
@@ -518,7 +536,7 @@ impl LlamaModel {
             &mut b.attn,
         );
         tap(Site::O, &b.attn);
-        matmul(&b.attn, n_tok, layer.o.view(), &mut b.proj);
+        self.matmul.one(&b.attn, n_tok, layer.o.view(), &mut b.proj);
         comm.all_reduce_sum(&mut b.proj)?;
         if let Some([post_attn, _]) = &layer.post_norms {
             rms_norm_in_place(&mut b.proj, post_attn, c.rms_norm_eps);
@@ -526,7 +544,7 @@ impl LlamaModel {
         add_in_place(&mut b.x, &b.proj);
         rms_norm(&b.x, &layer.ffn_norm, c.rms_norm_eps, &mut b.xn);
         tap(Site::GateUp, &b.xn);
-        matmul_many(
+        self.matmul.many(
             &b.xn,
             n_tok,
             &[layer.gate.view(), layer.up.view()],
@@ -537,7 +555,8 @@ impl LlamaModel {
             Activation::GeluTanh => gelu_tanh_mul_in_place(&mut b.gate, &b.up),
         }
         tap(Site::Down, &b.gate);
-        matmul(&b.gate, n_tok, layer.down.view(), &mut b.proj);
+        self.matmul
+            .one(&b.gate, n_tok, layer.down.view(), &mut b.proj);
         comm.all_reduce_sum(&mut b.proj)?;
         if let Some([_, post_ffn]) = &layer.post_norms {
             rms_norm_in_place(&mut b.proj, post_ffn, c.rms_norm_eps);
@@ -556,7 +575,7 @@ impl LlamaModel {
         let mine = self.lm_head.rows;
         let mut local = vec![0f32; n * mine];
         if n > 0 {
-            matmul(x, n, self.lm_head.view(), &mut local);
+            self.matmul.one(x, n, self.lm_head.view(), &mut local);
         }
         // `n` is the same on every rank (one plan), so all skip the gather together.
         if self.tp.is_solo() || n == 0 {

@@ -8,6 +8,7 @@ pub mod presets;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use ferrite_kernels::quant::GgmlActivations;
 use ferrite_kernels::wq::WqFormat;
 use ferrite_text::{GgufVocab, Tokenizer};
 use tracing::field::Empty;
@@ -117,6 +118,9 @@ pub struct LoadOptions {
     pub lazy_pages: bool,
     /// Load this rank's shard of the model (see [`crate::tp`]).
     pub tp: TpRank,
+    /// On the CPU, the activations GGUF block weights take in one-token steps
+    /// (`--cpu-activations`).
+    pub ggml_activations: GgmlActivations,
 }
 
 /// A model of a preset's shape with random weights and no tokenizer (`--load-format dummy`),
@@ -265,13 +269,14 @@ fn model_init(
     let span = tracing::info_span!(target: STARTUP_TARGET, "model_init",
         num_layers = cfg.num_layers as i64, num_heads = cfg.num_heads as i64,
         num_kv_heads = cfg.num_kv_heads as i64, head_dim = cfg.head_dim as i64,
-        quantize = Empty, weights = Empty);
+        quantize = Empty, weights = Empty, cpu_activations = ?options.ggml_activations);
     let _entered = span.enter();
     if !options.tp.is_solo() {
         let align = row_parallel_align(tensors, naming, &cfg, options.quantize);
         crate::tp::check_split(&cfg, options.tp.world, align)?;
     }
     let mut model = LlamaModel::load_shard(tensors, naming, cfg, options.tp)?;
+    model.matmul.ggml_activations = options.ggml_activations;
     if let Some(format) = options.quantize {
         span.record(
             "quantize",
