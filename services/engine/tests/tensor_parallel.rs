@@ -36,14 +36,22 @@ const LOGIT_TOLERANCE: f32 = 1e-3;
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `body` on every rank of a pool of `world`, one thread each, and returns rank-order
-/// results.
+/// results. Each rank has a thread pool of its own, as a rank process does: a forward runs on
+/// its process's pool and waits there for the other ranks, so ranks sharing one pool would
+/// wait for each other's turn on it.
 fn on_ranks<T: Send>(
     world: usize,
     body: impl Fn(TpRank, Box<dyn Collective>) -> T + Sync,
 ) -> Vec<T> {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let leader = listener.local_addr().expect("addr");
-    let body = &body;
+    let body = &|tp: TpRank, comm: Box<dyn Collective>| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a rank's thread pool");
+        pool.install(|| body(tp, comm))
+    };
     std::thread::scope(|s| {
         let followers: Vec<_> = (1..world)
             .map(|rank| {

@@ -341,7 +341,10 @@ impl LlamaModel {
         // The whole step runs on a thread of the pool, so each of its ~5 parallel regions per
         // layer starts from there. Called from outside the pool, every region was injected
         // into it while the caller slept on a latch: two thread wake-ups per region, a large
-        // share of a one-token step on a 2-core machine.
+        // share of a one-token step on a 2-core machine. The pool is the caller's (rayon's
+        // global one unless inside `ThreadPool::install`): ranks of a pool that share a process
+        // need one each, or one rank's forward waits on the pool while another holds it
+        // waiting in a collective.
         rayon::scope(|_| self.forward_on_pool(seqs, kv, comm))
     }
 
