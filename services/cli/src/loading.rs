@@ -63,9 +63,10 @@ pub struct ModelArgs {
     /// computed before (prefix caching is on by default).
     #[arg(long, env = "FERRITE_NO_PREFIX_CACHING")]
     pub no_prefix_caching: bool,
-    /// On the CPU, how GGUF Q4_0, Q4_1 and Q8_0 weights multiply a one-token step's
-    /// activations: `f32` (exact, the default) or `int8` (rounded per block of 32 and
-    /// multiplied in integers, as llama.cpp does: faster decode, logits move by ~1e-2).
+    /// On the CPU, how GGUF block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
+    /// multiply a one-token step's activations: `f32` (exact, the default) or `int8` (rounded
+    /// per block of 32 and multiplied in integers, as llama.cpp does: faster decode, logits move
+    /// by up to ~2%).
     #[arg(
         long,
         value_enum,

@@ -147,3 +147,49 @@ fn gemma2_safetensors() {
 fn gemma2_gguf() {
     check("gemma2", Some("model.gguf"), Some("gguf"));
 }
+
+/// `--cpu-activations int8` on K-quant weights (the tiny Q4_K/Q6_K/Q8_0 Llama of
+/// `generate_kquant.py`): one-token steps stay within the activations' rounding of the exact
+/// path, and batched steps do not change at all.
+#[test]
+fn int8_activations_on_k_quants_stay_near_the_exact_path() {
+    use ferrite_engine::model::LoadOptions;
+    use ferrite_kernels::quant::GgmlActivations;
+    let path = fixtures().join("models/llama_kquant/model.gguf");
+    let exact = model::load(&path).expect("load");
+    let int8 = model::load_with(
+        &path,
+        LoadOptions {
+            ggml_activations: GgmlActivations::Int8,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load with int8 activations");
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 256).collect();
+    let fed: Vec<u32> = (0..24).map(|i| (i * 11 + 3) % 256).collect();
+    let a = decode_logits(&exact.model, &prompt, &fed);
+    let b = decode_logits(&int8.model, &prompt, &fed);
+    // Relative to the step's largest logit. A random-weight model is far more sensitive than a
+    // trained one: most steps move by 1-2%, but a few tokens' hidden states carry an outlier
+    // that leaves the rest of its 32-block with 2-3 bits (token 3 moves its logits by half).
+    // The default model's steps move by 2.5% at most (golden_smollm2.rs).
+    let mut moved: Vec<f32> = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| max_abs_diff(a, b) / a.iter().fold(0f32, |m, v| m.max(v.abs())))
+        .collect();
+    moved.sort_by(f32::total_cmp);
+    eprintln!("relative moves: {moved:?}");
+    assert!(moved[0] > 0.0, "the int8 path was not taken");
+    let median = moved[moved.len() / 2];
+    assert!(
+        median < 0.03,
+        "the median step moved by {median} of its largest logit"
+    );
+    let batched = |m: &model::LoadedModel| prefill_logits(&m.model, &prompt, LogitsWanted::All);
+    assert_eq!(
+        batched(&exact),
+        batched(&int8),
+        "prefill is exact either way"
+    );
+}

@@ -1,11 +1,13 @@
-//! Q4_0, Q4_1 and Q8_0 weight rows times int8 activations ([`Q8Row`]): per block of 32, the
-//! weight codes as unsigned bytes, `maddubs` against the activation codes, `madd` to 8 i32
-//! lanes, then one FMA with the two scales. Two accumulators alternate between blocks so the
-//! FMA is not one loop-carried chain.
+//! Block-quantized weight rows times int8 activations ([`Q8Row`]). Every type is viewed as
+//! groups of 32 codes, each with a scale per 8-lane quarter of the `madd` result and an offset
+//! (the group's minimum) that multiplies the activations' block sum. Per group: the codes as
+//! bytes, `maddubs` against the activation codes, `madd` to 8 i32 lanes, one FMA with the
+//! scales. Two accumulators alternate between groups so the FMA is not one loop-carried chain.
 
 use std::arch::x86_64::*;
 
 use super::super::q8::Q8Row;
+use super::super::scalar::scale_min_k4;
 use super::groups::{f16_at, f16x2_at, load16, load32};
 use super::{Avx2, hsum};
 use crate::quant::GgmlType;
@@ -14,37 +16,88 @@ impl Avx2 {
     /// `out[j] = row_j · x` for the `out.len()` contiguous rows of `ty` in `rows`.
     ///
     /// # Panics
-    /// If `ty` is not Q4_0, Q4_1 or Q8_0, or `rows` is not `out.len()` rows of `x.blocks()`
-    /// blocks.
+    /// If `ty` is a float type, or `rows` is not `out.len()` rows of `x.blocks()` groups of 32.
     pub(crate) fn q8_rows(self, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f32]) {
-        let nb = x.blocks();
-        let rb = nb * ty.block_bytes();
+        let ng = x.blocks();
+        assert!(ty.is_quantized(), "no int8-activation kernel for {ty}");
+        assert!(
+            ng.is_multiple_of(ty.block_elems() / 32),
+            "whole blocks of {ty}"
+        );
+        let rb = ng * 32 / ty.block_elems() * ty.block_bytes();
         assert_eq!(rows.len(), rb * out.len(), "weight bytes");
-        assert_eq!(x.qs.len(), 32 * nb, "activation codes");
+        assert_eq!(x.qs.len(), 32 * ng, "activation codes");
         for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
-            // SAFETY: `self` proves AVX2/FMA/F16C; `row` holds nb blocks of `ty` and `x` holds
-            // nb blocks (asserted above).
+            let row = row.as_ptr();
+            // SAFETY: `self` proves AVX2/FMA/F16C; `row` holds ng groups of `ty` and `x` holds
+            // ng blocks (asserted above).
             *o = unsafe {
                 match ty {
-                    GgmlType::Q4_1 => q4_1_row(row.as_ptr(), x, nb),
-                    GgmlType::Q4_0 => q4_0_row(row.as_ptr(), x, nb),
-                    GgmlType::Q8_0 => q8_0_row(row.as_ptr(), x, nb),
-                    other => panic!("no int8-activation kernel for {other}"),
+                    GgmlType::Q4_0 => dot::<Q4_0>(row, x, ng),
+                    GgmlType::Q4_1 => dot::<Q4_1>(row, x, ng),
+                    GgmlType::Q8_0 => dot::<Q8_0>(row, x, ng),
+                    GgmlType::Q4_K => dot::<Q4K>(row, x, ng),
+                    GgmlType::Q5_K => dot::<Q5K>(row, x, ng),
+                    GgmlType::Q6_K => dot::<Q6K>(row, x, ng),
+                    GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!(),
                 }
             };
         }
     }
 }
 
-/// The 32 nibbles of a Q4 block's 16 bytes as bytes 0..=15, elements in block order (low
-/// nibbles are elements 0..16, high nibbles 16..32).
+/// One group of 32 weights, as the integer kernel reads it.
+struct Codes {
+    /// The 32 codes as bytes, in element order: unsigned, or signed if [`Int8Group::SIGNED`].
+    q: __m256i,
+    /// Per lane of `madd`'s result, the weight scale times the activations' scale `dx` (lane
+    /// i sums elements 4i..4i + 4: lanes 0-3 are elements 0..16, lanes 4-7 elements 16..32).
+    scale: __m256,
+    /// Added per unit of the activations' block sum: the weights' minimum.
+    offset: f32,
+}
+
+/// A storage type, viewed as consecutive groups of 32 integer codes.
+trait Int8Group {
+    /// Whether the codes are signed (else unsigned, at most 128).
+    const SIGNED: bool;
+
+    /// Group `g` of a row, against activations of scale `dx`.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C; `row` readable for every byte of group `g`'s block.
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes;
+}
+
+/// `Σ row · x` over `ng` groups.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `row` holds `ng` groups of `G`; `x` has `ng` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn nibbles(q: __m128i) -> __m256i {
-    let m4 = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(q, m4);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    _mm256_set_m128i(hi, lo)
+unsafe fn dot<G: Int8Group>(row: *const u8, x: &Q8Row, ng: usize) -> f32 {
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut offsets = 0f32;
+    for g in 0..ng {
+        // SAFETY: g < ng groups of the row; x.qs has 32 codes at 32g.
+        let (c, q) = unsafe {
+            (
+                G::codes(row, g, x.d[g]),
+                load32(x.qs.as_ptr().add(32 * g).cast()),
+            )
+        };
+        let p = if G::SIGNED {
+            dot_i8_i8(c.q, q)
+        } else {
+            dot_u8_i8(c.q, q)
+        };
+        if g % 2 == 0 {
+            a0 = _mm256_fmadd_ps(p, c.scale, a0);
+        } else {
+            a1 = _mm256_fmadd_ps(p, c.scale, a1);
+        }
+        offsets += c.offset * x.s[g];
+    }
+    hsum(_mm256_add_ps(a0, a1)) + offsets
 }
 
 /// `Σ w·q` as 8 f32 lanes, for unsigned weight bytes `w` (at most 128 here, so a pair of
@@ -64,82 +117,169 @@ fn dot_i8_i8(w: __m256i, q: __m256i) -> __m256 {
     dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w))
 }
 
-/// Sums `f(block)` (an f32 vector and its scale) over `nb` blocks into two accumulators.
+/// The 32 nibbles of a 32-element block's 16 bytes, in element order (low nibbles are
+/// elements 0..16, high nibbles 16..32).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn blocks(nb: usize, mut f: impl FnMut(usize) -> (__m256, f32)) -> f32 {
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut g = 0;
-    while g + 2 <= nb {
-        let (s0, d0) = f(g);
-        let (s1, d1) = f(g + 1);
-        a0 = _mm256_fmadd_ps(s0, _mm256_set1_ps(d0), a0);
-        a1 = _mm256_fmadd_ps(s1, _mm256_set1_ps(d1), a1);
-        g += 2;
-    }
-    if g < nb {
-        let (s0, d0) = f(g);
-        a0 = _mm256_fmadd_ps(s0, _mm256_set1_ps(d0), a0);
-    }
-    hsum(_mm256_add_ps(a0, a1))
+fn nibbles(q: __m128i) -> __m256i {
+    let m4 = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(q, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    _mm256_set_m128i(hi, lo)
 }
 
-/// # Safety
-/// AVX2/FMA/F16C; `row` holds `nb` Q4_1 blocks (20 bytes each); `x` has `nb` blocks.
+/// Bits `shift..shift + width` of each byte of `v`, as bytes (`shift + width <= 8`). The 16-bit
+/// shift moves no bit of one byte into the kept bits of the other.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_row(row: *const u8, x: &Q8Row, nb: usize) -> f32 {
-    let mut offsets = 0f32;
-    let sum = blocks(nb, |g| {
-        // SAFETY: g < nb: block g is the 20 bytes at 20g; x.qs has 32 codes at 32g.
-        let ((d, m), w, q) = unsafe {
-            let b = row.add(20 * g);
-            (
-                f16x2_at(b),
-                load16(b.add(4)),
-                load32(x.qs.as_ptr().add(32 * g).cast()),
-            )
-        };
-        offsets += m * x.s[g];
-        (dot_u8_i8(nibbles(w), q), d * x.d[g])
-    });
-    sum + offsets
+#[inline]
+fn byte_bits(v: __m256i, shift: u32, mask: u8) -> __m256i {
+    let shifted = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(mask as i8))
 }
 
-/// # Safety
-/// AVX2/FMA/F16C; `row` holds `nb` Q4_0 blocks (18 bytes each); `x` has `nb` blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_row(row: *const u8, x: &Q8Row, nb: usize) -> f32 {
-    blocks(nb, |g| {
-        // SAFETY: g < nb: block g is the 18 bytes at 18g; x.qs has 32 codes at 32g.
-        let (d, w, q) = unsafe {
+struct Q4_0;
+struct Q4_1;
+struct Q8_0;
+struct Q4K;
+struct Q5K;
+struct Q6K;
+
+impl Int8Group for Q4_0 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
+        // SAFETY: block g is the 18 bytes at 18g (caller contract); AVX2 likewise.
+        unsafe {
             let b = row.add(18 * g);
-            (
-                f16_at(b),
-                load16(b.add(2)),
-                load32(x.qs.as_ptr().add(32 * g).cast()),
-            )
-        };
-        let w = _mm256_sub_epi8(nibbles(w), _mm256_set1_epi8(8));
-        (dot_i8_i8(w, q), d * x.d[g])
-    })
+            Codes {
+                q: _mm256_sub_epi8(nibbles(load16(b.add(2))), _mm256_set1_epi8(8)),
+                scale: _mm256_set1_ps(f16_at(b) * dx),
+                offset: 0.0,
+            }
+        }
+    }
 }
 
-/// # Safety
-/// AVX2/FMA/F16C; `row` holds `nb` Q8_0 blocks (34 bytes each); `x` has `nb` blocks.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_row(row: *const u8, x: &Q8Row, nb: usize) -> f32 {
-    blocks(nb, |g| {
-        // SAFETY: g < nb: block g is the 34 bytes at 34g; x.qs has 32 codes at 32g.
-        let (d, w, q) = unsafe {
+impl Int8Group for Q4_1 {
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
+        // SAFETY: block g is the 20 bytes at 20g (caller contract); AVX2 likewise.
+        unsafe {
+            let b = row.add(20 * g);
+            let (d, m) = f16x2_at(b);
+            Codes {
+                q: nibbles(load16(b.add(4))),
+                scale: _mm256_set1_ps(d * dx),
+                offset: m,
+            }
+        }
+    }
+}
+
+impl Int8Group for Q8_0 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
+        // SAFETY: block g is the 34 bytes at 34g (caller contract); AVX2 likewise.
+        unsafe {
             let b = row.add(34 * g);
-            (
-                f16_at(b),
-                load32(b.add(2)),
-                load32(x.qs.as_ptr().add(32 * g).cast()),
-            )
-        };
-        (dot_i8_i8(w, q), d * x.d[g])
-    })
+            Codes {
+                q: load32(b.add(2)),
+                scale: _mm256_set1_ps(f16_at(b) * dx),
+                offset: 0.0,
+            }
+        }
+    }
+}
+
+/// Sub-block `s` of a Q4_K/Q5_K super-block at `b`: its scale `d·sc` (times `dx`) and minimum
+/// `−dmin·m`.
+///
+/// # Safety
+/// `b` readable for the 16-byte header.
+#[inline(always)]
+unsafe fn k_scale_min(b: *const u8, s: usize, dx: f32) -> (__m256, f32) {
+    // SAFETY: d, dmin, scales[12] are the first 16 bytes; [u8; 12] has alignment 1.
+    let ((d, dmin), scales) = unsafe { (f16x2_at(b), &*b.add(4).cast::<[u8; 12]>()) };
+    let (sc, m) = scale_min_k4(s, scales);
+    // SAFETY: AVX is implied by the callers' AVX2 contract.
+    let scale = unsafe { _mm256_set1_ps(d * f32::from(sc) * dx) };
+    (scale, -dmin * f32::from(m))
+}
+
+impl Int8Group for Q4K {
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
+        let (blk, s) = (g / 8, g % 8);
+        // SAFETY: super-block blk is the 144 bytes at 144·blk (caller contract): header 16,
+        // then 4 runs of 32 bytes, sub-blocks 2j (low nibbles) and 2j + 1 (high) of run j.
+        unsafe {
+            let b = row.add(144 * blk);
+            let (scale, offset) = k_scale_min(b, s, dx);
+            let run = load32(b.add(16 + 32 * (s / 2)));
+            Codes {
+                q: byte_bits(run, 4 * (s as u32 % 2), 0x0f),
+                scale,
+                offset,
+            }
+        }
+    }
+}
+
+impl Int8Group for Q5K {
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
+        let (blk, s) = (g / 8, g % 8);
+        // SAFETY: super-block blk is the 176 bytes at 176·blk (caller contract): header 16,
+        // qh 32 (bit s of byte l is element l's fifth bit in sub-block s), qs 128 as Q4_K's.
+        unsafe {
+            let b = row.add(176 * blk);
+            let (scale, offset) = k_scale_min(b, s, dx);
+            let low = byte_bits(load32(b.add(48 + 32 * (s / 2))), 4 * (s as u32 % 2), 0x0f);
+            let high = byte_bits(load32(b.add(16)), s as u32, 1);
+            Codes {
+                q: _mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
+                scale,
+                offset,
+            }
+        }
+    }
+}
+
+impl Int8Group for Q6K {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
+        let (blk, s) = (g / 8, g % 8);
+        let (half, quarter) = (s / 4, s % 4);
+        // SAFETY: super-block blk is the 210 bytes at 210·blk (caller contract): ql 128, qh
+        // 64, scales 16 (i8, one per 16 elements), d. In half n, quarter t takes the low
+        // (t < 2) or high nibbles of ql[64n + 32(t % 2)..][..32] and bits 2t, 2t + 1 of
+        // qh[32n..][..32].
+        unsafe {
+            let b = row.add(210 * blk);
+            let ql = load32(b.add(64 * half + 32 * (quarter % 2)));
+            let low = byte_bits(ql, 4 * (quarter as u32 / 2), 0x0f);
+            let high = byte_bits(load32(b.add(128 + 32 * half)), 2 * quarter as u32, 3);
+            let q = _mm256_sub_epi8(
+                _mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
+                _mm256_set1_epi8(32),
+            );
+            let d = f16_at(b.add(208)) * dx;
+            let sc = b.add(192 + 8 * half + 2 * quarter);
+            let (first, second) = (d * f32::from(*sc as i8), d * f32::from(*sc.add(1) as i8));
+            // madd's lanes 0-3 are elements 0..16 (the first scale), lanes 4-7 16..32.
+            let scale = _mm256_setr_ps(first, first, first, first, second, second, second, second);
+            Codes {
+                q,
+                scale,
+                offset: 0.0,
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -148,16 +288,25 @@ mod tests {
     use crate::quant::q8::{self, tests::random_row};
 
     /// The kernel equals the portable reference for every type, on rows with a partial pair of
-    /// blocks, extreme codes (Q8_0's −128) and a zero activation block.
+    /// groups, extreme codes (Q8_0's −128), a zero activation block and an outlier.
     #[test]
     fn matches_the_portable_reference() {
         let Some(avx2) = Avx2::detect() else {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         };
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            for nb in [1, 2, 5, 18] {
-                let k = 32 * nb;
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        for ty in types {
+            let be = ty.block_elems();
+            for blocks in [1, 2, 5] {
+                let k = be * blocks;
                 let nrows = 3;
                 let mut rows: Vec<u8> = (0..nrows)
                     .flat_map(|r| random_row(ty, k, 17 + r as u32))
@@ -168,17 +317,18 @@ mod tests {
                 let mut x: Vec<f32> = (0..k)
                     .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
                     .collect();
-                x[..32.min(k)].fill(0.0);
+                x[..32].fill(0.0);
+                x[k - 5] = 300.0; // an outlier: the rest of its block keeps 2-3 bits
                 let acts = Q8Row::new(&x);
                 let mut out = vec![0f32; nrows];
                 avx2.q8_rows(ty, &rows, &acts, &mut out);
                 let rb = rows.len() / nrows;
                 for (j, got) in out.iter().enumerate() {
                     let want = q8::dot(ty, &rows[j * rb..(j + 1) * rb], &acts);
-                    let tol = 1e-5 * want.abs().max(1.0);
+                    let tol = 1e-4 * want.abs().max(1.0);
                     assert!(
                         (got - want).abs() <= tol,
-                        "{ty} nb{nb} row{j}: {got} vs {want}"
+                        "{ty} k{k} row{j}: {got} vs {want}"
                     );
                 }
             }
