@@ -295,15 +295,7 @@ mod tests {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         };
-        let types = [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ];
-        for ty in types {
+        for ty in GgmlType::ALL.into_iter().filter(|t| t.is_quantized()) {
             let be = ty.block_elems();
             for blocks in [1, 2, 5] {
                 let k = be * blocks;
