@@ -66,7 +66,7 @@ pub struct ModelArgs {
     /// On the CPU, how GGUF block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
     /// multiply a one-token step's activations: `f32` (exact, the default) or `int8` (rounded
     /// per block of 32 and multiplied in integers, as llama.cpp does: faster decode, logits move
-    /// by up to ~2%).
+    /// by up to ~2.5%).
     #[arg(
         long,
         value_enum,
