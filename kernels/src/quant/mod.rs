@@ -20,7 +20,7 @@ pub(crate) mod q8;
 pub(crate) mod scalar;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::{Avx2, hsum as hsum256};
+pub(crate) use avx2::{Avx2, dot_i8_i8, hsum as hsum256};
 pub(crate) use kernel::RowKernel;
 pub use kernel::{Isa, vec_dot, vec_dot_with};
 pub use q8::GgmlActivations;

@@ -5,6 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::{I8Activations, I8Matrix};
+use crate::quant::dot_i8_i8;
 
 const R: usize = 4;
 
@@ -104,10 +105,7 @@ pub(super) unsafe fn rows_maddubs(
 ) {
     #[target_feature(enable = "avx2")]
     fn step(acc: __m256i, xv: __m256i, wv: __m256i) -> __m256i {
-        let ax = _mm256_sign_epi8(xv, xv);
-        let sw = _mm256_sign_epi8(wv, xv);
-        let p16 = _mm256_maddubs_epi16(ax, sw);
-        _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+        _mm256_add_epi32(acc, dot_i8_i8(xv, wv))
     }
     let fix = |r: usize, xq: &[i8]| w.minus128_fix(r, xq);
     tiles!(w, r0, n, x, outs, x.q, step, fix);

@@ -363,6 +363,22 @@ unsafe fn tile<const X: usize>(
     r
 }
 
+/// `Σ u·s` over each 4 consecutive bytes, as 8 i32 lanes: `u` unsigned and at most 128 (so a
+/// pair of products stays within `maddubs`' i16), `s` signed.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// [`dot_u8_i8`] for signed `a`: `|a|` times `b` with `a`'s sign. `b` must not be −128 where
+/// `a` is negative (negating −128 wraps); `a` may be −128 (`|a|` = 128 as unsigned).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn dot_i8_i8(a: __m256i, b: __m256i) -> __m256i {
+    dot_u8_i8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
+}
+
 /// The sum of the 8 lanes of `v`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use super::super::q8::Q8Row;
 use super::super::scalar::scale_min_k4;
 use super::groups::{f16_at, f16x2_at, load16, load32};
-use super::{Avx2, hsum};
+use super::{Avx2, dot_i8_i8, dot_u8_i8, hsum};
 use crate::quant::GgmlType;
 
 impl Avx2 {
@@ -85,11 +85,11 @@ unsafe fn dot<G: Int8Group>(row: *const u8, x: &Q8Row, ng: usize) -> f32 {
                 load32(x.qs.as_ptr().add(32 * g).cast()),
             )
         };
-        let p = if G::SIGNED {
+        let p = _mm256_cvtepi32_ps(if G::SIGNED {
             dot_i8_i8(c.q, q)
         } else {
             dot_u8_i8(c.q, q)
-        };
+        });
         if g % 2 == 0 {
             a0 = _mm256_fmadd_ps(p, c.scale, a0);
         } else {
@@ -98,23 +98,6 @@ unsafe fn dot<G: Int8Group>(row: *const u8, x: &Q8Row, ng: usize) -> f32 {
         offsets += c.offset * x.s[g];
     }
     hsum(_mm256_add_ps(a0, a1)) + offsets
-}
-
-/// `Σ w·q` as 8 f32 lanes, for unsigned weight bytes `w` (at most 128 here, so a pair of
-/// products stays within i16) and signed activation codes `q`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn dot_u8_i8(w: __m256i, q: __m256i) -> __m256 {
-    let pairs = _mm256_maddubs_epi16(w, q);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-}
-
-/// `Σ w·q` as 8 f32 lanes, for signed weights: `|w|` times `q` with `w`'s sign, so `maddubs`
-/// (unsigned × signed) applies. Pairs reach at most 2·128·127 < 2¹⁵.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn dot_i8_i8(w: __m256i, q: __m256i) -> __m256 {
-    dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w))
 }
 
 /// The 32 nibbles of a 32-element block's 16 bytes, in element order (low nibbles are
