@@ -11,9 +11,13 @@ use ferrite_engine::model;
 use ferrite_engine::sampler::SamplingParams;
 
 fn engine(max_num_seqs: usize) -> Engine {
+    engine_with_len(max_num_seqs, 512)
+}
+
+fn engine_with_len(max_num_seqs: usize, max_model_len: usize) -> Engine {
     let loaded = model::load(&fixtures().join("models/qwen2")).expect("tiny model");
     let cfg = EngineConfig {
-        max_model_len: Some(512),
+        max_model_len: Some(max_model_len),
         max_num_seqs,
         kv_cache_bytes: 16 << 20,
         ..EngineConfig::default()
@@ -110,9 +114,11 @@ async fn a_submitter_dropped_after_admission_leaves_the_queue() {
     use std::future::Future;
     use std::task::Poll;
 
-    let (handle, _thread) = EngineHandle::spawn(engine(1), 8).expect("spawn");
+    // The busy request must outlast the test: the tiny model decodes 500 tokens in ~20 ms,
+    // its whole 4096-token context in ~0.5 s, against the test's few milliseconds.
+    let (handle, _thread) = EngineHandle::spawn(engine_with_len(1, 4096), 8).expect("spawn");
     let _busy = handle
-        .submit(vec![5; 8], greedy(500))
+        .submit(vec![5; 8], greedy(4088))
         .await
         .expect("submit");
     let mut pending = Box::pin(handle.submit(vec![6; 8], greedy(4)));
@@ -135,7 +141,13 @@ async fn a_submitter_dropped_after_admission_leaves_the_queue() {
     until(1, "the request never queued").await;
     drop(pending);
     until(0, "the abandoned request is still queued").await;
-    assert_eq!(handle.stats().running, 1);
+    let stats = handle.stats();
+    assert_eq!(
+        stats.running, 1,
+        "the busy request ended first: the test proves nothing"
+    );
+    // Only the busy request's prompt was ever looked up: the abandoned one was never admitted.
+    assert_eq!(stats.prefix_cache_queries, 8, "{stats:?}");
 }
 
 /// A prefix-cache listener sees a snapshot, then each block a request stored (named as the
