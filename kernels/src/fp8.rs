@@ -3,9 +3,11 @@
 //!
 //! An [`Fp8Matrix`] keeps the e4m3 codes and scales it was made from (so it can be written back)
 //! and, for the matmul, the weights dequantized to f32 at construction (`code · scale`, exact in
-//! f32). Activations are rounded through e4m3 per call, the way compressed-tensors' forward and
-//! vLLM's FP8 kernels quantize them: per token with `scale = max|x| / 448` (dynamic), or with
-//! the checkpoint's static per-tensor scale; `x' = e4m3(clamp(x / scale, ±448)) · scale`. The
+//! f32). Its scales are one per tensor, per row, or per block of weights ([`Fp8Scales`]).
+//! Activations are rounded through e4m3 per call, the way compressed-tensors' forward and
+//! vLLM's FP8 kernels quantize them: per token, or per token and group of inputs, with
+//! `scale = max|x| / 448` (dynamic), or with the checkpoint's static per-tensor scale;
+//! `x' = e4m3(clamp(x / scale, ±448)) · scale`. The
 //! product is then an f32 matmul over the dequantized weights, so the result is what an FP8 GEMM
 //! with f32 accumulation gives, at f32 speed and 4 bytes per weight in memory.
 //!
@@ -78,39 +80,92 @@ pub enum Fp8Activations {
     None,
     /// Per token, `scale = max|x| / 448`, computed at run time.
     DynamicPerToken,
+    /// Per token and run of this many consecutive inputs (a row's last run may be shorter),
+    /// `scale = max|x| / 448` over the run: what block-scaled checkpoints (DeepSeek-V3,
+    /// Qwen3-FP8, llm-compressor's FP8_BLOCK) do, with runs as wide as a weight block.
+    DynamicPerGroup(usize),
     /// One static scale for the whole tensor, from calibration.
     Static(f32),
 }
 
-/// `x` (`m` rows of `k`) rounded through e4m3 as `act` says.
-pub fn quantize_activations(x: &[f32], k: usize, act: Fp8Activations) -> Vec<f32> {
-    match act {
-        Fp8Activations::None => x.to_vec(),
-        Fp8Activations::Static(s) => x.iter().map(|&v| fake_quantize(v, s)).collect(),
-        Fp8Activations::DynamicPerToken => x
-            .chunks_exact(k.max(1))
-            .flat_map(|row| {
-                let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-                // compressed-tensors replaces a zero scale by f32's epsilon: zeros stay zeros.
-                let s = match amax / E4M3_MAX {
-                    0.0 => f32::EPSILON,
-                    s => s,
-                };
-                row.iter().map(move |&v| fake_quantize(v, s))
-            })
-            .collect(),
+/// The dynamic scale of `xs`: `max|x| / 448`, a zero replaced by f32's epsilon as
+/// compressed-tensors does (zeros stay zeros).
+fn dynamic_scale(xs: &[f32]) -> f32 {
+    match xs.iter().fold(0f32, |m, v| m.max(v.abs())) / E4M3_MAX {
+        0.0 => f32::EPSILON,
+        s => s,
     }
 }
 
-/// A `[rows, cols]` matrix of e4m3 codes with one scale per row (a per-tensor scale is
-/// repeated), its input activations quantized as [`Fp8Activations`] says.
+/// `x` (`m` rows of `k`) rounded through e4m3 as `act` says.
+pub fn quantize_activations(x: &[f32], k: usize, act: Fp8Activations) -> Vec<f32> {
+    // Runs restart at every row: a short last run never spans two tokens.
+    let dynamic = |run: usize| -> Vec<f32> {
+        x.chunks(k.max(1))
+            .flat_map(|row| row.chunks(run.max(1)))
+            .flat_map(|xs| {
+                let s = dynamic_scale(xs);
+                xs.iter().map(move |&v| fake_quantize(v, s))
+            })
+            .collect()
+    };
+    match act {
+        Fp8Activations::None => x.to_vec(),
+        Fp8Activations::Static(s) => x.iter().map(|&v| fake_quantize(v, s)).collect(),
+        Fp8Activations::DynamicPerToken => dynamic(k),
+        Fp8Activations::DynamicPerGroup(g) => dynamic(g),
+    }
+}
+
+/// Which weights share a scale in an [`Fp8Matrix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Scales {
+    /// One scale for the whole matrix.
+    Tensor,
+    /// One per row (output channel).
+    Channel,
+    /// One per block of `rows × cols` weights, in a row-major grid of `⌈rows / block rows⌉ ×
+    /// ⌈cols / block cols⌉` (the last blocks of a row or column of blocks may be partial).
+    Block { rows: usize, cols: usize },
+}
+
+impl Fp8Scales {
+    /// The block of a `rows × cols` matrix that one scale covers.
+    pub fn block(self, rows: usize, cols: usize) -> (usize, usize) {
+        match self {
+            Self::Tensor => (rows.max(1), cols.max(1)),
+            Self::Channel => (1, cols.max(1)),
+            Self::Block { rows, cols } => (rows, cols),
+        }
+    }
+
+    /// How activations entering such weights are quantized at run time: per token, or per
+    /// token and group as wide as a block (the pairing of DeepSeek-V3's and llm-compressor's
+    /// FP8_BLOCK, which lets an FP8 GEMM apply one activation scale per block of the sum).
+    pub fn dynamic_activations(self) -> Fp8Activations {
+        match self {
+            Self::Block { cols, .. } => Fp8Activations::DynamicPerGroup(cols),
+            _ => Fp8Activations::DynamicPerToken,
+        }
+    }
+
+    /// The scale grid of a `rows × cols` matrix: `(grid rows, grid columns)`.
+    pub fn grid(self, rows: usize, cols: usize) -> (usize, usize) {
+        let (br, bc) = self.block(rows, cols);
+        (rows.div_ceil(br.max(1)), cols.div_ceil(bc.max(1)))
+    }
+}
+
+/// A `[rows, cols]` matrix of e4m3 codes with scales as [`Fp8Scales`] lays them out, its input
+/// activations quantized as [`Fp8Activations`] says.
 #[derive(Clone)]
 pub struct Fp8Matrix {
     rows: usize,
     cols: usize,
     codes: Vec<u8>,
+    /// The scale grid, row-major (one value per tensor, per row, or per block).
     scales: Vec<f32>,
-    per_tensor: bool,
+    layout: Fp8Scales,
     act: Fp8Activations,
     /// `codes · scales` as little-endian f32 bytes, row-major (what the matmul reads).
     dequantized: Vec<u8>,
@@ -121,62 +176,49 @@ impl std::fmt::Debug for Fp8Matrix {
         f.debug_struct("Fp8Matrix")
             .field("rows", &self.rows)
             .field("cols", &self.cols)
+            .field("layout", &self.layout)
             .field("act", &self.act)
             .finish_non_exhaustive()
     }
 }
 
 impl Fp8Matrix {
-    /// From row-major codes and either one scale per row or one for the whole matrix
-    /// (`scales.len() == 1`). NaN codes and non-finite or negative scales are refused.
+    /// From row-major codes and the scale grid `layout` names. NaN codes, non-finite or
+    /// negative scales and empty blocks or activation groups are refused.
     pub fn from_codes(
         rows: usize,
         cols: usize,
         codes: Vec<u8>,
         scales: &[f32],
+        layout: Fp8Scales,
         act: Fp8Activations,
     ) -> Result<Self, Fp8Error> {
-        let per_tensor = scales.len() == 1 && rows != 1;
-        if codes.len() != rows * cols || cols == 0 || !(per_tensor || scales.len() == rows) {
+        let (br, bc) = layout.block(rows, cols);
+        let (gr, gc) = layout.grid(rows, cols);
+        if codes.len() != rows * cols || cols == 0 || br == 0 || bc == 0 || scales.len() != gr * gc
+        {
             return Err(Fp8Error::Shape(format!(
-                "{} codes and {} scales for a {rows}x{cols} FP8 matrix (one scale per row, or \
-                 one in all)",
+                "{} codes and {} scales for a {rows}x{cols} FP8 matrix with scales per \
+                 {layout:?} (a {gr}x{gc} grid)",
                 codes.len(),
                 scales.len()
             )));
         }
-        if let Some(s) = scales.iter().find(|s| !s.is_finite() || **s < 0.0) {
-            return Err(Fp8Error::Value(format!(
-                "weight scale {s} is not finite and ≥ 0"
-            )));
-        }
-        if let Fp8Activations::Static(s) = act
-            && !(s.is_finite() && s > 0.0)
-        {
-            return Err(Fp8Error::Value(format!(
-                "input scale {s} is not finite and > 0"
-            )));
-        }
-        if codes.iter().any(|&c| c & 0x7f == 0x7f) {
-            return Err(Fp8Error::Value("an e4m3 weight is NaN".into()));
-        }
-        let scales = if per_tensor {
-            vec![scales[0]; rows]
-        } else {
-            scales.to_vec()
-        };
+        check_values(&codes, scales, act)?;
         let mut dequantized = Vec::with_capacity(rows * cols * 4);
-        for (row, &s) in codes.chunks_exact(cols).zip(&scales) {
-            for &c in row {
-                dequantized.extend_from_slice(&(e4m3_to_f32(c) * s).to_le_bytes());
+        for (r, row) in codes.chunks_exact(cols).enumerate() {
+            let grid_row = &scales[r / br * gc..(r / br + 1) * gc];
+            for (c, &code) in row.iter().enumerate() {
+                let v = e4m3_to_f32(code) * grid_row[c / bc];
+                dequantized.extend_from_slice(&v.to_le_bytes());
             }
         }
         Ok(Self {
             rows,
             cols,
             codes,
-            scales,
-            per_tensor,
+            scales: scales.to_vec(),
+            layout,
             act,
             dequantized,
         })
@@ -195,14 +237,13 @@ impl Fp8Matrix {
         &self.codes
     }
 
-    /// One scale per row.
+    /// The scale grid, row-major: `layout().grid(rows, cols)` values.
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
 
-    /// Whether every row shares one scale (a per-tensor scale).
-    pub fn per_tensor(&self) -> bool {
-        self.per_tensor
+    pub fn layout(&self) -> Fp8Scales {
+        self.layout
     }
 
     pub fn activations(&self) -> Fp8Activations {
@@ -231,7 +272,9 @@ impl Fp8Matrix {
         }
     }
 
-    /// Rows `rows` and columns `cols` as a matrix of its own (one rank's shard).
+    /// Rows `rows` and columns `cols` as a matrix of its own (one rank's shard). With block
+    /// scales the cut must fall on whole blocks, and with activation groups on whole groups,
+    /// so the shard computes exactly what its part of the whole did.
     pub fn slice(&self, rows: Range<usize>, cols: Range<usize>) -> Result<Self, Fp8Error> {
         if rows.is_empty() || cols.is_empty() || rows.end > self.rows || cols.end > self.cols {
             return Err(Fp8Error::Shape(format!(
@@ -239,22 +282,85 @@ impl Fp8Matrix {
                 self.rows, self.cols
             )));
         }
+        let (br, bc) = match self.layout {
+            Fp8Scales::Block { rows, cols } => (rows, cols),
+            _ => (1, 1),
+        };
+        let group = match self.act {
+            Fp8Activations::DynamicPerGroup(g) => g,
+            _ => 1,
+        };
+        whole("rows", &rows, self.rows, br, "FP8 scale blocks")?;
+        whole("columns", &cols, self.cols, bc, "FP8 scale blocks")?;
+        whole("columns", &cols, self.cols, group, "activation groups")?;
         let codes: Vec<u8> = rows
             .clone()
             .flat_map(|r| self.codes[r * self.cols..(r + 1) * self.cols][cols.clone()].to_vec())
             .collect();
-        let mut m = Self::from_codes(rows.len(), cols.len(), codes, &self.scales[rows], self.act)?;
-        m.per_tensor = self.per_tensor;
-        Ok(m)
+        let (_, gc) = self.layout.grid(self.rows, self.cols);
+        let scales: Vec<f32> = match self.layout {
+            Fp8Scales::Tensor => self.scales.clone(),
+            Fp8Scales::Channel => self.scales[rows.clone()].to_vec(),
+            Fp8Scales::Block { .. } => (rows.start / br..rows.end.div_ceil(br))
+                .flat_map(|g| {
+                    self.scales[g * gc..(g + 1) * gc][cols.start / bc..cols.end.div_ceil(bc)]
+                        .to_vec()
+                })
+                .collect(),
+        };
+        Self::from_codes(
+            rows.len(),
+            cols.len(),
+            codes,
+            &scales,
+            self.layout,
+            self.act,
+        )
     }
 }
 
-/// Per-channel FP8 by round-to-nearest (llm-compressor's FP8 weights): `scale = max|w| / 448`
-/// per row (f32), codes `e4m3(w / scale)`.
+/// Refuses NaN codes, scales that are not finite and ≥ 0, and bad activation parameters.
+fn check_values(codes: &[u8], scales: &[f32], act: Fp8Activations) -> Result<(), Fp8Error> {
+    if let Some(s) = scales.iter().find(|s| !s.is_finite() || **s < 0.0) {
+        return Err(Fp8Error::Value(format!(
+            "weight scale {s} is not finite and ≥ 0"
+        )));
+    }
+    match act {
+        Fp8Activations::Static(s) if !(s.is_finite() && s > 0.0) => {
+            return Err(Fp8Error::Value(format!(
+                "input scale {s} is not finite and > 0"
+            )));
+        }
+        Fp8Activations::DynamicPerGroup(0) => {
+            return Err(Fp8Error::Shape("activation groups of 0 inputs".into()));
+        }
+        _ => {}
+    }
+    if codes.iter().any(|&c| c & 0x7f == 0x7f) {
+        return Err(Fp8Error::Value("an e4m3 weight is NaN".into()));
+    }
+    Ok(())
+}
+
+/// Refuses a cut `r` of `n` that starts, or ends before `n`, inside a run of `unit`.
+fn whole(what: &str, r: &Range<usize>, n: usize, unit: usize, of: &str) -> Result<(), Fp8Error> {
+    let inside = |i: usize| !i.is_multiple_of(unit) && i != n;
+    if inside(r.start) || inside(r.end) {
+        return Err(Fp8Error::Shape(format!(
+            "{what} {r:?} of {n} would cut {of} of {unit}"
+        )));
+    }
+    Ok(())
+}
+
+/// FP8 by round-to-nearest (llm-compressor's FP8 weights): per scale of `layout`,
+/// `scale = max|w| / 448` over the weights it covers (f32), codes `e4m3(w / scale)`.
 pub fn quantize_fp8_rtn(
     w: &[f32],
     rows: usize,
     cols: usize,
+    layout: Fp8Scales,
     act: Fp8Activations,
 ) -> Result<Fp8Matrix, Fp8Error> {
     if w.len() != rows * cols {
@@ -266,15 +372,25 @@ pub fn quantize_fp8_rtn(
     if let Some(bad) = w.iter().find(|v| !v.is_finite()) {
         return Err(Fp8Error::Value(format!("weight {bad} is not finite")));
     }
-    let mut scales = Vec::with_capacity(rows);
-    let mut codes = Vec::with_capacity(rows * cols);
-    for row in w.chunks_exact(cols.max(1)) {
-        let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = if amax == 0.0 { 1.0 } else { amax / E4M3_MAX };
-        codes.extend(row.iter().map(|&v| e4m3_from_f32(v / s)));
-        scales.push(s);
+    let (br, bc) = layout.block(rows, cols);
+    let (gr, gc) = layout.grid(rows, cols);
+    let mut amax = vec![0f32; gr * gc];
+    for (r, row) in w.chunks_exact(cols.max(1)).enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            let a = &mut amax[r / br * gc + c / bc];
+            *a = a.max(v.abs());
+        }
     }
-    Fp8Matrix::from_codes(rows, cols, codes, &scales, act)
+    let scales: Vec<f32> = amax
+        .iter()
+        .map(|&a| if a == 0.0 { 1.0 } else { a / E4M3_MAX })
+        .collect();
+    let codes = w
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| e4m3_from_f32(v / scales[i / cols / br * gc + i % cols / bc]))
+        .collect();
+    Fp8Matrix::from_codes(rows, cols, codes, &scales, layout, act)
 }
 
 #[cfg(test)]
@@ -332,7 +448,14 @@ mod tests {
         let w: Vec<f32> = (0..64)
             .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.013)
             .collect();
-        let m = quantize_fp8_rtn(&w, 4, 16, Fp8Activations::DynamicPerToken).expect("fp8");
+        let m = quantize_fp8_rtn(
+            &w,
+            4,
+            16,
+            Fp8Scales::Channel,
+            Fp8Activations::DynamicPerToken,
+        )
+        .expect("fp8");
         let mut row = vec![0f32; 16];
         for r in 0..4 {
             m.dequantize_row(r, &mut row);
@@ -346,5 +469,82 @@ mod tests {
         let mut full = vec![0f32; 16];
         m.dequantize_row(1, &mut full);
         assert_eq!(&row[..8], &full[4..12]);
+    }
+    /// A 5×7 matrix in blocks of 2×3: a 3×3 grid whose last row and column of blocks are
+    /// partial; each weight is its code times its own block's scale.
+    #[test]
+    fn block_scales_cover_partial_blocks_and_slice_on_whole_blocks() {
+        let (rows, cols) = (5, 7);
+        let layout = Fp8Scales::Block { rows: 2, cols: 3 };
+        assert_eq!(layout.grid(rows, cols), (3, 3));
+        let codes: Vec<u8> = (0..35)
+            .map(|i| e4m3_from_f32(1.0 + i as f32 / 8.0))
+            .collect();
+        let scales: Vec<f32> = (0..9).map(|g| 0.5 + g as f32).collect();
+        let act = Fp8Activations::DynamicPerGroup(3);
+        let m = Fp8Matrix::from_codes(rows, cols, codes.clone(), &scales, layout, act).expect("m");
+        let mut row = vec![0f32; cols];
+        for r in 0..rows {
+            m.dequantize_row(r, &mut row);
+            for (c, v) in row.iter().enumerate() {
+                let want = e4m3_to_f32(codes[r * cols + c]) * scales[r / 2 * 3 + c / 3];
+                assert_eq!(*v, want, "({r}, {c})");
+            }
+        }
+        let e = Fp8Matrix::from_codes(rows, cols, codes, &scales[..8], layout, act);
+        assert!(matches!(e, Err(Fp8Error::Shape(_))), "{e:?}");
+
+        // Rows 2..5 and columns 3..7: the grid's last two rows and columns.
+        let s = m.slice(2..5, 3..7).expect("whole blocks");
+        assert_eq!(s.scales(), &[4.5, 5.5, 7.5, 8.5]);
+        let mut part = vec![0f32; 4];
+        for r in 0..3 {
+            s.dequantize_row(r, &mut part);
+            m.dequantize_row(r + 2, &mut row);
+            assert_eq!(part, row[3..]);
+        }
+        for (rs, cs) in [(1..5, 0..7), (0..3, 0..7), (0..5, 2..7), (0..5, 0..4)] {
+            let e = m.slice(rs.clone(), cs.clone()).expect_err("inside a block");
+            assert!(e.to_string().contains("would cut FP8 scale blocks"), "{e}");
+        }
+        let grouped = m.slice(0..4, 0..6).expect("m");
+        assert_eq!(grouped.activations(), act);
+    }
+
+    #[test]
+    fn group_activations_take_a_scale_per_run_of_each_token() {
+        // k = 5 in groups of 2: runs [0, 1], [2, 3], [4] per token.
+        let x = [1.0, 3.0, 0.0, 0.0, 0.3, 2.0, -8.0, 1.0, 0.5, 7.0];
+        let q = quantize_activations(&x, 5, Fp8Activations::DynamicPerGroup(2));
+        let mut want = Vec::new();
+        for run in [&x[0..2], &x[2..4], &x[4..5], &x[5..7], &x[7..9], &x[9..10]] {
+            let s = run.iter().fold(0f32, |m, v| m.max(v.abs())) / E4M3_MAX;
+            let s = if s == 0.0 { f32::EPSILON } else { s };
+            want.extend(run.iter().map(|&v| fake_quantize(v, s)));
+        }
+        assert_eq!(q, want);
+        // A run's largest value maps to 448 exactly, so it comes back unchanged.
+        assert_eq!([q[1], q[4], q[6], q[9]], [3.0, 0.3, -8.0, 7.0]);
+        let token = quantize_activations(&x, 5, Fp8Activations::DynamicPerToken);
+        assert_ne!(q, token, "groups differ from one scale per token");
+    }
+
+    #[test]
+    fn rtn_block_scales_are_each_blocks_max_over_448() {
+        let (rows, cols) = (4, 6);
+        let w: Vec<f32> = (0..24).map(|i| (i as f32 - 11.5) * 0.37).collect();
+        let layout = Fp8Scales::Block { rows: 2, cols: 4 };
+        let m = quantize_fp8_rtn(&w, rows, cols, layout, Fp8Activations::None).expect("fp8");
+        let (gr, gc) = layout.grid(rows, cols);
+        for (g, &s) in m.scales().iter().enumerate() {
+            let (bi, bj) = (g / gc, g % gc);
+            let w = &w;
+            let amax = (bi * 2..(bi * 2 + 2).min(rows))
+                .flat_map(|r| (bj * 4..(bj * 4 + 4).min(cols)).map(move |c| w[r * cols + c]))
+                .fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(s, amax / E4M3_MAX, "block {g} of {gr}x{gc}");
+        }
+        let t = quantize_fp8_rtn(&w, rows, cols, Fp8Scales::Tensor, Fp8Activations::None);
+        assert_eq!(t.expect("fp8").scales(), &[11.5 * 0.37 / E4M3_MAX]);
     }
 }

@@ -364,23 +364,23 @@ fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
     }
 }
 
-/// For each FP8 weight of `ws`, its input `x` (`k` wide) rounded through e4m3: computed once for
-/// all the dynamic ones, once per weight for static scales (q, k and v may each have their own).
+/// For each FP8 weight of `ws`, its input `x` (`k` wide) rounded through e4m3: computed once per
+/// distinct quantization (q, k and v usually share one; static scales may differ).
 fn fp8_activations(x: &[f32], k: usize, ws: &[Weight<'_>]) -> Vec<Option<Vec<f32>>> {
-    let mut dynamic: Option<Vec<f32>> = None;
+    let mut done: Vec<(Fp8Activations, Vec<f32>)> = Vec::new();
     ws.iter()
         .map(|w| match w {
-            Weight::F8(f) => match f.activations() {
-                Fp8Activations::DynamicPerToken => Some(
-                    dynamic
-                        .get_or_insert_with(|| {
-                            quantize_activations(x, k, Fp8Activations::DynamicPerToken)
-                        })
-                        .clone(),
-                ),
-                Fp8Activations::None => None,
-                act => Some(quantize_activations(x, k, act)),
-            },
+            Weight::F8(f) if f.activations() != Fp8Activations::None => {
+                let act = f.activations();
+                let i = match done.iter().position(|(a, _)| *a == act) {
+                    Some(i) => i,
+                    None => {
+                        done.push((act, quantize_activations(x, k, act)));
+                        done.len() - 1
+                    }
+                };
+                Some(done[i].1.clone())
+            }
             _ => None,
         })
         .collect()

@@ -11,6 +11,7 @@ use ferrite_engine::calib::{
 use ferrite_engine::quantize::{
     CalibText, DEFAULT_CALIB_FILE, OutputFormat, QuantizeJob, quantize_model,
 };
+use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::{Bits, GptqOptions, ScaleType, WqFormat};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -44,6 +45,11 @@ pub enum Scheme {
     /// token at run time; compressed-tensors format (--method rtn or smoothquant). The CPU runs
     /// it by dequantizing the weights to f32 (correct, not fast).
     Fp8,
+    /// FP8 (e4m3) weights with one scale per square block (--group-size on a side: 128 by
+    /// default), and FP8 activations quantized per token and group of as many inputs at run
+    /// time: llm-compressor's FP8_BLOCK, the layout of DeepSeek-V3 and Qwen3's FP8 releases;
+    /// compressed-tensors format, as fp8. Every projection must be whole blocks.
+    Fp8Block,
     /// No quantization: the layers written in f32 (with --method rtn; exports a GGUF file as a
     /// Hugging Face directory, the baseline of speed and quality comparisons).
     F32,
@@ -94,7 +100,8 @@ pub struct QuantizeArgs {
     /// compressed-tensors' layout and held as 4-bit codes in memory (no faster than 4-bit).
     #[arg(long)]
     bits: Option<u32>,
-    /// Weights per group along the input dimension: 32, 64, 128, or -1 for per-channel.
+    /// Weights per group along the input dimension: 32, 64, 128, or -1 for per-channel (for
+    /// fp8-block, the side of a square block).
     #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
     group_size: i64,
     /// Symmetric: no zero points (the zero is fixed at 2^(bits-1)).
@@ -149,7 +156,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         Scheme::W4a16 => 4,
         Scheme::W8a16 => 8,
         Scheme::W2a16 => 2,
-        Scheme::W8a8 | Scheme::Fp8 | Scheme::F32 => 8,
+        Scheme::W8a8 | Scheme::Fp8 | Scheme::Fp8Block | Scheme::F32 => 8,
     };
     let format = WqFormat {
         bits: Bits::from_u32(args.bits.unwrap_or(scheme_bits))?,
@@ -174,7 +181,16 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     };
     let scheme = match args.scheme {
         Scheme::W8a8 => CalibScheme::W8A8,
-        Scheme::Fp8 => CalibScheme::Fp8,
+        Scheme::Fp8 => CalibScheme::Fp8(Fp8Scales::Channel),
+        Scheme::Fp8Block => {
+            let Some(side) = group_size else {
+                bail!("--scheme fp8-block needs a block side: --group-size 32, 64 or 128");
+            };
+            CalibScheme::Fp8(Fp8Scales::Block {
+                rows: side,
+                cols: side,
+            })
+        }
         Scheme::F32 => CalibScheme::F32,
         _ => CalibScheme::WeightOnly(format),
     };

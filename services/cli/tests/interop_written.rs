@@ -1,6 +1,6 @@
 //! `ferrite quantize`'s writers checked by the tools that read their formats: the AWQ GEMM,
 //! compressed-tensors `pack-quantized` (4- and 3-bit, with and without zero points) and FP8
-//! `float-quantized` directories it writes from the tiny llama31 fixture were loaded by
+//! `float-quantized` (per channel, and in blocks) directories it writes from the tiny llama31 fixture were loaded by
 //! transformers (compressed-tensors) or dequantized by AutoAWQ's `dequantize_gemm`, and their
 //! logits stored in `tests/fixtures/quant/interop/written.json` (`generate.py written`). Here
 //! the same commands run again, and ferrite loading what they wrote must give those logits
@@ -26,7 +26,7 @@ fn written_checkpoints_give_the_logits_other_tools_read_from_them() {
     let exp = read_json(&fixtures().join("quant/interop/written.json"));
     let input = fixtures().join("models/llama31");
     let checkpoints = exp["checkpoints"].as_object().expect("checkpoints");
-    assert_eq!(checkpoints.len(), 6);
+    assert_eq!(checkpoints.len(), 7);
     for (name, c) in checkpoints {
         let out = temp_dir(name);
         let mut args: Vec<String> = vec!["quantize".into()];
@@ -71,6 +71,15 @@ fn formats_that_cannot_hold_the_scheme_are_refused() {
         (
             vec!["--scheme", "fp8", "--method", "gptq"],
             "rounded to nearest",
+        ),
+        // llama31's k and v are 32 rows: not whole blocks of 64.
+        (
+            vec!["--scheme", "fp8-block", "--group-size", "64"],
+            "not whole 64x64 blocks",
+        ),
+        (
+            vec!["--scheme", "fp8-block", "--group-size", "-1"],
+            "needs a block side",
         ),
     ] {
         let mut argv = vec!["quantize"];

@@ -80,10 +80,24 @@ impl TpRank {
     }
 }
 
-/// Why `cfg` cannot be split `world` ways, when the row-parallel products' column slices
-/// (query dimension and intermediate size over `world`) must be multiples of `col_align`
-/// (the block or group length of their stored format).
-fn split_problem(cfg: &ModelConfig, world: usize, col_align: usize) -> Option<String> {
+/// The whole runs a shard's cuts must keep, set by the stored formats: columns of the
+/// row-parallel products (a GGUF block, a weight-only group, an FP8 block's width) and rows of
+/// the column-parallel ones (an FP8 block's height).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardAlign {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl ShardAlign {
+    /// Columns in runs of `cols`, rows free.
+    pub fn cols(cols: usize) -> Self {
+        Self { rows: 1, cols }
+    }
+}
+
+/// Why `cfg` cannot be split `world` ways with cuts on whole runs of `align`.
+fn split_problem(cfg: &ModelConfig, world: usize, align: ShardAlign) -> Option<String> {
     let (heads, kv, ffn) = (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size);
     if !heads.is_multiple_of(world) {
         return Some(format!("{heads} attention heads do not divide by {world}"));
@@ -98,31 +112,47 @@ fn split_problem(cfg: &ModelConfig, world: usize, col_align: usize) -> Option<St
             "the intermediate size {ffn} does not divide by {world}"
         ));
     }
-    let align = col_align.max(1);
+    if world == 1 {
+        return None;
+    }
+    let whole = |n: usize, run: usize| n.is_multiple_of(run.max(1));
     let (q_cols, ffn_cols) = (cfg.q_dim() / world, ffn / world);
-    if world > 1 && !(q_cols.is_multiple_of(align) && ffn_cols.is_multiple_of(align)) {
+    if !(whole(q_cols, align.cols) && whole(ffn_cols, align.cols)) {
         return Some(format!(
             "the attention output and down projections would be cut into {q_cols} and \
-             {ffn_cols} columns per rank, not whole blocks of {align} of their stored format"
+             {ffn_cols} columns per rank, not whole blocks of {} of their stored format",
+            align.cols
+        ));
+    }
+    // A rank holding one replicated KV head cuts its rows at a head boundary.
+    let kv_rows = (kv / world).max(1) * cfg.head_dim;
+    if ![q_cols, kv_rows, ffn_cols]
+        .iter()
+        .all(|&n| whole(n, align.rows))
+    {
+        return Some(format!(
+            "the Q, K/V and gate/up projections would be cut into {q_cols}, {kv_rows} and \
+             {ffn_cols} rows per rank, not whole blocks of {} rows of their stored format",
+            align.rows
         ));
     }
     None
 }
 
 /// The pool sizes `cfg` splits into (up to its head count).
-pub fn valid_sizes(cfg: &ModelConfig, col_align: usize) -> Vec<usize> {
+pub fn valid_sizes(cfg: &ModelConfig, align: ShardAlign) -> Vec<usize> {
     (1..=cfg.num_heads)
-        .filter(|&n| split_problem(cfg, n, col_align).is_none())
+        .filter(|&n| split_problem(cfg, n, align).is_none())
         .collect()
 }
 
 /// Checks that `cfg` splits `world` ways; the error says why not and lists the sizes that do.
-pub fn check_split(cfg: &ModelConfig, world: usize, col_align: usize) -> Result<()> {
-    match split_problem(cfg, world, col_align) {
+pub fn check_split(cfg: &ModelConfig, world: usize, align: ShardAlign) -> Result<()> {
+    match split_problem(cfg, world, align) {
         None => Ok(()),
         Some(why) => Err(EngineError::BadConfig(format!(
             "this model cannot run on {world} tensor-parallel ranks: {why}; sizes that work: {:?}",
-            valid_sizes(cfg, col_align)
+            valid_sizes(cfg, align)
         ))),
     }
 }
@@ -159,12 +189,19 @@ mod tests {
     #[test]
     fn sizes_that_divide_and_the_error_that_lists_them() {
         let c = smollm2_shape();
-        assert_eq!(valid_sizes(&c, 1), vec![1, 3]);
+        assert_eq!(valid_sizes(&c, ShardAlign::cols(1)), vec![1, 3]);
         // Q4_1 blocks of 32: 576 / 3 = 192 and 1536 / 3 = 512 columns are whole blocks.
-        assert_eq!(valid_sizes(&c, 32), vec![1, 3]);
+        assert_eq!(valid_sizes(&c, ShardAlign::cols(32)), vec![1, 3]);
         // Groups of 128 do not fit 192 columns.
-        assert_eq!(valid_sizes(&c, 128), vec![1]);
-        let e = check_split(&c, 2, 32).expect_err("9 heads do not divide by 2");
+        assert_eq!(valid_sizes(&c, ShardAlign::cols(128)), vec![1]);
+        // FP8 blocks 64 rows high fit 192 Q rows, 64 K/V rows (one head) and 512 gate rows;
+        // 128 rows high do not.
+        let blocks = |rows| ShardAlign { rows, cols: 64 };
+        assert_eq!(valid_sizes(&c, blocks(64)), vec![1, 3]);
+        assert_eq!(valid_sizes(&c, blocks(128)), vec![1]);
+        let e = check_split(&c, 3, blocks(128)).expect_err("blocks of 128 rows");
+        assert!(e.to_string().contains("192, 64 and 512 rows"), "{e}");
+        let e = check_split(&c, 2, ShardAlign::cols(32)).expect_err("9 heads do not divide by 2");
         let msg = e.to_string();
         assert!(
             msg.contains("9 attention heads do not divide by 2"),
@@ -185,8 +222,8 @@ mod tests {
         let mut c = smollm2_shape();
         c.num_heads = 8;
         c.num_kv_heads = 2;
-        assert!(check_split(&c, 4, 1).is_ok());
-        assert!(check_split(&c, 3, 1).is_err());
+        assert!(check_split(&c, 4, ShardAlign::cols(1)).is_ok());
+        assert!(check_split(&c, 3, ShardAlign::cols(1)).is_err());
         let s = c.shard(TpRank { rank: 2, world: 4 });
         assert_eq!(
             (s.num_heads, s.num_kv_heads, s.intermediate_size),

@@ -1,7 +1,8 @@
 //! Quantized checkpoints written by other tools load in ferrite and give the logits
 //! transformers gives on them: llm-compressor's compressed-tensors (GPTQ W4A16 and W8A16
 //! `pack-quantized`, AWQ W4A16 with zero points, SmoothQuant + GPTQ W8A8 `int-quantized`, FP8
-//! dynamic and static `float-quantized`) and AutoAWQ's GEMM format. The checkpoints, the
+//! dynamic, static and block-scaled `float-quantized`), AutoAWQ's GEMM format, and
+//! transformers' own block-scaled FP8 format (`quant_method: fp8`). The checkpoints, the
 //! reference logits and how they were made: `tests/fixtures/quant/interop/generate.py`.
 //!
 //! # Tolerances
@@ -33,7 +34,7 @@ use std::path::PathBuf;
 use common::reference::{TIGHT, check_cases};
 use common::*;
 use ferrite_engine::model::{self, LlamaModel, LogitsWanted};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn dir(name: &str) -> PathBuf {
     fixtures().join("quant/interop").join(name)
@@ -61,9 +62,14 @@ fn weight_only_checkpoints_match_transformers() {
 
 #[test]
 fn fp8_checkpoints_match_transformers() {
-    for name in ["ct_fp8_dynamic", "ct_fp8_static"] {
+    for (name, storage) in [
+        ("ct_fp8_dynamic", "fp8-e4m3"),
+        ("ct_fp8_static", "fp8-e4m3"),
+        ("ct_fp8_block", "fp8-e4m3-b16x32"),
+        ("hf_fp8_block", "fp8-e4m3-b16x32"),
+    ] {
         let (model, exp) = load(name);
-        assert_eq!(model.linear_storage(), "fp8-e4m3", "{name}");
+        assert_eq!(model.linear_storage(), storage, "{name}");
         let perturbed = exp["perturbed_max_abs_diff"].as_f64().map(|v| v as f32);
         let d = check_cases(name, &model, &exp["cases"], perturbed);
         eprintln!("{name}: max |Δ logit| {d:.2e} (tight cases)");
@@ -154,4 +160,12 @@ fn unsupported_variants_are_refused_with_the_reason() {
     assert!(e.contains("2:4"), "{e}");
     let e = load_error_with("autoawq_gemm", |q| q["version"] = "gemv".into());
     assert!(e.contains("version `gemv`"), "{e}");
+    let e = load_error_with("hf_fp8_block", |q| q["scale_fmt"] = "ue8m0".into());
+    assert!(e.contains("scale_fmt `ue8m0`"), "{e}");
+    // A scale grid of the wrong shape names the tensor and the grid it should be.
+    let e = load_error_with("hf_fp8_block", |q| q["weight_block_size"] = json!([32, 16]));
+    assert!(
+        e.contains("weight_scale_inv has shape [4, 2], expected 2x4"),
+        "{e}"
+    );
 }

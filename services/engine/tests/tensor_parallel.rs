@@ -5,6 +5,7 @@
 //! - Every tiny architecture (Llama with tied embeddings, Llama 3.1, Mistral, Qwen2 with QKV
 //!   bias, Qwen3 with QK norm, Gemma 2 with post norms and soft caps; safetensors and GGUF) split
 //!   2 ways (KV heads split) and 4 ways (KV heads replicated) gives transformers' logits.
+//! - Block-scaled FP8 splits on whole blocks, and is refused where a cut falls inside one.
 //! - The default model (Q4_1 GGUF) on 3 ranks generates transformers' greedy tokens through the
 //!   leader and its followers; split 2 ways it is refused with the sizes that work.
 //! - Prefix caching is the leader's decision: plans whose new sequences' tables begin with
@@ -143,6 +144,41 @@ fn tiny_qwen_and_gemma_split_two_and_four_ways() {
     check_tiny("qwen2", Some("model.gguf"), None);
     check_tiny("qwen3", None, None);
     check_tiny("gemma2", None, None);
+}
+
+/// Block-scaled FP8 (transformers' format, blocks of 16x32, activations in groups of 32) split
+/// 2 ways on whole blocks gives the checkpoint's reference logits: each rank's column slice of
+/// the O and down inputs is quantized in the same groups as the whole. 4 ways would cut the
+/// 64-wide O input into 16 columns, inside a block: refused, naming the sizes that work.
+#[test]
+fn block_fp8_splits_on_whole_blocks_only() {
+    let path = fixtures().join("quant/interop/hf_fp8_block");
+    let expected = read_json(&path.join("expected.json"));
+    // Cases with an activation near a rounding tie may round the other way across ranks.
+    let clear = expected["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter(|c| c["tie_margin"].as_f64().is_some_and(|m| m > 1e-6));
+    let mut checked = 0;
+    for case in clear {
+        let want = floats(&case["first_logits"]);
+        let prompt = ids(&case["prompt_token_ids"]);
+        for (rank, got) in prefill_on_ranks(&path, 2, &prompt).iter().enumerate() {
+            let d = max_abs_diff(got, &want);
+            assert!(d < LOGIT_TOLERANCE, "rank {rank}'s logits differ by {d}");
+        }
+        checked += 1;
+    }
+    assert!(checked >= 2, "{checked} cases clear of ties");
+    let options = LoadOptions {
+        tp: TpRank { rank: 0, world: 4 },
+        ..LoadOptions::default()
+    };
+    let e = model::load_with(&path, options).expect_err("blocks cut on 4 ranks");
+    let msg = e.to_string();
+    assert!(msg.contains("not whole blocks of 32"), "{msg}");
+    assert!(msg.contains("sizes that work: [1, 2]"), "{msg}");
 }
 
 fn default_model() -> PathBuf {

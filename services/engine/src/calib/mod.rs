@@ -32,7 +32,7 @@ mod stats;
 
 use std::time::Instant;
 
-use ferrite_kernels::fp8::{Fp8Activations, quantize_fp8_rtn};
+use ferrite_kernels::fp8::{Fp8Scales, quantize_fp8_rtn};
 use ferrite_kernels::w8a8::{quantize_int8_gptq, quantize_int8_rtn};
 use ferrite_kernels::wq::gptq::{output_error, output_error_of};
 use ferrite_kernels::wq::{GptqOptions, WqFormat, quantize_gptq, quantize_rtn};
@@ -66,9 +66,10 @@ pub enum Scheme {
     /// int8 weights per channel, activations int8 per token at run time (compressed-tensors
     /// `int-quantized`).
     W8A8,
-    /// FP8 e4m3 weights per channel (round to nearest), activations FP8 per token at run time
-    /// (compressed-tensors `float-quantized`).
-    Fp8,
+    /// FP8 e4m3 weights (round to nearest) with scales per channel or per block, activations
+    /// FP8 per token or per group at run time ([`Fp8Scales::dynamic_activations`];
+    /// compressed-tensors `float-quantized`).
+    Fp8(Fp8Scales),
     /// Not quantized: the projections in f32 (a GGUF file exported as a Hugging Face
     /// directory, the baseline of speed and quality tables).
     F32,
@@ -79,7 +80,8 @@ impl std::fmt::Display for Scheme {
         match self {
             Scheme::WeightOnly(w) => write!(f, "{w}"),
             Scheme::W8A8 => f.write_str("w8a8-int8"),
-            Scheme::Fp8 => f.write_str("fp8-e4m3"),
+            Scheme::Fp8(Fp8Scales::Block { rows, cols }) => write!(f, "fp8-e4m3-b{rows}x{cols}"),
+            Scheme::Fp8(_) => f.write_str("fp8-e4m3"),
             Scheme::F32 => f.write_str("f32"),
         }
     }
@@ -166,15 +168,15 @@ pub(crate) fn check_options(opts: &CalibOptions) -> Result<()> {
         (Scheme::F32, m) if m != Method::Rtn => {
             refuse("--scheme f32 writes the weights unquantized: use --method rtn")
         }
-        (Scheme::W8A8 | Scheme::Fp8, _) if opts.uses_awq() => refuse(
+        (Scheme::W8A8 | Scheme::Fp8(_), _) if opts.uses_awq() => refuse(
             "AWQ searches weight-only grids; for W8A8 or FP8 use smoothquant with --weights rtn \
              or gptq (or rtn, gptq)",
         ),
-        (Scheme::Fp8, Method::Gptq | Method::Awq) => refuse(
+        (Scheme::Fp8(_), Method::Gptq | Method::Awq) => refuse(
             "FP8 weights are rounded to nearest (as llm-compressor's FP8 schemes do): use \
              --method rtn or smoothquant",
         ),
-        (Scheme::Fp8, Method::SmoothQuant) if opts.smooth_weights == SmoothWeights::Gptq => {
+        (Scheme::Fp8(_), Method::SmoothQuant) if opts.smooth_weights == SmoothWeights::Gptq => {
             refuse("FP8 weights are rounded to nearest: use smoothquant with --weights rtn")
         }
         _ => Ok(()),
@@ -353,6 +355,16 @@ pub(crate) fn quantize_layers(
                 };
                 let hessian = stats[si].hessian.as_deref().filter(|_| opts.uses_gptq());
                 let w = &wf.w[p];
+                if let Scheme::Fp8(Fp8Scales::Block { rows: br, cols: bc }) = opts.scheme
+                    && !(rows.is_multiple_of(br) && cols.is_multiple_of(bc))
+                {
+                    // ferrite runs partial blocks, but vLLM and transformers quantize the
+                    // activations in whole groups: the checkpoint would load nowhere else.
+                    return Err(bad(format!(
+                        "its {rows}x{cols} weights are not whole {br}x{bc} blocks; pick a \
+                         block side that divides both (--group-size)"
+                    )));
+                }
                 let m = match (opts.scheme, hessian) {
                     (Scheme::WeightOnly(f), Some(hm)) => {
                         let (q, st) = quantize_gptq(w, rows, cols, hm, f, opts.gptq)
@@ -377,8 +389,8 @@ pub(crate) fn quantize_layers(
                     (Scheme::W8A8, None) => Matrix::from_i8(
                         quantize_int8_rtn(w, rows, cols).map_err(|e| bad(e.to_string()))?,
                     ),
-                    (Scheme::Fp8, _) => Matrix::from_fp8(
-                        quantize_fp8_rtn(w, rows, cols, Fp8Activations::DynamicPerToken)
+                    (Scheme::Fp8(layout), _) => Matrix::from_fp8(
+                        quantize_fp8_rtn(w, rows, cols, layout, layout.dynamic_activations())
                             .map_err(|e| bad(e.to_string()))?,
                     ),
                     (Scheme::F32, _) => Matrix::from_f32(rows, cols, w),

@@ -15,7 +15,7 @@ use tracing::field::Empty;
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::tp::TpRank;
+use crate::tp::{ShardAlign, TpRank};
 use crate::weights::TensorMap;
 use crate::weights::gguf::{GgufFile, GgufValue};
 use crate::weights::quantized::QuantConfig;
@@ -272,7 +272,7 @@ fn model_init(
         quantize = Empty, weights = Empty, cpu_activations = ?options.ggml_activations);
     let _entered = span.enter();
     if !options.tp.is_solo() {
-        let align = row_parallel_align(tensors, naming, &cfg, options.quantize);
+        let align = shard_align(tensors, naming, &cfg, options.quantize);
         crate::tp::check_split(&cfg, options.tp.world, align)?;
     }
     let mut model = LlamaModel::load_shard(tensors, naming, cfg, options.tp)?;
@@ -288,14 +288,15 @@ fn model_init(
     Ok(model)
 }
 
-/// The block (group) length the row-parallel projections' column slices must keep whole: the
-/// largest over their stored types, and over the format quantized to at load.
-fn row_parallel_align(
+/// The runs a shard's cuts must keep whole: the row-parallel projections' column blocks (the
+/// largest over their stored types, and over the format quantized to at load), and the FP8
+/// blocks' rows.
+fn shard_align(
     t: &TensorMap,
     naming: WeightNaming,
     cfg: &ModelConfig,
     quantize: Option<WqFormat>,
-) -> usize {
+) -> ShardAlign {
     let stored = (0..cfg.num_layers).flat_map(|i| {
         [
             naming.layer(i, "attn_output.weight", "self_attn.o_proj.weight"),
@@ -303,12 +304,14 @@ fn row_parallel_align(
         ]
     });
     let quantized = t.quant().and_then(QuantConfig::group_size);
-    stored
+    let cols = stored
         .filter_map(|name| t.entry(&name).map(|e| e.ty.block_elems()))
         .chain(quantized)
         .chain(quantize.and_then(|f| f.group_size))
         .max()
-        .unwrap_or(1)
+        .unwrap_or(1);
+    let rows = t.quant().map_or(1, QuantConfig::row_block);
+    ShardAlign { rows, cols }
 }
 
 fn load_gguf(

@@ -13,7 +13,7 @@
 //! structures); this module names the tensors and picks their dtypes.
 
 use ferrite_kernels::cpu::matmul::Weight;
-use ferrite_kernels::fp8::Fp8Matrix;
+use ferrite_kernels::fp8::{Fp8Matrix, Fp8Scales};
 use ferrite_kernels::quant::GgmlType;
 use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::{ScaleType, WqMatrix};
@@ -172,22 +172,37 @@ fn int8(w: &I8Matrix, order: &[usize], p: &mut Parts<'_>) {
     p.f32s("weight_scale", vec![w.rows(), 1], &scales);
 }
 
-fn fp8(w: &Fp8Matrix, order: &[usize], p: &mut Parts<'_>) {
+fn fp8(w: &Fp8Matrix, order: &[usize], p: &mut Parts<'_>) -> Result<()> {
     let t = Fp8Tensors::from_fp8(w);
     let codes: Vec<u8> = order
         .iter()
         .flat_map(|&r| t.weight[r * t.cols..(r + 1) * t.cols].to_vec())
         .collect();
-    let scales: Vec<f32> = if t.scale_shape == [1] {
-        t.weight_scale.clone()
-    } else {
-        order.iter().map(|&r| t.weight_scale[r]).collect()
+    let scales: Vec<f32> = match w.layout() {
+        Fp8Scales::Tensor => t.weight_scale.clone(),
+        Fp8Scales::Channel => order.iter().map(|&r| t.weight_scale[r]).collect(),
+        // GGUF's Q and K rows are put back in Hugging Face order within each head: when every
+        // block holds whole heads, each row stays in its block and the grid is unchanged.
+        // Rows moved across blocks would need a scale each: not a block layout.
+        Fp8Scales::Block { rows, .. }
+            if order.iter().enumerate().all(|(i, &r)| i / rows == r / rows) =>
+        {
+            t.weight_scale.clone()
+        }
+        Fp8Scales::Block { rows, .. } => {
+            return Err(EngineError::BadConfig(format!(
+                "{}: FP8 blocks of {rows} rows cannot be written in Hugging Face row order \
+                 (its rows move across blocks: blocks must hold whole heads)",
+                p.stem
+            )));
+        }
     };
     p.push("weight", Dtype::F8_E4M3, vec![t.rows, t.cols], codes);
     p.f32s("weight_scale", t.scale_shape.clone(), &scales);
     if let Some(s) = t.input_scale {
         p.f32s("input_scale", vec![1], &[s]);
     }
+    Ok(())
 }
 
 fn permute_rows(w: &WqMatrix, order: &[usize]) -> Result<WqMatrix> {
@@ -224,8 +239,7 @@ pub(super) fn projection(
         return Ok(());
     }
     if let Some(w) = m.as_fp8() {
-        fp8(w, rows, &mut p);
-        return Ok(());
+        return fp8(w, rows, &mut p);
     }
     let Some(view) = m.as_wq() else {
         let name = format!("{stem}.weight");

@@ -81,7 +81,7 @@ impl OutputFormat {
             // GPTQ's 3-bit layout (codes straddling words in groups of 32) is not written.
             Scheme::WeightOnly(f) if f.bits == Bits::B3 => Self::CompressedTensors,
             Scheme::WeightOnly(_) | Scheme::F32 => Self::Gptq,
-            Scheme::W8A8 | Scheme::Fp8 => Self::CompressedTensors,
+            Scheme::W8A8 | Scheme::Fp8(_) => Self::CompressedTensors,
         }
     }
 
@@ -114,10 +114,12 @@ impl OutputFormat {
                 .to_json())
             }
             (Scheme::W8A8, Self::CompressedTensors) => Ok(compressed(CompressedScheme::W8A8Int8)),
-            (Scheme::Fp8, Self::CompressedTensors) => Ok(compressed(CompressedScheme::Fp8 {
-                per_channel: true,
-                act: Fp8Act::DynamicPerToken,
-            })),
+            (Scheme::Fp8(weights), Self::CompressedTensors) => {
+                Ok(compressed(CompressedScheme::Fp8 {
+                    weights,
+                    act: Fp8Act::dynamic(weights),
+                }))
+            }
             (s, f) => bad(format!(
                 "{s} is written in the compressed-tensors format, not {f} (--format \
                  compressed-tensors)"

@@ -6,6 +6,7 @@
 
 pub mod awq;
 pub mod compressed;
+pub mod fp8_blocks;
 pub mod gguf;
 pub mod gptq;
 mod packing;
@@ -369,7 +370,12 @@ impl Matrix {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.to_string(),
             Storage::Quantized(w) => w.format().to_string(),
             Storage::Int8(_) => "w8a8-int8".to_owned(),
-            Storage::Fp8(_) => "fp8-e4m3".to_owned(),
+            Storage::Fp8(w) => match w.layout() {
+                ferrite_kernels::fp8::Fp8Scales::Block { rows, cols } => {
+                    format!("fp8-e4m3-b{rows}x{cols}")
+                }
+                _ => "fp8-e4m3".to_owned(),
+            },
         }
     }
 

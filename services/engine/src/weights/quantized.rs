@@ -5,7 +5,9 @@
 //! - `awq` ([`super::awq`]): AutoAWQ's GEMM layout / `ferrite quantize --format awq`;
 //! - `compressed-tensors` ([`super::compressed`]): llm-compressor / vLLM / `ferrite quantize
 //!   --format compressed-tensors`, in its `pack-quantized`, `int-quantized` (W8A8) and
-//!   `float-quantized` (FP8) forms.
+//!   `float-quantized` (FP8) forms;
+//! - `fp8` ([`super::fp8_blocks`]): transformers' FP8 format (DeepSeek-V3, Qwen3-FP8), scaled
+//!   per block or per tensor.
 //!
 //! A layer `<stem>` is quantized when its format's tensors are there (`<stem>.qweight`,
 //! `<stem>.weight_packed`, or an I8/F8 `<stem>.weight`); anything else (embeddings, the LM
@@ -15,6 +17,7 @@ use serde_json::Value;
 
 use super::awq::AwqConfig;
 use super::compressed::CompressedConfig;
+use super::fp8_blocks::Fp8BlockConfig;
 use super::gptq::GptqConfig;
 use super::{IntType, Matrix, TensorMap};
 use crate::error::{EngineError, Result};
@@ -25,6 +28,7 @@ pub enum QuantConfig {
     Gptq(GptqConfig),
     Awq(AwqConfig),
     Compressed(CompressedConfig),
+    Fp8Blocks(Fp8BlockConfig),
 }
 
 impl QuantConfig {
@@ -38,11 +42,12 @@ impl QuantConfig {
             "gptq" => Self::Gptq(GptqConfig::from_json(q)?),
             "awq" => Self::Awq(AwqConfig::from_json(q)?),
             "compressed-tensors" => Self::Compressed(CompressedConfig::from_json(q)?),
+            "fp8" => Self::Fp8Blocks(Fp8BlockConfig::from_json(q)?),
             other => {
                 return Err(EngineError::BadConfig(format!(
-                    "quantization_config: quant_method `{other}` is not supported (gptq, awq \
-                     and compressed-tensors are; or load the unquantized model with --quantize \
-                     rtn-w4g128)"
+                    "quantization_config: quant_method `{other}` is not supported (gptq, awq, \
+                     compressed-tensors and fp8 are; or load the unquantized model with \
+                     --quantize rtn-w4g128)"
                 )));
             }
         }))
@@ -54,6 +59,26 @@ impl QuantConfig {
             Self::Gptq(g) => g.group_size,
             Self::Awq(a) => a.group_size,
             Self::Compressed(c) => c.group_size(),
+            Self::Fp8Blocks(f) => f.group_size(),
+        }
+    }
+
+    /// The row run a row shard must keep whole: FP8 blocks' height (1 for the others).
+    pub fn row_block(&self) -> usize {
+        let rows = match self {
+            Self::Compressed(c) => c.row_block(),
+            Self::Fp8Blocks(f) => f.row_block(),
+            Self::Gptq(_) | Self::Awq(_) => None,
+        };
+        rows.unwrap_or(1)
+    }
+
+    /// A one-line description when the CPU runs the format by dequantizing it (FP8).
+    fn dequantized_on_cpu(&self) -> Option<String> {
+        match self {
+            Self::Compressed(c) if c.dequantizes_on_cpu() => Some(c.describe()),
+            Self::Fp8Blocks(f) => Some(f.describe()),
+            _ => None,
         }
     }
 
@@ -62,6 +87,7 @@ impl QuantConfig {
         let int = |suffix: &str| t.ints.contains_key(&format!("{stem}.{suffix}"));
         match self {
             Self::Gptq(_) | Self::Awq(_) => int("qweight"),
+            Self::Fp8Blocks(_) => t.int_type(&format!("{stem}.weight")) == Some(IntType::F8E4M3),
             Self::Compressed(_) => {
                 int("weight_packed")
                     || t.ints
@@ -76,6 +102,7 @@ impl QuantConfig {
             Self::Gptq(g) => super::gptq::load_linear(t, stem, g).map(Matrix::from_wq),
             Self::Awq(a) => super::awq::load_linear(t, stem, a).map(Matrix::from_wq),
             Self::Compressed(c) => c.load_linear(t, stem),
+            Self::Fp8Blocks(f) => f.load_linear(t, stem),
         }
     }
 }
@@ -83,16 +110,14 @@ impl QuantConfig {
 impl TensorMap {
     /// Marks the checkpoint as quantized (from config.json's `quantization_config`).
     pub fn set_quant(&mut self, cfg: QuantConfig) {
-        if let QuantConfig::Compressed(c) = &cfg
-            && c.dequantizes_on_cpu()
-        {
+        if let Some(what) = cfg.dequantized_on_cpu() {
             // A warning, so it shows at the default log level: the memory and speed cost is
             // the user's to know.
             tracing::warn!(
                 "{}: FP8 weights are dequantized to f32 at load (4 bytes per weight) and the \
                  CPU rounds activations through FP8 before an f32 matmul: correct, not fast \
                  (the GPU runs them as dense 16-bit weights)",
-                c.describe()
+                what
             );
         }
         self.quant = Some(cfg);

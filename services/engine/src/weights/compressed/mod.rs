@@ -6,23 +6,26 @@
 //!   [`ferrite_kernels::wq::WqMatrix`];
 //! - `int-quantized` ([`int8`]): W8A8, int8 weights per channel and int8 activations quantized
 //!   per token at run time, an [`ferrite_kernels::w8a8::I8Matrix`];
-//! - `float-quantized` ([`fp8`]): FP8 e4m3 weights (one scale per tensor or per channel) with
-//!   FP8 activations (dynamic per token, or a static per-tensor scale) or none, an
+//! - `float-quantized` ([`fp8`]): FP8 e4m3 weights (one scale per tensor, per channel, or per
+//!   block as in llm-compressor's FP8_BLOCK) with FP8 activations (dynamic per token or per
+//!   group of inputs, or a static per-tensor scale) or none, an
 //!   [`ferrite_kernels::fp8::Fp8Matrix`]: on the CPU the weights are dequantized to f32 at load
 //!   and activations rounded through e4m3 (correct, not fast).
 //!
 //! Everything else is refused with the reason: other formats, act-order `g_idx`, static int8
-//! activation scales, FP8 blocks or groups, 2:4 sparsity, transforms, a quantized KV cache, and
-//! config groups with different schemes.
+//! activation scales, weight-only FP8 groups, 2:4 sparsity, transforms, a quantized KV cache,
+//! and config groups with different schemes.
 
 mod fp8;
 mod int8;
 mod packed;
 
+use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::{Bits, WqFormat};
 use serde_json::{Value, json};
 
 pub use fp8::Fp8Tensors;
+pub(crate) use fp8::load_linear as load_fp8;
 pub use packed::PackedTensors;
 
 use super::{Matrix, TensorMap};
@@ -35,8 +38,21 @@ pub enum Fp8Act {
     None,
     /// Per token at run time.
     DynamicPerToken,
+    /// Per token and group of this many inputs at run time.
+    DynamicPerGroup(usize),
     /// One static scale per layer (`<stem>.input_scale`).
     StaticPerTensor,
+}
+
+impl Fp8Act {
+    /// The dynamic activations that go with weights scaled as `weights` says
+    /// ([`Fp8Scales::dynamic_activations`]).
+    pub fn dynamic(weights: Fp8Scales) -> Self {
+        match weights.dynamic_activations() {
+            ferrite_kernels::fp8::Fp8Activations::DynamicPerGroup(g) => Self::DynamicPerGroup(g),
+            _ => Self::DynamicPerToken,
+        }
+    }
 }
 
 /// The one scheme all of a checkpoint's config groups share.
@@ -50,8 +66,8 @@ pub enum CompressedScheme {
         group_size: Option<usize>,
         sym: bool,
     },
-    /// `float-quantized`: FP8 e4m3 weights, per channel or per tensor.
-    Fp8 { per_channel: bool, act: Fp8Act },
+    /// `float-quantized`: FP8 e4m3 weights, scaled per tensor, channel or block.
+    Fp8 { weights: Fp8Scales, act: Fp8Act },
 }
 
 /// A compressed-tensors `quantization_config` ferrite can run.
@@ -69,6 +85,8 @@ struct Args {
     /// `tensor`, `channel`, `group`, `token`, `block`, ...
     strategy: String,
     group_size: Option<i64>,
+    /// `block_structure` (rows, columns) of the `block` strategy.
+    block: Option<[usize; 2]>,
     dynamic: bool,
     /// Activation ordering with a `g_idx` (`group`; `static`/`weight` leave none).
     g_idx: bool,
@@ -102,6 +120,7 @@ impl Args {
             sym: v.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
             strategy,
             group_size,
+            block: block_structure(v.get("block_structure")),
             // `true`, or a string (`local`) for the dynamic kinds ferrite does not run.
             dynamic: !matches!(v.get("dynamic"), None | Some(Value::Bool(false))),
             g_idx,
@@ -114,6 +133,23 @@ impl Args {
             && self.sym
             && self.strategy == strategy
             && self.dynamic == dynamic
+    }
+}
+
+/// `block_structure`: `[rows, cols]`, or the `"RxC"` string older versions wrote.
+fn block_structure(v: Option<&Value>) -> Option<[usize; 2]> {
+    let dims: Vec<usize> = match v? {
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|d| d as usize)
+            .collect(),
+        Value::String(s) => s.split('x').filter_map(|d| d.trim().parse().ok()).collect(),
+        _ => return None,
+    };
+    match dims[..] {
+        [r, c] => Some([r, c]),
+        _ => None,
     }
 }
 
@@ -196,12 +232,18 @@ fn packed_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<Compresse
 }
 
 fn fp8_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<CompressedScheme, String> {
-    let per_channel = match w.strategy.as_str() {
-        "channel" => true,
-        "tensor" => false,
-        s => {
+    let weights = match (w.strategy.as_str(), w.block) {
+        ("channel", _) => Fp8Scales::Channel,
+        ("tensor", _) => Fp8Scales::Tensor,
+        ("block", Some([rows, cols])) if rows > 0 && cols > 0 => Fp8Scales::Block { rows, cols },
+        ("block", b) => {
             return Err(format!(
-                "FP8 weight strategy `{s}` is not supported (tensor or channel are)"
+                "FP8 block strategy with block_structure {b:?}: two sizes above 0 are needed"
+            ));
+        }
+        (s, _) => {
+            return Err(format!(
+                "FP8 weight strategy `{s}` is not supported (tensor, channel or block are)"
             ));
         }
     };
@@ -212,15 +254,49 @@ fn fp8_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<CompressedSc
         None => Fp8Act::None,
         Some(a) if a.is(true, 8, "token", true) => Fp8Act::DynamicPerToken,
         Some(a) if a.is(true, 8, "tensor", false) => Fp8Act::StaticPerTensor,
+        Some(a) if a.is(true, 8, "group", true) && a.group_size.is_some_and(|g| g > 0) => {
+            Fp8Act::DynamicPerGroup(a.group_size.unwrap_or(1) as usize)
+        }
         Some(a) => {
             return Err(format!(
                 "FP8 activations by strategy `{}` (dynamic: {}) are not supported (dynamic per \
-                 token, or static per tensor, are)",
+                 token or per group, or static per tensor, are)",
                 a.strategy, a.dynamic
             ));
         }
     };
-    Ok(CompressedScheme::Fp8 { per_channel, act })
+    Ok(CompressedScheme::Fp8 { weights, act })
+}
+
+/// The columns an FP8 layer's column shard must keep whole: its weight blocks' width and its
+/// activation groups (the larger, when one divides the other; they always do in practice).
+pub(crate) fn fp8_shard_cols(weights: Fp8Scales, act: Fp8Act) -> Option<usize> {
+    let block = match weights {
+        Fp8Scales::Block { cols, .. } => Some(cols),
+        _ => None,
+    };
+    let group = match act {
+        Fp8Act::DynamicPerGroup(g) => Some(g),
+        _ => None,
+    };
+    block.max(group)
+}
+
+pub(crate) fn describe_fp8_scales(s: Fp8Scales) -> String {
+    match s {
+        Fp8Scales::Tensor => "per tensor".into(),
+        Fp8Scales::Channel => "per channel".into(),
+        Fp8Scales::Block { rows, cols } => format!("in blocks of {rows}x{cols}"),
+    }
+}
+
+pub(crate) fn describe_fp8_act(act: Fp8Act) -> String {
+    match act {
+        Fp8Act::None => "not quantized".into(),
+        Fp8Act::DynamicPerToken => "dynamic per token".into(),
+        Fp8Act::DynamicPerGroup(g) => format!("dynamic per group of {g}"),
+        Fp8Act::StaticPerTensor => "static per tensor".into(),
+    }
 }
 
 /// Whether `v` (an optional config object) is absent, null or empty.
@@ -287,10 +363,23 @@ impl CompressedConfig {
             .ok_or_else(|| bad("no config_groups".into()))
     }
 
-    /// The weight-only group length (what a column shard must keep whole).
+    /// The group length (what a column shard must keep whole): of weight-only groups, or of
+    /// FP8 blocks and activation groups.
     pub fn group_size(&self) -> Option<usize> {
         match self.scheme {
             CompressedScheme::Packed { group_size, .. } => group_size,
+            CompressedScheme::Fp8 { weights, act } => fp8_shard_cols(weights, act),
+            CompressedScheme::W8A8Int8 => None,
+        }
+    }
+
+    /// The row run a row shard must keep whole (FP8 blocks' height).
+    pub fn row_block(&self) -> Option<usize> {
+        match self.scheme {
+            CompressedScheme::Fp8 {
+                weights: Fp8Scales::Block { rows, .. },
+                ..
+            } => Some(rows),
             _ => None,
         }
     }
@@ -314,14 +403,10 @@ impl CompressedConfig {
                 group_size.map_or("per channel".into(), |g| format!("groups of {g}")),
                 if sym { "symmetric" } else { "with zero points" }
             ),
-            CompressedScheme::Fp8 { per_channel, act } => format!(
-                "compressed-tensors float-quantized FP8 (weights per {}, activations {})",
-                if per_channel { "channel" } else { "tensor" },
-                match act {
-                    Fp8Act::None => "not quantized",
-                    Fp8Act::DynamicPerToken => "dynamic per token",
-                    Fp8Act::StaticPerTensor => "static per tensor",
-                }
+            CompressedScheme::Fp8 { weights, act } => format!(
+                "compressed-tensors float-quantized FP8 (weights {}, activations {})",
+                describe_fp8_scales(weights),
+                describe_fp8_act(act)
             ),
         }
     }
@@ -335,8 +420,8 @@ impl CompressedConfig {
                 group_size,
                 sym,
             } => packed::load_linear(t, stem, bits, group_size, sym).map(Matrix::from_wq),
-            CompressedScheme::Fp8 { per_channel, act } => {
-                fp8::load_linear(t, stem, per_channel, act).map(Matrix::from_fp8)
+            CompressedScheme::Fp8 { weights, act } => {
+                fp8::load_linear(t, stem, "weight_scale", weights, act).map(Matrix::from_fp8)
             }
         }
     }
@@ -388,11 +473,28 @@ impl CompressedConfig {
                 ),
                 Value::Null,
             ),
-            CompressedScheme::Fp8 { .. } => (
-                "float-quantized",
-                args(8, "float", true, "channel", None),
-                args(8, "float", true, "token", None),
-            ),
+            CompressedScheme::Fp8 { weights, act } => {
+                let mut w = match weights {
+                    Fp8Scales::Tensor => args(8, "float", true, "tensor", None),
+                    Fp8Scales::Channel => args(8, "float", true, "channel", None),
+                    Fp8Scales::Block { .. } => args(8, "float", true, "block", None),
+                };
+                if let Fp8Scales::Block { rows, cols } = weights {
+                    w["block_structure"] = json!([rows, cols]);
+                }
+                let a = match act {
+                    Fp8Act::None => Value::Null,
+                    Fp8Act::DynamicPerToken => args(8, "float", true, "token", None),
+                    Fp8Act::StaticPerTensor => args(8, "float", true, "tensor", None),
+                    Fp8Act::DynamicPerGroup(g) => {
+                        let mut a = args(8, "float", true, "group", Some(g));
+                        a["dynamic"] = true.into();
+                        a["observer"] = Value::Null;
+                        a
+                    }
+                };
+                ("float-quantized", w, a)
+            }
         };
         json!({
             "quant_method": "compressed-tensors",
@@ -439,8 +541,15 @@ mod tests {
                 sym: true,
             },
             CompressedScheme::Fp8 {
-                per_channel: true,
+                weights: Fp8Scales::Channel,
                 act: Fp8Act::DynamicPerToken,
+            },
+            CompressedScheme::Fp8 {
+                weights: Fp8Scales::Block {
+                    rows: 128,
+                    cols: 128,
+                },
+                act: Fp8Act::DynamicPerGroup(128),
             },
         ] {
             let c = CompressedConfig { scheme };
@@ -473,11 +582,19 @@ mod tests {
             (
                 config(
                     "float-quantized",
-                    json!({"num_bits": 8, "type": "float", "strategy": "block",
-                           "block_structure": [128, 128]}),
+                    json!({"num_bits": 8, "type": "float", "strategy": "group",
+                           "group_size": 128}),
                     Value::Null,
                 ),
-                "strategy `block`",
+                "strategy `group`",
+            ),
+            (
+                config(
+                    "float-quantized",
+                    json!({"num_bits": 8, "type": "float", "strategy": "block"}),
+                    Value::Null,
+                ),
+                "block_structure None",
             ),
             (
                 config("marlin-24", int4.clone(), Value::Null),
