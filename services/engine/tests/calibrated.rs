@@ -9,6 +9,7 @@ use common::*;
 use ferrite_engine::calib::{CalibOptions, LayerReport, Method, Scheme, SmoothWeights};
 use ferrite_engine::model::{self, LoadOptions, LogitsWanted};
 use ferrite_engine::quantize::{CalibText, QuantizeJob, quantize_model};
+use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::WqFormat;
 
 fn tempdir(tag: &str) -> PathBuf {
@@ -85,6 +86,42 @@ fn gguf_input_writes_a_hugging_face_directory_with_the_same_function() {
     let got = prefill_logits(&exported.model, &PROMPT, LogitsWanted::All);
     let d = max_abs_diff(&got, &logits(&gguf, LoadOptions::default(), &PROMPT));
     assert!(d < 1e-4, "exported logits differ by {d}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// FP8 blocks from a GGUF file: blocks holding whole heads (16 rows here) are written in Hugging
+/// Face order and load back close to the original; blocks that split a head (8 rows) are
+/// refused before any layer is quantized.
+#[test]
+fn gguf_input_to_fp8_blocks_keeps_whole_heads() {
+    let gguf = fixtures().join("models/llama2_tied/model.gguf");
+    let out = tempdir("fp8-blocks");
+    let blocks = |side| {
+        Scheme::Fp8(Fp8Scales::Block {
+            rows: side,
+            cols: side,
+        })
+    };
+    let opts = CalibOptions::new(Method::Rtn, blocks(16));
+    quantize_model(&job(&gguf, &out, opts), &mut |_| {}).expect("quantize");
+    let loaded = model::load(&out).expect("load");
+    assert_eq!(loaded.model.linear_storage(), "fp8-e4m3-b16x16");
+    let got = prefill_logits(&loaded.model, &PROMPT, LogitsWanted::All);
+    let want = logits(&gguf, LoadOptions::default(), &PROMPT);
+    let range = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = max_abs_diff(&got, &want);
+    // e4m3 keeps 3 mantissa bits of weights and activations: a few percent, not a scramble.
+    assert!(d < 0.1 * range, "logits moved by {d} of {range}");
+    let _ = std::fs::remove_dir_all(&out);
+    let mut layers = 0;
+    let opts = CalibOptions::new(Method::Rtn, blocks(8));
+    let e = quantize_model(&job(&gguf, &out, opts), &mut |_| layers += 1).expect_err("8 rows");
+    assert!(
+        e.to_string()
+            .contains("split the GGUF model's heads of 16 rows"),
+        "{e}"
+    );
+    assert_eq!(layers, 0, "refused after quantizing");
     let _ = std::fs::remove_dir_all(&out);
 }
 

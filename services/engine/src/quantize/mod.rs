@@ -14,10 +14,12 @@ mod write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::{Bits, WqFormat};
 use ferrite_text::Tokenizer;
 
 use crate::calib::{self, CalibOptions, LayerReport, Method, Scheme};
+use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::model::{self, LoadOptions, WeightFormat};
 use crate::weights::awq::AwqConfig;
@@ -214,6 +216,7 @@ pub fn quantize_model(
             ..LoadOptions::default()
         },
     )?;
+    check_fp8_blocks(job.opts.scheme, loaded.model.config())?;
     let tokens = calibration_tokens(job, loaded.tokenizer.as_ref())?;
     let layers = calib::quantize_layers(&loaded.model, &tokens, &job.opts, progress)?;
     let src = write::Source {
@@ -236,6 +239,24 @@ pub fn quantize_model(
         seconds: start.elapsed().as_secs_f64(),
         output: output.to_owned(),
     })
+}
+
+/// Refuses FP8 blocks that GGUF's Q/K rows would leave: they go back to Hugging Face order
+/// within each head when written, so a block must hold whole heads (checked before the work).
+fn check_fp8_blocks(scheme: Scheme, c: &ModelConfig) -> Result<()> {
+    match scheme {
+        Scheme::Fp8(Fp8Scales::Block { rows, .. })
+            if c.rope_style == RopeStyle::Interleaved && !rows.is_multiple_of(c.head_dim) =>
+        {
+            Err(EngineError::InvalidRequest(format!(
+                "FP8 blocks of {rows} rows split the GGUF model's heads of {} rows, whose Q and \
+                 K rows are written back in Hugging Face order within each head: use a block \
+                 side that is a multiple of {} (--group-size)",
+                c.head_dim, c.head_dim
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The calibration tokens `job` asks for (none for round to nearest): its tokens, or its text
