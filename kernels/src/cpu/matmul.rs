@@ -320,6 +320,14 @@ fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
         .any(|w| matches!(w, Weight::I8(_)))
         .then(|| I8Activations::new(x, m, k));
     let f8_acts = fp8_activations(x, k, ws);
+    // W4A8: weight-only codes whose inputs are rounded to int8 first (correct, not fast).
+    let wq_i8 = ws
+        .iter()
+        .any(|w| matches!(w, Weight::Wq(q) if q.int8_activations()))
+        .then(|| match &acts {
+            Some(a) => a.dequantized(k),
+            None => I8Activations::new(x, m, k).dequantized(k),
+        });
     // One-token steps may round the activations to int8 once for all GGUF block weights.
     let int8 = |w: &WeightView<'_>| m == 1 && opts.ggml_activations.applies_to(w.ty);
     let q8_acts = ws
@@ -342,7 +350,13 @@ fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
             let rows = &w.bytes[task.r0 * rb..(task.r0 + n) * rb];
             kern.run(rows, n, x, &mut task.outs, &mut scratch);
         }
-        Weight::Wq(w) => w.matmul_rows(isa, task.r0, x, &mut task.outs),
+        Weight::Wq(w) => {
+            let xs = match &wq_i8 {
+                Some(q) if w.int8_activations() => q,
+                _ => x,
+            };
+            w.matmul_rows(isa, task.r0, xs, &mut task.outs);
+        }
         Weight::I8(w) => {
             if let Some(a) = &acts {
                 w.matmul_rows(isa, task.r0, a, &mut task.outs);
@@ -420,5 +434,45 @@ mod tests {
             &one[..],
             "the int8 path rounds the activations"
         );
+    }
+
+    /// A W4A8 matrix computes the weight-only product of the inputs rounded to int8 per
+    /// token (each token its own scale), in the same call as a plain weight-only matrix fed
+    /// the raw inputs, and shards keep the setting.
+    #[test]
+    fn int8_activations_of_weight_only_codes_round_each_token() {
+        use crate::wq::{WqFormat, quantize_rtn};
+        let (m, k, n) = (3, 64, 24);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 97) as f32 - 48.0) / 50.0)
+            .collect();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 31 % 53) as f32 - 26.0) * if i < k { 0.01 } else { 1.3 })
+            .collect();
+        let format: WqFormat = "w4g32".parse().expect("format");
+        let plain = quantize_rtn(&w, n, k, format).expect("rtn");
+        let a8 = plain.clone().with_int8_activations(true);
+        let (mut got, mut raw) = (vec![0f32; m * n], vec![0f32; m * n]);
+        matmul_many(
+            &x,
+            m,
+            &[Weight::Wq(&a8), Weight::Wq(&plain)],
+            &mut [&mut got, &mut raw],
+        );
+        let rounded = I8Activations::new(&x, m, k).dequantized(k);
+        for (row, xr) in rounded.chunks(k).zip(x.chunks(k)) {
+            let s = xr.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            assert!(
+                row.iter()
+                    .zip(xr)
+                    .all(|(q, v)| (q - v).abs() <= s / 2.0 + 1e-6)
+            );
+        }
+        let mut want = vec![0f32; m * n];
+        matmul(&rounded, m, &plain, &mut want);
+        assert_eq!(got, want);
+        assert_ne!(got, raw, "the inputs were rounded");
+        let shard = a8.slice(0..8, 32..64).expect("shard");
+        assert!(shard.int8_activations());
     }
 }

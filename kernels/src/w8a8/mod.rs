@@ -334,6 +334,16 @@ impl I8Activations {
             scales,
         }
     }
+
+    /// The rounded rows as f32 (`q · s`, `k` wide): what the integer products compute with,
+    /// for kernels that take f32 inputs (W4A8 weights on the weight-only kernels).
+    pub fn dequantized(&self, k: usize) -> Vec<f32> {
+        self.q
+            .chunks_exact(self.padded_cols)
+            .zip(&self.scales)
+            .flat_map(|(q, &s)| q[..k].iter().map(move |&v| f32::from(v) * s))
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -278,6 +278,9 @@ pub struct WqMatrix {
     scales: Vec<f32>,
     /// `rows * groups` for the asymmetric formats, else empty.
     zeros: Vec<u8>,
+    /// W4A8 and the like: inputs are rounded to int8 per token (the W8A8 kernels' rounding,
+    /// [`crate::w8a8::I8Activations::dequantized`]) before the product with these weights.
+    int8_activations: bool,
 }
 
 impl fmt::Debug for WqMatrix {
@@ -346,7 +349,19 @@ impl WqMatrix {
             codes: pack(codes, format.bits),
             scales: scales.iter().map(|&s| format.scale_type.round(s)).collect(),
             zeros,
+            int8_activations: false,
         })
+    }
+
+    /// This matrix with its inputs rounded to int8 per token (`true`), or not.
+    pub fn with_int8_activations(mut self, on: bool) -> Self {
+        self.int8_activations = on;
+        self
+    }
+
+    /// Whether inputs are rounded to int8 per token before the product (W4A8).
+    pub fn int8_activations(&self) -> bool {
+        self.int8_activations
     }
 
     pub fn format(&self) -> WqFormat {
@@ -386,10 +401,11 @@ impl WqMatrix {
     /// (q, k and v; gate and up). `None` when they differ.
     pub fn stack(parts: &[&WqMatrix]) -> Option<WqMatrix> {
         let first = parts.first()?;
-        if parts
-            .iter()
-            .any(|p| p.format != first.format || p.cols != first.cols)
-        {
+        if parts.iter().any(|p| {
+            p.format != first.format
+                || p.cols != first.cols
+                || p.int8_activations != first.int8_activations
+        }) {
             return None;
         }
         Some(WqMatrix {
@@ -402,6 +418,7 @@ impl WqMatrix {
                 .flat_map(|p| p.scales.iter().copied())
                 .collect(),
             zeros: parts.iter().flat_map(|p| p.zeros.iter().copied()).collect(),
+            int8_activations: first.int8_activations,
         })
     }
 
@@ -445,6 +462,7 @@ impl WqMatrix {
         }
         let zeros = self.format.zero_point.then_some(zeros.as_slice());
         WqMatrix::from_codes(self.format, rows.len(), cols.len(), &codes, &scales, zeros)
+            .map(|m| m.with_int8_activations(self.int8_activations))
     }
 
     /// All codes, packed, row-major (the layout the CUDA kernels read as is).

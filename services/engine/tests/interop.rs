@@ -1,6 +1,7 @@
 //! Quantized checkpoints written by other tools load in ferrite and give the logits
 //! transformers gives on them: llm-compressor's compressed-tensors (GPTQ W4A16 and W8A16
-//! `pack-quantized`, AWQ W4A16 with zero points, SmoothQuant + GPTQ W8A8 `int-quantized`, FP8
+//! `pack-quantized`, AWQ W4A16 with zero points, SmoothQuant + GPTQ W8A8 and GPTQ W4A8
+//! `int-quantized`, FP8
 //! dynamic, static and block-scaled `float-quantized`), AutoAWQ's GEMM format, and
 //! transformers' own block-scaled FP8 format (`quant_method: fp8`). The checkpoints, the
 //! reference logits and how they were made: `tests/fixtures/quant/interop/generate.py`.
@@ -18,7 +19,7 @@
 //!   (`perturbed_max_abs_diff`). A case may therefore miss [`TIGHT`] only when the generator
 //!   found an activation within [`TIE`] (relative) of a tie, and then by at most twice that
 //!   perturbation; at least half of a checkpoint's cases must match tightly.
-//! - W8A8 int8: ferrite (like vLLM's kernels) scales activations by `max|x| / 127`, while
+//! - W8A8 and W4A8 int8 activations: ferrite (like vLLM's kernels) scales activations by `max|x| / 127`, while
 //!   compressed-tensors' fake quantization in transformers uses `max|x| / 127.5`. The tight
 //!   comparison is with a transformers run using vLLM's convention (`vllm_int8_cases`); against
 //!   transformers' own W8A8 forward ferrite is as far as the two conventions are from each
@@ -90,10 +91,18 @@ fn fp8_checkpoints_match_transformers() {
 }
 
 #[test]
-fn w8a8_checkpoint_matches_vllms_int8_convention() {
-    let name = "ct_smoothquant_w8a8";
+fn int8_activation_checkpoints_match_vllms_int8_convention() {
+    for (name, storage) in [
+        ("ct_smoothquant_w8a8", "w8a8-int8"),
+        ("ct_gptq_w4a8", "w4g32-sym-bf16-a8"),
+    ] {
+        check_int8_activations(name, storage);
+    }
+}
+
+fn check_int8_activations(name: &str, storage: &str) {
     let (model, exp) = load(name);
-    assert_eq!(model.linear_storage(), "w8a8-int8");
+    assert_eq!(model.linear_storage(), storage, "{name}");
     let perturbed = exp["perturbed_max_abs_diff"].as_f64().map(|v| v as f32);
     let d = check_cases(name, &model, &exp["vllm_int8_cases"], perturbed);
     eprintln!("{name}: max |Δ logit| vs vLLM's convention {d:.2e}");
@@ -109,7 +118,7 @@ fn w8a8_checkpoint_matches_vllms_int8_convention() {
         let conventions = max_abs_diff(&floats(&v["first_logits"]), &want);
         let rounding = max_abs_diff(&floats(&weights_only[i]), &want);
         eprintln!(
-            "{name} case {i}: vs transformers' W8A8 {d:.4} (conventions differ by \
+            "{name} case {i}: vs transformers' own int8 rounding {d:.4} (conventions differ by \
              {conventions:.4}; activation rounding moves {rounding:.4})"
         );
         assert!(

@@ -368,6 +368,7 @@ impl Matrix {
     pub fn storage_name(&self) -> String {
         match &self.storage {
             Storage::Mapped { ty, .. } | Storage::Owned { ty, .. } => ty.to_string(),
+            Storage::Quantized(w) if w.int8_activations() => format!("{}-a8", w.format()),
             Storage::Quantized(w) => w.format().to_string(),
             Storage::Int8(_) => "w8a8-int8".to_owned(),
             Storage::Fp8(w) => match w.layout() {

@@ -60,14 +60,45 @@ impl Fp8Act {
 pub enum CompressedScheme {
     /// `int-quantized`: int8 weights per channel, int8 activations per token, dynamic.
     W8A8Int8,
-    /// `pack-quantized`: weight-only integer codes; `group_size` `None` is per channel.
-    Packed {
-        bits: Bits,
-        group_size: Option<usize>,
-        sym: bool,
-    },
+    /// `pack-quantized`: integer codes packed into i32 words.
+    Packed(IntCodes),
+    /// `int-quantized` or `naive-quantized` other than W8A8's per-channel int8: one code per
+    /// int8 (llm-compressor's W4A8 is written this way).
+    Unpacked(IntCodes),
     /// `float-quantized`: FP8 e4m3 weights, scaled per tensor, channel or block.
     Fp8 { weights: Fp8Scales, act: Fp8Act },
+}
+
+/// Integer weight codes (run by the weight-only kernels) and what their inputs go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntCodes {
+    pub bits: Bits,
+    /// `None`: one scale per channel.
+    pub group_size: Option<usize>,
+    pub sym: bool,
+    /// Inputs rounded to int8 per token at run time (W4A8), or left in float (W4A16).
+    pub int8_activations: bool,
+}
+
+impl IntCodes {
+    fn describe(&self) -> String {
+        format!(
+            "int{} {} {}{}",
+            self.bits.get(),
+            self.group_size
+                .map_or("per channel".into(), |g| format!("groups of {g}")),
+            if self.sym {
+                "symmetric"
+            } else {
+                "with zero points"
+            },
+            if self.int8_activations {
+                ", activations int8 per token"
+            } else {
+                ""
+            }
+        )
+    }
 }
 
 /// A compressed-tensors `quantization_config` ferrite can run.
@@ -171,37 +202,48 @@ fn group_scheme(format: &str, g: &Value) -> std::result::Result<CompressedScheme
         );
     }
     match format {
-        "pack-quantized" => packed_scheme(&w, acts.as_ref()),
-        "int-quantized" => match acts {
+        "pack-quantized" => int_codes(&w, acts.as_ref()).map(CompressedScheme::Packed),
+        // naive-quantized stores codes in the smallest torch type that holds them: int8
+        // codes as int-quantized does, FP8 as float-quantized does.
+        "naive-quantized" if w.float => fp8_scheme(&w, acts.as_ref()),
+        "int-quantized" | "naive-quantized" => match acts {
             Some(a) if w.is(false, 8, "channel", false) && a.is(false, 8, "token", true) => {
                 Ok(CompressedScheme::W8A8Int8)
             }
-            Some(a) if !a.float && !a.dynamic => Err("static int8 activation scales \
-                 (input_scale) are not supported; ferrite quantizes activations per token at \
-                 run time (quantize with dynamic per-token activations)"
-                .into()),
-            _ => Err(
-                "int-quantized is supported as W8A8: int8 symmetric weights per channel, \
-                      int8 symmetric activations per token, dynamic"
-                    .into(),
-            ),
+            _ => int_codes(&w, acts.as_ref()).map(CompressedScheme::Unpacked),
         },
         "float-quantized" => fp8_scheme(&w, acts.as_ref()),
         other => Err(format!(
-            "format `{other}` is not supported (pack-quantized, int-quantized W8A8 and \
-             float-quantized FP8 are)"
+            "format `{other}` is not supported (pack-quantized, int-quantized, \
+             naive-quantized and float-quantized are)"
         )),
     }
 }
 
-fn packed_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<CompressedScheme, String> {
-    if acts.is_some() {
-        return Err(
-            "pack-quantized with quantized activations (W4A8) is not supported; \
-                    ferrite runs pack-quantized weight-only"
-                .into(),
-        );
-    }
+/// Integer weights (2, 3, 4 or 8 bits, in groups or per channel) with int8 activations per
+/// token or none.
+fn int_codes(w: &Args, acts: Option<&Args>) -> std::result::Result<IntCodes, String> {
+    let int8_activations = match acts {
+        None => false,
+        Some(a) if a.is(false, 8, "token", true) => true,
+        Some(a) if !a.float && !a.dynamic => {
+            return Err(
+                "static int8 activation scales (input_scale) are not supported; \
+                 ferrite quantizes activations per token at run time (quantize with dynamic \
+                 per-token activations)"
+                    .into(),
+            );
+        }
+        Some(a) => {
+            return Err(format!(
+                "{}-bit {} activations by strategy `{}` with integer weights are not supported \
+                 (int8 per token, dynamic, or none are)",
+                a.bits,
+                if a.float { "float" } else { "int" },
+                a.strategy
+            ));
+        }
+    };
     let bits = u32::try_from(w.bits)
         .ok()
         .and_then(|b| Bits::from_u32(b).ok())
@@ -224,10 +266,11 @@ fn packed_scheme(w: &Args, acts: Option<&Args>) -> std::result::Result<Compresse
     if w.dynamic {
         return Err("dynamic weight quantization is not supported".into());
     }
-    Ok(CompressedScheme::Packed {
+    Ok(IntCodes {
         bits,
         group_size,
         sym: w.sym,
+        int8_activations,
     })
 }
 
@@ -367,7 +410,7 @@ impl CompressedConfig {
     /// FP8 blocks and activation groups.
     pub fn group_size(&self) -> Option<usize> {
         match self.scheme {
-            CompressedScheme::Packed { group_size, .. } => group_size,
+            CompressedScheme::Packed(c) | CompressedScheme::Unpacked(c) => c.group_size,
             CompressedScheme::Fp8 { weights, act } => fp8_shard_cols(weights, act),
             CompressedScheme::W8A8Int8 => None,
         }
@@ -393,16 +436,12 @@ impl CompressedConfig {
     pub fn describe(&self) -> String {
         match self.scheme {
             CompressedScheme::W8A8Int8 => "compressed-tensors int-quantized W8A8".into(),
-            CompressedScheme::Packed {
-                bits,
-                group_size,
-                sym,
-            } => format!(
-                "compressed-tensors pack-quantized int{} {} {}",
-                bits.get(),
-                group_size.map_or("per channel".into(), |g| format!("groups of {g}")),
-                if sym { "symmetric" } else { "with zero points" }
-            ),
+            CompressedScheme::Packed(c) => {
+                format!("compressed-tensors pack-quantized {}", c.describe())
+            }
+            CompressedScheme::Unpacked(c) => {
+                format!("compressed-tensors int-quantized {}", c.describe())
+            }
             CompressedScheme::Fp8 { weights, act } => format!(
                 "compressed-tensors float-quantized FP8 (weights {}, activations {})",
                 describe_fp8_scales(weights),
@@ -415,11 +454,12 @@ impl CompressedConfig {
     pub(super) fn load_linear(&self, t: &TensorMap, stem: &str) -> Result<Matrix> {
         match self.scheme {
             CompressedScheme::W8A8Int8 => int8::load_linear(t, stem).map(Matrix::from_i8),
-            CompressedScheme::Packed {
-                bits,
-                group_size,
-                sym,
-            } => packed::load_linear(t, stem, bits, group_size, sym).map(Matrix::from_wq),
+            CompressedScheme::Packed(c) => {
+                packed::load_linear(t, stem, c.bits, c.group_size, c.sym)
+                    .map(|m| Matrix::from_wq(m.with_int8_activations(c.int8_activations)))
+            }
+            CompressedScheme::Unpacked(c) => int8::load_codes(t, stem, c)
+                .map(|m| Matrix::from_wq(m.with_int8_activations(c.int8_activations))),
             CompressedScheme::Fp8 { weights, act } => {
                 fp8::load_linear(t, stem, "weight_scale", weights, act).map(Matrix::from_fp8)
             }
@@ -429,11 +469,12 @@ impl CompressedConfig {
     /// The config for weight-only `format` written as `pack-quantized`.
     pub fn packed(format: WqFormat) -> Self {
         Self {
-            scheme: CompressedScheme::Packed {
+            scheme: CompressedScheme::Packed(IntCodes {
                 bits: format.bits,
                 group_size: format.group_size,
                 sym: !format.zero_point,
-            },
+                int8_activations: false,
+            }),
         }
     }
 
@@ -454,24 +495,28 @@ impl CompressedConfig {
                 args(8, "int", true, "channel", None),
                 args(8, "int", true, "token", None),
             ),
-            CompressedScheme::Packed {
-                bits,
-                group_size,
-                sym,
-            } => (
-                "pack-quantized",
+            CompressedScheme::Packed(c) | CompressedScheme::Unpacked(c) => (
+                if matches!(self.scheme, CompressedScheme::Packed(_)) {
+                    "pack-quantized"
+                } else {
+                    "int-quantized"
+                },
                 args(
-                    bits.get(),
+                    c.bits.get(),
                     "int",
-                    sym,
-                    if group_size.is_some() {
+                    c.sym,
+                    if c.group_size.is_some() {
                         "group"
                     } else {
                         "channel"
                     },
-                    group_size,
+                    c.group_size,
                 ),
-                Value::Null,
+                if c.int8_activations {
+                    args(8, "int", true, "token", None)
+                } else {
+                    Value::Null
+                },
             ),
             CompressedScheme::Fp8 { weights, act } => {
                 let mut w = match weights {
@@ -530,16 +575,24 @@ mod tests {
     fn what_ferrite_writes_it_reads() {
         for scheme in [
             CompressedScheme::W8A8Int8,
-            CompressedScheme::Packed {
+            CompressedScheme::Packed(IntCodes {
                 bits: Bits::B4,
                 group_size: Some(32),
                 sym: false,
-            },
-            CompressedScheme::Packed {
+                int8_activations: false,
+            }),
+            CompressedScheme::Packed(IntCodes {
                 bits: Bits::B8,
                 group_size: None,
                 sym: true,
-            },
+                int8_activations: false,
+            }),
+            CompressedScheme::Unpacked(IntCodes {
+                bits: Bits::B4,
+                group_size: Some(128),
+                sym: true,
+                int8_activations: true,
+            }),
             CompressedScheme::Fp8 {
                 weights: Fp8Scales::Channel,
                 act: Fp8Act::DynamicPerToken,
@@ -604,9 +657,9 @@ mod tests {
                 config(
                     "pack-quantized",
                     int4.clone(),
-                    json!({"num_bits": 8, "strategy": "token", "dynamic": true}),
+                    json!({"num_bits": 4, "strategy": "token", "dynamic": true}),
                 ),
-                "W4A8",
+                "4-bit int activations by strategy `token`",
             ),
         ];
         for (cfg, want) in cases {

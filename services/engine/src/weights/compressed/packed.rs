@@ -21,7 +21,7 @@ use crate::weights::packing::{Unpacked, pack, stored_scales, unpack};
 use crate::weights::{IntType, TensorMap};
 
 /// The unsigned value of signed code 0.
-fn offset(bits: Bits) -> u8 {
+pub(super) fn offset(bits: Bits) -> u8 {
     1 << (bits.get() - 1)
 }
 
@@ -86,7 +86,7 @@ pub(super) fn load_linear(
 
 /// The unsigned zero points `[rows, groups]` of tensor `name`: i32 packed along the rows, or
 /// int8 signed values.
-fn zero_points(
+pub(super) fn zero_points(
     t: &TensorMap,
     name: &str,
     bits: Bits,
