@@ -11,10 +11,10 @@ use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::WqMatrix;
 
 use super::IntCodes;
-use super::packed::{offset, zero_points};
+use super::packed::{group_params, offset};
 use crate::error::{EngineError, Result};
 use crate::weights::TensorMap;
-use crate::weights::packing::{Unpacked, stored_scales};
+use crate::weights::packing::Unpacked;
 
 /// Converts layer `<stem>` (int8 `weight`, `weight_scale`) to an [`I8Matrix`].
 pub(super) fn load_linear(t: &TensorMap, stem: &str) -> Result<I8Matrix> {
@@ -53,8 +53,8 @@ pub(super) fn load_codes(t: &TensorMap, stem: &str, c: IntCodes) -> Result<WqMat
     let [rows, cols] = shape[..] else {
         return Err(bad(format!("shape {shape:?} is not 2-D")));
     };
-    let groups = c.group_size.map_or(1, |g| cols.div_ceil(g.max(1)));
-    let (scales, scale_type) = stored_scales(t, &name("weight_scale"), [rows, groups])?;
+    let (scales, scale_type, zeros) =
+        group_params(t, stem, [rows, cols], c.bits, c.group_size, c.sym)?;
     let zero = offset(c.bits);
     let codes = signed
         .iter()
@@ -65,11 +65,6 @@ pub(super) fn load_codes(t: &TensorMap, stem: &str, c: IntCodes) -> Result<WqMat
                 .ok_or_else(|| bad(format!("code {q} does not fit {} bits", c.bits.get())))
         })
         .collect::<Result<Vec<u8>>>()?;
-    let zeros = if c.sym {
-        vec![zero; rows * groups]
-    } else {
-        zero_points(t, &name("weight_zero_point"), c.bits, rows, groups)?
-    };
     let u = Unpacked {
         rows,
         cols,

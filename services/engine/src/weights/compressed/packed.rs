@@ -62,13 +62,7 @@ pub(super) fn load_linear(
             bits.get()
         )));
     }
-    let groups = group_size.map_or(1, |g| cols.div_ceil(g.max(1)));
-    let (scales, scale_type) = stored_scales(t, &name("weight_scale"), [rows, groups])?;
-    let zeros = if sym {
-        vec![offset(bits); rows * groups]
-    } else {
-        zero_points(t, &name("weight_zero_point"), bits, rows, groups)?
-    };
+    let (scales, scale_type, zeros) = group_params(t, stem, [rows, cols], bits, group_size, sym)?;
     let mut codes = Vec::with_capacity(rows * cols);
     for row in packed.chunks_exact(words.max(1)) {
         codes.extend(unpack(row, bits, cols).ok_or_else(|| bad("too few words".into()))?);
@@ -84,9 +78,30 @@ pub(super) fn load_linear(
         .map_err(|e| bad(e.to_string()))
 }
 
+/// Layer `<stem>`'s `weight_scale` `[rows, groups]` (with its stored type) and unsigned zero
+/// points (`weight_zero_point`, or the symmetric zero): the same for packed and unpacked codes.
+pub(super) fn group_params(
+    t: &TensorMap,
+    stem: &str,
+    [rows, cols]: [usize; 2],
+    bits: Bits,
+    group_size: Option<usize>,
+    sym: bool,
+) -> Result<(Vec<f32>, ScaleType, Vec<u8>)> {
+    let groups = group_size.map_or(1, |g| cols.div_ceil(g.max(1)));
+    let (scales, scale_type) = stored_scales(t, &format!("{stem}.weight_scale"), [rows, groups])?;
+    let zeros = if sym {
+        vec![offset(bits); rows * groups]
+    } else {
+        let name = format!("{stem}.weight_zero_point");
+        zero_points(t, &name, bits, rows, groups)?
+    };
+    Ok((scales, scale_type, zeros))
+}
+
 /// The unsigned zero points `[rows, groups]` of tensor `name`: i32 packed along the rows, or
 /// int8 signed values.
-pub(super) fn zero_points(
+fn zero_points(
     t: &TensorMap,
     name: &str,
     bits: Bits,
