@@ -1,4 +1,5 @@
-// Tensor-core and bit-twiddling helpers (inline PTX, sm_80+): mma.sync m16n8k16, ldmatrix,
+// Tensor-core and bit-twiddling helpers (inline PTX, sm_80+): mma.sync m16n8k16 (16-bit
+// floats) and m16n8k32 (int8), ldmatrix,
 // cp.async, prmt/lop3 and packed 16-bit arithmetic. Every piece of PTX the kernels use lives
 // here, so the kernels themselves are plain CUDA C.
 //
@@ -77,6 +78,19 @@ __device__ __forceinline__ void mma16816<bf16>(float (&d)[4], const u32 (&a)[4],
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- mma.sync m16n8k32 on signed bytes, i32 accumulators: d += a * b. Each 32-bit register
+// holds four int8 values along k; word layout as m16n8k16's with a word of 4 bytes in place of
+// a pair of halves: a[0] (gid, word tig), a[1] (gid+8, tig), a[2] (gid, tig+4), a[3] (gid+8,
+// tig+4); b[0] (word tig, n = gid), b[1] (tig+4, gid); d as m16n8k16's.
+
+__device__ __forceinline__ void mma16832_s8(i32 (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 

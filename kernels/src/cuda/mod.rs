@@ -28,6 +28,8 @@ pub mod sources;
 #[allow(unsafe_code)]
 pub mod upload;
 #[allow(unsafe_code)]
+pub mod w8a8;
+#[allow(unsafe_code)]
 pub mod wq;
 #[allow(unsafe_code)]
 pub mod wq_mins;

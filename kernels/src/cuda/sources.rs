@@ -54,6 +54,7 @@ pub const MODULES: &[KernelSource] = &[
     module!("random"),
     module!("rope"),
     module!("sampling"),
+    module!("w8a8"),
     module!("wq_gemv"),
     module!("wq_mins"),
     module!("wq_mma_b8", "wq_mma", "WQ_MMA_BITS 8"),

@@ -234,6 +234,10 @@ impl<'g> Buffers<'g> {
             .collect()
     }
 
+    pub fn read_i8(&self, p: DevPtr, n: usize) -> Vec<i8> {
+        self.read(p, n).iter().map(|&b| b as i8).collect()
+    }
+
     pub fn read_i32(&self, p: DevPtr, n: usize) -> Vec<i32> {
         self.read(p, 4 * n)
             .chunks_exact(4)

@@ -1,0 +1,120 @@
+// W8A8: int8 weights (one f32 scale per output row) times activations rounded to int8 per
+// token at run time, as the CPU's W8A8 kernels compute them (kernels/src/w8a8): per row of x,
+// s = max|x| / 127 and q = round-half-away(x · (127 / max|x|)) clamped to ±127 (all zero for
+// an all-zero row); the products summed exactly in i32; out = s_x · s_w · sum, rounded once.
+//
+// Layout: weights [n][k] int8 row-major, scales [n] f32; x [m][k] T; the quantized rows
+// [m][k] int8 and scales [m] f32 (w8a8_quantize's output, the GEMM's input); out [m][n] T.
+// k is a multiple of 64: every lane reads 16-byte vectors of every row.
+//
+// GEMM: mma.sync m16n8k32 (s8 × s8 → s32). A warp owns 16 weight rows (mma M) and TOK tiles
+// of 8 tokens (mma N), so each weight byte it reads serves 8·TOK tokens: TOK = 1 for decode
+// (m ≤ 8: the weights dominate the traffic, read once), TOK = 8 for prefill (64 tokens per
+// warp, the weights read once per 64 tokens, from L2 after the first tile). Lane (gid, tig)
+// reads bytes [16·tig, 16·tig + 16) of each 64-byte chunk of weight rows gid and gid + 8, and
+// of token row gid of each tile. An mma's k order is free as long as A and B agree: words 0
+// and 1 of those vectors are the lane's k-words tig and tig + 4 of the chunk's first mma,
+// words 2 and 3 of its second, for every row and token alike.
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace w8a8 {
+
+constexpr int WARPS = 4;
+
+// One block per row of x.
+template <typename T>
+__device__ __forceinline__ void quantize(u8* q, float* scales, const T* x, i32 m, i32 k) {
+  __shared__ float scratch[32];
+  for (i32 r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* xr = x + (i64)r * k;
+    float amax = 0.0f;
+    for (i32 i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(xr[i])));
+    amax = block_max(amax, scratch);
+    // The CPU's arithmetic: IEEE divide (NVRTC's default), roundf rounds halves away from 0.
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (i32 i = threadIdx.x; i < k; i += blockDim.x) {
+      const float v = fminf(fmaxf(roundf(to_f32(xr[i]) * inv), -127.0f), 127.0f);
+      q[(i64)r * k + i] = (u8)(signed char)(int)v;
+    }
+    if (threadIdx.x == 0) scales[r] = amax > 0.0f ? amax / 127.0f : 0.0f;
+  }
+}
+
+__device__ __forceinline__ uint4 load16(const u8* p, bool valid) {
+  uint4 v;
+  v.x = v.y = v.z = v.w = 0;
+  return valid ? ldg_v4(p) : v;
+}
+
+template <typename T, int TOK>
+__device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, const u8* w,
+                                     const float* ws, i32 m, i32 n, i32 k) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const i32 row0 = (blockIdx.x * WARPS + warp) * 16;
+  const i32 tok0 = blockIdx.y * 8 * TOK;
+  if (row0 >= n) return;  // the whole warp: no mma is left half-issued
+  const bool va = row0 + gid < n, vb = row0 + gid + 8 < n;
+  const u8* pa = w + (i64)(va ? row0 + gid : 0) * k + 16 * tig;
+  const u8* pb = w + (i64)(vb ? row0 + gid + 8 : 0) * k + 16 * tig;
+  const u8* px[TOK];
+  bool vx[TOK];
+  i32 acc[TOK][4];
+#pragma unroll
+  for (int t = 0; t < TOK; ++t) {
+    const i32 tok = tok0 + 8 * t + gid;
+    vx[t] = tok < m;
+    px[t] = xq + (i64)(vx[t] ? tok : 0) * k + 16 * tig;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[t][j] = 0;
+  }
+  for (i32 kc = 0; kc < k; kc += 64) {
+    const uint4 a = load16(pa + kc, va), b = load16(pb + kc, vb);
+    const u32 a_first[4] = {a.x, b.x, a.y, b.y};
+    const u32 a_second[4] = {a.z, b.z, a.w, b.w};
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) {
+      const uint4 x = load16(px[t] + kc, vx[t]);
+      const u32 x_first[2] = {x.x, x.y};
+      const u32 x_second[2] = {x.z, x.w};
+      mma16832_s8(acc[t], a_first, x_first);
+      mma16832_s8(acc[t], a_second, x_second);
+    }
+  }
+  // d[j]: weight row gid + 8·(j / 2), token 2·tig + j % 2 of the tile.
+#pragma unroll
+  for (int t = 0; t < TOK; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const i32 row = row0 + gid + 8 * (j >> 1), tok = tok0 + 8 * t + 2 * tig + (j & 1);
+      if (row < n && tok < m) {
+        out[(i64)tok * n + row] = from_f32<T>(xs[tok] * ws[row] * (float)acc[t][j]);
+      }
+    }
+  }
+}
+
+}  // namespace w8a8
+
+// w8a8_quantize_{f16,bf16}(q, scales, x, m, k): grid any (rows are strided), block a multiple
+// of 32.
+#define W8A8_QUANTIZE(T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(1024)                                           \
+      w8a8_quantize_##T(u8* q, float* scales, const T* x, i32 m, i32 k) {                      \
+    w8a8::quantize<T>(q, scales, x, m, k);                                                     \
+  }
+W8A8_QUANTIZE(f16)
+W8A8_QUANTIZE(bf16)
+
+// w8a8_gemm_t{1,8}_{f16,bf16}(out, q, x_scales, w, w_scales, m, n, k): block 128 threads,
+// grid (ceil(n / 64), ceil(m / (8 · TOK))).
+#define W8A8_GEMM(T, TOK)                                                                       \
+  extern "C" __global__ void __launch_bounds__(32 * w8a8::WARPS) w8a8_gemm_t##TOK##_##T(         \
+      T* out, const u8* q, const float* xs, const u8* w, const float* ws, i32 m, i32 n, i32 k) { \
+    w8a8::gemm<T, TOK>(out, q, xs, w, ws, m, n, k);                                            \
+  }
+W8A8_GEMM(f16, 1)
+W8A8_GEMM(bf16, 1)
+W8A8_GEMM(f16, 8)
+W8A8_GEMM(bf16, 8)
