@@ -227,13 +227,19 @@ fn prefix_cache_hits_on_the_gpu_give_its_cold_tokens() {
     }
 }
 
+/// Gemma 2 and Qwen3, and a W8A8 checkpoint (llm-compressor's SmoothQuant + GPTQ, on the int8
+/// kernels, which compute the CPU's integer sums and scales exactly).
 #[test]
-fn tiny_gemma2_and_qwen3_match_the_cpu() {
-    let Some(gpu) = gpu("tiny_gemma2_and_qwen3_match_the_cpu") else {
+fn tiny_gemma2_qwen3_and_w8a8_match_the_cpu() {
+    let Some(gpu) = gpu("tiny_gemma2_qwen3_and_w8a8_match_the_cpu") else {
         return;
     };
-    for dir in ["gemma2", "qwen3"] {
-        let path = fixtures().join("models").join(dir);
+    for dir in [
+        "models/gemma2",
+        "models/qwen3",
+        "quant/interop/ct_smoothquant_w8a8",
+    ] {
+        let path = fixtures().join(dir);
         let want = generate(model::load(&path).expect("tiny model").model, None);
         let loaded = model::load(&path).expect("tiny model");
         let got = generate(loaded.model, on(&gpu, Dtype::F16, true));

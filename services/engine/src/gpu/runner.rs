@@ -16,6 +16,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
 use ferrite_kernels::cuda::gemm::{Linear, OutType};
 use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::w8a8::I8Rows;
 use ferrite_kernels::cuda::wq_mins::WqMins;
 use ferrite_kernels::cuda::wq_mma::MMA_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
@@ -107,6 +108,9 @@ pub struct GpuRunner {
     dequantized: Option<Buf<u16>>,
     /// Room for the group means of a step's activations, for matrices with minimums.
     means: Option<Buf<u16>>,
+    /// Room for a step's activations rounded to int8 (codes, then a scale per row), for W8A8
+    /// matrices.
+    int8_rows: Option<(Buf<u8>, Buf<f32>)>,
     /// Per-sequence sampling parameters and the sampled ids.
     sampling: SamplingBuffers,
 }
@@ -167,6 +171,17 @@ impl GpuRunner {
             0 => None,
             n => Some(alloc(g, t * n)?),
         };
+        let int8_cols = w
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .map(DeviceMatrix::int8_cols)
+            .max()
+            .unwrap_or(0);
+        let int8_rows = match int8_cols {
+            0 => None,
+            k => Some((alloc(g, t * k)?, alloc(g, t)?)),
+        };
         let logits = g.zeros::<f32>(s * c.vocab_size).map_err(gpu_error)?;
         Ok(Self {
             limits,
@@ -191,6 +206,7 @@ impl GpuRunner {
             graphs: BTreeMap::new(),
             dequantized,
             means,
+            int8_rows,
             sampling: SamplingBuffers::new(g, s)?,
             w,
         })
@@ -669,7 +685,8 @@ unsafe impl Send for Graph {}
 
 impl GpuRunner {
     /// `out = x · Wᵀ` through whichever kernel `w`'s storage takes: cuBLAS for dense
-    /// weights; for quantized ones the kernel `WqKernel::choose` picks by rows of `x` (the
+    /// weights; the int8 kernels for W8A8 (`x` rounded to int8 into the `int8_rows` scratch);
+    /// for weight-only quantized ones the kernel `WqKernel::choose` picks by rows of `x` (the
     /// GEMV up to 8, the tensor-core GEMM up to 256, above that the matrix dequantized into
     /// the scratch buffer, then cuBLAS); then, for a matrix with minimums, their correction
     /// (group means of `x` into the `means` scratch, added by cuBLAS).
@@ -695,6 +712,16 @@ impl GpuRunner {
             let (w, mins) = match w {
                 DeviceMatrix::Dense(t) => return g.linear(dt, OutType::Same, out, x, t.ptr, shape),
                 DeviceMatrix::Quantized { w, mins, .. } => (w, mins),
+                DeviceMatrix::Int8 { w, .. } => {
+                    let (codes, scales) = self.int8_rows.as_ref().ok_or_else(|| {
+                        ferrite_kernels::cuda::CudaError::Driver("no int8 activation buffer".into())
+                    })?;
+                    let rows = I8Rows {
+                        codes: codes.ptr,
+                        scales: scales.ptr,
+                    };
+                    return g.w8a8_matmul(dt, out, x, w, shape.m, rows);
+                }
             };
             let dense = self.dequantized.as_ref().map_or(DevPtr::NULL, |b| b.ptr);
             g.wq_matmul(dt, out, x, w, shape.m, dense)?;

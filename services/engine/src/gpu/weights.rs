@@ -21,10 +21,12 @@ use ferrite_kernels::cpu::matmul::Weight;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::upload::{Fill, UploadJob};
+use ferrite_kernels::cuda::w8a8::{self, I8Device};
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::wq_mins::means_len;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::gguf::GgufRepack;
 use ferrite_kernels::wq::{Bits, WqFormat};
 use rayon::prelude::*;
@@ -171,12 +173,19 @@ fn dtype_ggml(dtype: Dtype) -> GgmlType {
 pub(crate) enum HostMatrix<'a> {
     Dense(Vec<&'a Matrix>),
     Quantized(GgufRepack),
+    /// W8A8: int8 codes with a scale per row, for the int8 kernels (`Gpu::w8a8_matmul`).
+    Int8(I8Matrix),
 }
 
 impl<'a> HostMatrix<'a> {
     /// Repacks or stacks `parts` (CPU work: GGUF blocks are rewritten code by code, which is
     /// why the model's matrices are prepared in parallel).
     pub fn prepare(parts: &[&'a Matrix]) -> Self {
+        let int8: Option<Vec<&I8Matrix>> = parts.iter().map(|m| m.as_i8()).collect();
+        let int8 = int8.and_then(|p| I8Matrix::stack(&p));
+        if let Some(m) = int8.filter(|m| w8a8::check_layout(m.cols()).is_ok()) {
+            return Self::Int8(m);
+        }
         let views: Option<Vec<_>> = parts.iter().map(|m| m.as_wq()).collect();
         let stacked = views.and_then(|v| {
             let parts: Vec<_> = v
@@ -210,6 +219,12 @@ pub(crate) enum DeviceMatrix {
         mins: Option<DeviceTensor>,
         w: WqDevice,
     },
+    Int8 {
+        /// The buffers `w` points into, kept alive.
+        codes: CudaSlice<u8>,
+        scales: CudaSlice<f32>,
+        w: I8Device,
+    },
 }
 
 impl DeviceMatrix {
@@ -226,6 +241,7 @@ impl DeviceMatrix {
                 return DeviceTensor::stacked(gpu, dtype, &parts, jobs).map(Self::Dense);
             }
             HostMatrix::Quantized(r) => r,
+            HostMatrix::Int8(m) => return Self::int8(gpu, m, jobs),
         };
         let f = m.format();
         let scales = DeviceTensor::from_f32(gpu, dtype, m.scales())?;
@@ -253,6 +269,35 @@ impl DeviceMatrix {
             });
         }
         Ok(Self::quantized(gpu, f, rows, cols, codes, scales, zeros).with_mins(mins))
+    }
+
+    /// An int8 matrix: its scales copied now, its codes when `jobs` run.
+    fn int8<'a>(gpu: &Gpu, m: I8Matrix, jobs: &mut Jobs<'a>) -> Result<Self> {
+        let (rows, cols) = (m.rows(), m.cols());
+        let scales = gpu.upload(m.scales()).map_err(gpu_error)?;
+        let codes = gpu.zeros::<u8>(rows * cols).map_err(gpu_error)?;
+        let w = I8Device {
+            codes: gpu.ptr(&codes),
+            scales: gpu.ptr(&scales),
+            rows,
+            cols,
+        };
+        if rows > 0 {
+            jobs.push(UploadJob {
+                dst: w.codes,
+                bytes: rows * cols,
+                unit: cols,
+                fill: Box::new(move |offset, out| {
+                    for (k, row) in out.chunks_exact_mut(cols).enumerate() {
+                        let codes = m.row_codes(offset / cols + k);
+                        for (o, q) in row.iter_mut().zip(codes) {
+                            *o = q as u8;
+                        }
+                    }
+                }),
+            });
+        }
+        Ok(Self::Int8 { codes, scales, w })
     }
 
     /// This matrix with per-group minimums (none for a dense one).
@@ -341,13 +386,22 @@ impl DeviceMatrix {
                     + zeros.as_ref().map_or(0, |z| z.len())
                     + mins.as_ref().map_or(0, |m| 2 * m.len)
             }
+            Self::Int8 { codes, scales, .. } => codes.len() + 4 * scales.len(),
+        }
+    }
+
+    /// Columns of the int8 activations the W8A8 kernels round a step's rows to (0 if none).
+    pub fn int8_cols(&self) -> usize {
+        match self {
+            Self::Int8 { w, .. } => w.cols,
+            _ => 0,
         }
     }
 
     /// Elements of the dense matrix a quantized one expands to for large batches (0 if dense).
     pub fn dequantized_len(&self) -> usize {
         match self {
-            Self::Dense(_) => 0,
+            Self::Dense(_) | Self::Int8 { .. } => 0,
             Self::Quantized { w, .. } => w.rows * w.cols,
         }
     }
