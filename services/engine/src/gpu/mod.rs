@@ -6,6 +6,7 @@
 //! copies), or made on the device for `--load-format dummy`; the engine drops its host model
 //! once they are copied.
 
+mod matrix;
 pub mod runner;
 pub(crate) mod weights;
 

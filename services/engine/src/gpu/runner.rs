@@ -21,7 +21,8 @@ use ferrite_kernels::cuda::wq_mins::WqMins;
 use ferrite_kernels::cuda::wq_mma::MMA_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 
-use super::weights::{DeviceMatrix, GpuWeights, gpu_error};
+use super::matrix::DeviceMatrix;
+use super::weights::{GpuWeights, gpu_error};
 use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsWanted, SeqChunk};
