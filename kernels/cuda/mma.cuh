@@ -94,6 +94,34 @@ __device__ __forceinline__ void mma16832_s8(i32 (&d)[4], const u32 (&a)[4], cons
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// ---- mma.sync m16n8k32 on e4m3 bytes, f32 accumulators (sm_89+; a trap elsewhere, where
+// the FP8 kernels are never chosen): fragments as mma16832_s8's.
+
+__device__ __forceinline__ void mma16832_e4m3(float (&d)[4], const u32 (&a)[4],
+                                              const u32 (&b)[2]) {
+#if __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+
+// {lo, hi} rounded to e4m3 (nearest even, saturating to ±448) and packed, lo in the low byte.
+__device__ __forceinline__ u16 e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  __trap();
+  return 0;
+#endif
+}
+
 // ---- Bit manipulation.
 
 // Byte permute: result byte i = byte sel[4i..4i+3] of {b:a} (a = bytes 0-3, b = bytes 4-7).

@@ -1,9 +1,9 @@
 //! FP8 (e4m3, the `float8_e4m3fn` of PyTorch and compressed-tensors) weights and activations on
 //! the CPU: correct, not fast.
 //!
-//! An [`Fp8Matrix`] keeps the e4m3 codes and scales it was made from (so it can be written back)
-//! and, for the matmul, the weights dequantized to f32 at construction (`code · scale`, exact in
-//! f32). Its scales are one per tensor, per row, or per block of weights ([`Fp8Scales`]).
+//! An [`Fp8Matrix`] keeps the e4m3 codes and scales it was made from (so it can be written back,
+//! or handed to the GPU's FP8 kernels) and, for the CPU's matmul, the weights dequantized to f32
+//! on first use (`code · scale`, exact in f32). Its scales are one per tensor, per row, or per block of weights ([`Fp8Scales`]).
 //! Activations are rounded through e4m3 per call, the way compressed-tensors' forward and
 //! vLLM's FP8 kernels quantize them: per token, or per token and group of inputs, with
 //! `scale = max|x| / 448` (dynamic), or with the checkpoint's static per-tensor scale;
@@ -15,6 +15,7 @@
 //! pattern per sign (`S.1111.111`), largest finite ±448, smallest subnormal 2⁻⁹.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// The largest finite e4m3 value.
 pub const E4M3_MAX: f32 = 448.0;
@@ -167,8 +168,9 @@ pub struct Fp8Matrix {
     scales: Vec<f32>,
     layout: Fp8Scales,
     act: Fp8Activations,
-    /// `codes · scales` as little-endian f32 bytes, row-major (what the matmul reads).
-    dequantized: Vec<u8>,
+    /// `codes · scales` as little-endian f32 bytes, row-major (what the CPU's matmul reads),
+    /// made when first asked for.
+    dequantized: OnceLock<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Fp8Matrix {
@@ -205,14 +207,6 @@ impl Fp8Matrix {
             )));
         }
         check_values(&codes, scales, act)?;
-        let mut dequantized = Vec::with_capacity(rows * cols * 4);
-        for (r, row) in codes.chunks_exact(cols).enumerate() {
-            let grid_row = &scales[r / br * gc..(r / br + 1) * gc];
-            for (c, &code) in row.iter().enumerate() {
-                let v = e4m3_to_f32(code) * grid_row[c / bc];
-                dequantized.extend_from_slice(&v.to_le_bytes());
-            }
-        }
         Ok(Self {
             rows,
             cols,
@@ -220,7 +214,7 @@ impl Fp8Matrix {
             scales: scales.to_vec(),
             layout,
             act,
-            dequantized,
+            dequantized: OnceLock::new(),
         })
     }
 
@@ -250,9 +244,18 @@ impl Fp8Matrix {
         self.act
     }
 
-    /// The dequantized weights as little-endian f32 bytes, row-major.
+    /// The dequantized weights as little-endian f32 bytes, row-major: made on the first call
+    /// (the CPU's matmul), never where the GPU's kernels take the codes.
     pub fn f32_bytes(&self) -> &[u8] {
-        &self.dequantized
+        self.dequantized.get_or_init(|| {
+            let mut out = Vec::with_capacity(self.rows * self.cols * 4);
+            let mut row = vec![0f32; self.cols];
+            for r in 0..self.rows {
+                self.dequantize_row(r, &mut row);
+                out.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+            }
+            out
+        })
     }
 
     /// The stored size (codes and scales), not the f32 copy the CPU computes with.
@@ -266,9 +269,12 @@ impl Fp8Matrix {
     /// If `r >= rows` or `out.len() != cols`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert_eq!(out.len(), self.cols, "output row length");
-        let row = &self.dequantized[r * self.cols * 4..(r + 1) * self.cols * 4];
-        for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let (br, bc) = self.layout.block(self.rows, self.cols);
+        let (_, gc) = self.layout.grid(self.rows, self.cols);
+        let grid_row = &self.scales[r / br * gc..(r / br + 1) * gc];
+        let codes = &self.codes[r * self.cols..(r + 1) * self.cols];
+        for (c, (o, &code)) in out.iter_mut().zip(codes).enumerate() {
+            *o = e4m3_to_f32(code) * grid_row[c / bc];
         }
     }
 
@@ -316,6 +322,47 @@ impl Fp8Matrix {
             self.layout,
             self.act,
         )
+    }
+}
+
+impl Fp8Matrix {
+    /// `parts` (same width and activations) one after another as one matrix: a fused
+    /// projection (q, k and v; gate and up). Per-tensor and per-channel parts become one scale
+    /// per row; block-scaled parts (same blocks, every part but the last whole blocks of rows)
+    /// keep their grids. `None` when they do not combine.
+    pub fn stack(parts: &[&Fp8Matrix]) -> Option<Fp8Matrix> {
+        let first = parts.first()?;
+        let (cols, act) = (first.cols, first.act);
+        if parts.iter().any(|p| p.cols != cols || p.act != act) {
+            return None;
+        }
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        let codes: Vec<u8> = parts.iter().flat_map(|p| p.codes.iter().copied()).collect();
+        let (layout, scales): (Fp8Scales, Vec<f32>) = match first.layout {
+            Fp8Scales::Block { rows: br, .. } => {
+                let last = parts.len() - 1;
+                let whole = parts[..last].iter().all(|p| p.rows.is_multiple_of(br));
+                if !whole || parts.iter().any(|p| p.layout != first.layout) {
+                    return None;
+                }
+                let grid = parts.iter().flat_map(|p| p.scales.iter().copied());
+                (first.layout, grid.collect())
+            }
+            _ if parts
+                .iter()
+                .any(|p| matches!(p.layout, Fp8Scales::Block { .. })) =>
+            {
+                return None;
+            }
+            _ => {
+                let per_row = parts.iter().flat_map(|p| match p.layout {
+                    Fp8Scales::Tensor => vec![p.scales[0]; p.rows],
+                    _ => p.scales.clone(),
+                });
+                (Fp8Scales::Channel, per_row.collect())
+            }
+        };
+        Fp8Matrix::from_codes(rows, cols, codes, &scales, layout, act).ok()
     }
 }
 
@@ -546,5 +593,46 @@ mod tests {
         }
         let t = quantize_fp8_rtn(&w, rows, cols, Fp8Scales::Tensor, Fp8Activations::None);
         assert_eq!(t.expect("fp8").scales(), &[11.5 * 0.37 / E4M3_MAX]);
+    }
+    /// q, k and v fuse: per-tensor parts become per-row scales, blocks stay blocks when each
+    /// part but the last is whole blocks of rows; each row keeps its values.
+    #[test]
+    fn fused_parts_keep_every_row() {
+        let act = Fp8Activations::DynamicPerToken;
+        let w: Vec<f32> = (0..6 * 8).map(|i| (i as f32 - 20.0) * 0.1).collect();
+        let a = quantize_fp8_rtn(&w[..16], 2, 8, Fp8Scales::Tensor, act).expect("a");
+        let b = quantize_fp8_rtn(&w[16..], 4, 8, Fp8Scales::Channel, act).expect("b");
+        let s = Fp8Matrix::stack(&[&a, &b]).expect("stack");
+        assert_eq!((s.rows(), s.layout()), (6, Fp8Scales::Channel));
+        let (mut got, mut want) = (vec![0f32; 8], vec![0f32; 8]);
+        for r in 0..6 {
+            s.dequantize_row(r, &mut got);
+            match r {
+                0 | 1 => a.dequantize_row(r, &mut want),
+                _ => b.dequantize_row(r - 2, &mut want),
+            }
+            assert_eq!(got, want, "row {r}");
+        }
+        let blocks = Fp8Scales::Block { rows: 2, cols: 4 };
+        let c = quantize_fp8_rtn(&w[..16], 2, 8, blocks, act).expect("c");
+        let d = quantize_fp8_rtn(&w[16..40], 3, 8, blocks, act).expect("d");
+        let s = Fp8Matrix::stack(&[&c, &d]).expect("blocks");
+        assert_eq!(s.scales().len(), 2 + 4);
+        s.dequantize_row(4, &mut got);
+        d.dequantize_row(2, &mut want);
+        assert_eq!(got, want);
+        assert!(
+            Fp8Matrix::stack(&[&d, &c]).is_none(),
+            "3 rows are not whole blocks of 2"
+        );
+        assert!(
+            Fp8Matrix::stack(&[&a, &c]).is_none(),
+            "per tensor and blocks"
+        );
+        let other = quantize_fp8_rtn(&w[..16], 2, 8, Fp8Scales::Tensor, Fp8Activations::None);
+        assert!(
+            Fp8Matrix::stack(&[&a, &other.expect("o")]).is_none(),
+            "activations differ"
+        );
     }
 }

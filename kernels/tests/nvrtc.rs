@@ -118,3 +118,25 @@ fn a_compile_error_names_the_module_and_carries_the_log() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The modules with tensor-core instructions newer than sm_80 (FP8 mma and conversions, behind
+/// `__CUDA_ARCH__` guards) also compile for the A100, where the FP8 kernels are never chosen.
+#[test]
+fn the_fp8_and_int8_modules_compile_for_ampere() {
+    if !nvrtc_or_skip("the_fp8_and_int8_modules_compile_for_ampere") {
+        return;
+    }
+    let dir = scratch_dir("ampere");
+    let cache = KernelCache::new(&dir, "sm_80").expect("nvrtc");
+    for name in ["fp8", "w8a8"] {
+        let module = cuda::MODULES
+            .iter()
+            .find(|m| m.name == name)
+            .expect("module");
+        let (cubin, _) = cache
+            .cubin(module)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(cubin.starts_with(b"\x7fELF"), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -14,6 +14,8 @@
 pub mod attention;
 pub mod cache;
 #[allow(unsafe_code)]
+pub mod fp8;
+#[allow(unsafe_code)]
 pub mod gemm;
 #[allow(unsafe_code)]
 pub mod gpu;

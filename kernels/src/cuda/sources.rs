@@ -48,6 +48,7 @@ pub const MODULES: &[KernelSource] = &[
     module!("attention_hd256", "attention", "ATTN_HD 256"),
     module!("convert"),
     module!("embedding"),
+    module!("fp8"),
     module!("kv_cache"),
     module!("norm"),
     module!("qkv"),

@@ -227,17 +227,19 @@ fn prefix_cache_hits_on_the_gpu_give_its_cold_tokens() {
     }
 }
 
-/// Gemma 2 and Qwen3, and a W8A8 checkpoint (llm-compressor's SmoothQuant + GPTQ, on the int8
-/// kernels, which compute the CPU's integer sums and scales exactly).
+/// Gemma 2 and Qwen3, a W8A8 checkpoint (llm-compressor's SmoothQuant + GPTQ, on the int8
+/// kernels, which compute the CPU's integer sums and scales exactly) and an FP8 one (dynamic
+/// per token, on the FP8 kernels where the GPU has them).
 #[test]
-fn tiny_gemma2_qwen3_and_w8a8_match_the_cpu() {
-    let Some(gpu) = gpu("tiny_gemma2_qwen3_and_w8a8_match_the_cpu") else {
+fn tiny_models_and_8_bit_checkpoints_match_the_cpu() {
+    let Some(gpu) = gpu("tiny_models_and_8_bit_checkpoints_match_the_cpu") else {
         return;
     };
     for dir in [
         "models/gemma2",
         "models/qwen3",
         "quant/interop/ct_smoothquant_w8a8",
+        "quant/interop/ct_fp8_dynamic",
     ] {
         let path = fixtures().join(dir);
         let want = generate(model::load(&path).expect("tiny model").model, None);

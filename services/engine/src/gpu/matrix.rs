@@ -1,14 +1,16 @@
 //! A projection's weights on the way to the device ([`HostMatrix`], prepared on the host) and
 //! on it ([`DeviceMatrix`]): dense 16-bit values for cuBLAS, or the codes and scales the
-//! quantized kernels read (weight-only codes, W8A8 int8).
+//! quantized kernels read (weight-only codes, W8A8 int8, FP8 on sm_89+).
 
 use cudarc::driver::CudaSlice;
 use ferrite_kernels::cuda::Gpu;
+use ferrite_kernels::cuda::fp8::{self, Fp8Device};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::upload::UploadJob;
 use ferrite_kernels::cuda::w8a8::{self, I8Device};
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::wq_mins::means_len;
+use ferrite_kernels::fp8::Fp8Matrix;
 use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::gguf::GgufRepack;
 use ferrite_kernels::wq::{Bits, WqFormat};
@@ -26,16 +28,26 @@ pub(crate) enum HostMatrix<'a> {
     Quantized(GgufRepack),
     /// W8A8: int8 codes with a scale per row, for the int8 kernels (`Gpu::w8a8_matmul`).
     Int8(I8Matrix),
+    /// FP8: e4m3 codes and their scale grid, for the FP8 kernels (`Gpu::fp8_matmul`).
+    Fp8(Fp8Matrix),
 }
 
 impl<'a> HostMatrix<'a> {
     /// Repacks or stacks `parts` (CPU work: GGUF blocks are rewritten code by code, which is
     /// why the model's matrices are prepared in parallel).
-    pub fn prepare(parts: &[&'a Matrix]) -> Self {
+    /// FP8 takes its kernels where `arch` (e.g. `sm_90`) has them.
+    pub fn prepare(parts: &[&'a Matrix], arch: &str) -> Self {
         let int8: Option<Vec<&I8Matrix>> = parts.iter().map(|m| m.as_i8()).collect();
         let int8 = int8.and_then(|p| I8Matrix::stack(&p));
         if let Some(m) = int8.filter(|m| w8a8::check_layout(m.cols()).is_ok()) {
             return Self::Int8(m);
+        }
+        let fp8: Option<Vec<&Fp8Matrix>> = parts.iter().map(|m| m.as_fp8()).collect();
+        let fp8 = fp8
+            .and_then(|p| Fp8Matrix::stack(&p))
+            .filter(|m| fp8::check_layout(arch, m.layout(), m.activations(), m.cols()).is_ok());
+        if let Some(m) = fp8 {
+            return Self::Fp8(m);
         }
         let views: Option<Vec<_>> = parts.iter().map(|m| m.as_wq()).collect();
         let stacked = views.and_then(|v| {
@@ -76,6 +88,12 @@ pub(crate) enum DeviceMatrix {
         scales: CudaSlice<f32>,
         w: I8Device,
     },
+    Fp8 {
+        /// The buffers `w` points into, kept alive.
+        codes: CudaSlice<u8>,
+        scales: CudaSlice<f32>,
+        w: Fp8Device,
+    },
 }
 
 impl DeviceMatrix {
@@ -93,6 +111,7 @@ impl DeviceMatrix {
             }
             HostMatrix::Quantized(r) => r,
             HostMatrix::Int8(m) => return Self::int8(gpu, m, jobs),
+            HostMatrix::Fp8(m) => return Self::fp8(gpu, m, jobs),
         };
         let f = m.format();
         let scales = DeviceTensor::from_f32(gpu, dtype, m.scales())?;
@@ -149,6 +168,31 @@ impl DeviceMatrix {
             });
         }
         Ok(Self::Int8 { codes, scales, w })
+    }
+
+    /// An FP8 matrix: its scales copied now, its codes when `jobs` run.
+    fn fp8<'a>(gpu: &Gpu, m: Fp8Matrix, jobs: &mut Jobs<'a>) -> Result<Self> {
+        let scales = gpu.upload(m.scales()).map_err(gpu_error)?;
+        let codes = gpu.zeros::<u8>(m.codes().len()).map_err(gpu_error)?;
+        let w = Fp8Device {
+            codes: gpu.ptr(&codes),
+            scales: gpu.ptr(&scales),
+            layout: m.layout(),
+            act: m.activations(),
+            rows: m.rows(),
+            cols: m.cols(),
+        };
+        if !m.codes().is_empty() {
+            jobs.push(UploadJob {
+                dst: w.codes,
+                bytes: m.codes().len(),
+                unit: 1,
+                fill: Box::new(move |offset, out| {
+                    out.copy_from_slice(&m.codes()[offset..offset + out.len()]);
+                }),
+            });
+        }
+        Ok(Self::Fp8 { codes, scales, w })
     }
 
     /// This matrix with per-group minimums (none for a dense one).
@@ -237,14 +281,18 @@ impl DeviceMatrix {
                     + zeros.as_ref().map_or(0, |z| z.len())
                     + mins.as_ref().map_or(0, |m| 2 * m.len)
             }
-            Self::Int8 { codes, scales, .. } => codes.len() + 4 * scales.len(),
+            Self::Int8 { codes, scales, .. } | Self::Fp8 { codes, scales, .. } => {
+                codes.len() + 4 * scales.len()
+            }
         }
     }
 
-    /// Columns of the int8 activations the W8A8 kernels round a step's rows to (0 if none).
-    pub fn int8_cols(&self) -> usize {
+    /// Columns of the 8-bit activations the W8A8 and FP8 kernels round a step's rows to (0
+    /// if none).
+    pub fn quantized_input_cols(&self) -> usize {
         match self {
             Self::Int8 { w, .. } => w.cols,
+            Self::Fp8 { w, .. } => w.cols,
             _ => 0,
         }
     }
@@ -252,7 +300,7 @@ impl DeviceMatrix {
     /// Elements of the dense matrix a quantized one expands to for large batches (0 if dense).
     pub fn dequantized_len(&self) -> usize {
         match self {
-            Self::Dense(_) | Self::Int8 { .. } => 0,
+            Self::Dense(_) | Self::Int8 { .. } | Self::Fp8 { .. } => 0,
             Self::Quantized { w, .. } => w.rows * w.cols,
         }
     }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
+use ferrite_kernels::cuda::fp8::Fp8Rows;
 use ferrite_kernels::cuda::gemm::{Linear, OutType};
 use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
 use ferrite_kernels::cuda::w8a8::I8Rows;
@@ -109,9 +110,9 @@ pub struct GpuRunner {
     dequantized: Option<Buf<u16>>,
     /// Room for the group means of a step's activations, for matrices with minimums.
     means: Option<Buf<u16>>,
-    /// Room for a step's activations rounded to int8 (codes, then a scale per row), for W8A8
-    /// matrices.
-    int8_rows: Option<(Buf<u8>, Buf<f32>)>,
+    /// Room for a step's activations rounded to 8 bits (codes, and up to one scale per 64
+    /// inputs), for W8A8 and FP8 matrices.
+    quantized_rows: Option<(Buf<u8>, Buf<f32>)>,
     /// Per-sequence sampling parameters and the sampled ids.
     sampling: SamplingBuffers,
 }
@@ -172,16 +173,16 @@ impl GpuRunner {
             0 => None,
             n => Some(alloc(g, t * n)?),
         };
-        let int8_cols = w
+        let quantized_cols = w
             .layers
             .iter()
             .flat_map(|l| l.matrices())
-            .map(DeviceMatrix::int8_cols)
+            .map(DeviceMatrix::quantized_input_cols)
             .max()
             .unwrap_or(0);
-        let int8_rows = match int8_cols {
+        let quantized_rows = match quantized_cols {
             0 => None,
-            k => Some((alloc(g, t * k)?, alloc(g, t)?)),
+            k => Some((alloc(g, t * k)?, alloc(g, t * k.div_ceil(64))?)),
         };
         let logits = g.zeros::<f32>(s * c.vocab_size).map_err(gpu_error)?;
         Ok(Self {
@@ -207,7 +208,7 @@ impl GpuRunner {
             graphs: BTreeMap::new(),
             dequantized,
             means,
-            int8_rows,
+            quantized_rows,
             sampling: SamplingBuffers::new(g, s)?,
             w,
         })
@@ -685,8 +686,17 @@ struct Graph(CudaGraph);
 unsafe impl Send for Graph {}
 
 impl GpuRunner {
+    /// The scratch a step's activations are rounded to 8 bits in: codes and scales.
+    fn rounding_scratch(&self) -> Result<(DevPtr, DevPtr), ferrite_kernels::cuda::CudaError> {
+        let (codes, scales) = self.quantized_rows.as_ref().ok_or_else(|| {
+            ferrite_kernels::cuda::CudaError::Driver("no 8-bit activation buffer".into())
+        })?;
+        Ok((codes.ptr, scales.ptr))
+    }
+
     /// `out = x · Wᵀ` through whichever kernel `w`'s storage takes: cuBLAS for dense
-    /// weights; the int8 kernels for W8A8 (`x` rounded to int8 into the `int8_rows` scratch);
+    /// weights; the int8 or FP8 kernels for W8A8 and FP8 (`x` rounded to 8 bits into the
+    /// `quantized_rows` scratch);
     /// for weight-only quantized ones the kernel `WqKernel::choose` picks by rows of `x` (the
     /// GEMV up to 8, the tensor-core GEMM up to 256, above that the matrix dequantized into
     /// the scratch buffer, then cuBLAS); then, for a matrix with minimums, their correction
@@ -714,14 +724,14 @@ impl GpuRunner {
                 DeviceMatrix::Dense(t) => return g.linear(dt, OutType::Same, out, x, t.ptr, shape),
                 DeviceMatrix::Quantized { w, mins, .. } => (w, mins),
                 DeviceMatrix::Int8 { w, .. } => {
-                    let (codes, scales) = self.int8_rows.as_ref().ok_or_else(|| {
-                        ferrite_kernels::cuda::CudaError::Driver("no int8 activation buffer".into())
-                    })?;
-                    let rows = I8Rows {
-                        codes: codes.ptr,
-                        scales: scales.ptr,
-                    };
+                    let (codes, scales) = self.rounding_scratch()?;
+                    let rows = I8Rows { codes, scales };
                     return g.w8a8_matmul(dt, out, x, w, shape.m, rows);
+                }
+                DeviceMatrix::Fp8 { w, .. } => {
+                    let (codes, scales) = self.rounding_scratch()?;
+                    let rows = Fp8Rows { codes, scales };
+                    return g.fp8_matmul(dt, out, x, w, shape.m, rows);
                 }
             };
             let dense = self.dequantized.as_ref().map_or(DevPtr::NULL, |b| b.ptr);

@@ -217,10 +217,10 @@ impl GpuWeights {
             .par_iter()
             .map(|l| {
                 [
-                    HostMatrix::prepare(&[&l.q, &l.k, &l.v]),
-                    HostMatrix::prepare(&[&l.o]),
-                    HostMatrix::prepare(&[&l.gate, &l.up]),
-                    HostMatrix::prepare(&[&l.down]),
+                    HostMatrix::prepare(&[&l.q, &l.k, &l.v], &g.arch),
+                    HostMatrix::prepare(&[&l.o], &g.arch),
+                    HostMatrix::prepare(&[&l.gate, &l.up], &g.arch),
+                    HostMatrix::prepare(&[&l.down], &g.arch),
                 ]
             })
             .collect();

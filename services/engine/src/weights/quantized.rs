@@ -114,9 +114,10 @@ impl TensorMap {
             // A warning, so it shows at the default log level: the memory and speed cost is
             // the user's to know.
             tracing::warn!(
-                "{}: FP8 weights are dequantized to f32 at load (4 bytes per weight) and the \
-                 CPU rounds activations through FP8 before an f32 matmul: correct, not fast \
-                 (the GPU runs them as dense 16-bit weights)",
+                "{}: on the CPU, FP8 weights are dequantized to f32 on first use (4 bytes per \
+                 weight) and activations rounded through FP8 before an f32 matmul: correct, not \
+                 fast (GPUs of sm_89 and above run them on FP8 tensor cores, older ones as \
+                 dense 16-bit weights)",
                 what
             );
         }

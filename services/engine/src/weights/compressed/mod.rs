@@ -9,7 +9,7 @@
 //! - `float-quantized` ([`fp8`]): FP8 e4m3 weights (one scale per tensor, per channel, or per
 //!   block as in llm-compressor's FP8_BLOCK) with FP8 activations (dynamic per token or per
 //!   group of inputs, or a static per-tensor scale) or none, an
-//!   [`ferrite_kernels::fp8::Fp8Matrix`]: on the CPU the weights are dequantized to f32 at load
+//!   [`ferrite_kernels::fp8::Fp8Matrix`]: on the CPU the weights are dequantized to f32 on first use
 //!   and activations rounded through e4m3 (correct, not fast).
 //!
 //! Everything else is refused with the reason: other formats, act-order `g_idx`, static int8
