@@ -18,7 +18,7 @@
 #   stash    copies the carried .device/ files to /tmp/ferrite-stash (kept while warm)
 #   checks   op tests (FERRITE_REQUIRE_CUDA=1: no silent skip), the engine's GPU-vs-CPU and
 #            GPU-vs-PyTorch tests
-#   bench    bench latency (fp16, W8, W4 g128; Llama-3-8B shape), bench kernels --mode model,
+#   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
 #            bench forward
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
 set -uo pipefail
@@ -72,6 +72,9 @@ bench)
     "$f" bench latency "${common[@]}" --configs interactive,high_concurrency
     "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w8pc-sym
     "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w4g128
+    # Seed 003's W8A8 rows (int8 and FP8 kernels): its best row per configuration is the goal.
+    "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-w8a8
+    "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-fp8
   } >"$OUT/bench_latency.md" 2>&1
   "$f" bench kernels --mode model --prefill-tokens 2048 >"$OUT/bench_kernels.md" 2>&1
   "$f" bench forward --device cuda >"$OUT/bench_forward.md" 2>&1

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use ferrite_engine::gpu::{self, GpuOptions, StepLimits};
-use ferrite_engine::model::{LogitsWanted, SeqChunk, presets};
+use ferrite_engine::model::{LoadQuantize, LogitsWanted, SeqChunk, presets};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::wq::WqFormat;
 
@@ -56,7 +56,7 @@ pub(crate) fn rows(
                 gpu.clone(),
                 &cfg,
                 opts,
-                *format,
+                format.map(LoadQuantize::Weights),
                 limits,
                 max_bs * blocks_per_seq,
             );

@@ -8,9 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferrite_engine::calib::split_tokens;
 use ferrite_engine::eval::perplexity;
-use ferrite_engine::model::{self, LoadOptions};
+use ferrite_engine::model::{self, LoadOptions, LoadQuantize};
 use ferrite_engine::registry;
-use ferrite_kernels::wq::WqFormat;
 use serde_json::json;
 
 use crate::table::Table;
@@ -24,7 +23,7 @@ pub enum Split {
 /// One row: the model at `--model` (as stored or quantized at load), or another checkpoint.
 #[derive(Debug, Clone)]
 enum Row {
-    Model(Option<WqFormat>),
+    Model(Option<LoadQuantize>),
     Dir(PathBuf),
 }
 #[derive(Debug, Args)]

@@ -7,14 +7,13 @@ use std::sync::{Arc, OnceLock};
 use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig};
 use ferrite_engine::gpu::{self, GpuOptions};
 use ferrite_engine::model::STARTUP_TARGET;
-use ferrite_engine::model::{self, EngineModel, LoadOptions, LoadedModel};
+use ferrite_engine::model::{self, EngineModel, LoadOptions, LoadQuantize, LoadedModel};
 use ferrite_engine::registry;
 use ferrite_engine::tp::TpRank;
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{self, Gpu};
 use ferrite_kernels::device::{self, Device, DeviceRequest};
 use ferrite_kernels::quant::GgmlActivations;
-use ferrite_kernels::wq::WqFormat;
 use tracing::field::Empty;
 
 /// Flags every command that runs a model takes.
@@ -41,9 +40,12 @@ pub struct ModelArgs {
     pub max_num_seqs: usize,
     /// Quantize the layers' weights at load by round-to-nearest: rtn-w<bits>g<group> or
     /// rtn-w<bits>pc (per-channel), bits 8, 4, 3 or 2, groups 32, 64 or 128, optionally -sym
-    /// (no zero points) and -bf16 (bf16 scales). E.g. rtn-w4g128, rtn-w8pc-sym.
+    /// (no zero points) and -bf16 (bf16 scales), e.g. rtn-w4g128, rtn-w8pc-sym; or rtn-w8a8
+    /// (int8 weights per channel, int8 activations per token) or rtn-fp8 (e4m3 weights per
+    /// channel, FP8 activations per token). With --load-format dummy on a GPU: random codes
+    /// of that format.
     #[arg(long, value_parser = model::parse_quantize, env = "FERRITE_QUANTIZE")]
-    pub quantize: Option<WqFormat>,
+    pub quantize: Option<LoadQuantize>,
     /// `auto`: a file or directory checkpoint; `dummy`: random weights of the shape --model
     /// names (a preset: `ferrite model list`), for speed measurements without a download.
     #[arg(long, value_enum, default_value = "auto", env = "FERRITE_LOAD_FORMAT")]

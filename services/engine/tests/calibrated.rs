@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use ferrite_engine::calib::{CalibOptions, LayerReport, Method, Scheme, SmoothWeights};
-use ferrite_engine::model::{self, LoadOptions, LogitsWanted};
+use ferrite_engine::model::{self, LoadOptions, LoadQuantize, LogitsWanted};
 use ferrite_engine::quantize::{CalibText, QuantizeJob, quantize_model};
 use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::WqFormat;
@@ -69,7 +69,7 @@ fn gguf_input_writes_a_hugging_face_directory_with_the_same_function() {
     let at_load = logits(
         &gguf,
         LoadOptions {
-            quantize: Some(format),
+            quantize: Some(LoadQuantize::Weights(format)),
             ..LoadOptions::default()
         },
         &PROMPT,
@@ -123,6 +123,38 @@ fn gguf_input_to_fp8_blocks_keeps_whole_heads() {
     );
     assert_eq!(layers, 0, "refused after quantizing");
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `--quantize rtn-w8a8` and `rtn-fp8` at load compute exactly what the checkpoints
+/// `ferrite quantize --method rtn` writes in those schemes compute.
+#[test]
+fn w8a8_and_fp8_at_load_equal_their_rtn_checkpoints() {
+    let qwen2 = fixtures().join("models/qwen2");
+    for (scheme, at_load, storage) in [
+        (Scheme::W8A8, LoadQuantize::W8A8, "w8a8-int8"),
+        (
+            Scheme::Fp8(Fp8Scales::Channel),
+            LoadQuantize::Fp8,
+            "fp8-e4m3",
+        ),
+    ] {
+        let out = tempdir(&format!("at-load-{storage}"));
+        let opts = CalibOptions::new(Method::Rtn, scheme);
+        quantize_model(&job(&qwen2, &out, opts), &mut |_| {}).expect("quantize");
+        let from_dir = logits(&out, LoadOptions::default(), &PROMPT);
+        let options = LoadOptions {
+            quantize: Some(at_load),
+            ..LoadOptions::default()
+        };
+        let loaded = model::load_with(&qwen2, options).expect("load");
+        assert_eq!(loaded.model.linear_storage(), storage);
+        let got = prefill_logits(&loaded.model, &PROMPT, LogitsWanted::All);
+        assert_eq!(got, from_dir, "{storage}: at load vs checkpoint");
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    assert_eq!(model::parse_quantize("rtn-w8a8"), Ok(LoadQuantize::W8A8));
+    assert_eq!(model::parse_quantize("rtn-fp8"), Ok(LoadQuantize::Fp8));
+    assert!(model::parse_quantize("fp8").is_err(), "the method is named");
 }
 
 /// GPTQ lowers every layer's output error below RTN's on the calibration inputs; AWQ and

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use common::*;
 use ferrite_engine::eval::{perplexity, token_nll};
-use ferrite_engine::model::{self, LoadOptions, LogitsWanted};
+use ferrite_engine::model::{self, LoadOptions, LoadQuantize, LogitsWanted};
 use ferrite_engine::quantize::quantize_checkpoint;
 use ferrite_kernels::wq::WqFormat;
 
@@ -54,7 +54,7 @@ fn quantized_checkpoints_load_and_match_quantizing_at_load() {
         let at_load = first_logits(
             &qwen2(),
             LoadOptions {
-                quantize: Some(format),
+                quantize: Some(LoadQuantize::Weights(format)),
                 ..Default::default()
             },
             &prompt,

@@ -10,13 +10,14 @@ use ferrite_kernels::cuda::upload::UploadJob;
 use ferrite_kernels::cuda::w8a8::{self, I8Device};
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::wq_mins::means_len;
-use ferrite_kernels::fp8::Fp8Matrix;
+use ferrite_kernels::fp8::{Fp8Activations, Fp8Matrix, Fp8Scales};
 use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::gguf::GgufRepack;
 use ferrite_kernels::wq::{Bits, WqFormat};
 
 use super::weights::{DeviceTensor, Jobs, gpu_error};
 use crate::error::Result;
+use crate::model::LoadQuantize;
 use crate::weights::Matrix;
 
 /// A projection's host side, made before any device work: `parts` stacked row-wise, minimums
@@ -231,23 +232,18 @@ impl DeviceMatrix {
         }
     }
 
-    /// A random `[rows, cols]` matrix made on the device: dense, or codes of `format`
-    /// (scales small and positive, zero points within the code range).
+    /// A random `[rows, cols]` matrix made on the device: dense, or codes as `quantize` says
+    /// where the kernels take them (scales small and positive, zero points within the code
+    /// range, no NaN among FP8 codes).
     pub fn random(
         gpu: &Gpu,
         dtype: Dtype,
         rows: usize,
         cols: usize,
-        format: Option<WqFormat>,
+        quantize: Option<LoadQuantize>,
         seed: u64,
     ) -> Result<Self> {
         let scale = 1.0 / (cols as f32).sqrt();
-        let Some(f) = format.filter(|f| check_layout(f, cols).is_ok()) else {
-            return DeviceTensor::random(gpu, dtype, rows * cols, seed, scale, 0.0)
-                .map(Self::Dense);
-        };
-        let groups = rows * f.groups_per_row(cols);
-        let code_bytes = rows * cols * f.bits.storage() as usize / 8;
         let bytes_of = |n: usize, seed: u64, mask: u8| -> Result<CudaSlice<u8>> {
             let buf = gpu.zeros::<u8>(n).map_err(gpu_error)?;
             // SAFETY: `buf` holds `n` bytes.
@@ -255,14 +251,49 @@ impl DeviceMatrix {
             unsafe { gpu.fill_bytes(gpu.ptr(&buf), n, seed, mask) }.map_err(gpu_error)?;
             Ok(buf)
         };
-        let codes = bytes_of(code_bytes, seed, 0xFF)?;
-        let scales = DeviceTensor::random(gpu, dtype, groups, seed + 1, scale / 16.0, scale / 8.0)?;
-        let zeros = if f.zero_point {
-            Some(bytes_of(groups, seed + 2, f.bits.max_code())?)
-        } else {
-            None
-        };
-        Ok(Self::quantized(gpu, f, rows, cols, codes, scales, zeros))
+        // Per-row f32 scales of W8A8 and FP8: codes up to `top` become values up to `scale`.
+        let row_scales = |top: f32| gpu.upload(&vec![scale / top; rows]).map_err(gpu_error);
+        let fp8_layout = (Fp8Scales::Channel, Fp8Activations::DynamicPerToken);
+        match quantize {
+            Some(LoadQuantize::Weights(f)) if check_layout(&f, cols).is_ok() => {
+                let groups = rows * f.groups_per_row(cols);
+                let codes = bytes_of(rows * cols * f.bits.storage() as usize / 8, seed, 0xFF)?;
+                let scales =
+                    DeviceTensor::random(gpu, dtype, groups, seed + 1, scale / 16.0, scale / 8.0)?;
+                let zeros = match f.zero_point {
+                    true => Some(bytes_of(groups, seed + 2, f.bits.max_code())?),
+                    false => None,
+                };
+                Ok(Self::quantized(gpu, f, rows, cols, codes, scales, zeros))
+            }
+            Some(LoadQuantize::W8A8) if w8a8::check_layout(cols).is_ok() => {
+                let (codes, scales) = (bytes_of(rows * cols, seed, 0xFF)?, row_scales(128.0)?);
+                let (c, s) = (gpu.ptr(&codes), gpu.ptr(&scales));
+                let w = I8Device {
+                    codes: c,
+                    scales: s,
+                    rows,
+                    cols,
+                };
+                Ok(Self::Int8 { codes, scales, w })
+            }
+            Some(LoadQuantize::Fp8)
+                if fp8::check_layout(&gpu.arch, fp8_layout.0, fp8_layout.1, cols).is_ok() =>
+            {
+                // Mask 0xF7 keeps the exponent below 15: no NaN code, values up to ±240.
+                let (codes, scales) = (bytes_of(rows * cols, seed, 0xF7)?, row_scales(240.0)?);
+                let w = Fp8Device {
+                    codes: gpu.ptr(&codes),
+                    scales: gpu.ptr(&scales),
+                    layout: fp8_layout.0,
+                    act: fp8_layout.1,
+                    rows,
+                    cols,
+                };
+                Ok(Self::Fp8 { codes, scales, w })
+            }
+            _ => DeviceTensor::random(gpu, dtype, rows * cols, seed, scale, 0.0).map(Self::Dense),
+        }
     }
 
     /// Bytes on the device.

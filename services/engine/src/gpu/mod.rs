@@ -167,7 +167,7 @@ pub fn dummy_runner(
     gpu: Arc<Gpu>,
     cfg: &crate::config::ModelConfig,
     opts: GpuOptions,
-    quantize: Option<ferrite_kernels::wq::WqFormat>,
+    quantize: Option<crate::model::LoadQuantize>,
     limits: StepLimits,
     num_blocks: usize,
 ) -> Result<GpuRunner> {

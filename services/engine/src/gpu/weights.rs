@@ -23,13 +23,12 @@ use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::upload::{Fill, UploadJob};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
-use ferrite_kernels::wq::WqFormat;
 use rayon::prelude::*;
 
 use super::matrix::{DeviceMatrix, HostMatrix};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::model::{EngineModel, LlamaModel};
+use crate::model::{EngineModel, LlamaModel, LoadQuantize};
 use crate::weights::Matrix;
 
 /// A 16-bit tensor in device memory.
@@ -274,7 +273,7 @@ impl GpuWeights {
         gpu: Arc<Gpu>,
         dtype: Dtype,
         cfg: &ModelConfig,
-        quantize: Option<WqFormat>,
+        quantize: Option<LoadQuantize>,
         seed: u64,
     ) -> Result<Self> {
         let g = gpu.as_ref();

@@ -19,12 +19,12 @@ use ferrite_kernels::cpu::{
 use std::ops::Range;
 
 use ferrite_collective::Collective;
-use ferrite_kernels::wq::WqFormat;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Activation, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
+use crate::model::LoadQuantize;
 use crate::tp::TpRank;
 use crate::weights::{Matrix, TensorMap};
 
@@ -296,9 +296,9 @@ impl LlamaModel {
         layers + self.lm_head.load_pages()
     }
 
-    /// Replaces every layer's projections with round-to-nearest quantized copies in `format`;
-    /// the embeddings and the LM head stay as they are (as in GPTQ checkpoints).
-    pub fn quantize_linear(&mut self, format: WqFormat) -> Result<()> {
+    /// Replaces every layer's projections with round-to-nearest quantized copies as `format`
+    /// says; the embeddings and the LM head stay as they are (as in GPTQ checkpoints).
+    pub fn quantize_linear(&mut self, format: LoadQuantize) -> Result<()> {
         for (i, l) in self.layers.iter_mut().enumerate() {
             let named = [
                 ("q", &mut l.q),

@@ -60,7 +60,7 @@ pub enum EngineModel {
 pub struct RandomShape {
     pub cfg: ModelConfig,
     /// The layers' projections as random codes of this format instead of 16-bit values.
-    pub quantize: Option<WqFormat>,
+    pub quantize: Option<LoadQuantize>,
     pub seed: u64,
 }
 
@@ -110,7 +110,7 @@ pub fn device_random_shape(
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Quantize the layers' projections by round-to-nearest to this format (`--quantize`).
-    pub quantize: Option<WqFormat>,
+    pub quantize: Option<LoadQuantize>,
     /// Leave the checkpoint's pages to whoever reads the weights next instead of reading them
     /// all in `load_weights`: set for a GPU, whose upload streams every byte anyway (reading
     /// them first would read the checkpoint twice). A rank of a tensor-parallel pool reads
@@ -156,12 +156,58 @@ pub fn load_dummy(preset_name: &str, seed: u64, options: LoadOptions) -> Result<
     })
 }
 
-/// Parses a `--quantize` value: `rtn-` and a weight format (`rtn-w4g128`, `rtn-w8pc-sym`).
-pub fn parse_quantize(s: &str) -> std::result::Result<WqFormat, String> {
-    let format = s
-        .strip_prefix("rtn-")
-        .ok_or_else(|| format!("`{s}`: the method must be rtn (e.g. rtn-w4g128)"))?;
-    format.parse().map_err(|e| format!("{e}"))
+/// What `--quantize` rounds a model's projections to as it loads (round to nearest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadQuantize {
+    /// Weight-only codes (`rtn-w4g128`, `rtn-w8pc-sym`, ...).
+    Weights(WqFormat),
+    /// int8 weights per channel, int8 activations per token (`rtn-w8a8`).
+    W8A8,
+    /// FP8 e4m3 weights per channel, FP8 activations per token (`rtn-fp8`).
+    Fp8,
+}
+
+impl LoadQuantize {
+    /// The weight-only group length (what a column shard must keep whole).
+    pub fn group_size(&self) -> Option<usize> {
+        match self {
+            Self::Weights(f) => f.group_size,
+            Self::W8A8 | Self::Fp8 => None,
+        }
+    }
+}
+
+/// What follows `rtn-` in a `--quantize` value.
+impl std::fmt::Display for LoadQuantize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Weights(w) => write!(f, "{w}"),
+            Self::W8A8 => f.write_str("w8a8"),
+            Self::Fp8 => f.write_str("fp8"),
+        }
+    }
+}
+
+/// `w8a8`, `fp8`, or a weight format (`w4g128`): what [`LoadQuantize`]'s `Display` writes.
+impl std::str::FromStr for LoadQuantize {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "w8a8" => Ok(Self::W8A8),
+            "fp8" => Ok(Self::Fp8),
+            f => f.parse().map(Self::Weights).map_err(|e| format!("{e}")),
+        }
+    }
+}
+
+/// Parses a `--quantize` value: `rtn-` and a weight format (`rtn-w4g128`, `rtn-w8pc-sym`),
+/// `rtn-w8a8` or `rtn-fp8`.
+pub fn parse_quantize(s: &str) -> std::result::Result<LoadQuantize, String> {
+    let format = s.strip_prefix("rtn-").ok_or_else(|| {
+        format!("`{s}`: the method must be rtn (e.g. rtn-w4g128, rtn-w8a8, rtn-fp8)")
+    })?;
+    format.parse()
 }
 
 /// Loads a `.gguf` file or a Hugging Face model directory.
@@ -295,7 +341,7 @@ fn shard_align(
     t: &TensorMap,
     naming: WeightNaming,
     cfg: &ModelConfig,
-    quantize: Option<WqFormat>,
+    quantize: Option<LoadQuantize>,
 ) -> ShardAlign {
     let stored = (0..cfg.num_layers).flat_map(|i| {
         [
@@ -307,7 +353,7 @@ fn shard_align(
     let cols = stored
         .filter_map(|name| t.entry(&name).map(|e| e.ty.block_elems()))
         .chain(quantized)
-        .chain(quantize.and_then(|f| f.group_size))
+        .chain(quantize.and_then(|f| f.group_size()))
         .max()
         .unwrap_or(1);
     let rows = t.quant().map_or(1, QuantConfig::row_block);

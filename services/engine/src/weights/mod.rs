@@ -19,14 +19,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrite_kernels::cpu::matmul::{Weight, WeightView};
-use ferrite_kernels::fp8::Fp8Matrix;
+use ferrite_kernels::fp8::{Fp8Activations, Fp8Matrix, Fp8Scales, quantize_fp8_rtn};
 use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
-use ferrite_kernels::w8a8::I8Matrix;
+use ferrite_kernels::w8a8::{I8Matrix, quantize_int8_rtn};
 use ferrite_kernels::wq::{WqFormat, WqMatrix, quantize_rtn};
 use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
+use crate::model::LoadQuantize;
 use quantized::QuantConfig;
 
 /// Where one tensor's bytes are.
@@ -416,9 +417,25 @@ impl Matrix {
         })
     }
 
-    /// This matrix quantized to `format` by round-to-nearest (see [`Self::rtn_codes`]).
-    pub fn quantize_rtn(&self, name: &str, format: WqFormat) -> Result<Self> {
-        self.rtn_codes(name, format).map(Self::from_wq)
+    /// This matrix (named `name` in errors) quantized as `q` says by round-to-nearest, rows
+    /// dequantized to f32 first.
+    pub fn quantize_rtn(&self, name: &str, q: LoadQuantize) -> Result<Self> {
+        let bad = |e: String| EngineError::BadTensor {
+            name: name.to_owned(),
+            reason: format!("cannot quantize to {q}: {e}"),
+        };
+        match q {
+            LoadQuantize::Weights(f) => self.rtn_codes(name, f).map(Self::from_wq),
+            LoadQuantize::W8A8 => quantize_int8_rtn(&self.to_f32(), self.rows, self.cols)
+                .map(Self::from_i8)
+                .map_err(|e| bad(e.to_string())),
+            LoadQuantize::Fp8 => {
+                let (layout, act) = (Fp8Scales::Channel, Fp8Activations::DynamicPerToken);
+                quantize_fp8_rtn(&self.to_f32(), self.rows, self.cols, layout, act)
+                    .map(Self::from_fp8)
+                    .map_err(|e| bad(e.to_string()))
+            }
+        }
     }
 
     /// This matrix in the weight-only layout: a quantized matrix as it is, a GGUF block type
