@@ -10,15 +10,13 @@
 // k, the scale run (the smaller of block_cols and group, which divides the other) and the
 // GEMM's 64-byte chunks: k and the run are multiples of 64.
 //
-// GEMM: as w8a8.cu's (mma.sync m16n8k32, a warp owning 16 weight rows and TOK 8-token tiles,
-// lane (gid, tig) reading bytes [16·tig, +16) of each 64-byte chunk of its rows), with the
-// products of each scale run summed apart and scaled into the f32 total at the run's end.
+// GEMM: as w8a8.cu's (mma.sync m16n8k32 over tile8.cuh's warp tile), with the products of
+// each scale run summed apart and scaled into the f32 total at the run's end.
 #include "common.cuh"
 #include "mma.cuh"
+#include "tile8.cuh"
 
 namespace fp8 {
-
-constexpr int WARPS = 4;
 constexpr float E4M3_MAX = 448.0f;
 
 // One block per (token, run of `group` inputs); `static_scale` > 0 replaces the dynamic one.
@@ -51,12 +49,6 @@ __device__ __forceinline__ void quantize(u8* q, float* scales, const T* x, i32 m
   }
 }
 
-__device__ __forceinline__ uint4 load16(const u8* p, bool valid) {
-  uint4 v;
-  v.x = v.y = v.z = v.w = 0;
-  return valid ? ldg_v4(p) : v;
-}
-
 struct Weights {
   const u8* codes;
   const float* scales;
@@ -66,56 +58,25 @@ struct Weights {
 template <typename T, int TOK>
 __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, i32 group,
                                      Weights w, i32 m, i32 n, i32 k, i32 run) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gid = lane >> 2, tig = lane & 3;
-  const i32 row0 = (blockIdx.x * WARPS + warp) * 16;
-  const i32 tok0 = blockIdx.y * 8 * TOK;
-  if (row0 >= n) return;  // the whole warp: no mma is left half-issued
-  const i32 ra = row0 + gid, rb = row0 + gid + 8;
-  const bool va = ra < n, vb = rb < n;
-  const u8* pa = w.codes + (i64)(va ? ra : 0) * k + 16 * tig;
-  const u8* pb = w.codes + (i64)(vb ? rb : 0) * k + 16 * tig;
-  const u8* px[TOK];
-  bool vx[TOK];
-  float acc[TOK][4];
-#pragma unroll
-  for (int t = 0; t < TOK; ++t) {
-    const i32 tok = tok0 + 8 * t + gid;
-    vx[t] = tok < m;
-    px[t] = xq + (i64)(vx[t] ? tok : 0) * k + 16 * tig;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[t][j] = 0.0f;
-  }
+  tile8::Tile<TOK> tile;
+  if (!tile.init(w.codes, xq, m, n, k)) return;
+  float acc[TOK][4] = {};
   const i32 runs_x = k / group;
   for (i32 k0 = 0; k0 < k; k0 += run) {
-    float part[TOK][4];
+    float part[TOK][4] = {};
+    for (i32 kc = k0; kc < k0 + run; kc += 64) tile.chunk(kc, part, mma16832_e4m3);
+    // One weight scale per row half of the tile, one activation scale per token.
+    float sw[2];
 #pragma unroll
-    for (int t = 0; t < TOK; ++t) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) part[t][j] = 0.0f;
+    for (int h = 0; h < 2; ++h) {
+      const i32 row = tile.row(2 * h);
+      sw[h] = row < n ? w.scales[(row / w.block_rows) * w.grid_cols + k0 / w.block_cols] : 0.0f;
     }
-    for (i32 kc = k0; kc < k0 + run; kc += 64) {
-      const uint4 a = load16(pa + kc, va), b = load16(pb + kc, vb);
-      const u32 a_first[4] = {a.x, b.x, a.y, b.y};
-      const u32 a_second[4] = {a.z, b.z, a.w, b.w};
-#pragma unroll
-      for (int t = 0; t < TOK; ++t) {
-        const uint4 x = load16(px[t] + kc, vx[t]);
-        const u32 x_first[2] = {x.x, x.y};
-        const u32 x_second[2] = {x.z, x.w};
-        mma16832_e4m3(part[t], a_first, x_first);
-        mma16832_e4m3(part[t], a_second, x_second);
-      }
-    }
-    // d[j]: weight row gid + 8·(j / 2), token 2·tig + j % 2 of the tile.
-    const i32 wc = k0 / w.block_cols;
-    const float sw[2] = {va ? w.scales[(ra / w.block_rows) * w.grid_cols + wc] : 0.0f,
-                         vb ? w.scales[(rb / w.block_rows) * w.grid_cols + wc] : 0.0f};
 #pragma unroll
     for (int t = 0; t < TOK; ++t) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const i32 tok = tok0 + 8 * t + 2 * tig + (j & 1);
+        const i32 tok = tile.tok(t, j);
         const float sx = tok < m ? xs[(i64)tok * runs_x + k0 / group] : 0.0f;
         acc[t][j] += part[t][j] * (sw[j >> 1] * sx);
       }
@@ -125,7 +86,7 @@ __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, i32 
   for (int t = 0; t < TOK; ++t) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const i32 row = row0 + gid + 8 * (j >> 1), tok = tok0 + 8 * t + 2 * tig + (j & 1);
+      const i32 row = tile.row(j), tok = tile.tok(t, j);
       if (row < n && tok < m) out[(i64)tok * n + row] = from_f32<T>(acc[t][j]);
     }
   }
@@ -146,7 +107,7 @@ FP8_QUANTIZE(bf16)
 // fp8_gemm_t{1,8}_{f16,bf16}(out, q, x_scales, group, codes, w_scales, block_rows, block_cols,
 // grid_cols, m, n, k, run): block 128 threads, grid (ceil(n / 64), ceil(m / (8 · TOK))).
 #define FP8_GEMM(T, TOK)                                                                        \
-  extern "C" __global__ void __launch_bounds__(32 * fp8::WARPS) fp8_gemm_t##TOK##_##T(           \
+  extern "C" __global__ void __launch_bounds__(32 * tile8::WARPS) fp8_gemm_t##TOK##_##T(           \
       T* out, const u8* q, const float* xs, i32 group, const u8* codes, const float* ws,       \
       i32 block_rows, i32 block_cols, i32 grid_cols, i32 m, i32 n, i32 k, i32 run) {           \
     fp8::gemm<T, TOK>(out, q, xs, group, fp8::Weights{codes, ws, block_rows, block_cols,       \

@@ -7,20 +7,15 @@
 // [m][k] int8 and scales [m] f32 (w8a8_quantize's output, the GEMM's input); out [m][n] T.
 // k is a multiple of 64: every lane reads 16-byte vectors of every row.
 //
-// GEMM: mma.sync m16n8k32 (s8 × s8 → s32). A warp owns 16 weight rows (mma M) and TOK tiles
-// of 8 tokens (mma N), so each weight byte it reads serves 8·TOK tokens: TOK = 1 for decode
-// (m ≤ 8: the weights dominate the traffic, read once), TOK = 8 for prefill (64 tokens per
-// warp, the weights read once per 64 tokens, from L2 after the first tile). Lane (gid, tig)
-// reads bytes [16·tig, 16·tig + 16) of each 64-byte chunk of weight rows gid and gid + 8, and
-// of token row gid of each tile. An mma's k order is free as long as A and B agree: words 0
-// and 1 of those vectors are the lane's k-words tig and tig + 4 of the chunk's first mma,
-// words 2 and 3 of its second, for every row and token alike.
+// GEMM: mma.sync m16n8k32 (s8 × s8 → s32) over tile8.cuh's warp tile (16 weight rows, TOK
+// tiles of 8 tokens), so each weight byte a warp reads serves 8·TOK tokens: TOK = 1 for
+// decode (m ≤ 8: the weights dominate the traffic, read once), TOK = 8 for prefill (64 tokens
+// per warp, the weights read once per 64 tokens, from L2 after the first tile).
 #include "common.cuh"
 #include "mma.cuh"
+#include "tile8.cuh"
 
 namespace w8a8 {
-
-constexpr int WARPS = 4;
 
 // One block per row of x.
 template <typename T>
@@ -41,53 +36,18 @@ __device__ __forceinline__ void quantize(u8* q, float* scales, const T* x, i32 m
   }
 }
 
-__device__ __forceinline__ uint4 load16(const u8* p, bool valid) {
-  uint4 v;
-  v.x = v.y = v.z = v.w = 0;
-  return valid ? ldg_v4(p) : v;
-}
-
 template <typename T, int TOK>
 __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, const u8* w,
                                      const float* ws, i32 m, i32 n, i32 k) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gid = lane >> 2, tig = lane & 3;
-  const i32 row0 = (blockIdx.x * WARPS + warp) * 16;
-  const i32 tok0 = blockIdx.y * 8 * TOK;
-  if (row0 >= n) return;  // the whole warp: no mma is left half-issued
-  const bool va = row0 + gid < n, vb = row0 + gid + 8 < n;
-  const u8* pa = w + (i64)(va ? row0 + gid : 0) * k + 16 * tig;
-  const u8* pb = w + (i64)(vb ? row0 + gid + 8 : 0) * k + 16 * tig;
-  const u8* px[TOK];
-  bool vx[TOK];
-  i32 acc[TOK][4];
-#pragma unroll
-  for (int t = 0; t < TOK; ++t) {
-    const i32 tok = tok0 + 8 * t + gid;
-    vx[t] = tok < m;
-    px[t] = xq + (i64)(vx[t] ? tok : 0) * k + 16 * tig;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[t][j] = 0;
-  }
-  for (i32 kc = 0; kc < k; kc += 64) {
-    const uint4 a = load16(pa + kc, va), b = load16(pb + kc, vb);
-    const u32 a_first[4] = {a.x, b.x, a.y, b.y};
-    const u32 a_second[4] = {a.z, b.z, a.w, b.w};
-#pragma unroll
-    for (int t = 0; t < TOK; ++t) {
-      const uint4 x = load16(px[t] + kc, vx[t]);
-      const u32 x_first[2] = {x.x, x.y};
-      const u32 x_second[2] = {x.z, x.w};
-      mma16832_s8(acc[t], a_first, x_first);
-      mma16832_s8(acc[t], a_second, x_second);
-    }
-  }
-  // d[j]: weight row gid + 8·(j / 2), token 2·tig + j % 2 of the tile.
+  tile8::Tile<TOK> tile;
+  if (!tile.init(w, xq, m, n, k)) return;
+  i32 acc[TOK][4] = {};
+  for (i32 kc = 0; kc < k; kc += 64) tile.chunk(kc, acc, mma16832_s8);
 #pragma unroll
   for (int t = 0; t < TOK; ++t) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const i32 row = row0 + gid + 8 * (j >> 1), tok = tok0 + 8 * t + 2 * tig + (j & 1);
+      const i32 row = tile.row(j), tok = tile.tok(t, j);
       if (row < n && tok < m) {
         out[(i64)tok * n + row] = from_f32<T>(xs[tok] * ws[row] * (float)acc[t][j]);
       }
@@ -110,7 +70,7 @@ W8A8_QUANTIZE(bf16)
 // w8a8_gemm_t{1,8}_{f16,bf16}(out, q, x_scales, w, w_scales, m, n, k): block 128 threads,
 // grid (ceil(n / 64), ceil(m / (8 · TOK))).
 #define W8A8_GEMM(T, TOK)                                                                       \
-  extern "C" __global__ void __launch_bounds__(32 * w8a8::WARPS) w8a8_gemm_t##TOK##_##T(         \
+  extern "C" __global__ void __launch_bounds__(32 * tile8::WARPS) w8a8_gemm_t##TOK##_##T(         \
       T* out, const u8* q, const float* xs, const u8* w, const float* ws, i32 m, i32 n, i32 k) { \
     w8a8::gemm<T, TOK>(out, q, xs, w, ws, m, n, k);                                            \
   }

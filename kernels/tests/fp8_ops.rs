@@ -16,7 +16,9 @@
 
 mod common;
 
-use common::{Backend, Buffers, DTYPES, assert_close, backends, random, round};
+use common::{
+    Backend, Buffers, DTYPES, activation_rows, assert_close, backends, product_f64, random, round,
+};
 use ferrite_kernels::cpu::matmul::{Weight, matmul};
 use ferrite_kernels::cuda::Gpu;
 use ferrite_kernels::cuda::fp8::{Fp8Device, Fp8Rows, check_layout};
@@ -71,37 +73,14 @@ fn matrix(
     quantize_fp8_rtn(&w, rows, cols, layout, act).expect("fp8")
 }
 
-/// `m` rows of activations in `dtype`, row 1 all zero, one outlier.
-fn activations(dtype: Dtype, m: usize, cols: usize, seed: u64) -> Vec<f32> {
-    let mut x = random(m * cols, seed, 2.0);
-    if m > 1 {
-        x[cols..2 * cols].fill(0.0);
-    }
-    x[cols / 3] = 30.0;
-    round(dtype, &x)
-}
-
 fn reference(w: &Fp8Matrix, x: &[f32], m: usize) -> Vec<f32> {
     let (rows, cols) = (w.rows(), w.cols());
-    let xq = quantize_activations(x, cols, w.activations());
-    let mut row = vec![0f32; cols];
-    let dense: Vec<f32> = (0..rows)
-        .flat_map(|r| {
-            w.dequantize_row(r, &mut row);
-            row.clone()
-        })
-        .collect();
-    let mut out = vec![0f32; m * rows];
-    for (o, xi) in out.chunks_mut(rows).zip(xq.chunks(cols)) {
-        for (o, wr) in o.iter_mut().zip(dense.chunks(cols)) {
-            *o = wr
-                .iter()
-                .zip(xi)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                .sum::<f64>() as f32;
-        }
+    let xq = quantize_activations(&x[..m * cols], cols, w.activations());
+    let mut dense = vec![0f32; rows * cols];
+    for (r, row) in dense.chunks_mut(cols).enumerate() {
+        w.dequantize_row(r, row);
     }
-    out
+    product_f64(&dense, &xq, rows, cols)
 }
 
 fn device_of(mem: &mut Buffers<'_>, w: &Fp8Matrix) -> Fp8Device {
@@ -143,7 +122,7 @@ fn fp8_projections_match_the_reference_and_the_cpu() {
         let w = matrix(rows, cols, layout, act, 60 + ci as u64);
         for dtype in DTYPES {
             for m in MS {
-                let x = activations(dtype, m, cols, 9 + m as u64);
+                let x = activation_rows(dtype, m, cols, 9 + m as u64);
                 let what = format!("{rows}x{cols} {layout:?} {act:?} m={m}");
                 let mut cpu = vec![0f32; m * rows];
                 matmul(&x, m, Weight::F8(&w), &mut cpu);

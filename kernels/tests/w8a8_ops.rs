@@ -16,7 +16,9 @@
 
 mod common;
 
-use common::{Backend, Buffers, DTYPES, assert_close, backends, random, round};
+use common::{
+    Backend, Buffers, DTYPES, activation_rows, assert_close, backends, product_f64, random, round,
+};
 use ferrite_kernels::cpu::matmul::{Weight, matmul};
 use ferrite_kernels::cuda::Gpu;
 use ferrite_kernels::cuda::ops::Dtype;
@@ -39,31 +41,9 @@ fn matrix(rows: usize, cols: usize, seed: u64) -> I8Matrix {
     I8Matrix::from_codes(rows, cols, &codes, &scales).expect("matrix")
 }
 
-/// `m` rows of activations in `dtype`, row 1 all zero, one row with an outlier.
-fn activations(dtype: Dtype, m: usize, cols: usize, seed: u64) -> Vec<f32> {
-    let mut x = random(m * cols, seed, 2.0);
-    if m > 1 {
-        x[cols..2 * cols].fill(0.0);
-    }
-    x[cols / 3] = 40.0;
-    round(dtype, &x)
-}
-
 fn reference(w: &I8Matrix, x: &[f32], m: usize) -> Vec<f32> {
-    let (rows, cols) = (w.rows(), w.cols());
-    let xq = I8Activations::new(x, m, cols).dequantized(cols);
-    let dense = w.dequantize();
-    let mut out = vec![0f32; m * rows];
-    for (o, xi) in out.chunks_mut(rows).zip(xq.chunks(cols)) {
-        for (o, wr) in o.iter_mut().zip(dense.chunks(cols)) {
-            *o = wr
-                .iter()
-                .zip(xi)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                .sum::<f64>() as f32;
-        }
-    }
-    out
+    let xq = I8Activations::new(x, m, w.cols()).dequantized(w.cols());
+    product_f64(&w.dequantize(), &xq, w.rows(), w.cols())
 }
 
 fn matmul_on(b: &Backend, dtype: Dtype, w: &I8Matrix, x: &[f32], m: usize) -> Vec<f32> {
@@ -120,7 +100,7 @@ fn w8a8_projections_match_the_reference_and_the_cpu() {
         let w = matrix(rows, cols, 40 + si as u64);
         for dtype in DTYPES {
             for m in MS {
-                let x = activations(dtype, m, cols, 7 + m as u64);
+                let x = activation_rows(dtype, m, cols, 7 + m as u64);
                 let want = reference(&w, &x, m);
                 let cpu = matmul_on(&Backend::Cpu, dtype, &w, &x, m);
                 let what = format!("{rows}x{cols} m={m}");

@@ -37,6 +37,7 @@ macro_rules! module {
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../cuda/common.cuh")),
     ("mma.cuh", include_str!("../../cuda/mma.cuh")),
+    ("tile8.cuh", include_str!("../../cuda/tile8.cuh")),
     ("wq_common.cuh", include_str!("../../cuda/wq_common.cuh")),
 ];
 

@@ -83,6 +83,34 @@ pub fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// `m` rows of `cols` activations in `dtype` for the 8-bit projections: row 1 (when there is
+/// one) all zero, which must quantize to zeros, and one outlier that sets its token's scale.
+pub fn activation_rows(dtype: Dtype, m: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut x = random(m * cols, seed, 2.0);
+    if m > 1 {
+        x[cols..2 * cols].fill(0.0);
+    }
+    x[cols / 3] = 30.0;
+    round(dtype, &x)
+}
+
+/// `x[m, cols] · wᵀ` for row-major `w` (`rows` × `cols`), each dot product in f64 (every
+/// product exact) and rounded to f32 once.
+pub fn product_f64(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len() / cols.max(1) * rows);
+    for xi in x.chunks(cols) {
+        for wr in w.chunks(cols).take(rows) {
+            let dot: f64 = wr
+                .iter()
+                .zip(xi)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            out.push(dot as f32);
+        }
+    }
+    out
+}
+
 /// `tests/fixtures/ops/<name>`, written by `generate.py` there. Its inputs are not stored but
 /// named as `{"seed", "scale"}` of [`random`] (see [`drawn`]), which the script reproduces: the
 /// fixture's own first outputs of it are checked here, so the two cannot drift apart unseen.
