@@ -20,10 +20,10 @@ use crate::error::Result;
 use crate::model::LoadQuantize;
 use crate::weights::Matrix;
 
-/// A projection's host side, made before any device work: `parts` stacked row-wise, minimums
-/// too, in the weight-only layout when every part has one, they stack (`GgufRepack::stack`:
-/// the same format up to the code width) and the kernels can read its rows; else the parts,
-/// converted row by row when copied.
+/// A projection's host side, made before any device work: `parts` stacked row-wise in the
+/// first layout that holds them all and whose kernels take their rows (W8A8 int8; FP8; the
+/// weight-only layout with minimums, `GgufRepack::stack`: the same format up to the code
+/// width); else the parts, converted to 16-bit row by row when copied.
 pub(crate) enum HostMatrix<'a> {
     Dense(Vec<&'a Matrix>),
     Quantized(GgufRepack),
@@ -35,8 +35,8 @@ pub(crate) enum HostMatrix<'a> {
 
 impl<'a> HostMatrix<'a> {
     /// Repacks or stacks `parts` (CPU work: GGUF blocks are rewritten code by code, which is
-    /// why the model's matrices are prepared in parallel).
-    /// FP8 takes its kernels where `arch` (e.g. `sm_90`) has them.
+    /// why the model's matrices are prepared in parallel). FP8 takes its kernels where `arch`
+    /// (e.g. `sm_90`) has them.
     pub fn prepare(parts: &[&'a Matrix], arch: &str) -> Self {
         let int8: Option<Vec<&I8Matrix>> = parts.iter().map(|m| m.as_i8()).collect();
         let int8 = int8.and_then(|p| I8Matrix::stack(&p));
@@ -66,9 +66,9 @@ impl<'a> HostMatrix<'a> {
     }
 }
 
-/// A projection's weights on the device: dense in the model's 16-bit type, or weight-only
-/// quantized codes (RTN/GPTQ matrices as they are, GGUF block types repacked) that the
-/// quantized kernels read.
+/// A projection's weights on the device: dense in the model's 16-bit type, weight-only
+/// quantized codes (RTN/GPTQ matrices as they are, GGUF block types repacked), or int8 and
+/// e4m3 codes with f32 scales, each read by its kernels.
 // Four per layer, made once at load and only ever borrowed: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum DeviceMatrix {
