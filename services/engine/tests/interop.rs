@@ -129,8 +129,8 @@ fn check_int8_activations(name: &str, storage: &str) {
 }
 
 /// Copies fixture `name` to a temporary directory with `edit` applied to its
-/// `quantization_config`, and returns the load error.
-fn load_error_with(name: &str, edit: impl Fn(&mut Value)) -> String {
+/// `quantization_config`, and loads it.
+fn load_with_config(name: &str, edit: impl Fn(&mut Value)) -> ferrite_engine::Result<LlamaModel> {
     let tmp = std::env::temp_dir().join(format!("ferrite-interop-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).expect("temp dir");
@@ -142,9 +142,37 @@ fn load_error_with(name: &str, edit: impl Fn(&mut Value)) -> String {
     let mut cfg = read_json(&dir(name).join("config.json"));
     edit(&mut cfg["quantization_config"]);
     std::fs::write(tmp.join("config.json"), cfg.to_string()).expect("write");
-    let e = model::load(&tmp).expect_err("unsupported checkpoint loaded");
+    let loaded = model::load(&tmp).map(|l| l.model);
     let _ = std::fs::remove_dir_all(&tmp);
-    e.to_string()
+    loaded
+}
+
+/// [`load_with_config`]'s error.
+fn load_error_with(name: &str, edit: impl Fn(&mut Value)) -> String {
+    load_with_config(name, edit)
+        .map(|_| ())
+        .expect_err("unsupported checkpoint loaded")
+        .to_string()
+}
+
+/// compressed-tensors' `naive-quantized` stores integer codes as `int-quantized` does (its
+/// compressor is int-quantized's base class): the W4A8 checkpoint named so computes the same.
+#[test]
+fn naive_quantized_reads_as_int_quantized() {
+    let name = "ct_gptq_w4a8";
+    let (int_quantized, exp) = load(name);
+    let naive = load_with_config(name, |q| {
+        q["format"] = "naive-quantized".into();
+        q["config_groups"]["group_0"]["format"] = "naive-quantized".into();
+    })
+    .expect("naive-quantized");
+    for case in exp["cases"].as_array().expect("cases") {
+        let prompt = ids(&case["prompt_token_ids"]);
+        assert_eq!(
+            prefill_logits(&naive, &prompt, LogitsWanted::Last),
+            prefill_logits(&int_quantized, &prompt, LogitsWanted::Last)
+        );
+    }
 }
 
 #[test]
