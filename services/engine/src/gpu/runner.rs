@@ -150,37 +150,17 @@ impl GpuRunner {
                 .collect::<Result<_>>()?,
         };
         let meta = g.zeros::<i32>(limits.meta_len()).map_err(gpu_error)?;
-        let largest = w
-            .layers
-            .iter()
-            .flat_map(|l| l.matrices())
-            .map(DeviceMatrix::dequantized_len)
-            .max();
         // Only a step of more rows than the tensor-core kernel takes dequantizes (prefill
         // chunks above MMA_MAX_M tokens): no scratch matrix when the token budget stays below.
-        let dequantized = match largest {
-            Some(n) if n > 0 && t > MMA_MAX_M => Some(alloc(g, n)?),
+        let dequantized = match w.largest(DeviceMatrix::dequantized_len) {
+            n if n > 0 && t > MMA_MAX_M => Some(alloc(g, n)?),
             _ => None,
         };
-        let means_per_row = w
-            .layers
-            .iter()
-            .flat_map(|l| l.matrices())
-            .map(DeviceMatrix::means_per_row)
-            .max()
-            .unwrap_or(0);
-        let means = match means_per_row {
+        let means = match w.largest(DeviceMatrix::means_per_row) {
             0 => None,
             n => Some(alloc(g, t * n)?),
         };
-        let quantized_cols = w
-            .layers
-            .iter()
-            .flat_map(|l| l.matrices())
-            .map(DeviceMatrix::quantized_input_cols)
-            .max()
-            .unwrap_or(0);
-        let quantized_rows = match quantized_cols {
+        let quantized_rows = match w.largest(DeviceMatrix::quantized_input_cols) {
             0 => None,
             k => Some((alloc(g, t * k)?, alloc(g, t * k.div_ceil(64))?)),
         };

@@ -374,6 +374,17 @@ impl GpuWeights {
         layers + 2 * (self.embed.len + self.lm_head.as_ref().map_or(0, |t| t.len))
     }
 
+    /// The largest `f` over every layer's projections (0 without layers): what a scratch
+    /// buffer shared by all of them must hold.
+    pub fn largest(&self, f: fn(&DeviceMatrix) -> usize) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .map(f)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The LM head's device address (the embedding table when tied).
     pub fn lm_head(&self) -> DevPtr {
         self.lm_head.as_ref().unwrap_or(&self.embed).ptr
