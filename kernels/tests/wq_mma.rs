@@ -15,14 +15,13 @@
 
 mod common;
 
-use common::{Backend, Buffers, DTYPES, assert_close, backends, random, round};
+use common::{Backend, Buffers, DTYPES, assert_close, backends, product_f64, random, round};
 use ferrite_kernels::cpu::matmul::{Weight, matmul};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
 use ferrite_kernels::cuda::wq_mma::{MMA_MAX_M, MmaTile, WqKernel};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::wq::{Bits, ScaleType, WqFormat, WqMatrix, quantize_rtn};
-use rayon::prelude::*;
 
 /// Activation rows: each tile's edges (16, 32, 64) and one past them, several 64-row tiles
 /// with a ragged last one (200), and the largest m the kernel is chosen for.
@@ -68,34 +67,7 @@ fn upload(mem: &mut Buffers<'_>, dtype: Dtype, w: &WqMatrix) -> WqDevice {
 /// `x[m, cols] · Wᵀ` in f64 from the dequantized matrix (whose values `scale * (q - zero)` are
 /// exact in f32), rounded to f32 once.
 fn reference(w: &WqMatrix, x: &[f32], m: usize) -> Vec<f32> {
-    let (rows, cols) = (w.rows(), w.cols());
-    let dense = w.dequantize();
-    let mut out = vec![0f32; m * rows];
-    out.par_chunks_mut(rows).enumerate().for_each(|(i, o)| {
-        let xi = &x[i * cols..(i + 1) * cols];
-        for (o, wr) in o.iter_mut().zip(dense.chunks(cols)) {
-            *o = dot_f64(wr, xi) as f32;
-        }
-    });
-    out
-}
-
-/// `a · b` in f64, in four interleaved sums (so it vectorizes; every product is exact).
-fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
-    let mut acc = [0f64; 4];
-    let (a4, b4) = (a.chunks_exact(4), b.chunks_exact(4));
-    let tail: f64 = a4
-        .remainder()
-        .iter()
-        .zip(b4.remainder())
-        .map(|(&p, &q)| f64::from(p) * f64::from(q))
-        .sum();
-    for (p, q) in a4.zip(b4) {
-        for k in 0..4 {
-            acc[k] += f64::from(p[k]) * f64::from(q[k]);
-        }
-    }
-    acc.iter().sum::<f64>() + tail
+    product_f64(&w.dequantize(), &x[..m * w.cols()], w.rows(), w.cols())
 }
 
 /// `x · Wᵀ` for the first `m` rows of `x` (already rounded to `dtype`), as `dtype` values: the
