@@ -355,16 +355,6 @@ pub(crate) fn quantize_layers(
                 };
                 let hessian = stats[si].hessian.as_deref().filter(|_| opts.uses_gptq());
                 let w = &wf.w[p];
-                if let Scheme::Fp8(Fp8Scales::Block { rows: br, cols: bc }) = opts.scheme
-                    && !(rows.is_multiple_of(br) && cols.is_multiple_of(bc))
-                {
-                    // ferrite runs partial blocks, but vLLM and transformers quantize the
-                    // activations in whole groups: the checkpoint would load nowhere else.
-                    return Err(bad(format!(
-                        "its {rows}x{cols} weights are not whole {br}x{bc} blocks; pick a \
-                         block side that divides both (--group-size)"
-                    )));
-                }
                 let m = match (opts.scheme, hessian) {
                     (Scheme::WeightOnly(f), Some(hm)) => {
                         let (q, st) = quantize_gptq(w, rows, cols, hm, f, opts.gptq)

@@ -241,22 +241,41 @@ pub fn quantize_model(
     })
 }
 
-/// Refuses FP8 blocks that GGUF's Q/K rows would leave: they go back to Hugging Face order
-/// within each head when written, so a block must hold whole heads (checked before the work).
+/// Refuses FP8 blocks the model's projections do not hold whole (ferrite runs partial
+/// blocks, but vLLM and transformers quantize the activations in whole groups: the checkpoint
+/// would load nowhere else), and, for GGUF's Q/K rows, which go back to Hugging Face order
+/// within each head when written, blocks that split a head. Checked before any work.
 fn check_fp8_blocks(scheme: Scheme, c: &ModelConfig) -> Result<()> {
-    match scheme {
-        Scheme::Fp8(Fp8Scales::Block { rows, .. })
-            if c.rope_style == RopeStyle::Interleaved && !rows.is_multiple_of(c.head_dim) =>
-        {
-            Err(EngineError::InvalidRequest(format!(
-                "FP8 blocks of {rows} rows split the GGUF model's heads of {} rows, whose Q and \
-                 K rows are written back in Hugging Face order within each head: use a block \
-                 side that is a multiple of {} (--group-size)",
-                c.head_dim, c.head_dim
-            )))
-        }
-        _ => Ok(()),
+    let Scheme::Fp8(Fp8Scales::Block { rows: br, cols: bc }) = scheme else {
+        return Ok(());
+    };
+    let refuse = |m: String| Err(EngineError::InvalidRequest(m));
+    let (h, q, kv, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let shapes = [
+        ("q", q, h),
+        ("k and v", kv, h),
+        ("o", h, q),
+        ("gate and up", ffn, h),
+        ("down", h, ffn),
+    ];
+    if let Some((name, rows, cols)) = shapes
+        .into_iter()
+        .find(|&(_, r, k)| !(r.is_multiple_of(br) && k.is_multiple_of(bc)))
+    {
+        return refuse(format!(
+            "FP8 blocks: the {name} projections' {rows}x{cols} weights are not whole {br}x{bc} \
+             blocks; pick a block side that divides both (--group-size)"
+        ));
     }
+    if c.rope_style == RopeStyle::Interleaved && !br.is_multiple_of(c.head_dim) {
+        return refuse(format!(
+            "FP8 blocks of {br} rows split the GGUF model's heads of {} rows, whose Q and K rows \
+             are written back in Hugging Face order within each head: use a block side that is \
+             a multiple of {} (--group-size)",
+            c.head_dim, c.head_dim
+        ));
+    }
+    Ok(())
 }
 
 /// The calibration tokens `job` asks for (none for round to nearest): its tokens, or its text
