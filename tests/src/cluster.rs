@@ -314,11 +314,21 @@ impl Cluster {
     /// Starts etcd, then one worker per pool and the gateway side by side, and waits until the
     /// gateway lists every pool as ready.
     pub async fn start(pools: &[&str], options: WorkerOptions) -> Result<Self> {
+        Self::start_with(pools, options, &[]).await
+    }
+
+    /// [`Cluster::start`] with `gateway_env` added to the gateway's environment (its flags,
+    /// as `FERRITE_…` variables).
+    pub async fn start_with(
+        pools: &[&str],
+        options: WorkerOptions,
+        gateway_env: &[(String, String)],
+    ) -> Result<Self> {
         let etcd = tokio::task::spawn_blocking(EtcdServer::start)
             .await
             .context("starting etcd")?;
         let endpoint = etcd.endpoint();
-        let gateway = GatewayProc::spawn(&endpoint)?;
+        let gateway = GatewayProc::spawn_with_env(&endpoint, gateway_env)?;
         let spawned = pools
             .iter()
             .map(|pool| WorkerProc::spawn(&endpoint, pool, &options).map(|p| (*pool, p)))

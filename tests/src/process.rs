@@ -207,15 +207,20 @@ impl Proc {
 
     /// Sends SIGTERM without waiting.
     pub fn signal_term(&mut self) -> Result<()> {
+        self.signal("TERM")
+    }
+
+    /// Sends signal `name` (`TERM`, `STOP`, `CONT`, …) without waiting, as `kill -NAME` does.
+    pub fn signal(&mut self, name: &str) -> Result<()> {
         if !self.is_running() {
             bail!("{} is not running", self.name);
         }
         let pid = self.child.id().to_string();
         let status = Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{name}"), &pid])
             .status()
-            .context("running `kill -TERM`")?;
-        anyhow::ensure!(status.success(), "`kill -TERM {pid}` failed: {status}");
+            .with_context(|| format!("running `kill -{name}`"))?;
+        anyhow::ensure!(status.success(), "`kill -{name} {pid}` failed: {status}");
         Ok(())
     }
 

@@ -111,8 +111,10 @@ async fn public_listeners_speak_tls_to_the_official_clients() -> Result<()> {
     assert_eq!(out["grpc_untrusted"]["error"], "UNAVAILABLE", "{show}");
     assert_eq!(out["grpc_plaintext"]["error"], "UNAVAILABLE", "{show}");
 
-    // Renewed on disk to an expired certificate: served at once, and refused by the clients.
+    // Renewed on disk to an expired certificate: served within a second (the files are
+    // looked at that often), and refused by the clients.
     renew(&ca.issue("gateway", true), &dir.0, "gateway")?;
+    tokio::time::sleep(ferrite_tls::RECHECK).await;
     let out = tls_client(&gateway, &ca_pem).await?;
     let show = serde_json::to_string_pretty(&out)?;
     let expired = out["openai_trusted"]["text"].as_str().unwrap_or_default();
@@ -198,6 +200,38 @@ async fn a_cluster_can_be_tls_end_to_end() -> Result<()> {
     .await?;
     let done = grpc::generate(&mut client, greedy_text("The sky is", 4)).await?;
     assert_eq!(done.token_ids.len(), 4, "{done:?}");
+
+    // The gateway's client certificate, renewed on disk, is presented without a restart: one
+    // of a CA the worker does not trust is refused (so the gateway did load it), and a good
+    // one again serves again.
+    let stranger = TestCa::new("another CA").issue("gateway-client", false);
+    renew(&stranger, &dir.0, "gateway-client")?;
+    let outcome = |want_ok: bool| {
+        let client = client.clone();
+        move || {
+            let mut client = client.clone();
+            async move {
+                match grpc::generate(&mut client, greedy_text("The sky is", 2)).await {
+                    Ok(_) if want_ok => Ok(()),
+                    Err(s) if !want_ok && s.code() == tonic::Code::Unavailable => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        }
+    };
+    wait::until(
+        "the renewed certificate to be refused",
+        Duration::from_secs(15),
+        outcome(false),
+    )
+    .await?;
+    renew(&ca.issue("gateway-client", false), &dir.0, "gateway-client")?;
+    wait::until(
+        "a good certificate to serve again",
+        Duration::from_secs(15),
+        outcome(true),
+    )
+    .await?;
 
     // The worker refuses a caller without a certificate of the CA, and a plaintext one.
     let worker_url = format!("https://localhost:{}", worker.addr.port());

@@ -40,6 +40,10 @@ pub enum BenchCommand {
     /// Prefix caching and KV-aware routing: shared long prefixes through gateways to pools,
     /// hit rate, TTFT and throughput with --routing p2c, --routing kv and caching off.
     Prefix(crate::bench_prefix::PrefixBenchArgs),
+    /// The fault run: etcd, a gateway and pools under load, then etcd loss, gateway loss, a
+    /// drain, a stopped worker, a NaN model, an engine panic, a KV burst, mass disconnects and
+    /// a rank lost from a tensor-parallel pool; per fault: outcomes, recovery, what is left.
+    Chaos(crate::chaos::ChaosArgs),
     /// One rank of `bench collective` (it starts them; by hand for ranks on other hosts).
     #[command(hide = true)]
     CollectiveRank(crate::bench_collective::RankArgs),
@@ -79,6 +83,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Soak(args) => crate::bench_soak::run(args),
         BenchCommand::Collective(args) => crate::bench_collective::run(args),
         BenchCommand::Prefix(args) => crate::bench_prefix::run(args),
+        BenchCommand::Chaos(args) => crate::chaos::run(args),
         BenchCommand::CollectiveRank(args) => crate::bench_collective::rank(args),
     }
 }
@@ -189,11 +194,13 @@ fn decode_engine(args: &DecodeArgs) -> Result<(Engine, Option<RankProcesses>)> {
         .num_threads(threads)
         .build_global();
     let leader = CommLeader::bind(([127, 0, 0, 1], 0).into(), None, args.tp)?;
+    let secret = crate::serve_ranks::fresh_secret();
     let ranks = RankProcesses::spawn(&RankLaunch {
         model: &args.model,
         pool: "bench",
         world: args.tp,
         record: leader.record(),
+        secret: &secret,
         placement: None,
         otlp_endpoint: None,
     })?;
@@ -201,7 +208,11 @@ fn decode_engine(args: &DecodeArgs) -> Result<(Engine, Option<RankProcesses>)> {
         .model
         .load_shard_for_engine(TpRank::new(0, args.tp as usize)?)?;
     let cfg = args.model.engine_config(&model)?;
-    let comm = leader.accept_now(Duration::from_secs(300), Duration::from_secs(30))?;
+    let comm = leader.accept_now(
+        Duration::from_secs(300),
+        Duration::from_secs(30),
+        secret.into_bytes(),
+    )?;
     let exec = Executor::new(model, &cfg, comm)?;
     Ok((Engine::from_executor(exec, vec![], &cfg)?, Some(ranks)))
 }

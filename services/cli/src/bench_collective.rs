@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferrite_collective::Collective;
-use ferrite_collective::tcp::TcpCollective;
+use ferrite_collective::tcp::{JoinLimits, PoolKey, TcpCollective};
 use serde_json::json;
 
 use crate::table::Table;
@@ -125,19 +125,18 @@ pub fn rank(args: RankArgs) -> Result<()> {
         );
     }
     let timeout = Duration::from_secs(b.timeout_s);
+    let key = PoolKey {
+        world: args.world,
+        epoch: BENCH_EPOCH,
+        secret: Vec::new(),
+    };
     let mut c = if args.rank == 0 {
         let listener = TcpListener::bind(args.leader)
             .with_context(|| format!("rank 0 listening on {}", args.leader))?;
-        TcpCollective::lead(listener, args.world, BENCH_EPOCH, timeout, timeout)?
+        TcpCollective::lead(listener, &key, timeout, timeout)?
     } else {
-        TcpCollective::join(
-            args.leader,
-            args.rank,
-            args.world,
-            BENCH_EPOCH,
-            timeout,
-            timeout,
-        )?
+        let limits = JoinLimits::new(timeout, timeout);
+        TcpCollective::join(args.leader, args.rank, &key, limits)?
     };
     let formed = format!("rank {} of {}: formed", args.rank, args.world);
     ferrite_telemetry::notice("info", &formed);

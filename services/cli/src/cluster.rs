@@ -19,7 +19,7 @@ use ferrite_telemetry::phases;
 use tracing::Instrument;
 
 use crate::loading::ModelArgs;
-use crate::security_args::{AccessArgs, EtcdTlsArgs, ListenTlsArgs, WorkerTlsArgs};
+use crate::security_args::{AccessArgs, EtcdTlsArgs, ListenTlsArgs, UpstreamArgs, WorkerTlsArgs};
 use crate::serve_ranks::{RankLaunch, RankProcesses};
 
 /// Where placement lives.
@@ -114,6 +114,14 @@ pub struct CommArgs {
     /// The pool epoch to join with --comm-join.
     #[arg(long, hide = true)]
     comm_epoch: Option<u64>,
+    /// A file holding a secret every rank of the pool shares (a Kubernetes Secret, say): a
+    /// rank must prove it knows it to join. The collective port is plaintext TCP and belongs
+    /// on a private network either way.
+    #[arg(long, env = "FERRITE_COMM_SECRET_FILE")]
+    comm_secret_file: Option<std::path::PathBuf>,
+    /// The secret itself (`ferrite serve --tp N` hands its ranks a fresh one this way).
+    #[arg(long, hide = true, env = "FERRITE_COMM_SECRET", hide_env_values = true)]
+    comm_secret: Option<String>,
 }
 
 impl Default for CommArgs {
@@ -124,7 +132,31 @@ impl Default for CommArgs {
             collective_timeout_s: 30,
             comm_join: None,
             comm_epoch: None,
+            comm_secret_file: None,
+            comm_secret: None,
         }
+    }
+}
+
+impl CommArgs {
+    /// The pool's secret, from the file or the value (empty: none).
+    fn secret(&self) -> Result<Vec<u8>> {
+        if let Some(path) = &self.comm_secret_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the pool secret {}", path.display()))?;
+            let secret = text.trim().as_bytes().to_vec();
+            anyhow::ensure!(
+                !secret.is_empty(),
+                "the pool secret {} is empty",
+                path.display()
+            );
+            return Ok(secret);
+        }
+        Ok(self
+            .comm_secret
+            .as_deref()
+            .map(|s| s.as_bytes().to_vec())
+            .unwrap_or_default())
     }
 }
 
@@ -156,6 +188,7 @@ impl WorkerArgs {
             start_timeout: Duration::from_secs(c.tp_start_timeout_s.max(1)),
             collective_timeout: Duration::from_secs(c.collective_timeout_s.max(1)),
             join,
+            secret: c.secret()?,
         })
     }
 
@@ -185,6 +218,8 @@ pub struct GatewayArgs {
     tls: ListenTlsArgs,
     #[command(flatten)]
     worker_tls: WorkerTlsArgs,
+    #[command(flatten)]
+    upstream: UpstreamArgs,
 }
 
 #[derive(Debug, Args)]
@@ -234,11 +269,14 @@ pub struct ServeArgs {
     /// TLS of the public listeners (the in-process worker stays on loopback, in plaintext).
     #[command(flatten)]
     tls: ListenTlsArgs,
+    #[command(flatten)]
+    upstream: UpstreamArgs,
 }
 
 impl ServeArgs {
-    /// The worker half of `serve`: rank 0 of one pool (on a free loopback port by default).
-    fn worker_args(&self) -> WorkerArgs {
+    /// The worker half of `serve`: rank 0 of one pool (on a free loopback port by default),
+    /// whose ranks share `secret`.
+    fn worker_args(&self, secret: &str) -> WorkerArgs {
         WorkerArgs {
             model: self.model.clone(),
             pool: self.pool.clone(),
@@ -247,6 +285,7 @@ impl ServeArgs {
             // The ranks it starts are on this host: rank 0 listens for them on loopback.
             comm: CommArgs {
                 comm_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+                comm_secret: Some(secret.to_owned()),
                 ..CommArgs::default()
             },
             listen: self.worker_listen,
@@ -359,7 +398,7 @@ async fn start_worker(
     let model_args = args.model.clone();
     let span = tracing::Span::current();
     // Loading (and opening a GPU, which may compile kernels) blocks: off the runtime.
-    let (model, tokenizer, engine) = tokio::task::spawn_blocking(move || {
+    let loaded = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
             let (model, tokenizer) = model_args.load_shard_for_engine(shard)?;
             let engine = model_args.engine_config(&model)?;
@@ -367,7 +406,18 @@ async fn start_worker(
         })
     })
     .await
-    .context("model loading thread")??;
+    .context("model loading thread")
+    .and_then(|r| r);
+    let (model, tokenizer, engine) = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            // Rank 0 published where to join a pool that will not form: take it back now.
+            if let Some(l) = leader {
+                l.withdraw().await;
+            }
+            return Err(e);
+        }
+    };
     let cfg = WorkerConfig {
         model_name: served_name(args),
         pool: args.pool.clone(),
@@ -498,7 +548,7 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
                 .await?;
             let gw = args
                 .access
-                .gateway(store, schema, &args.worker_tls)?
+                .gateway(store, schema, &args.worker_tls, &args.upstream)?
                 .with_routing(args.routing);
             let gw = match args.tls.files() {
                 Some(files) => gw.with_tls(files),
@@ -520,7 +570,9 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
 }
 
 pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
-    let worker_args = args.worker_args();
+    // The ranks this process starts share a fresh secret: nothing else can join their pool.
+    let secret = crate::serve_ranks::fresh_secret();
+    let worker_args = args.worker_args(&secret);
     if args.tp > 1 {
         // This process is rank 0: its share of the cores, like the ranks it starts. (Fails
         // only if the pool was already built, which keeps that one.)
@@ -540,6 +592,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
                     pool: &args.pool,
                     world: args.tp,
                     record: l.record(),
+                    secret: &secret,
                     placement: Some(&args.placement),
                     otlp_endpoint: telemetry.endpoint(),
                 })?),
@@ -568,7 +621,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             let worker = *worker;
             let gw = args
                 .access
-                .gateway(store, schema, &WorkerTlsArgs::default())?
+                .gateway(store, schema, &WorkerTlsArgs::default(), &args.upstream)?
                 .with_routing(args.routing);
             let gw = match args.tls.files() {
                 Some(files) => gw.with_tls(files),

@@ -1,8 +1,9 @@
 //! Flags for who may connect, and how: API keys and rate limits (gateway), TLS of a listener,
-//! TLS from the gateway to workers, and TLS to etcd. Every flag can also come from its
+//! TLS from the gateway to workers and how long it waits on them, and TLS to etcd. Every flag can also come from its
 //! `FERRITE_…` variable.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -26,31 +27,78 @@ pub struct AccessArgs {
     )]
     api_keys: Vec<String>,
     /// Requests per minute each API key may make (all callers alike without keys); over it,
-    /// 429 / RESOURCE_EXHAUSTED with a retry delay.
-    #[arg(long, env = "FERRITE_RATE_LIMIT_REQUESTS_PER_MIN")]
+    /// 429 / RESOURCE_EXHAUSTED with a retry delay. At least 1 (leave it out for no limit).
+    #[arg(long, env = "FERRITE_RATE_LIMIT_REQUESTS_PER_MIN",
+        value_parser = clap::value_parser!(u32).range(1..))]
     rate_limit_requests_per_min: Option<u32>,
     /// Tokens per minute each API key may use, counted as prompt + max_tokens at admission.
-    #[arg(long, env = "FERRITE_RATE_LIMIT_TOKENS_PER_MIN")]
+    /// At least 1 (leave it out for no limit).
+    #[arg(long, env = "FERRITE_RATE_LIMIT_TOKENS_PER_MIN",
+        value_parser = clap::value_parser!(u32).range(1..))]
     rate_limit_tokens_per_min: Option<u32>,
 }
 
+/// How long the gateway waits on a worker pool before it gives up on it.
+#[derive(Debug, Clone, Args)]
+pub struct UpstreamArgs {
+    /// Seconds between HTTP/2 pings to each worker; a worker that leaves one unanswered as
+    /// long fails its calls (a stopped or unreachable worker is found within twice this).
+    #[arg(long, default_value_t = 5, env = "FERRITE_WORKER_KEEPALIVE_S",
+        value_parser = clap::value_parser!(u64).range(1..))]
+    worker_keepalive_s: u64,
+    /// Seconds a pool may take to send a request's first token; past it the request goes to
+    /// another pool, or fails with UNAVAILABLE.
+    #[arg(long, default_value_t = 60, env = "FERRITE_FIRST_TOKEN_TIMEOUT_S",
+        value_parser = clap::value_parser!(u64).range(1..))]
+    first_token_timeout_s: u64,
+    /// Seconds a pool may go without sending a token once a request streams; past it the
+    /// request fails with UNAVAILABLE.
+    #[arg(long, default_value_t = 30, env = "FERRITE_TOKEN_IDLE_TIMEOUT_S",
+        value_parser = clap::value_parser!(u64).range(1..))]
+    token_idle_timeout_s: u64,
+}
+
+impl Default for UpstreamArgs {
+    fn default() -> Self {
+        Self {
+            worker_keepalive_s: 5,
+            first_token_timeout_s: 60,
+            token_idle_timeout_s: 30,
+        }
+    }
+}
+
+impl UpstreamArgs {
+    fn limits(&self) -> ferrite_gateway::route::UpstreamLimits {
+        ferrite_gateway::route::UpstreamLimits {
+            first_token: Duration::from_secs(self.first_token_timeout_s),
+            idle: Duration::from_secs(self.token_idle_timeout_s),
+        }
+    }
+}
+
 impl AccessArgs {
-    /// A gateway over `store` with these keys and limits, calling workers with `worker_tls`.
+    /// A gateway over `store` with these keys and limits, calling workers with `worker_tls`
+    /// and waiting on them as `upstream` says.
     pub fn gateway(
         &self,
         store: Store,
         schema: KeySchema,
         worker_tls: &WorkerTlsArgs,
+        upstream: &UpstreamArgs,
     ) -> Result<Gateway> {
         let limits = ferrite_gateway::RateLimits {
             requests_per_min: self.rate_limit_requests_per_min,
             tokens_per_min: self.rate_limit_tokens_per_min,
         };
-        Ok(
-            Gateway::with_worker_tls(store, schema, worker_tls.client_config()?)
-                .with_api_keys(self.load()?)
-                .with_rate_limits(limits),
-        )
+        let channels = ferrite_gateway::pools::ChannelConfig {
+            tls: worker_tls.worker_tls()?,
+            keepalive: Duration::from_secs(upstream.worker_keepalive_s),
+        };
+        Ok(Gateway::with_channels(store, schema, channels)
+            .with_api_keys(self.load()?)
+            .with_rate_limits(limits)
+            .with_upstream_limits(upstream.limits()))
     }
 
     /// The keys from both sources; a named file that cannot be read, or names no key, is an
@@ -118,13 +166,20 @@ pub struct WorkerTlsArgs {
 }
 
 impl WorkerTlsArgs {
-    fn client_config(&self) -> Result<Option<tonic::transport::ClientTlsConfig>> {
-        client_tls(
-            &self.worker_tls_ca,
-            &self.worker_tls_cert,
-            &self.worker_tls_key,
-        )
-        .context("TLS to workers")
+    /// The files, loaded now and again whenever they change (a renewed client certificate).
+    fn worker_tls(&self) -> Result<Option<ferrite_gateway::pools::WorkerTls>> {
+        let Some(ca) = &self.worker_tls_ca else {
+            return Ok(None);
+        };
+        let files = ferrite_tls::ClientTlsFiles {
+            ca: ca.clone(),
+            identity: self
+                .worker_tls_cert
+                .clone()
+                .zip(self.worker_tls_key.clone()),
+        };
+        let tls = ferrite_gateway::pools::WorkerTls::from_files(files).context("TLS to workers")?;
+        Ok(Some(tls))
     }
 }
 

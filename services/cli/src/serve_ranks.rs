@@ -25,9 +25,31 @@ pub struct RankLaunch<'a> {
     pub pool: &'a str,
     pub world: u32,
     pub record: &'a CommRecord,
+    /// The pool's secret (handed over in the environment, not on the command line).
+    pub secret: &'a str,
     /// Where they register their rank keys; `None`: nowhere (placement in the launcher).
     pub placement: Option<&'a PlacementArgs>,
     pub otlp_endpoint: Option<&'a str>,
+}
+
+/// A new random secret for a pool this process starts (hex, 256 bits from the OS).
+pub fn fresh_secret() -> String {
+    let mut bytes = [0u8; 32];
+    let read = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    if read.is_err() {
+        // No /dev/urandom: the process's random hasher keys and the clock, as the epoch has.
+        use std::hash::{BuildHasher, Hasher};
+        for chunk in bytes.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            h.write_u128(nanos);
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The cores each rank's thread pool gets on this host.
@@ -62,6 +84,7 @@ impl RankProcesses {
                 .args(l.model.to_args())
                 .envs(trace.iter().map(|(k, v)| (k, v)))
                 .env("RAYON_NUM_THREADS", threads_per_rank(l.world).to_string())
+                .env("FERRITE_COMM_SECRET", l.secret)
                 // Its "ready" is not serve's: only its notices (stderr) pass through.
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

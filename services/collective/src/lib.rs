@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //!
-//! - [`Collective`]: all-reduce (sum), all-gather, broadcast of bytes, barrier. The engine's
+//! - [`Collective`]: all-reduce (sum), all-gather, gather to rank 0, broadcast of bytes,
+//!   barrier. The engine's
 //!   executor will call these after the attention output and MLP down projections.
 //! - [`tcp`]: the CPU backend, rank processes on one or several hosts over TCP. Rank 0 is the
 //!   hub: every other rank keeps one connection to it. An all-reduce gathers every rank's
@@ -69,6 +70,11 @@ pub trait Collective: Send {
     /// `out` (`world × mine.len()`) on every rank: rank r's `mine` at `r × mine.len()`.
     fn all_gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError>;
 
+    /// [`Self::all_gather`] to rank 0 only (the logits, which only the leader samples): `out`
+    /// is filled on rank 0; the other ranks send `mine` and leave `out` as it is (it may be
+    /// empty there).
+    fn gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError>;
+
     /// `bytes` on every rank becomes rank 0's (the step plan, sent by the leader).
     fn broadcast(&mut self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError>;
 
@@ -108,6 +114,10 @@ impl Collective for Solo {
         }
         out.copy_from_slice(mine);
         Ok(())
+    }
+
+    fn gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        self.all_gather(mine, out)
     }
 
     fn broadcast(&mut self, _bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {

@@ -1,10 +1,18 @@
 //! The CPU backend: ranks over TCP, rank 0 the hub.
 //!
 //! Frames are `[tag: u8][length: u64 LE][payload]`. A rank joins by connecting to rank 0 and
-//! sending `HELLO` with its rank, the world size it expects and the pool's epoch; rank 0
-//! accepts until every rank arrived or the start-up timeout passed (its error lists the ranks
-//! that never came). A hello that does not fit (another epoch: a rank of an earlier
-//! incarnation of the pool; a rank taken twice) is refused and the wait goes on.
+//! sending `HELLO` with its rank, the world size it expects, the pool's epoch and a proof that
+//! it knows the pool's secret (when the pool has one, [`PoolKey`]); rank 0 accepts until every
+//! rank arrived or the start-up timeout passed (its error lists the ranks that never came). A
+//! hello that does not fit (another epoch: a rank of an earlier incarnation of the pool; a
+//! wrong secret; a rank taken twice) is refused (its connection closed) and the wait goes on.
+//! Once every rank is in, rank 0 sends each a `WELCOME`: a joining rank waits for it, within
+//! the start-up timeout, before its first collective. Rank 0 only accepts once its own shard
+//! is loaded, so ranks that finish loading far apart still form, as long as the start-up
+//! timeout allows (not the much shorter collective timeout).
+//!
+//! The links are plaintext TCP: the collective port belongs on a private network. The epoch
+//! and the secret keep strays and stale ranks out; they do not make it a public endpoint.
 //!
 //! An all-reduce costs rank 0 `2 (N-1)` transfers of the buffer; for the pools a CPU runs (a
 //! few ranks on one host) the hub is not the limit, and it makes the sum's order the same for
@@ -18,6 +26,58 @@ use crate::{Collective, CollectiveError};
 
 const HELLO: u8 = 1;
 const DATA: u8 = 2;
+const WELCOME: u8 = 3;
+/// rank u32, world u32, epoch u64, proof [u8; 32].
+const HELLO_BYTES: usize = 48;
+
+/// What makes a rank a member of one incarnation of a pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolKey {
+    pub world: usize,
+    /// Changes with every start of rank 0 (see the placement record).
+    pub epoch: u64,
+    /// A secret every rank of the pool was given (none: empty); a rank proves it knows it.
+    pub secret: Vec<u8>,
+}
+
+impl PoolKey {
+    /// What a rank sends to prove it knows the secret: SHA-256 of the secret and the epoch
+    /// (all zeros without a secret). Tied to the epoch, so a proof seen once does not let a
+    /// stray into a later incarnation of the pool.
+    fn proof(&self) -> [u8; 32] {
+        if self.secret.is_empty() {
+            return [0; 32];
+        }
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"ferrite collective v1\0");
+        h.update(self.epoch.to_le_bytes());
+        h.update(&self.secret);
+        h.finalize().into()
+    }
+}
+
+/// How long a joining rank tries to reach rank 0, and waits for its welcome once connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinLimits {
+    /// Connecting (rank 0 may not be listening yet).
+    pub connect: Duration,
+    /// From the hello to rank 0's welcome (rank 0 may still be loading its shard).
+    pub welcome: Duration,
+    /// Each collective afterwards.
+    pub collective: Duration,
+}
+
+impl JoinLimits {
+    /// All of forming within `start`, each collective within `collective`.
+    pub fn new(start: Duration, collective: Duration) -> Self {
+        Self {
+            connect: start,
+            welcome: start,
+            collective,
+        }
+    }
+}
 /// Bounds a frame so a garbled length cannot ask for all memory.
 const MAX_FRAME_BYTES: u64 = 1 << 34;
 
@@ -99,15 +159,16 @@ fn from_bytes(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
 }
 
 impl TcpCollective {
-    /// Rank 0: accepts the other `world - 1` ranks of `epoch` on `listener` within
-    /// `start_timeout`; each collective then waits at most `timeout` for a rank.
+    /// Rank 0: accepts the other `key.world - 1` ranks of `key` on `listener` within
+    /// `start_timeout` and welcomes them; each collective then waits at most `timeout` for a
+    /// rank.
     pub fn lead(
         listener: TcpListener,
-        world: usize,
-        epoch: u64,
+        key: &PoolKey,
         start_timeout: Duration,
         timeout: Duration,
     ) -> Result<Self, CollectiveError> {
+        let world = key.world;
         let deadline = Instant::now() + start_timeout;
         let mut links: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
         let rendezvous = |m: String| CollectiveError::Rendezvous(m);
@@ -116,7 +177,7 @@ impl TcpCollective {
             .map_err(|e| rendezvous(format!("listening: {e}")))?;
         while links.iter().any(Option::is_none) {
             match listener.accept() {
-                Ok((stream, peer)) => match Self::greet(stream, world, epoch, timeout) {
+                Ok((stream, peer)) => match Self::greet(stream, key, timeout) {
                     Ok((rank, stream)) if links[rank - 1].is_none() => {
                         links[rank - 1] = Some(stream);
                     }
@@ -139,29 +200,33 @@ impl TcpCollective {
                 Err(e) => return Err(rendezvous(format!("accepting a rank: {e}"))),
             }
         }
+        let mut links: Vec<TcpStream> = links.into_iter().flatten().collect();
+        for (i, link) in links.iter_mut().enumerate() {
+            write_frame(link, WELCOME, &[]).map_err(io(i + 1, "welcoming", timeout))?;
+        }
         Ok(Self {
             rank: 0,
             world,
-            links: links.into_iter().flatten().collect(),
+            links,
             timeout,
             scratch: Vec::new(),
         })
     }
 
-    /// Reads a joining rank's `HELLO`: its rank, checked against `world` and `epoch`.
+    /// Reads a joining rank's `HELLO`: its rank, checked against `key`.
     fn greet(
         mut stream: TcpStream,
-        world: usize,
-        epoch: u64,
+        key: &PoolKey,
         timeout: Duration,
     ) -> Result<(usize, TcpStream), CollectiveError> {
+        let (world, epoch) = (key.world, key.epoch);
         let rendezvous = |m: String| CollectiveError::Rendezvous(m);
         stream
             .set_nonblocking(false)
             .and_then(|()| configure(&stream, timeout))
             .map_err(|e| rendezvous(format!("a joining rank: {e}")))?;
         let mut hello = Vec::new();
-        read_frame(&mut stream, HELLO, Some(16), &mut hello)
+        read_frame(&mut stream, HELLO, Some(HELLO_BYTES), &mut hello)
             .map_err(|e| rendezvous(format!("a joining rank's hello: {e}")))?;
         let rank = u32::from_le_bytes([hello[0], hello[1], hello[2], hello[3]]) as usize;
         let theirs = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
@@ -176,42 +241,69 @@ impl TcpCollective {
                 "rank {rank} joined epoch {their_epoch}, but this pool is epoch {epoch}"
             )));
         }
+        // Compared in full, whatever the first difference: the time says nothing of where.
+        let differ = hello[16..]
+            .iter()
+            .zip(key.proof())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if differ != 0 {
+            return Err(rendezvous(format!(
+                "rank {rank} does not know this pool's secret (--comm-secret-file)"
+            )));
+        }
         Ok((rank, stream))
     }
 
-    /// Rank `rank` > 0: connects to rank 0 at `leader` (trying again until `start_timeout`,
-    /// since ranks start in any order) and says hello for `epoch`; each collective then waits
-    /// at most `timeout` for rank 0.
+    /// Rank `rank` > 0 of `key`'s pool: connects to rank 0 at `leader` (trying again for
+    /// `limits.connect`, since ranks start in any order), says hello and waits for rank 0's
+    /// welcome (at most `limits.welcome`: it welcomes once every rank is in and its own shard
+    /// is loaded); each collective then waits at most `limits.collective` for rank 0.
     pub fn join(
         leader: SocketAddr,
         rank: usize,
-        world: usize,
-        epoch: u64,
-        start_timeout: Duration,
-        timeout: Duration,
+        key: &PoolKey,
+        limits: JoinLimits,
     ) -> Result<Self, CollectiveError> {
-        let deadline = Instant::now() + start_timeout;
+        let rendezvous = |m: String| CollectiveError::Rendezvous(m);
+        let timeout = limits.collective;
+        let deadline = Instant::now() + limits.connect;
         let mut stream = loop {
-            match TcpStream::connect_timeout(&leader, start_timeout.max(Duration::from_millis(1))) {
+            let patience = limits.connect.max(Duration::from_millis(1));
+            match TcpStream::connect_timeout(&leader, patience) {
                 Ok(s) => break s,
                 Err(e) if Instant::now() < deadline => {
                     wait_before_retry(&e);
                 }
                 Err(e) => {
-                    return Err(CollectiveError::Rendezvous(format!(
-                        "rank {rank} could not reach rank 0 at {leader} within {start_timeout:?}: {e}"
+                    return Err(rendezvous(format!(
+                        "rank {rank} could not reach rank 0 at {leader} within {:?}: {e}",
+                        limits.connect
                     )));
                 }
             }
         };
         configure(&stream, timeout).map_err(io(0, "configuring the link", timeout))?;
         let mut hello = (rank as u32).to_le_bytes().to_vec();
-        hello.extend((world as u32).to_le_bytes());
-        hello.extend(epoch.to_le_bytes());
+        hello.extend((key.world as u32).to_le_bytes());
+        hello.extend(key.epoch.to_le_bytes());
+        hello.extend(key.proof());
         write_frame(&mut stream, HELLO, &hello).map_err(io(0, "saying hello", timeout))?;
+        let welcome = limits.welcome.max(Duration::from_millis(1));
+        stream
+            .set_read_timeout(Some(welcome))
+            .map_err(io(0, "configuring the link", timeout))?;
+        read_frame(&mut stream, WELCOME, Some(0), &mut Vec::new()).map_err(|e| match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => rendezvous(format!(
+                "rank 0 at {leader} did not welcome rank {rank} within {welcome:?} (is every rank of the pool started?)"
+            )),
+            _ => rendezvous(format!(
+                "rank 0 at {leader} refused rank {rank} ({e}): another epoch, pool size or secret"
+            )),
+        })?;
+        configure(&stream, timeout).map_err(io(0, "configuring the link", timeout))?;
         Ok(Self {
             rank,
-            world,
+            world: key.world,
             links: vec![stream],
             timeout,
             scratch: Vec::new(),
@@ -329,6 +421,37 @@ impl Collective for TcpCollective {
             self.scratch = all;
             Ok(())
         }
+    }
+
+    fn gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
+        let n = mine.len();
+        if self.rank != 0 {
+            let mut wire = Vec::new();
+            to_bytes(mine, &mut wire);
+            return self.send_up(&wire);
+        }
+        if out.len() != n * self.world {
+            return Err(CollectiveError::Protocol {
+                rank: 0,
+                reason: format!(
+                    "gather: {} slots for {} ranks of {n}",
+                    out.len(),
+                    self.world
+                ),
+            });
+        }
+        out[..n].copy_from_slice(mine);
+        for i in 0..self.links.len() {
+            let theirs = self.recv(i, Some(n * 4))?;
+            for (o, x) in out[(i + 1) * n..(i + 2) * n]
+                .iter_mut()
+                .zip(from_bytes(&theirs))
+            {
+                *o = x;
+            }
+            self.scratch = theirs;
+        }
+        Ok(())
     }
 
     fn broadcast(&mut self, bytes: &mut Vec<u8>) -> Result<(), CollectiveError> {

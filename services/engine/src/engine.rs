@@ -131,6 +131,9 @@ pub struct RequestTiming {
 #[derive(Debug, Default)]
 pub struct StepOutput {
     pub events: Vec<TokenEvent>,
+    /// Requests that failed alone in this step (their logits held no distribution); they are
+    /// gone from the engine, the others of the step went on.
+    pub failed: Vec<(SeqId, EngineError)>,
     /// Tokens run through the model (prefill + decode).
     pub num_tokens: usize,
     pub num_preempted: usize,
@@ -407,6 +410,7 @@ impl Engine {
     /// returned; so does an inconsistency between the plan, the requests and the picks (an
     /// [`EngineError::Internal`]), rather than leaving a sequence without its token.
     pub fn step(&mut self) -> Result<StepOutput> {
+        crate::failpoints::engine_step();
         let schedule = self.sched.schedule();
         let now = Instant::now();
         let mut out = StepOutput {
@@ -442,6 +446,10 @@ impl Engine {
             let Some(pick) = pick else { continue };
             match self.take_token(c.id, pick, now) {
                 Ok(ev) => out.events.push(ev),
+                Err(e @ EngineError::BadLogits(_)) => {
+                    self.abort(c.id);
+                    out.failed.push((c.id, e));
+                }
                 Err(e) => {
                     for c in &schedule.chunks {
                         self.abort(c.id);
@@ -495,7 +503,7 @@ impl Engine {
             )));
         };
         let token = match pick {
-            Pick::Row(mut row) => req.sampler.sample(&mut row, seq.prompt(), seq.output()),
+            Pick::Row(mut row) => req.sampler.sample(&mut row, seq.prompt(), seq.output())?,
             // Sampled on the device: no distribution on the host, so no logprob (the request
             // asked for none, or it would have been sampled here).
             Pick::Id(id) => SampledToken {
@@ -632,6 +640,9 @@ impl Engine {
         }
         while self.has_unfinished() {
             let out = self.step()?;
+            if let Some((_, e)) = out.failed.into_iter().next() {
+                return Err(e);
+            }
             for ev in out.events {
                 let keep_going = on_event(&ev);
                 let g = results.entry(ev.id).or_default();

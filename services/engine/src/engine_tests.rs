@@ -1,6 +1,7 @@
 //! Steps that meet faults: a failed forward and a forward that gives too few picks fail the
 //! step's requests loudly (no sequence is left waiting for a token that never comes), and their
-//! clients are told it was the server's fault.
+//! clients are told it was the server's fault; a request whose logits hold no distribution
+//! fails alone; a panic under a step ends the engine thread, and the handle says so.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,10 +16,16 @@ pub(super) struct Faults {
     pub fail_next: Option<EngineError>,
     /// The next forward gives one pick too few.
     pub drop_pick: bool,
+    /// The next forward panics (a bug under it).
+    pub panic_next: bool,
 }
 
 impl Faults {
     pub fn apply(&mut self, picks: Picks, vocab: usize) -> Result<Picks> {
+        assert!(
+            !std::mem::take(&mut self.panic_next),
+            "a fault the test asked for"
+        );
         if let Some(e) = self.fail_next.take() {
             return Err(e);
         }
@@ -101,4 +108,101 @@ fn a_failed_step_reaches_its_clients_as_a_server_fault() {
         assert_eq!(err.kind(), want_kind, "{err}");
         assert!(err.to_string().contains("the step failed"), "{err}");
     }
+}
+
+/// The tiny model with token `poisoned`'s embedding row all NaN (a checkpoint broken where only
+/// that token reads it), copied to a directory of its own.
+fn poisoned_engine(poisoned: usize) -> Engine {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/qwen2");
+    let dir = std::env::temp_dir().join(format!("ferrite-poisoned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).expect("config");
+    let mut bytes = std::fs::read(src.join("model.safetensors")).expect("weights");
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value =
+        serde_json::from_slice(&bytes[8..8 + header_len]).expect("header");
+    let embed = &header["model.embed_tokens.weight"];
+    assert_eq!(embed["dtype"], "F32");
+    let hidden = embed["shape"][1].as_u64().expect("shape") as usize;
+    let start = embed["data_offsets"][0].as_u64().expect("offset") as usize;
+    let row = 8 + header_len + start + poisoned * hidden * 4;
+    for x in bytes[row..row + hidden * 4].chunks_exact_mut(4) {
+        x.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(dir.join("model.safetensors"), &bytes).expect("write");
+    let loaded = crate::model::load(&dir).expect("poisoned model");
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = EngineConfig {
+        max_model_len: Some(256),
+        kv_cache_bytes: 8 << 20,
+        ..EngineConfig::default()
+    };
+    Engine::new(loaded.model, vec![], cfg).expect("engine")
+}
+
+#[test]
+fn a_request_whose_logits_are_nan_fails_alone_and_the_engine_serves_on() {
+    let mut e = poisoned_engine(9);
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        ..greedy(4)
+    };
+    e.add_request(1, vec![5, 9, 7], sampled.clone())
+        .expect("add");
+    e.add_request(2, vec![5, 6, 7], sampled).expect("add");
+    e.add_request(3, vec![9], greedy(4)).expect("add");
+    let (mut failed, mut finished) = (Vec::new(), Vec::new());
+    while e.has_unfinished() {
+        let out = e.step().expect("the step goes on");
+        failed.extend(out.failed.into_iter().map(|(id, err)| (id, err.kind())));
+        finished.extend(
+            out.events
+                .iter()
+                .filter(|ev| ev.finish.is_some())
+                .map(|ev| ev.id),
+        );
+    }
+    failed.sort_unstable();
+    assert_eq!(failed, [(1, "bad_logits"), (3, "bad_logits")]);
+    assert_eq!(finished, [2]);
+    assert_eq!(
+        e.stats().kv_blocks_used,
+        0,
+        "the failed requests' blocks are free"
+    );
+}
+
+#[test]
+fn a_panic_under_a_step_ends_the_engine_and_the_handle_says_why() {
+    let mut e = engine();
+    e.faults.panic_next = true;
+    let (handle, thread) = EngineHandle::spawn(e, 8).expect("spawn");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let (event, why) = rt.block_on(async {
+        let mut s = handle
+            .submit(vec![5, 6, 7], greedy(4))
+            .await
+            .expect("admit");
+        let event = tokio::time::timeout(Duration::from_secs(10), s.next())
+            .await
+            .expect("an answer, not a hang");
+        let why = tokio::time::timeout(Duration::from_secs(10), handle.lost())
+            .await
+            .expect("lost resolves");
+        (event, why)
+    });
+    let err = event.expect("an event").expect_err("the engine is gone");
+    assert_eq!(err.kind(), "stopped", "{err}");
+    assert!(
+        why.contains("panicked") && why.contains("a fault the test asked for"),
+        "{why}"
+    );
+    thread
+        .join()
+        .expect("the thread ended without unwinding further");
+    let refused = rt.block_on(handle.submit(vec![5], greedy(1)));
+    assert!(matches!(refused, Err(EngineError::Stopped)));
 }

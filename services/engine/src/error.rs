@@ -46,6 +46,9 @@ pub enum EngineError {
     QueueFull(usize),
     #[error("the engine has stopped")]
     Stopped,
+    /// The worker shut down before the request finished (a drain past its timeout).
+    #[error("the worker shut down before the request finished: {0}")]
+    ShutDown(String),
     /// A device fault (a failed launch, copy or allocation): the pool is unwell, and another
     /// may serve the request.
     #[error("GPU: {0}")]
@@ -66,6 +69,10 @@ pub enum EngineError {
         step: u64,
         reason: String,
     },
+    /// The model gave a request logits with no distribution in them (NaN, infinities): the
+    /// pool's weights or arithmetic are broken, and another pool may serve the request.
+    #[error("{0}")]
+    BadLogits(String),
     /// A broken invariant of the engine itself: never the request's fault.
     #[error("internal error: {0}")]
     Internal(String),
@@ -92,9 +99,11 @@ impl EngineError {
             EngineError::Quant(_) => "quant",
             EngineError::QueueFull(_) => "queue_full",
             EngineError::Stopped => "stopped",
+            EngineError::ShutDown(_) => "shut_down",
             EngineError::Device(_) => "device",
             EngineError::Collective(_) => "collective",
             EngineError::RankLost { .. } => "rank_lost",
+            EngineError::BadLogits(_) => "bad_logits",
             EngineError::Internal(_) => "internal",
         }
     }

@@ -305,9 +305,12 @@ impl Executor {
 impl Drop for Executor {
     /// The leader tells the other ranks the pool is stopping (best effort: they also stop
     /// when its connections close). After a failure it only closes them: the others may be
-    /// inside a collective, where an order would read as garbage.
+    /// inside a collective, where an order would read as garbage. Dropped while the engine
+    /// thread panics, it only closes them too: the others then fail (and exit non-zero) with
+    /// the leader lost, instead of stopping as if the pool had ended well.
     fn drop(&mut self) {
-        if self.rank() == 0 && self.world() > 1 && !self.failed.get() {
+        let failed = self.failed.get() || std::thread::panicking();
+        if self.rank() == 0 && self.world() > 1 && !failed {
             let _ = self.comm.broadcast(&mut OrderRef::Stop.encode());
         }
     }

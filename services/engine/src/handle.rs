@@ -17,10 +17,12 @@
 //! In a tensor-parallel pool the loop is the leader's: while idle it tells the other ranks it
 //! is alive. If the pool loses a rank, every request in the engine fails with that error (a
 //! server fault, UNAVAILABLE upstream), the loop exits, and [`EngineHandle::lost`] resolves
-//! with the reason, so the worker can leave.
+//! with the reason, so the worker can leave. A panic on the engine thread ends it the same
+//! way: the requests' streams close (UNAVAILABLE upstream) and `lost` resolves.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +46,8 @@ enum Command {
         admitted: oneshot::Sender<Result<()>>,
     },
     Abort(SeqId),
+    /// Fails every request in the engine with this reason (a drain that ran out of time).
+    AbortAll(String),
     WatchKv(tmpsc::Sender<KvUpdate>),
 }
 
@@ -90,6 +94,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Add { id, .. } => write!(f, "Add({id})"),
             Command::Abort(id) => write!(f, "Abort({id})"),
+            Command::AbortAll(why) => write!(f, "AbortAll({why})"),
             Command::WatchKv(_) => write!(f, "WatchKv"),
         }
     }
@@ -154,10 +159,19 @@ impl EngineHandle {
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
             .spawn(move || {
-                if let Err(e) = run(engine, rx, loop_stats, max_waiting) {
-                    tracing::error!("the engine stopped: {e}");
-                    let _ = lost_tx.send(Some(e.to_string()));
-                }
+                // However the loop ends but by every handle going (a lost pool, a panic
+                // anywhere under it), `lost` says so: the worker then leaves placement and
+                // exits non-zero instead of serving on without an engine.
+                let ended = catch_unwind(AssertUnwindSafe(|| {
+                    run(engine, rx, loop_stats, max_waiting)
+                }));
+                let why = match ended {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(panic) => format!("the engine thread panicked: {}", panic_text(&*panic)),
+                };
+                tracing::error!("the engine stopped: {why}");
+                let _ = lost_tx.send(Some(why));
             })?;
         Ok((
             Self {
@@ -187,8 +201,9 @@ impl EngineHandle {
         Ok(rx)
     }
 
-    /// Resolves when the engine stopped because its pool was lost (a rank died), with why;
-    /// never while it serves.
+    /// Resolves when the engine stopped by itself, with why: its pool was lost (a rank died),
+    /// or the engine thread panicked. Never while it serves, nor when it ended because every
+    /// handle was gone.
     pub async fn lost(&self) -> String {
         let mut rx = self.lost.clone();
         match rx.wait_for(Option::is_some).await {
@@ -196,6 +211,15 @@ impl EngineHandle {
             // The thread ended without a loss (every handle gone): never resolve.
             Err(_) => std::future::pending().await,
         }
+    }
+
+    /// Fails every request queued or running now with [`EngineError::ShutDown`] (`why`) and
+    /// frees their KV blocks; the engine goes on serving new requests. A drain whose time ran
+    /// out calls it, so the worker ends when it said it would.
+    pub fn abort_all(&self, why: impl Into<String>) -> Result<()> {
+        self.tx
+            .send(Command::AbortAll(why.into()))
+            .map_err(|_| EngineError::Stopped)
     }
 
     /// Load figures as of the last step.
@@ -239,6 +263,15 @@ impl EngineHandle {
             }
         }
     }
+}
+
+/// A panic's message (its payload, when it is a string).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 type Streams = HashMap<SeqId, tmpsc::UnboundedSender<Result<TokenEvent>>>;
@@ -346,7 +379,14 @@ fn run(
             }
         }
         match engine.step() {
-            Ok(out) => deliver(&mut engine, &mut streams, out.events),
+            Ok(out) => {
+                for (id, e) in out.failed {
+                    if let Some(tx) = streams.remove(&id) {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+                deliver(&mut engine, &mut streams, out.events);
+            }
             Err(e) if e.is_fatal() => {
                 // No step can run any more: every request fails, not just this step's.
                 for (_, tx) in streams.drain() {
@@ -435,6 +475,12 @@ fn apply(
         Command::Abort(id) => {
             engine.abort(id);
             streams.remove(&id);
+        }
+        Command::AbortAll(why) => {
+            for (id, tx) in streams.drain() {
+                engine.abort(id);
+                let _ = tx.send(Err(EngineError::ShutDown(why.clone())));
+            }
         }
         Command::WatchKv(tx) => watchers.add(engine, tx),
     }

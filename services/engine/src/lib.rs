@@ -18,6 +18,7 @@
 //! - [`engine`]: the leader: request state, scheduler and sampling, on rank 0
 //!   (`schedule → plan → execute → sample`).
 //! - [`handle`]: the engine on its own thread; an async handle submits requests and streams tokens.
+//! - [`failpoints`]: faults injected on purpose (`FERRITE_FAILPOINTS`), for the fault tests.
 //! - [`registry`]: models known by name, pulled into the cache on first use.
 //! - [`eval`]: perplexity on a text (the quality check for quantized weights).
 //! - [`quantize`]: `ferrite quantize`, a safetensors checkpoint to a GPTQ-format one by RTN.
@@ -31,6 +32,7 @@ pub mod engine;
 pub mod error;
 pub mod eval;
 pub mod executor;
+pub mod failpoints;
 pub mod gpu;
 pub mod handle;
 pub mod kv_cache;

@@ -184,9 +184,21 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place). `prompt` and `output` are the
     /// request's tokens so far (for the penalties).
-    pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> SampledToken {
+    ///
+    /// A row with a NaN or an infinite logit (or none above -inf) has no distribution to draw
+    /// from: that is the model's fault (broken weights, an overflow), reported as
+    /// [`EngineError::BadLogits`] for this request alone, never a panic.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        prompt: &[u32],
+        output: &[u32],
+    ) -> Result<SampledToken> {
         let p = &self.params;
         let raw_lse = log_sum_exp(logits);
+        if !raw_lse.is_finite() {
+            return Err(EngineError::BadLogits(describe_bad_row(logits)));
+        }
         let raw_top = p.logprobs.map(|n| top_by_logit(logits, n, raw_lse));
         apply_penalties(logits, p, prompt, output);
         let id = if p.temperature == 0.0 {
@@ -196,12 +208,23 @@ impl Sampler {
         };
         // The chosen token's logprob under the raw distribution (penalties undone for it).
         let logprob = raw_logprob(id, logits, raw_lse, p, prompt, output);
-        SampledToken {
+        Ok(SampledToken {
             id,
             logprob,
             top: raw_top.unwrap_or_default(),
-        }
+        })
     }
+}
+
+/// What is wrong with a row of logits whose log-sum-exp is not finite.
+fn describe_bad_row(logits: &[f32]) -> String {
+    let nan = logits.iter().filter(|l| l.is_nan()).count();
+    let inf = logits.iter().filter(|l| **l == f32::INFINITY).count();
+    format!(
+        "the model's logits are not a distribution ({nan} NaN and {inf} infinite of {}): its \
+         weights or its arithmetic are broken",
+        logits.len()
+    )
 }
 
 /// Draws from the temperature-scaled, top-k/top-p/min-p-truncated distribution.

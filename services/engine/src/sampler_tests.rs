@@ -15,7 +15,7 @@ fn params(temperature: f32) -> SamplingParams {
 fn draws(p: SamplingParams, n: usize) -> Vec<u32> {
     let mut s = Sampler::new(p);
     (0..n)
-        .map(|_| s.sample(&mut logits(), &[], &[]).id)
+        .map(|_| s.sample(&mut logits(), &[], &[]).expect("finite").id)
         .collect()
 }
 
@@ -128,7 +128,7 @@ fn logprobs_are_raw_and_sorted() {
     });
     let raw = logits();
     let mut l = raw.clone();
-    let out = s.sample(&mut l, &[3], &[]);
+    let out = s.sample(&mut l, &[3], &[]).expect("finite");
     let lse = log_sum_exp(&raw);
     assert_eq!(out.top.len(), 3);
     assert!(out.top.windows(2).all(|w| w[0].1 >= w[1].1));
@@ -187,4 +187,30 @@ fn validation_names_the_field() {
         assert!(err.contains(field), "{err}");
     }
     assert!(params(0.7).validate().is_ok());
+}
+
+#[test]
+fn a_row_without_a_distribution_is_the_models_fault_not_a_panic() {
+    let mut rows = Vec::new();
+    let mut nan = logits();
+    nan[5] = f32::NAN;
+    rows.push(nan);
+    rows.push(vec![f32::NAN; 100]);
+    let mut inf = logits();
+    inf[9] = f32::INFINITY;
+    rows.push(inf);
+    rows.push(vec![f32::NEG_INFINITY; 100]);
+    for temperature in [0.0, 0.7, 1.0] {
+        for (i, row) in rows.iter().enumerate() {
+            let p = SamplingParams {
+                top_p: 0.9,
+                logprobs: Some(3),
+                ..params(temperature)
+            };
+            let err = Sampler::new(p)
+                .sample(&mut row.clone(), &[1], &[2])
+                .expect_err("no distribution");
+            assert_eq!(err.kind(), "bad_logits", "row {i} at {temperature}: {err}");
+        }
+    }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use common::*;
 use ferrite_collective::Collective;
-use ferrite_collective::tcp::TcpCollective;
+use ferrite_collective::tcp::{JoinLimits, PoolKey, TcpCollective};
 use ferrite_engine::EngineError;
 use ferrite_engine::engine::{Engine, EngineConfig};
 use ferrite_engine::executor::Executor;
@@ -35,6 +35,15 @@ use ferrite_engine::tp::TpRank;
 /// fp32 against fp32: only summation order differs (more so across ranks).
 const LOGIT_TOLERANCE: f32 = 1e-3;
 const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The pool every test forms (epoch 1, no secret).
+fn key(world: usize) -> PoolKey {
+    PoolKey {
+        world,
+        epoch: 1,
+        ..PoolKey::default()
+    }
+}
 
 /// Runs `body` on every rank of a pool of `world`, one thread each, and returns rank-order
 /// results. Each rank has a thread pool of its own, as a rank process does: a forward runs on
@@ -57,13 +66,13 @@ fn on_ranks<T: Send>(
         let followers: Vec<_> = (1..world)
             .map(|rank| {
                 s.spawn(move || {
-                    let c = TcpCollective::join(leader, rank, world, 1, TIMEOUT, TIMEOUT)
-                        .expect("join");
+                    let limits = JoinLimits::new(TIMEOUT, TIMEOUT);
+                    let c = TcpCollective::join(leader, rank, &key(world), limits).expect("join");
                     body(TpRank { rank, world }, Box::new(c))
                 })
             })
             .collect();
-        let c = TcpCollective::lead(listener, world, 1, TIMEOUT, TIMEOUT).expect("lead");
+        let c = TcpCollective::lead(listener, &key(world), TIMEOUT, TIMEOUT).expect("lead");
         let mut out = vec![body(TpRank { rank: 0, world }, Box::new(c))];
         out.extend(
             followers
@@ -82,9 +91,10 @@ fn load_shard(path: &Path, tp: TpRank) -> model::LoadedModel {
     model::load_with(path, options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Every rank's next-token logits of `prompt` (one prefill through its shard).
-fn prefill_on_ranks(path: &Path, world: usize, prompt: &[u32]) -> Vec<Vec<f32>> {
-    on_ranks(world, |tp, mut comm| {
+/// Rank 0's next-token logits of `prompt` (one prefill through every rank's shard), after
+/// checking that the other ranks got none: the logits are gathered to the leader only.
+fn prefill_on_ranks(path: &Path, world: usize, prompt: &[u32]) -> Vec<f32> {
+    let mut per_rank = on_ranks(world, |tp, mut comm| {
         let m = load_shard(path, tp).model;
         let c = m.config();
         let mut kv = KvCache::new(
@@ -103,7 +113,11 @@ fn prefill_on_ranks(path: &Path, world: usize, prompt: &[u32]) -> Vec<Vec<f32>> 
         };
         m.forward(&[chunk], &mut kv, comm.as_mut())
             .expect("forward")
-    })
+    });
+    for (rank, logits) in per_rank.iter().enumerate().skip(1) {
+        assert!(logits.is_empty(), "rank {rank} got {} logits", logits.len());
+    }
+    per_rank.swap_remove(0)
 }
 
 fn check_tiny(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
@@ -119,13 +133,13 @@ fn check_tiny(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
         for case in &cases {
             let prompt = ids(&case["prompt_token_ids"]);
             let want = floats(&case["first_logits"]);
-            for (rank, got) in prefill_on_ranks(&path, world, &prompt).iter().enumerate() {
-                let d = max_abs_diff(got, &want);
-                assert!(
-                    d < LOGIT_TOLERANCE,
-                    "{dir} {file:?} on {world} ranks: rank {rank}'s logits differ by {d}"
-                );
-            }
+            let got = prefill_on_ranks(&path, world, &prompt);
+            assert_eq!(got.len(), want.len());
+            let d = max_abs_diff(&got, &want);
+            assert!(
+                d < LOGIT_TOLERANCE,
+                "{dir} {file:?} on {world} ranks: the logits differ by {d}"
+            );
         }
     }
 }
@@ -164,10 +178,10 @@ fn block_fp8_splits_on_whole_blocks_only() {
     for case in clear {
         let want = floats(&case["first_logits"]);
         let prompt = ids(&case["prompt_token_ids"]);
-        for (rank, got) in prefill_on_ranks(&path, 2, &prompt).iter().enumerate() {
-            let d = max_abs_diff(got, &want);
-            assert!(d < LOGIT_TOLERANCE, "rank {rank}'s logits differ by {d}");
-        }
+        let got = prefill_on_ranks(&path, 2, &prompt);
+        assert_eq!(got.len(), want.len());
+        let d = max_abs_diff(&got, &want);
+        assert!(d < LOGIT_TOLERANCE, "the logits differ by {d}");
         checked += 1;
     }
     assert!(checked >= 2, "{checked} cases clear of ties");

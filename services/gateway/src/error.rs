@@ -43,9 +43,23 @@ impl GatewayError {
         }
     }
 
-    /// Whether another pool might succeed where this one failed (before any token was sent).
+    /// Whether another pool might succeed where this one failed (before any token was sent):
+    /// it was unavailable, or its queue was full.
     pub fn retryable(&self) -> bool {
-        matches!(self, GatewayError::Unavailable(_))
+        matches!(
+            self,
+            GatewayError::Unavailable(_) | GatewayError::ResourceExhausted(_)
+        )
+    }
+
+    /// Seconds a client should wait before trying again, when the error says so: a rate
+    /// limit's delay; a full queue, or no pool ready, soon.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            GatewayError::RateLimited { retry_after, .. } => Some(retry_after_s(*retry_after)),
+            GatewayError::ResourceExhausted(_) | GatewayError::Unavailable(_) => Some(1),
+            _ => None,
+        }
     }
 
     /// A worker's status, as the gateway reports it.
@@ -68,21 +82,21 @@ impl GatewayError {
 impl From<GatewayError> for Status {
     fn from(e: GatewayError) -> Self {
         let msg = e.to_string();
-        match e {
+        let retry_after = e.retry_after_s();
+        let mut s = match e {
             GatewayError::ModelNotFound(_) => Status::not_found(msg),
             GatewayError::InvalidArgument(_) => Status::invalid_argument(msg),
-            GatewayError::ResourceExhausted(_) => Status::resource_exhausted(msg),
-            GatewayError::RateLimited { retry_after, .. } => {
-                let mut s = Status::resource_exhausted(msg);
-                if let Ok(v) = retry_after_s(retry_after).to_string().parse() {
-                    s.metadata_mut().insert("retry-after", v);
-                }
-                s
+            GatewayError::ResourceExhausted(_) | GatewayError::RateLimited { .. } => {
+                Status::resource_exhausted(msg)
             }
             GatewayError::Unavailable(_) => Status::unavailable(msg),
             GatewayError::DeadlineExceeded => Status::deadline_exceeded(msg),
             GatewayError::Internal(_) => Status::internal(msg),
+        };
+        if let Some(v) = retry_after.and_then(|r| r.to_string().parse().ok()) {
+            s.metadata_mut().insert("retry-after", v);
         }
+        s
     }
 }
 
@@ -120,7 +134,8 @@ mod tests {
             let e = GatewayError::from_worker(&status);
             assert_eq!(e.kind(), kind, "{status:?}");
             assert_eq!(Status::from(e.clone()).code(), code, "{status:?}");
-            assert_eq!(e.retryable(), kind == "unavailable", "{status:?}");
+            let retryable = kind == "unavailable" || kind == "resource_exhausted";
+            assert_eq!(e.retryable(), retryable, "{status:?}");
         }
     }
 }

@@ -135,7 +135,7 @@ impl api::inference_server::Inference for InferenceService {
         request: Request<api::TokenizeRequest>,
     ) -> Result<Response<api::TokenizeResponse>, Status> {
         let req = request.into_inner();
-        let text = self.gateway.model_text(&req.model).await?;
+        let (text, _) = self.gateway.model_text(&req.model).await?;
         use api::tokenize_request::Input;
         let prompt = match req.input {
             Some(Input::Text(t)) => {
@@ -170,7 +170,7 @@ impl api::inference_server::Inference for InferenceService {
         request: Request<api::DetokenizeRequest>,
     ) -> Result<Response<api::DetokenizeResponse>, Status> {
         let req = request.into_inner();
-        let text = self.gateway.model_text(&req.model).await?;
+        let (text, _) = self.gateway.model_text(&req.model).await?;
         let s = text
             .tokenizer
             .decode(&req.token_ids, req.skip_special_tokens)

@@ -16,7 +16,6 @@ use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
 use crate::auth::Caller;
-use crate::error::retry_after_s;
 use crate::openai::{
     ChatRequest, CommonParams, CompletionRequest, completion_prompt, message_text,
 };
@@ -35,10 +34,22 @@ pub fn router(gateway: Gateway) -> Router {
         ));
     Router::new()
         .merge(api)
-        .route("/health", get(|| async { "ok" }))
+        .route("/health", get(health))
         .route("/metrics", get(ferrite_telemetry::metrics::metrics_handler))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(gateway)
+}
+
+/// 200 once placement has answered; 503 before (the gateway cannot route yet).
+async fn health(State(gw): State<Gateway>) -> (StatusCode, &'static str) {
+    if gw.pools().is_synced() {
+        (StatusCode::OK, "ok")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for placement (etcd) to answer",
+        )
+    }
 }
 
 /// Lets the request through if it bears one of the gateway's API keys; else a 401 in
@@ -78,7 +89,7 @@ pub struct ApiError {
     kind: &'static str,
     code: &'static str,
     param: Option<&'static str>,
-    /// Sent as `Retry-After` (seconds) with a 429.
+    /// Sent as `Retry-After` (seconds) with a 429 or a 503.
     retry_after_s: Option<u64>,
 }
 
@@ -121,12 +132,7 @@ impl From<GatewayError> for ApiError {
             GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
         let param = matches!(e, GatewayError::ModelNotFound(_)).then_some("model");
-        let retry_after_s = match &e {
-            GatewayError::RateLimited { retry_after, .. } => Some(retry_after_s(*retry_after)),
-            // A full queue: soon.
-            GatewayError::ResourceExhausted(_) => Some(1),
-            _ => None,
-        };
+        let retry_after_s = e.retry_after_s();
         Self {
             status,
             message: e.to_string(),
@@ -503,6 +509,15 @@ mod tests {
         ];
         for (e, status) in cases {
             assert_eq!(ApiError::from(e.clone()).status(), status, "{e:?}");
+        }
+        // No ready pool, or a full queue: the client is told when to try again.
+        for e in [
+            GatewayError::Unavailable("x".into()),
+            GatewayError::ResourceExhausted("x".into()),
+        ] {
+            let response = ApiError::from(e).into_response();
+            let retry = response.headers().get(axum::http::header::RETRY_AFTER);
+            assert_eq!(retry.and_then(|v| v.to_str().ok()), Some("1"));
         }
         let mut w = writer(Kind::Chat, false);
         let err = w.on_event(Err(GatewayError::Internal("boom".into())));

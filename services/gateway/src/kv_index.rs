@@ -8,13 +8,19 @@
 //! after a fault, is whole again after one message. While a pool's stream is down its blocks
 //! are out of the index: what it holds is unknown, and unknown counts as cold.
 //!
+//! Between a pool's load reports (at most every 50 ms while it is busy) this gateway's own
+//! picks of the pool count too: a burst routed in that window would otherwise all see the same
+//! stale backlog and herd onto one pool. A pick counts until a report arrived after it and it
+//! is older than [`PICK_MEMORY`] (by then the pool's reports include it); a pool that stops
+//! reporting keeps paying for every pick since its last report.
+//!
 //! A request's blocks are named as the pool names them ([`ferrite_proto::prefix`], with the
 //! seed and block size the pool's stream sent), so a lookup walks the request's hash chain once
 //! per kind of pool and counts, for each pool, the leading blocks it holds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrite_proto::prefix::{self, BlockHash};
 use ferrite_proto::worker::v1 as pb;
@@ -26,6 +32,12 @@ use tonic::transport::Channel;
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_LAST: Duration = Duration::from_secs(5);
 
+/// How long a pick may take to show in the pool's load reports (two report intervals): a
+/// report that arrives this long after a pick includes it.
+pub const PICK_MEMORY: Duration = Duration::from_millis(100);
+/// Picks remembered per pool at most (a pool that never reports again stops counting more).
+const MAX_PICKS: usize = 4096;
+
 /// What a pool's stream said of its cache.
 #[derive(Debug, Clone)]
 struct PoolCache {
@@ -34,6 +46,26 @@ struct PoolCache {
     seed: Option<BlockHash>,
     block_size: usize,
     load: pb::Load,
+    /// When the last load report arrived.
+    reported_at: Instant,
+    /// This gateway's picks of the pool (when, tokens to prefill), oldest first.
+    picks: VecDeque<(Instant, usize)>,
+}
+
+impl PoolCache {
+    /// Whether the pool's reports show a pick made at `t`: one arrived long enough after it.
+    fn shows(&self, t: Instant) -> bool {
+        self.reported_at.saturating_duration_since(t) >= PICK_MEMORY
+    }
+
+    /// Tokens of the picks the pool's reports may not show yet.
+    fn unreported_tokens(&self) -> usize {
+        self.picks
+            .iter()
+            .filter(|&&(t, _)| !self.shows(t))
+            .map(|&(_, n)| n)
+            .sum()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -69,6 +101,8 @@ pub struct PoolPrefix {
     pub block_size: usize,
     /// `None` until the pool's stream has said something.
     pub load: Option<pb::Load>,
+    /// Prompt tokens this gateway sent the pool that its load report may not show yet.
+    pub routed_tokens: usize,
 }
 
 /// The index, shared by the gateway's routing and the tasks that follow each pool. Cheap to
@@ -102,6 +136,11 @@ impl KvIndex {
                 }
             };
             let seed = BlockHash::from_bytes(&msg.hash_seed);
+            let picks = st
+                .pools
+                .get_mut(pool)
+                .map(|p| std::mem::take(&mut p.picks))
+                .unwrap_or_default();
             st.pools.insert(
                 pool.to_owned(),
                 PoolCache {
@@ -113,6 +152,8 @@ impl KvIndex {
                     },
                     seed,
                     load: msg.load.unwrap_or_default(),
+                    reported_at: Instant::now(),
+                    picks,
                 },
             );
         }
@@ -122,6 +163,7 @@ impl KvIndex {
         };
         if let Some(load) = msg.load {
             p.load = load;
+            p.reported_at = Instant::now();
         }
         let slot = p.slot;
         for h in msg.removed.iter().filter_map(|b| BlockHash::from_bytes(b)) {
@@ -138,6 +180,23 @@ impl KvIndex {
                 holders.push(slot);
             }
         }
+    }
+
+    /// This gateway just sent `pool` a request with `tokens` to prefill: they count in its
+    /// backlog until its load reports show them.
+    pub fn note_routed(&self, pool: &str, tokens: usize) {
+        let mut st = self.write();
+        let Some(p) = st.pools.get_mut(pool) else {
+            return;
+        };
+        // Shown picks are the oldest: drop them from the front.
+        while let Some(&(t, _)) = p.picks.front() {
+            if !p.shows(t) && p.picks.len() < MAX_PICKS {
+                break;
+            }
+            p.picks.pop_front();
+        }
+        p.picks.push_back((Instant::now(), tokens));
     }
 
     /// `pool`'s stream is down: its blocks leave the index until it is back.
@@ -234,6 +293,7 @@ impl KvIndex {
                     cached_tokens: 0,
                     block_size: p.block_size,
                     load: Some(p.load),
+                    routed_tokens: p.unreported_tokens(),
                 },
                 None => PoolPrefix::default(),
             })
@@ -367,6 +427,38 @@ mod tests {
             },
         );
         assert_eq!(index.blocks_of("b"), 0);
+    }
+
+    #[test]
+    fn picks_count_until_the_pools_reports_show_them() {
+        let seed = prefix::seed("m");
+        let index = KvIndex::default();
+        index.apply("a", snapshot(seed, vec![], 7));
+        index.note_routed("a", 100);
+        index.note_routed("a", 20);
+        index.note_routed("b", 5);
+        let got = index.lookup(&["a", "b"], &[1, 2, 3]);
+        assert_eq!(got[0].routed_tokens, 120);
+        assert_eq!(
+            got[1].routed_tokens, 0,
+            "b never reported: unknown, idle and cold"
+        );
+        // A report right after the picks may not show them yet: they still count ...
+        let load_only = pb::KvCacheUpdate {
+            load: Some(pb::Load::default()),
+            ..pb::KvCacheUpdate::default()
+        };
+        index.apply("a", load_only.clone());
+        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 120);
+        // ... until they are older than the memory and a report came after them.
+        std::thread::sleep(PICK_MEMORY);
+        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 120);
+        index.apply("a", load_only);
+        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 0);
+        // A pool that stops reporting keeps paying for every pick.
+        index.note_routed("a", 9);
+        std::thread::sleep(PICK_MEMORY);
+        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 9);
     }
 
     #[test]

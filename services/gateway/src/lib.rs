@@ -10,7 +10,9 @@
 //! - [`validate`]: prompt rendering/tokenization and the checks that build a
 //!   [`validate::ValidatedRequest`].
 //! - [`kv_index`]: which pools hold which KV blocks, from each pool's prefix-cache stream.
-//! - [`route`]: KV-aware or power-of-two-choices routing, retry before the first token.
+//! - [`route`]: KV-aware or power-of-two-choices routing, retry before the first token, and
+//!   the bounds on waiting for a pool ([`route::UpstreamLimits`]).
+//! - [`outlier`]: pools set aside for a while after failing calls in a row.
 //! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
 //! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
@@ -28,6 +30,7 @@ pub mod limits;
 pub mod listen;
 pub mod models;
 pub mod openai;
+pub mod outlier;
 pub mod pools;
 pub mod route;
 pub mod stream;
@@ -47,7 +50,7 @@ pub use error::GatewayError;
 use limits::Limiter;
 pub use limits::RateLimits;
 use models::{ModelText, ModelTexts};
-use pools::PoolView;
+use pools::{ChannelConfig, PoolView};
 use stream::GenerateEvent;
 use validate::Prompt;
 
@@ -61,6 +64,7 @@ pub struct Gateway {
     /// The public listeners' TLS files (none: plaintext).
     tls: Option<ferrite_tls::TlsFiles>,
     routing: route::Routing,
+    limits: route::UpstreamLimits,
     /// Sets the KV index gauges when `/metrics` is scraped (removed with the last clone).
     _index_gauges: Arc<ferrite_telemetry::metrics::ScrapeHook>,
 }
@@ -79,7 +83,17 @@ impl Gateway {
         schema: KeySchema,
         worker_tls: Option<tonic::transport::ClientTlsConfig>,
     ) -> Self {
-        let pools = PoolView::new(worker_tls);
+        let channels = ChannelConfig {
+            tls: worker_tls.map(pools::WorkerTls::Fixed),
+            ..ChannelConfig::default()
+        };
+        Self::with_channels(store, schema, channels)
+    }
+
+    /// A gateway following the pools under `schema` in `store`, calling their workers over
+    /// channels set up as `channels` says (TLS, keep-alive).
+    pub fn with_channels(store: Store, schema: KeySchema, channels: ChannelConfig) -> Self {
+        let pools = PoolView::new(channels);
         let follower = pools.clone();
         tokio::spawn(async move { follower.follow(store, schema).await });
         let index = pools.kv().clone();
@@ -95,6 +109,7 @@ impl Gateway {
             limiter: Arc::new(Limiter::default()),
             tls: None,
             routing: route::Routing::default(),
+            limits: route::UpstreamLimits::default(),
             _index_gauges: Arc::new(index_gauges),
         }
     }
@@ -107,6 +122,12 @@ impl Gateway {
 
     pub fn routing(&self) -> route::Routing {
         self.routing
+    }
+
+    /// Waits on pools at most as `limits` say (default: [`route::UpstreamLimits::default`]).
+    pub fn with_upstream_limits(mut self, limits: route::UpstreamLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Serves both public listeners with TLS from `files`.
@@ -135,13 +156,22 @@ impl Gateway {
         &self.pools
     }
 
-    /// The text side of `model`: NOT_FOUND if no ready pool serves it.
-    pub async fn model_text(&self, model: &str) -> Result<Arc<ModelText>, GatewayError> {
+    /// The text side of `model`, and the largest context of its ready pools with that text
+    /// side. No ready pool: UNAVAILABLE, or NOT_FOUND for a model never served here (see
+    /// [`PoolView::none_ready`]).
+    pub async fn model_text(&self, model: &str) -> Result<(Arc<ModelText>, usize), GatewayError> {
         let ready = self.pools.ready(model);
         if ready.is_empty() {
-            return Err(GatewayError::ModelNotFound(model.to_owned()));
+            return Err(self.pools.none_ready(model));
         }
-        self.texts.get(model, &ready).await
+        let text = self.texts.get(model, &ready).await?;
+        let context = ready
+            .iter()
+            .filter(|p| p.record.text_digest == text.digest)
+            .map(|p| p.record.max_model_len as usize)
+            .max()
+            .unwrap_or(0);
+        Ok((text, context))
     }
 
     /// Validates, routes and streams one completion. `span` is the request's span
@@ -163,22 +193,38 @@ impl Gateway {
         } = request;
         let mut trace = trace::RequestTrace::new(span.clone(), model, api, started);
         let opened = async {
+            // A caller over its request limit is refused before its prompt costs anything.
+            self.limiter.check_requests(caller, Instant::now())?;
             let validated = async {
-                let text = self.model_text(model).await?;
-                validate::validate(text, prompt, sampling)
+                let (text, context) = self.model_text(model).await?;
+                // Rendering and tokenizing a long prompt takes milliseconds: off the runtime's
+                // threads, which carry every other stream.
+                let prompt = prompt.clone();
+                tokio::task::spawn_blocking(move || {
+                    validate::validate(text, context, &prompt, sampling)
+                })
+                .await
+                .map_err(|e| GatewayError::Internal(format!("the tokenizing thread: {e}")))?
             }
             .instrument(tracing::info_span!("validate"))
             .await?;
             trace.validated(&validated);
             let tokens = validated.prompt_ids().len() + validated.sampling().max_tokens as usize;
             self.limiter.admit(caller, tokens, Instant::now())?;
-            let upstream = route::open(&self.pools, &validated, deadline, self.routing).await?;
+            let upstream =
+                route::open(&self.pools, &validated, deadline, self.routing, self.limits).await?;
             Ok((validated, upstream))
         }
         .instrument(span)
         .await;
         match opened {
-            Ok((req, upstream)) => Ok(stream::events(&req, upstream, trace, deadline)),
+            Ok((req, upstream)) => Ok(stream::events(
+                &req,
+                upstream,
+                trace,
+                deadline,
+                self.limits.idle,
+            )),
             Err(e) => {
                 trace.failed(&e);
                 Err(e)

@@ -44,13 +44,17 @@ impl Bucket {
     }
 
     /// How long until `amount` is there (zero if it is now). More than the capacity is
-    /// never there: it waits for a full bucket.
+    /// never there: it waits for a full bucket. A bucket of 0 per minute never has anything
+    /// (the CLI refuses such a limit; a library caller gets every request refused).
     fn wait_for(&self, amount: f64) -> Duration {
+        if self.capacity <= 0.0 {
+            return Duration::from_secs(60);
+        }
         let short = amount.min(self.capacity) - self.level;
         if short <= 0.0 {
             return Duration::ZERO;
         }
-        Duration::from_secs_f64(short * 60.0 / self.capacity.max(f64::MIN_POSITIVE))
+        Duration::try_from_secs_f64(short * 60.0 / self.capacity).unwrap_or(Duration::MAX)
     }
 }
 
@@ -75,6 +79,28 @@ impl Limiter {
             limits,
             callers: Mutex::default(),
         }
+    }
+
+    /// Refuses `caller` at `now` if it has no request left this minute, without taking one
+    /// (so a caller over its limit is refused before its prompt is tokenized; [`Self::admit`]
+    /// takes it).
+    pub fn check_requests(&self, caller: Caller, now: Instant) -> Result<(), GatewayError> {
+        let Some(per_min) = self.limits.requests_per_min else {
+            return Ok(());
+        };
+        let mut callers = self.callers.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(bucket) = callers.get_mut(&caller).and_then(|b| b.requests.as_mut()) else {
+            return Ok(());
+        };
+        bucket.refill(now);
+        let wait = bucket.wait_for(1.0);
+        if wait > Duration::ZERO {
+            return Err(GatewayError::RateLimited {
+                message: format!("rate limit of {per_min} requests per minute reached"),
+                retry_after: wait,
+            });
+        }
+        Ok(())
     }
 
     /// Admits one request of `tokens` (prompt + max_tokens) for `caller` at `now`, or says
@@ -173,6 +199,40 @@ mod tests {
         assert_eq!(wait.as_secs(), 60);
         l.admit(a, 5000, t0 + Duration::from_secs(60))
             .expect("a full bucket");
+    }
+
+    #[test]
+    fn a_limit_of_zero_refuses_everything_and_never_panics() {
+        let l = Limiter::new(RateLimits {
+            requests_per_min: Some(0),
+            tokens_per_min: Some(0),
+        });
+        let t0 = Instant::now();
+        for i in 0..3 {
+            let wait = retry_after(l.admit(Caller::Anonymous, 1, t0).expect_err("zero"));
+            assert_eq!(wait.as_secs(), 60, "try {i}");
+        }
+        let l = Limiter::new(RateLimits {
+            requests_per_min: None,
+            tokens_per_min: Some(0),
+        });
+        assert!(l.admit(Caller::Anonymous, 0, t0).is_err());
+    }
+
+    #[test]
+    fn an_exhausted_caller_is_refused_before_anything_is_taken() {
+        let l = Limiter::new(RateLimits {
+            requests_per_min: Some(1),
+            tokens_per_min: Some(100),
+        });
+        let (t0, a) = (Instant::now(), Caller::Key(3));
+        l.check_requests(a, t0)
+            .expect("a new caller has a full bucket");
+        l.admit(a, 10, t0).expect("first");
+        let wait = retry_after(l.check_requests(a, t0).expect_err("none left"));
+        assert_eq!(wait.as_secs(), 60);
+        l.check_requests(Caller::Key(4), t0)
+            .expect("another caller");
     }
 
     #[test]

@@ -46,12 +46,21 @@ impl axum::serve::Listener for TlsListener {
 }
 
 /// The gRPC router: health, both reflection packages, and the Inference service behind the
-/// API-key check.
+/// API-key check. `ferrite.v1.Inference` reports SERVING (what readiness probes ask) once
+/// placement has answered: before that the gateway cannot tell which models exist.
 async fn grpc_router(gateway: &Gateway) -> std::io::Result<tonic::transport::server::Router> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
-        .set_serving::<api::inference_server::InferenceServer<grpc::InferenceService>>()
+        .set_not_serving::<api::inference_server::InferenceServer<grpc::InferenceService>>()
         .await;
+    let mut synced = gateway.pools.subscribe_synced();
+    tokio::spawn(async move {
+        if synced.wait_for(|s| *s).await.is_ok() {
+            health
+                .set_serving::<api::inference_server::InferenceServer<grpc::InferenceService>>()
+                .await;
+        }
+    });
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ferrite_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);

@@ -11,12 +11,12 @@ use tokio::sync::OnceCell;
 use crate::error::GatewayError;
 use crate::pools::Pool;
 
-/// A model's tokenizer and limits.
+/// A model's tokenizer and vocabulary. (Its context length is each pool's: see
+/// [`crate::pools::PoolView::models`] and routing.)
 #[derive(Debug)]
 pub struct ModelText {
     pub name: String,
     pub tokenizer: Tokenizer,
-    pub max_model_len: usize,
     pub vocab_size: usize,
     /// Whether text prompts are encoded with the tokenizer's special tokens (BOS).
     pub add_special_tokens: bool,
@@ -48,7 +48,6 @@ impl ModelText {
         Ok(Self {
             name: info.model,
             tokenizer,
-            max_model_len: info.max_model_len as usize,
             vocab_size: info.vocab_size as usize,
             add_special_tokens: info.add_special_tokens,
             digest: Some(info.text_digest).filter(|d| !d.is_empty()),

@@ -24,13 +24,20 @@
 //!   onto one pool. Every input but the tie-break comes from the pools, so gateways agree
 //!   without talking to each other.
 //!
-//! A pool that fails before sending its first token is marked tried and the request goes to
-//! another; once a token has reached the client the request is bound to its pool.
+//! Each pool's backlog is what it last reported plus what this gateway sent it since
+//! ([`crate::kv_index`]), so a burst does not herd onto the pool that looked idle 50 ms ago.
+//!
+//! A pool that fails before sending its first token (it is unavailable, its queue is full, it
+//! sends no first token within [`UpstreamLimits::first_token`]) is marked tried and the request
+//! goes to another; once a token has reached the client the request is bound to its pool, and
+//! a pool that then falls silent for [`UpstreamLimits::idle`] fails it with UNAVAILABLE. Pools
+//! that keep failing are set aside for a while ([`crate::outlier`]); pools whose context cannot
+//! hold the request are never chosen.
 
 use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrite_proto::worker::v1 as pb;
 use futures::{Stream, StreamExt};
@@ -78,6 +85,26 @@ impl std::fmt::Display for Routing {
     }
 }
 
+/// How long the gateway waits on a pool: the bounds that keep a stalled pool from stalling
+/// its requests for ever (HTTP/2 keep-alive, [`crate::pools::ChannelConfig`], covers a pool
+/// that stops answering altogether).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamLimits {
+    /// No first token within this: the request goes to another pool, or fails UNAVAILABLE.
+    pub first_token: Duration,
+    /// No token for this long once streaming: the request fails UNAVAILABLE.
+    pub idle: Duration,
+}
+
+impl Default for UpstreamLimits {
+    fn default() -> Self {
+        Self {
+            first_token: Duration::from_secs(60),
+            idle: Duration::from_secs(30),
+        }
+    }
+}
+
 /// The worker's token stream, with the pool's outstanding count held until it is dropped.
 pub struct Upstream {
     pub first: pb::GenerateResponse,
@@ -116,6 +143,19 @@ impl Upstream {
     }
 }
 
+#[cfg(test)]
+impl Upstream {
+    /// [`Upstream::canned`], after which the worker sends nothing, never ending the stream.
+    pub(crate) fn canned_then_silent(
+        first: pb::GenerateResponse,
+        rest: Vec<Result<pb::GenerateResponse, tonic::Status>>,
+    ) -> Self {
+        let mut u = Self::canned(first, vec![]);
+        u.rest = Box::pin(futures::stream::iter(rest).chain(futures::stream::pending()));
+        u
+    }
+}
+
 impl Drop for Outstanding {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
@@ -149,7 +189,9 @@ pub fn kv_cost(pool: &PoolPrefix, prompt_len: usize) -> usize {
     let Some(load) = &pool.load else {
         return uncached;
     };
-    let backlog = usize::try_from(load.pending_tokens).unwrap_or(usize::MAX);
+    let backlog = usize::try_from(load.pending_tokens)
+        .unwrap_or(usize::MAX)
+        .saturating_add(pool.routed_tokens);
     let bs = pool.block_size.max(1);
     let need = uncached.div_ceil(bs);
     let free = load.kv_blocks_total.saturating_sub(load.kv_blocks_used) as usize;
@@ -220,82 +262,157 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
+/// The pools `req` may go to: ready pools of its model with the text side it was tokenized
+/// under and a context that holds it, not tried yet; those set aside for failing lately only
+/// when no other is left.
+fn candidates(view: &PoolView, req: &ValidatedRequest, tried: &HashSet<String>) -> Vec<Pool> {
+    let needed = req.context_needed();
+    let usable: Vec<Pool> = view
+        .ready(&req.model().name)
+        .into_iter()
+        .filter(|p| !tried.contains(&p.name))
+        .filter(|p| p.record.text_digest == req.model().digest)
+        .filter(|p| p.record.max_model_len as usize >= needed)
+        .collect();
+    let now = Instant::now();
+    let (healthy, ejected): (Vec<Pool>, Vec<Pool>) =
+        usable.into_iter().partition(|p| !p.health.is_ejected(now));
+    if healthy.is_empty() { ejected } else { healthy }
+}
+
+/// The routing policy's choice among `candidates`, with the prompt tokens it would prefill.
+fn choose(
+    view: &PoolView,
+    req: &ValidatedRequest,
+    candidates: &[Pool],
+    routing: Routing,
+) -> Option<(Pool, usize)> {
+    let prompt = req.prompt_ids();
+    let names: Vec<&str> = candidates.iter().map(|p| p.name.as_str()).collect();
+    let prefixes = view.kv().lookup(&names, prompt);
+    let (pool, why) = match routing {
+        Routing::P2c => (pick(candidates, random_seed())?.clone(), "p2c"),
+        Routing::Kv => {
+            let (p, why) = pick_kv(candidates, &prefixes, prompt.len(), random_seed())?;
+            (p, why.as_str())
+        }
+    };
+    ferrite_telemetry::metrics::route_decision(routing.as_str(), why);
+    let cached = names
+        .iter()
+        .position(|n| *n == pool.name)
+        .map_or(0, |i| prefixes[i].cached_tokens);
+    Some((pool, prompt.len().saturating_sub(cached)))
+}
+
+/// Why a call failed before its first token, for the retry metric and the pool's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    Unavailable,
+    QueueFull,
+    FirstTokenTimeout,
+}
+
+impl Failure {
+    fn as_str(self) -> &'static str {
+        match self {
+            Failure::Unavailable => "unavailable",
+            Failure::QueueFull => "queue_full",
+            Failure::FirstTokenTimeout => "first_token_timeout",
+        }
+    }
+}
+
+type FirstToken = (pb::GenerateResponse, tonic::Streaming<pb::GenerateResponse>);
+
+/// Calls `pool` and waits for the first token, at most until `deadline` (the request's) or
+/// `first_token` from now.
+async fn call(
+    pool: &Pool,
+    req: &ValidatedRequest,
+    deadline: Option<Instant>,
+    first_token: Duration,
+    span: &tracing::Span,
+) -> Result<FirstToken, (GatewayError, Option<Failure>)> {
+    let attempt = async {
+        let mut client = pool.client.clone();
+        let mut request = tonic::Request::new(req.worker_request());
+        ferrite_telemetry::propagation::inject_into_metadata(span, request.metadata_mut());
+        if let Some(d) = deadline {
+            // A margin past our own deadline: the gateway decides when time is up, so the
+            // client sees DEADLINE_EXCEEDED rather than the worker's cancellation.
+            request
+                .set_timeout(d.saturating_duration_since(Instant::now()) + WORKER_DEADLINE_MARGIN);
+        }
+        let mut stream = client
+            .generate(request)
+            .await
+            .map_err(|s| GatewayError::from_worker(&s))?
+            .into_inner();
+        match stream.next().await {
+            Some(Ok(first)) => Ok((first, stream)),
+            Some(Err(s)) => Err(GatewayError::from_worker(&s)),
+            None => Err(GatewayError::Unavailable(
+                "the worker closed the stream without a token".into(),
+            )),
+        }
+    }
+    .instrument(span.clone());
+    let patience = Instant::now() + first_token;
+    let until = deadline.map_or(patience, |d| d.min(patience));
+    let failure = |e: &GatewayError| match e {
+        GatewayError::ResourceExhausted(_) => Some(Failure::QueueFull),
+        e if e.retryable() => Some(Failure::Unavailable),
+        _ => None,
+    };
+    match tokio::time::timeout_at(until.into(), attempt).await {
+        Ok(Ok(first)) => Ok(first),
+        Ok(Err(e)) => {
+            let why = failure(&e);
+            Err((e, why))
+        }
+        Err(_) if until < patience => Err((GatewayError::DeadlineExceeded, None)),
+        Err(_) => Err((
+            GatewayError::Unavailable(format!(
+                "pool {} sent no first token within {first_token:?}",
+                pool.name
+            )),
+            Some(Failure::FirstTokenTimeout),
+        )),
+    }
+}
+
 /// Sends `req` to a ready pool of its model and waits for the first token, trying other
-/// pools while the failure is retryable.
+/// pools while the failure is one another pool may not have (see the module doc).
 pub async fn open(
     view: &PoolView,
     req: &ValidatedRequest,
     deadline: Option<Instant>,
     routing: Routing,
+    limits: UpstreamLimits,
 ) -> Result<Upstream, GatewayError> {
     let model = &req.model().name;
     let mut tried: HashSet<String> = HashSet::new();
     let mut last_err = None;
     loop {
-        // Only pools of the text side the request was tokenized under.
-        let candidates: Vec<Pool> = view
-            .ready(model)
-            .into_iter()
-            .filter(|p| !tried.contains(&p.name))
-            .filter(|p| p.record.text_digest == req.model().digest)
-            .collect();
-        let chosen = match routing {
-            Routing::P2c => pick(&candidates, random_seed()).map(|p| (p.clone(), "p2c")),
-            Routing::Kv => {
-                let names: Vec<&str> = candidates.iter().map(|p| p.name.as_str()).collect();
-                let prompt = req.prompt_ids();
-                let prefixes = view.kv().lookup(&names, prompt);
-                pick_kv(&candidates, &prefixes, prompt.len(), random_seed())
-                    .map(|(p, why)| (p, why.as_str()))
-            }
-        };
-        if let Some((_, why)) = &chosen {
-            ferrite_telemetry::metrics::route_decision(routing.as_str(), why);
-        }
-        let Some(pool) = chosen.map(|(p, _)| p) else {
+        let candidates = candidates(view, req, &tried);
+        let Some((pool, uncached)) = choose(view, req, &candidates, routing) else {
             return Err(last_err.unwrap_or_else(|| {
-                GatewayError::Unavailable(format!("no ready pool serves `{model}`"))
+                GatewayError::Unavailable(format!(
+                    "no ready pool serves `{model}` with a context of {} tokens",
+                    req.context_needed()
+                ))
             }));
         };
         tried.insert(pool.name.clone());
+        view.kv().note_routed(&pool.name, uncached);
         pool.outstanding.fetch_add(1, Ordering::Relaxed);
         let guard = Outstanding(pool.outstanding.clone());
         let span = tracing::info_span!("upstream", otel.kind = "client", ferrite.pool = %pool.name,
             server.address = %pool.record.leader_addr, otel.status_code = tracing::field::Empty);
-        let attempt = async {
-            let mut client = pool.client.clone();
-            let mut request = tonic::Request::new(req.worker_request());
-            ferrite_telemetry::propagation::inject_into_metadata(&span, request.metadata_mut());
-            if let Some(d) = deadline {
-                // A margin past our own deadline: the gateway decides when time is up, so the
-                // client sees DEADLINE_EXCEEDED rather than the worker's cancellation.
-                request.set_timeout(
-                    d.saturating_duration_since(Instant::now()) + WORKER_DEADLINE_MARGIN,
-                );
-            }
-            let mut stream = client
-                .generate(request)
-                .await
-                .map_err(|s| GatewayError::from_worker(&s))?
-                .into_inner();
-            match stream.next().await {
-                Some(Ok(first)) => Ok((first, stream)),
-                Some(Err(s)) => Err(GatewayError::from_worker(&s)),
-                None => Err(GatewayError::Unavailable(
-                    "the worker closed the stream without a token".into(),
-                )),
-            }
-        };
-        let attempt = attempt.instrument(span.clone());
-        let result = match deadline {
-            Some(d) => match tokio::time::timeout_at(d.into(), attempt).await {
-                Ok(r) => r,
-                Err(_) => return Err(GatewayError::DeadlineExceeded),
-            },
-            None => attempt.await,
-        };
-        match result {
+        match call(&pool, req, deadline, limits.first_token, &span).await {
             Ok((first, rest)) => {
+                pool.health.succeeded();
                 return Ok(Upstream {
                     first,
                     rest: Box::pin(rest),
@@ -307,12 +424,18 @@ pub async fn open(
             Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
                 return Err(GatewayError::DeadlineExceeded);
             }
-            Err(e) if e.retryable() => {
+            Err((e, Some(why))) => {
                 span.record("otel.status_code", "ERROR");
-                tracing::warn!(pool = %pool.name, "pool failed before the first token, trying another: {e}");
+                ferrite_telemetry::metrics::gateway_upstream_retry(&pool.name, why.as_str());
+                // A full queue is a busy pool, not a broken one.
+                if why != Failure::QueueFull && pool.health.failed(Instant::now()) {
+                    ferrite_telemetry::metrics::gateway_pool_ejection(&pool.name);
+                    tracing::warn!(pool = %pool.name, "pool set aside after failing calls in a row");
+                }
+                tracing::warn!(pool = %pool.name, "pool failed before the first token ({}), trying another: {e}", why.as_str());
                 last_err = Some(e);
             }
-            Err(e) => return Err(e),
+            Err((e, None)) => return Err(e),
         }
     }
 }
@@ -357,6 +480,7 @@ mod tests {
                 kv_blocks_empty: 1000 - used,
                 ..pb::Load::default()
             }),
+            routed_tokens: 0,
         }
     }
 
@@ -455,6 +579,19 @@ mod tests {
         let mostly = with_empty(prefix(800, 0, 0), 0);
         let (p, _) = pick_kv(&pools, &[mostly, roomy], 1016, 1).expect("a pool");
         assert_eq!(p.name, "a");
+    }
+
+    /// Pools that reported the same backlog: what this gateway sent since counts, so a burst
+    /// of cold requests spreads instead of following one stale report.
+    #[tokio::test]
+    async fn what_this_gateway_sent_since_a_report_counts_in_the_backlog() {
+        let pools = [pool("a", 0, None), pool("b", 0, None)];
+        let mut sent = prefix(1984, 0, 0);
+        // Both hold the prefix; a was sent 64 requests' tails since its last report.
+        sent.routed_tokens = 64 * 16;
+        let (names, reasons) = chosen(&pools, &[sent, prefix(1984, 0, 0)]);
+        assert_eq!(names, HashSet::from(["b".to_owned()]));
+        assert_eq!(reasons, HashSet::from([KvReason::Prefix]));
     }
 
     #[tokio::test]

@@ -1,6 +1,6 @@
 //! From worker token ids to client text: incremental detokenization and stop strings.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
@@ -40,19 +40,23 @@ struct State {
     completion_tokens: u32,
     trace: RequestTrace,
     deadline: Option<Instant>,
+    /// How long the pool may go without sending anything.
+    idle: Duration,
     want_logprobs: bool,
     done: bool,
 }
 
 /// The events of one request, from its upstream stream. Dropping the returned stream drops the
 /// upstream, which cancels the worker's request.
-/// Past `deadline` the stream ends with [`GatewayError::DeadlineExceeded`]. The request's span
-/// and metrics (`trace`) end with the stream.
+/// Past `deadline` the stream ends with [`GatewayError::DeadlineExceeded`]; when the pool sends
+/// nothing for `idle`, with UNAVAILABLE. The request's span and metrics (`trace`) end with the
+/// stream.
 pub fn events(
     req: &ValidatedRequest,
     upstream: Upstream,
     trace: RequestTrace,
     deadline: Option<Instant>,
+    idle: Duration,
 ) -> impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + use<> {
     let text = req.model_text();
     let state = State {
@@ -64,6 +68,7 @@ pub fn events(
         completion_tokens: 0,
         trace,
         deadline,
+        idle,
         want_logprobs: req.sampling().logprobs.is_some(),
         done: false,
     };
@@ -89,14 +94,21 @@ impl State {
         let msg = match st.pending_first.take() {
             Some(m) => Ok(m),
             None => {
-                let deadline = st.deadline;
+                let patience = Instant::now() + st.idle;
+                let until = st.deadline.map_or(patience, |d| d.min(patience));
+                let (idle, pool) = (st.idle, st.upstream.as_ref()?.pool.clone());
                 let next = st.upstream.as_mut()?.rest.next();
-                let next = match deadline {
-                    Some(d) => tokio::time::timeout_at(d.into(), next)
-                        .await
-                        .map_err(|_| GatewayError::DeadlineExceeded),
-                    None => Ok(next.await),
-                };
+                let next = tokio::time::timeout_at(until.into(), next)
+                    .await
+                    .map_err(|_| {
+                        if until < patience {
+                            GatewayError::DeadlineExceeded
+                        } else {
+                            GatewayError::Unavailable(format!(
+                                "pool {pool} sent no token for {idle:?}"
+                            ))
+                        }
+                    });
                 match next {
                     Ok(Some(Ok(m))) => Ok(m),
                     Ok(Some(Err(s))) => Err(GatewayError::from_worker(&s)),

@@ -2,7 +2,7 @@
 //! that end the stream early, the finish with its usage, and a worker that fails or vanishes
 //! mid-stream.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
@@ -36,7 +36,7 @@ async fn events_of(
         stop: stop.iter().map(|s| (*s).to_owned()).collect(),
         ..api::SamplingParams::default()
     };
-    let req = validate(word_model(), &Prompt::Text("a".into()), Some(sampling)).expect("valid");
+    let req = validate(word_model(), 16, &Prompt::Text("a".into()), Some(sampling)).expect("valid");
     let mut msgs: Vec<Result<pb::GenerateResponse, tonic::Status>> = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
         let last = i + 1 == ids.len();
@@ -59,7 +59,9 @@ async fn events_of(
         Instant::now(),
     );
     let upstream = Upstream::canned(first, msgs);
-    events(&req, upstream, trace, None).collect().await
+    events(&req, upstream, trace, None, Duration::from_secs(30))
+        .collect()
+        .await
 }
 
 fn text_of(events: &[Result<GenerateEvent, GatewayError>]) -> String {
@@ -138,4 +140,27 @@ async fn a_stream_that_ends_without_a_finish_is_unavailable() {
         Some(Err(GatewayError::Unavailable(m))) => assert!(m.contains("without a finish"), "{m}"),
         other => panic!("no error: {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_pool_silent_past_the_idle_bound_fails_the_stream_as_unavailable() {
+    let req = validate(word_model(), 16, &Prompt::Text("a".into()), None).expect("valid");
+    let trace = RequestTrace::new(
+        tracing::Span::none(),
+        "m",
+        crate::trace::Api::Grpc,
+        Instant::now(),
+    );
+    let first = token(1, pb::FinishReason::Unspecified);
+    let upstream =
+        Upstream::canned_then_silent(first, vec![Ok(token(2, pb::FinishReason::Unspecified))]);
+    let idle = Duration::from_millis(200);
+    let started = Instant::now();
+    let evs: Vec<_> = events(&req, upstream, trace, None, idle).collect().await;
+    assert_eq!(evs.len(), 3, "two deltas, then the error: {evs:?}");
+    match &evs[2] {
+        Err(GatewayError::Unavailable(m)) => assert!(m.contains("sent no token for 200ms"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() >= idle);
 }

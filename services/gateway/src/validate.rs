@@ -44,6 +44,11 @@ impl ValidatedRequest {
         &self.stop
     }
 
+    /// The context a pool needs for this request: its prompt and `max_tokens`.
+    pub fn context_needed(&self) -> usize {
+        self.prompt_ids.len() + self.sampling.max_tokens as usize
+    }
+
     pub fn worker_request(&self) -> pb::GenerateRequest {
         pb::GenerateRequest {
             prompt_token_ids: self.prompt_ids.clone(),
@@ -120,9 +125,11 @@ pub fn tokenize(
     }
 }
 
-/// Validates a request for `text`'s model.
+/// Validates a request for `text`'s model, whose pools hold at most `context` tokens (prompt
+/// plus output) per request.
 pub fn validate(
     text: Arc<ModelText>,
+    context: usize,
     prompt: &Prompt,
     sampling: Option<api::SamplingParams>,
 ) -> Result<ValidatedRequest, GatewayError> {
@@ -140,7 +147,7 @@ pub fn validate(
             text.vocab_size
         ));
     }
-    let limit = text.max_model_len;
+    let limit = context;
     if prompt_ids.len() >= limit {
         return bad(format!(
             "the prompt has {} tokens; the context length of `{}` is {limit} (prompt plus at least one new token)",

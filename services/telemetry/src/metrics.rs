@@ -66,6 +66,14 @@ pub mod names {
     /// KV blocks the gateway's index says each pool holds (from the pool's KV events; 0 while
     /// the pool's stream is down).
     pub const GATEWAY_KV_INDEX_BLOCKS: &str = "ferrite_gateway_kv_index_blocks";
+    /// Each ready pool's context length (labels `model`, `pool`): pools of one model may
+    /// differ, and a request goes only to pools whose context holds it.
+    pub const GATEWAY_POOL_MAX_MODEL_LEN: &str = "ferrite_gateway_pool_max_model_len";
+    /// Calls to a pool that failed before their first token, by `pool` and `reason`
+    /// (`unavailable`, `queue_full`, `first_token_timeout`), each retried on another pool.
+    pub const GATEWAY_UPSTREAM_RETRIES: &str = "ferrite_gateway_upstream_retries_total";
+    /// Times a pool was set aside for failing calls in a row (label `pool`).
+    pub const GATEWAY_POOL_EJECTIONS: &str = "ferrite_gateway_pool_ejections_total";
 
     // Every process.
     pub const STARTUP_PHASE: &str = "ferrite_startup_phase_seconds";
@@ -186,6 +194,18 @@ fn describe() {
     describe_gauge!(
         GATEWAY_KV_INDEX_BLOCKS,
         "Gateway: KV blocks each pool holds, as its KV events say."
+    );
+    describe_gauge!(
+        GATEWAY_POOL_MAX_MODEL_LEN,
+        "Gateway: the context length of each ready pool."
+    );
+    describe_counter!(
+        GATEWAY_UPSTREAM_RETRIES,
+        "Gateway: calls retried on another pool before their first token, by reason."
+    );
+    describe_counter!(
+        GATEWAY_POOL_EJECTIONS,
+        "Gateway: pools set aside for failing calls in a row."
     );
     describe_counter!(
         GATEWAY_REQUESTS,
@@ -309,6 +329,22 @@ pub fn route_decision(policy: &'static str, reason: &'static str) {
 /// Sets how many KV blocks the gateway's index holds for `pool`.
 pub fn gateway_kv_index_blocks(pool: &str, blocks: usize) {
     gauge!(GATEWAY_KV_INDEX_BLOCKS, "pool" => pool.to_owned()).set(blocks as f64);
+}
+
+/// Sets `pool`'s context length (0: the pool is gone or not ready).
+pub fn gateway_pool_max_model_len(model: &str, pool: &str, tokens: u32) {
+    gauge!(GATEWAY_POOL_MAX_MODEL_LEN, "model" => model.to_owned(), "pool" => pool.to_owned())
+        .set(f64::from(tokens));
+}
+
+/// Counts one call to `pool` retried on another before its first token.
+pub fn gateway_upstream_retry(pool: &str, reason: &'static str) {
+    counter!(GATEWAY_UPSTREAM_RETRIES, "pool" => pool.to_owned(), "reason" => reason).increment(1);
+}
+
+/// Counts one time `pool` was set aside.
+pub fn gateway_pool_ejection(pool: &str) {
+    counter!(GATEWAY_POOL_EJECTIONS, "pool" => pool.to_owned()).increment(1);
 }
 
 /// Records one start-up phase's duration.

@@ -3,20 +3,23 @@
 //! # Layout
 //!
 //! - [`ServerTls`]: a listener's certificate, key and (for mutual TLS) the CA its clients'
-//!   certificates must chain to. The files are checked before each handshake (a `stat` each)
-//!   and re-read when they changed, so a renewed certificate is served without a restart; a
-//!   renewal that does not load (a half-written file) keeps the last good one and says why.
+//!   certificates must chain to. The files are checked at most every [`RECHECK`] (a `stat`
+//!   each, at a handshake) and re-read when they changed, so a renewed certificate is served
+//!   without a restart; a renewal that does not load (a half-written file) keeps the last good
+//!   one, says why, and is tried again only when the files change again.
 //! - [`incoming`]: a TCP listener's connections after their handshakes, for tonic's and axum's
-//!   servers. Handshakes run on their own tasks, so one slow client holds up no other. A client
-//!   that speaks plaintext to a TLS port gets a plain `400` saying so, rather than a reset.
-//! - [`client_config`]: what a client (the gateway calling workers, anything calling etcd)
-//!   trusts and presents.
+//!   servers. Handshakes run on their own tasks, so one slow client holds up no other, at most
+//!   [`MAX_HANDSHAKES`] at a time (more wait in the listen queue). A client that speaks
+//!   plaintext to a TLS port gets a plain `400` saying so, rather than a reset.
+//! - [`client_config`], [`ClientTlsFiles`]: what a client (the gateway calling workers,
+//!   anything calling etcd) trusts and presents; the files' [`ClientTlsFiles::stamp`] tells a
+//!   long-lived client when to load them again.
 //! - `testing` (feature): certificates made on the spot for tests.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -140,11 +143,10 @@ fn server_config(files: &TlsFiles, alpn: &[&[u8]]) -> Result<rustls::ServerConfi
 }
 
 /// When each file last changed (and its length), to notice a renewal.
-type Stamp = Vec<Option<(SystemTime, u64)>>;
+pub type Stamp = Vec<Option<(SystemTime, u64)>>;
 
-fn stamp(files: &TlsFiles) -> Stamp {
-    files
-        .paths()
+fn stamp_of<'a>(paths: impl Iterator<Item = &'a Path>) -> Stamp {
+    paths
         .map(|p| {
             let m = std::fs::metadata(p).ok()?;
             Some((m.modified().ok()?, m.len()))
@@ -152,13 +154,25 @@ fn stamp(files: &TlsFiles) -> Stamp {
         .collect()
 }
 
+/// How often a listener looks at its files for a renewal (at most; at a handshake).
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// What a listener serves with now.
+#[derive(Debug)]
+struct Loaded {
+    /// The files as last looked at (loaded or not).
+    stamp: Stamp,
+    config: Arc<rustls::ServerConfig>,
+    checked: Instant,
+}
+
 /// A listener's TLS, re-read when its files change.
 #[derive(Debug)]
 pub struct ServerTls {
     files: TlsFiles,
     alpn: Vec<&'static [u8]>,
-    // A std mutex: held for a stat of each file, and a reload when they changed.
-    current: Mutex<(Stamp, Arc<rustls::ServerConfig>)>,
+    // A std mutex: held for a stat of each file now and then, and a reload when they changed.
+    current: Mutex<Loaded>,
 }
 
 /// The ALPN protocols of a gRPC listener.
@@ -169,7 +183,11 @@ pub const ALPN_HTTP: &[&[u8]] = &[b"h2", b"http/1.1"];
 impl ServerTls {
     /// Loads `files` (an error here is a start-up error) for a listener offering `alpn`.
     pub fn new(files: TlsFiles, alpn: &[&'static [u8]]) -> Result<Arc<Self>, TlsError> {
-        let loaded = (stamp(&files), Arc::new(server_config(&files, alpn)?));
+        let loaded = Loaded {
+            stamp: stamp_of(files.paths()),
+            config: Arc::new(server_config(&files, alpn)?),
+            checked: Instant::now(),
+        };
         Ok(Arc::new(Self {
             files,
             alpn: alpn.to_vec(),
@@ -177,23 +195,31 @@ impl ServerTls {
         }))
     }
 
-    /// The configuration to handshake with: re-read first if a file changed.
+    /// The configuration to handshake with: re-read first if a file changed (looked at no
+    /// more than every [`RECHECK`]).
     pub fn config(&self) -> Arc<rustls::ServerConfig> {
-        let now = stamp(&self.files);
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.0 != now {
+        if current.checked.elapsed() < RECHECK {
+            return current.config.clone();
+        }
+        current.checked = Instant::now();
+        let now = stamp_of(self.files.paths());
+        if current.stamp != now {
+            // Looked at either way: a renewal that does not load is tried again only once
+            // the files change again, not at every handshake.
+            current.stamp = now;
             match server_config(&self.files, &self.alpn) {
                 Ok(cfg) => {
                     tracing::info!(cert = %self.files.cert.display(), "TLS files changed: reloaded");
-                    *current = (now, Arc::new(cfg));
+                    current.config = Arc::new(cfg);
                 }
-                // Keep serving the last good certificate; try again at the next handshake.
+                // Keep serving the last good certificate.
                 Err(e) => tracing::warn!(
                     "TLS files changed but do not load ({e}): keeping the previous ones"
                 ),
             }
         }
-        current.1.clone()
+        current.config.clone()
     }
 }
 
@@ -203,10 +229,16 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a plaintext client gets from a TLS port.
 const PLAINTEXT_ANSWER: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 62\r\n\r\nThis port speaks TLS: connect with https:// (or gRPC with TLS)\n";
 
-/// Handshakes one connection, or answers a plaintext client and gives up.
-async fn handshake(tcp: TcpStream, tls: &ServerTls) -> std::io::Result<TlsStream<TcpStream>> {
+/// Handshakes one connection (once its client spoke, holding one of `computing`), or answers
+/// a plaintext client and gives up.
+async fn handshake(
+    tcp: TcpStream,
+    tls: &ServerTls,
+    computing: &tokio::sync::Semaphore,
+) -> std::io::Result<TlsStream<TcpStream>> {
     let mut first = [0u8; 1];
     tcp.peek(&mut first).await?;
+    let _computing = computing.acquire().await.map_err(std::io::Error::other)?;
     // Every TLS connection opens with a handshake record (content type 22).
     if first[0] != 22 {
         let mut tcp = tcp;
@@ -251,12 +283,25 @@ impl tokio_stream::Stream for TlsIncoming {
     }
 }
 
-/// Accepts on `listener` and handshakes each connection with `tls`. Failed handshakes are
-/// logged (at debug: port scanners and plaintext clients are routine) and dropped.
+/// Connections accepted and not yet through their handshake, at most, on one listener;
+/// further connections wait in the kernel's listen queue.
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+/// Handshakes computing at once, at most, on one listener (a connection holds one of these
+/// only once its client spoke: idle connections cost no CPU and hold up no one).
+pub const MAX_HANDSHAKES: usize = 64;
+
+/// Accepts on `listener` and handshakes each connection with `tls` (within the caps above).
+/// Failed handshakes are logged (at debug: port scanners and plaintext clients are routine)
+/// and dropped.
 pub fn incoming(listener: TcpListener, tls: Arc<ServerTls>) -> TlsIncoming {
     let (tx, rx) = mpsc::channel(64);
+    let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    let computing = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let accept = tokio::spawn(async move {
         loop {
+            let Ok(slot) = pending.clone().acquire_owned().await else {
+                return;
+            };
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -266,9 +311,11 @@ pub fn incoming(listener: TcpListener, tls: Arc<ServerTls>) -> TlsIncoming {
                 }
             };
             let _ = tcp.set_nodelay(true);
-            let (tx, tls) = (tx.clone(), tls.clone());
+            let (tx, tls, computing) = (tx.clone(), tls.clone(), computing.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &tls)).await {
+                let _slot = slot;
+                let shake = handshake(tcp, &tls, &computing);
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, shake).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send((stream, peer)).await;
                     }
@@ -279,6 +326,35 @@ pub fn incoming(listener: TcpListener, tls: Arc<ServerTls>) -> TlsIncoming {
         }
     });
     TlsIncoming { rx, accept }
+}
+
+/// A client's TLS files: the CA its servers' certificates must chain to, and optionally its
+/// own certificate and key (for servers that require mutual TLS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTlsFiles {
+    pub ca: PathBuf,
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl ClientTlsFiles {
+    /// The client configuration the files make now.
+    pub fn load(&self) -> Result<tonic::transport::ClientTlsConfig, TlsError> {
+        let identity = self
+            .identity
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()));
+        client_config(&self.ca, identity)
+    }
+
+    /// When the files last changed: load them again when this differs.
+    pub fn stamp(&self) -> Stamp {
+        let identity = self.identity.iter().flat_map(|(c, k)| [c, k]);
+        stamp_of(
+            std::iter::once(&self.ca)
+                .chain(identity)
+                .map(PathBuf::as_path),
+        )
+    }
 }
 
 /// A client's TLS: the CA its servers' certificates must chain to, and optionally its own

@@ -168,6 +168,7 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
 
     // A half-written renewal (a key that does not match) keeps the last good pair.
     std::fs::write(server.dir.join("server.pem"), &second.cert_pem).expect("write");
+    tokio::time::sleep(RECHECK).await;
     let (_, presented) = fetch(server.addr, Some(&ca), None).await.expect("kept");
     assert_eq!(presented, der(&first));
 
@@ -181,7 +182,39 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
             .expect("open");
         f.set_modified(later).expect("touch");
     }
+    tokio::time::sleep(RECHECK).await;
     let (_, presented) = fetch(server.addr, Some(&ca), None).await.expect("second");
     assert_eq!(presented, der(&second));
+    let _ = std::fs::remove_dir_all(&server.dir);
+}
+
+/// Clients that connect and say nothing (a slow-loris crowd, past the handshake cap) hold up
+/// no one: a real client still gets its handshake at once.
+#[tokio::test]
+async fn idle_connections_do_not_hold_up_a_handshake() {
+    let ca = TestCa::new("test CA");
+    let leaf = ca.issue("server", false);
+    let server = serve("idle", &ca, &leaf, false).await;
+    let mut idle = Vec::new();
+    for _ in 0..(MAX_HANDSHAKES * 2) {
+        idle.push(
+            tokio::net::TcpStream::connect(server.addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let started = std::time::Instant::now();
+    let (_, presented) =
+        tokio::time::timeout(Duration::from_secs(5), fetch(server.addr, Some(&ca), None))
+            .await
+            .expect("handshake within 5 s")
+            .expect("fetch");
+    assert_eq!(presented, der(&leaf));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(idle);
     let _ = std::fs::remove_dir_all(&server.dir);
 }

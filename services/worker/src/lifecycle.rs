@@ -108,13 +108,15 @@ pub fn model_info(
     Ok(info)
 }
 
-/// SHA-256 (first 16 hex digits) of `info`'s encoding without its digest: equal text sides
-/// give equal digests.
+/// SHA-256 (first 16 hex digits) of `info`'s encoding without its digest and context length:
+/// equal text sides give equal digests. (Pools of one model may hold different contexts; the
+/// gateway routes each request to the pools whose context holds it.)
 fn text_digest(info: &pb::ModelInfo) -> String {
     use prost::Message;
     use sha2::Digest;
     let bytes = pb::ModelInfo {
         text_digest: String::new(),
+        max_model_len: 0,
         ..info.clone()
     }
     .encode_to_vec();
@@ -169,7 +171,7 @@ impl RunningWorker {
         let engine_cfg = cfg.engine.clone();
         let span = tracing::Span::current();
         // Building waits for the other ranks (the KV block count is agreed): off the runtime.
-        let engine = tokio::task::spawn_blocking(move || {
+        let built = tokio::task::spawn_blocking(move || {
             span.in_scope(|| {
                 let exec = Executor::new(model, &engine_cfg, comm)?;
                 let mut engine = Engine::from_executor(exec, eos, &engine_cfg)?;
@@ -178,7 +180,18 @@ impl RunningWorker {
             })
         })
         .await
-        .map_err(|e| WorkerError::Join(e.to_string()))??;
+        .map_err(|e| WorkerError::Join(e.to_string()))
+        .and_then(|r| r.map_err(WorkerError::from));
+        let engine = match built {
+            Ok(engine) => engine,
+            Err(e) => {
+                // The pool will not serve: its record goes now, not at the end of its lease.
+                if let Some(r) = comm_record {
+                    let _ = r.deregister().await;
+                }
+                return Err(e);
+            }
+        };
         let max_model_len = engine.max_model_len();
         let info = model_info(
             &cfg.model_name,
@@ -204,9 +217,14 @@ impl RunningWorker {
         }
     }
 
-    /// After the pool was lost: deregisters at once (the keys go now, not after the TTL) and
-    /// stops serving.
+    /// After the pool was lost (or its engine failed): refuses new requests, reports
+    /// NOT_SERVING, deregisters at once (the keys go now, not after the TTL) and stops
+    /// serving.
     pub async fn abandon(mut self) {
+        self.service.start_draining();
+        self.health
+            .set_not_serving::<pb::worker_server::WorkerServer<WorkerService>>()
+            .await;
         leave(
             self.registration,
             self.comm_record.take(),
@@ -371,8 +389,10 @@ impl RunningWorker {
                 tracing::warn!(
                     running,
                     waiting,
-                    "drain timeout: stopping with requests in flight"
+                    "drain timeout: failing the requests still in flight"
                 );
+                let why = format!("its drain timeout ({:?}) passed", self.drain_timeout);
+                self.service.abort_all(&why);
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -383,7 +403,15 @@ impl RunningWorker {
             self.stop_server.take(),
         )
         .await;
-        let _ = (&mut self.server).await;
+        // The server's graceful stop waits for its open streams, which the aborts above just
+        // ended; a stream that still hangs on (a client that reads nothing) is cut.
+        if tokio::time::timeout(SERVER_STOP_GRACE, &mut self.server)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the worker API did not stop within {SERVER_STOP_GRACE:?}: cutting it");
+            self.server.abort();
+        }
         // Every handle of the engine goes with `self`; its thread then ends (within its idle
         // poll), and the executor stops the pool's other ranks as it goes.
         let thread = self.engine_thread.take();
@@ -395,6 +423,10 @@ impl RunningWorker {
         Ok(())
     }
 }
+
+/// How long a drained worker's server may take to close its streams once every request
+/// ended or was failed.
+const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Removes a worker's keys now (else they expire with the lease) and stops its server.
 async fn leave(

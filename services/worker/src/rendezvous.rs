@@ -3,10 +3,13 @@
 //! Rank 0 binds the pool's collective listener, then writes how to reach it (the epoch, the
 //! backend, the address) under `pools/{pool}/nccl` with a lease of its own, before it loads
 //! its shard; the other ranks find the record with a watch while they load theirs. Once loaded,
-//! every rank joins: rank 0 accepts the others, each of which says which epoch it joins, so a
-//! rank that read the record of a previous incarnation of the pool is refused instead of
-//! mixing two pools. Both waits are bounded by the start-up timeout, and the leader's error
-//! names the ranks that never arrived.
+//! every rank joins: rank 0 accepts the others, each of which says which epoch it joins (and
+//! proves it knows the pool's secret, when there is one), so a rank that read the record of a
+//! previous incarnation of the pool is refused instead of mixing two pools; once all are in,
+//! rank 0 welcomes them. Every wait is bounded by the start-up timeout (a rank that loaded
+//! early waits for rank 0's welcome that long), and the leader's error names the ranks that
+//! never arrived. A rank whose try failed tries the newest record again shortly, whether or
+//! not a new one was written.
 //!
 //! `ferrite serve --tp N` starts the other ranks itself and hands them the record on their
 //! command line (`--comm-join`), since its placement store lives inside its own process.
@@ -14,7 +17,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use ferrite_collective::tcp::TcpCollective;
+use ferrite_collective::tcp::{JoinLimits, PoolKey, TcpCollective};
 use ferrite_collective::{Collective, CollectiveError};
 use ferrite_placement::{CommRecord, KeySchema, Registration, Store, WatchEvent};
 
@@ -31,6 +34,9 @@ pub struct TpConfig {
     pub collective_timeout: Duration,
     /// The leader's record, when the launcher handed it over (`--comm-join`): no watch.
     pub join: Option<CommRecord>,
+    /// The secret every rank of the pool shares (empty: none; the epoch alone keeps stale
+    /// ranks out).
+    pub secret: Vec<u8>,
 }
 
 impl TpConfig {
@@ -43,9 +49,15 @@ impl TpConfig {
             start_timeout: Duration::from_secs(300),
             collective_timeout: Duration::from_secs(30),
             join: None,
+            secret: Vec::new(),
         }
     }
 }
+
+/// How long a rank waits between tries of a record that failed (a newer one is taken at once).
+const RETRY_WAIT: Duration = Duration::from_millis(500);
+/// How long one try to connect to rank 0 lasts, so a stale record does not hold up a newer one.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Why a pool did not form.
 #[derive(Debug, thiserror::Error)]
@@ -131,28 +143,52 @@ impl CommLeader {
         tp: &TpConfig,
     ) -> Result<(Box<dyn Collective>, Option<Registration>), RendezvousError> {
         let span = comm_init_span(tp, &self.record);
-        let (start, io) = (tp.start_timeout, tp.collective_timeout);
+        let (start, io, secret) = (tp.start_timeout, tp.collective_timeout, tp.secret.clone());
         let registration = self.registration.take();
-        let comm = blocking(span, move || self.accept_now(start, io)).await?;
-        Ok((comm, registration))
+        let accepted = blocking(span, move || self.accept_now(start, io, secret)).await;
+        match accepted {
+            Ok(comm) => Ok((comm, registration)),
+            Err(e) => {
+                // The record names a pool that will not form: remove it now, not at the end of
+                // its lease, so no rank tries it again.
+                if let Some(r) = registration {
+                    let _ = r.deregister().await;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// [`Self::accept`] on this thread (blocking), for callers outside an async runtime:
-    /// waits at most `start` for the ranks; each collective then waits at most `io`.
+    /// waits at most `start` for the ranks (who must know `secret`, if not empty); each
+    /// collective then waits at most `io`.
     pub fn accept_now(
         self,
         start: Duration,
         io: Duration,
+        secret: Vec<u8>,
     ) -> Result<Box<dyn Collective>, CollectiveError> {
-        let (world, epoch) = (self.record.world as usize, self.record.epoch);
-        let comm = TcpCollective::lead(self.listener, world, epoch, start, io)?;
+        let key = PoolKey {
+            world: self.record.world as usize,
+            epoch: self.record.epoch,
+            secret,
+        };
+        let comm = TcpCollective::lead(self.listener, &key, start, io)?;
         Ok(Box::new(comm))
+    }
+
+    /// Removes the published record now (rank 0 failed before the pool formed).
+    pub async fn withdraw(mut self) {
+        if let Some(r) = self.registration.take() {
+            let _ = r.deregister().await;
+        }
     }
 }
 
 /// A follower joins the pool (the `comm_init` phase): finds rank 0's record (given, or
-/// watched for under `pools/{pool}/nccl`) and connects, trying again with each new record
-/// until the start-up timeout.
+/// watched for under `pools/{pool}/nccl`) and connects, then waits for rank 0's welcome. After
+/// a failed try it tries the newest record again (a newer one at once, the same one after
+/// [`RETRY_WAIT`]), until the start-up timeout.
 pub async fn join(
     store: Option<&Store>,
     schema: &KeySchema,
@@ -165,24 +201,28 @@ pub async fn join(
     let mut record = tp.join.clone();
     let mut last = String::new();
     loop {
-        if record.is_none()
-            && let Some(w) = watch.as_mut()
-        {
+        if let Some(w) = watch.as_mut() {
+            // None known yet: wait for one. After a failed try: a little, for a newer one.
             let left = deadline.saturating_duration_since(Instant::now());
-            record = match tokio::time::timeout(left, w.recv()).await {
-                Ok(Some(event)) => record_in(event, &key),
-                Ok(None) | Err(_) => None,
+            let wait = if record.is_none() {
+                left
+            } else {
+                RETRY_WAIT.min(left)
             };
+            if let Ok(Some(event)) = tokio::time::timeout(wait, w.recv()).await
+                && let Some(r) = record_in(event, &key)
+            {
+                record = Some(r);
+            }
         }
-        if let Some(r) = record.take() {
+        if let Some(r) = &record {
             if r.world != tp.world {
                 last = format!(
                     "; rank 0 forms a pool of {} ranks, this rank was started with --tp {}",
                     r.world, tp.world
                 );
             } else {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match connect(&r, tp, left.min(Duration::from_secs(5))).await {
+                match connect(r, tp, deadline).await {
                     Ok(comm) => return Ok(comm),
                     Err(e) => last = format!("; last try, at {}: {e}", r.address),
                 }
@@ -199,8 +239,8 @@ pub async fn join(
         }
         if watch.is_none() {
             // A record handed over on the command line: try it again shortly.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            record = tp.join.clone();
+            tokio::time::sleep(RETRY_WAIT.min(deadline.saturating_duration_since(Instant::now())))
+                .await;
         }
     }
 }
@@ -215,10 +255,11 @@ fn record_in(event: WatchEvent, key: &str) -> Option<CommRecord> {
     ferrite_placement::keys::decode(key, &value).ok()
 }
 
+/// Connects to rank 0 as `r` says and waits for its welcome, at most until `deadline`.
 async fn connect(
     r: &CommRecord,
     tp: &TpConfig,
-    within: Duration,
+    deadline: Instant,
 ) -> Result<Box<dyn Collective>, RendezvousError> {
     let addr = tokio::net::lookup_host(&r.address)
         .await
@@ -230,17 +271,20 @@ async fn connect(
                 r.address
             )))
         })?;
-    let (rank, world, epoch, io) = (
-        tp.rank as usize,
-        tp.world as usize,
-        r.epoch,
-        tp.collective_timeout,
-    );
+    let rank = tp.rank as usize;
+    let key = PoolKey {
+        world: tp.world as usize,
+        epoch: r.epoch,
+        secret: tp.secret.clone(),
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let limits = JoinLimits {
+        connect: left.min(CONNECT_PATIENCE),
+        welcome: left,
+        collective: tp.collective_timeout,
+    };
     let span = comm_init_span(tp, r);
-    let comm = blocking(span, move || {
-        TcpCollective::join(addr, rank, world, epoch, within, io)
-    })
-    .await?;
+    let comm = blocking(span, move || TcpCollective::join(addr, rank, &key, limits)).await?;
     Ok(Box::new(comm))
 }
 

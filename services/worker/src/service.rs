@@ -36,9 +36,11 @@ pub fn status_of(e: &EngineError) -> Status {
         | EngineError::DuplicateRequest(_) => Status::invalid_argument(msg),
         EngineError::QueueFull(_) => Status::resource_exhausted(msg),
         // The pool cannot serve now; another may (the gateway retries before the first token).
-        EngineError::Stopped | EngineError::Device(_) | EngineError::RankLost { .. } => {
-            Status::unavailable(msg)
-        }
+        EngineError::Stopped
+        | EngineError::ShutDown(_)
+        | EngineError::Device(_)
+        | EngineError::RankLost { .. }
+        | EngineError::BadLogits(_) => Status::unavailable(msg),
         _ => Status::internal(msg),
     }
 }
@@ -104,6 +106,16 @@ impl WorkerService {
         self.draining.store(true, Ordering::SeqCst);
         // A draining pool takes no new requests: gateways need not know its cache any more.
         self.closing.send_replace(true);
+    }
+
+    /// Fails every request in flight (UNAVAILABLE: the worker shut down before it finished),
+    /// for a drain whose time ran out. The synthetic backend's streams end by themselves.
+    pub fn abort_all(&self, why: &str) {
+        if let Backend::Engine(e) = &self.backend
+            && let Err(err) = e.abort_all(why)
+        {
+            tracing::warn!("could not abort the requests in flight: {err}");
+        }
     }
 
     /// Whether [`Self::start_draining`] was called.
@@ -448,6 +460,7 @@ mod tests {
             (EngineError::DoesNotFit("x".into()), Code::InvalidArgument),
             (EngineError::QueueFull(8), Code::ResourceExhausted),
             (EngineError::Stopped, Code::Unavailable),
+            (EngineError::BadLogits("NaN".into()), Code::Unavailable),
             (
                 EngineError::Device("x".into()).for_failed_step(),
                 Code::Unavailable,

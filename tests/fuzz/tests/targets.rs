@@ -249,7 +249,7 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
                 return;
             };
             if let Ok(prompt) = Prompt::from_proto(req.prompt) {
-                let _ = validate(model.clone(), &prompt, req.sampling);
+                let _ = validate(model.clone(), 16, &prompt, req.sampling);
             }
         },
     );

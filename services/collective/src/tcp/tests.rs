@@ -9,6 +9,18 @@ use super::*;
 const TIMEOUT: Duration = Duration::from_secs(5);
 const EPOCH: u64 = 7;
 
+fn key(world: usize) -> PoolKey {
+    PoolKey {
+        world,
+        epoch: EPOCH,
+        secret: Vec::new(),
+    }
+}
+
+fn limits(collective: Duration) -> JoinLimits {
+    JoinLimits::new(TIMEOUT, collective)
+}
+
 /// Runs `body` on every rank of a pool of `world` and returns rank order results.
 fn pool<T: Send + 'static>(
     world: usize,
@@ -21,11 +33,11 @@ fn pool<T: Send + 'static>(
         let body = body.clone();
         handles.push(thread::spawn(move || {
             let mut c =
-                TcpCollective::join(leader, rank, world, EPOCH, TIMEOUT, TIMEOUT).expect("join");
+                TcpCollective::join(leader, rank, &key(world), limits(TIMEOUT)).expect("join");
             body(&mut c)
         }));
     }
-    let mut c = TcpCollective::lead(listener, world, EPOCH, TIMEOUT, TIMEOUT).expect("lead");
+    let mut c = TcpCollective::lead(listener, &key(world), TIMEOUT, TIMEOUT).expect("lead");
     let mut out = vec![body(&mut c)];
     out.extend(handles.into_iter().map(|h| h.join().expect("rank thread")));
     out
@@ -85,14 +97,14 @@ fn a_rank_that_leaves_fails_the_all_reduce_naming_it() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let leader = listener.local_addr().expect("addr");
     let good = thread::spawn(move || {
-        let mut c = TcpCollective::join(leader, 1, 3, EPOCH, TIMEOUT, TIMEOUT).expect("join");
+        let mut c = TcpCollective::join(leader, 1, &key(3), limits(TIMEOUT)).expect("join");
         let _ = c.all_reduce_sum(&mut [1.0; 8]);
     });
     let gone = thread::spawn(move || {
         // Joins, then goes away before the first collective (a killed process).
-        drop(TcpCollective::join(leader, 2, 3, EPOCH, TIMEOUT, TIMEOUT).expect("join"));
+        drop(TcpCollective::join(leader, 2, &key(3), limits(TIMEOUT)).expect("join"));
     });
-    let mut c = TcpCollective::lead(listener, 3, EPOCH, TIMEOUT, TIMEOUT).expect("lead");
+    let mut c = TcpCollective::lead(listener, &key(3), TIMEOUT, TIMEOUT).expect("lead");
     gone.join().expect("thread");
     let started = Instant::now();
     let err = c.all_reduce_sum(&mut [1.0; 8]).expect_err("rank 2 is gone");
@@ -109,11 +121,11 @@ fn a_stalled_rank_times_out_naming_it() {
     let leader = listener.local_addr().expect("addr");
     let short = Duration::from_millis(300);
     let stalled = thread::spawn(move || {
-        let c = TcpCollective::join(leader, 1, 2, EPOCH, TIMEOUT, short).expect("join");
+        let c = TcpCollective::join(leader, 1, &key(2), limits(short)).expect("join");
         thread::sleep(Duration::from_secs(2));
         drop(c);
     });
-    let mut c = TcpCollective::lead(listener, 2, EPOCH, TIMEOUT, short).expect("lead");
+    let mut c = TcpCollective::lead(listener, &key(2), TIMEOUT, short).expect("lead");
     let err = c.all_reduce_sum(&mut [1.0; 4]).expect_err("stalled");
     assert!(
         matches!(err, CollectiveError::Timeout { rank: 1, .. }),
@@ -126,37 +138,103 @@ fn a_stalled_rank_times_out_naming_it() {
 fn a_pool_missing_ranks_says_which() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let leader = listener.local_addr().expect("addr");
-    let one = thread::spawn(move || {
-        TcpCollective::join(leader, 1, 3, EPOCH, TIMEOUT, TIMEOUT).map(|_| ())
-    });
-    let err = TcpCollective::lead(listener, 3, EPOCH, Duration::from_millis(500), TIMEOUT)
+    let one =
+        thread::spawn(move || TcpCollective::join(leader, 1, &key(3), limits(TIMEOUT)).map(|_| ()));
+    let err = TcpCollective::lead(listener, &key(3), Duration::from_millis(500), TIMEOUT)
         .expect_err("rank 2 never came");
     assert!(err.to_string().contains("[2]"), "{err}");
     let _ = one.join();
 }
 
 #[test]
-fn a_rank_of_another_epoch_is_refused_and_the_pool_still_forms() {
+fn ranks_of_another_epoch_or_without_the_secret_are_refused_and_the_pool_still_forms() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let leader = listener.local_addr().expect("addr");
-    // A rank of an earlier incarnation of the pool, then the right one.
-    let stale = thread::spawn(move || {
-        let mut c = TcpCollective::join(leader, 1, 2, EPOCH + 1, TIMEOUT, TIMEOUT).expect("join");
-        c.all_reduce_sum(&mut [1.0])
-            .expect_err("refused: its link is closed")
-    });
-    let stale_err = stale.join().expect("thread");
-    assert!(stale_err.rank() == Some(0), "{stale_err}");
+    let pool = PoolKey {
+        secret: b"s3cret".to_vec(),
+        ..key(2)
+    };
+    let strays = [
+        // A rank of an earlier incarnation of the pool.
+        PoolKey {
+            epoch: EPOCH + 1,
+            ..pool.clone()
+        },
+        // A stray that does not know the secret.
+        key(2),
+        PoolKey {
+            secret: b"guess".to_vec(),
+            ..pool.clone()
+        },
+    ];
+    let strays: Vec<_> = strays
+        .into_iter()
+        .map(|k| thread::spawn(move || TcpCollective::join(leader, 1, &k, limits(TIMEOUT))))
+        .collect();
+    // Refusals take a moment each: let the strays connect first.
+    thread::sleep(Duration::from_millis(200));
+    let member = pool.clone();
     let good = thread::spawn(move || {
-        let mut c = TcpCollective::join(leader, 1, 2, EPOCH, TIMEOUT, TIMEOUT).expect("join");
+        let mut c = TcpCollective::join(leader, 1, &member, limits(TIMEOUT)).expect("join");
         let mut buf = [2.0];
         c.all_reduce_sum(&mut buf).expect("all-reduce");
         buf[0]
     });
-    let mut c = TcpCollective::lead(listener, 2, EPOCH, TIMEOUT, TIMEOUT).expect("lead");
+    let mut c = TcpCollective::lead(listener, &pool, TIMEOUT, TIMEOUT).expect("lead");
     let mut buf = [1.0];
     c.all_reduce_sum(&mut buf).expect("all-reduce");
     assert_eq!((buf[0], good.join().expect("thread")), (3.0, 3.0));
+    for stray in strays {
+        let err = stray.join().expect("thread").expect_err("refused");
+        assert!(err.to_string().contains("refused rank 1"), "{err}");
+    }
+}
+
+/// Rank 0 accepts only once its own shard is loaded: a rank that joined long before waits for
+/// the welcome (within the start-up timeout), not just the collective timeout, and the pool
+/// forms.
+#[test]
+fn a_rank_waits_for_a_late_leaders_welcome_past_the_collective_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let leader = listener.local_addr().expect("addr");
+    let short = Duration::from_millis(200);
+    let early = thread::spawn(move || {
+        let mut c = TcpCollective::join(leader, 1, &key(2), limits(short)).expect("welcomed");
+        let mut buf = [2.0];
+        c.all_reduce_sum(&mut buf).map(|()| buf[0])
+    });
+    // The leader is still loading: ten collective timeouts pass before it accepts.
+    thread::sleep(short * 10);
+    let mut c = TcpCollective::lead(listener, &key(2), TIMEOUT, short).expect("lead");
+    let mut buf = [1.0];
+    c.all_reduce_sum(&mut buf).expect("all-reduce");
+    assert_eq!(early.join().expect("thread").expect("all-reduce"), 3.0);
+    // A leader that never comes: the joining rank gives up at its welcome limit, saying why.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let at = silent.local_addr().expect("addr");
+    let patience = JoinLimits {
+        welcome: short,
+        ..limits(short)
+    };
+    let err = TcpCollective::join(at, 1, &key(2), patience).expect_err("no welcome");
+    assert!(err.to_string().contains("did not welcome"), "{err}");
+}
+
+#[test]
+fn gather_fills_rank_0_only() {
+    let results = pool(3, |c| {
+        let mut out = if c.rank() == 0 {
+            vec![0.0; 3 * 4]
+        } else {
+            Vec::new()
+        };
+        c.gather(&values(c.rank(), 4), &mut out).expect("gather");
+        c.barrier().expect("barrier");
+        out
+    });
+    let want: Vec<f32> = (0..3).flat_map(|r| values(r, 4)).collect();
+    assert_eq!(results[0], want);
+    assert!(results[1].is_empty() && results[2].is_empty());
 }
 
 #[test]

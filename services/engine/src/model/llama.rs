@@ -570,9 +570,10 @@ impl LlamaModel {
 }
 
 impl LlamaModel {
-    /// The LM head's logits of the `n` rows of `x`, as rows of the whole vocabulary: each rank
-    /// computes its part of the vocabulary and the parts are all-gathered (padded to equal
-    /// lengths when the vocabulary does not divide).
+    /// The LM head's logits of the `n` rows of `x`, as rows of the whole vocabulary, on rank
+    /// 0 (the leader, which samples): each rank computes its part of the vocabulary and the
+    /// parts are gathered there (padded to equal lengths when the vocabulary does not
+    /// divide). The other ranks get no logits: they would only throw them away.
     fn lm_head_logits(&self, x: &[f32], n: usize, comm: &mut dyn Collective) -> Result<Vec<f32>> {
         let vocab = self.cfg.vocab_size;
         let mine = self.lm_head.rows;
@@ -589,8 +590,12 @@ impl LlamaModel {
         for (dst, src) in padded.chunks_exact_mut(each).zip(local.chunks_exact(mine)) {
             dst[..mine].copy_from_slice(src);
         }
+        if self.tp.rank != 0 {
+            comm.gather(&padded, &mut [])?;
+            return Ok(Vec::new());
+        }
         let mut all = vec![0f32; world * n * each];
-        comm.all_gather(&padded, &mut all)?;
+        comm.gather(&padded, &mut all)?;
         let mut logits = vec![0f32; n * vocab];
         for (rank, theirs) in all.chunks_exact(n * each).enumerate() {
             let part = TpRank { rank, world }.vocab_part(vocab);
