@@ -85,6 +85,8 @@ impl WorkerOptions {
             args.extend(["--served-model-name".into(), MODEL.into()]);
         }
         args.extend(["--lease-ttl-s".into(), self.lease_ttl_s.to_string()]);
+        // The exact arithmetic: answers compare with `ferrite generate`'s whatever the batch.
+        args.extend(["--cpu-activations".into(), "f32".into()]);
         args.extend(["--kv-cache-mib".into(), self.kv_cache_mib.to_string()]);
         let optional = [
             ("--max-num-seqs", self.max_num_seqs),

@@ -39,6 +39,10 @@ async fn run(extra: &[&str], max_tokens: u32) -> Result<Reference> {
         "--json",
         "--kv-cache-mib",
         "400",
+        // The exact arithmetic, as the cluster's workers run it: a sequence decoded alone
+        // and one in a batch agree only there.
+        "--cpu-activations",
+        "f32",
     ]
     .map(String::from)
     .into();

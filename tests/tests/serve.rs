@@ -112,3 +112,86 @@ async fn serve_answers_grpc_and_openai_without_etcd_and_drains_on_sigterm() -> R
     );
     Ok(())
 }
+
+/// The README's `curl`, word for word: `ferrite serve` with its defaults samples the default
+/// model as the registry recommends (temperature 0.2, top-p 0.5), which names Paris, where
+/// temperature 1 wandered off to Gabon and North America; a request's own temperature still
+/// wins, drawing exactly what `ferrite generate` draws at that temperature and seed (and the
+/// model's top-p, which the request left unset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_curl_names_paris_and_a_requests_own_temperature_wins() -> Result<()> {
+    let _turn = serial().await;
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--kv-cache-mib",
+        "400",
+    ]
+    .map(String::from);
+    let mut serve = Proc::spawn("serve", &ferrite_bin()?, &args)?;
+    let lines = serve.wait_ready(WORKER_READY_TIMEOUT).await?;
+    let http_addr = addr_after(&lines, "HTTP")?;
+    // First, with nothing in the prefix cache: the same steps as `ferrite generate`'s.
+    let question = "What is the capital of France?";
+    let own = json!({"model": "smollm2-135m", "messages": [{"role": "user", "content": question}],
+        "temperature": 1, "seed": 11, "max_tokens": 24});
+    let r = http::post_json(http_addr, "/v1/chat/completions", &own).await?;
+    let served = r.json()?["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    // The request sets the temperature only: top-p is still the model's (0.5).
+    let reference = [
+        "generate",
+        "--chat",
+        "--prompt",
+        question,
+        "--temperature",
+        "1",
+        "--top-p",
+        "0.5",
+        "--seed",
+        "11",
+        "--max-tokens",
+        "24",
+        "--json",
+    ]
+    .map(String::from);
+    let out = Proc::output(
+        "generate",
+        &ferrite_bin()?,
+        &reference,
+        WORKER_READY_TIMEOUT,
+    )
+    .await?;
+    let want: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(
+        served,
+        want["text"].as_str().unwrap_or_default(),
+        "temperature 1 as asked"
+    );
+    let readme = json!({"model": "smollm2-135m", "messages": [{"role": "user", "content": "What is the capital of France?"}]});
+    let mut paris = 0;
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        let r = http::post_json(http_addr, "/v1/chat/completions", &readme).await?;
+        assert_eq!(r.status, 200, "{r:?}");
+        let text = r.json()?["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        paris += usize::from(text.contains("Paris"));
+        answers.push(text);
+    }
+    assert!(paris >= 9, "{paris} of 10 name Paris: {answers:#?}");
+    let models = http::get(http_addr, "/v1/models").await?.json()?;
+    let defaults = &models["data"][0]["sampling_defaults"];
+    assert_eq!(defaults["temperature"], json!(0.2f32), "{models}");
+    assert_eq!(defaults["top_p"], json!(0.5f32), "{models}");
+
+    serve.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}

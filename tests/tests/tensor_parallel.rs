@@ -490,6 +490,8 @@ async fn serve_with_three_ranks_answers_like_one() -> Result<()> {
         "127.0.0.1:0",
         "--kv-cache-mib",
         "200",
+        "--cpu-activations",
+        "f32",
     ]
     .map(String::from);
     let mut serve = Proc::spawn("serve --tp 3", &ferrite_bin()?, &args)?;

@@ -245,6 +245,14 @@ impl Default for MatmulOptions {
 }
 
 impl MatmulOptions {
+    /// These options with exact (f32) activations for GGUF block weights, whatever the steps.
+    pub fn exact(self) -> Self {
+        Self {
+            ggml_activations: GgmlActivations::F32,
+            ..self
+        }
+    }
+
     /// [`matmul`] with these options.
     ///
     /// # Panics

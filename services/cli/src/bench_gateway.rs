@@ -85,6 +85,7 @@ async fn bench(args: GatewayBenchArgs) -> Result<()> {
         node: "bench".into(),
         metrics_listen: None,
         tls: None,
+        sampling_defaults: None,
     };
     let worker =
         RunningWorker::start_synthetic(args.tokens_per_s, cfg, store.clone(), schema.clone())

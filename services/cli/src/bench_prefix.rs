@@ -365,6 +365,7 @@ async fn start_pools(args: &PrefixBenchArgs, kind: RunKind, store: &Store) -> Re
             node: "bench".into(),
             metrics_listen: None,
             tls: None,
+            sampling_defaults: None,
         };
         let worker = RunningWorker::start(
             model,

@@ -18,7 +18,7 @@ use ferrite_telemetry::Telemetry;
 use ferrite_telemetry::phases;
 use tracing::Instrument;
 
-use crate::loading::ModelArgs;
+use crate::loading::{GenerationConfig, ModelArgs};
 use crate::security_args::{AccessArgs, EtcdTlsArgs, ListenTlsArgs, UpstreamArgs, WorkerTlsArgs};
 use crate::serve_ranks::{RankLaunch, RankProcesses};
 
@@ -85,6 +85,16 @@ pub struct WorkerArgs {
     lease_ttl_s: u64,
     #[arg(long, default_value_t = 30, env = "FERRITE_DRAIN_TIMEOUT_S")]
     drain_timeout_s: u64,
+    /// What requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset
+    /// are sampled with: `auto`, the model's recommendation (generation_config.json, GGUF
+    /// metadata, or a known model's card), or `none` (temperature 1, no truncation).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "FERRITE_GENERATION_CONFIG"
+    )]
+    generation_config: GenerationConfig,
     /// Where to serve Prometheus `/metrics` (port 0 = any free port, printed at start).
     #[arg(long, default_value = "127.0.0.1:0", env = "FERRITE_METRICS_LISTEN")]
     metrics_listen: SocketAddr,
@@ -262,6 +272,15 @@ pub struct ServeArgs {
     max_waiting: usize,
     #[arg(long, default_value_t = 30, env = "FERRITE_DRAIN_TIMEOUT_S")]
     drain_timeout_s: u64,
+    /// Sampling defaults for requests that leave them unset: `auto` (the model's
+    /// recommendation) or `none`, as `ferrite worker --generation-config`.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "FERRITE_GENERATION_CONFIG"
+    )]
+    generation_config: GenerationConfig,
     #[command(flatten)]
     placement: PlacementArgs,
     #[command(flatten)]
@@ -294,6 +313,7 @@ impl ServeArgs {
             max_waiting: self.max_waiting,
             lease_ttl_s: 5,
             drain_timeout_s: self.drain_timeout_s,
+            generation_config: self.generation_config,
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             placement: self.placement.clone(),
             tls: ListenTlsArgs::default(),
@@ -396,19 +416,21 @@ async fn start_worker(
     let tp = args.tp_config()?;
     let shard = TpRank::new(tp.rank as usize, tp.world as usize)?;
     let model_args = args.model.clone();
+    let generation_config = args.generation_config;
     let span = tracing::Span::current();
     // Loading (and opening a GPU, which may compile kernels) blocks: off the runtime.
     let loaded = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
             let (model, tokenizer) = model_args.load_shard_for_engine(shard)?;
             let engine = model_args.engine_config(&model)?;
-            anyhow::Ok((model, tokenizer, engine))
+            let defaults = model_args.sampling_defaults(generation_config)?;
+            anyhow::Ok((model, tokenizer, engine, defaults))
         })
     })
     .await
     .context("model loading thread")
     .and_then(|r| r);
-    let (model, tokenizer, engine) = match loaded {
+    let (model, tokenizer, engine, sampling_defaults) = match loaded {
         Ok(l) => l,
         Err(e) => {
             // Rank 0 published where to join a pool that will not form: take it back now.
@@ -431,6 +453,7 @@ async fn start_worker(
         node: hostname(),
         metrics_listen,
         tls: args.tls.files(),
+        sampling_defaults,
     };
     if tp.rank > 0 {
         let comm = rendezvous::join(store.as_ref(), &schema, &args.pool, &tp).await?;

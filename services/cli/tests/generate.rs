@@ -45,6 +45,10 @@ fn greedy_json_matches_the_reference() {
         "0",
         "--ignore-eos",
         "--json",
+        // transformers' arithmetic: the exact path (int8 activations, the default, may flip
+        // a near tie).
+        "--cpu-activations",
+        "f32",
     ]));
     assert_eq!(ids(&out["prompt_token_ids"]), ids(&c["prompt_token_ids"]));
     assert_eq!(ids(&out["token_ids"]), ids(&c["greedy_token_ids"])[..16]);
@@ -70,6 +74,8 @@ fn chat_applies_the_template() {
         "--max-tokens",
         "8",
         "--json",
+        "--cpu-activations",
+        "f32",
     ]));
     assert_eq!(out["rendered_prompt"], c["rendered"]);
     assert_eq!(ids(&out["prompt_token_ids"]), ids(&c["prompt_token_ids"]));
@@ -221,5 +227,39 @@ fn device_cuda_is_refused_clearly_and_cpu_runs() {
             "--json",
         ]);
         json_of(&out);
+    }
+}
+
+/// int8 activations are the CPU default for GGUF block weights (llama.cpp's arithmetic):
+/// the logprobs of a one-token step differ from the exact path's, slightly.
+#[test]
+fn int8_activations_are_the_default_and_f32_the_exact_choice() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "4",
+            "--logprobs",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = json_of(&ferrite(&args));
+        out["logprobs"]
+            .as_array()
+            .expect("logprobs")
+            .iter()
+            .map(|t| t["logprob"].as_f64().expect("logprob"))
+            .collect::<Vec<f64>>()
+    };
+    let default = run(&[]);
+    let int8 = run(&["--cpu-activations", "int8"]);
+    let exact = run(&["--cpu-activations", "f32"]);
+    assert_eq!(default, int8);
+    assert_ne!(default, exact);
+    for (a, b) in default.iter().zip(&exact) {
+        assert!((a - b).abs() < 0.1, "{default:?} vs {exact:?}");
     }
 }

@@ -20,6 +20,8 @@
 //! - [`handle`]: the engine on its own thread; an async handle submits requests and streams tokens.
 //! - [`failpoints`]: faults injected on purpose (`FERRITE_FAILPOINTS`), for the fault tests.
 //! - [`registry`]: models known by name, pulled into the cache on first use.
+//! - [`recommended`]: a model's recommended sampling (generation_config.json, GGUF metadata,
+//!   the registry), for requests that leave a parameter unset.
 //! - [`eval`]: perplexity on a text (the quality check for quantized weights).
 //! - [`quantize`]: `ferrite quantize`, a safetensors checkpoint to a GPTQ-format one by RTN.
 //!
@@ -39,6 +41,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod plan;
 pub mod quantize;
+pub mod recommended;
 pub mod registry;
 pub mod sampler;
 pub mod scheduler;

@@ -182,17 +182,16 @@ impl api::inference_server::Inference for InferenceService {
         &self,
         _: Request<api::ListModelsRequest>,
     ) -> Result<Response<api::ListModelsResponse>, Status> {
-        let models = self
-            .gateway
-            .pools()
-            .models()
-            .into_iter()
-            .map(|(name, max_model_len, ready_pools)| api::Model {
+        let mut models = Vec::new();
+        for (name, max_model_len, ready_pools) in self.gateway.pools().models() {
+            let sampling_defaults = self.gateway.sampling_defaults(&name).await;
+            models.push(api::Model {
                 name,
                 max_model_len,
                 ready_pools,
-            })
-            .collect();
+                sampling_defaults,
+            });
+        }
         Ok(Response::new(api::ListModelsResponse { models }))
     }
 }

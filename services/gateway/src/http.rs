@@ -188,13 +188,37 @@ fn finish_str(r: api::FinishReason) -> &'static str {
 
 async fn list_models(State(gw): State<Gateway>) -> Json<Value> {
     let created = unix_now();
-    let data: Vec<Value> = gw
-        .pools()
-        .models()
-        .into_iter()
-        .map(|(name, max_len, _)| json!({ "id": name, "object": "model", "created": created, "owned_by": "ferrite", "max_model_len": max_len }))
-        .collect();
+    let mut data = Vec::new();
+    for (name, max_len, _) in gw.pools().models() {
+        let defaults = gw.sampling_defaults(&name).await.map(|d| defaults_json(&d));
+        data.push(
+            json!({ "id": name, "object": "model", "created": created, "owned_by": "ferrite",
+            "max_model_len": max_len, "sampling_defaults": defaults }),
+        );
+    }
     Json(json!({ "object": "list", "data": data }))
+}
+
+/// A model's sampling defaults as `/v1/models` shows them: the fields it recommends, and
+/// where they come from.
+fn defaults_json(d: &api::SamplingDefaults) -> Value {
+    let mut out = serde_json::Map::new();
+    let fields = [
+        ("temperature", d.temperature),
+        ("top_p", d.top_p),
+        ("min_p", d.min_p),
+        ("repetition_penalty", d.repetition_penalty),
+    ];
+    for (k, v) in fields {
+        if let Some(v) = v {
+            out.insert(k.into(), json!(v));
+        }
+    }
+    if let Some(k) = d.top_k {
+        out.insert("top_k".into(), json!(k));
+    }
+    out.insert("source".into(), json!(d.source));
+    Value::Object(out)
 }
 
 #[derive(Clone, Copy)]

@@ -174,6 +174,13 @@ impl Gateway {
         Ok((text, context))
     }
 
+    /// What `model`'s requests that leave a sampling field unset get (`None`: its text side
+    /// could not be fetched now).
+    pub async fn sampling_defaults(&self, model: &str) -> Option<api::SamplingDefaults> {
+        let (text, _) = self.model_text(model).await.ok()?;
+        Some(text.sampling_defaults.clone())
+    }
+
     /// Validates, routes and streams one completion. `span` is the request's span
     /// ([`trace::request_span`], parented to the client's context); it ends with the stream.
     pub async fn generate(

@@ -23,6 +23,8 @@ pub struct ModelText {
     /// The pool's digest of this text side (`None` from workers that send none): requests
     /// tokenized here go only to pools advertising the same.
     pub digest: Option<String>,
+    /// What requests that leave a sampling field unset get (the model's recommendation).
+    pub sampling_defaults: ferrite_proto::v1::SamplingDefaults,
 }
 
 impl ModelText {
@@ -51,6 +53,7 @@ impl ModelText {
             vocab_size: info.vocab_size as usize,
             add_special_tokens: info.add_special_tokens,
             digest: Some(info.text_digest).filter(|d| !d.is_empty()),
+            sampling_defaults: info.sampling_defaults.unwrap_or_default(),
         })
     }
 }
@@ -143,6 +146,11 @@ pub(crate) mod testing {
     use super::*;
 
     pub fn word_model() -> Arc<ModelText> {
+        word_model_with(ferrite_proto::v1::SamplingDefaults::default())
+    }
+
+    /// [`word_model`] whose pools recommend `defaults`.
+    pub fn word_model_with(defaults: ferrite_proto::v1::SamplingDefaults) -> Arc<ModelText> {
         let tokenizer = serde_json::json!({
             "version": "1.0",
             "added_tokens": [],
@@ -162,6 +170,7 @@ pub(crate) mod testing {
             vocab_size: 8,
             max_model_len: 16,
             text_digest: "d1".into(),
+            sampling_defaults: Some(defaults),
             ..pb::ModelInfo::default()
         };
         Arc::new(ModelText::from_info(info).expect("model text"))

@@ -172,14 +172,16 @@ pub fn validate(
             "stop: at most {MAX_STOP_STRINGS} non-empty strings"
         ));
     }
+    // A field the request leaves unset: the model's recommendation, else the neutral value.
+    let d = &text.sampling_defaults;
     let sampling = pb::SamplingParams {
         max_tokens,
-        temperature: s.temperature.unwrap_or(1.0),
-        top_k: s.top_k.unwrap_or(0),
-        top_p: s.top_p.unwrap_or(1.0),
-        min_p: s.min_p.unwrap_or(0.0),
+        temperature: s.temperature.or(d.temperature).unwrap_or(1.0),
+        top_k: s.top_k.or(d.top_k).unwrap_or(0),
+        top_p: s.top_p.or(d.top_p).unwrap_or(1.0),
+        min_p: s.min_p.or(d.min_p).unwrap_or(0.0),
         seed: s.seed,
-        repetition_penalty: s.repetition_penalty.unwrap_or(1.0),
+        repetition_penalty: s.repetition_penalty.or(d.repetition_penalty).unwrap_or(1.0),
         presence_penalty: s.presence_penalty.unwrap_or(0.0),
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
         stop_token_ids: s.stop_token_ids,

@@ -90,3 +90,35 @@ fn every_sampling_range_is_checked_here() {
         assert!(m.starts_with(field), "{field}: {m}");
     }
 }
+
+#[test]
+fn unset_fields_take_the_models_recommendation_and_set_ones_win() {
+    let text = crate::models::testing::word_model_with(api::SamplingDefaults {
+        temperature: Some(0.2),
+        top_p: Some(0.9),
+        repetition_penalty: Some(1.1),
+        ..api::SamplingDefaults::default()
+    });
+    let unset = validate(text.clone(), CONTEXT, &Prompt::TokenIds(vec![1]), None).expect("ok");
+    let s = unset.sampling();
+    assert_eq!(
+        (
+            s.temperature,
+            s.top_p,
+            s.top_k,
+            s.min_p,
+            s.repetition_penalty
+        ),
+        (0.2, 0.9, 0, 0.0, 1.1)
+    );
+    let own = sampling(|s| {
+        s.temperature = Some(1.0);
+        s.top_p = Some(1.0);
+    });
+    let set = validate(text, CONTEXT, &Prompt::TokenIds(vec![1]), own).expect("ok");
+    let s = set.sampling();
+    assert_eq!(
+        (s.temperature, s.top_p, s.repetition_penalty),
+        (1.0, 1.0, 1.1)
+    );
+}

@@ -49,6 +49,9 @@ pub struct WorkerConfig {
     /// TLS for the worker API (with `client_ca`: only callers with a certificate of that CA,
     /// the gateways); its address is then `https://`.
     pub tls: Option<ferrite_tls::TlsFiles>,
+    /// The model's recommended sampling, which gateways apply to requests that leave a field
+    /// unset (`None`: the API's neutral defaults).
+    pub sampling_defaults: Option<ferrite_proto::v1::SamplingDefaults>,
 }
 
 /// Why a worker could not start.
@@ -82,17 +85,19 @@ pub enum WorkerError {
     Join(String),
 }
 
-/// The `GetModelInfo` answer: what a gateway needs to own text for this model.
+/// The `GetModelInfo` answer: what a gateway needs to own text for this model (`cfg` names it
+/// and says its recommended sampling).
 pub fn model_info(
-    name: &str,
+    cfg: &WorkerConfig,
     tokenizer: Option<&Tokenizer>,
     vocab_size: usize,
     max_model_len: usize,
 ) -> Result<pb::ModelInfo, ferrite_text::TextError> {
     let mut info = pb::ModelInfo {
-        model: name.to_owned(),
+        model: cfg.model_name.clone(),
         vocab_size: u32::try_from(vocab_size).unwrap_or(u32::MAX),
         max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
+        sampling_defaults: cfg.sampling_defaults.clone(),
         ..pb::ModelInfo::default()
     };
     if let Some(t) = tokenizer {
@@ -193,12 +198,7 @@ impl RunningWorker {
             }
         };
         let max_model_len = engine.max_model_len();
-        let info = model_info(
-            &cfg.model_name,
-            tokenizer.as_ref(),
-            vocab_size,
-            max_model_len,
-        )?;
+        let info = model_info(&cfg, tokenizer.as_ref(), vocab_size, max_model_len)?;
         let (handle, thread) =
             EngineHandle::spawn(engine, cfg.max_waiting).map_err(WorkerError::Thread)?;
         let service = WorkerService::new(Backend::Engine(handle), info);
@@ -243,7 +243,7 @@ impl RunningWorker {
         let synthetic = SyntheticEngine::new(tokens_per_s);
         let tokenizer = SyntheticEngine::tokenizer()?;
         let max_model_len = synthetic.max_model_len();
-        let info = model_info(&cfg.model_name, Some(&tokenizer), 256, max_model_len)?;
+        let info = model_info(&cfg, Some(&tokenizer), 256, max_model_len)?;
         let service = WorkerService::new(Backend::Synthetic(synthetic), info);
         Self::serve(service, max_model_len, cfg, store, schema).await
     }

@@ -574,12 +574,19 @@ impl LlamaModel {
     /// 0 (the leader, which samples): each rank computes its part of the vocabulary and the
     /// parts are gathered there (padded to equal lengths when the vocabulary does not
     /// divide). The other ranks get no logits: they would only throw them away.
+    ///
+    /// The head always takes exact activations, even where the layers round theirs to int8
+    /// (`--cpu-activations int8`): its logits are what a request samples from, and rounding
+    /// its input flips near ties. The default model's first word after "What is the capital
+    /// of France?" is one (0.08 apart): rounded, it turns from "The" to "L'" and the answer
+    /// wanders off, as llama.cpp's does on the same file. Measured no slower on this CPU.
     fn lm_head_logits(&self, x: &[f32], n: usize, comm: &mut dyn Collective) -> Result<Vec<f32>> {
         let vocab = self.cfg.vocab_size;
         let mine = self.lm_head.rows;
         let mut local = vec![0f32; n * mine];
         if n > 0 {
-            self.matmul.one(x, n, self.lm_head.view(), &mut local);
+            let exact = self.matmul.exact();
+            exact.one(x, n, self.lm_head.view(), &mut local);
         }
         // `n` is the same on every rank (one plan), so all skip the gather together.
         if self.tp.is_solo() || n == 0 {
