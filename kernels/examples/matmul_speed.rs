@@ -1,7 +1,7 @@
 //! Times `matmul` on the default model's shapes.
 //!
 //! ```text
-//! cargo run -p ferrite-kernels --release --example matmul_speed [-- --scalar] [-- --quick]
+//! cargo run -p ferrite-kernels --release --example matmul_speed [-- --scalar|--avx2] [-- --quick]
 //! ```
 //!
 //! For each (type, n, k, m) it reports time per call, GFLOP/s (`2·m·n·k / t`) and GB/s of
@@ -100,6 +100,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let isa = if args.iter().any(|a| a == "--scalar") {
         Isa::Scalar
+    } else if args.iter().any(|a| a == "--avx2") {
+        Isa::Avx2
     } else {
         Isa::best()
     };

@@ -98,7 +98,7 @@ fn vec_dot_matches_fixture_values() {
         let x: Vec<f32> = (0..c.values.len()).map(|_| rng.normal()).collect();
         let (want, mag) = ref_dot(&c.values, &x);
         let (buf, range) = misaligned(&c.bytes);
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::best()] {
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
             let got = vec_dot_with(isa, c.ty, &buf[range.clone()], &x).expect("dot");
             check(got, want, mag, &format!("vec_dot {isa} {}", c.ty));
         }
@@ -214,7 +214,7 @@ fn check_matmul(x: &[f32], m: usize, w: &WeightView<'_>, out: &[f32], what: &str
 #[test]
 fn matmul_matches_dequantize_then_dot() {
     let mut rng = Rng(42);
-    let isas = [Isa::Scalar, Isa::Avx2];
+    let isas = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
     for ty in GgmlType::ALL {
         let be = ty.block_elems();
         let ks: Vec<usize> = if be == 1 {
@@ -298,7 +298,7 @@ fn matmul_many_matches_separate() {
     let ws: Vec<Weight<'_>> = views.iter().map(Weight::from).collect();
     for m in [1, 3, 8] {
         let x: Vec<f32> = (0..m * k).map(|_| rng.normal()).collect();
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::best()] {
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
             let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows()]).collect();
             let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
             if isa == Isa::best() {

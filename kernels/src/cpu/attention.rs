@@ -89,6 +89,24 @@ pub fn paged_attention(
     assert!(opts.sliding_window != Some(0), "attention: empty window");
     let group = n_heads / kv.kv_heads;
     #[cfg(target_arch = "x86_64")]
+    if let Some(w) = crate::quant::Avx512::detect().filter(|_| matches!(hd, 64 | 128)) {
+        // One task per token and KV head: its query heads (contiguous in q and out) read each
+        // key and value row once, together.
+        out.par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (i, o)| {
+                let (t, kv_head) = (i / kv.kv_heads, i % kv.kv_heads);
+                let at = t * row + kv_head * group * hd;
+                let heads = x86::Heads {
+                    q: &q[at..at + group * hd],
+                    tok: &tokens[t],
+                    kv_head,
+                };
+                x86::attend_heads(w, &heads, kv, opts, scores, o);
+            });
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     let avx2 = crate::quant::Avx2::detect();
     out.par_chunks_mut(hd)
         .enumerate()
@@ -219,7 +237,7 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{AttentionOptions, Head, Lanes, PagedKv, attend};
+    use super::{AttentionOptions, Head, Lanes, PagedKv, QueryToken, attend};
     use crate::quant::Avx2;
 
     pub(super) struct Fma;
@@ -286,6 +304,152 @@ mod x86 {
         attend::<Fma>(head, kv, opts, scores, o);
     }
 
+    /// The query heads of one token that read one KV head (contiguous: `q` is `heads × hd`).
+    pub(super) struct Heads<'a> {
+        pub(super) q: &'a [f32],
+        pub(super) tok: &'a QueryToken<'a>,
+        pub(super) kv_head: usize,
+    }
+
+    /// [`attend`] for every query head of `heads`, of 64 or 128 dims, on AVX-512: up to 4
+    /// (64 dims) or 2 (128) heads at a time read each key and value row once, and their
+    /// queries and weighted sums of values stay in registers across every position (the AVX2
+    /// version reloads the output row at each position, for one head).
+    pub(super) fn attend_heads(
+        _proof: crate::quant::Avx512,
+        heads: &Heads<'_>,
+        kv: &PagedKv<'_>,
+        opts: AttentionOptions,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
+        let hd = kv.head_dim;
+        let per = if hd == 64 { 4 } else { 2 };
+        let n = heads.q.len() / hd;
+        let mut h = 0;
+        while h < n {
+            let g = per.min(n - h);
+            let q = &heads.q[h * hd..(h + g) * hd];
+            let o = &mut o[h * hd..(h + g) * hd];
+            // SAFETY: an `Avx512` exists only where detection found AVX-512F (and AVX2/FMA);
+            // the caller took this path for heads of 64 or 128 dims only, which N matches,
+            // and q and o hold g heads of them.
+            unsafe {
+                match (hd, g) {
+                    (64, 4) => wide::<4, 4>(q, heads, kv, opts, scores, o),
+                    (64, 3) => wide::<4, 3>(q, heads, kv, opts, scores, o),
+                    (64, 2) => wide::<4, 2>(q, heads, kv, opts, scores, o),
+                    (64, _) => wide::<4, 1>(q, heads, kv, opts, scores, o),
+                    (_, 2) => wide::<8, 2>(q, heads, kv, opts, scores, o),
+                    _ => wide::<8, 1>(q, heads, kv, opts, scores, o),
+                }
+            }
+            h += g;
+        }
+    }
+
+    /// The offsets of KV head `kv_head`'s rows at `start..end` of a sequence, in order, to
+    /// `f`: one table lookup per block.
+    #[inline(always)]
+    fn rows(
+        kv: &PagedKv<'_>,
+        table: &[u32],
+        kv_head: usize,
+        start: usize,
+        end: usize,
+        mut f: impl FnMut(usize),
+    ) {
+        let (bs, stride) = (kv.block_size, kv.kv_heads * kv.head_dim);
+        let mut pos = start;
+        while pos < end {
+            let (block, slot) = (table[pos / bs] as usize, pos % bs);
+            let n = (bs - slot).min(end - pos);
+            let base = (block * bs + slot) * stride + kv_head * kv.head_dim;
+            for r in 0..n {
+                f(base + r * stride);
+            }
+            pos += n;
+        }
+    }
+
+    /// `G` query heads of `16·N` dims (`q`, `o`: `G × 16N`) against one KV head.
+    ///
+    /// # Safety
+    /// AVX-512F available; `kv.head_dim == 16 * N`; `q` and `o` hold `G` heads.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[allow(clippy::needless_range_loop)] // index loops read clearest over register arrays
+    unsafe fn wide<const N: usize, const G: usize>(
+        q: &[f32],
+        heads: &Heads<'_>,
+        kv: &PagedKv<'_>,
+        opts: AttentionOptions,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
+        let hd = 16 * N;
+        assert!(kv.head_dim == hd && q.len() == G * hd && o.len() == G * hd);
+        let end = heads.tok.pos + 1;
+        let start = opts.sliding_window.map_or(0, |w| end.saturating_sub(w));
+        let len = end - start;
+        let table = heads.tok.block_table;
+        // SAFETY: q holds G·16N f32s (asserted).
+        let qv: [[__m512; N]; G] = std::array::from_fn(|g| {
+            std::array::from_fn(|j| unsafe { _mm512_loadu_ps(q.as_ptr().add(g * hd + 16 * j)) })
+        });
+        scores.clear();
+        scores.resize(G * len, 0.0);
+        let mut p = 0;
+        rows(kv, table, heads.kv_head, start, end, |off| {
+            // SAFETY: the row at `off` holds hd = 16N f32s of the cache.
+            let k: [__m512; N] = std::array::from_fn(|j| unsafe {
+                _mm512_loadu_ps(kv.k[off..off + hd].as_ptr().add(16 * j))
+            });
+            for g in 0..G {
+                let mut acc = _mm512_mul_ps(qv[g][0], k[0]);
+                for j in 1..N {
+                    acc = _mm512_fmadd_ps(qv[g][j], k[j], acc);
+                }
+                let s = _mm512_reduce_add_ps(acc) * opts.scale;
+                scores[g * len + p] = opts
+                    .soft_cap
+                    .map_or(s, |cap| super::super::norm::soft_cap(s, cap));
+            }
+            p += 1;
+        });
+        let mut inv = [0f32; G];
+        for g in 0..G {
+            let s = &mut scores[g * len..(g + 1) * len];
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for x in s.iter_mut() {
+                *x = (*x - max).exp();
+                sum += *x;
+            }
+            inv[g] = 1.0 / sum;
+        }
+        let mut acc = [[_mm512_setzero_ps(); N]; G];
+        let mut p = 0;
+        rows(kv, table, heads.kv_head, start, end, |off| {
+            // SAFETY: as for the keys.
+            let v: [__m512; N] = std::array::from_fn(|j| unsafe {
+                _mm512_loadu_ps(kv.v[off..off + hd].as_ptr().add(16 * j))
+            });
+            for g in 0..G {
+                let w = _mm512_set1_ps(scores[g * len + p] * inv[g]);
+                for j in 0..N {
+                    acc[g][j] = _mm512_fmadd_ps(w, v[j], acc[g][j]);
+                }
+            }
+            p += 1;
+        });
+        for g in 0..G {
+            for j in 0..N {
+                // SAFETY: o holds G·16N f32s (asserted).
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(g * hd + 16 * j), acc[g][j]) };
+            }
+        }
+    }
+
     impl Avx2 {
         /// [`attend`] on AVX2 + FMA, which this token proves the CPU has.
         pub(super) fn attend(
@@ -317,11 +481,18 @@ mod tests {
     }
 
     /// Runs paged attention over `LEN` tokens whose K/V sit in scattered blocks, and checks it
-    /// against dense attention over the positions each token may see.
+    /// against dense attention over the positions each token may see, at several head sizes.
     fn check_against_dense(opts: AttentionOptions) {
+        // 8 runs the generic lanes; 64 and 128 the AVX-512 kernels where the CPU has them.
+        for hd in [HD, 64, 128] {
+            check_against_dense_hd(opts, hd);
+        }
+    }
+
+    fn check_against_dense_hd(opts: AttentionOptions, hd: usize) {
         let num_blocks = 6;
         let blocks: Vec<u32> = vec![4, 1, 5]; // 11 positions need 3 blocks
-        let mut k = vec![0f32; num_blocks * BS * KV_HEADS * HD];
+        let mut k = vec![0f32; num_blocks * BS * KV_HEADS * hd];
         let mut v = k.clone();
         // Offsets depend only on the layout, so an empty-data view computes them.
         let layout = PagedKv {
@@ -329,19 +500,19 @@ mod tests {
             v: &[],
             block_size: BS,
             kv_heads: KV_HEADS,
-            head_dim: HD,
+            head_dim: hd,
         };
         for p in 0..LEN {
             for h in 0..KV_HEADS {
                 let off = layout.offset(&blocks, p, h);
-                for d in 0..HD {
+                for d in 0..hd {
                     k[off + d] = val(p, h, d, 0.37);
                     v[off + d] = val(p, h, d, 0.11);
                 }
             }
         }
         // Large enough that scores reach a few units, where a soft cap of 1-2 bends them.
-        let q: Vec<f32> = (0..LEN * N_HEADS * HD)
+        let q: Vec<f32> = (0..LEN * N_HEADS * hd)
             .map(|i| 3.0 * (i as f32 * 0.05).cos())
             .collect();
         let toks: Vec<QueryToken<'_>> = (0..LEN)
@@ -356,17 +527,17 @@ mod tests {
             v: &v,
             block_size: BS,
             kv_heads: KV_HEADS,
-            head_dim: HD,
+            head_dim: hd,
         };
         paged_attention(&q, &toks, N_HEADS, &cache, opts, &mut out);
         for t in 0..LEN {
             let lo = opts.sliding_window.map_or(0, |w| (t + 1).saturating_sub(w));
             for h in 0..N_HEADS {
                 let kvh = h / (N_HEADS / KV_HEADS);
-                let qh = &q[(t * N_HEADS + h) * HD..][..HD];
+                let qh = &q[(t * N_HEADS + h) * hd..][..hd];
                 let s: Vec<f32> = (lo..=t)
                     .map(|p| {
-                        let raw = (0..HD).map(|d| qh[d] * val(p, kvh, d, 0.37)).sum::<f32>();
+                        let raw = (0..hd).map(|d| qh[d] * val(p, kvh, d, 0.37)).sum::<f32>();
                         let scaled = raw * opts.scale;
                         opts.soft_cap.map_or(scaled, |c| c * (scaled / c).tanh())
                     })
@@ -374,9 +545,9 @@ mod tests {
                 let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
                 let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f32 = e.iter().sum();
-                for d in 0..HD {
+                for d in 0..hd {
                     let want: f32 = (lo..=t).map(|p| e[p - lo] / z * val(p, kvh, d, 0.11)).sum();
-                    let got = out[(t * N_HEADS + h) * HD + d];
+                    let got = out[(t * N_HEADS + h) * hd + d];
                     assert!(
                         (want - got).abs() < 1e-5,
                         "{opts:?} t{t} h{h} d{d}: {want} vs {got}"

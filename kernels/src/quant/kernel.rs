@@ -14,34 +14,51 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C intrinsics.
     Avx2,
+    /// AVX2, with AVX-512 (F/BW/VL/DQ/VNNI) for the kernels that have it: the f32 tile of
+    /// multi-row products and the int8-activation dots of Q4_0, Q4_1 and Q8_0.
+    Avx512,
 }
 
 impl Isa {
     /// The fastest implementation this CPU supports (detected once, then cached).
     pub fn best() -> Self {
-        if Self::Avx2.is_available() {
-            Self::Avx2
-        } else {
-            Self::Scalar
-        }
+        [Self::Avx512, Self::Avx2]
+            .into_iter()
+            .find(|i| i.is_available())
+            .unwrap_or(Self::Scalar)
     }
 
     /// Whether this CPU can run `self`. Requesting an unavailable one falls back to scalar.
     pub fn is_available(self) -> bool {
+        self.simd().is_some() || self == Self::Scalar
+    }
+
+    /// Whether `self` runs the AVX2 kernels (and is available).
+    pub fn has_avx2(self) -> bool {
+        self.simd().is_some()
+    }
+
+    /// The AVX2 token of `self` (carrying AVX-512 for [`Isa::Avx512`]), if available.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn simd(self) -> Option<Avx2> {
         match self {
-            Self::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => Avx2::detect().is_some(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Self::Avx2 => false,
+            Self::Scalar => None,
+            Self::Avx2 => Avx2::detect(),
+            Self::Avx512 => Avx2::with_avx512(),
         }
     }
 
-    /// A short lowercase name (`"scalar"`, `"avx2"`).
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(crate) fn simd(self) -> Option<()> {
+        None
+    }
+
+    /// A short lowercase name (`"scalar"`, `"avx2"`, `"avx512"`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Scalar => "scalar",
             Self::Avx2 => "avx2",
+            Self::Avx512 => "avx512",
         }
     }
 }
@@ -71,13 +88,10 @@ pub(crate) struct RowKernel {
 impl RowKernel {
     /// A kernel for rows of `k` elements of `ty`, using `isa` if available (else scalar).
     pub(crate) fn new(isa: Isa, ty: GgmlType, k: usize) -> Self {
-        let imp = match isa {
-            Isa::Scalar => Imp::Scalar,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Avx2::detect().map_or(Imp::Scalar, Imp::Avx2),
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 => Imp::Scalar,
-        };
+        #[cfg(target_arch = "x86_64")]
+        let imp = isa.simd().map_or(Imp::Scalar, Imp::Avx2);
+        #[cfg(not(target_arch = "x86_64"))]
+        let imp = Imp::Scalar;
         Self { ty, k, imp }
     }
 

@@ -6,7 +6,8 @@
 //! with `from_le_bytes` or unaligned SIMD loads.
 //!
 //! Two implementations exist for every type: a portable scalar one ([`Isa::Scalar`]) and, on
-//! x86-64 CPUs with AVX2 + FMA + F16C, an intrinsics one ([`Isa::Avx2`]). [`Isa::best`] picks
+//! x86-64 CPUs with AVX2 + FMA + F16C, an intrinsics one ([`Isa::Avx2`]); on CPUs with
+//! AVX-512, [`Isa::Avx512`] runs the hottest of them wider (`avx512.rs`). [`Isa::best`] picks
 //! the fastest available (detected once, then cached).
 
 use std::fmt;
@@ -15,12 +16,17 @@ use std::str::FromStr;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx512;
 mod kernel;
 pub(crate) mod q8;
 pub(crate) mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::{Avx2, dot_i8_i8, hsum as hsum256};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::Avx512;
 pub(crate) use kernel::RowKernel;
 pub use kernel::{Isa, vec_dot, vec_dot_with};
 pub use q8::GgmlActivations;

@@ -5,8 +5,8 @@
 //! A block of 32 activations becomes `d = max|x| / 127` and `q = round(x / d)` in −127..=127;
 //! a group of 32 weights `w = dw·qw + m` then gives `Σ w·x ≈ dw·d·Σ qw·q + m·d·Σ q`, whose inner
 //! sum is exact in integers. The only error is the activations' rounding (relative ~0.4% per
-//! element, mostly cancelling in the sum), which is why it is opt-in: the default f32 path keeps
-//! the golden tests' agreement with transformers.
+//! element, mostly cancelling in the sum): the library's default is the f32 path, which keeps
+//! the golden tests' agreement with transformers; `ferrite`'s CPU default is int8.
 
 use super::{GgmlType, Isa, scalar};
 
@@ -85,8 +85,8 @@ impl Q8Row {
 /// If `ty` is a float type or `rows` is not `out.len()` rows of `x.blocks()` groups of 32.
 pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx2, Some(avx2)) = (isa, super::Avx2::detect()) {
-        return avx2.q8_rows(ty, rows, x, out);
+    if let Some(simd) = isa.simd() {
+        return simd.q8_rows(ty, rows, x, out);
     }
     let rb = ty.row_bytes(32 * x.blocks()).expect("whole blocks");
     assert_eq!(rows.len(), rb * out.len(), "weight bytes");

@@ -21,7 +21,7 @@ impl I8Matrix {
             self.rows
         );
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 && isa.is_available() {
+        if isa.has_avx2() {
             if std::arch::is_x86_feature_detected!("avxvnni") {
                 // SAFETY: the CPU has AVX2 and AVX-VNNI (checked); sizes checked above.
                 unsafe { super::avx2::rows_vnni(self, r0, n, x, outs) };

@@ -30,7 +30,7 @@ impl WqMatrix {
             self.rows
         );
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx2 && isa.is_available() {
+        if isa.has_avx2() {
             // SAFETY: the CPU has AVX2 and FMA (checked just above); sizes checked above.
             unsafe { super::avx2::rows(self, r0, n, x, outs) };
             return;

@@ -54,7 +54,7 @@ fn f16_to_f32(h: u16) -> f32 {
 /// # Safety
 /// `p` readable for 2 bytes.
 #[inline(always)]
-pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+pub(in crate::quant) unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: caller guarantees 2 readable bytes; read_unaligned has no alignment needs.
     f16_to_f32(u16::from_le(unsafe { p.cast::<u16>().read_unaligned() }))
 }
@@ -64,7 +64,7 @@ pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
 /// # Safety
 /// `p` readable for 4 bytes.
 #[inline(always)]
-pub(super) unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
+pub(in crate::quant) unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
     // SAFETY: forwarded.
     unsafe { (f16_at(p), f16_at(p.add(2))) }
 }

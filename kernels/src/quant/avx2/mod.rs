@@ -18,16 +18,21 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::GgmlType;
+use super::avx512::Avx512;
 use super::scalar;
 
 mod groups;
 mod q8;
 
 use groups::Group;
+pub(super) use groups::{f16_at, f16x2_at};
 
-/// Proof that the running CPU supports AVX2, FMA and F16C.
+/// Proof that the running CPU supports AVX2, FMA and F16C; with `wide`, AVX-512 too, which
+/// the kernels that have a version for it then use.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Avx2(());
+pub(crate) struct Avx2 {
+    wide: Option<Avx512>,
+}
 
 static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 absent, 2 present
 
@@ -46,7 +51,14 @@ impl Avx2 {
             s = if ok { 2 } else { 1 };
             DETECTED.store(s, Ordering::Relaxed);
         }
-        (s == 2).then_some(Self(()))
+        (s == 2).then_some(Self { wide: None })
+    }
+
+    /// The token with AVX-512, if the CPU has both.
+    #[inline]
+    pub(crate) fn with_avx512() -> Option<Self> {
+        let wide = Avx512::detect()?;
+        Some(Self { wide: Some(wide) })
     }
 
     /// For each `j in 0..nrows` and `i in 0..m`: `outs[i][j] = row_j · x[i*k..(i+1)*k]`, where
@@ -187,9 +199,13 @@ impl Avx2 {
             let tw = TILE_W.min(a.nrows - j0);
             let tile_rows = &a.rows[j0 * a.rb..(j0 + tw) * a.rb];
             if !direct {
+                let wide = self.wide.filter(|_| Avx512::has(a.ty));
                 for (row, dst) in tile_rows.chunks_exact(a.rb).zip(buf.chunks_exact_mut(k)) {
-                    // SAFETY: AVX2 proven by `self`; `row` holds k elements of `ty`.
-                    unsafe { decode_row::<G>(a.ty, row, dst) };
+                    match wide {
+                        Some(w) => w.decode_row(a.ty, row, dst),
+                        // SAFETY: AVX2 proven by `self`; `row` holds k elements of `ty`.
+                        None => unsafe { decode_row::<G>(a.ty, row, dst) },
+                    }
                 }
             }
             // Row pointers, taken after all writes; padding rows repeat the last real row
@@ -202,6 +218,12 @@ impl Avx2 {
             // SAFETY: min(t, tw - 1) < tw rows of k f32s (F32 rows are exactly 4k bytes).
             let ptrs: [*const f32; TILE_W] =
                 std::array::from_fn(|t| unsafe { src.add(t.min(tw - 1) * k) });
+            if let Some(wide) = self.wide {
+                // SAFETY: as below; the AVX-512 tile reads the same rows.
+                unsafe { wide_tiles(wide, ptrs, a.x, k, outs, (j0, tw)) };
+                j0 += tw;
+                continue;
+            }
             let mut i = 0;
             while i < m {
                 let xp = a.x[i * k..].as_ptr();
@@ -224,6 +246,55 @@ impl Avx2 {
                 }
             }
             j0 += tw;
+        }
+    }
+}
+
+/// The AVX-512 tiles of one group of `tw` decoded weight rows (`ptrs`, padded to 4) against
+/// all `m` activation rows of `x`, written to `outs[i][j0 + t]`: 4 activation rows at a time,
+/// then 2, then 1.
+///
+/// # Safety
+/// Each pointer readable for `k` f32s; `x` holds `m` rows of `k`.
+unsafe fn wide_tiles(
+    wide: Avx512,
+    ptrs: [*const f32; TILE_W],
+    x: &[f32],
+    k: usize,
+    outs: &mut [&mut [f32]],
+    (j0, tw): (usize, usize),
+) {
+    let m = outs.len();
+    let mut i = 0;
+    while i < m {
+        let xp = x[i * k..].as_ptr();
+        // SAFETY: rows i..i + n of x exist (n <= m - i); the weight pointers are the caller's.
+        unsafe {
+            if i + 4 <= m {
+                store(wide.tile::<4>(ptrs, xp, k), outs, i, j0, tw);
+                i += 4;
+            } else if i + 2 <= m {
+                store(wide.tile::<2>(ptrs, xp, k), outs, i, j0, tw);
+                i += 2;
+            } else {
+                store(wide.tile::<1>(ptrs, xp, k), outs, i, j0, tw);
+                i += 1;
+            }
+        }
+    }
+}
+
+/// `outs[i + d][j0 + t] = r[t][d]` for the tile's `tw` real weight rows.
+fn store<const X: usize>(
+    r: [[f32; X]; TILE_W],
+    outs: &mut [&mut [f32]],
+    i: usize,
+    j0: usize,
+    tw: usize,
+) {
+    for (t, row) in r.iter().enumerate().take(tw) {
+        for (d, v) in row.iter().enumerate() {
+            outs[i + d][j0 + t] = *v;
         }
     }
 }

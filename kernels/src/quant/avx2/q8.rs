@@ -11,6 +11,7 @@ use super::super::scalar::scale_min_k4;
 use super::groups::{f16_at, f16x2_at, load16, load32};
 use super::{Avx2, dot_i8_i8, dot_u8_i8, hsum};
 use crate::quant::GgmlType;
+use crate::quant::avx512::Avx512;
 
 impl Avx2 {
     /// `out[j] = row_j · x` for the `out.len()` contiguous rows of `ty` in `rows`.
@@ -27,8 +28,14 @@ impl Avx2 {
         let rb = ng * 32 / ty.block_elems() * ty.block_bytes();
         assert_eq!(rows.len(), rb * out.len(), "weight bytes");
         assert_eq!(x.qs.len(), 32 * ng, "activation codes");
+        let wide = self.wide.filter(|_| Avx512::has(ty));
         for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
             let row = row.as_ptr();
+            if let Some(w) = wide {
+                // SAFETY: `row` holds ng groups of `ty` (asserted above); `w` proves AVX-512.
+                *o = unsafe { w.q8_dot(ty, row, x) };
+                continue;
+            }
             // SAFETY: `self` proves AVX2/FMA/F16C; `row` holds ng groups of `ty` and `x` holds
             // ng blocks (asserted above).
             *o = unsafe {
@@ -274,10 +281,20 @@ mod tests {
     /// groups, extreme codes (Q8_0's −128), a zero activation block and an outlier.
     #[test]
     fn matches_the_portable_reference() {
-        let Some(avx2) = Avx2::detect() else {
+        let tokens: Vec<Avx2> = [Avx2::detect(), Avx2::with_avx512()]
+            .into_iter()
+            .flatten()
+            .collect();
+        if tokens.is_empty() {
             eprintln!("skipped: no AVX2 on this CPU");
-            return;
-        };
+        }
+        for avx2 in tokens {
+            check_against_reference(avx2);
+        }
+    }
+
+    /// [`matches_the_portable_reference`] on one token (AVX2 alone, or with AVX-512).
+    fn check_against_reference(avx2: Avx2) {
         for ty in GgmlType::ALL.into_iter().filter(|t| t.is_quantized()) {
             let be = ty.block_elems();
             for blocks in [1, 2, 5] {

@@ -1,0 +1,433 @@
+//! AVX-512 (F, BW, VL, DQ, VNNI) versions of the two hottest CPU kernels, on the CPUs that
+//! have them (Zen 4/5, Ice Lake and later), used by [`super::Isa::Avx512`]; every other kernel
+//! stays on AVX2.
+//!
+//! - [`tile`]: the f32 microkernel of multi-row products (prefill, batched decode), over rows
+//!   the AVX2 code decoded to f32: 16 lanes, and 4 weight rows × 4 activation rows of
+//!   accumulators (32 registers allow it; AVX2's 16 allow 4 × 2), so each loaded vector feeds
+//!   4 FMAs.
+//! - [`decode`]: rows of Q4_0, Q4_1 or Q8_0 decoded to f32 for those tiles, 16 lanes at a time.
+//! - [`q8_dot`]: a stored row of Q4_0, Q4_1 or Q8_0 times int8 activations (one-token steps,
+//!   `--cpu-activations int8`), two groups of 32 per instruction with VNNI's `vpdpbusd`
+//!   (unsigned × signed bytes, summed by fours into i32), which replaces AVX2's
+//!   `maddubs` + `madd`. Signed weight codes go in as `|w|` against `x·sign(w)`.
+//!
+//! The unsafe code is of two kinds, as in the AVX2 module: calling `#[target_feature]`
+//! functions, justified by the [`Avx512`] token (constructible only after runtime detection),
+//! and unaligned loads through raw pointers, justified by the callers' length checks.
+
+use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::GgmlType;
+use super::q8::Q8Row;
+
+/// Proof that the running CPU has AVX-512 F/BW/VL/DQ/VNNI (and AVX2, FMA, F16C).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512(());
+
+static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 absent, 2 present
+
+/// Weight rows in a tile (the AVX2 code decodes this many at a time).
+pub(crate) const TILE_W: usize = 4;
+
+impl Avx512 {
+    /// The token, if the CPU has the features (detected once, then cached).
+    #[inline]
+    pub(crate) fn detect() -> Option<Self> {
+        let mut s = DETECTED.load(Ordering::Relaxed);
+        if s == 0 {
+            let ok = super::Avx2::detect().is_some()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vnni");
+            s = if ok { 2 } else { 1 };
+            DETECTED.store(s, Ordering::Relaxed);
+        }
+        (s == 2).then_some(Self(()))
+    }
+
+    /// `r[t][i] = Σ_e w[t][e] · x[i*k + e]` for the 4 weight rows `w` and `X` activation rows.
+    ///
+    /// # Safety
+    /// Each `w[t]` readable for `k` f32s (any alignment); `x` readable for `X * k` f32s.
+    #[inline]
+    pub(crate) unsafe fn tile<const X: usize>(
+        self,
+        w: [*const f32; TILE_W],
+        x: *const f32,
+        k: usize,
+    ) -> [[f32; X]; TILE_W] {
+        // SAFETY: `self` proves AVX-512F; the pointers are the caller's.
+        unsafe { tile::<X>(w, x, k) }
+    }
+
+    /// `Σ row · x` for a stored row of `ty` (Q4_0, Q4_1 or Q8_0: see [`Self::has`]) of
+    /// `x.blocks()` groups.
+    ///
+    /// # Safety
+    /// `row` readable for `x.blocks()` blocks of `ty`.
+    #[inline]
+    pub(crate) unsafe fn q8_dot(self, ty: GgmlType, row: *const u8, x: &Q8Row) -> f32 {
+        // SAFETY: `self` proves the features; the row is the caller's.
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 => q8_dot::<Q4_0>(row, x),
+                GgmlType::Q4_1 => q8_dot::<Q4_1>(row, x),
+                _ => q8_dot::<Q8_0>(row, x),
+            }
+        }
+    }
+
+    /// Whether [`Self::q8_dot`] and [`Self::decode_row`] take weights of `ty`.
+    pub(crate) fn has(ty: GgmlType) -> bool {
+        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    }
+
+    /// Decodes a stored row of `ty` (see [`Self::has`]) into the f32s of `dst`, exactly.
+    ///
+    /// # Panics
+    /// If `row` does not hold `dst.len()` elements of `ty` in whole blocks of 32.
+    pub(crate) fn decode_row(self, ty: GgmlType, row: &[u8], dst: &mut [f32]) {
+        let ng = dst.len() / 32;
+        assert!(dst.len().is_multiple_of(32), "whole blocks");
+        assert_eq!(row.len(), ng * ty.block_bytes(), "row bytes");
+        // SAFETY: `self` proves AVX-512F/BW; `row` holds ng blocks and `dst` 32·ng f32s.
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 => decode::<Q4_0>(row.as_ptr(), dst.as_mut_ptr(), ng),
+                GgmlType::Q4_1 => decode::<Q4_1>(row.as_ptr(), dst.as_mut_ptr(), ng),
+                _ => decode::<Q8_0>(row.as_ptr(), dst.as_mut_ptr(), ng),
+            }
+        }
+    }
+}
+
+/// A storage type's group of 32 as two vectors of 16 exact f32 weights.
+trait Decode {
+    /// # Safety
+    /// AVX-512 as [`Avx512`]; `row` readable for group `g`'s block.
+    unsafe fn group(row: *const u8, g: usize) -> [__m512; 2];
+}
+
+/// Decodes `ng` groups of `G` at `row` into `dst`.
+///
+/// # Safety
+/// AVX-512 as [`Avx512`]; `row` holds `ng` blocks; `dst` writable for `32·ng` f32s.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn decode<G: Decode>(row: *const u8, dst: *mut f32, ng: usize) {
+    for g in 0..ng {
+        // SAFETY: g < ng: the block is in `row`, 32 f32s at 32g in `dst`.
+        unsafe {
+            let [a, b] = G::group(row, g);
+            _mm512_storeu_ps(dst.add(32 * g), a);
+            _mm512_storeu_ps(dst.add(32 * g + 16), b);
+        }
+    }
+}
+
+/// 16 bytes as 16 f32s, unsigned or signed.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn bytes_to_f32(v: __m128i, signed: bool) -> __m512 {
+    _mm512_cvtepi32_ps(if signed {
+        _mm512_cvtepi8_epi32(v)
+    } else {
+        _mm512_cvtepu8_epi32(v)
+    })
+}
+
+/// The low and high nibbles of 16 bytes (elements 0..16 and 16..32 of a 4-bit block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn nibble_halves(q: __m128i) -> (__m128i, __m128i) {
+    let m4 = _mm_set1_epi8(0x0f);
+    (
+        _mm_and_si128(q, m4),
+        _mm_and_si128(_mm_srli_epi16(q, 4), m4),
+    )
+}
+
+impl Decode for Q4_0 {
+    #[inline(always)]
+    unsafe fn group(row: *const u8, g: usize) -> [__m512; 2] {
+        // SAFETY: an 18-byte block at 18g (the caller's contract).
+        unsafe {
+            let b = row.add(18 * g);
+            let d = _mm512_set1_ps(super::avx2::f16_at(b));
+            let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(2).cast()));
+            let eight = _mm512_set1_ps(8.0);
+            [lo, hi].map(|h| _mm512_mul_ps(_mm512_sub_ps(bytes_to_f32(h, false), eight), d))
+        }
+    }
+}
+
+impl Decode for Q4_1 {
+    #[inline(always)]
+    unsafe fn group(row: *const u8, g: usize) -> [__m512; 2] {
+        // SAFETY: a 20-byte block at 20g (the caller's contract).
+        unsafe {
+            let b = row.add(20 * g);
+            let (d, m) = super::avx2::f16x2_at(b);
+            let (d, m) = (_mm512_set1_ps(d), _mm512_set1_ps(m));
+            let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(4).cast()));
+            [lo, hi].map(|h| _mm512_fmadd_ps(bytes_to_f32(h, false), d, m))
+        }
+    }
+}
+
+impl Decode for Q8_0 {
+    #[inline(always)]
+    unsafe fn group(row: *const u8, g: usize) -> [__m512; 2] {
+        // SAFETY: a 34-byte block at 34g (the caller's contract).
+        unsafe {
+            let b = row.add(34 * g);
+            let d = _mm512_set1_ps(super::avx2::f16_at(b));
+            let lo = _mm_loadu_si128(b.add(2).cast());
+            let hi = _mm_loadu_si128(b.add(18).cast());
+            [lo, hi].map(|h| _mm512_mul_ps(bytes_to_f32(h, true), d))
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // index loops read clearest in a register-blocked kernel
+unsafe fn tile<const X: usize>(
+    w: [*const f32; TILE_W],
+    x: *const f32,
+    k: usize,
+) -> [[f32; X]; TILE_W] {
+    let mut acc = [[_mm512_setzero_ps(); X]; TILE_W];
+    let k16 = k - k % 16;
+    let mut e = 0;
+    while e < k16 {
+        // SAFETY: e + 16 <= k, within every row (the caller's bounds).
+        unsafe {
+            let w0 = _mm512_loadu_ps(w[0].add(e));
+            let w1 = _mm512_loadu_ps(w[1].add(e));
+            let w2 = _mm512_loadu_ps(w[2].add(e));
+            let w3 = _mm512_loadu_ps(w[3].add(e));
+            for i in 0..X {
+                let xv = _mm512_loadu_ps(x.add(i * k + e));
+                acc[0][i] = _mm512_fmadd_ps(w0, xv, acc[0][i]);
+                acc[1][i] = _mm512_fmadd_ps(w1, xv, acc[1][i]);
+                acc[2][i] = _mm512_fmadd_ps(w2, xv, acc[2][i]);
+                acc[3][i] = _mm512_fmadd_ps(w3, xv, acc[3][i]);
+            }
+        }
+        e += 16;
+    }
+    if k16 < k {
+        let mask: __mmask16 = (1u16 << (k - k16)) - 1;
+        // SAFETY: the masked lanes are below k in every row.
+        unsafe {
+            for t in 0..TILE_W {
+                let wv = _mm512_maskz_loadu_ps(mask, w[t].add(k16));
+                for i in 0..X {
+                    let xv = _mm512_maskz_loadu_ps(mask, x.add(i * k + k16));
+                    acc[t][i] = _mm512_fmadd_ps(wv, xv, acc[t][i]);
+                }
+            }
+        }
+    }
+    let mut r = [[0f32; X]; TILE_W];
+    for t in 0..TILE_W {
+        for i in 0..X {
+            r[t][i] = _mm512_reduce_add_ps(acc[t][i]);
+        }
+    }
+    r
+}
+
+/// Two consecutive groups of 32 weights as VNNI reads them: 64 codes (the low 32 bytes group
+/// `g`'s, in element order), and per 32-bit lane of the product the weight scale.
+struct Pair {
+    q: __m512i,
+    /// Lanes 0..8 group `g`'s scale, lanes 8..16 group `g + 1`'s.
+    scale: __m512,
+    /// The two groups' minimums (Q4_1), which multiply the activations' block sums.
+    mins: (f32, f32),
+}
+
+/// A storage type whose groups of 32 VNNI reads two at a time.
+trait PairGroup {
+    /// Whether the codes are signed (else unsigned, below 128).
+    const SIGNED: bool;
+
+    /// Groups `g` and `g + 1` (the latter all zero codes if `g + 1` is past the row: `last`).
+    ///
+    /// # Safety
+    /// AVX-512 as [`Avx512`]; `row` readable for group `g`'s block and, unless `last`, `g + 1`'s.
+    unsafe fn pair(row: *const u8, g: usize, last: bool) -> Pair;
+}
+
+/// The 32 nibbles of each of two 16-byte runs, in element order: `[lo(a), hi(a), lo(b),
+/// hi(b)]`, 16 bytes each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn nibbles2(a: __m128i, b: __m128i) -> __m512i {
+    let m4 = _mm_set1_epi8(0x0f);
+    let lo = |v: __m128i| _mm_and_si128(v, m4);
+    let hi = |v: __m128i| _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    let first = _mm256_set_m128i(hi(a), lo(a));
+    let second = _mm256_set_m128i(hi(b), lo(b));
+    _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
+}
+
+/// 16 bytes at `p`, or zeros when `absent`.
+///
+/// # Safety
+/// `p` readable for 16 bytes unless `absent`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load16_or_zero(p: *const u8, absent: bool) -> __m128i {
+    if absent {
+        _mm_setzero_si128()
+    } else {
+        // SAFETY: forwarded.
+        unsafe { _mm_loadu_si128(p.cast()) }
+    }
+}
+
+/// The f16 at `p` as f32, or 0 when `absent`.
+///
+/// # Safety
+/// `p` readable for 2 bytes unless `absent`.
+#[inline(always)]
+unsafe fn f16_or_zero(p: *const u8, absent: bool) -> f32 {
+    if absent {
+        0.0
+    } else {
+        // SAFETY: forwarded.
+        unsafe { super::avx2::f16_at(p) }
+    }
+}
+
+/// `a` in lanes 0..8, `b` in lanes 8..16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn halves(a: f32, b: f32) -> __m512 {
+    _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1)
+}
+
+struct Q4_0;
+struct Q4_1;
+struct Q8_0;
+
+impl PairGroup for Q4_0 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn pair(row: *const u8, g: usize, last: bool) -> Pair {
+        // SAFETY: blocks are 18 bytes (f16 d, 16 nibble bytes); the caller's contract.
+        unsafe {
+            let (a, b) = (row.add(18 * g), row.add(18 * (g + 1)));
+            let q = nibbles2(
+                load16_or_zero(a.add(2), false),
+                load16_or_zero(b.add(2), last),
+            );
+            Pair {
+                // Codes 0..16 stand for −8..8; a missing group's zeros stay zero.
+                q: _mm512_sub_epi8(
+                    q,
+                    _mm512_maskz_set1_epi8(if last { u32::MAX as u64 } else { u64::MAX }, 8),
+                ),
+                scale: halves(super::avx2::f16_at(a), f16_or_zero(b, last)),
+                mins: (0.0, 0.0),
+            }
+        }
+    }
+}
+
+impl PairGroup for Q4_1 {
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn pair(row: *const u8, g: usize, last: bool) -> Pair {
+        // SAFETY: blocks are 20 bytes (f16 d, f16 m, 16 nibble bytes); the caller's contract.
+        unsafe {
+            let (a, b) = (row.add(20 * g), row.add(20 * (g + 1)));
+            let (da, ma) = super::avx2::f16x2_at(a);
+            let (db, mb) = if last {
+                (0.0, 0.0)
+            } else {
+                super::avx2::f16x2_at(b)
+            };
+            Pair {
+                q: nibbles2(
+                    load16_or_zero(a.add(4), false),
+                    load16_or_zero(b.add(4), last),
+                ),
+                scale: halves(da, db),
+                mins: (ma, mb),
+            }
+        }
+    }
+}
+
+impl PairGroup for Q8_0 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn pair(row: *const u8, g: usize, last: bool) -> Pair {
+        // SAFETY: blocks are 34 bytes (f16 d, 32 codes); the caller's contract.
+        unsafe {
+            let (a, b) = (row.add(34 * g), row.add(34 * (g + 1)));
+            let lo = _mm256_loadu_si256(a.add(2).cast());
+            let hi = if last {
+                _mm256_setzero_si256()
+            } else {
+                _mm256_loadu_si256(b.add(2).cast())
+            };
+            Pair {
+                q: _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                scale: halves(super::avx2::f16_at(a), f16_or_zero(b, last)),
+                mins: (0.0, 0.0),
+            }
+        }
+    }
+}
+
+/// `Σ row · x`: per pair of groups one `vpdpbusd` (64 products summed by fours), converted to
+/// f32 and scaled per lane by the weight scale times the activations' block scale.
+///
+/// # Safety
+/// AVX-512 as [`Avx512`]; `row` holds `x.blocks()` groups of `G`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_dot<G: PairGroup>(row: *const u8, x: &Q8Row) -> f32 {
+    let ng = x.blocks();
+    let mut acc = _mm512_setzero_ps();
+    let mut offsets = 0f32;
+    let mut g = 0;
+    while g < ng {
+        let last = g + 1 == ng;
+        // SAFETY: g < ng (and g + 1 < ng unless `last`) groups of the row; x.qs holds 32 codes
+        // per block: 64 at 32g, or 32 when `last` (the mask loads no more).
+        let (p, xq) = unsafe {
+            let mask = if last { u32::MAX as u64 } else { u64::MAX };
+            (
+                G::pair(row, g, last),
+                _mm512_maskz_loadu_epi8(mask, x.qs.as_ptr().add(32 * g).cast()),
+            )
+        };
+        let (u, s) = if G::SIGNED {
+            // |w| (at most 128: fits u8) against x with w's sign (x is never −128).
+            let neg = _mm512_movepi8_mask(p.q);
+            (
+                _mm512_abs_epi8(p.q),
+                _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq),
+            )
+        } else {
+            (p.q, xq)
+        };
+        let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+        let dx = halves(x.d[g], if last { 0.0 } else { x.d[g + 1] });
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(p.scale, dx), acc);
+        offsets += p.mins.0 * x.s[g];
+        if !last {
+            offsets += p.mins.1 * x.s[g + 1];
+        }
+        g += 2;
+    }
+    _mm512_reduce_add_ps(acc) + offsets
+}
