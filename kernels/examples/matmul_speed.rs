@@ -140,7 +140,12 @@ fn main() {
                 .filter_map(|b| WeightView::new(ty, n, k, b).ok())
                 .collect();
             let mut base = [0.0; 2];
-            for m in [1, 8] {
+            let ms: &[usize] = if args.iter().any(|a| a == "--prefill") {
+                &[128]
+            } else {
+                &[1, 8]
+            };
+            for &m in ms {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.f32()).collect();
                 let mut out = vec![0f32; m * n];
                 let hot = time(isa, &x, m, &ws[..1], &mut out, budget);
