@@ -1,6 +1,7 @@
 //! The valid ranges of the sampling parameters: the one definition, used by the gateway's
 //! validation (public requests) and by the engine's admission (worker requests and the CLI).
 
+use crate::v1::SamplingDefaults;
 use crate::worker::v1::SamplingParams;
 
 /// The most alternatives a token's logprobs may list.
@@ -40,6 +41,54 @@ pub fn check(p: &SamplingParams) -> Result<(), String> {
         return Err(format!("logprobs {n} is above the maximum {MAX_LOGPROBS}"));
     }
     Ok(())
+}
+
+/// The fields `d` recommends, by name, in the API's order (for `/v1/models`, the CLI).
+pub fn recommended_fields(d: &SamplingDefaults) -> Vec<(&'static str, f32)> {
+    [
+        ("temperature", d.temperature),
+        ("top_p", d.top_p),
+        ("top_k", d.top_k.map(|k| k as f32)),
+        ("min_p", d.min_p),
+        ("repetition_penalty", d.repetition_penalty),
+    ]
+    .into_iter()
+    .filter_map(|(name, v)| v.map(|v| (name, v)))
+    .collect()
+}
+
+/// `d` without the values [`check`] would refuse in a request (each named in the error list),
+/// so a bad recommendation never refuses the requests that rely on it.
+pub fn in_range(d: SamplingDefaults) -> (SamplingDefaults, Vec<String>) {
+    let neutral = SamplingParams {
+        max_tokens: 1,
+        temperature: 1.0,
+        top_p: 1.0,
+        repetition_penalty: 1.0,
+        ..SamplingParams::default()
+    };
+    let mut refused = Vec::new();
+    let mut keep = |v: Option<f32>, set: fn(&mut SamplingParams, f32)| {
+        let v = v?;
+        let mut p = neutral.clone();
+        set(&mut p, v);
+        match check(&p) {
+            Ok(()) => Some(v),
+            Err(e) => {
+                refused.push(e);
+                None
+            }
+        }
+    };
+    let kept = SamplingDefaults {
+        temperature: keep(d.temperature, |p, v| p.temperature = v),
+        top_p: keep(d.top_p, |p, v| p.top_p = v),
+        min_p: keep(d.min_p, |p, v| p.min_p = v),
+        repetition_penalty: keep(d.repetition_penalty, |p, v| p.repetition_penalty = v),
+        top_k: d.top_k,
+        source: d.source,
+    };
+    (kept, refused)
 }
 
 #[cfg(test)]

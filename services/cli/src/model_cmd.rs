@@ -85,21 +85,10 @@ fn defaults_of(m: &registry::KnownModel, path: &std::path::Path) -> String {
         .then(|| recommended::sampling_defaults(m.name, path).ok().flatten())
         .flatten();
     let d = from_file.unwrap_or_else(|| m.sampling.to_proto(&format!("registry: {}", m.card)));
-    let mut parts = Vec::new();
-    let fields = [
-        ("temperature", d.temperature),
-        ("top_p", d.top_p),
-        ("min_p", d.min_p),
-        ("repetition_penalty", d.repetition_penalty),
-    ];
-    for (name, v) in fields {
-        if let Some(v) = v {
-            parts.push(format!("{name} {v}"));
-        }
-    }
-    if let Some(k) = d.top_k {
-        parts.push(format!("top_k {k}"));
-    }
+    let parts: Vec<String> = ferrite_proto::sampling::recommended_fields(&d)
+        .into_iter()
+        .map(|(name, v)| format!("{name} {v}"))
+        .collect();
     if parts.is_empty() {
         return "none (temperature 1, no truncation)".into();
     }

@@ -341,6 +341,19 @@ impl TcpCollective {
     }
 }
 
+impl TcpCollective {
+    /// Refuses `slots` that are not `world` pieces of `n`.
+    fn check_gather(&self, what: &str, n: usize, slots: usize) -> Result<(), CollectiveError> {
+        if slots == n * self.world {
+            return Ok(());
+        }
+        Err(CollectiveError::Protocol {
+            rank: self.rank,
+            reason: format!("{what}: {slots} slots for {} ranks of {n}", self.world),
+        })
+    }
+}
+
 /// Waits a little before trying to reach rank 0 again (it may not be listening yet).
 fn wait_before_retry(_last: &std::io::Error) {
     std::thread::sleep(Duration::from_millis(20));
@@ -385,35 +398,14 @@ impl Collective for TcpCollective {
     }
 
     fn all_gather(&mut self, mine: &[f32], out: &mut [f32]) -> Result<(), CollectiveError> {
-        let n = mine.len();
-        if out.len() != n * self.world {
-            return Err(CollectiveError::Protocol {
-                rank: self.rank,
-                reason: format!(
-                    "all_gather: {} slots for {} ranks of {n}",
-                    out.len(),
-                    self.world
-                ),
-            });
-        }
+        self.check_gather("all_gather", mine.len(), out.len())?;
+        // Gathered at rank 0, then sent back to everyone.
+        self.gather(mine, out)?;
         let mut wire = Vec::new();
         if self.rank == 0 {
-            out[..n].copy_from_slice(mine);
-            for i in 0..self.links.len() {
-                let theirs = self.recv(i, Some(n * 4))?;
-                for (o, x) in out[(i + 1) * n..(i + 2) * n]
-                    .iter_mut()
-                    .zip(from_bytes(&theirs))
-                {
-                    *o = x;
-                }
-                self.scratch = theirs;
-            }
             to_bytes(out, &mut wire);
             self.send_all(&wire)
         } else {
-            to_bytes(mine, &mut wire);
-            self.send_up(&wire)?;
             let all = self.recv(0, Some(out.len() * 4))?;
             for (o, x) in out.iter_mut().zip(from_bytes(&all)) {
                 *o = x;
@@ -430,16 +422,7 @@ impl Collective for TcpCollective {
             to_bytes(mine, &mut wire);
             return self.send_up(&wire);
         }
-        if out.len() != n * self.world {
-            return Err(CollectiveError::Protocol {
-                rank: 0,
-                reason: format!(
-                    "gather: {} slots for {} ranks of {n}",
-                    out.len(),
-                    self.world
-                ),
-            });
-        }
+        self.check_gather("gather", n, out.len())?;
         out[..n].copy_from_slice(mine);
         for i in 0..self.links.len() {
             let theirs = self.recv(i, Some(n * 4))?;

@@ -37,29 +37,21 @@ impl Recommended {
         *self == Self::default()
     }
 
-    /// As the API carries them, saying where they come from; values out of range dropped.
+    /// As the API carries them, saying where they come from; values a request could not
+    /// carry are dropped (with a warning).
     pub fn to_proto(self, source: &str) -> SamplingDefaults {
-        let keep = |name: &str, v: Option<f32>, ok: fn(f32) -> bool| {
-            v.filter(|&x| {
-                let fine = ok(x);
-                if !fine {
-                    tracing::warn!(%source, "ignoring the recommended {name} {x}: out of range");
-                }
-                fine
-            })
-        };
-        SamplingDefaults {
-            temperature: keep("temperature", self.temperature, |t| {
-                (0.0..=100.0).contains(&t)
-            }),
-            top_p: keep("top_p", self.top_p, |p| p > 0.0 && p <= 1.0),
+        let (kept, refused) = ferrite_proto::sampling::in_range(SamplingDefaults {
+            temperature: self.temperature,
+            top_p: self.top_p,
             top_k: self.top_k,
-            min_p: keep("min_p", self.min_p, |p| (0.0..=1.0).contains(&p)),
-            repetition_penalty: keep("repetition_penalty", self.repetition_penalty, |r| {
-                r > 0.0 && r <= 10.0
-            }),
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
             source: source.to_owned(),
+        });
+        for why in refused {
+            tracing::warn!(%source, "ignoring a recommended sampling value: {why}");
         }
+        kept
     }
 }
 

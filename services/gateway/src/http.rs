@@ -202,21 +202,10 @@ async fn list_models(State(gw): State<Gateway>) -> Json<Value> {
 /// A model's sampling defaults as `/v1/models` shows them: the fields it recommends, and
 /// where they come from.
 fn defaults_json(d: &api::SamplingDefaults) -> Value {
-    let mut out = serde_json::Map::new();
-    let fields = [
-        ("temperature", d.temperature),
-        ("top_p", d.top_p),
-        ("min_p", d.min_p),
-        ("repetition_penalty", d.repetition_penalty),
-    ];
-    for (k, v) in fields {
-        if let Some(v) = v {
-            out.insert(k.into(), json!(v));
-        }
-    }
-    if let Some(k) = d.top_k {
-        out.insert("top_k".into(), json!(k));
-    }
+    let mut out: serde_json::Map<String, Value> = ferrite_proto::sampling::recommended_fields(d)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), json!(v)))
+        .collect();
     out.insert("source".into(), json!(d.source));
     Value::Object(out)
 }
