@@ -397,6 +397,22 @@ impl Cluster {
         Ok(took)
     }
 
+    /// The pool whose worker runs a request, once one does (within `timeout`).
+    pub async fn pool_running_a_request(&self, timeout: Duration) -> Result<String> {
+        let (pool, _) = wait::until("a pool running the request", timeout, || async {
+            for w in &self.workers {
+                match w.load().await {
+                    Ok(l) if l.running > 0 => return Ok(w.pool.clone()),
+                    Ok(_) => {}
+                    Err(e) => return Err(format!("GetLoad of {}: {e:#}", w.pool)),
+                }
+            }
+            Err("no pool runs it".to_owned())
+        })
+        .await?;
+        Ok(pool)
+    }
+
     /// A placement store over this cluster's etcd, to look at the keys the workers wrote.
     pub async fn store(&self) -> Result<Store> {
         Ok(Store::connect(&self.etcd.endpoints(), PREFIX).await?)

@@ -223,26 +223,6 @@ fn bounded_gateway() -> Vec<(String, String)> {
     ])
 }
 
-/// The pool whose worker runs a request now.
-async fn busy_pool(cluster: &Cluster) -> Result<String> {
-    let (pool, _) = wait::until(
-        "a pool running the stream",
-        Duration::from_secs(10),
-        || async {
-            for w in &cluster.workers {
-                match w.load().await {
-                    Ok(l) if l.running > 0 => return Ok(w.pool.clone()),
-                    Ok(_) => {}
-                    Err(e) => return Err(format!("GetLoad of {}: {e:#}", w.pool)),
-                }
-            }
-            Err("none yet".to_owned())
-        },
-    )
-    .await?;
-    Ok(pool)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_fails_its_streams_within_the_idle_bound_and_new_requests_go_on()
 -> Result<()> {
@@ -252,7 +232,9 @@ async fn a_stopped_worker_fails_its_streams_within_the_idle_bound_and_new_reques
     let long = greedy_text("Write a very long essay about the sea.", 1500);
     let mut stream = client.generate(long).await?.into_inner();
     stream.message().await?.context("no first token")?;
-    let victim = busy_pool(&cluster).await?;
+    let victim = cluster
+        .pool_running_a_request(Duration::from_secs(10))
+        .await?;
     cluster.worker_mut(&victim).proc.signal("STOP")?;
     let stopped = Instant::now();
     let failed = tokio::time::timeout(Duration::from_secs(10), async {
@@ -394,13 +376,9 @@ async fn a_drain_ends_at_its_deadline_failing_what_is_left_as_unavailable() -> R
         tokio::spawn(
             async move { stream_until_end(&mut client, long, Duration::from_secs(120)).await },
         );
-    wait::until("the request to run", Duration::from_secs(10), || async {
-        match cluster.worker("a").load().await {
-            Ok(l) if l.running > 0 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await?;
+    cluster
+        .pool_running_a_request(Duration::from_secs(10))
+        .await?;
     let started = Instant::now();
     let exit = cluster
         .worker_mut("a")

@@ -45,21 +45,9 @@ async fn a_killed_worker_fails_its_stream_and_leaves_etcd_within_the_lease() -> 
         .into_inner();
     stream.message().await?.context("no first message")?;
 
-    let (victim, _) = wait::until(
-        "the pool running the stream",
-        Duration::from_secs(5),
-        || async {
-            for w in &cluster.workers {
-                match w.load().await {
-                    Ok(l) if l.running > 0 => return Ok(w.pool.clone()),
-                    Ok(_) => {}
-                    Err(e) => return Err(format!("GetLoad of {}: {e:#}", w.pool)),
-                }
-            }
-            Err("no pool runs it".into())
-        },
-    )
-    .await?;
+    let victim = cluster
+        .pool_running_a_request(Duration::from_secs(5))
+        .await?;
     let survivor = if victim == "a" { "b" } else { "a" };
     let store = cluster.store().await?;
     for w in &cluster.workers {

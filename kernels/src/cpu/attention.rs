@@ -160,19 +160,26 @@ fn attend<L: Lanes>(
         let s = L::dot(head.q, &kv.k[off..off + hd]) * opts.scale;
         scores.push(opts.soft_cap.map_or(s, |cap| super::norm::soft_cap(s, cap)));
     });
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
+    let inv = exp_normalizer(scores);
     o.fill(0.0);
     let mut p = 0;
     for_each_row(kv, table, start..end, head.kv_head, |off| {
         L::axpy(scores[p] * inv, &kv.v[off..off + hd], o);
         p += 1;
     });
+}
+
+/// Replaces each score by `exp(s - max)` and returns `1 / Σ`: the softmax, its division left
+/// to the weighted sum.
+#[inline]
+fn exp_normalizer(scores: &mut [f32]) -> f32 {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    1.0 / sum
 }
 
 /// Calls `f` with the offset of `kv_head`'s row at each of `positions`, in order.
@@ -237,7 +244,9 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{AttentionOptions, Head, Lanes, PagedKv, QueryToken, attend};
+    use super::{
+        AttentionOptions, Head, Lanes, PagedKv, QueryToken, attend, exp_normalizer, for_each_row,
+    };
     use crate::quant::Avx2;
 
     pub(super) struct Fma;
@@ -348,30 +357,6 @@ mod x86 {
         }
     }
 
-    /// The offsets of KV head `kv_head`'s rows at `start..end` of a sequence, in order, to
-    /// `f`: one table lookup per block.
-    #[inline(always)]
-    fn rows(
-        kv: &PagedKv<'_>,
-        table: &[u32],
-        kv_head: usize,
-        start: usize,
-        end: usize,
-        mut f: impl FnMut(usize),
-    ) {
-        let (bs, stride) = (kv.block_size, kv.kv_heads * kv.head_dim);
-        let mut pos = start;
-        while pos < end {
-            let (block, slot) = (table[pos / bs] as usize, pos % bs);
-            let n = (bs - slot).min(end - pos);
-            let base = (block * bs + slot) * stride + kv_head * kv.head_dim;
-            for r in 0..n {
-                f(base + r * stride);
-            }
-            pos += n;
-        }
-    }
-
     /// `G` query heads of `16·N` dims (`q`, `o`: `G × 16N`) against one KV head.
     ///
     /// # Safety
@@ -399,7 +384,7 @@ mod x86 {
         scores.clear();
         scores.resize(G * len, 0.0);
         let mut p = 0;
-        rows(kv, table, heads.kv_head, start, end, |off| {
+        for_each_row(kv, table, start..end, heads.kv_head, |off| {
             // SAFETY: the row at `off` holds hd = 16N f32s of the cache.
             let k: [__m512; N] = std::array::from_fn(|j| unsafe {
                 _mm512_loadu_ps(kv.k[off..off + hd].as_ptr().add(16 * j))
@@ -416,20 +401,11 @@ mod x86 {
             }
             p += 1;
         });
-        let mut inv = [0f32; G];
-        for g in 0..G {
-            let s = &mut scores[g * len..(g + 1) * len];
-            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for x in s.iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x;
-            }
-            inv[g] = 1.0 / sum;
-        }
+        let inv: [f32; G] =
+            std::array::from_fn(|g| exp_normalizer(&mut scores[g * len..(g + 1) * len]));
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         let mut p = 0;
-        rows(kv, table, heads.kv_head, start, end, |off| {
+        for_each_row(kv, table, start..end, heads.kv_head, |off| {
             // SAFETY: as for the keys.
             let v: [__m512; N] = std::array::from_fn(|j| unsafe {
                 _mm512_loadu_ps(kv.v[off..off + hd].as_ptr().add(16 * j))

@@ -20,6 +20,7 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::GgmlType;
+use super::avx2::TILE_W;
 use super::q8::Q8Row;
 
 /// Proof that the running CPU has AVX-512 F/BW/VL/DQ/VNNI (and AVX2, FMA, F16C).
@@ -27,9 +28,6 @@ use super::q8::Q8Row;
 pub(crate) struct Avx512(());
 
 static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 absent, 2 present
-
-/// Weight rows in a tile (the AVX2 code decodes this many at a time).
-pub(crate) const TILE_W: usize = 4;
 
 impl Avx512 {
     /// The token, if the CPU has the features (detected once, then cached).

@@ -280,29 +280,35 @@ fn candidates(view: &PoolView, req: &ValidatedRequest, tried: &HashSet<String>) 
     if healthy.is_empty() { ejected } else { healthy }
 }
 
-/// The routing policy's choice among `candidates`, with the prompt tokens it would prefill.
+/// The routing policy's choice among `candidates`; under KV-aware routing, with the prompt
+/// tokens it would prefill (which count in its backlog until its reports show them: p2c, which
+/// goes by this gateway's in-flight counts, needs neither the lookup nor the count).
 fn choose(
     view: &PoolView,
     req: &ValidatedRequest,
     candidates: &[Pool],
     routing: Routing,
-) -> Option<(Pool, usize)> {
-    let prompt = req.prompt_ids();
-    let names: Vec<&str> = candidates.iter().map(|p| p.name.as_str()).collect();
-    let prefixes = view.kv().lookup(&names, prompt);
-    let (pool, why) = match routing {
-        Routing::P2c => (pick(candidates, random_seed())?.clone(), "p2c"),
+) -> Option<(Pool, Option<usize>)> {
+    let chosen = match routing {
+        Routing::P2c => {
+            let p = pick(candidates, random_seed())?.clone();
+            ferrite_telemetry::metrics::route_decision(routing.as_str(), "p2c");
+            (p, None)
+        }
         Routing::Kv => {
+            let prompt = req.prompt_ids();
+            let names: Vec<&str> = candidates.iter().map(|p| p.name.as_str()).collect();
+            let prefixes = view.kv().lookup(&names, prompt);
             let (p, why) = pick_kv(candidates, &prefixes, prompt.len(), random_seed())?;
-            (p, why.as_str())
+            ferrite_telemetry::metrics::route_decision(routing.as_str(), why.as_str());
+            let cached = names
+                .iter()
+                .position(|n| *n == p.name)
+                .map_or(0, |i| prefixes[i].cached_tokens);
+            (p, Some(prompt.len().saturating_sub(cached)))
         }
     };
-    ferrite_telemetry::metrics::route_decision(routing.as_str(), why);
-    let cached = names
-        .iter()
-        .position(|n| *n == pool.name)
-        .map_or(0, |i| prefixes[i].cached_tokens);
-    Some((pool, prompt.len().saturating_sub(cached)))
+    Some(chosen)
 }
 
 /// Why a call failed before its first token, for the retry metric and the pool's health.
@@ -405,7 +411,9 @@ pub async fn open(
             }));
         };
         tried.insert(pool.name.clone());
-        view.kv().note_routed(&pool.name, uncached);
+        if let Some(tokens) = uncached {
+            view.kv().note_routed(&pool.name, tokens);
+        }
         pool.outstanding.fetch_add(1, Ordering::Relaxed);
         let guard = Outstanding(pool.outstanding.clone());
         let span = tracing::info_span!("upstream", otel.kind = "client", ferrite.pool = %pool.name,

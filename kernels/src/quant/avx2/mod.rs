@@ -36,8 +36,8 @@ pub(crate) struct Avx2 {
 
 static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 absent, 2 present
 
-/// Weight rows decoded together for the multi-row microkernel.
-const TILE_W: usize = 4;
+/// Weight rows decoded together for the multi-row microkernels (AVX2's and AVX-512's).
+pub(super) const TILE_W: usize = 4;
 
 impl Avx2 {
     /// The token, if the CPU has the features (detected once, then cached).
@@ -230,18 +230,11 @@ impl Avx2 {
                 if i + 2 <= m {
                     // SAFETY: AVX2 proven by `self`; the 4 pointers each address k readable f32s
                     // (`buf` rows, or F32 rows of exactly 4k bytes), and x rows i, i+1 exist.
-                    let r = unsafe { tile::<2>(ptrs, xp, k) };
-                    for t in 0..tw {
-                        outs[i][j0 + t] = r[t][0];
-                        outs[i + 1][j0 + t] = r[t][1];
-                    }
+                    store(unsafe { tile::<2>(ptrs, xp, k) }, outs, i, j0, tw);
                     i += 2;
                 } else {
                     // SAFETY: as above, with one x row.
-                    let r = unsafe { tile::<1>(ptrs, xp, k) };
-                    for t in 0..tw {
-                        outs[i][j0 + t] = r[t][0];
-                    }
+                    store(unsafe { tile::<1>(ptrs, xp, k) }, outs, i, j0, tw);
                     i += 1;
                 }
             }
