@@ -300,6 +300,33 @@ impl GatewayProc {
             proc,
         })
     }
+
+    /// The gateway's entry for [`MODEL`], if some pool of it is ready.
+    pub async fn model_entry(&self) -> Result<Option<Model>> {
+        let mut c = InferenceClient::new(channel(self.grpc).await?);
+        let models = c
+            .list_models(ListModelsRequest {})
+            .await?
+            .into_inner()
+            .models;
+        Ok(models.into_iter().find(|m| m.name == MODEL))
+    }
+
+    /// Waits until ListModels shows [`MODEL`] with `n` ready pools; returns how long it took.
+    /// A gateway prints `ready` once it listens, before placement has answered it: until then
+    /// it answers UNAVAILABLE, so a test's first request waits for this.
+    pub async fn wait_for_ready_pools(&self, n: usize, timeout: Duration) -> Result<Duration> {
+        let what = format!("the gateway to list {MODEL} with {n} ready pools");
+        let (_, took) = wait::until(&what, timeout, || async {
+            match self.model_entry().await {
+                Ok(Some(m)) if m.ready_pools as usize == n => Ok(()),
+                Ok(other) => Err(format!("ListModels entry: {other:?}")),
+                Err(e) => Err(format!("ListModels failed: {e:#}")),
+            }
+        })
+        .await?;
+        Ok(took)
+    }
 }
 
 /// etcd + workers + gateway. Everything is killed (and etcd's data removed) on drop.
@@ -374,27 +401,12 @@ impl Cluster {
 
     /// The gateway's entry for [`MODEL`], if some pool of it is ready.
     pub async fn model_entry(&self) -> Result<Option<Model>> {
-        let mut c = self.inference().await?;
-        let models = c
-            .list_models(ListModelsRequest {})
-            .await?
-            .into_inner()
-            .models;
-        Ok(models.into_iter().find(|m| m.name == MODEL))
+        self.gateway.model_entry().await
     }
 
-    /// Waits until ListModels shows [`MODEL`] with `n` ready pools; returns how long it took.
+    /// Waits until the cluster's gateway lists [`MODEL`] with `n` ready pools.
     pub async fn wait_for_ready_pools(&self, n: usize, timeout: Duration) -> Result<Duration> {
-        let what = format!("the gateway to list {MODEL} with {n} ready pools");
-        let (_, took) = wait::until(&what, timeout, || async {
-            match self.model_entry().await {
-                Ok(Some(m)) if m.ready_pools as usize == n => Ok(()),
-                Ok(other) => Err(format!("ListModels entry: {other:?}")),
-                Err(e) => Err(format!("ListModels failed: {e:#}")),
-            }
-        })
-        .await?;
-        Ok(took)
+        self.gateway.wait_for_ready_pools(n, timeout).await
     }
 
     /// The pool whose worker runs a request, once one does (within `timeout`).

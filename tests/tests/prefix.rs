@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use ferrite_cluster_tests::cluster::channel;
+use ferrite_cluster_tests::cluster::{DISCOVERY_TIMEOUT, channel};
 use ferrite_cluster_tests::grpc::{self, greedy_ids};
 use ferrite_cluster_tests::{Cluster, GatewayProc, WorkerOptions, WorkerProc, http, serial, wait};
 use ferrite_proto::prefix::{self, BlockHash};
@@ -126,6 +126,9 @@ async fn kv_routing_sends_each_prefix_to_the_pool_that_holds_it() -> Result<()> 
     let p2c_env = [("FERRITE_ROUTING".to_owned(), "p2c".to_owned())];
     let p2c = GatewayProc::ready(GatewayProc::spawn_with_env(&endpoint, &p2c_env)?).await?;
     let kv2 = GatewayProc::ready(GatewayProc::spawn(&endpoint)?).await?;
+    for gateway in [&p2c, &kv2] {
+        gateway.wait_for_ready_pools(2, DISCOVERY_TIMEOUT).await?;
+    }
     let blocks_per_prefix = (PREFIX_TOKENS / 16) as f64;
 
     // p2c: warm each prefix once, then send it again with distinct endings.
@@ -196,6 +199,7 @@ async fn kv_routing_sends_each_prefix_to_the_pool_that_holds_it() -> Result<()> 
     // A restarted gateway rebuilds its index from the pools' snapshots and hits at once.
     cluster.gateway.proc.kill_hard().await?;
     let restarted = GatewayProc::ready(GatewayProc::spawn(&endpoint)?).await?;
+    restarted.wait_for_ready_pools(2, DISCOVERY_TIMEOUT).await?;
     wait_for_index(&restarted, all_blocks).await?;
     for (k, p) in kv_prefixes.iter().enumerate() {
         let o = ask(restarted.grpc, with_suffix(p, 70 + k as u64)).await?;
