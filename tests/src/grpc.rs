@@ -57,6 +57,7 @@ fn request(prompt: Prompt, max_tokens: u32) -> GenerateRequest {
             ignore_eos: true,
             ..SamplingParams::default()
         }),
+        constraint: None,
     }
 }
 
@@ -139,6 +140,7 @@ pub async fn worker_tokens(
             logprobs,
             ..pb::SamplingParams::default()
         }),
+        grammar: None,
     };
     let mut stream = client.generate(req).await?.into_inner();
     let mut tokens = Vec::new();

@@ -250,6 +250,7 @@ async fn one_direct(channel: Channel, tokens: u32) -> Result<()> {
             max_tokens: tokens,
             ..pb::SamplingParams::default()
         }),
+        grammar: None,
     };
     let mut stream = client.generate(req).await?.into_inner();
     while stream.message().await?.is_some() {}
@@ -266,6 +267,7 @@ async fn one_gateway(channel: Channel, tokens: u32) -> Result<()> {
             temperature: Some(0.0),
             ..api::SamplingParams::default()
         }),
+        constraint: None,
     };
     let mut stream = client.generate(req).await?.into_inner();
     while stream.message().await?.is_some() {}

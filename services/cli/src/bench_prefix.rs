@@ -481,6 +481,7 @@ async fn one(channel: Channel, prompt: Vec<u32>, max_tokens: u32) -> Result<Reco
             ignore_eos: true,
             ..api::SamplingParams::default()
         }),
+        constraint: None,
     };
     let t0 = Instant::now();
     let mut stream = client.generate(req).await?.into_inner();

@@ -23,6 +23,7 @@ use std::time::Instant;
 use ferrite_kernels::cuda::Gpu;
 
 use crate::config::ModelConfig;
+use crate::constraint::{Constraint, apply_mask};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Picks};
 use crate::gpu::{DeviceSampling, GpuOptions};
@@ -163,6 +164,10 @@ pub struct EngineStats {
 #[derive(Debug)]
 struct Request {
     sampler: Sampler,
+    /// The grammar its output follows, if any.
+    constraint: Option<Box<dyn Constraint>>,
+    /// This step's mask of allowed tokens (while a constrained request samples).
+    mask: Option<std::result::Result<Vec<u32>, String>>,
     /// The seed of the GPU sampler's stream (the request's, else a random one).
     device_seed: u64,
     stop_ids: Vec<u32>,
@@ -191,10 +196,12 @@ pub struct Engine {
 }
 
 /// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
-/// alone: penalties need the tokens so far, logprobs the distribution on the host.
+/// alone: penalties need the tokens so far, logprobs the distribution on the host, a grammar
+/// its mask (applied on the host for now).
 fn device_sampling(req: &Request, generated: usize) -> Option<DeviceSampling> {
     let p = req.sampler.params();
-    let plain = p.logprobs.is_none()
+    let plain = req.constraint.is_none()
+        && p.logprobs.is_none()
         && p.repetition_penalty == 1.0
         && p.presence_penalty == 0.0
         && p.frequency_penalty == 0.0;
@@ -348,6 +355,17 @@ impl Engine {
         prompt: Vec<u32>,
         params: SamplingParams,
     ) -> Result<()> {
+        self.add_constrained(id, prompt, params, None)
+    }
+
+    /// [`Engine::add_request`] for a request whose output follows `constraint`.
+    pub fn add_constrained(
+        &mut self,
+        id: SeqId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<()> {
         if self.requests.contains_key(&id) {
             return Err(EngineError::DuplicateRequest(id));
         }
@@ -363,6 +381,8 @@ impl Engine {
                     .seed
                     .unwrap_or_else(|| Rng::from_entropy().next_u64()),
                 sampler: Sampler::new(params),
+                constraint,
+                mask: None,
                 stop_ids,
                 arrived: Instant::now(),
                 scheduled: None,
@@ -446,7 +466,7 @@ impl Engine {
             let Some(pick) = pick else { continue };
             match self.take_token(c.id, pick, now) {
                 Ok(ev) => out.events.push(ev),
-                Err(e @ EngineError::BadLogits(_)) => {
+                Err(e) if e.fails_alone() => {
                     self.abort(c.id);
                     out.failed.push((c.id, e));
                 }
@@ -486,7 +506,26 @@ impl Engine {
         if self.exec.samples_on_device() {
             plan.device_sampling = on_device.into_iter().collect();
         }
-        let picks = self.exec.lead(&plan)?;
+        let constrained: Vec<SeqId> = schedule
+            .chunks
+            .iter()
+            .filter(|c| {
+                c.samples && (self.requests.get(&c.id)).is_some_and(|r| r.constraint.is_some())
+            })
+            .map(|c| c.id)
+            .collect();
+        let picks = if constrained.is_empty() {
+            self.exec.lead(&plan)?
+        } else {
+            // The masks depend only on the tokens so far: computed beside the forward.
+            let words = self.cfg.vocab_size.div_ceil(32);
+            let requests = &mut self.requests;
+            let exec = &mut self.exec;
+            std::thread::scope(|s| {
+                s.spawn(|| compute_masks(requests, &constrained, words));
+                exec.lead(&plan)
+            })?
+        };
         #[cfg(test)]
         let picks = self.faults.apply(picks, self.cfg.vocab_size)?;
         per_chunk(picks, schedule, self.cfg.vocab_size)
@@ -503,7 +542,16 @@ impl Engine {
             )));
         };
         let token = match pick {
-            Pick::Row(mut row) => req.sampler.sample(&mut row, seq.prompt(), seq.output())?,
+            Pick::Row(mut row) => {
+                if req.constraint.is_some() {
+                    let mask = req.mask.take().unwrap_or_else(|| {
+                        Err("no mask was computed for this step (an engine bug)".into())
+                    });
+                    mask.and_then(|m| apply_mask(&mut row, &m))
+                        .map_err(EngineError::Grammar)?;
+                }
+                req.sampler.sample(&mut row, seq.prompt(), seq.output())?
+            }
             // Sampled on the device: no distribution on the host, so no logprob (the request
             // asked for none, or it would have been sampled here).
             Pick::Id(id) => SampledToken {
@@ -514,7 +562,11 @@ impl Engine {
         };
         let generated = seq.output().len() + 1;
         let total = seq.tokens.len() + 1;
-        let finish = if req.stop_ids.contains(&token.id) {
+        let completed = match &mut req.constraint {
+            Some(c) => c.accept(token.id).map_err(EngineError::Grammar)?,
+            None => false,
+        };
+        let finish = if completed || req.stop_ids.contains(&token.id) {
             Some(FinishReason::Stop)
         } else if generated >= req.sampler.params().max_tokens || total >= max_model_len {
             Some(FinishReason::Length)
@@ -548,6 +600,20 @@ impl Engine {
             timing,
             cached_tokens: is_first.then_some(cached),
         })
+    }
+}
+
+/// Fills the mask of each request of `ids` (those sampling this step under a grammar).
+fn compute_masks(requests: &mut HashMap<SeqId, Request>, ids: &[SeqId], words: usize) {
+    for id in ids {
+        let Some(req) = requests.get_mut(id) else {
+            continue;
+        };
+        let Some(c) = req.constraint.as_mut() else {
+            continue;
+        };
+        let mut mask = vec![0; words];
+        req.mask = Some(c.allowed(&mut mask).map(|()| mask));
     }
 }
 

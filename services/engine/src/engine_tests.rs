@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::*;
+use crate::constraint::Constraint;
 use crate::handle::EngineHandle;
 
 /// Faults the next step meets, set by a test.
@@ -205,4 +206,103 @@ fn a_panic_under_a_step_ends_the_engine_and_the_handle_says_why() {
         .expect("the thread ended without unwinding further");
     let refused = rt.block_on(handle.submit(vec![5], greedy(1)));
     assert!(matches!(refused, Err(EngineError::Stopped)));
+}
+
+/// A grammar over token ids: the next token must be `seq[k]` or `seq[k] + 1`, and the output
+/// is complete after `seq.len()` tokens. Its `allowed` counts the steps it was asked.
+#[derive(Debug)]
+struct Steps {
+    seq: Vec<u32>,
+    at: usize,
+    asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Constraint for Steps {
+    fn allowed(&mut self, mask: &mut [u32]) -> std::result::Result<(), String> {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        mask.fill(0);
+        let t = *self.seq.get(self.at).ok_or("past the end")?;
+        for id in [t, t + 1] {
+            mask[id as usize / 32] |= 1 << (id % 32);
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> std::result::Result<bool, String> {
+        let t = self.seq[self.at];
+        if token != t && token != t + 1 {
+            return Err(format!("token {token} was not allowed"));
+        }
+        self.at += 1;
+        Ok(self.at == self.seq.len())
+    }
+}
+
+#[test]
+fn a_constrained_request_samples_allowed_tokens_alone_and_stops_with_its_grammar() {
+    let mut e = engine();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seq = vec![40, 90, 3, 200];
+    let steps = Steps {
+        seq: seq.clone(),
+        at: 0,
+        asked: asked.clone(),
+    };
+    let sampled = SamplingParams {
+        temperature: 1.0,
+        seed: Some(7),
+        logprobs: Some(2),
+        ..greedy(50)
+    };
+    e.add_constrained(1, vec![5, 6, 7, 8], sampled, Some(Box::new(steps)))
+        .expect("add");
+    // An unconstrained neighbour in the same steps runs to its length.
+    e.add_request(2, vec![9, 10, 11], greedy(6)).expect("add");
+    let mut out: HashMap<SeqId, Vec<TokenEvent>> = HashMap::new();
+    while e.has_unfinished() {
+        for ev in e.step().expect("step").events {
+            out.entry(ev.id).or_default().push(ev);
+        }
+    }
+    let constrained = &out[&1];
+    assert_eq!(constrained.len(), seq.len(), "ends when its grammar does");
+    for (ev, t) in constrained.iter().zip(&seq) {
+        assert!(ev.token.id == *t || ev.token.id == t + 1, "{ev:?}");
+        // Logprobs come from the allowed tokens' distribution: the two allowed ones only.
+        assert!(ev.token.top.iter().all(|(id, _)| *id == *t || *id == t + 1));
+        assert!(ev.token.logprob.is_finite());
+    }
+    assert_eq!(
+        constrained.last().and_then(|e| e.finish),
+        Some(FinishReason::Stop)
+    );
+    assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), seq.len());
+    assert_eq!(out[&2].len(), 6);
+    assert_eq!(
+        out[&2].last().and_then(|e| e.finish),
+        Some(FinishReason::Length)
+    );
+}
+
+#[test]
+fn a_grammar_that_fails_ends_its_request_alone() {
+    let mut e = engine();
+    // A grammar of no tokens has no mask to give.
+    let broken = Steps {
+        seq: vec![],
+        at: 0,
+        asked: Default::default(),
+    };
+    e.add_constrained(1, vec![5, 6, 7, 8], greedy(5), Some(Box::new(broken)))
+        .expect("add");
+    e.add_request(2, vec![9, 10, 11], greedy(3)).expect("add");
+    let out = e.step().expect("the step goes on");
+    assert!(
+        matches!(out.failed.as_slice(), [(1, EngineError::Grammar(m))] if m.contains("past the end")),
+        "{:?}",
+        out.failed
+    );
+    assert_eq!(out.events.len(), 1);
+    assert!(!e.contains(1) && e.contains(2));
 }

@@ -73,6 +73,10 @@ pub enum EngineError {
     /// pool's weights or arithmetic are broken, and another pool may serve the request.
     #[error("{0}")]
     BadLogits(String),
+    /// A request's grammar could not go on (a step past llguidance's limits, a token it did
+    /// not allow): that request ends alone.
+    #[error("the output's grammar failed: {0}")]
+    Grammar(String),
     /// A broken invariant of the engine itself: never the request's fault.
     #[error("internal error: {0}")]
     Internal(String),
@@ -104,6 +108,7 @@ impl EngineError {
             EngineError::Collective(_) => "collective",
             EngineError::RankLost { .. } => "rank_lost",
             EngineError::BadLogits(_) => "bad_logits",
+            EngineError::Grammar(_) => "grammar",
             EngineError::Internal(_) => "internal",
         }
     }
@@ -137,6 +142,12 @@ impl EngineError {
     /// the worker leaves.
     pub fn is_fatal(&self) -> bool {
         matches!(self, EngineError::RankLost { .. })
+    }
+
+    /// Whether a step's error belongs to one request, which ends alone while the others of the
+    /// step go on.
+    pub fn fails_alone(&self) -> bool {
+        matches!(self, EngineError::BadLogits(_) | EngineError::Grammar(_))
     }
 }
 

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc as tmpsc, oneshot, watch};
 
+use crate::constraint::Constraint;
 use crate::engine::{Engine, EngineStats, TokenEvent};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{BlockHash, KvEvent};
@@ -42,6 +43,7 @@ enum Command {
         id: SeqId,
         prompt: Vec<u32>,
         params: SamplingParams,
+        constraint: Option<Box<dyn Constraint>>,
         events: tmpsc::UnboundedSender<Result<TokenEvent>>,
         admitted: oneshot::Sender<Result<()>>,
     },
@@ -230,6 +232,16 @@ impl EngineHandle {
     /// Queues a request; returns its token stream once the engine accepted it, or the reason
     /// it refused (bad parameters, prompt too long, queue full).
     pub async fn submit(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream> {
+        self.submit_constrained(prompt, params, None).await
+    }
+
+    /// [`EngineHandle::submit`] for a request whose output follows `constraint`.
+    pub async fn submit_constrained(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> Result<RequestStream> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = tmpsc::unbounded_channel();
         let (admitted, admission) = oneshot::channel();
@@ -238,6 +250,7 @@ impl EngineHandle {
                 id,
                 prompt,
                 params,
+                constraint,
                 events,
                 admitted,
             })
@@ -456,9 +469,10 @@ fn apply(
             id,
             prompt,
             params,
+            constraint,
             events,
             admitted,
-        } => match engine.add_request(id, prompt, params) {
+        } => match engine.add_constrained(id, prompt, params, constraint) {
             Ok(()) => {
                 if admitted.send(Ok(())).is_ok() {
                     streams.insert(id, events);

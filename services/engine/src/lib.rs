@@ -30,6 +30,7 @@
 
 pub mod calib;
 pub mod config;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 pub mod eval;

@@ -9,6 +9,12 @@ pub enum GatewayError {
     ModelNotFound(String),
     #[error("{0}")]
     InvalidArgument(String),
+    /// A bad value of one request field, which the OpenAI API names as the error's `param`.
+    #[error("`{field}`: {message}")]
+    InvalidField {
+        field: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     ResourceExhausted(String),
     #[error("{0}")]
@@ -34,7 +40,9 @@ impl GatewayError {
     pub fn kind(&self) -> &'static str {
         match self {
             GatewayError::ModelNotFound(_) => "model_not_found",
-            GatewayError::InvalidArgument(_) => "invalid_argument",
+            GatewayError::InvalidArgument(_) | GatewayError::InvalidField { .. } => {
+                "invalid_argument"
+            }
             GatewayError::ResourceExhausted(_) => "resource_exhausted",
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::Unavailable(_) => "unavailable",
@@ -85,7 +93,9 @@ impl From<GatewayError> for Status {
         let retry_after = e.retry_after_s();
         let mut s = match e {
             GatewayError::ModelNotFound(_) => Status::not_found(msg),
-            GatewayError::InvalidArgument(_) => Status::invalid_argument(msg),
+            GatewayError::InvalidArgument(_) | GatewayError::InvalidField { .. } => {
+                Status::invalid_argument(msg)
+            }
             GatewayError::ResourceExhausted(_) | GatewayError::RateLimited { .. } => {
                 Status::resource_exhausted(msg)
             }

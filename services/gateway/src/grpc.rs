@@ -4,12 +4,13 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use ferrite_proto::v1 as api;
+use ferrite_structured::Spec;
 use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use crate::stream::GenerateEvent;
-use crate::validate::{Prompt, tokenize};
-use crate::{Gateway, GenerateArgs, trace};
+use crate::validate::{Constraint, Prompt, tokenize};
+use crate::{Gateway, GatewayError, GenerateArgs, trace};
 
 /// The gRPC face of a [`Gateway`].
 #[derive(Debug, Clone)]
@@ -94,6 +95,34 @@ fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
     Some(Instant::now() + d.saturating_sub(DEADLINE_MARGIN))
 }
 
+/// A request's constraint, as `ferrite.v1` names it.
+pub fn constraint_of(c: api::generate_request::Constraint) -> Result<Constraint, GatewayError> {
+    use api::generate_request::Constraint as C;
+    let (spec, field) = match c {
+        C::JsonSchema(text) => {
+            let schema = serde_json::from_str(&text).map_err(|e| GatewayError::InvalidField {
+                field: "json_schema",
+                message: format!("not JSON: {e}"),
+            })?;
+            let spec = Spec::JsonSchema {
+                schema,
+                strict: false,
+            };
+            (spec, "json_schema")
+        }
+        C::JsonObject(true) => (Spec::JsonObject, "json_object"),
+        C::JsonObject(false) => {
+            return Err(GatewayError::InvalidArgument(
+                "`json_object` is set to false: leave the constraint unset for none".into(),
+            ));
+        }
+        C::Regex(r) => (Spec::Regex(r), "regex"),
+        C::Choice(c) => (Spec::Choice(c.choices), "choice"),
+        C::Lark(g) => (Spec::Lark(g), "lark"),
+    };
+    Ok(Constraint { spec, field })
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<api::GenerateResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -113,12 +142,14 @@ impl api::inference_server::Inference for InferenceService {
             .unwrap_or_default();
         let (metadata, _, req) = request.into_parts();
         let prompt = Prompt::from_proto(req.prompt)?;
+        let constraint = req.constraint.map(constraint_of).transpose()?;
         let span = trace::request_span(&req.model, &prompt);
         ferrite_telemetry::propagation::set_parent_from_metadata(&span, &metadata);
         let args = GenerateArgs {
             model: &req.model,
             prompt: &prompt,
             sampling: req.sampling,
+            constraint,
             deadline,
             started,
             api: trace::Api::Grpc,

@@ -16,8 +16,9 @@ use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
 use crate::auth::Caller;
+use crate::logprobs::LogprobsWriter;
 use crate::openai::{
-    ChatRequest, CommonParams, CompletionRequest, completion_prompt, message_text,
+    ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompt,
 };
 use crate::stream::GenerateEvent;
 use crate::validate::Prompt;
@@ -123,7 +124,9 @@ impl From<GatewayError> for ApiError {
     fn from(e: GatewayError) -> Self {
         let (status, kind) = match &e {
             GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error"),
-            GatewayError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            GatewayError::InvalidArgument(_) | GatewayError::InvalidField { .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error")
+            }
             GatewayError::ResourceExhausted(_) | GatewayError::RateLimited { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
             }
@@ -131,7 +134,11 @@ impl From<GatewayError> for ApiError {
             GatewayError::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "server_error"),
             GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
-        let param = matches!(e, GatewayError::ModelNotFound(_)).then_some("model");
+        let param = match &e {
+            GatewayError::ModelNotFound(_) => Some("model"),
+            GatewayError::InvalidField { field, .. } => Some(*field),
+            _ => None,
+        };
         let retry_after_s = e.retry_after_s();
         Self {
             status,
@@ -224,10 +231,8 @@ async fn completions(
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
     let prompt = completion_prompt(&req.prompt)?;
-    let sampling = req.common.sampling()?;
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
-    let request = (req.common, prompt, sampling);
-    run(gw, &headers, caller, Kind::Completion, request).await
+    run(gw, &headers, caller, Kind::Completion, (req.common, prompt)).await
 }
 
 async fn chat_completions(
@@ -240,16 +245,10 @@ async fn chat_completions(
     let messages = req
         .messages
         .iter()
-        .map(|m| {
-            Ok(ferrite_text::ChatMessage::new(
-                m.role.clone(),
-                message_text(&m.content)?,
-            ))
-        })
+        .map(chat_message)
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let sampling = req.common.sampling()?;
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
-    let request = (req.common, Prompt::Chat(messages), sampling);
+    let request = (req.common, Prompt::Chat(messages));
     run(gw, &headers, caller, Kind::Chat, request).await
 }
 
@@ -258,8 +257,14 @@ async fn run(
     headers: &HeaderMap,
     caller: Caller,
     kind: Kind,
-    (common, prompt, sampling): (CommonParams, Prompt, api::SamplingParams),
+    (common, prompt): (CommonParams, Prompt),
 ) -> Result<Response, ApiError> {
+    let sampling = common.sampling()?;
+    let constraint = common.constraint()?;
+    let logprobs = sampling
+        .logprobs
+        .is_some()
+        .then(|| LogprobsWriter::new(matches!(kind, Kind::Chat)));
     let started = Instant::now();
     let span = trace::request_span(&common.model, &prompt);
     ferrite_telemetry::propagation::set_parent_from_headers(&span, headers);
@@ -267,6 +272,7 @@ async fn run(
         model: &common.model,
         prompt: &prompt,
         sampling: Some(sampling),
+        constraint,
         deadline: None,
         started,
         api: trace::Api::Http,
@@ -290,6 +296,7 @@ async fn run(
             include_usage: common.include_usage(),
             model: common.model,
             first: true,
+            logprobs,
         };
         let stream = sse(events, writer);
         return Ok(Sse::new(stream)
@@ -299,10 +306,16 @@ async fn run(
     let mut text = String::new();
     let mut finish = "stop";
     let mut usage = json!({});
+    let mut token_logprobs = Vec::new();
     futures::pin_mut!(events);
     while let Some(ev) = events.next().await {
         match ev? {
-            GenerateEvent::Delta { text: t, .. } => text.push_str(&t),
+            GenerateEvent::Delta {
+                text: t, logprobs, ..
+            } => {
+                text.push_str(&t);
+                token_logprobs.extend(logprobs);
+            }
             GenerateEvent::Finish {
                 reason,
                 prompt_tokens,
@@ -315,12 +328,13 @@ async fn run(
             }
         }
     }
+    let logprobs = logprobs.map_or(Value::Null, |mut w| w.render(&token_logprobs));
     let choice = match kind {
         Kind::Completion => {
-            json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": finish })
+            json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish })
         }
         Kind::Chat => {
-            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": null, "finish_reason": finish })
+            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": logprobs, "finish_reason": finish })
         }
     };
     let object = match kind {
@@ -340,6 +354,8 @@ struct ChunkWriter {
     /// with no choices carries the usage; without it no chunk has a usage field.
     include_usage: bool,
     first: bool,
+    /// Set when the request asked for logprobs.
+    logprobs: Option<LogprobsWriter>,
 }
 
 impl ChunkWriter {
@@ -358,10 +374,14 @@ impl ChunkWriter {
     /// The chunks of one event, in order.
     fn on_event(&mut self, ev: Result<GenerateEvent, GatewayError>) -> Vec<Value> {
         match ev {
-            Ok(GenerateEvent::Delta { text, .. }) => {
+            Ok(GenerateEvent::Delta { text, logprobs, .. }) => {
+                let logprobs = self
+                    .logprobs
+                    .as_mut()
+                    .map_or(Value::Null, |w| w.render(&logprobs));
                 let choice = match self.kind {
                     Kind::Completion => {
-                        json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": null })
+                        json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": null })
                     }
                     Kind::Chat => {
                         let delta = if self.first {
@@ -369,7 +389,7 @@ impl ChunkWriter {
                         } else {
                             json!({ "content": text })
                         };
-                        json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null })
+                        json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null })
                     }
                 };
                 self.first = false;
@@ -446,6 +466,7 @@ mod tests {
             model: "m".into(),
             include_usage,
             first: true,
+            logprobs: None,
         }
     }
 

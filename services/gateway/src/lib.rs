@@ -16,7 +16,8 @@
 //! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
 //! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
-//!   request bodies [`openai`] reads (refusing what is not served).
+//!   request bodies [`openai`] reads (refusing what is not served) and whose log-probabilities
+//!   [`logprobs`] writes.
 //! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
 //!
 //! The gateway owns text; workers own tokens.
@@ -28,6 +29,7 @@ pub mod http;
 pub mod kv_index;
 pub mod limits;
 pub mod listen;
+pub mod logprobs;
 pub mod models;
 pub mod openai;
 pub mod outlier;
@@ -193,6 +195,7 @@ impl Gateway {
             model,
             prompt,
             sampling,
+            constraint,
             deadline,
             started,
             api,
@@ -208,7 +211,7 @@ impl Gateway {
                 // threads, which carry every other stream.
                 let prompt = prompt.clone();
                 tokio::task::spawn_blocking(move || {
-                    validate::validate(text, context, &prompt, sampling)
+                    validate::validate(text, context, &prompt, sampling, constraint.as_ref())
                 })
                 .await
                 .map_err(|e| GatewayError::Internal(format!("the tokenizing thread: {e}")))?
@@ -246,6 +249,8 @@ pub struct GenerateArgs<'a> {
     pub model: &'a str,
     pub prompt: &'a Prompt,
     pub sampling: Option<api::SamplingParams>,
+    /// What the output must follow, if anything.
+    pub constraint: Option<validate::Constraint>,
     pub deadline: Option<Instant>,
     /// When the request arrived (time to first token counts from here).
     pub started: Instant,

@@ -2,9 +2,10 @@
 //! `GetModelInfo`: the gateway needs no model files.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ferrite_proto::worker::v1 as pb;
+use ferrite_structured::{TokenBytes, Vocabulary};
 use ferrite_text::Tokenizer;
 use tokio::sync::OnceCell;
 
@@ -25,6 +26,46 @@ pub struct ModelText {
     pub digest: Option<String>,
     /// What requests that leave a sampling field unset get (the model's recommendation).
     pub sampling_defaults: ferrite_proto::v1::SamplingDefaults,
+    tokenizer_json: String,
+    eos_token_ids: Vec<u32>,
+    /// Each token's bytes (for log-probabilities), read on first use.
+    token_bytes: OnceLock<Option<TokenBytes>>,
+    /// The grammar compiler, made by the first constrained request (or why there is none).
+    vocabulary: OnceLock<Result<Vocabulary, String>>,
+}
+
+impl ModelText {
+    /// Each token's bytes, where the tokenizer's vocabulary can say them.
+    pub fn token_bytes(&self) -> Option<&TokenBytes> {
+        self.token_bytes
+            .get_or_init(|| TokenBytes::from_tokenizer_json(&self.tokenizer_json).ok())
+            .as_ref()
+    }
+
+    /// The model's grammar compiler, made on first use (a blocking call: tens of
+    /// milliseconds the first time).
+    pub fn vocabulary(&self) -> Result<&Vocabulary, GatewayError> {
+        self.vocabulary
+            .get_or_init(|| {
+                let bytes = self
+                    .token_bytes()
+                    .ok_or("its tokenizer has no byte vocabulary")?;
+                Vocabulary::new(
+                    bytes,
+                    self.tokenizer.clone(),
+                    &self.eos_token_ids,
+                    self.vocab_size,
+                )
+                .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|why| {
+                GatewayError::InvalidArgument(format!(
+                    "model `{}` cannot constrain its outputs: {why}",
+                    self.name
+                ))
+            })
+    }
 }
 
 impl ModelText {
@@ -54,6 +95,10 @@ impl ModelText {
             add_special_tokens: info.add_special_tokens,
             digest: Some(info.text_digest).filter(|d| !d.is_empty()),
             sampling_defaults: info.sampling_defaults.unwrap_or_default(),
+            tokenizer_json: info.tokenizer_json,
+            eos_token_ids: info.eos_token_ids,
+            token_bytes: OnceLock::new(),
+            vocabulary: OnceLock::new(),
         })
     }
 }

@@ -1,13 +1,17 @@
 //! The OpenAI request bodies: what ferrite reads from them, and a clear refusal (400, naming the
-//! field) of every field it would otherwise ignore while the client counts on it: tools,
-//! structured output, logit bias, logprobs over HTTP, several choices.
+//! field) of every field it would otherwise ignore while the client counts on it: tools, logit
+//! bias, several choices.
+//!
+//! Structured outputs come as OpenAI's `response_format` (`json_object`, `json_schema`) or as
+//! vLLM's `structured_outputs` extension (`json`, `regex`, `choice`, `grammar` in Lark).
 
 use ferrite_proto::v1 as api;
+use ferrite_structured::Spec;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::http::ApiError;
-use crate::validate::Prompt;
+use crate::validate::{Constraint, Prompt};
 
 /// Fields shared by both completion endpoints.
 #[derive(Debug, Deserialize)]
@@ -31,7 +35,7 @@ pub struct CommonParams {
     ignore_eos: bool,
     n: Option<u32>,
     logit_bias: Option<Value>,
-    /// Chat: a bool; completions: a count. Either way not served over HTTP yet.
+    /// Chat: a bool (with `top_logprobs` alternatives); completions: the count of alternatives.
     logprobs: Option<Value>,
     top_logprobs: Option<Value>,
     tools: Option<Value>,
@@ -39,6 +43,7 @@ pub struct CommonParams {
     functions: Option<Value>,
     function_call: Option<Value>,
     response_format: Option<Value>,
+    structured_outputs: Option<Value>,
     echo: Option<bool>,
     suffix: Option<Value>,
     best_of: Option<u32>,
@@ -117,21 +122,8 @@ impl CommonParams {
                 return unsupported(param, "ferrite does not call tools yet");
             }
         }
-        let format = self.response_format.as_ref().filter(|v| !v.is_null());
-        if format.is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text")) {
-            return unsupported(
-                "response_format",
-                "only {\"type\": \"text\"}; structured output is not served yet",
-            );
-        }
         if set(&self.logit_bias) {
             return unsupported("logit_bias", "no logit bias");
-        }
-        if set(&self.logprobs) || set(&self.top_logprobs) {
-            return unsupported(
-                "logprobs",
-                "the HTTP API does not return logprobs yet; ferrite.v1.Inference/Generate does",
-            );
         }
         if self.echo == Some(true) {
             return unsupported("echo", "the prompt is not echoed");
@@ -158,9 +150,138 @@ impl CommonParams {
             frequency_penalty: self.frequency_penalty,
             stop: stop_strings(&self.stop)?,
             stop_token_ids: Vec::new(),
-            logprobs: None,
+            logprobs: self.logprobs()?,
             ignore_eos: self.ignore_eos,
         })
+    }
+
+    /// The alternatives to return per token, if logprobs are asked for: chat's `logprobs:
+    /// true` with `top_logprobs` (default 0), or completions' `logprobs: n`.
+    fn logprobs(&self) -> Result<Option<u32>, ApiError> {
+        let bad = |m: &str, param| Err(ApiError::invalid(m.to_owned(), Some(param)));
+        let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let top = match &self.top_logprobs {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(n) => Some(count(n)),
+                None => return bad("top_logprobs must be a whole number", "top_logprobs"),
+            },
+        };
+        match &self.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => match top {
+                Some(n) if n > 0 => bad("top_logprobs needs logprobs: true", "top_logprobs"),
+                _ => Ok(None),
+            },
+            Some(Value::Bool(true)) => Ok(Some(top.unwrap_or(0))),
+            Some(v) => match (v.as_u64(), top) {
+                (Some(n), None) => Ok(Some(count(n))),
+                (Some(_), Some(_)) => bad(
+                    "top_logprobs goes with chat's logprobs: true; completions take logprobs: n",
+                    "top_logprobs",
+                ),
+                (None, _) => bad(
+                    "logprobs must be a boolean (chat) or a whole number (completions)",
+                    "logprobs",
+                ),
+            },
+        }
+    }
+
+    /// What the output must follow: `response_format` or `structured_outputs` (not both).
+    pub fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        let format = response_format(self.response_format.as_ref())?;
+        let extension = structured_outputs(self.structured_outputs.as_ref())?;
+        match (format, extension) {
+            (Some(_), Some(_)) => Err(ApiError::invalid(
+                "give response_format or structured_outputs, not both",
+                Some("structured_outputs"),
+            )),
+            (a, b) => Ok(a.or(b)),
+        }
+    }
+}
+
+/// OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema` with
+/// its `schema` (default: any JSON value) and `strict`.
+fn response_format(v: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
+    const FIELD: &str = "response_format";
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |m: String| Err(ApiError::invalid(format!("`{FIELD}`: {m}"), Some(FIELD)));
+    let spec = match v.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => Spec::JsonObject,
+        Some("json_schema") => {
+            let Some(js) = v.get("json_schema").filter(|j| j.is_object()) else {
+                return bad("type json_schema needs a `json_schema` object".into());
+            };
+            Spec::JsonSchema {
+                schema: js.get("schema").cloned().unwrap_or(serde_json::json!({})),
+                strict: js.get("strict").and_then(Value::as_bool).unwrap_or(false),
+            }
+        }
+        Some(other) => {
+            return bad(format!(
+                "type `{other}` is not one of text, json_object, json_schema"
+            ));
+        }
+        None => return bad("needs a `type` (text, json_object or json_schema)".into()),
+    };
+    Ok(Some(Constraint { spec, field: FIELD }))
+}
+
+/// vLLM's `structured_outputs`: exactly one of `json` (a schema, or its JSON text), `regex`,
+/// `choice` (a list of strings), `grammar` (Lark), `json_object: true`.
+fn structured_outputs(v: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
+    const FIELD: &str = "structured_outputs";
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |m: String| ApiError::invalid(format!("`{FIELD}`: {m}"), Some(FIELD));
+    let Some(obj) = v.as_object() else {
+        return Err(bad("must be an object".into()));
+    };
+    let mut specs = Vec::new();
+    for (key, value) in obj {
+        let text = || value.as_str().map(str::to_owned);
+        let spec = match key.as_str() {
+            "json" => Some(match value {
+                Value::String(s) => Spec::JsonSchema {
+                    schema: serde_json::from_str(s)
+                        .map_err(|e| bad(format!("`json` is not JSON: {e}")))?,
+                    strict: false,
+                },
+                other => Spec::JsonSchema {
+                    schema: other.clone(),
+                    strict: false,
+                },
+            }),
+            "regex" => Some(Spec::Regex(
+                text().ok_or_else(|| bad("`regex` must be a string".into()))?,
+            )),
+            "grammar" => Some(Spec::Lark(
+                text().ok_or_else(|| bad("`grammar` must be a string".into()))?,
+            )),
+            "choice" => Some(Spec::Choice(
+                serde_json::from_value(value.clone())
+                    .map_err(|_| bad("`choice` must be a list of strings".into()))?,
+            )),
+            "json_object" => (value == &Value::Bool(true)).then_some(Spec::JsonObject),
+            other => {
+                return Err(bad(format!(
+                    "`{other}` is not one of json, regex, choice, grammar, json_object"
+                )));
+            }
+        };
+        specs.extend(spec);
+    }
+    match specs.len() {
+        0 => Ok(None),
+        1 => Ok(specs.pop().map(|spec| Constraint { spec, field: FIELD })),
+        _ => Err(bad(
+            "give one of json, regex, choice, grammar, json_object".into()
+        )),
     }
 }
 
@@ -214,8 +335,39 @@ pub fn completion_prompt(prompt: &Value) -> Result<Prompt, ApiError> {
     }
 }
 
+/// The roles a chat message may have. `developer` is OpenAI's newer name for `system`, which
+/// chat templates know. (Tool messages wait for tool calling.)
+const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+
+/// A chat message as the template renders it; an unknown role is refused by name.
+pub fn chat_message(m: &ChatMessageIn) -> Result<ferrite_text::ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "developer" => "system",
+        r if ROLES.contains(&r) => r,
+        "tool" => {
+            return Err(ApiError::invalid(
+                "`messages`: role `tool` needs tool calling, which is not served yet",
+                Some("messages"),
+            ));
+        }
+        other => {
+            return Err(ApiError::invalid(
+                format!(
+                    "`messages`: role `{other}` is not one of {}",
+                    ROLES.join(", ")
+                ),
+                Some("messages"),
+            ));
+        }
+    };
+    Ok(ferrite_text::ChatMessage::new(
+        role,
+        message_text(&m.content)?,
+    ))
+}
+
 /// A chat message's `content`: a string, or the content-parts form with text parts only.
-pub fn message_text(content: &Value) -> Result<String, ApiError> {
+fn message_text(content: &Value) -> Result<String, ApiError> {
     match content {
         Value::String(s) => Ok(s.clone()),
         Value::Null => Ok(String::new()),
@@ -295,14 +447,7 @@ mod tests {
             (json!({ "tool_choice": "required" }), "tool_choice"),
             (json!({ "function_call": { "name": "f" } }), "function_call"),
             (json!({ "functions": [{}] }), "functions"),
-            (
-                json!({ "response_format": { "type": "json_object" } }),
-                "response_format",
-            ),
             (json!({ "logit_bias": { "50256": -100 } }), "logit_bias"),
-            (json!({ "logprobs": true }), "logprobs"),
-            (json!({ "logprobs": 2 }), "logprobs"),
-            (json!({ "top_logprobs": 3 }), "logprobs"),
             (json!({ "echo": true }), "echo"),
             (json!({ "suffix": "x" }), "suffix"),
         ];
@@ -323,6 +468,107 @@ mod tests {
         let s = p.sampling().expect("accepted");
         assert_eq!(s.logprobs, None);
         assert!(!params(json!({})).include_usage());
+    }
+
+    #[test]
+    fn logprobs_are_chats_bool_or_a_completions_count() {
+        let cases = [
+            (json!({ "logprobs": true }), Some(0)),
+            (json!({ "logprobs": true, "top_logprobs": 3 }), Some(3)),
+            (json!({ "logprobs": 2 }), Some(2)),
+            (json!({ "logprobs": false, "top_logprobs": 0 }), None),
+        ];
+        for (extra, want) in cases {
+            let s = params(extra.clone()).sampling().expect("accepted");
+            assert_eq!(s.logprobs, want, "{extra}");
+        }
+        let bad = [
+            (json!({ "top_logprobs": 3 }), "top_logprobs"),
+            (json!({ "logprobs": 2, "top_logprobs": 3 }), "top_logprobs"),
+            (json!({ "logprobs": "yes" }), "logprobs"),
+            (
+                json!({ "logprobs": true, "top_logprobs": -1 }),
+                "top_logprobs",
+            ),
+        ];
+        for (extra, param) in bad {
+            let e = params(extra.clone()).sampling().expect_err("refused");
+            assert_eq!(e.param(), Some(param), "{extra}");
+        }
+    }
+
+    #[test]
+    fn constraints_from_response_format_or_structured_outputs() {
+        let schema = json!({ "type": "object" });
+        let cases = [
+            (json!({ "response_format": { "type": "text" } }), None),
+            (
+                json!({ "response_format": { "type": "json_object" } }),
+                Some(Spec::JsonObject),
+            ),
+            (
+                json!({ "response_format": { "type": "json_schema",
+                    "json_schema": { "name": "x", "schema": schema, "strict": true } } }),
+                Some(Spec::JsonSchema {
+                    schema: schema.clone(),
+                    strict: true,
+                }),
+            ),
+            (
+                json!({ "structured_outputs": { "json": "{\"type\": \"object\"}" } }),
+                Some(Spec::JsonSchema {
+                    schema: schema.clone(),
+                    strict: false,
+                }),
+            ),
+            (
+                json!({ "structured_outputs": { "choice": ["a", "b"] } }),
+                Some(Spec::Choice(vec!["a".into(), "b".into()])),
+            ),
+            (
+                json!({ "structured_outputs": { "regex": "[0-9]+" } }),
+                Some(Spec::Regex("[0-9]+".into())),
+            ),
+        ];
+        for (extra, want) in cases {
+            let c = params(extra.clone()).constraint().expect("accepted");
+            assert_eq!(c.map(|c| c.spec), want, "{extra}");
+        }
+        let bad = [
+            (
+                json!({ "response_format": { "type": "yaml" } }),
+                "response_format",
+            ),
+            (
+                json!({ "response_format": { "type": "json_schema" } }),
+                "response_format",
+            ),
+            (
+                json!({ "structured_outputs": { "json": "{not json" } }),
+                "structured_outputs",
+            ),
+            (
+                json!({ "structured_outputs": { "choice": [1] } }),
+                "structured_outputs",
+            ),
+            (
+                json!({ "structured_outputs": { "regex": "a", "choice": ["b"] } }),
+                "structured_outputs",
+            ),
+            (
+                json!({ "structured_outputs": { "xml": "a" } }),
+                "structured_outputs",
+            ),
+            (
+                json!({ "response_format": { "type": "json_object" },
+                    "structured_outputs": { "regex": "a" } }),
+                "structured_outputs",
+            ),
+        ];
+        for (extra, param) in bad {
+            let e = params(extra.clone()).constraint().expect_err("refused");
+            assert_eq!(e.param(), Some(param), "{extra}: {}", e.message());
+        }
     }
 
     #[test]

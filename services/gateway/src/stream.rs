@@ -1,5 +1,6 @@
 //! From worker token ids to client text: incremental detokenization and stop strings.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrite_proto::v1 as api;
@@ -9,6 +10,7 @@ use futures::{Stream, StreamExt};
 use tracing::Instrument;
 
 use crate::error::GatewayError;
+use crate::models::ModelText;
 use crate::route::Upstream;
 use crate::trace::RequestTrace;
 use crate::validate::ValidatedRequest;
@@ -42,7 +44,8 @@ struct State {
     deadline: Option<Instant>,
     /// How long the pool may go without sending anything.
     idle: Duration,
-    want_logprobs: bool,
+    /// The model's text side, when the request asked for logprobs (it names their tokens).
+    logprobs_of: Option<Arc<ModelText>>,
     done: bool,
 }
 
@@ -69,7 +72,7 @@ pub fn events(
         trace,
         deadline,
         idle,
-        want_logprobs: req.sampling().logprobs.is_some(),
+        logprobs_of: req.sampling().logprobs.is_some().then(|| text.clone()),
         done: false,
     };
     futures::stream::unfold(state, |st| {
@@ -155,18 +158,26 @@ impl State {
         for t in &msg.tokens {
             self.completion_tokens += 1;
             token_ids.push(t.id);
-            if self.want_logprobs {
+            if let Some(text) = &self.logprobs_of {
+                let (token, bytes) = token_text(text, t.id);
                 logprobs.push(api::TokenLogprob {
                     token_id: t.id,
                     logprob: t.logprob,
                     top: t
                         .top
                         .iter()
-                        .map(|x| api::TopLogprob {
-                            token_id: x.token_id,
-                            logprob: x.logprob,
+                        .map(|x| {
+                            let (token, bytes) = token_text(text, x.token_id);
+                            api::TopLogprob {
+                                token_id: x.token_id,
+                                logprob: x.logprob,
+                                token,
+                                bytes,
+                            }
                         })
                         .collect(),
+                    token,
+                    bytes,
                 });
             }
             match self.text.push(t.id) {
@@ -221,6 +232,27 @@ impl State {
         }
         out
     }
+}
+
+/// Token `id`'s text and bytes, as OpenAI's logprobs name a token: its bytes as UTF-8 where
+/// they are, else `bytes:` and their escapes (a token ending inside a character).
+pub fn token_text(text: &ModelText, id: u32) -> (String, Vec<u8>) {
+    let bytes = match text.token_bytes() {
+        Some(b) => b.get(id).to_vec(),
+        None => text
+            .tokenizer
+            .decode(&[id], false)
+            .unwrap_or_default()
+            .into_bytes(),
+    };
+    let token = match std::str::from_utf8(&bytes) {
+        Ok(s) => s.to_owned(),
+        Err(_) => {
+            let escaped: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
+            format!("bytes:{escaped}")
+        }
+    };
+    (token, bytes)
 }
 
 #[cfg(test)]

@@ -36,7 +36,14 @@ async fn events_of(
         stop: stop.iter().map(|s| (*s).to_owned()).collect(),
         ..api::SamplingParams::default()
     };
-    let req = validate(word_model(), 16, &Prompt::Text("a".into()), Some(sampling)).expect("valid");
+    let req = validate(
+        word_model(),
+        16,
+        &Prompt::Text("a".into()),
+        Some(sampling),
+        None,
+    )
+    .expect("valid");
     let mut msgs: Vec<Result<pb::GenerateResponse, tonic::Status>> = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
         let last = i + 1 == ids.len();
@@ -144,7 +151,7 @@ async fn a_stream_that_ends_without_a_finish_is_unavailable() {
 
 #[tokio::test]
 async fn a_pool_silent_past_the_idle_bound_fails_the_stream_as_unavailable() {
-    let req = validate(word_model(), 16, &Prompt::Text("a".into()), None).expect("valid");
+    let req = validate(word_model(), 16, &Prompt::Text("a".into()), None, None).expect("valid");
     let trace = RequestTrace::new(
         tracing::Span::none(),
         "m",

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
+use ferrite_structured::Spec;
 use ferrite_text::ChatMessage;
 
 use crate::error::GatewayError;
@@ -21,6 +22,16 @@ pub struct ValidatedRequest {
     prompt_ids: Vec<u32>,
     sampling: pb::SamplingParams,
     stop: Vec<String>,
+    /// The grammar the output follows (checked: it compiles), as the worker API carries it.
+    grammar: Option<String>,
+}
+
+/// What a request's output must follow, and the request field that asked for it (named by
+/// a refusal).
+#[derive(Debug, Clone)]
+pub struct Constraint {
+    pub spec: Spec,
+    pub field: &'static str,
 }
 
 impl ValidatedRequest {
@@ -53,6 +64,7 @@ impl ValidatedRequest {
         pb::GenerateRequest {
             prompt_token_ids: self.prompt_ids.clone(),
             sampling: Some(self.sampling.clone()),
+            grammar: self.grammar.clone(),
         }
     }
 }
@@ -125,13 +137,26 @@ pub fn tokenize(
     }
 }
 
+/// The wire form of `constraint`'s grammar for `text`'s model, once llguidance compiled it
+/// here: a schema or grammar it cannot compile is the request's fault, named by its field.
+fn grammar(text: &ModelText, constraint: &Constraint) -> Result<String, GatewayError> {
+    let bad = |e: ferrite_structured::GrammarError| GatewayError::InvalidField {
+        field: constraint.field,
+        message: e.to_string(),
+    };
+    let grammar = constraint.spec.grammar().map_err(bad)?;
+    text.vocabulary()?.compile(&grammar).map_err(bad)?;
+    Ok(grammar.to_wire())
+}
+
 /// Validates a request for `text`'s model, whose pools hold at most `context` tokens (prompt
-/// plus output) per request.
+/// plus output) per request. A blocking call: it tokenizes, and compiles a constraint.
 pub fn validate(
     text: Arc<ModelText>,
     context: usize,
     prompt: &Prompt,
     sampling: Option<api::SamplingParams>,
+    constraint: Option<&Constraint>,
 ) -> Result<ValidatedRequest, GatewayError> {
     let bad = |m: String| Err(GatewayError::InvalidArgument(m));
     let (prompt_ids, _) = tokenize(&text, prompt)?;
@@ -190,11 +215,13 @@ pub fn validate(
     };
     // The same ranges the engine admits: a bad value is refused here, not by a worker.
     ferrite_proto::sampling::check(&sampling).map_err(GatewayError::InvalidArgument)?;
+    let grammar = constraint.map(|c| grammar(&text, c)).transpose()?;
     Ok(ValidatedRequest {
         text,
         prompt_ids,
         sampling,
         stop: s.stop,
+        grammar,
     })
 }
 

@@ -23,7 +23,7 @@ fn sampling(f: impl FnOnce(&mut api::SamplingParams)) -> Option<api::SamplingPar
 }
 
 fn refused(prompt: &Prompt, s: Option<api::SamplingParams>) -> String {
-    match validate(model(), CONTEXT, prompt, s) {
+    match validate(model(), CONTEXT, prompt, s, None) {
         Err(GatewayError::InvalidArgument(m)) => m,
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
@@ -31,19 +31,19 @@ fn refused(prompt: &Prompt, s: Option<api::SamplingParams>) -> String {
 
 #[test]
 fn prompts_of_each_form_become_ids() {
-    let text = validate(model(), CONTEXT, &Prompt::Text("a b c".into()), None).expect("text");
+    let text = validate(model(), CONTEXT, &Prompt::Text("a b c".into()), None, None).expect("text");
     assert_eq!(text.prompt_ids(), [1, 2, 3]);
     assert_eq!(text.model().digest.as_deref(), Some("d1"));
     let chat = Prompt::Chat(vec![ChatMessage::new("user", "x y")]);
-    let chat = validate(model(), CONTEXT, &chat, None).expect("chat");
+    let chat = validate(model(), CONTEXT, &chat, None, None).expect("chat");
     assert_eq!(chat.prompt_ids(), [4, 5, 6, 7]);
-    let ids = validate(model(), CONTEXT, &Prompt::TokenIds(vec![7, 0]), None).expect("ids");
+    let ids = validate(model(), CONTEXT, &Prompt::TokenIds(vec![7, 0]), None, None).expect("ids");
     assert_eq!(ids.prompt_ids(), [7, 0]);
 }
 
 #[test]
 fn defaults_fill_the_worker_request() {
-    let v = validate(model(), CONTEXT, &Prompt::TokenIds(vec![1]), None).expect("ok");
+    let v = validate(model(), CONTEXT, &Prompt::TokenIds(vec![1]), None, None).expect("ok");
     let s = v.sampling();
     // Unset, max_tokens is what the context leaves (16 - 1), below the default.
     assert_eq!(s.max_tokens, 15);
@@ -99,7 +99,14 @@ fn unset_fields_take_the_models_recommendation_and_set_ones_win() {
         repetition_penalty: Some(1.1),
         ..api::SamplingDefaults::default()
     });
-    let unset = validate(text.clone(), CONTEXT, &Prompt::TokenIds(vec![1]), None).expect("ok");
+    let unset = validate(
+        text.clone(),
+        CONTEXT,
+        &Prompt::TokenIds(vec![1]),
+        None,
+        None,
+    )
+    .expect("ok");
     let s = unset.sampling();
     assert_eq!(
         (
@@ -115,7 +122,7 @@ fn unset_fields_take_the_models_recommendation_and_set_ones_win() {
         s.temperature = Some(1.0);
         s.top_p = Some(1.0);
     });
-    let set = validate(text, CONTEXT, &Prompt::TokenIds(vec![1]), own).expect("ok");
+    let set = validate(text, CONTEXT, &Prompt::TokenIds(vec![1]), own, None).expect("ok");
     let s = set.sampling();
     assert_eq!(
         (s.temperature, s.top_p, s.repetition_penalty),

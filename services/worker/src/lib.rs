@@ -5,6 +5,8 @@
 //! - [`service`]: the `ferrite.worker.v1.Worker` gRPC service over the engine thread's handle,
 //!   (or the synthetic backend), and the engine-error → gRPC-status mapping; the pool's KV
 //!   events (`WatchKvCache`) for the gateways' KV-aware routing.
+//! - [`guide`]: constrained decoding: the model's vocabulary for grammars, and each
+//!   constrained request's guide (llguidance, through `ferrite-structured`).
 //! - [`synthetic`]: fixed-rate tokens without a model, for measuring the gateway.
 //! - [`lifecycle`]: rank 0, the leader: load → serve → register (Starting, then Ready once
 //!   every rank is up) → on shutdown: Draining, finish in-flight requests (bounded),
@@ -17,6 +19,7 @@
 //! other rank registers its rank key. A pool of one rank is a rank 0 with no followers.
 
 pub mod follower;
+pub mod guide;
 pub mod lifecycle;
 pub mod rendezvous;
 pub mod service;

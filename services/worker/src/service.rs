@@ -19,6 +19,7 @@ use ferrite_engine::handle::{EngineHandle, KvUpdate, RequestStream};
 use ferrite_engine::kv_cache::BlockHash;
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_proto::worker::v1 as pb;
+use ferrite_structured::Vocabulary;
 use ferrite_telemetry::metrics::{Load, RequestOutcome, WorkerMetrics};
 use ferrite_telemetry::spans::{Clock, record_interval};
 use ferrite_telemetry::{KeyValue, OpenTelemetrySpanExt, genai};
@@ -59,6 +60,8 @@ pub enum Backend {
 pub struct WorkerService {
     backend: Backend,
     info: Arc<pb::ModelInfo>,
+    /// Compiles constrained requests' grammars (see [`crate::guide`]).
+    vocabulary: Arc<Result<Arc<Vocabulary>, String>>,
     draining: Arc<AtomicBool>,
     /// Set when draining starts: ends the prefix-cache streams, which never end by themselves
     /// (the server's graceful stop waits for every open stream).
@@ -77,9 +80,16 @@ impl WorkerService {
             metrics,
             backend,
             info: Arc::new(info),
+            vocabulary: Arc::new(Err("it was started without one".into())),
             draining: Arc::new(AtomicBool::new(false)),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// This service with `vocabulary` for constrained requests (or why there is none).
+    pub fn with_vocabulary(mut self, vocabulary: Result<Vocabulary, String>) -> Self {
+        self.vocabulary = Arc::new(vocabulary.map(Arc::new));
+        self
     }
 
     /// What `GetModelInfo` answers.
@@ -329,8 +339,12 @@ impl pb::worker_server::Worker for WorkerService {
         span.set_attribute(genai::REQUEST_MODEL, self.info.model.clone());
         span.set_attribute("ferrite.prompt_tokens", req.prompt_token_ids.len() as i64);
         let params = SamplingParams::from(req.sampling.unwrap_or_default());
+        let constraint = match &req.grammar {
+            Some(g) => Some(crate::guide::compile(&self.vocabulary, g).await?),
+            None => None,
+        };
         let stream = engine
-            .submit(req.prompt_token_ids, params)
+            .submit_constrained(req.prompt_token_ids, params, constraint)
             .await
             .map_err(|e| {
                 let status = status_of(&e);

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferrite_fuzz::{Target, fuzz};
+use ferrite_gateway::grpc::constraint_of;
 use ferrite_gateway::models::ModelText;
-use ferrite_gateway::openai::{ChatRequest, CompletionRequest, completion_prompt, message_text};
+use ferrite_gateway::openai::{ChatRequest, CompletionRequest, chat_message, completion_prompt};
 use ferrite_gateway::validate::{Prompt, validate};
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
@@ -176,12 +177,14 @@ fn openai_bodies_parse_or_fail_cleanly() {
             if let Ok(req) = serde_json::from_slice::<CompletionRequest>(input) {
                 let _ = completion_prompt(&req.prompt);
                 let _ = req.common.sampling();
+                let _ = req.common.constraint();
             }
             if let Ok(req) = serde_json::from_slice::<ChatRequest>(input) {
                 for m in &req.messages {
-                    let _ = message_text(&m.content);
+                    let _ = chat_message(m);
                 }
                 let _ = req.common.sampling();
+                let _ = req.common.constraint();
             }
         },
     );
@@ -233,6 +236,7 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
                 model: "m".into(),
                 prompt: Some(p),
                 sampling: Some(sampling.clone()),
+                constraint: Some(api::generate_request::Constraint::Regex("[a-c ]+".into())),
             }
             .encode_to_vec()
         })
@@ -248,8 +252,15 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
             let Ok(req) = api::GenerateRequest::decode(input) else {
                 return;
             };
-            if let Ok(prompt) = Prompt::from_proto(req.prompt) {
-                let _ = validate(model.clone(), 16, &prompt, req.sampling);
+            let constraint = req.constraint.map(constraint_of).transpose();
+            if let (Ok(prompt), Ok(constraint)) = (Prompt::from_proto(req.prompt), constraint) {
+                let _ = validate(
+                    model.clone(),
+                    16,
+                    &prompt,
+                    req.sampling,
+                    constraint.as_ref(),
+                );
             }
         },
     );

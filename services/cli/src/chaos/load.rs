@@ -212,6 +212,7 @@ impl Shared {
                 ignore_eos: true,
                 ..api::SamplingParams::default()
             }),
+            constraint: None,
         });
         req.set_timeout(self.deadline);
         let mut stream = match client.generate(req).await {

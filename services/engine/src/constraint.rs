@@ -1,0 +1,51 @@
+//! A grammar a request's output must follow, as the engine sees it: which tokens may come next,
+//! and whether a token ended the output. The engine knows no grammar: the worker implements
+//! this over llguidance (`ferrite-structured`).
+//!
+//! Masks are bitmasks over a logits row: bit `i % 32` of word `i / 32` allows token `i`. The
+//! engine computes a step's masks on a thread of their own while the forward runs (they depend
+//! only on the tokens so far), and the sampler keeps the allowed tokens alone.
+
+/// One sequence's grammar.
+pub trait Constraint: Send + std::fmt::Debug {
+    /// Fills `mask` (as wide as a logits row, in 32-bit words) with the tokens allowed next.
+    fn allowed(&mut self, mask: &mut [u32]) -> Result<(), String>;
+    /// Follows the chosen `token`; `true` when it completed the grammar (the output ends).
+    fn accept(&mut self, token: u32) -> Result<bool, String>;
+}
+
+/// Sets every logit `mask` does not allow to -inf. Errors when it allows none of the row.
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) -> Result<(), String> {
+    let mut any = false;
+    for (i, l) in logits.iter_mut().enumerate() {
+        let word = mask.get(i / 32).copied().unwrap_or(0);
+        if word >> (i % 32) & 1 == 0 {
+            *l = f32::NEG_INFINITY;
+        } else {
+            any = true;
+        }
+    }
+    if any {
+        Ok(())
+    } else {
+        Err("the grammar allows no token of the vocabulary here".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mask_keeps_its_tokens_alone() {
+        let mut row = vec![1.0f32; 40];
+        let mut mask = [0u32; 2];
+        mask[0] |= 1 << 3;
+        mask[1] |= 1 << 2; // token 34
+        apply_mask(&mut row, &mask).expect("some allowed");
+        let kept: Vec<usize> = (0..40).filter(|&i| row[i].is_finite()).collect();
+        assert_eq!(kept, [3, 34]);
+        // A mask shorter than the row allows nothing past it; one allowing nothing is an error.
+        assert!(apply_mask(&mut [1.0; 40], &[0]).is_err());
+    }
+}

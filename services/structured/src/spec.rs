@@ -1,0 +1,239 @@
+//! What a request asks its output to follow, and the llguidance grammar that says it.
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{Value, json};
+
+use crate::GrammarError;
+
+/// The largest schema or grammar text a request may carry. llguidance bounds the compile
+/// itself (its lexer fuel and grammar size limits); this keeps a request from spending the
+/// gateway's memory and time on parsing a megabyte of JSON first.
+pub const MAX_GRAMMAR_BYTES: usize = 128 * 1024;
+
+/// Whitespace llguidance lets a JSON output put between two tokens of the JSON: up to 16
+/// characters (a newline and an indentation), never an endless run of it until `max_tokens`,
+/// which is what small models fall into when whitespace is free.
+const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,16}";
+
+/// A request's constraint, as the APIs name it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A value of this JSON schema. `strict` (OpenAI's flag) refuses a schema using keywords
+    /// llguidance cannot enforce; without it they are ignored, as OpenAI's non-strict mode
+    /// and vLLM do.
+    JsonSchema { schema: Value, strict: bool },
+    /// Text matching this regular expression (Rust `regex` syntax), whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text of this Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
+/// A compiled-to-be grammar in llguidance's own form: what the gateway sends a pool.
+#[derive(Debug, Clone)]
+pub struct Grammar(pub(crate) TopLevelGrammar);
+
+impl Spec {
+    /// The grammar of this constraint. Refuses what is malformed before llguidance sees it:
+    /// a schema that is not an object, text past [`MAX_GRAMMAR_BYTES`], an empty choice list.
+    pub fn grammar(&self) -> Result<Grammar, GrammarError> {
+        let bad = |m: String| Err(GrammarError::Invalid(m));
+        let size = match self {
+            Spec::JsonObject => 0,
+            Spec::JsonSchema { schema, .. } => schema.to_string().len(),
+            Spec::Regex(r) | Spec::Lark(r) => r.len(),
+            Spec::Choice(c) => c.iter().map(String::len).sum(),
+        };
+        if size > MAX_GRAMMAR_BYTES {
+            return bad(format!(
+                "the schema or grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are accepted"
+            ));
+        }
+        let top = match self {
+            Spec::JsonObject => json_grammar(json!({"type": "object"}), false)?,
+            Spec::JsonSchema { schema, strict } => json_grammar(schema.clone(), *strict)?,
+            Spec::Regex(r) => TopLevelGrammar::from_regex(r),
+            Spec::Choice(choices) => {
+                if choices.is_empty() {
+                    return bad("the choice list is empty".into());
+                }
+                let alternatives: Vec<String> =
+                    choices.iter().map(|c| regex_syntax::escape(c)).collect();
+                TopLevelGrammar::from_regex(&format!("(?:{})", alternatives.join("|")))
+            }
+            Spec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        };
+        Ok(Grammar(top))
+    }
+}
+
+/// The largest magnitude a JSON number without bounds of its own may take: 2^53 - 1, the
+/// integers every JSON parser keeps exactly. Unbounded, a small model writes digits until
+/// `max_tokens` ("population": 1112223123123323233…) and the output never parses.
+const NUMBER_BOUND: i64 = (1 << 53) - 1;
+
+/// Keywords whose values are data, not subschemas: bounds are never added inside them.
+const DATA_KEYWORDS: [&str; 4] = ["enum", "const", "default", "examples"];
+
+/// Bounds every `integer` and `number` subschema of `schema` that leaves a side unbounded by
+/// ±[`NUMBER_BOUND`].
+fn bound_numbers(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            let numeric = |t: &Value| matches!(t.as_str(), Some("integer" | "number"));
+            let is_number = obj.get("type").is_some_and(|t| {
+                numeric(t) || t.as_array().is_some_and(|ts| ts.iter().any(numeric))
+            });
+            if is_number {
+                if !obj.contains_key("maximum") && !obj.contains_key("exclusiveMaximum") {
+                    obj.insert("maximum".into(), NUMBER_BOUND.into());
+                }
+                if !obj.contains_key("minimum") && !obj.contains_key("exclusiveMinimum") {
+                    obj.insert("minimum".into(), (-NUMBER_BOUND).into());
+                }
+            }
+            for (key, value) in obj.iter_mut() {
+                if !DATA_KEYWORDS.contains(&key.as_str()) {
+                    bound_numbers(value);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_numbers),
+        _ => {}
+    }
+}
+
+/// A JSON schema's grammar, with ferrite's JSON options (bounded whitespace and numbers;
+/// lenient unless `strict`) under the schema's `x-guidance`, where llguidance reads them.
+/// Options the schema sets itself there are kept.
+fn json_grammar(mut schema: Value, strict: bool) -> Result<TopLevelGrammar, GrammarError> {
+    bound_numbers(&mut schema);
+    let Some(obj) = schema.as_object_mut() else {
+        return Err(GrammarError::Invalid(format!(
+            "a JSON schema must be an object, not {}",
+            kind(&schema)
+        )));
+    };
+    let options = obj.entry("x-guidance").or_insert_with(|| json!({}));
+    let Some(options) = options.as_object_mut() else {
+        return Err(GrammarError::Invalid(
+            "the schema's `x-guidance` must be an object".into(),
+        ));
+    };
+    if !options.contains_key("whitespace_flexible") {
+        options
+            .entry("whitespace_pattern")
+            .or_insert_with(|| JSON_WHITESPACE.into());
+    }
+    options.entry("lenient").or_insert_with(|| (!strict).into());
+    Ok(TopLevelGrammar::from_json_schema(schema))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl Grammar {
+    /// The grammar as the worker API carries it (llguidance's JSON form).
+    pub fn to_wire(&self) -> String {
+        // A TopLevelGrammar is plain data (strings, JSON values, options): serializing it
+        // cannot fail.
+        serde_json::to_string(&self.0).unwrap_or_default()
+    }
+
+    /// A grammar from the worker API; refuses text that is not one.
+    pub fn from_wire(text: &str) -> Result<Self, GrammarError> {
+        if text.len() > 2 * MAX_GRAMMAR_BYTES {
+            return Err(GrammarError::Invalid(format!(
+                "the grammar is {} bytes; at most {} are accepted",
+                text.len(),
+                2 * MAX_GRAMMAR_BYTES
+            )));
+        }
+        serde_json::from_str(text)
+            .map(Grammar)
+            .map_err(|e| GrammarError::Invalid(format!("not an llguidance grammar: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_options_bound_whitespace_and_follow_strict() {
+        let g = Spec::JsonSchema {
+            schema: json!({"type": "object"}),
+            strict: true,
+        }
+        .grammar()
+        .expect("grammar");
+        let wire: Value = serde_json::from_str(&g.to_wire()).expect("json");
+        let options = &wire["grammars"][0]["json_schema"]["x-guidance"];
+        assert_eq!(options["whitespace_pattern"], JSON_WHITESPACE);
+        assert_eq!(options["lenient"], false);
+        // The schema's own options win.
+        let own = Spec::JsonSchema {
+            schema: json!({"x-guidance": {"lenient": false, "whitespace_flexible": true}}),
+            strict: false,
+        };
+        let wire: Value = serde_json::from_str(&own.grammar().expect("g").to_wire()).expect("j");
+        let options = &wire["grammars"][0]["json_schema"]["x-guidance"];
+        assert_eq!(options["lenient"], false);
+        assert!(options.get("whitespace_pattern").is_none(), "{options}");
+    }
+
+    #[test]
+    fn unbounded_numbers_are_bounded_and_data_is_left_alone() {
+        let mut schema = json!({"type": "object", "properties": {
+            "n": {"type": "integer"},
+            "x": {"type": ["number", "null"], "minimum": 0},
+            "e": {"enum": [{"type": "integer"}]}}});
+        bound_numbers(&mut schema);
+        let p = &schema["properties"];
+        assert_eq!(p["n"]["maximum"], NUMBER_BOUND);
+        assert_eq!(p["n"]["minimum"], -NUMBER_BOUND);
+        assert_eq!(p["x"]["minimum"], 0);
+        assert_eq!(p["x"]["maximum"], NUMBER_BOUND);
+        assert_eq!(p["e"]["enum"][0], json!({"type": "integer"}));
+    }
+
+    #[test]
+    fn malformed_specs_are_refused_before_llguidance() {
+        let cases = [
+            (
+                Spec::JsonSchema {
+                    schema: json!(true),
+                    strict: false,
+                },
+                "must be an object",
+            ),
+            (Spec::Choice(Vec::new()), "empty"),
+            (Spec::Regex("a".repeat(MAX_GRAMMAR_BYTES + 1)), "bytes"),
+        ];
+        for (spec, want) in cases {
+            let e = spec.grammar().expect_err("refused");
+            assert!(e.to_string().contains(want), "{spec:?}: {e}");
+        }
+        assert!(Grammar::from_wire("{not json").is_err());
+    }
+
+    #[test]
+    fn a_grammar_survives_the_wire() {
+        let g = Spec::Choice(vec!["a|b".into(), "c".into()])
+            .grammar()
+            .expect("grammar");
+        let back = Grammar::from_wire(&g.to_wire()).expect("parsed");
+        assert_eq!(back.to_wire(), g.to_wire());
+    }
+}

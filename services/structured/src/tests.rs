@@ -1,0 +1,137 @@
+//! Guides over a byte-level vocabulary (token id = byte), with padding past it.
+
+use ferrite_text::{GgufVocab, Tokenizer};
+use serde_json::json;
+
+use crate::{Guide, Spec, TokenBytes, Vocabulary};
+
+/// Logits rows of 300: 256 byte tokens, the end-of-sequence token 256, padding after it.
+const WIDTH: usize = 300;
+const EOS: u32 = 256;
+
+fn vocabulary() -> Vocabulary {
+    let tokenizer = Tokenizer::from_gguf_vocab(GgufVocab::byte_level()).expect("tokenizer");
+    let json = tokenizer.to_tokenizer_json().expect("json");
+    let bytes = TokenBytes::from_tokenizer_json(&json).expect("bytes");
+    assert_eq!(bytes.get(u32::from(b'{')), b"{");
+    Vocabulary::new(&bytes, tokenizer, &[EOS], WIDTH).expect("vocabulary")
+}
+
+fn allowed(guide: &mut Guide) -> Vec<u32> {
+    let mut mask = vec![0u32; guide.mask_words()];
+    guide.allowed(&mut mask).expect("mask");
+    (0..WIDTH as u32)
+        .filter(|&i| mask[i as usize / 32] >> (i % 32) & 1 == 1)
+        .collect()
+}
+
+/// Feeds `text` byte by byte, checking each byte was allowed; returns whether the last one
+/// completed the grammar.
+fn feed(guide: &mut Guide, text: &str) -> bool {
+    let mut done = false;
+    for b in text.bytes() {
+        assert!(!done, "the grammar ended before {text:?} did");
+        assert!(
+            allowed(guide).contains(&u32::from(b)),
+            "{:?} not allowed",
+            b as char
+        );
+        done = guide.accept(u32::from(b)).expect("accepted");
+    }
+    done
+}
+
+#[test]
+fn a_schema_allows_its_values_only_and_ends_with_them() {
+    let v = vocabulary();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+        "required": ["n"], "additionalProperties": false});
+    let grammar = Spec::JsonSchema {
+        schema,
+        strict: true,
+    }
+    .grammar()
+    .expect("grammar");
+    let mut g = v.compile(&grammar).expect("compiled");
+    assert_eq!(allowed(&mut g), [u32::from(b'{')], "only an object opens");
+    let ended = feed(&mut g, r#"{"n": 42"#);
+    assert!(!ended);
+    // An integer without bounds of its own stops at 2^53 - 1: 16 digits at most.
+    let mut long = v.compile(&grammar).expect("compiled");
+    feed(&mut long, &format!(r#"{{"n": {}"#, "1".repeat(16)));
+    assert!(
+        !allowed(&mut long).contains(&u32::from(b'1')),
+        "a 17th digit"
+    );
+    let next = allowed(&mut g);
+    assert!(next.contains(&u32::from(b'}')) && next.contains(&u32::from(b'7')));
+    assert!(!next.contains(&u32::from(b'"')), "no second key");
+    // Closing the object completes the grammar: the output ends there.
+    assert!(feed(&mut g, "}"));
+    assert_eq!(allowed(&mut g), [EOS]);
+    assert!(g.accept(u32::from(b'x')).is_err(), "nothing after the end");
+    // Where the value could go on, the end-of-sequence token ends it.
+    let mut g = v
+        .compile(&Spec::Regex("[0-9]+".into()).grammar().expect("g"))
+        .expect("c");
+    assert!(!feed(&mut g, "12"));
+    assert!(allowed(&mut g).contains(&EOS));
+    assert!(g.accept(EOS).expect("eos"));
+}
+
+#[test]
+fn padding_ids_are_never_allowed() {
+    let v = vocabulary();
+    let mut g = v
+        .compile(&Spec::Regex(".*".into()).grammar().expect("g"))
+        .expect("c");
+    let ids = allowed(&mut g);
+    assert!(
+        ids.iter().all(|&i| i <= EOS),
+        "{:?}",
+        ids.iter().rev().take(3).collect::<Vec<_>>()
+    );
+    assert!(ids.contains(&u32::from(b'a')));
+}
+
+#[test]
+fn whitespace_inside_json_is_bounded() {
+    let v = vocabulary();
+    let mut g = v
+        .compile(&Spec::JsonObject.grammar().expect("g"))
+        .expect("c");
+    feed(&mut g, "{");
+    feed(&mut g, &" ".repeat(16));
+    assert!(!allowed(&mut g).contains(&u32::from(b' ')), "a 17th space");
+}
+
+#[test]
+fn a_choice_is_one_of_its_strings_taken_literally() {
+    let v = vocabulary();
+    let spec = Spec::Choice(vec!["a.b".into(), "c|d".into()]);
+    let mut g = v.compile(&spec.grammar().expect("g")).expect("c");
+    assert!(feed(&mut g, "c|d") || allowed(&mut g) == [EOS]);
+    let mut g = v.compile(&spec.grammar().expect("g")).expect("c");
+    feed(&mut g, "a");
+    assert!(
+        !allowed(&mut g).contains(&u32::from(b'x')),
+        "the dot is literal"
+    );
+}
+
+#[test]
+fn what_llguidance_cannot_compile_is_refused_with_its_reason() {
+    let v = vocabulary();
+    let cases = [
+        Spec::Regex("(unclosed".into()),
+        Spec::Lark("start: undefined_rule".into()),
+        Spec::JsonSchema {
+            schema: json!({"type": "no-such-type"}),
+            strict: true,
+        },
+    ];
+    for spec in cases {
+        let e = v.compile(&spec.grammar().expect("g")).expect_err("refused");
+        assert!(!e.to_string().is_empty(), "{spec:?}");
+    }
+}
