@@ -329,6 +329,40 @@ impl GatewayProc {
     }
 }
 
+/// One `ferrite serve` process (gateway and worker in one, placement in process) of the
+/// default model on free ports, with a KV cache of one full-length sequence.
+#[derive(Debug)]
+pub struct ServeProc {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub proc: Proc,
+}
+
+impl ServeProc {
+    /// Starts it and waits for its `ready`.
+    pub async fn start() -> Result<Self> {
+        let args = [
+            "serve",
+            "--model",
+            MODEL,
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--kv-cache-mib",
+            "400",
+        ]
+        .map(String::from);
+        let mut proc = Proc::spawn("serve", &ferrite_bin()?, &args)?;
+        let lines = proc.wait_ready(WORKER_READY_TIMEOUT).await?;
+        Ok(Self {
+            grpc: addr_after(&lines, "gRPC")?,
+            http: addr_after(&lines, "HTTP")?,
+            proc,
+        })
+    }
+}
+
 /// etcd + workers + gateway. Everything is killed (and etcd's data removed) on drop.
 #[derive(Debug)]
 pub struct Cluster {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ferrite_cluster_tests::cluster::{WORKER_READY_TIMEOUT, addr_after, channel};
+use ferrite_cluster_tests::cluster::{ServeProc, WORKER_READY_TIMEOUT, addr_after, channel};
 use ferrite_cluster_tests::grpc::{self, greedy_text};
 use ferrite_cluster_tests::{MODEL, Proc, ferrite_bin, http, serial, wait};
 use ferrite_proto::v1::inference_client::InferenceClient;
@@ -13,22 +13,11 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_answers_grpc_and_openai_without_etcd_and_drains_on_sigterm() -> Result<()> {
     let _turn = serial().await;
-    let args = [
-        "serve",
-        "--model",
-        MODEL,
-        "--grpc-listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--kv-cache-mib",
-        "400",
-    ]
-    .map(String::from);
-    let mut serve = Proc::spawn("serve", &ferrite_bin()?, &args)?;
-    let lines = serve.wait_ready(WORKER_READY_TIMEOUT).await?;
-    let grpc_addr = addr_after(&lines, "gRPC")?;
-    let http_addr = addr_after(&lines, "HTTP")?;
+    let ServeProc {
+        grpc: grpc_addr,
+        http: http_addr,
+        proc: mut serve,
+    } = ServeProc::start().await?;
     let mut client = InferenceClient::new(channel(grpc_addr).await?);
 
     wait::until("serve to list its model", Duration::from_secs(10), || {

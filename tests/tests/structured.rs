@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ferrite_cluster_tests::cluster::{WORKER_READY_TIMEOUT, addr_after, channel};
+use ferrite_cluster_tests::cluster::{ServeProc, channel};
 use ferrite_cluster_tests::grpc::{self, greedy_chat};
 use ferrite_cluster_tests::python::run_client;
-use ferrite_cluster_tests::{MODEL, Proc, ferrite_bin, serial};
+use ferrite_cluster_tests::{MODEL, serial};
 use ferrite_proto::v1::FinishReason;
 use ferrite_proto::v1::generate_request::Constraint;
 use ferrite_proto::v1::inference_client::InferenceClient;
@@ -19,22 +19,8 @@ use serde_json::{Value, json};
 async fn outputs_follow_their_constraints_on_both_apis_and_bad_ones_are_refused_by_field()
 -> Result<()> {
     let _turn = serial().await;
-    let args = [
-        "serve",
-        "--model",
-        MODEL,
-        "--grpc-listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--kv-cache-mib",
-        "400",
-    ]
-    .map(String::from);
-    let mut serve = Proc::spawn("serve", &ferrite_bin()?, &args)?;
-    let lines = serve.wait_ready(WORKER_READY_TIMEOUT).await?;
-    let grpc_addr = addr_after(&lines, "gRPC")?;
-    let http_addr = addr_after(&lines, "HTTP")?;
+    let serve = ServeProc::start().await?;
+    let (grpc_addr, http_addr) = (serve.grpc, serve.http);
 
     let base = format!("http://{http_addr}/v1");
     let client_args = ["--base-url", &base, "--model", MODEL].map(String::from);
