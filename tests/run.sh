@@ -22,9 +22,10 @@ fi
 # The Python clients of the cluster tests (tests/clients/): grpcio (+ stubs generated from
 # proto/ at run time, + grpcio-reflection's v1alpha client), the official openai package, and
 # prometheus_client (its exposition-format
-# parser checks /metrics), and numpy (checks `ferrite quantize` output independently).
-if ! python3 -c 'import grpc, grpc_tools, grpc_reflection, openai, prometheus_client, numpy' 2>/dev/null; then
-    packages=(grpcio grpcio-tools grpcio-reflection openai prometheus_client numpy)
+# parser checks /metrics), numpy (checks `ferrite quantize` output independently), and
+# jsonschema (validates structured outputs independently of llguidance).
+if ! python3 -c 'import grpc, grpc_tools, grpc_reflection, openai, prometheus_client, numpy, jsonschema' 2>/dev/null; then
+    packages=(grpcio grpcio-tools grpcio-reflection openai prometheus_client numpy jsonschema)
     echo "tests/run.sh: installing ${packages[*]}"
     python3 -m pip install --quiet "${packages[@]}" 2>/dev/null ||
         python3 -m pip install --quiet --break-system-packages "${packages[@]}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Structured outputs and log-probabilities through the official `openai` client.
+"""Structured outputs, tool calls and log-probabilities through the official `openai` client.
 
 Run by tests/tests/structured.rs, or by hand against a running gateway:
 
@@ -7,7 +7,8 @@ Run by tests/tests/structured.rs, or by hand against a running gateway:
 
 Calls `chat.completions.parse` with a Pydantic model, a choice list (vLLM's `structured_outputs`)
 with chat logprobs, a regex on the legacy completions endpoint with its logprobs, a streamed
-JSON schema, a Lark grammar, and every kind of bad constraint; prints one JSON object with what
+JSON schema, a Lark grammar, tool calls (auto, required, named, streamed, a round trip), and
+every kind of bad constraint; prints one JSON object with what
 came back (the Rust test judges it). Greedy throughout (temperature 0).
 """
 
@@ -94,6 +95,73 @@ def lark(client, model):
     return {"content": r.choices[0].message.content, "finish": r.choices[0].finish_reason}
 
 
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"The {what} in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"], "additionalProperties": False}}}
+    for name, what in (("get_weather", "weather"), ("get_time", "local time"))]
+
+
+def calls_of(message):
+    """A message's tool calls as plain data, each with whether its arguments are JSON."""
+    out = []
+    for c in message.tool_calls or []:
+        try:
+            args = json.loads(c.function.arguments)
+        except ValueError:
+            args = None
+        out.append({"id": c.id, "type": c.type, "name": c.function.name, "arguments": args})
+    return out
+
+
+def streamed_calls(client, model, messages, choice):
+    """The calls of a streamed answer, put together from their chunks: each call's id, type
+    and name must come first, then pieces of its arguments."""
+    calls, order, finish = {}, [], None
+    for chunk in client.chat.completions.create(
+            model=model, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0,
+            max_tokens=80, stream=True):
+        if not chunk.choices:
+            continue
+        finish = chunk.choices[0].finish_reason or finish
+        for d in chunk.choices[0].delta.tool_calls or []:
+            if d.index not in calls:
+                calls[d.index] = {"id": d.id, "type": d.type, "name": d.function.name, "arguments": ""}
+                order.append("head" if d.id and d.function.name else "no head")
+            calls[d.index]["arguments"] += d.function.arguments or ""
+    for c in calls.values():
+        c["arguments"] = json.loads(c["arguments"])
+    return {"calls": list(calls.values()), "order": order, "finish": finish}
+
+
+def tools(client, model):
+    """auto, required and a named function, streamed and not, then a round trip: the call,
+    the tool's answer as a `tool` message, and the final answer (tool_choice none)."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    out = {}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for key, choice in (("auto", "auto"), ("required", "required"), ("named", named)):
+        r = client.chat.completions.create(model=model, messages=ask, tools=TOOLS,
+                                           tool_choice=choice, temperature=0, max_tokens=80)
+        c = r.choices[0]
+        out[key] = {"finish": c.finish_reason, "content": c.message.content,
+                    "calls": calls_of(c.message)}
+    out["streamed"] = streamed_calls(client, model, ask, "required")
+    call = client.chat.completions.create(model=model, messages=ask, tools=TOOLS,
+                                          tool_choice=named, temperature=0,
+                                          max_tokens=80).choices[0].message
+    history = ask + [
+        {"role": "assistant", "content": None,
+         "tool_calls": [c.model_dump() for c in call.tool_calls]},
+        {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "Sunny, 24 C"}]
+    final = client.chat.completions.create(model=model, messages=history, tools=TOOLS,
+                                           tool_choice="none", temperature=0, max_tokens=40)
+    out["final"] = {"finish": final.choices[0].finish_reason,
+                    "content": final.choices[0].message.content,
+                    "calls": calls_of(final.choices[0].message)}
+    return out
+
+
 def refusals(client, model):
     """Status and message of each bad constraint, then a plain request (served on)."""
     user = [{"role": "user", "content": "hi"}]
@@ -112,6 +180,9 @@ def refusals(client, model):
         "wizard_role": {"messages": [{"role": "wizard", "content": "hi"}]},
         "tool_message": {"messages": [{"role": "tool", "content": "42"}]},
         "top_logprobs_alone": {"top_logprobs": 2},
+        "missing_function": {"tools": TOOLS,
+                             "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "bad_tool_name": {"tools": [{"type": "function", "function": {"name": "a b"}}]},
     }
     out = {}
     for name, extra in cases.items():
@@ -138,7 +209,8 @@ def main():
     client = openai.OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=120)
     out = {"parsed": parsed(client, args.model), "choice": choice(client, args.model),
            "regex": regex(client, args.model), "stream": streamed_schema(client, args.model),
-           "lark": lark(client, args.model), "refused": refusals(client, args.model)}
+           "lark": lark(client, args.model), "tools": tools(client, args.model),
+           "refused": refusals(client, args.model)}
     print(json.dumps(out))
 
 

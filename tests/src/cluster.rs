@@ -341,6 +341,11 @@ pub struct ServeProc {
 impl ServeProc {
     /// Starts it and waits for its `ready`.
     pub async fn start() -> Result<Self> {
+        Self::start_with_env(&[]).await
+    }
+
+    /// [`ServeProc::start`] with `env` added to its environment.
+    pub async fn start_with_env(env: &[(String, String)]) -> Result<Self> {
         let args = [
             "serve",
             "--model",
@@ -353,7 +358,7 @@ impl ServeProc {
             "400",
         ]
         .map(String::from);
-        let mut proc = Proc::spawn("serve", &ferrite_bin()?, &args)?;
+        let mut proc = Proc::spawn_with_env("serve", &ferrite_bin()?, &args, env)?;
         let lines = proc.wait_ready(WORKER_READY_TIMEOUT).await?;
         Ok(Self {
             grpc: addr_after(&lines, "gRPC")?,

@@ -32,6 +32,7 @@ pub fn greedy_chat(user: &str, max_tokens: u32) -> GenerateRequest {
             messages: vec![ChatMessage {
                 role: "user".into(),
                 content: user.to_owned(),
+                ..Default::default()
             }],
         }),
         max_tokens,
@@ -57,7 +58,7 @@ fn request(prompt: Prompt, max_tokens: u32) -> GenerateRequest {
             ignore_eos: true,
             ..SamplingParams::default()
         }),
-        constraint: None,
+        ..Default::default()
     }
 }
 

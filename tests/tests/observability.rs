@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ferrite_cluster_tests::cluster::{PREFIX, WORKER_READY_TIMEOUT, addr_after, channel};
+use ferrite_cluster_tests::cluster::{
+    PREFIX, ServeProc, WORKER_READY_TIMEOUT, addr_after, channel,
+};
 use ferrite_cluster_tests::grpc::{self, greedy_text};
 use ferrite_cluster_tests::python::run_client;
 use ferrite_cluster_tests::{MODEL, Proc, ferrite_bin, http, serial};
@@ -292,27 +294,11 @@ fn sample(m: &BTreeMap<String, f64>, key: &str) -> f64 {
 async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()> {
     let _turn = serial().await;
     let receiver = OtlpReceiver::start().await?;
-    let args = [
-        "serve",
-        "--model",
-        MODEL,
-        "--listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--kv-cache-mib",
-        "400",
-    ]
-    .map(String::from);
-    let mut serve = Proc::spawn_with_env(
-        "serve",
-        &ferrite_bin()?,
-        &args,
-        &otel_env(&receiver, "ferrite-test-serve"),
-    )?;
-    let lines = serve.wait_ready(WORKER_READY_TIMEOUT).await?;
-    let grpc_addr = addr_after(&lines, "gRPC")?;
-    let http_addr = addr_after(&lines, "HTTP")?;
+    let ServeProc {
+        grpc: grpc_addr,
+        http: http_addr,
+        proc: mut serve,
+    } = ServeProc::start_with_env(&otel_env(&receiver, "ferrite-test-serve")).await?;
 
     // Start-up: flushed before `ready`, so it is here (or arriving) now.
     let spans = wait_spans(&receiver, "startup", 1, named("startup")).await?;

@@ -1,7 +1,7 @@
-//! Structured outputs and log-probabilities on both APIs of `ferrite serve`: the official
-//! `openai` client (`tests/clients/structured_client.py`: a Pydantic `parse`, a choice list, a
-//! regex, a streamed JSON schema, a Lark grammar, logprobs, and every kind of bad constraint),
-//! and `ferrite.v1.Inference` with a JSON schema.
+//! Structured outputs, tool calls and log-probabilities on both APIs of `ferrite serve`: the
+//! official `openai` client (`tests/clients/structured_client.py`: a Pydantic `parse`, a choice
+//! list, a regex, a streamed JSON schema, a Lark grammar, tool calls, logprobs, and every kind of
+//! bad constraint), and `ferrite.v1.Inference` with a JSON schema.
 
 use std::time::Duration;
 
@@ -10,9 +10,9 @@ use ferrite_cluster_tests::cluster::{ServeProc, channel};
 use ferrite_cluster_tests::grpc::{self, greedy_chat};
 use ferrite_cluster_tests::python::run_client;
 use ferrite_cluster_tests::{MODEL, serial};
-use ferrite_proto::v1::FinishReason;
 use ferrite_proto::v1::generate_request::Constraint;
 use ferrite_proto::v1::inference_client::InferenceClient;
+use ferrite_proto::v1::{FinishReason, Tool};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,6 +53,68 @@ async fn outputs_follow_their_constraints_on_both_apis_and_bad_ones_are_refused_
     let e = grpc::generate(&mut client, req).await.expect_err("refused");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(e.message().starts_with("`regex`:"), "{}", e.message());
+
+    // gRPC tools: a required call comes back in the finish.
+    let mut req = greedy_chat("What is the weather in Paris?", 60);
+    req.tools = vec![Tool {
+        name: "get_weather".into(),
+        description: "The weather in a city".into(),
+        parameters: json!({"type": "object", "required": ["city"],
+            "properties": {"city": {"type": "string"}}})
+        .to_string(),
+    }];
+    req.tool_choice = "required".into();
+    let c = grpc::generate(&mut client, req.clone()).await?;
+    let finish = c.finish.context("a finish")?;
+    assert_eq!(finish.reason(), FinishReason::ToolCalls, "{finish:?}");
+    let call = finish.tool_calls.first().context("a call")?;
+    assert_eq!(call.name, "get_weather");
+    let args: Value = serde_json::from_str(&call.arguments)?;
+    assert!(args["city"].is_string(), "{args}");
+    req.tool_choice = "nowhere".into();
+    let e = grpc::generate(&mut client, req).await.expect_err("refused");
+    assert!(e.message().starts_with("`tool_choice`:"), "{}", e.message());
+    Ok(())
+}
+
+/// Tool calls: well-formed calls of the request's tools, `tool_calls` as the finish when the
+/// model chose to call and `stop` for a named function, the call's head before its arguments
+/// when streamed, and a final answer in text after the tool's.
+fn check_tools(tools: &Value) -> Result<()> {
+    let well_formed = |calls: &Value, names: &[&str]| -> Result<usize> {
+        let calls = calls.as_array().context("calls")?;
+        for c in calls {
+            let name = c["name"].as_str().unwrap_or_default();
+            anyhow::ensure!(names.contains(&name), "a call of {name}");
+            anyhow::ensure!(c["arguments"]["city"].is_string(), "its arguments: {c}");
+            anyhow::ensure!(c["id"].as_str().is_some_and(|i| i.starts_with("call_")));
+        }
+        Ok(calls.len())
+    };
+    let both = ["get_weather", "get_time"];
+    let required = &tools["required"];
+    anyhow::ensure!(required["finish"] == "tool_calls", "required: {required}");
+    anyhow::ensure!(well_formed(&required["calls"], &both)? >= 1);
+    let named = &tools["named"];
+    anyhow::ensure!(named["finish"] == "stop", "named: {named}");
+    anyhow::ensure!(well_formed(&named["calls"], &["get_weather"])? == 1);
+    let auto = &tools["auto"];
+    let called = well_formed(&auto["calls"], &both)? > 0;
+    anyhow::ensure!(
+        (called && auto["finish"] == "tool_calls") || (!called && auto["content"].is_string()),
+        "auto: {auto}"
+    );
+    let streamed = &tools["streamed"];
+    anyhow::ensure!(streamed["finish"] == "tool_calls", "streamed: {streamed}");
+    anyhow::ensure!(well_formed(&streamed["calls"], &both)? >= 1);
+    let order = streamed["order"].as_array().context("order")?;
+    anyhow::ensure!(order.iter().all(|o| o == "head"), "streamed: {streamed}");
+    let last = &tools["final"];
+    anyhow::ensure!(
+        last["finish"] == "stop" && last["calls"] == json!([]),
+        "final: {last}"
+    );
+    anyhow::ensure!(last["content"].as_str().is_some_and(|c| !c.is_empty()));
     Ok(())
 }
 
@@ -103,6 +165,8 @@ fn check_openai(out: &Value) -> Result<()> {
     let city = out["lark"]["content"].as_str().context("lark")?;
     anyhow::ensure!(["Paris", "Rome", "Tokyo"].contains(&city), "{city}");
 
+    check_tools(&out["tools"])?;
+
     let refused = &out["refused"];
     let fields = [
         ("schema_not_compiled", "response_format"),
@@ -116,6 +180,8 @@ fn check_openai(out: &Value) -> Result<()> {
         ("wizard_role", "messages"),
         ("tool_message", "messages"),
         ("top_logprobs_alone", "top_logprobs"),
+        ("missing_function", "tool_choice"),
+        ("bad_tool_name", "tools"),
     ];
     for (case, field) in fields {
         let r = &refused[case];

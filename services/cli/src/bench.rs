@@ -40,6 +40,9 @@ pub enum BenchCommand {
     /// Prefix caching and KV-aware routing: shared long prefixes through gateways to pools,
     /// hit rate, TTFT and throughput with --routing p2c, --routing kv and caching off.
     Prefix(crate::bench_prefix::PrefixBenchArgs),
+    /// What constrained decoding costs: tok/s of concurrent streams under a JSON schema
+    /// against unconstrained, mask time per token, schema compile times.
+    Structured(crate::bench_structured::StructuredArgs),
     /// The fault run: etcd, a gateway and pools under load, then etcd loss, gateway loss, a
     /// drain, a stopped worker, a NaN model, an engine panic, a KV burst, mass disconnects and
     /// a rank lost from a tensor-parallel pool; per fault: outcomes, recovery, what is left.
@@ -84,6 +87,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Collective(args) => crate::bench_collective::run(args),
         BenchCommand::Prefix(args) => crate::bench_prefix::run(args),
         BenchCommand::Chaos(args) => crate::chaos::run(args),
+        BenchCommand::Structured(args) => crate::bench_structured::run(args),
         BenchCommand::CollectiveRank(args) => crate::bench_collective::rank(args),
     }
 }

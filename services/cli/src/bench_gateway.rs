@@ -267,7 +267,7 @@ async fn one_gateway(channel: Channel, tokens: u32) -> Result<()> {
             temperature: Some(0.0),
             ..api::SamplingParams::default()
         }),
-        constraint: None,
+        ..Default::default()
     };
     let mut stream = client.generate(req).await?.into_inner();
     while stream.message().await?.is_some() {}

@@ -33,7 +33,7 @@ use serde_json::json;
 use tonic::transport::Channel;
 
 use crate::loading::ModelArgs;
-use crate::table::Table;
+use crate::table::{Table, percentile};
 
 const MODEL: &str = "bench";
 const BLOCK_SIZE: usize = 16;
@@ -169,13 +169,6 @@ struct Figures {
     requests_per_s: f64,
     prompt_tokens_per_s: f64,
     output_tokens_per_s: f64,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    Some(sorted[((sorted.len() as f64 - 1.0) * p).round() as usize])
 }
 
 fn figures(records: &[Record], wall_s: f64) -> Figures {
@@ -481,7 +474,7 @@ async fn one(channel: Channel, prompt: Vec<u32>, max_tokens: u32) -> Result<Reco
             ignore_eos: true,
             ..api::SamplingParams::default()
         }),
-        constraint: None,
+        ..Default::default()
     };
     let t0 = Instant::now();
     let mut stream = client.generate(req).await?.into_inner();

@@ -120,7 +120,7 @@ fn request(kind: Kind, model: &str, rng: &mut Rng) -> (api::GenerateRequest, Opt
             seed: Some(rng.next()),
             ..api::SamplingParams::default()
         }),
-        constraint: None,
+        ..Default::default()
     };
     let sampling = req.sampling.get_or_insert_with(Default::default);
     match kind {

@@ -329,7 +329,7 @@ async fn first_token(grpc: &str, model: &str, timeout: Duration) -> Result<()> {
             temperature: Some(0.0),
             ..api::SamplingParams::default()
         }),
-        constraint: None,
+        ..Default::default()
     };
     let mut stream = client.generate(req).await?.into_inner();
     tokio::time::timeout(timeout, stream.message())

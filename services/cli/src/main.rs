@@ -25,6 +25,7 @@ mod bench_perplexity;
 mod bench_prefix;
 mod bench_soak;
 mod bench_startup;
+mod bench_structured;
 mod chaos;
 mod cluster;
 mod doctor;

@@ -126,6 +126,14 @@ pub fn markdown(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The `p` quantile (0..=1) of ascending `sorted` values, the nearest rank; `None` if empty.
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    Some(sorted[((sorted.len() as f64 - 1.0) * p).round() as usize])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

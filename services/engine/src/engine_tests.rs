@@ -306,3 +306,47 @@ fn a_grammar_that_fails_ends_its_request_alone() {
     assert_eq!(out.events.len(), 1);
     assert!(!e.contains(1) && e.contains(2));
 }
+
+#[test]
+fn a_preempted_constrained_request_goes_on_where_its_grammar_was() {
+    // Room for two sequences of the four: the others are preempted and recomputed, and their
+    // grammars (which saw every token) must not be asked to go back.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/qwen2");
+    let probe = engine();
+    let block_bytes = (8 << 20) / probe.stats().kv_blocks_total;
+    let loaded = crate::model::load(&dir).expect("tiny model");
+    let cfg = EngineConfig {
+        max_model_len: Some(64),
+        block_size: 16,
+        kv_cache_bytes: 9 * block_bytes,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(loaded.model, vec![], cfg).expect("engine");
+    let seq: Vec<u32> = (0..40).map(|i| 10 + 3 * i).collect();
+    for id in 1..=4 {
+        let steps = Steps {
+            seq: seq.clone(),
+            at: 0,
+            asked: Default::default(),
+        };
+        let prompt = vec![5 + id as u32, 6, 7, 8, 9, 10, 11, 12];
+        e.add_constrained(id, prompt, greedy(60), Some(Box::new(steps)))
+            .expect("add");
+    }
+    let mut out: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    while e.has_unfinished() {
+        let step = e.step().expect("step");
+        assert!(step.failed.is_empty(), "{:?}", step.failed);
+        for ev in step.events {
+            out.entry(ev.id).or_default().push(ev.token.id);
+        }
+    }
+    assert!(e.stats().preemptions > 0, "no preemption: {:?}", e.stats());
+    for id in 1..=4 {
+        let tokens = &out[&id];
+        assert_eq!(tokens.len(), seq.len(), "request {id}");
+        for (t, want) in tokens.iter().zip(&seq) {
+            assert!(*t == *want || *t == want + 1, "request {id}: {tokens:?}");
+        }
+    }
+}

@@ -9,6 +9,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use crate::stream::GenerateEvent;
+use crate::tools::{Function, ToolChoice, Tools};
 use crate::validate::{Constraint, Prompt, tokenize};
 use crate::{Gateway, GatewayError, GenerateArgs, trace};
 
@@ -38,12 +39,21 @@ fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
         }),
         GenerateEvent::Finish {
             reason,
+            tool_calls,
             prompt_tokens,
             cached_tokens,
             completion_tokens,
             time_to_first_token_ms,
         } => Event::Finish(api::Finish {
             reason: reason as i32,
+            tool_calls: tool_calls
+                .into_iter()
+                .map(|c| api::ToolCall {
+                    id: c.id,
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect(),
             usage: Some(api::Usage {
                 prompt_tokens,
                 completion_tokens,
@@ -95,6 +105,37 @@ fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
     Some(Instant::now() + d.saturating_sub(DEADLINE_MARGIN))
 }
 
+/// A request's tools, as `ferrite.v1` names them.
+pub fn tools_of(
+    tools: Vec<api::Tool>,
+    choice: &str,
+    parallel: Option<bool>,
+) -> Result<Option<Tools>, GatewayError> {
+    let bad = |field, message| GatewayError::InvalidField { field, message };
+    let functions = tools
+        .into_iter()
+        .map(|t| {
+            let parameters = match t.parameters.trim() {
+                "" => None,
+                text => Some(
+                    serde_json::from_str(text)
+                        .map_err(|e| format!("the parameters of `{}` are not JSON: {e}", t.name))?,
+                ),
+            };
+            let description = Some(t.description).filter(|d| !d.is_empty());
+            Function::new(&t.name, description, parameters)
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|m| bad("tools", m))?;
+    let choice = match choice {
+        "" | "auto" => ToolChoice::Auto,
+        "none" => ToolChoice::None,
+        "required" => ToolChoice::Required,
+        name => ToolChoice::Named(name.to_owned()),
+    };
+    Tools::new(functions, choice, parallel.unwrap_or(true)).map_err(|m| bad("tool_choice", m))
+}
+
 /// A request's constraint, as `ferrite.v1` names it.
 pub fn constraint_of(c: api::generate_request::Constraint) -> Result<Constraint, GatewayError> {
     use api::generate_request::Constraint as C;
@@ -143,6 +184,7 @@ impl api::inference_server::Inference for InferenceService {
         let (metadata, _, req) = request.into_parts();
         let prompt = Prompt::from_proto(req.prompt)?;
         let constraint = req.constraint.map(constraint_of).transpose()?;
+        let tools = tools_of(req.tools, &req.tool_choice, req.parallel_tool_calls)?;
         let span = trace::request_span(&req.model, &prompt);
         ferrite_telemetry::propagation::set_parent_from_metadata(&span, &metadata);
         let args = GenerateArgs {
@@ -150,6 +192,7 @@ impl api::inference_server::Inference for InferenceService {
             prompt: &prompt,
             sampling: req.sampling,
             constraint,
+            tools: tools.map(std::sync::Arc::new),
             deadline,
             started,
             api: trace::Api::Grpc,
@@ -189,7 +232,7 @@ impl api::inference_server::Inference for InferenceService {
                 ));
             }
         };
-        let (ids, rendered) = tokenize(&text, &prompt)?;
+        let (ids, rendered) = tokenize(&text, &prompt, None)?;
         Ok(Response::new(api::TokenizeResponse {
             token_ids: ids,
             rendered: rendered.unwrap_or_default(),

@@ -3,6 +3,7 @@
 //! shape (`{"error": {"message", "type", "param", "code"}}`).
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
@@ -21,6 +22,7 @@ use crate::openai::{
     ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompt,
 };
 use crate::stream::GenerateEvent;
+use crate::tools::ToolCall;
 use crate::validate::Prompt;
 use crate::{Gateway, GatewayError, GenerateArgs, trace};
 
@@ -189,8 +191,21 @@ fn unix_now() -> u64 {
 fn finish_str(r: api::FinishReason) -> &'static str {
     match r {
         api::FinishReason::Length => "length",
+        api::FinishReason::ToolCalls => "tool_calls",
         _ => "stop",
     }
+}
+
+/// A message's `tool_calls`, as OpenAI writes them.
+fn tool_calls_json(calls: &[ToolCall]) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            json!({ "id": c.id, "type": "function",
+                "function": { "name": c.name, "arguments": c.arguments } })
+        })
+        .collect();
+    Value::Array(calls)
 }
 
 async fn list_models(State(gw): State<Gateway>) -> Json<Value> {
@@ -261,6 +276,13 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let sampling = common.sampling()?;
     let constraint = common.constraint()?;
+    let tools = common.tools()?.map(Arc::new);
+    if tools.is_some() && matches!(kind, Kind::Completion) {
+        return Err(ApiError::invalid(
+            "`tools` are for /v1/chat/completions",
+            Some("tools"),
+        ));
+    }
     let logprobs = sampling
         .logprobs
         .is_some()
@@ -273,6 +295,7 @@ async fn run(
         prompt: &prompt,
         sampling: Some(sampling),
         constraint,
+        tools,
         deadline: None,
         started,
         api: trace::Api::Http,
@@ -307,6 +330,7 @@ async fn run(
     let mut finish = "stop";
     let mut usage = json!({});
     let mut token_logprobs = Vec::new();
+    let mut calls = Vec::new();
     futures::pin_mut!(events);
     while let Some(ev) = events.next().await {
         match ev? {
@@ -318,6 +342,7 @@ async fn run(
             }
             GenerateEvent::Finish {
                 reason,
+                tool_calls,
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens,
@@ -325,6 +350,7 @@ async fn run(
             } => {
                 finish = finish_str(reason);
                 usage = self::usage(prompt_tokens, cached_tokens, completion_tokens);
+                calls = tool_calls;
             }
         }
     }
@@ -334,7 +360,14 @@ async fn run(
             json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish })
         }
         Kind::Chat => {
-            json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": logprobs, "finish_reason": finish })
+            let mut message = json!({ "role": "assistant", "content": text });
+            if !calls.is_empty() {
+                message["tool_calls"] = tool_calls_json(&calls);
+                if text.is_empty() {
+                    message["content"] = Value::Null;
+                }
+            }
+            json!({ "index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish })
         }
     };
     let object = match kind {
@@ -371,6 +404,26 @@ impl ChunkWriter {
         c
     }
 
+    /// The chunks of a chat's tool calls: each call's id, type and name, then its arguments.
+    fn call_chunks(&mut self, calls: &[ToolCall]) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (index, c) in calls.iter().enumerate() {
+            let head = json!({ "index": index, "id": c.id, "type": "function",
+                "function": { "name": c.name, "arguments": "" } });
+            let args = json!({ "index": index, "function": { "arguments": c.arguments } });
+            for call in [head, args] {
+                let mut delta = json!({ "tool_calls": [call] });
+                if std::mem::take(&mut self.first) {
+                    delta["role"] = json!("assistant");
+                }
+                let choice =
+                    json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null });
+                out.push(self.chunk(json!([choice])));
+            }
+        }
+        out
+    }
+
     /// The chunks of one event, in order.
     fn on_event(&mut self, ev: Result<GenerateEvent, GatewayError>) -> Vec<Value> {
         match ev {
@@ -397,11 +450,13 @@ impl ChunkWriter {
             }
             Ok(GenerateEvent::Finish {
                 reason,
+                tool_calls,
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens,
                 ..
             }) => {
+                let mut out = self.call_chunks(&tool_calls);
                 let choice = match self.kind {
                     Kind::Completion => {
                         json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(reason) })
@@ -410,7 +465,7 @@ impl ChunkWriter {
                         json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_str(reason) })
                     }
                 };
-                let mut out = vec![self.chunk(json!([choice]))];
+                out.push(self.chunk(json!([choice])));
                 if self.include_usage {
                     let mut last = self.chunk(json!([]));
                     last["usage"] = usage(prompt_tokens, cached_tokens, completion_tokens);
@@ -481,6 +536,7 @@ mod tests {
     fn finish() -> Result<GenerateEvent, GatewayError> {
         Ok(GenerateEvent::Finish {
             reason: api::FinishReason::Length,
+            tool_calls: Vec::new(),
             prompt_tokens: 3,
             cached_tokens: 2,
             completion_tokens: 2,

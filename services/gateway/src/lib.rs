@@ -14,6 +14,8 @@
 //!   the bounds on waiting for a pool ([`route::UpstreamLimits`]).
 //! - [`outlier`]: pools set aside for a while after failing calls in a row.
 //! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
+//! - [`tools`]: tool calling: the tools put before the model in its family's format, the
+//!   grammar holding it to them, its output read back as calls.
 //! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
 //!   request bodies [`openai`] reads (refusing what is not served) and whose log-probabilities
@@ -36,6 +38,7 @@ pub mod outlier;
 pub mod pools;
 pub mod route;
 pub mod stream;
+pub mod tools;
 pub mod trace;
 pub mod validate;
 
@@ -196,6 +199,7 @@ impl Gateway {
             prompt,
             sampling,
             constraint,
+            tools,
             deadline,
             started,
             api,
@@ -211,7 +215,8 @@ impl Gateway {
                 // threads, which carry every other stream.
                 let prompt = prompt.clone();
                 tokio::task::spawn_blocking(move || {
-                    validate::validate(text, context, &prompt, sampling, constraint.as_ref())
+                    let c = constraint.as_ref();
+                    validate::validate(text, context, &prompt, sampling, c, tools)
                 })
                 .await
                 .map_err(|e| GatewayError::Internal(format!("the tokenizing thread: {e}")))?
@@ -251,6 +256,8 @@ pub struct GenerateArgs<'a> {
     pub sampling: Option<api::SamplingParams>,
     /// What the output must follow, if anything.
     pub constraint: Option<validate::Constraint>,
+    /// The tools the model may call (chats only).
+    pub tools: Option<std::sync::Arc<tools::Tools>>,
     pub deadline: Option<Instant>,
     /// When the request arrived (time to first token counts from here).
     pub started: Instant,

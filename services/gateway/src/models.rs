@@ -196,6 +196,17 @@ pub(crate) mod testing {
 
     /// [`word_model`] whose pools recommend `defaults`.
     pub fn word_model_with(defaults: ferrite_proto::v1::SamplingDefaults) -> Arc<ModelText> {
+        word_model_of(
+            defaults,
+            "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}",
+        )
+    }
+
+    /// [`word_model`] with its chat `template`.
+    pub fn word_model_of(
+        defaults: ferrite_proto::v1::SamplingDefaults,
+        template: &str,
+    ) -> Arc<ModelText> {
         let tokenizer = serde_json::json!({
             "version": "1.0",
             "added_tokens": [],
@@ -209,9 +220,7 @@ pub(crate) mod testing {
         let info = pb::ModelInfo {
             model: "m".into(),
             tokenizer_json: tokenizer.to_string(),
-            chat_template: Some(
-                "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}".into(),
-            ),
+            chat_template: Some(template.into()),
             vocab_size: 8,
             max_model_len: 16,
             text_digest: "d1".into(),

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::http::ApiError;
+use crate::tools::{self, Function, PastCall, ToolChoice, Tools};
 use crate::validate::{Constraint, Prompt};
 
 /// Fields shared by both completion endpoints.
@@ -40,6 +41,7 @@ pub struct CommonParams {
     top_logprobs: Option<Value>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     functions: Option<Value>,
     function_call: Option<Value>,
     response_format: Option<Value>,
@@ -74,7 +76,12 @@ pub struct ChatRequest {
 #[derive(Debug, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
+    #[serde(default)]
     pub content: Value,
+    /// An assistant message's calls.
+    tool_calls: Option<Value>,
+    /// A tool message's call.
+    tool_call_id: Option<String>,
 }
 
 /// Whether a field that may be sent as its "off" value is set to something else.
@@ -109,17 +116,15 @@ impl CommonParams {
         if self.best_of.is_some_and(|n| n != 1) {
             return unsupported("best_of", "one candidate per request");
         }
-        let tools = [
-            ("tools", &self.tools),
-            ("tool_choice", &self.tool_choice),
+        let legacy = [
             ("functions", &self.functions),
             ("function_call", &self.function_call),
         ];
-        for (param, v) in tools {
-            // "none" and "auto" without tools mean no tool call: harmless.
+        for (param, v) in legacy {
+            // "none" and "auto" without functions mean no call: harmless.
             let off = matches!(v.as_ref().and_then(Value::as_str), Some("none" | "auto"));
             if set(v) && !off {
-                return unsupported(param, "ferrite does not call tools yet");
+                return unsupported(param, "send `tools` and `tool_choice` instead");
             }
         }
         if set(&self.logit_bias) {
@@ -187,6 +192,46 @@ impl CommonParams {
         }
     }
 
+    /// The request's tools, unless it has none.
+    pub fn tools(&self) -> Result<Option<Tools>, ApiError> {
+        let functions: Vec<Function> = match &self.tools {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(i, t)| function(i, t))
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(ApiError::invalid("`tools` must be a list", Some("tools")));
+            }
+        };
+        let bad = |m: String| ApiError::invalid(m, Some("tool_choice"));
+        let choice = match &self.tool_choice {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => ToolChoice::None,
+                "auto" => ToolChoice::Auto,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(bad(format!(
+                        "`{other}` is not none, auto, required or a function"
+                    )));
+                }
+            },
+            Some(v) => match v["function"]["name"].as_str() {
+                Some(name) => ToolChoice::Named(name.to_owned()),
+                None => {
+                    return Err(bad(
+                        "a named choice is {\"type\": \"function\", \"function\": {\"name\": ...}}"
+                            .into(),
+                    ));
+                }
+            },
+        };
+        let parallel = self.parallel_tool_calls.unwrap_or(true);
+        Tools::new(functions, choice, parallel).map_err(bad)
+    }
+
     /// What the output must follow: `response_format` or `structured_outputs` (not both).
     pub fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
         let format = response_format(self.response_format.as_ref())?;
@@ -199,6 +244,21 @@ impl CommonParams {
             (a, b) => Ok(a.or(b)),
         }
     }
+}
+
+/// Tool `i` of a request: `{"type": "function", "function": {"name", "description",
+/// "parameters"}}`.
+fn function(i: usize, tool: &Value) -> Result<Function, ApiError> {
+    let bad = |m: String| ApiError::invalid(format!("`tools[{i}]`: {m}"), Some("tools"));
+    if tool["type"] != "function" {
+        return Err(bad("`type` must be \"function\"".into()));
+    }
+    let f = &tool["function"];
+    let name = f["name"]
+        .as_str()
+        .ok_or_else(|| bad("no `function.name`".into()))?;
+    let description = f["description"].as_str().map(str::to_owned);
+    Function::new(name, description, f.get("parameters").cloned()).map_err(bad)
 }
 
 /// OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema` with
@@ -335,35 +395,33 @@ pub fn completion_prompt(prompt: &Value) -> Result<Prompt, ApiError> {
     }
 }
 
-/// The roles a chat message may have. `developer` is OpenAI's newer name for `system`, which
-/// chat templates know. (Tool messages wait for tool calling.)
-const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
-
-/// A chat message as the template renders it; an unknown role is refused by name.
+/// A chat message as the template renders it (see [`crate::tools::chat_message`]); what is
+/// wrong with it is refused naming `messages`.
 pub fn chat_message(m: &ChatMessageIn) -> Result<ferrite_text::ChatMessage, ApiError> {
-    let role = match m.role.as_str() {
-        "developer" => "system",
-        r if ROLES.contains(&r) => r,
-        "tool" => {
-            return Err(ApiError::invalid(
-                "`messages`: role `tool` needs tool calling, which is not served yet",
-                Some("messages"),
-            ));
-        }
-        other => {
-            return Err(ApiError::invalid(
-                format!(
-                    "`messages`: role `{other}` is not one of {}",
-                    ROLES.join(", ")
-                ),
-                Some("messages"),
-            ));
-        }
+    let bad = |m: String| ApiError::invalid(format!("`messages`: {m}"), Some("messages"));
+    let calls = match &m.tool_calls {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|c| {
+                let f = &c["function"];
+                let name = f["name"]
+                    .as_str()
+                    .ok_or("a tool call without function.name")?;
+                let arguments = match &f["arguments"] {
+                    Value::String(text) => text.clone(),
+                    Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+                let id = c["id"].as_str().unwrap_or_default().to_owned();
+                PastCall::new(id, name.to_owned(), &arguments)
+            })
+            .collect::<Result<_, String>>()
+            .map_err(bad)?,
+        Some(_) => return Err(bad("`tool_calls` must be a list".into())),
     };
-    Ok(ferrite_text::ChatMessage::new(
-        role,
-        message_text(&m.content)?,
-    ))
+    let content = message_text(&m.content)?;
+    tools::chat_message(&m.role, content, calls, m.tool_call_id.clone()).map_err(bad)
 }
 
 /// A chat message's `content`: a string, or the content-parts form with text parts only.
@@ -443,8 +501,6 @@ mod tests {
         let cases = [
             (json!({ "n": 2 }), "n"),
             (json!({ "best_of": 3 }), "best_of"),
-            (json!({ "tools": [{ "type": "function" }] }), "tools"),
-            (json!({ "tool_choice": "required" }), "tool_choice"),
             (json!({ "function_call": { "name": "f" } }), "function_call"),
             (json!({ "functions": [{}] }), "functions"),
             (json!({ "logit_bias": { "50256": -100 } }), "logit_bias"),
@@ -569,6 +625,67 @@ mod tests {
             let e = params(extra.clone()).constraint().expect_err("refused");
             assert_eq!(e.param(), Some(param), "{extra}: {}", e.message());
         }
+    }
+
+    #[test]
+    fn tools_and_their_choice_are_read_or_refused_by_field() {
+        let tool = |name: &str| json!({"type": "function", "function": {"name": name}});
+        let t = params(
+            json!({"tools": [tool("a"), tool("b")], "tool_choice": "required",
+            "parallel_tool_calls": false}),
+        )
+        .tools()
+        .expect("read")
+        .expect("tools");
+        assert_eq!(t.choice, ToolChoice::Required);
+        assert!(!t.parallel);
+        assert_eq!(t.functions[1].parameters, json!({"type": "object"}));
+        let named = json!({"tools": [tool("a")],
+            "tool_choice": {"type": "function", "function": {"name": "a"}}});
+        let t = params(named).tools().expect("read").expect("tools");
+        assert_eq!(t.choice, ToolChoice::Named("a".into()));
+        assert!(
+            params(json!({"tool_choice": "auto"}))
+                .tools()
+                .expect("ok")
+                .is_none()
+        );
+        let bad = [
+            (
+                json!({"tools": [tool("a")], "tool_choice": {"type": "function",
+                "function": {"name": "missing"}}}),
+                "tool_choice",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"tools": [tool("a b")]}), "tools"),
+            (json!({"tools": [{"type": "retrieval"}]}), "tools"),
+            (json!({"tools": {"a": 1}}), "tools"),
+        ];
+        for (extra, param) in bad {
+            let e = params(extra.clone()).tools().expect_err("refused");
+            assert_eq!(e.param(), Some(param), "{extra}: {}", e.message());
+        }
+    }
+
+    #[test]
+    fn tool_messages_need_their_call_and_calls_become_objects() {
+        let msg = |v: Value| serde_json::from_value::<ChatMessageIn>(v).expect("message");
+        let e = chat_message(&msg(json!({"role": "tool", "content": "42"}))).expect_err("no id");
+        assert_eq!(e.param(), Some("messages"));
+        let e = chat_message(&msg(json!({"role": "user", "content": "x",
+            "tool_calls": [{"id": "c", "function": {"name": "f"}}]})))
+        .expect_err("not an assistant");
+        assert_eq!(e.param(), Some("messages"));
+        let call = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]});
+        let m = chat_message(&msg(call)).expect("ok");
+        assert_eq!(
+            m.tool_calls.expect("calls")[0]["function"]["arguments"],
+            json!({"x": 1})
+        );
+        let bad_args = json!({"role": "assistant", "tool_calls": [{"id": "c1",
+            "function": {"name": "f", "arguments": "{not json"}}]});
+        assert!(chat_message(&msg(bad_args)).is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::error::GatewayError;
 use crate::models::ModelText;
 use crate::route::Upstream;
+use crate::tools::{ToolCall, ToolChoice, ToolFormat, Tools};
 use crate::trace::RequestTrace;
 use crate::validate::ValidatedRequest;
 
@@ -25,6 +26,8 @@ pub enum GenerateEvent {
     },
     Finish {
         reason: api::FinishReason,
+        /// The calls the model made (requests with tools).
+        tool_calls: Vec<ToolCall>,
         prompt_tokens: u32,
         /// Prompt tokens the pool found in its prefix cache.
         cached_tokens: u32,
@@ -46,6 +49,8 @@ struct State {
     idle: Duration,
     /// The model's text side, when the request asked for logprobs (it names their tokens).
     logprobs_of: Option<Arc<ModelText>>,
+    /// With tools: the text, held back until the end, when it is read as calls or content.
+    tools: Option<ToolText>,
     done: bool,
 }
 
@@ -73,6 +78,14 @@ pub fn events(
         deadline,
         idle,
         logprobs_of: req.sampling().logprobs.is_some().then(|| text.clone()),
+        tools: req
+            .tools()
+            .filter(|(t, _)| t.may_call())
+            .map(|(tools, format)| ToolText {
+                tools: tools.clone(),
+                format: *format,
+                text: String::new(),
+            }),
         done: false,
     };
     futures::stream::unfold(state, |st| {
@@ -200,12 +213,20 @@ impl State {
                 Err(e) => return self.fail(e),
             }
         }
-        let reason = match finish {
+        let mut reason = match finish {
             _ if stopped => api::FinishReason::Stop,
             pb::FinishReason::Length => api::FinishReason::Length,
             _ => api::FinishReason::Stop,
         };
         let ttft_ms = self.trace.delta(token_ids.len()) * 1e3;
+        let mut tool_calls = Vec::new();
+        if let Some(t) = &mut self.tools {
+            t.text.push_str(&std::mem::take(&mut emit));
+            if last || stopped {
+                let (content, calls, called) = t.finish(reason);
+                (emit, tool_calls, reason) = (content, calls, called);
+            }
+        }
         out.push(Ok(GenerateEvent::Delta {
             text: emit,
             token_ids,
@@ -224,6 +245,7 @@ impl State {
             );
             out.push(Ok(GenerateEvent::Finish {
                 reason,
+                tool_calls,
                 prompt_tokens: self.prompt_tokens,
                 cached_tokens: self.cached_tokens,
                 completion_tokens: self.completion_tokens,
@@ -231,6 +253,29 @@ impl State {
             }));
         }
         out
+    }
+}
+
+/// A tool request's text so far, and how to read it when it ends.
+struct ToolText {
+    tools: Arc<Tools>,
+    format: ToolFormat,
+    text: String,
+}
+
+impl ToolText {
+    /// The content, the calls and the finish reason of the whole text: `tool_calls` when the
+    /// model chose to call (OpenAI says `stop` for a call it was told to make by name).
+    fn finish(&mut self, reason: api::FinishReason) -> (String, Vec<ToolCall>, api::FinishReason) {
+        let prefix = format!("{:016x}", crate::tools::random_u64());
+        let out = self.tools.parse(self.format, &self.text, &prefix);
+        let chose = !matches!(self.tools.choice, ToolChoice::Named(_));
+        let reason = if !out.calls.is_empty() && chose && reason == api::FinishReason::Stop {
+            api::FinishReason::ToolCalls
+        } else {
+            reason
+        };
+        (out.content, out.calls, reason)
     }
 }
 

@@ -42,6 +42,7 @@ async fn events_of(
         &Prompt::Text("a".into()),
         Some(sampling),
         None,
+        None,
     )
     .expect("valid");
     let mut msgs: Vec<Result<pb::GenerateResponse, tonic::Status>> = Vec::new();
@@ -151,7 +152,15 @@ async fn a_stream_that_ends_without_a_finish_is_unavailable() {
 
 #[tokio::test]
 async fn a_pool_silent_past_the_idle_bound_fails_the_stream_as_unavailable() {
-    let req = validate(word_model(), 16, &Prompt::Text("a".into()), None, None).expect("valid");
+    let req = validate(
+        word_model(),
+        16,
+        &Prompt::Text("a".into()),
+        None,
+        None,
+        None,
+    )
+    .expect("valid");
     let trace = RequestTrace::new(
         tracing::Span::none(),
         "m",

@@ -10,6 +10,7 @@ use ferrite_text::ChatMessage;
 
 use crate::error::GatewayError;
 use crate::models::ModelText;
+use crate::tools::{self, PastCall, ToolFormat, Tools};
 
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -24,6 +25,8 @@ pub struct ValidatedRequest {
     stop: Vec<String>,
     /// The grammar the output follows (checked: it compiles), as the worker API carries it.
     grammar: Option<String>,
+    /// The tools the model may call, and the format it calls them in.
+    tools: Option<(Arc<Tools>, ToolFormat)>,
 }
 
 /// What a request's output must follow, and the request field that asked for it (named by
@@ -55,6 +58,11 @@ impl ValidatedRequest {
         &self.stop
     }
 
+    /// The tools the model may call, and the format it calls them in.
+    pub fn tools(&self) -> Option<&(Arc<Tools>, ToolFormat)> {
+        self.tools.as_ref()
+    }
+
     /// The context a pool needs for this request: its prompt and `max_tokens`.
     pub fn context_needed(&self) -> usize {
         self.prompt_ids.len() + self.sampling.max_tokens as usize
@@ -82,12 +90,12 @@ impl Prompt {
         use api::generate_request::Prompt as P;
         match p {
             Some(P::Text(t)) => Ok(Prompt::Text(t)),
-            Some(P::Chat(c)) => Ok(Prompt::Chat(
-                c.messages
-                    .into_iter()
-                    .map(|m| ChatMessage::new(m.role, m.content))
-                    .collect(),
-            )),
+            Some(P::Chat(c)) => c
+                .messages
+                .into_iter()
+                .map(chat_message_of)
+                .collect::<Result<_, _>>()
+                .map(Prompt::Chat),
             Some(P::TokenIds(t)) => Ok(Prompt::TokenIds(t.ids)),
             None => Err(GatewayError::InvalidArgument(
                 "the request has no prompt (text, chat or token_ids)".into(),
@@ -96,11 +104,35 @@ impl Prompt {
     }
 }
 
-/// Renders and tokenizes `prompt` for `text`'s model. Returns the ids and, for chats, the
-/// rendered prompt.
+/// How a chat with tools is put before `text`'s model: in the format its template knows, or
+/// the generic one.
+pub fn tool_format(text: &ModelText) -> ToolFormat {
+    let template = text.tokenizer.chat_template();
+    ToolFormat::of(template.filter(|t| t.takes_tools()).map(|t| t.source()))
+}
+
+/// A `ferrite.v1` chat message, checked as the OpenAI API checks its own.
+fn chat_message_of(m: api::ChatMessage) -> Result<ChatMessage, GatewayError> {
+    let bad = |message: String| GatewayError::InvalidField {
+        field: "chat",
+        message,
+    };
+    let calls = m
+        .tool_calls
+        .into_iter()
+        .map(|c| PastCall::new(c.id, c.name, &c.arguments))
+        .collect::<Result<_, _>>()
+        .map_err(bad)?;
+    let id = Some(m.tool_call_id).filter(|id| !id.is_empty());
+    tools::chat_message(&m.role, m.content, calls, id).map_err(bad)
+}
+
+/// Renders and tokenizes `prompt` for `text`'s model, with `tools` for a chat. Returns the
+/// ids and, for chats, the rendered prompt.
 pub fn tokenize(
     text: &ModelText,
     prompt: &Prompt,
+    tools: Option<&Tools>,
 ) -> Result<(Vec<u32>, Option<String>), GatewayError> {
     let bad = |m: String| GatewayError::InvalidArgument(m);
     match prompt {
@@ -124,9 +156,14 @@ pub fn tokenize(
                     text.name
                 ))
             })?;
-            let rendered = template
-                .render(messages, true)
-                .map_err(|e| bad(format!("chat template: {e}")))?;
+            let rendered = match tools.map(|t| (t, tool_format(text))) {
+                None => template.render(messages, true),
+                Some((t, ToolFormat::Generic)) => {
+                    template.render(&t.generic_messages(messages.clone()), true)
+                }
+                Some((t, _)) => template.render_with_tools(messages, Some(&t.for_template()), true),
+            }
+            .map_err(|e| bad(format!("chat template: {e}")))?;
             let ids = text
                 .tokenizer
                 .encode(&rendered, false)
@@ -157,9 +194,16 @@ pub fn validate(
     prompt: &Prompt,
     sampling: Option<api::SamplingParams>,
     constraint: Option<&Constraint>,
+    tools: Option<Arc<Tools>>,
 ) -> Result<ValidatedRequest, GatewayError> {
     let bad = |m: String| Err(GatewayError::InvalidArgument(m));
-    let (prompt_ids, _) = tokenize(&text, prompt)?;
+    if tools.is_some() && !matches!(prompt, Prompt::Chat(_)) {
+        return Err(GatewayError::InvalidField {
+            field: "tools",
+            message: "tools need a chat prompt".into(),
+        });
+    }
+    let (prompt_ids, _) = tokenize(&text, prompt, tools.as_deref())?;
     if prompt_ids.is_empty() {
         return bad("the prompt is empty".into());
     }
@@ -215,6 +259,27 @@ pub fn validate(
     };
     // The same ranges the engine admits: a bad value is refused here, not by a worker.
     ferrite_proto::sampling::check(&sampling).map_err(GatewayError::InvalidArgument)?;
+    let tools = tools.map(|t| {
+        let format = tool_format(&text);
+        (t, format)
+    });
+    let tool_constraint = tools.as_ref().and_then(|(t, f)| {
+        t.constraint(*f).map(|spec| Constraint {
+            spec,
+            field: "tools",
+        })
+    });
+    let constraint = match (constraint, &tool_constraint) {
+        (Some(_), Some(_)) => {
+            return Err(GatewayError::InvalidField {
+                field: "tools",
+                message: "tools that must be called (or a model without its own tool format) \
+                          cannot also follow response_format or structured_outputs"
+                    .into(),
+            });
+        }
+        (c, t) => c.or(t.as_ref()),
+    };
     let grammar = constraint.map(|c| grammar(&text, c)).transpose()?;
     Ok(ValidatedRequest {
         text,
@@ -222,6 +287,7 @@ pub fn validate(
         sampling,
         stop: s.stop,
         grammar,
+        tools,
     })
 }
 

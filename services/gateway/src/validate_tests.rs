@@ -10,6 +10,11 @@ fn model() -> Arc<ModelText> {
     crate::models::testing::word_model()
 }
 
+/// A request of token 1 that leaves every option unset.
+fn plain(text: Arc<ModelText>) -> ValidatedRequest {
+    validate(text, CONTEXT, &Prompt::TokenIds(vec![1]), None, None, None).expect("ok")
+}
+
 /// Sets one sampling parameter.
 type SetSampling = fn(&mut api::SamplingParams);
 
@@ -23,7 +28,7 @@ fn sampling(f: impl FnOnce(&mut api::SamplingParams)) -> Option<api::SamplingPar
 }
 
 fn refused(prompt: &Prompt, s: Option<api::SamplingParams>) -> String {
-    match validate(model(), CONTEXT, prompt, s, None) {
+    match validate(model(), CONTEXT, prompt, s, None, None) {
         Err(GatewayError::InvalidArgument(m)) => m,
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
@@ -31,19 +36,35 @@ fn refused(prompt: &Prompt, s: Option<api::SamplingParams>) -> String {
 
 #[test]
 fn prompts_of_each_form_become_ids() {
-    let text = validate(model(), CONTEXT, &Prompt::Text("a b c".into()), None, None).expect("text");
+    let text = validate(
+        model(),
+        CONTEXT,
+        &Prompt::Text("a b c".into()),
+        None,
+        None,
+        None,
+    )
+    .expect("text");
     assert_eq!(text.prompt_ids(), [1, 2, 3]);
     assert_eq!(text.model().digest.as_deref(), Some("d1"));
     let chat = Prompt::Chat(vec![ChatMessage::new("user", "x y")]);
-    let chat = validate(model(), CONTEXT, &chat, None, None).expect("chat");
+    let chat = validate(model(), CONTEXT, &chat, None, None, None).expect("chat");
     assert_eq!(chat.prompt_ids(), [4, 5, 6, 7]);
-    let ids = validate(model(), CONTEXT, &Prompt::TokenIds(vec![7, 0]), None, None).expect("ids");
+    let ids = validate(
+        model(),
+        CONTEXT,
+        &Prompt::TokenIds(vec![7, 0]),
+        None,
+        None,
+        None,
+    )
+    .expect("ids");
     assert_eq!(ids.prompt_ids(), [7, 0]);
 }
 
 #[test]
 fn defaults_fill_the_worker_request() {
-    let v = validate(model(), CONTEXT, &Prompt::TokenIds(vec![1]), None, None).expect("ok");
+    let v = plain(model());
     let s = v.sampling();
     // Unset, max_tokens is what the context leaves (16 - 1), below the default.
     assert_eq!(s.max_tokens, 15);
@@ -99,14 +120,7 @@ fn unset_fields_take_the_models_recommendation_and_set_ones_win() {
         repetition_penalty: Some(1.1),
         ..api::SamplingDefaults::default()
     });
-    let unset = validate(
-        text.clone(),
-        CONTEXT,
-        &Prompt::TokenIds(vec![1]),
-        None,
-        None,
-    )
-    .expect("ok");
+    let unset = plain(text.clone());
     let s = unset.sampling();
     assert_eq!(
         (
@@ -122,10 +136,47 @@ fn unset_fields_take_the_models_recommendation_and_set_ones_win() {
         s.temperature = Some(1.0);
         s.top_p = Some(1.0);
     });
-    let set = validate(text, CONTEXT, &Prompt::TokenIds(vec![1]), own, None).expect("ok");
+    let set = validate(text, CONTEXT, &Prompt::TokenIds(vec![1]), own, None, None).expect("ok");
     let s = set.sampling();
     assert_eq!(
         (s.temperature, s.top_p, s.repetition_penalty),
         (1.0, 1.0, 1.1)
+    );
+}
+
+#[test]
+fn tools_reach_a_template_that_takes_them_and_the_others_in_a_system_message() {
+    use crate::tools::{Function, ToolChoice, ToolFormat, Tools};
+    let tools = Arc::new(Tools {
+        functions: vec![Function {
+            name: "lookup".into(),
+            description: None,
+            parameters: serde_json::json!({"type": "object"}),
+        }],
+        choice: ToolChoice::Auto,
+        parallel: true,
+    });
+    let chat = Prompt::Chat(vec![ChatMessage::new("user", "a")]);
+    // A Hermes-style template lists the tools itself; under `auto` nothing constrains.
+    let hermes = crate::models::testing::word_model_of(
+        api::SamplingDefaults::default(),
+        "{% for t in tools %}{{ t.function.name }} {% endfor %}<tool_call>\
+         {% for m in messages %}{{ m.content }}{% endfor %}",
+    );
+    let (_, rendered) = tokenize(&hermes, &chat, Some(&tools)).expect("rendered");
+    assert_eq!(rendered.as_deref(), Some("lookup <tool_call>a"));
+    let v = validate(hermes, 64, &chat, None, None, Some(tools.clone())).expect("valid");
+    assert_eq!(v.tools().map(|(_, f)| *f), Some(ToolFormat::Hermes));
+    assert!(v.worker_request().grammar.is_none());
+    // The word model's template ignores tools: they come in a system message.
+    let (_, rendered) = tokenize(&model(), &chat, Some(&tools)).expect("rendered");
+    let rendered = rendered.expect("a chat");
+    assert!(
+        rendered.starts_with("system : You can call these tools:"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("\"lookup\"") && rendered.ends_with("user : a "),
+        "{rendered}"
     );
 }

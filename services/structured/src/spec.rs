@@ -78,11 +78,33 @@ const NUMBER_BOUND: i64 = (1 << 53) - 1;
 /// Keywords whose values are data, not subschemas: bounds are never added inside them.
 const DATA_KEYWORDS: [&str; 4] = ["enum", "const", "default", "examples"];
 
+/// Keywords whose value is a count: JSON Schema takes any number with no fraction (`2.0`),
+/// llguidance only an integer literal.
+const COUNT_KEYWORDS: [&str; 8] = [
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+];
+
 /// Bounds every `integer` and `number` subschema of `schema` that leaves a side unbounded by
-/// ±[`NUMBER_BOUND`].
-fn bound_numbers(schema: &mut Value) {
+/// ±[`NUMBER_BOUND`], and writes counts given as whole floats (`2.0`) as integers.
+fn normalize_numbers(schema: &mut Value) {
     match schema {
         Value::Object(obj) => {
+            for key in COUNT_KEYWORDS {
+                let whole = obj
+                    .get(key)
+                    .and_then(Value::as_f64)
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u32::MAX as f64);
+                if let Some(f) = whole {
+                    obj.insert(key.into(), (f as u64).into());
+                }
+            }
             let numeric = |t: &Value| matches!(t.as_str(), Some("integer" | "number"));
             let is_number = obj.get("type").is_some_and(|t| {
                 numeric(t) || t.as_array().is_some_and(|ts| ts.iter().any(numeric))
@@ -97,11 +119,11 @@ fn bound_numbers(schema: &mut Value) {
             }
             for (key, value) in obj.iter_mut() {
                 if !DATA_KEYWORDS.contains(&key.as_str()) {
-                    bound_numbers(value);
+                    normalize_numbers(value);
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(bound_numbers),
+        Value::Array(items) => items.iter_mut().for_each(normalize_numbers),
         _ => {}
     }
 }
@@ -110,7 +132,7 @@ fn bound_numbers(schema: &mut Value) {
 /// lenient unless `strict`) under the schema's `x-guidance`, where llguidance reads them.
 /// Options the schema sets itself there are kept.
 fn json_grammar(mut schema: Value, strict: bool) -> Result<TopLevelGrammar, GrammarError> {
-    bound_numbers(&mut schema);
+    normalize_numbers(&mut schema);
     let Some(obj) = schema.as_object_mut() else {
         return Err(GrammarError::Invalid(format!(
             "a JSON schema must be an object, not {}",
@@ -195,17 +217,22 @@ mod tests {
 
     #[test]
     fn unbounded_numbers_are_bounded_and_data_is_left_alone() {
-        let mut schema = json!({"type": "object", "properties": {
+        let mut schema = json!({"type": "object", "maxProperties": 2.0, "properties": {
             "n": {"type": "integer"},
             "x": {"type": ["number", "null"], "minimum": 0},
             "e": {"enum": [{"type": "integer"}]}}});
-        bound_numbers(&mut schema);
+        normalize_numbers(&mut schema);
         let p = &schema["properties"];
         assert_eq!(p["n"]["maximum"], NUMBER_BOUND);
         assert_eq!(p["n"]["minimum"], -NUMBER_BOUND);
         assert_eq!(p["x"]["minimum"], 0);
         assert_eq!(p["x"]["maximum"], NUMBER_BOUND);
         assert_eq!(p["e"]["enum"][0], json!({"type": "integer"}));
+        assert!(
+            schema["maxProperties"].is_u64(),
+            "{}",
+            schema["maxProperties"]
+        );
     }
 
     #[test]

@@ -28,6 +28,13 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant message's tool calls, as templates read them: `[{"id", "type":
+    /// "function", "function": {"name", "arguments": {...}}}]` (arguments as an object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool message's answer is to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -36,6 +43,8 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -110,6 +119,23 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Whether the template renders `tools` itself (it names them): a model trained to call
+    /// tools in its own format.
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// [`ChatTemplate::render`] with the `tools` HF passes (OpenAI's list of
+    /// `{"type": "function", "function": {...}}`), if any.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -119,7 +145,10 @@ impl ChatTemplate {
         // add_generation_prompt and the special tokens map.
         let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
         ctx.insert("messages", Value::from_serialize(messages));
-        ctx.insert("tools", Value::from(()));
+        ctx.insert(
+            "tools",
+            tools.map_or(Value::from(()), Value::from_serialize),
+        );
         ctx.insert("documents", Value::from(()));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         if let Some(bos) = &self.bos_token {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferrite_fuzz::{Target, fuzz};
-use ferrite_gateway::grpc::constraint_of;
+use ferrite_gateway::grpc::{constraint_of, tools_of};
 use ferrite_gateway::models::ModelText;
 use ferrite_gateway::openai::{ChatRequest, CompletionRequest, chat_message, completion_prompt};
 use ferrite_gateway::validate::{Prompt, validate};
@@ -185,6 +185,7 @@ fn openai_bodies_parse_or_fail_cleanly() {
                 }
                 let _ = req.common.sampling();
                 let _ = req.common.constraint();
+                let _ = req.common.tools();
             }
         },
     );
@@ -226,6 +227,7 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
             messages: vec![api::ChatMessage {
                 role: "user".into(),
                 content: "x y".into(),
+                ..Default::default()
             }],
         }),
     ];
@@ -237,6 +239,13 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
                 prompt: Some(p),
                 sampling: Some(sampling.clone()),
                 constraint: Some(api::generate_request::Constraint::Regex("[a-c ]+".into())),
+                tools: vec![api::Tool {
+                    name: "f".into(),
+                    parameters: r#"{"type": "object"}"#.into(),
+                    ..Default::default()
+                }],
+                tool_choice: "auto".into(),
+                ..Default::default()
             }
             .encode_to_vec()
         })
@@ -252,6 +261,7 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
             let Ok(req) = api::GenerateRequest::decode(input) else {
                 return;
             };
+            let _ = tools_of(req.tools, &req.tool_choice, req.parallel_tool_calls);
             let constraint = req.constraint.map(constraint_of).transpose();
             if let (Ok(prompt), Ok(constraint)) = (Prompt::from_proto(req.prompt), constraint) {
                 let _ = validate(
@@ -260,6 +270,7 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
                     &prompt,
                     req.sampling,
                     constraint.as_ref(),
+                    None,
                 );
             }
         },

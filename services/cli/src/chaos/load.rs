@@ -212,7 +212,7 @@ impl Shared {
                 ignore_eos: true,
                 ..api::SamplingParams::default()
             }),
-            constraint: None,
+            ..Default::default()
         });
         req.set_timeout(self.deadline);
         let mut stream = match client.generate(req).await {

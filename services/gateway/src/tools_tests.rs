@@ -1,0 +1,176 @@
+//! Tool formats: what each family's output reads back as, and the grammars that hold a model
+//! to its tools.
+
+use serde_json::json;
+
+use super::*;
+
+fn tools(choice: ToolChoice, parallel: bool) -> Tools {
+    let f = |name: &str| Function {
+        name: name.into(),
+        description: Some(format!("the {name} tool")),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}),
+    };
+    Tools {
+        functions: vec![f("weather"), f("time")],
+        choice,
+        parallel,
+    }
+}
+
+#[test]
+fn each_family_reads_back_as_calls() {
+    let t = tools(ToolChoice::Auto, true);
+    let cases = [
+        (
+            ToolFormat::Generic,
+            r#"{"tool_calls": [{"name": "weather", "arguments": {"city": "Paris"}}]}"#,
+        ),
+        (
+            ToolFormat::Hermes,
+            "Let me look.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        ),
+        (
+            ToolFormat::Llama3,
+            r#"<|python_tag|>{"name": "weather", "parameters": {"city": "Paris"}}"#,
+        ),
+        (
+            ToolFormat::Mistral,
+            r#"[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Paris"}}]"#,
+        ),
+    ];
+    for (format, text) in cases {
+        let out = t.parse(format, text, "x");
+        assert_eq!(out.calls.len(), 1, "{format:?}: {out:?}");
+        assert_eq!(out.calls[0].name, "weather");
+        assert_eq!(out.calls[0].id, "call_x_0");
+        let args: serde_json::Value = serde_json::from_str(&out.calls[0].arguments).expect("json");
+        assert_eq!(args, json!({"city": "Paris"}), "{format:?}");
+    }
+    let hermes = t.parse(ToolFormat::Hermes, cases[1].1, "x");
+    assert_eq!(hermes.content, "Let me look.");
+}
+
+#[test]
+fn an_answer_without_calls_is_content() {
+    let t = tools(ToolChoice::Auto, true);
+    let generic = t.parse(ToolFormat::Generic, r#"{"response": "It is sunny."}"#, "x");
+    assert_eq!(
+        generic,
+        ToolOutput {
+            content: "It is sunny.".into(),
+            calls: vec![]
+        }
+    );
+    for format in [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral] {
+        let plain = t.parse(format, "It is sunny.", "x");
+        assert_eq!(plain.content, "It is sunny.", "{format:?}");
+        assert!(plain.calls.is_empty());
+    }
+    // A broken call is not half read: the text stays content.
+    let broken = t.parse(
+        ToolFormat::Hermes,
+        "<tool_call>{\"name\": </tool_call>",
+        "x",
+    );
+    assert!(broken.calls.is_empty());
+}
+
+#[test]
+fn the_grammar_follows_the_choice() {
+    // Generic: always a grammar; `auto` allows an answer, the others a call only.
+    let auto = tools(ToolChoice::Auto, true).constraint(ToolFormat::Generic);
+    let Some(Spec::JsonSchema { schema, .. }) = auto else {
+        panic!("generic auto: {auto:?}")
+    };
+    assert_eq!(schema["anyOf"].as_array().map(Vec::len), Some(2));
+    let named = tools(ToolChoice::Named("time".into()), true).constraint(ToolFormat::Generic);
+    let Some(Spec::JsonSchema { schema, .. }) = named else {
+        panic!("generic named: {named:?}")
+    };
+    let calls = &schema["properties"]["tool_calls"];
+    assert_eq!(calls["maxItems"], 1);
+    assert_eq!(calls["items"]["anyOf"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        calls["items"]["anyOf"][0]["properties"]["name"]["const"],
+        "time"
+    );
+    // A family with its own format calls or answers freely under `auto`.
+    assert_eq!(
+        tools(ToolChoice::Auto, true).constraint(ToolFormat::Hermes),
+        None
+    );
+    let required = tools(ToolChoice::Required, false).constraint(ToolFormat::Hermes);
+    let Some(Spec::Lark(g)) = required else {
+        panic!("hermes required: {required:?}")
+    };
+    assert!(
+        g.starts_with("start: call\n"),
+        "one call without parallel: {g}"
+    );
+    // Every grammar is well formed.
+    for format in [
+        ToolFormat::Generic,
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::Mistral,
+    ] {
+        for choice in [ToolChoice::Required, ToolChoice::Named("weather".into())] {
+            let spec = tools(choice, true).constraint(format).expect("a grammar");
+            spec.grammar().expect("well formed");
+        }
+    }
+}
+
+#[test]
+fn a_template_without_tools_sees_them_in_a_system_message() {
+    let t = tools(ToolChoice::Auto, true);
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = Some(json!([{"id": "c1", "type": "function",
+        "function": {"name": "weather", "arguments": {"city": "Paris"}}}]));
+    let mut result = ChatMessage::new("tool", "sunny");
+    result.tool_call_id = Some("c1".into());
+    let messages = vec![ChatMessage::new("user", "Weather in Paris?"), call, result];
+    let out = t.generic_messages(messages);
+    assert_eq!(out[0].role, "system");
+    assert!(out[0].content.contains("\"weather\"") && out[0].content.contains("\"response\""));
+    let past: serde_json::Value = serde_json::from_str(&out[2].content).expect("json");
+    assert_eq!(
+        past,
+        json!({"tool_calls": [{"name": "weather", "arguments": {"city": "Paris"}}]})
+    );
+    assert_eq!(out[3].role, "user");
+    assert_eq!(out[3].content, "weather returned: sunny");
+    assert!(
+        out.iter()
+            .all(|m| m.tool_calls.is_none() && m.tool_call_id.is_none())
+    );
+}
+
+#[test]
+fn the_format_comes_from_the_template() {
+    assert_eq!(ToolFormat::of(None), ToolFormat::Generic);
+    assert_eq!(
+        ToolFormat::of(Some("{{ '<tool_call>' }}")),
+        ToolFormat::Hermes
+    );
+    assert_eq!(ToolFormat::of(Some("[TOOL_CALLS]")), ToolFormat::Mistral);
+    assert_eq!(ToolFormat::of(Some("<|python_tag|>")), ToolFormat::Llama3);
+}
+
+#[test]
+fn with_choice_none_the_history_renders_and_nothing_constrains() {
+    let t = tools(ToolChoice::None, true);
+    assert_eq!(t.constraint(ToolFormat::Generic), None);
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = Some(json!([{"id": "c1", "type": "function",
+        "function": {"name": "weather", "arguments": {"city": "Paris"}}}]));
+    let mut result = ChatMessage::new("tool", "sunny");
+    result.tool_call_id = Some("c1".into());
+    let out = t.generic_messages(vec![ChatMessage::new("user", "Weather?"), call, result]);
+    assert_eq!(out.len(), 3, "no tool prompt: {out:?}");
+    // In words, not in the call format: the model answers in text.
+    assert_eq!(out[1].content, r#"I called weather with {"city":"Paris"}."#);
+    assert_eq!(out[2].content, "weather returned: sunny");
+}
