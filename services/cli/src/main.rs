@@ -28,6 +28,7 @@ mod bench_startup;
 mod bench_structured;
 mod chaos;
 mod cluster;
+mod docs;
 mod doctor;
 mod generate;
 mod kernels_cmd;
@@ -79,6 +80,9 @@ enum Command {
     /// CUDA kernel modules: compile them into the CUBIN cache.
     #[command(subcommand)]
     Kernels(kernels_cmd::KernelsCommand),
+    /// Prints the command reference (docs/cli.md) from these definitions.
+    #[command(hide = true)]
+    Docs,
 }
 
 impl Command {
@@ -94,6 +98,7 @@ impl Command {
             Command::Bench(_) => "ferrite-bench",
             Command::Kernels(_) => "ferrite-kernels",
             Command::Doctor(_) => "ferrite-doctor",
+            Command::Docs => "ferrite-docs",
         }
     }
 
@@ -129,6 +134,11 @@ fn main() -> std::process::ExitCode {
         Command::Model(cmd) => model_cmd::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Kernels(cmd) => kernels_cmd::run(cmd),
+        Command::Docs => {
+            use clap::CommandFactory;
+            print!("{}", docs::cli_reference(Cli::command()));
+            Ok(())
+        }
     };
     // Exports the spans still buffered.
     telemetry.shutdown();
@@ -138,5 +148,23 @@ fn main() -> std::process::ExitCode {
             ferrite_telemetry::notice("error", &format!("error: {e:#}"));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    #[test]
+    fn the_committed_command_reference_is_current() {
+        let want = crate::docs::cli_reference(Cli::command());
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md");
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            have == want,
+            "docs/cli.md is stale: run `cargo run --release -p ferrite-cli -- docs > docs/cli.md`"
+        );
     }
 }
