@@ -606,7 +606,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
     }
     runtime()?.block_on(async {
         let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
-        let (worker, ranks, addrs, task) = start_up("serve", telemetry, async {
+        let (worker, ranks, addrs, task, view) = start_up("serve", telemetry, async {
             let (store, schema) = args.placement.store(true).await?;
             let leader = bind_leader(&worker_args, &store, &schema)?;
             let mut ranks = match &leader {
@@ -650,14 +650,22 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
                 Some(files) => gw.with_tls(files),
                 None => gw,
             };
+            let view = gw.clone();
             let (addrs, task) = ferrite_gateway::serve(gw, args.listen, args.http_listen, async {
                 let _ = gateway_stopped.await;
             })
             .await
             .context("binding the gateway's listeners")?;
-            anyhow::Ok((worker, ranks, addrs, task))
+            anyhow::Ok((worker, ranks, addrs, task, view))
         })
         .await?;
+        // `ready` means a request is served: the gateway has seen this process's pool (it
+        // learns of it through placement, a moment after the worker registered it).
+        let model = served_name(&worker_args);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while view.pools().ready(&model).is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         println!("ferrite serve: model {}", served_name(&worker_args));
         if let Some(r) = &ranks {
             let pids: Vec<String> = r.pids().iter().map(u32::to_string).collect();
