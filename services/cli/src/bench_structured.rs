@@ -12,7 +12,7 @@ use clap::Args;
 use ferrite_engine::constraint::Constraint;
 use ferrite_engine::engine::Engine;
 use ferrite_engine::sampler::SamplingParams;
-use ferrite_structured::{Guide, Spec, TokenBytes, Vocabulary};
+use ferrite_structured::{Guide, Spec, Vocabulary};
 use serde_json::{Value, json};
 
 use crate::loading::ModelArgs;
@@ -82,9 +82,9 @@ pub fn run(args: StructuredArgs) -> Result<()> {
     let cfg = args.model.engine_config(&model)?;
     let mut engine = Engine::new(model, tokenizer.eos_ids().to_vec(), cfg)?;
     let started = Instant::now();
-    let bytes = TokenBytes::from_tokenizer_json(&tokenizer.to_tokenizer_json()?)?;
-    let eos = tokenizer.eos_ids().to_vec();
-    let vocabulary = Vocabulary::new(&bytes, tokenizer.clone(), &eos, engine.config().vocab_size)?;
+    let json = tokenizer.to_tokenizer_json()?;
+    let width = engine.config().vocab_size;
+    let vocabulary = Vocabulary::from_tokenizer_json(&json, tokenizer.clone(), width)?;
     let vocabulary_ms = started.elapsed().as_secs_f64() * 1e3;
     let compile = compile_times(&vocabulary, &args.schemas)?;
 
@@ -203,7 +203,7 @@ struct CompileTimes {
     refused: usize,
 }
 
-fn compile_times(vocabulary: &Vocabulary, path: &PathBuf) -> Result<CompileTimes> {
+fn compile_times(vocabulary: &Vocabulary, path: &std::path::Path) -> Result<CompileTimes> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let entries: Vec<Value> = serde_json::from_str(&text)?;

@@ -109,6 +109,18 @@ impl Vocabulary {
         })
     }
 
+    /// The vocabulary of `tokenizer` (whose `tokenizer.json` text is `tokenizer_json`), ending
+    /// guided outputs with its first end-of-sequence token: what a worker makes at start-up.
+    pub fn from_tokenizer_json(
+        tokenizer_json: &str,
+        tokenizer: Tokenizer,
+        logits_width: usize,
+    ) -> Result<Self, GrammarError> {
+        let bytes = TokenBytes::from_tokenizer_json(tokenizer_json)?;
+        let eos = tokenizer.eos_ids().to_vec();
+        Self::new(&bytes, tokenizer, &eos, logits_width)
+    }
+
     /// Compiles `grammar` for one sequence. The compile is bounded by llguidance's limits
     /// (lexer fuel, grammar size): a grammar past them is refused, not run.
     pub fn compile(&self, grammar: &Grammar) -> Result<Guide, GrammarError> {

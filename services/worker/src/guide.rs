@@ -6,16 +6,16 @@ use std::sync::Arc;
 
 use ferrite_engine::constraint::Constraint;
 use ferrite_proto::worker::v1 as pb;
-use ferrite_structured::{Grammar, Guide, TokenBytes, Vocabulary};
+use ferrite_structured::{Grammar, Guide, Vocabulary};
 use ferrite_text::Tokenizer;
 use tonic::Status;
 
 /// The model's vocabulary for grammars, or why it has none (it serves unconstrained requests
 /// all the same). `info` is the model's `GetModelInfo` answer.
 pub fn vocabulary(info: &pb::ModelInfo, tokenizer: Tokenizer) -> Result<Vocabulary, String> {
-    let bytes = TokenBytes::from_tokenizer_json(&info.tokenizer_json).map_err(|e| e.to_string())?;
     let width = info.vocab_size as usize;
-    Vocabulary::new(&bytes, tokenizer, &info.eos_token_ids, width).map_err(|e| e.to_string())
+    Vocabulary::from_tokenizer_json(&info.tokenizer_json, tokenizer, width)
+        .map_err(|e| e.to_string())
 }
 
 /// The guide of one request's `grammar`, compiled off the async runtime (a compile takes
