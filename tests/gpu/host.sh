@@ -5,25 +5,31 @@
 #
 # The device tool sends the working tree (not .device/ unless carried) and keeps /tmp between
 # calls while the machine is warm, so files over the carry limit go over in several calls:
-#   run(carry=[".device/bins.tar.xz", ".device/model.part.00"], "bash tests/gpu/host.sh stash")
-#   run(carry=[".device/model.part.01", ".device/model.part.02"],
-#       "bash tests/gpu/host.sh stash && bash tests/gpu/host.sh checks")
-#   run("bash tests/gpu/host.sh bench")
-#   run("bash tests/gpu/host.sh startup")
-# (pack.sh made bins.tar.xz 7 MB and the model parts 40 + 40 + 14 MB; with the 6 MB working
-# tree each call stays under 64 MiB. Back-to-back calls keep the machine, and /tmp, warm.)
+#   run(carry=[".device/bins.tar.xz", ".device/model.part.00"],
+#       "bash tests/gpu/host.sh stash && bash tests/gpu/host.sh ops")
+#   run(carry=[".device/model.part.01"], "bash tests/gpu/host.sh stash && ...")
+#   run(carry=[".device/model.part.02"], "bash tests/gpu/host.sh stash && bash tests/gpu/host.sh engine && ...")
+# (pack.sh made bins.tar.xz 12 MB and the model parts 36 + 36 + 26 MB; with the 14 MB working
+# tree each call stays under the 64 MiB that travels. Back-to-back calls keep the machine, and
+# /tmp, warm.)
 # Each stage writes its logs under $OUT (at most 8 files come back: one per stage, plus a
 # summary).
 #
 #   stash    copies the carried .device/ files to /tmp/ferrite-stash (kept while warm)
-#   checks   op tests (FERRITE_REQUIRE_CUDA=1: no silent skip), the engine's GPU-vs-CPU and
-#            GPU-vs-PyTorch tests
+#   checks   ops, then engine:
+#   ops      op tests (FERRITE_REQUIRE_CUDA=1: no silent skip); needs no model
+#   engine   the engine's GPU-vs-CPU and GPU-vs-PyTorch tests
 #   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
 #            bench forward
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
+#   tp       tensor parallelism on the one GPU (#23): doctor's NCCL all-reduce (eager and in a
+#            graph), the sharded runner's tests (3 ranks sharing the GPU over the host against
+#            1 rank; NCCL at world size 1 in the decode graphs; an NCCL init missing a rank),
+#            NCCL's cost in a decode step of the 8B shape, bench collective (nccl, host),
+#            and serve --tp 3 on the GPU over the OpenAI API, with a rank killed mid-stream
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-stage="${1:?stash | checks | bench | startup}"
+stage="${1:?stash | checks | ops | engine | bench | startup | tp}"
 OUT="${OUT:-/tmp/ferrite-out}"
 mkdir -p "$OUT"
 stash=/tmp/ferrite-stash
@@ -35,10 +41,14 @@ export FERRITE_KERNEL_CACHE=/tmp/ferrite-kernels
 # The test binaries find their fixtures by the absolute path they were built in.
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 
-unpack() {
+unpack_bins() {
   if [ ! -x "$bin/ferrite" ]; then
     mkdir -p "$bin" && tar -xJf "$stash/bins.tar.xz" -C "$bin" || exit 2
   fi
+}
+
+unpack() {
+  unpack_bins
   local model="$HOME/.cache/ferrite/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
   if [ ! -s "$model" ]; then
     mkdir -p "$(dirname "$model")" && cat "$stash"/model.part.* >"$model" || exit 2
@@ -52,16 +62,22 @@ stash)
   ls -la "$stash"
   ;;
 checks)
-  unpack
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/checks.txt"
+  bash "$0" ops && bash "$0" engine
+  ;;
+ops)
+  unpack_bins
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/ops.txt"
   for t in nvrtc ops ops_linear attention sampling wq_ops wq_mma wq_mins w8a8_ops fp8_ops; do
-    echo "== $t" | tee -a "$OUT/checks.txt"
-    "$bin/$t" --test-threads=1 2>&1 | tail -40 | tee -a "$OUT/checks.txt"
+    echo "== $t" | tee -a "$OUT/ops.txt"
+    "$bin/$t" --test-threads=1 2>&1 | tail -40 | tee -a "$OUT/ops.txt"
   done
+  ;;
+engine)
+  unpack
   python3 tests/fixtures/gpu/torch_reference.py /tmp/torch-ref >"$OUT/torch_reference.txt" 2>&1
-  echo "== cuda_engine" | tee -a "$OUT/checks.txt"
+  echo "== cuda_engine" | tee -a "$OUT/engine.txt"
   FERRITE_TORCH_REFERENCE=/tmp/torch-ref "$bin/cuda_engine" --test-threads=1 2>&1 |
-    tail -60 | tee -a "$OUT/checks.txt"
+    tail -60 | tee -a "$OUT/engine.txt"
   ;;
 bench)
   unpack
@@ -86,6 +102,28 @@ startup)
   cat /tmp/qwen4b/*.safetensors >/dev/null
   "$bin/ferrite" bench startup --device cuda --models /tmp/qwen4b --max-model-len 2048 \
     --runs 3 >>"$OUT/startup.md" 2>&1
+  ;;
+tp)
+  unpack
+  f="$bin/ferrite"
+  "$f" kernels build >/dev/null 2>&1
+  {
+    timeout 120 "$f" doctor --tp 1
+    echo "== cuda_tensor_parallel"
+    timeout 300 "$bin/cuda_tensor_parallel" --test-threads=1 --nocapture 2>&1 | tail -30
+  } >"$OUT/tp.txt" 2>&1
+  common=(--device cuda --load-format dummy --model llama-3-8b --runs 3 --configs interactive)
+  {
+    timeout 150 "$f" bench latency "${common[@]}"
+    timeout 150 "$f" bench latency "${common[@]}" --collective nccl
+  } >"$OUT/tp_nccl_cost.md" 2>&1
+  {
+    timeout 60 "$f" bench collective --backend nccl --tp 1 --sizes 4K,64K,1M,16M,64M
+    timeout 90 "$f" bench collective --backend host --tp 3 --sizes 4K,64K,1M,16M --iters 10
+    # NCCL refuses two ranks on one GPU: the bench says so first.
+    timeout 30 "$f" bench collective --backend nccl --tp 2 --sizes 4K
+  } >"$OUT/tp_collective.md" 2>&1
+  bash tests/gpu/serve_tp.sh "$f" >"$OUT/tp_serve.txt" 2>&1
   ;;
 *)
   echo "unknown stage $stage" >&2

@@ -2,14 +2,14 @@
 # Builds, on the development machine, what the GPU host runs, and packs it under .device/
 # (listed in .git/info/exclude) in pieces that fit the device tool's 64 MiB carry:
 #   .device/bins.tar.xz     ferrite and the GPU test binaries, stripped
-#   .device/model.part.NN   the default model (98 MB), in 40 MB parts
+#   .device/model.part.NN   the default model (98 MB), in 36 MB parts
 # Then see tests/gpu/host.sh for the calls that carry them over and run everything there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 cargo build --release -p ferrite-cli
 # The test targets whose CUDA halves must run there (cargo prints each one's executable).
-wanted="nvrtc ops ops_linear attention sampling wq_ops wq_mma wq_mins w8a8_ops fp8_ops cuda_engine"
+wanted="nvrtc ops ops_linear attention sampling wq_ops wq_mma wq_mins w8a8_ops fp8_ops cuda_engine cuda_tensor_parallel"
 cargo test --release --no-run -p ferrite-kernels -p ferrite-engine --message-format=json \
   2>/dev/null | python3 -c '
 import json, sys
@@ -31,5 +31,5 @@ rm -rf .device/stage
 
 model="${FERRITE_TEST_GGUF:-$HOME/.cache/ferrite/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}"
 rm -f .device/model.part.*
-split -b 40M -d "$model" .device/model.part.
+split -b 36M -d "$model" .device/model.part.
 ls -la .device

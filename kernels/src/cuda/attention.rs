@@ -7,10 +7,21 @@ use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
 use super::ops::{Dtype, i32_of};
 
-/// Positions one decode block covers (the kernel allows up to 512). Smaller partitions give a
-/// batch-1 decode more blocks to spread over the SMs; larger ones fewer empty blocks at long
-/// `max_model_len`. To be tuned on the GPU.
+/// Positions one decode block covers at most (the kernel allows up to 512). A short context in
+/// a small batch is cut finer (down to 32 positions, into at most [`DECODE_SHORT_PARTS`]
+/// parts) so that a batch-1 decode spreads over more SMs: `partition_of` in `attention.cu`.
 pub const DECODE_PARTITION: usize = 256;
+
+/// The most partitions the kernel cuts a context of up to `DECODE_SHORT_PARTS ×
+/// DECODE_PARTITION` positions into (`DEC_SHORT_PARTS` in `attention.cu`).
+pub const DECODE_SHORT_PARTS: usize = 16;
+
+/// Partitions per sequence (the decode grid's depth and the scratch's rows) for contexts of up
+/// to `max_len` positions: a long context in partitions of [`DECODE_PARTITION`], a short one
+/// in up to [`DECODE_SHORT_PARTS`].
+pub fn decode_parts(max_len: usize) -> usize {
+    max_len.div_ceil(DECODE_PARTITION).max(DECODE_SHORT_PARTS)
+}
 
 /// What attention needs to find a layer's keys and values and score them.
 #[derive(Debug, Clone, Copy)]

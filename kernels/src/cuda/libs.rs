@@ -27,7 +27,7 @@ pub struct LibraryProbe {
 const DRIVER: &[&str] = &["libcuda.so.1", "libcuda.so"];
 const NVRTC: &[&str] = &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
 const CUBLAS: &[&str] = &["libcublas.so.13", "libcublas.so.12", "libcublas.so"];
-const NCCL: &[&str] = &["libnccl.so.2", "libnccl.so"];
+pub(crate) const NCCL: &[&str] = &["libnccl.so.2", "libnccl.so"];
 
 /// The driver, NVRTC, cuBLAS and NCCL, in that order.
 pub fn probe_all() -> Vec<LibraryProbe> {

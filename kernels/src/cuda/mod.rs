@@ -4,6 +4,7 @@
 //! - [`sources`]: the `.cu` modules of `kernels/cuda/`, built into the binary.
 //! - [`nvrtc`]: CUDA C to CUBIN (needs `libnvrtc`, not a GPU).
 //! - [`cache`]: CUBIN on disk keyed by (source hash, arch, NVRTC version).
+//! - [`nccl`]: NCCL loaded by its real soname, non-blocking communicators.
 //! - [`libs`]: which CUDA libraries load, under which names, at which versions (`doctor`).
 //!
 //! Everything here loads the CUDA libraries at run time (cudarc's dynamic loading), so ferrite
@@ -22,11 +23,15 @@ pub mod gpu;
 #[allow(unsafe_code)]
 pub mod libs;
 #[allow(unsafe_code)]
+pub mod nccl;
+#[allow(unsafe_code)]
 pub mod nvrtc;
 pub mod ops;
 #[allow(unsafe_code)]
 pub mod sample;
 pub mod sources;
+#[allow(unsafe_code)]
+mod transfer;
 #[allow(unsafe_code)]
 pub mod upload;
 #[allow(unsafe_code)]
@@ -56,6 +61,8 @@ pub enum CudaError {
     Compile { module: String, log: String },
     #[error("CUDA driver: {0}")]
     Driver(String),
+    #[error("NCCL: {0}")]
+    Nccl(String),
 }
 
 impl CudaError {
@@ -66,6 +73,7 @@ impl CudaError {
             Self::Nvrtc { .. } => "nvrtc",
             Self::Compile { .. } => "compile",
             Self::Driver(_) => "driver",
+            Self::Nccl(_) => "nccl",
         }
     }
 }

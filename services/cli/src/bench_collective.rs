@@ -27,8 +27,9 @@ const WARMUPS: usize = 2;
 
 #[derive(Debug, Clone, Args)]
 pub struct CollectiveArgs {
-    /// `cpu` (rank processes over TCP); `nccl` comes with the GPU backend of the pools.
-    #[arg(long, default_value = "cpu")]
+    /// `cpu` (f32 over TCP, as the CPU pools), `host` (f16 on GPUs, through the host and
+    /// TCP, as ranks sharing a GPU) or `nccl` (f16 on GPUs, one per rank).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "host", "nccl"])]
     backend: String,
     /// Ranks.
     #[arg(long, default_value_t = 2)]
@@ -118,12 +119,6 @@ fn measure(c: &mut dyn Collective, bytes: usize, iters: usize) -> Result<f64> {
 /// Runs one rank; rank 0 prints the table.
 pub fn rank(args: RankArgs) -> Result<()> {
     let b = &args.bench;
-    if b.backend != "cpu" {
-        bail!(
-            "--backend {}: only `cpu` is built so far (nccl comes with the GPU pools)",
-            b.backend
-        );
-    }
     let timeout = Duration::from_secs(b.timeout_s);
     let key = PoolKey {
         world: args.world,
@@ -140,17 +135,27 @@ pub fn rank(args: RankArgs) -> Result<()> {
     };
     let formed = format!("rank {} of {}: formed", args.rank, args.world);
     ferrite_telemetry::notice("info", &formed);
-    let mut rows = Vec::new();
-    for &bytes in &b.sizes {
-        rows.push((bytes, measure(&mut c, bytes, b.iters)?));
-    }
+    let rows = match b.backend.as_str() {
+        "cpu" => b
+            .sizes
+            .iter()
+            .map(|&bytes| Ok((bytes, measure(&mut c, bytes, b.iters)?)))
+            .collect::<Result<Vec<_>>>()?,
+        gpu => crate::bench_collective_gpu::rows(gpu, &mut c, &b.sizes, b.iters, timeout)?,
+    };
     if args.rank == 0 {
-        print_rows(&rows, args.world, b.json);
+        print_rows(&rows, args.world, &b.backend, b.json);
     }
     Ok(())
 }
 
-fn print_rows(rows: &[(usize, f64)], world: usize, as_json: bool) {
+fn print_rows(rows: &[(usize, f64)], world: usize, backend: &str, as_json: bool) {
+    // The CPU pools reduce f32; the GPU pools their 16-bit activations.
+    let (ty, elem) = if backend == "cpu" {
+        ("float", 4)
+    } else {
+        ("half", 2)
+    };
     // nccl-tests' bus bandwidth of an all-reduce: algbw · 2(n-1)/n.
     let bus = 2.0 * (world as f64 - 1.0) / world as f64;
     let cells: Vec<(usize, f64, f64, f64)> = rows
@@ -163,11 +168,11 @@ fn print_rows(rows: &[(usize, f64)], world: usize, as_json: bool) {
     if as_json {
         let rows: Vec<_> = cells
             .iter()
-            .map(|&(size, us, alg, busbw)| json!({ "size": size, "count": size / 4, "type": "float", "redop": "sum", "time_us": us, "algbw_gb_s": alg, "busbw_gb_s": busbw, "correct": true }))
+            .map(|&(size, us, alg, busbw)| json!({ "size": size, "count": size / elem, "type": ty, "redop": "sum", "time_us": us, "algbw_gb_s": alg, "busbw_gb_s": busbw, "correct": true }))
             .collect();
         println!(
             "{}",
-            json!({ "backend": "cpu", "ranks": world, "rows": rows })
+            json!({ "backend": backend, "ranks": world, "rows": rows })
         );
         return;
     }
@@ -183,15 +188,20 @@ fn print_rows(rows: &[(usize, f64)], world: usize, as_json: bool) {
     for (size, us, alg, busbw) in cells {
         t.row(vec![
             size.to_string(),
-            (size / 4).to_string(),
-            "float".into(),
+            (size / elem).to_string(),
+            ty.into(),
             "sum".into(),
             format!("{us:.1}"),
             format!("{alg:.3}"),
             format!("{busbw:.3}"),
         ]);
     }
-    println!("all-reduce, backend cpu (TCP), {world} rank processes on this machine");
+    let how = match backend {
+        "cpu" => "cpu (TCP)",
+        "host" => "host (GPU → host → TCP → GPU)",
+        _ => "nccl (on the GPU)",
+    };
+    println!("all-reduce, backend {how}, {world} rank processes on this machine");
     println!("{}", t.render());
 }
 

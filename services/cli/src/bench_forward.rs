@@ -75,9 +75,9 @@ fn load(size: &str, device: &Device, batch: usize, max_ctx: usize) -> Result<(Mo
                 block_size: BLOCK,
             };
             let opts = GpuOptions {
-                dtype: Dtype::F16,
                 memory_utilization: 1.0,
                 cuda_graphs: false,
+                ..GpuOptions::new(Dtype::F16)
             };
             let blocks = batch * max_ctx.div_ceil(BLOCK);
             let runner = gpu::dummy_runner(gpu, &cfg, opts, None, limits, blocks)
@@ -104,7 +104,7 @@ fn gpu_prefill(runner: &mut gpu::GpuRunner, seqs: &[&[u32]], max_ctx: usize) -> 
             logits: LogitsWanted::Last,
         })
         .collect();
-    runner.forward(&chunks)?;
+    runner.forward(&chunks, &mut ferrite_collective::Solo)?;
     Ok(())
 }
 

@@ -48,9 +48,9 @@ pub(crate) fn rows(
         let model = presets::preset(name)?.model.to_owned();
         for format in formats {
             let opts = GpuOptions {
-                dtype: Dtype::F16,
                 memory_utilization: 1.0,
                 cuda_graphs: true,
+                ..GpuOptions::new(Dtype::F16)
             };
             let runner = gpu::dummy_runner(
                 gpu.clone(),
@@ -85,11 +85,13 @@ pub(crate) fn rows(
                         logits: LogitsWanted::Last,
                     })
                     .collect();
-                runner.forward(&seqs)?;
+                runner.forward(&seqs, &mut ferrite_collective::Solo)?;
                 let mut times: Vec<f64> = (0..runs)
                     .map(|_| {
                         let t = Instant::now();
-                        runner.forward(&seqs).map(|_| t.elapsed().as_secs_f64())
+                        runner
+                            .forward(&seqs, &mut ferrite_collective::Solo)
+                            .map(|_| t.elapsed().as_secs_f64())
                     })
                     .collect::<Result<_, _>>()?;
                 times.sort_by(f64::total_cmp);

@@ -415,14 +415,18 @@ async fn start_worker(
 ) -> Result<Started> {
     let tp = args.tp_config()?;
     let shard = TpRank::new(tp.rank as usize, tp.world as usize)?;
-    let model_args = args.model.clone();
+    let model_args = args.model.for_rank(shard.rank, shard.world)?;
     let generation_config = args.generation_config;
     let span = tracing::Span::current();
     // Loading (and opening a GPU, which may compile kernels) blocks: off the runtime.
     let loaded = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
             let (model, tokenizer) = model_args.load_shard_for_engine(shard)?;
-            let engine = model_args.engine_config(&model)?;
+            let mut engine = model_args.engine_config(&model)?;
+            if let Some(c) = engine.cuda.as_mut() {
+                c.opts.comm_init_timeout = tp.start_timeout;
+                c.opts.collective_timeout = tp.collective_timeout;
+            }
             let defaults = model_args.sampling_defaults(generation_config)?;
             anyhow::Ok((model, tokenizer, engine, defaults))
         })

@@ -4,7 +4,8 @@
 //! which names: NCCL's real soname is `libnccl.so.2`) at which versions, whether the ranks of
 //! a pool can all-reduce on this host, and whether `/dev/shm` is large enough for NCCL.
 //!
-//! The all-reduce runs `--tp` real rank processes (`bench collective`), checked bit for bit.
+//! The all-reduce runs `--tp` real rank processes (`bench collective`), checked bit for bit;
+//! on a GPU, NCCL all-reduces on it, eagerly and inside a CUDA graph ([`crate::doctor_gpu`]).
 //! The exit status is 1 when any check says FIX.
 
 use std::process::Command;
@@ -79,15 +80,18 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     checks.extend(libs::probe_all().iter().map(|p| library(p, have_gpu)));
     checks.push(shm(have_gpu));
     checks.push(all_reduce_cpu(args.tp));
-    checks.push(check(
-        "all-reduce (GPU)",
-        Verdict::Note,
-        if have_gpu {
-            "not run: the NCCL backend of the GPU pools is not built yet (--tp > 1 runs on the CPU)"
-        } else {
-            "not run: no GPU"
-        },
-    ));
+    checks.push(if have_gpu {
+        match crate::doctor_gpu::nccl_all_reduce() {
+            Ok(detail) => check("all-reduce (GPU)", Verdict::Ok, detail),
+            Err(e) => check(
+                "all-reduce (GPU)",
+                Verdict::Fix,
+                format!("{e:#} (ranks sharing one GPU can still run with --collective host)"),
+            ),
+        }
+    } else {
+        check("all-reduce (GPU)", Verdict::Note, "not run: no GPU")
+    });
     report(&checks, args.json);
     if checks.iter().any(|c| c.verdict == Verdict::Fix) {
         std::process::exit(1);

@@ -76,6 +76,16 @@ pub struct ModelArgs {
         env = "FERRITE_CPU_ACTIVATIONS"
     )]
     pub cpu_activations: CpuActivations,
+    /// How the ranks of a `--tp` pool on GPUs exchange activations: `auto` (NCCL when every
+    /// rank has a GPU of its own, `host` when ranks share one), `nccl`, `host` (through host
+    /// memory and the pool's TCP link: slow, eager only, but N ranks may share one GPU), or
+    /// `tcp` (the CPU's; on a GPU the same as host). On the CPU only `tcp` exists.
+    #[arg(long, value_enum, default_value = "auto", env = "FERRITE_COLLECTIVE")]
+    pub collective: CollectiveArg,
+    /// The GPUs of a pool's ranks, by ordinal, rank 0 first (`--devices 0,1,2,3`): rank r
+    /// runs on `cuda:<the r-th>`. Unset: every rank on `--device`.
+    #[arg(long, value_delimiter = ',', env = "FERRITE_DEVICES")]
+    pub devices: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -101,6 +111,25 @@ pub enum GenerationConfig {
     Auto,
     /// None: temperature 1 and no truncation unless a request says otherwise.
     None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CollectiveArg {
+    Auto,
+    Nccl,
+    Host,
+    Tcp,
+}
+
+impl From<CollectiveArg> for gpu::CollectiveKind {
+    fn from(c: CollectiveArg) -> Self {
+        match c {
+            CollectiveArg::Auto => Self::Auto,
+            CollectiveArg::Nccl => Self::Nccl,
+            CollectiveArg::Host => Self::Host,
+            CollectiveArg::Tcp => Self::Tcp,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -149,9 +178,10 @@ impl ModelArgs {
                     DtypeArg::Bfloat16 => Dtype::Bf16,
                 };
                 let opts = GpuOptions {
-                    dtype,
                     memory_utilization: self.gpu_memory_utilization,
                     cuda_graphs: !self.enforce_eager,
+                    collective: self.collective.into(),
+                    ..GpuOptions::new(dtype)
                 };
                 Some(CudaPlacement { gpu, opts })
             }
@@ -216,7 +246,31 @@ impl ModelArgs {
         if self.no_prefix_caching {
             a.push("--no-prefix-caching".into());
         }
+        a.extend(["--collective".into(), value_name(self.collective)]);
+        if !self.devices.is_empty() {
+            let list: Vec<String> = self.devices.iter().map(usize::to_string).collect();
+            a.extend(["--devices".into(), list.join(",")]);
+        }
         a
+    }
+
+    /// These flags for rank `rank` of a pool: its own GPU where `--devices` lists them.
+    pub fn for_rank(&self, rank: usize, world: usize) -> Result<Self> {
+        let mut me = self.clone();
+        if self.devices.is_empty() {
+            return Ok(me);
+        }
+        if self.devices.len() != world {
+            anyhow::bail!(
+                "--devices lists {} GPUs for a pool of {world} ranks: give one per rank",
+                self.devices.len()
+            );
+        }
+        if self.device == DeviceRequest::Cpu {
+            anyhow::bail!("--devices places ranks on GPUs, but --device is cpu");
+        }
+        me.device = DeviceRequest::Cuda(self.devices[rank]);
+        Ok(me)
     }
 
     /// The `device_init` phase: picks the device (refusing one that cannot run), then starts the

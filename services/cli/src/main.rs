@@ -16,6 +16,7 @@
 
 mod bench;
 mod bench_collective;
+mod bench_collective_gpu;
 mod bench_forward;
 mod bench_gateway;
 mod bench_kernels;
@@ -30,6 +31,7 @@ mod chaos;
 mod cluster;
 mod docs;
 mod doctor;
+mod doctor_gpu;
 mod generate;
 mod kernels_cmd;
 mod loading;

@@ -41,6 +41,9 @@ pub enum CollectiveError {
     Protocol { rank: usize, reason: String },
     #[error("the pool did not form: {0}")]
     Rendezvous(String),
+    /// A device collective (NCCL) failed or stalled; it cannot say which peer is at fault.
+    #[error("{0}")]
+    Device(String),
 }
 
 impl CollectiveError {
@@ -50,7 +53,7 @@ impl CollectiveError {
             Self::Io { rank, .. } | Self::Timeout { rank, .. } | Self::Protocol { rank, .. } => {
                 Some(*rank)
             }
-            Self::Rendezvous(_) => None,
+            Self::Rendezvous(_) | Self::Device(_) => None,
         }
     }
 }

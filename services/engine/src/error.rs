@@ -82,6 +82,13 @@ pub enum EngineError {
     Internal(String),
 }
 
+/// A CUDA failure is the device's: [`EngineError::Device`].
+impl From<ferrite_kernels::cuda::CudaError> for EngineError {
+    fn from(e: ferrite_kernels::cuda::CudaError) -> Self {
+        EngineError::Device(e.to_string())
+    }
+}
+
 impl EngineError {
     /// A stable, low-cardinality name for this error.
     pub fn kind(&self) -> &'static str {

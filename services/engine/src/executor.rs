@@ -93,19 +93,16 @@ impl Executor {
     /// This rank's executor over `model` (its shard), on the CPU or on `cfg.cuda`'s GPU, with
     /// `comm` to the other ranks. Sizes the KV cache and refuses configurations where one
     /// full-length sequence would not fit.
-    pub fn new(model: EngineModel, cfg: &EngineConfig, comm: Box<dyn Collective>) -> Result<Self> {
+    pub fn new(
+        model: EngineModel,
+        cfg: &EngineConfig,
+        mut comm: Box<dyn Collective>,
+    ) -> Result<Self> {
         let max_model_len = checked_max_model_len(model.config(), cfg)?;
         let model_cfg = model.config().clone();
         let backend = match (cfg.cuda.clone(), model) {
             (Some(CudaPlacement { gpu, opts }), model) => {
-                if comm.world() > 1 {
-                    return Err(EngineError::BadConfig(
-                        "tensor parallelism on GPUs needs the NCCL backend, which is not built \
-                         yet: run --tp > 1 on the CPU (--device cpu) or --tp 1 on a GPU"
-                            .into(),
-                    ));
-                }
-                Self::cuda(model, gpu, cfg, max_model_len, opts)?
+                Self::cuda(model, gpu, cfg, max_model_len, opts, comm.as_mut())?
             }
             (None, EngineModel::Host(model)) => Self::cpu(model, cfg, max_model_len)?,
             (None, EngineModel::DeviceRandom(_)) => {
@@ -162,14 +159,16 @@ impl Executor {
         })
     }
 
-    /// The weights are copied to `gpu` and the KV cache takes what `opts.memory_utilization`
-    /// leaves after a maximal step (`cfg.kv_cache_bytes` is the CPU's and is not used).
+    /// The weights (this rank's shard) are copied to `gpu` and the KV cache takes what
+    /// `opts.memory_utilization` leaves after a maximal step (`cfg.kv_cache_bytes` is the
+    /// CPU's and is not used); in a pool, the ranks meet in `comm` while they do.
     fn cuda(
         model: EngineModel,
         gpu: Arc<Gpu>,
         cfg: &EngineConfig,
         max_model_len: usize,
         opts: gpu::GpuOptions,
+        comm: &mut dyn Collective,
     ) -> Result<Backend> {
         let limits = StepLimits {
             max_tokens: cfg.max_num_batched_tokens,
@@ -177,7 +176,7 @@ impl Executor {
             max_model_len,
             block_size: cfg.block_size,
         };
-        let runner = gpu::build_runner(&model, gpu, opts, limits)?;
+        let runner = gpu::build_runner(&model, gpu, opts, limits, comm)?;
         Ok(Backend::Cuda(Box::new(runner)))
     }
 
@@ -279,10 +278,12 @@ impl Executor {
             (Backend::Cpu { model, kv }, _) => model
                 .forward(&chunks, kv, self.comm.as_mut())
                 .map(Picks::Logits),
-            (Backend::Cuda(runner), Some(params)) => {
-                runner.forward_sampled(&chunks, params).map(Picks::Ids)
-            }
-            (Backend::Cuda(runner), None) => runner.forward(&chunks).map(Picks::Logits),
+            (Backend::Cuda(runner), Some(params)) => runner
+                .forward_sampled(&chunks, params, self.comm.as_mut())
+                .map(Picks::Ids),
+            (Backend::Cuda(runner), None) => runner
+                .forward(&chunks, self.comm.as_mut())
+                .map(Picks::Logits),
         };
         match picks {
             Err(EngineError::Collective(e)) => Err(self.lost(e, plan.step)),

@@ -19,6 +19,7 @@
 
 use std::ops::Range;
 
+use ferrite_collective::Collective;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
@@ -169,6 +170,43 @@ impl ModelConfig {
     }
 }
 
+/// The LM head's logits of `n` rows put together on rank 0 from every rank's part: `local`
+/// holds this rank's `n × each` (its vocabulary part, padded to `each = ⌈vocab / world⌉`
+/// columns). Rank 0 gets the whole `n × vocab` rows, the others nothing (only the leader
+/// samples).
+pub(crate) fn gather_logits(
+    tp: TpRank,
+    vocab: usize,
+    local: &[f32],
+    n: usize,
+    comm: &mut dyn Collective,
+) -> Result<Option<Vec<f32>>> {
+    if tp.rank != 0 {
+        comm.gather(local, &mut [])?;
+        return Ok(None);
+    }
+    let mut all = vec![0f32; tp.world * n * vocab.div_ceil(tp.world)];
+    comm.gather(local, &mut all)?;
+    Ok(Some(place_logits(tp.world, vocab, n, &all)))
+}
+
+/// Every rank's `n × each` logits (its vocabulary part padded to `each = ⌈vocab / world⌉`
+/// columns; rank order, as gathered) placed into `n` whole rows of `vocab`.
+pub fn place_logits(world: usize, vocab: usize, n: usize, all: &[f32]) -> Vec<f32> {
+    let each = vocab.div_ceil(world);
+    let mut logits = vec![0f32; n * vocab];
+    for (rank, theirs) in all.chunks_exact(n * each).enumerate() {
+        let part = TpRank { rank, world }.vocab_part(vocab);
+        for (row, src) in logits
+            .chunks_exact_mut(vocab)
+            .zip(theirs.chunks_exact(each))
+        {
+            row[part.clone()].copy_from_slice(&src[..part.len()]);
+        }
+    }
+    logits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +280,30 @@ mod tests {
                 next = p.end.max(next);
             }
             assert_eq!(next, vocab);
+        }
+    }
+
+    /// The logits placed from the parts equal the whole rows, for vocabularies that divide
+    /// and that do not (the last part shorter, its padding dropped).
+    #[test]
+    fn logits_parts_are_placed_into_whole_rows() {
+        for (vocab, world, n) in [(12usize, 3usize, 2usize), (10, 4, 3), (7, 8, 1)] {
+            let whole: Vec<f32> = (0..n * vocab).map(|i| i as f32).collect();
+            let each = vocab.div_ceil(world);
+            let mut all = vec![-1f32; world * n * each];
+            for rank in 0..world {
+                let part = TpRank { rank, world }.vocab_part(vocab);
+                for row in 0..n {
+                    let dst = (rank * n + row) * each;
+                    all[dst..dst + part.len()]
+                        .copy_from_slice(&whole[row * vocab + part.start..row * vocab + part.end]);
+                }
+            }
+            assert_eq!(
+                place_logits(world, vocab, n, &all),
+                whole,
+                "{vocab} over {world}"
+            );
         }
     }
 }

@@ -67,6 +67,7 @@ fn on(gpu: &Arc<Gpu>, dtype: Dtype, cuda_graphs: bool) -> Option<CudaPlacement> 
             dtype,
             memory_utilization: 0.5,
             cuda_graphs,
+            ..GpuOptions::new(dtype)
         },
     })
 }
@@ -265,6 +266,7 @@ fn a_context_the_gpu_cannot_hold_is_refused() {
         dtype: Dtype::F16,
         memory_utilization: 0.005,
         cuda_graphs: false,
+        ..GpuOptions::new(Dtype::F16)
     };
     let cfg = EngineConfig {
         max_model_len: Some(8192),

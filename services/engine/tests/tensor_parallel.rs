@@ -16,13 +16,12 @@
 
 mod common;
 
-use std::net::TcpListener;
+#[path = "common/ranks.rs"]
+mod ranks;
+
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use common::*;
-use ferrite_collective::Collective;
-use ferrite_collective::tcp::{JoinLimits, PoolKey, TcpCollective};
 use ferrite_engine::EngineError;
 use ferrite_engine::engine::{Engine, EngineConfig};
 use ferrite_engine::executor::Executor;
@@ -31,57 +30,10 @@ use ferrite_engine::model::{self, LoadOptions, LogitsWanted, SeqChunk};
 use ferrite_engine::registry;
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_engine::tp::TpRank;
+use ranks::on_ranks;
 
 /// fp32 against fp32: only summation order differs (more so across ranks).
 const LOGIT_TOLERANCE: f32 = 1e-3;
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-/// The pool every test forms (epoch 1, no secret).
-fn key(world: usize) -> PoolKey {
-    PoolKey {
-        world,
-        epoch: 1,
-        ..PoolKey::default()
-    }
-}
-
-/// Runs `body` on every rank of a pool of `world`, one thread each, and returns rank-order
-/// results. Each rank has a thread pool of its own, as a rank process does: a forward runs on
-/// its process's pool and waits there for the other ranks, so ranks sharing one pool would
-/// wait for each other's turn on it.
-fn on_ranks<T: Send>(
-    world: usize,
-    body: impl Fn(TpRank, Box<dyn Collective>) -> T + Sync,
-) -> Vec<T> {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let leader = listener.local_addr().expect("addr");
-    let body = &|tp: TpRank, comm: Box<dyn Collective>| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .expect("a rank's thread pool");
-        pool.install(|| body(tp, comm))
-    };
-    std::thread::scope(|s| {
-        let followers: Vec<_> = (1..world)
-            .map(|rank| {
-                s.spawn(move || {
-                    let limits = JoinLimits::new(TIMEOUT, TIMEOUT);
-                    let c = TcpCollective::join(leader, rank, &key(world), limits).expect("join");
-                    body(TpRank { rank, world }, Box::new(c))
-                })
-            })
-            .collect();
-        let c = TcpCollective::lead(listener, &key(world), TIMEOUT, TIMEOUT).expect("lead");
-        let mut out = vec![body(TpRank { rank: 0, world }, Box::new(c))];
-        out.extend(
-            followers
-                .into_iter()
-                .map(|h| h.join().expect("rank thread")),
-        );
-        out
-    })
-}
 
 fn load_shard(path: &Path, tp: TpRank) -> model::LoadedModel {
     let options = LoadOptions {

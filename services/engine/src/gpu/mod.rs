@@ -8,16 +8,20 @@
 
 mod matrix;
 pub mod runner;
+mod watchdog;
 pub(crate) mod weights;
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use ferrite_collective::Collective;
 use ferrite_kernels::cuda::Gpu;
 use ferrite_kernels::cuda::ops::Dtype;
 
 use crate::error::{EngineError, Result};
 use crate::kv_cache::blocks_for;
 use crate::model::{EngineModel, LogitsWanted, RandomShape, SeqChunk};
+pub use runner::link::{CollectiveKind, host_all_reduce};
 pub use runner::sampling::DeviceSampling;
 pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
 pub use weights::default_dtype;
@@ -32,17 +36,41 @@ pub struct GpuOptions {
     pub memory_utilization: f64,
     /// Capture decode steps in CUDA graphs (vLLM's `--enforce-eager` turns this off).
     pub cuda_graphs: bool,
+    /// How the ranks of a pool exchange activations (`--collective`).
+    pub collective: CollectiveKind,
+    /// How long the ranks' NCCL communicator may take to form, and one NCCL call to be taken
+    /// in (the pool's start-up and collective timeouts).
+    pub comm_init_timeout: Duration,
+    pub collective_timeout: Duration,
+}
+
+impl GpuOptions {
+    /// f16 or bf16, 90% of the memory, CUDA graphs, the collective chosen automatically.
+    pub fn new(dtype: Dtype) -> Self {
+        Self {
+            dtype,
+            memory_utilization: 0.9,
+            cuda_graphs: true,
+            collective: CollectiveKind::Auto,
+            comm_init_timeout: Duration::from_secs(300),
+            collective_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Copies `model` to `gpu` (or makes its random weights there), profiles a maximal step and
 /// gives the KV cache what is left of `memory_utilization × total memory`. Refuses when not
-/// even one `max_model_len` sequence fits.
+/// even one `max_model_len` sequence fits. In a pool (`model` a shard, `comm` its collective),
+/// every rank calls this at the same time: the ranks agree on their link first, and the
+/// profiling step runs their collectives.
 pub fn build_runner(
     model: &EngineModel,
     gpu: Arc<Gpu>,
     opts: GpuOptions,
     limits: StepLimits,
+    comm: &mut dyn Collective,
 ) -> Result<GpuRunner> {
+    let (link, sharing) = runner::link::open(&opts, &gpu, comm)?;
     let c = model.config();
     let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "model_init",
         device = %gpu.device, dtype = opts.dtype.name(), weight_bytes = tracing::field::Empty);
@@ -73,7 +101,7 @@ pub fn build_runner(
     // just the blocks it needs, so the peak of activations and cuBLAS workspace is in use.
     let probe_tokens = limits.max_tokens.min(limits.max_model_len);
     let probe_blocks = blocks_for(probe_tokens, limits.block_size);
-    let mut runner = GpuRunner::new(weights, limits, probe_blocks)?;
+    let mut runner = GpuRunner::new(weights, limits, probe_blocks, link)?;
     let table: Vec<u32> = (0..probe_blocks as u32).collect();
     let tokens = vec![0u32; probe_tokens];
     let probe = SeqChunk {
@@ -82,12 +110,17 @@ pub fn build_runner(
         block_table: &table,
         logits: LogitsWanted::Last,
     };
-    runner.forward(&[probe])?;
+    runner.forward(&[probe], comm)?;
     gpu.synchronize().map_err(gpu_error)?;
+    // Ranks sharing one GPU (`--collective host`) split what the budget leaves after all of
+    // their weights and peak steps: every rank measures once all are loaded and before any
+    // takes its KV cache (a pool of one: no-ops).
+    comm.barrier()?;
     let (free, total) = gpu.memory().map_err(gpu_error)?;
+    comm.barrier()?;
     let used = total - free;
     let budget = (opts.memory_utilization * total as f64) as usize;
-    let left = budget.saturating_sub(used) + probe_blocks * per_block;
+    let left = budget.saturating_sub(used) / sharing + probe_blocks * per_block;
     profile.record("free_bytes", free as i64);
     profile.record("budget_bytes", left as i64);
     drop(profile);
@@ -171,8 +204,9 @@ pub fn dummy_runner(
     limits: StepLimits,
     num_blocks: usize,
 ) -> Result<GpuRunner> {
+    let (link, _) = runner::link::open(&opts, &gpu, &mut ferrite_collective::Solo)?;
     let weights = GpuWeights::dummy(gpu, opts.dtype, cfg, quantize, 0)?;
-    let mut runner = GpuRunner::new(weights, limits, num_blocks)?;
+    let mut runner = GpuRunner::new(weights, limits, num_blocks, link)?;
     if opts.cuda_graphs {
         runner.capture_graphs()?;
     }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
-use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
+use ferrite_kernels::cuda::attention::{DecodeScratch, PagedAttention, decode_parts};
 use ferrite_kernels::cuda::fp8::Fp8Rows;
 use ferrite_kernels::cuda::gemm::{Linear, OutType};
 use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
@@ -22,12 +22,17 @@ use ferrite_kernels::cuda::wq_mins::WqMins;
 use ferrite_kernels::cuda::wq_mma::MMA_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 
+use ferrite_collective::{Collective, Solo};
+
 use super::matrix::DeviceMatrix;
 use super::weights::{GpuWeights, gpu_error};
 use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsWanted, SeqChunk};
+use link::Link;
 
+#[path = "link.rs"]
+pub mod link;
 #[path = "sampling.rs"]
 pub mod sampling;
 use sampling::SamplingBuffers;
@@ -81,8 +86,16 @@ pub fn kv_bytes_per_token(kv_heads: usize, head_dim: usize, layers: usize) -> us
     2 * 2 * kv_heads * head_dim * layers
 }
 
-/// A model's weights on the GPU with its step buffers and KV cache.
+/// A model's weights (or one rank's shard of them) on the GPU with its step buffers and KV
+/// cache.
+///
+/// Fields drop in order: the captured graphs first (they hold the buffers' addresses and,
+/// with NCCL, the communicator's), then the communicator, then the buffers and weights.
 pub struct GpuRunner {
+    /// Captured decode steps by padded batch size.
+    graphs: BTreeMap<usize, Graph>,
+    /// How this rank's collectives reach the other ranks' (host for a pool of one).
+    link: Link,
     w: GpuWeights,
     limits: StepLimits,
     num_blocks: usize,
@@ -103,8 +116,10 @@ pub struct GpuRunner {
     part_max: Buf<f32>,
     part_sum: Buf<f32>,
     n_parts: usize,
-    /// Captured decode steps by padded batch size.
-    graphs: BTreeMap<usize, Graph>,
+    /// A rank's LM head logits (`max_seqs × ⌈vocab / world⌉`), and with NCCL every rank's
+    /// gathered (`world ×` that): only in a pool of several ranks.
+    head_part: Option<Buf<f32>>,
+    head_gathered: Option<Buf<f32>>,
     /// Room for the largest quantized matrix dequantized (steps of more rows than the
     /// tensor-core kernel takes; `None` when the token budget never exceeds it).
     dequantized: Option<Buf<u16>>,
@@ -124,13 +139,21 @@ impl std::fmt::Debug for GpuRunner {
             .field("dtype", &self.w.dtype)
             .field("limits", &self.limits)
             .field("num_blocks", &self.num_blocks)
+            .field("tp", &self.w.tp)
+            .field("link", &self.link)
             .finish_non_exhaustive()
     }
 }
 
 impl GpuRunner {
-    /// Step buffers for `limits` and a KV cache of `num_blocks` blocks.
-    pub(crate) fn new(w: GpuWeights, limits: StepLimits, num_blocks: usize) -> Result<Self> {
+    /// Step buffers for `limits` and a KV cache of `num_blocks` blocks; `link` reaches the
+    /// pool's other ranks (when `w` is a shard).
+    pub(crate) fn new(
+        w: GpuWeights,
+        limits: StepLimits,
+        num_blocks: usize,
+        link: Link,
+    ) -> Result<Self> {
         let c = &w.cfg;
         let gpu = w.gpu.clone();
         let g = gpu.as_ref();
@@ -138,7 +161,7 @@ impl GpuRunner {
         let qkv_w = c.q_dim() + 2 * c.kv_dim();
         // Partitions over every position a block table can address (whole blocks past
         // max_model_len included), so no key falls beyond the last partition.
-        let n_parts = (limits.max_blocks() * limits.block_size).div_ceil(DECODE_PARTITION);
+        let n_parts = decode_parts(limits.max_blocks() * limits.block_size);
         let (po, pm) = DecodeScratch::sizes(s, c.num_heads, c.head_dim, n_parts);
         let slots = num_blocks * limits.block_size * c.kv_dim();
         let kv = DeviceKv {
@@ -165,6 +188,12 @@ impl GpuRunner {
             k => Some((alloc(g, t * k)?, alloc(g, t * k.div_ceil(64))?)),
         };
         let logits = g.zeros::<f32>(s * c.vocab_size).map_err(gpu_error)?;
+        let (world, each) = (w.tp.world, c.vocab_size.div_ceil(w.tp.world));
+        let head_part = (world > 1).then(|| alloc(g, s * each)).transpose()?;
+        let head_gathered = match link {
+            Link::Nccl { .. } if world > 1 => Some(alloc(g, world * s * each)?),
+            _ => None,
+        };
         Ok(Self {
             limits,
             num_blocks,
@@ -185,7 +214,10 @@ impl GpuRunner {
             part_max: alloc(g, pm)?,
             part_sum: alloc(g, pm)?,
             n_parts,
+            head_part,
+            head_gathered,
             graphs: BTreeMap::new(),
+            link,
             dequantized,
             means,
             quantized_rows,
@@ -229,15 +261,35 @@ impl GpuRunner {
     }
 
     /// Runs `seqs` (their block tables already hold room for their tokens) and returns the
-    /// logits each asked for, as rows of `vocab_size`, like the CPU forward.
-    pub fn forward(&mut self, seqs: &[SeqChunk<'_>]) -> Result<Vec<f32>> {
-        let n = self.run_step(seqs)? * self.w.cfg.vocab_size;
-        self.w.gpu.download(&self.logits, n).map_err(gpu_error)
+    /// logits each asked for, as rows of `vocab_size`, like the CPU forward. `comm` is the
+    /// pool's collective (`&mut Solo` for a whole model); in a pool, only rank 0's logits are
+    /// whole (the others' are not to be read), as on the CPU.
+    pub fn forward(
+        &mut self,
+        seqs: &[SeqChunk<'_>],
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<f32>> {
+        self.watched(|r| {
+            let n = r.run_step(seqs, comm)? * r.w.cfg.vocab_size;
+            r.w.gpu.download(&r.logits, n).map_err(gpu_error)
+        })
+    }
+
+    /// The pool this runner is a rank of, and how its collectives travel.
+    pub fn tp(&self) -> (crate::tp::TpRank, &'static str) {
+        (self.w.tp, self.link.name())
     }
 
     /// Queues the step for `seqs`, leaving the logits rows they asked for in `self.logits`;
     /// returns how many rows.
-    fn run_step(&mut self, seqs: &[SeqChunk<'_>]) -> Result<usize> {
+    fn run_step(&mut self, seqs: &[SeqChunk<'_>], comm: &mut dyn Collective) -> Result<usize> {
+        if comm.world() != self.w.tp.world {
+            return Err(EngineError::Internal(format!(
+                "a runner of a pool of {} ranks stepped with a collective of {}",
+                self.w.tp.world,
+                comm.world()
+            )));
+        }
         let mut plan = self.plan(seqs)?;
         let n_logits = plan.n_logits;
         let gpu = self.w.gpu.clone();
@@ -260,16 +312,20 @@ impl GpuRunner {
             // SAFETY: every buffer was sized for `limits`, which `plan` checked this step
             // against; the metadata offsets address the packed array just copied.
             #[allow(unsafe_code)]
-            None => unsafe { self.run(&gpu, &plan) }.map_err(gpu_error)?,
+            None => unsafe { self.run(&gpu, &plan, comm) }?,
         }
         Ok(n_logits)
     }
 
     /// Captures one CUDA graph per decode batch size of the ladder 1, 2, 4, 8, 16, 24, 32, …
     /// (steps of 8) up to `max_seqs` (and the step's token budget). Each size runs once
-    /// eagerly first, so cuBLAS has chosen its kernels before the capture records them.
-    /// Returns the sizes captured.
+    /// eagerly first, so cuBLAS has chosen its kernels before the capture records them (and
+    /// NCCL, which connects lazily, has connected). Returns the sizes captured: none for a
+    /// rank whose collectives go through the host (a graph cannot wait on a socket).
     pub fn capture_graphs(&mut self) -> Result<Vec<usize>> {
+        if matches!(self.link, Link::Host) && !self.w.tp.is_solo() {
+            return Ok(Vec::new());
+        }
         let gpu = self.w.gpu.clone();
         let top = self.limits.max_seqs.min(self.limits.max_tokens);
         let mut sizes: Vec<usize> = [1, 2, 4].into_iter().filter(|&b| b <= top).collect();
@@ -285,22 +341,23 @@ impl GpuRunner {
             gpu.stream()
                 .memcpy_htod(&plan.meta, &mut self.meta)
                 .map_err(err)?;
-            // SAFETY: as in `forward`; every row is padding (no KV slot is written).
+            // SAFETY: as in `forward`; every row is padding (no KV slot is written). A pool
+            // that captures reduces with NCCL, which needs no host collective.
             #[allow(unsafe_code)]
-            unsafe { self.run(&gpu, &plan) }.map_err(gpu_error)?;
+            unsafe { self.run(&gpu, &plan, &mut Solo) }?;
             gpu.synchronize().map_err(gpu_error)?;
             gpu.stream()
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(err)?;
             // SAFETY: as above; kernels are recorded, not run.
             #[allow(unsafe_code)]
-            let recorded = unsafe { self.run(&gpu, &plan) };
+            let recorded = unsafe { self.run(&gpu, &plan, &mut Solo) };
             // End the capture whatever happened, so the stream is usable again.
             let graph = gpu
                 .stream()
                 .end_capture(CUgraphInstantiate_flags(0))
                 .map_err(err)?;
-            recorded.map_err(gpu_error)?;
+            recorded?;
             let graph = graph
                 .ok_or_else(|| EngineError::Device("graph capture recorded nothing".into()))?;
             graph.upload().map_err(err)?;
@@ -454,7 +511,7 @@ impl GpuRunner {
     /// # Safety
     /// `plan` was made by [`Self::plan`] for this runner and its metadata copied to `meta`.
     #[allow(unsafe_code)]
-    unsafe fn run(&self, g: &Gpu, p: &DeviceBatch) -> Result<(), ferrite_kernels::cuda::CudaError> {
+    unsafe fn run(&self, g: &Gpu, p: &DeviceBatch, comm: &mut dyn Collective) -> Result<()> {
         let w = &self.w;
         let c = &w.cfg;
         let dt = w.dtype;
@@ -586,6 +643,7 @@ impl GpuRunner {
                     )?;
                 }
                 self.project(g, proj, attn, &l.o, lin(h, q_dim))?;
+                self.all_reduce(g, proj, t * h, comm)?;
                 match &l.post_norms {
                     Some([post_attn, _]) => {
                         g.rms_norm(
@@ -616,6 +674,7 @@ impl GpuRunner {
                 let gelu = c.activation == Activation::GeluTanh;
                 g.gated_activation(dt, gelu, self.act.ptr, gu, t, ff)?;
                 self.project(g, proj, self.act.ptr, &l.down, lin(h, ff))?;
+                self.all_reduce(g, proj, t * h, comm)?;
                 pending = match &l.post_norms {
                     Some([_, post_ffn]) => {
                         g.rms_norm(
@@ -640,19 +699,8 @@ impl GpuRunner {
             // The rows that want logits, gathered (an embedding lookup into `xn`).
             let picked = self.picked.ptr;
             g.embedding(dt, picked, xn, meta(p.off.picks), p.n_logits, h, 1.0)?;
-            let head = Linear {
-                m: p.n_logits,
-                n: c.vocab_size,
-                k: h,
-                x_stride: h,
-                out_stride: c.vocab_size,
-            };
-            g.linear(dt, OutType::F32, self.logits_ptr, picked, w.lm_head(), head)?;
-            if let Some(cap) = c.final_logit_softcap {
-                g.soft_cap(self.logits_ptr, p.n_logits * c.vocab_size, cap)?;
-            }
+            self.lm_head(g, picked, p.n_logits, comm)
         }
-        Ok(())
     }
 }
 

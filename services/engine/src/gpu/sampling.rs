@@ -63,8 +63,18 @@ impl GpuRunner {
         &mut self,
         seqs: &[SeqChunk<'_>],
         params: &[DeviceSampling],
+        comm: &mut dyn ferrite_collective::Collective,
     ) -> Result<Vec<u32>> {
-        let n = self.run_step(seqs)?;
+        self.watched(|r| r.sample_step(seqs, params, comm))
+    }
+
+    fn sample_step(
+        &mut self,
+        seqs: &[SeqChunk<'_>],
+        params: &[DeviceSampling],
+        comm: &mut dyn ferrite_collective::Collective,
+    ) -> Result<Vec<u32>> {
+        let n = self.run_step(seqs, comm)?;
         if params.len() != n {
             return Err(EngineError::Internal(format!(
                 "{} sampling parameter sets for {n} rows of logits",

@@ -29,6 +29,7 @@ use super::matrix::{DeviceMatrix, HostMatrix};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::{EngineModel, LlamaModel, LoadQuantize};
+use crate::tp::TpRank;
 use crate::weights::Matrix;
 
 /// A 16-bit tensor in device memory.
@@ -190,10 +191,15 @@ impl GpuLayer {
 pub(crate) struct GpuWeights {
     pub gpu: Arc<Gpu>,
     pub dtype: Dtype,
+    /// The shard's shape (the whole model's for a pool of one; the vocabulary always whole).
     pub cfg: ModelConfig,
+    /// Which shard of the model these are.
+    pub tp: TpRank,
     pub embed: DeviceTensor,
     /// `None`: tied to `embed`.
     pub lm_head: Option<DeviceTensor>,
+    /// The LM head's rows here: the vocabulary, or this rank's part of it.
+    pub head_rows: usize,
     pub norm: DeviceTensor,
     pub layers: Vec<GpuLayer>,
     /// Keeps the RoPE frequencies alive; kernels get `inv_freq_ptr`.
@@ -250,7 +256,10 @@ impl GpuWeights {
             layers.push(layer);
         }
         let embed = DeviceTensor::stacked(g, dtype, &[&model.embed], &mut jobs)?;
-        let tied = model.lm_head.same_storage(&model.embed);
+        // A rank's part of a tied head starts where the table does on rank 0: same storage,
+        // fewer rows.
+        let tied =
+            model.lm_head.same_storage(&model.embed) && model.lm_head.rows == model.embed.rows;
         let lm_head = if tied {
             None
         } else {
@@ -262,7 +271,9 @@ impl GpuWeights {
             )?)
         };
         let norm = vec(&model.norm)?;
-        let w = Self::assemble(gpu, dtype, cfg, &model.rope, [embed, norm], lm_head, layers)?;
+        let mut w = Self::assemble(gpu, dtype, cfg, &model.rope, [embed, norm], lm_head, layers)?;
+        w.tp = model.tp;
+        w.head_rows = model.lm_head.rows;
         Ok((w, jobs))
     }
 
@@ -349,6 +360,8 @@ impl GpuWeights {
     ) -> Result<Self> {
         let inv_freq = gpu.upload(&rope.inv_freq).map_err(gpu_error)?;
         Ok(Self {
+            tp: TpRank::SOLO,
+            head_rows: cfg.vocab_size,
             embed,
             lm_head,
             norm,

@@ -592,28 +592,12 @@ impl LlamaModel {
         if self.tp.is_solo() || n == 0 {
             return Ok(local);
         }
-        let (world, each) = (self.tp.world, vocab.div_ceil(self.tp.world));
+        let each = vocab.div_ceil(self.tp.world);
         let mut padded = vec![0f32; n * each];
         for (dst, src) in padded.chunks_exact_mut(each).zip(local.chunks_exact(mine)) {
             dst[..mine].copy_from_slice(src);
         }
-        if self.tp.rank != 0 {
-            comm.gather(&padded, &mut [])?;
-            return Ok(Vec::new());
-        }
-        let mut all = vec![0f32; world * n * each];
-        comm.gather(&padded, &mut all)?;
-        let mut logits = vec![0f32; n * vocab];
-        for (rank, theirs) in all.chunks_exact(n * each).enumerate() {
-            let part = TpRank { rank, world }.vocab_part(vocab);
-            for (row, src) in logits
-                .chunks_exact_mut(vocab)
-                .zip(theirs.chunks_exact(each))
-            {
-                row[part.clone()].copy_from_slice(&src[..part.len()]);
-            }
-        }
-        Ok(logits)
+        Ok(crate::tp::gather_logits(self.tp, vocab, &padded, n, comm)?.unwrap_or_default())
     }
 }
 

@@ -1,0 +1,80 @@
+//! Copies at device addresses ([`DevPtr`]) rather than through cudarc's typed slices: the
+//! runner's buffers hold several tensors each, and a tensor-parallel step moves parts of them
+//! (a projection's partial sums to the host and back, logits columns into place).
+
+use cudarc::driver::{result, sys};
+
+use super::{CudaError, DevPtr, Gpu};
+
+impl Gpu {
+    /// Copies `dst.len()` elements at `src` to the host, after the work queued before it.
+    ///
+    /// # Safety
+    /// `src` addresses `dst.len()` elements of `T` on this device.
+    #[allow(unsafe_code)]
+    pub unsafe fn download_at<T>(&self, src: DevPtr, dst: &mut [T]) -> Result<(), CudaError> {
+        self.context().bind_to_thread()?;
+        let s = self.stream().cu_stream();
+        // SAFETY: the caller's contract; the synchronize keeps `dst` borrowed until the copy
+        // has landed.
+        unsafe { result::memcpy_dtoh_async(dst, src.0, s) }?;
+        self.synchronize()
+    }
+
+    /// Copies `src` to `dst` on the device, in stream order; returns once `src` may be reused.
+    ///
+    /// # Safety
+    /// `dst` addresses room for `src.len()` elements of `T` on this device.
+    #[allow(unsafe_code)]
+    pub unsafe fn upload_at<T>(&self, dst: DevPtr, src: &[T]) -> Result<(), CudaError> {
+        self.context().bind_to_thread()?;
+        let s = self.stream().cu_stream();
+        // SAFETY: the caller's contract; a copy from pageable memory has read it before the
+        // call returns, but the synchronize makes that plain rather than a driver detail.
+        unsafe { result::memcpy_htod_async(dst.0, src, s) }?;
+        self.synchronize()
+    }
+
+    /// Queues a copy of `rows` rows of `width` bytes from `src` (rows `src_pitch` bytes
+    /// apart) to `dst` (rows `dst_pitch` bytes apart): one cuMemcpy2D, captured into a graph
+    /// when the stream is capturing.
+    ///
+    /// # Safety
+    /// Both regions lie in device memory alive until the copy has run.
+    #[allow(unsafe_code)]
+    pub unsafe fn copy_rows(
+        &self,
+        dst: DevPtr,
+        dst_pitch: usize,
+        src: DevPtr,
+        src_pitch: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        if width == 0 || rows == 0 {
+            return Ok(());
+        }
+        self.context().bind_to_thread()?;
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src.0,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst.0,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch,
+            WidthInBytes: width,
+            Height: rows,
+        };
+        // SAFETY: the caller's contract; `copy` describes two device regions.
+        unsafe { sys::cuMemcpy2DAsync_v2(&copy, self.stream().cu_stream()) }.result()?;
+        Ok(())
+    }
+}
