@@ -98,6 +98,25 @@ __device__ __forceinline__ int slot_of(const int* table, int pos, int block_size
 
 constexpr int DEC_THREADS = 128;
 constexpr int DEC_PMAX = 512;  // largest partition_size
+constexpr int DEC_PMIN = 32;   // smallest partition
+// Partitions a short context may be cut into (DECODE_SHORT_PARTS in attention.rs: the scratch
+// holds at least this many per sequence), and the blocks a step aims for (two per SM of an
+// H100) before cutting contexts finer.
+constexpr int DEC_SHORT_PARTS = 16;
+constexpr int DEC_TARGET_BLOCKS = 264;
+
+// Positions per partition for a context of `ctx` in a grid of `blocks` (kv heads x sequences)
+// per partition index: `largest` for long contexts or full grids; for a short context in a
+// small batch (batch-1 decode: 8 blocks of 256 on 132 SMs) the smallest power of two from
+// DEC_PMIN that still cuts it into at most as many parts as the grid lacks blocks (at most
+// DEC_SHORT_PARTS), so its keys spread over more blocks. The reduce needs no partition size:
+// empty partitions are skipped.
+__device__ __forceinline__ int partition_of(int ctx, int largest, int blocks) {
+  const int want = max(1, min(DEC_SHORT_PARTS, DEC_TARGET_BLOCKS / max(blocks, 1)));
+  int p = DEC_PMIN;
+  while (p < largest && p * want < ctx) p <<= 1;
+  return p;
+}
 
 template <int HD>
 struct Dec {
@@ -127,7 +146,8 @@ __device__ __forceinline__ void decode(DECODE_PARAMS(T)) {
   const int group = n_heads / kv_heads;
   const int ctx = context_lens[s];
   const int lo = window > 0 ? max(0, ctx - window) : 0;
-  const int p0 = max(p * partition_size, lo), p1 = min((p + 1) * partition_size, ctx);
+  const int psize = partition_of(ctx, partition_size, gridDim.x * gridDim.y);
+  const int p0 = max(p * psize, lo), p1 = min((p + 1) * psize, ctx);
   const int n = p1 - p0;
   const i64 head0 = (i64)s * n_heads + (i64)kvh * group;  // (sequence, first head of the group)
   if (n <= 0) {  // past the context, before the window, or a padding sequence

@@ -59,12 +59,16 @@ template <typename T, int TOK>
 __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, i32 group,
                                      Weights w, i32 m, i32 n, i32 k, i32 run) {
   tile8::Tile<TOK> tile;
-  if (!tile.init(w.codes, xq, m, n, k)) return;
+  if (!tile.init(w.codes, xq, m, n, k, TOK == 1)) return;
   float acc[TOK][4] = {};
   const i32 runs_x = k / group;
   for (i32 k0 = 0; k0 < k; k0 += run) {
     float part[TOK][4] = {};
-    for (i32 kc = k0; kc < k0 + run; kc += 64) tile.chunk(kc, part, mma16832_e4m3);
+    if (TOK == 1) {  // decode: each run's chunks split among the block's warps (tile8.cuh)
+      tile.chunks_split(k0, k0 + run, part[0], mma16832_e4m3);
+    } else {
+      for (i32 kc = k0; kc < k0 + run; kc += 64) tile.chunk(kc, part, mma16832_e4m3);
+    }
     // One weight scale per row half of the tile, one activation scale per token.
     float sw[2];
 #pragma unroll
@@ -82,6 +86,8 @@ __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, i32 
       }
     }
   }
+  // Split decode: the warps' scaled partial sums added (the same scales: a sum of products).
+  if (TOK == 1 && !tile8::sum_warps(acc[0])) return;
 #pragma unroll
   for (int t = 0; t < TOK; ++t) {
 #pragma unroll
@@ -105,7 +111,8 @@ FP8_QUANTIZE(f16)
 FP8_QUANTIZE(bf16)
 
 // fp8_gemm_t{1,8}_{f16,bf16}(out, q, x_scales, group, codes, w_scales, block_rows, block_cols,
-// grid_cols, m, n, k, run): block 128 threads, grid (ceil(n / 64), ceil(m / (8 · TOK))).
+// grid_cols, m, n, k, run): block 128 threads, grid (ceil(n / 16), 1) for t1 (decode, m ≤ 8),
+// (ceil(n / 64), ceil(m / 64)) for t8.
 #define FP8_GEMM(T, TOK)                                                                        \
   extern "C" __global__ void __launch_bounds__(32 * tile8::WARPS) fp8_gemm_t##TOK##_##T(           \
       T* out, const u8* q, const float* xs, i32 group, const u8* codes, const float* ws,       \

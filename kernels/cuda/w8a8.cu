@@ -40,9 +40,14 @@ template <typename T, int TOK>
 __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, const u8* w,
                                      const float* ws, i32 m, i32 n, i32 k) {
   tile8::Tile<TOK> tile;
-  if (!tile.init(w, xq, m, n, k)) return;
+  if (!tile.init(w, xq, m, n, k, TOK == 1)) return;
   i32 acc[TOK][4] = {};
-  for (i32 kc = 0; kc < k; kc += 64) tile.chunk(kc, acc, mma16832_s8);
+  if (TOK == 1) {  // decode: k split among the block's warps (tile8.cuh)
+    tile.chunks_split(0, k, acc[0], mma16832_s8);
+    if (!tile8::sum_warps(acc[0])) return;
+  } else {
+    for (i32 kc = 0; kc < k; kc += 64) tile.chunk(kc, acc, mma16832_s8);
+  }
 #pragma unroll
   for (int t = 0; t < TOK; ++t) {
 #pragma unroll
@@ -68,7 +73,7 @@ W8A8_QUANTIZE(f16)
 W8A8_QUANTIZE(bf16)
 
 // w8a8_gemm_t{1,8}_{f16,bf16}(out, q, x_scales, w, w_scales, m, n, k): block 128 threads,
-// grid (ceil(n / 64), ceil(m / (8 · TOK))).
+// grid (ceil(n / 16), 1) for t1 (decode, m ≤ 8), (ceil(n / 64), ceil(m / 64)) for t8.
 #define W8A8_GEMM(T, TOK)                                                                       \
   extern "C" __global__ void __launch_bounds__(32 * tile8::WARPS) w8a8_gemm_t##TOK##_##T(         \
       T* out, const u8* q, const float* xs, const u8* w, const float* ws, i32 m, i32 n, i32 k) { \

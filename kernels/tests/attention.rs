@@ -3,7 +3,7 @@
 //! several GPU decode partitions, prefill over a whole prompt and over a chunk that continues a
 //! cached context, and Gemma 2's soft cap and sliding window. On a GPU the CUDA kernels are also
 //! compared with the CPU's `paged_attention` (which the fixture checks) at model sizes: decode
-//! split over 256-position partitions (a 1300-token context uses six), head sizes with
+//! split over partitions (at batch 1, a 1300-token context in eleven of 128 positions), head sizes with
 //! (64/128/256) and without (96; 80, the seed's 2.7B model; 16) a tensor-core kernel. The
 //! cache's blocks are scattered, as a long-running server's are.
 
@@ -18,7 +18,7 @@ use common::{
     uint, uints,
 };
 use ferrite_kernels::cpu::attention::{AttentionOptions, PagedKv, QueryToken, paged_attention};
-use ferrite_kernels::cuda::attention::{DECODE_PARTITION, DecodeScratch, PagedAttention};
+use ferrite_kernels::cuda::attention::{DecodeScratch, PagedAttention, decode_parts};
 use ferrite_kernels::cuda::ops::Dtype;
 use serde_json::Value;
 
@@ -162,14 +162,8 @@ fn attention_on(b: &Backend, dtype: Dtype, c: &Case, x: &Inputs, kernel: Kernel)
             let out = m.zeroed(2 * x.q.len());
             match kernel {
                 Kernel::Decode => {
-                    let n_parts = c
-                        .seqs
-                        .iter()
-                        .map(|s| s.0)
-                        .max()
-                        .unwrap_or(1)
-                        .div_ceil(DECODE_PARTITION)
-                        + 1;
+                    let longest = c.seqs.iter().map(|s| s.0).max().unwrap_or(1);
+                    let n_parts = decode_parts(longest);
                     let (po, pm) =
                         DecodeScratch::sizes(c.seqs.len(), c.n_heads, c.head_dim, n_parts);
                     let scratch = DecodeScratch {

@@ -7,11 +7,11 @@
 use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
 use super::ops::{Dtype, i32_of};
+use super::w8a8::block_rows as gemm_block_rows;
 use crate::fp8::{Fp8Activations, Fp8Scales};
 
 /// Rows of activations up to which the GEMM takes one 8-token tile per warp; above, eight.
 pub const DECODE_MAX_M: usize = 8;
-const BLOCK_ROWS: usize = 64;
 
 /// An FP8 `[rows, cols]` matrix in device memory.
 #[derive(Debug, Clone, Copy)]
@@ -148,7 +148,7 @@ impl Gpu {
         let decode = m <= DECODE_MAX_M;
         let tok = if decode { 1 } else { 8 };
         let grid = (
-            w.rows.div_ceil(BLOCK_ROWS) as u32,
+            w.rows.div_ceil(gemm_block_rows(decode)) as u32,
             m.div_ceil(8 * tok).max(1) as u32,
             1,
         );

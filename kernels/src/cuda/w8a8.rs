@@ -14,6 +14,12 @@ pub const DECODE_MAX_M: usize = 8;
 /// Weight rows one GEMM block covers (4 warps of 16).
 const BLOCK_ROWS: usize = 64;
 
+/// Weight rows a block of the 8-bit GEMMs (this module's and FP8's, both over tile8.cuh)
+/// covers: 16 in decode, where its warps split k instead.
+pub(crate) fn block_rows(decode: bool) -> usize {
+    if decode { 16 } else { BLOCK_ROWS }
+}
+
 /// An int8 `[rows, cols]` matrix in device memory.
 #[derive(Debug, Clone, Copy)]
 pub struct I8Device {
@@ -117,7 +123,7 @@ impl Gpu {
         let decode = m <= DECODE_MAX_M;
         let tok = if decode { 1 } else { 8 };
         let grid = (
-            w.rows.div_ceil(BLOCK_ROWS) as u32,
+            w.rows.div_ceil(block_rows(decode)) as u32,
             m.div_ceil(8 * tok).max(1) as u32,
             1,
         );
