@@ -1,10 +1,17 @@
 //! The engine on a CUDA device against the same engine on the CPU: the default model (a real
-//! SmolLM2-135M, head size 64) generates the same greedy tokens (the issue's bar: the first 16
-//! of at least 9 of 10 prompts) and close first-token log-probabilities, in f16 and bf16; the
-//! tiny Gemma 2 and Qwen3 checkpoints (head size 32: soft caps, sliding windows, post-norms,
-//! q/k norms) give close log-probabilities; decode runs through CUDA graphs (f16) and eagerly
+//! SmolLM2-135M, head size 64) generates the same greedy tokens in f16 (the issue's bar: the
+//! first 16 of at least 9 of 10 prompts) with close first-token log-probabilities; the tiny
+//! Gemma 2 and Qwen3 checkpoints (head size 32: soft caps, sliding windows, post-norms, q/k
+//! norms) give close log-probabilities; decode runs through CUDA graphs (f16) and eagerly
 //! (bf16); prefix-cache hits give the cold tokens; and a context the GPU's memory cannot hold
 //! is refused with the flag to change.
+//!
+//! Where a format's precision flips near-ties (bf16, `rtn-w8g128`, the 8-bit checkpoints: on
+//! the H100, PyTorch's own bf16 gives its f32's greedy tokens on only 6 of the 10 prompts,
+//! with logit margins of 0.003–0.19 where they part), equal greedy tokens are the wrong bar.
+//! Those tests compare teacher-forced log-probabilities instead (see [`teacher_forced`] and
+//! [`assert_close_to_the_cpu`]): the CPU's greedy tokens run through the GPU, and the GPU's
+//! log-probability of each must stay near the CPU's.
 //!
 //! The default model's projections are GGUF Q4_1, which stay quantized on the GPU (repacked to
 //! 4-bit codes plus per-group minimums, `wq::gguf`), so these comparisons run the quantized
@@ -22,10 +29,11 @@ use std::sync::Arc;
 
 use common::*;
 use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Generation};
-use ferrite_engine::gpu::GpuOptions;
-use ferrite_engine::model::{self, EngineModel, LoadedModel};
-use ferrite_engine::registry;
-use ferrite_engine::sampler::SamplingParams;
+use ferrite_engine::gpu::{GpuOptions, StepLimits, build_runner};
+use ferrite_engine::kv_cache::KvCache;
+use ferrite_engine::model::{self, EngineModel, LoadedModel, LogitsWanted, SeqChunk};
+use ferrite_engine::sampler::{self, SamplingParams};
+use ferrite_engine::{eval, registry};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{self, Gpu};
 
@@ -104,6 +112,19 @@ fn generate(
     generate_with(model, cuda, params)
 }
 
+/// The ten prompts of [`generate`]: 5, 10, ..., 50 pseudo-random ids below `vocab` (the same
+/// formula as `tests/fixtures/gpu/torch_reference.py`'s).
+fn prompts(vocab: usize) -> Vec<Vec<u32>> {
+    let vocab = vocab as u64;
+    (0..10u64)
+        .map(|i| {
+            (0..5 + 5 * i)
+                .map(|j| ((i * 7919 + j * 104_729 + 11) % vocab) as u32)
+                .collect()
+        })
+        .collect()
+}
+
 /// [`generate`] with other sampling parameters for every prompt.
 fn generate_with(
     model: impl Into<EngineModel>,
@@ -111,15 +132,11 @@ fn generate_with(
     params: SamplingParams,
 ) -> HashMap<u64, Generation> {
     let model = model.into();
-    let vocab = model.config().vocab_size as u64;
+    let prompts = prompts(model.config().vocab_size);
     let mut engine = Engine::new(model, vec![], cfg(cuda)).expect("engine");
     let requests = (0..10u64)
-        .map(|i| {
-            let prompt = (0..5 + 5 * i)
-                .map(|j| ((i * 7919 + j * 104_729 + 11) % vocab) as u32)
-                .collect();
-            (i, prompt, params.clone())
-        })
+        .zip(prompts)
+        .map(|(i, prompt)| (i, prompt, params.clone()))
         .collect();
     engine
         .run_to_completion(requests, |_| true)
@@ -136,31 +153,222 @@ fn first_logprob_gap(cpu: &Generation, gpu: &Generation) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// f16 through CUDA graphs: its precision keeps the greedy tokens (bf16's does not, see
+/// [`bf16_gives_the_cpus_logprobs_for_its_greedy_tokens`]).
+/// One prompt's 16 CPU greedy tokens as the GPU scores them, teacher-forced.
+#[derive(Debug)]
+struct Forced {
+    /// The largest |logprob_gpu(t) − logprob_cpu(t)| over the tokens, and at which token.
+    gap: f32,
+    at: usize,
+    /// The first token the GPU's argmax is not the CPU's, and the CPU's margin there (its top
+    /// logit minus its second: a near-tie when small).
+    diverges: Option<(usize, f32)>,
+}
+
+/// Runs each prompt and then the CPU's greedy tokens (`cpu`, from [`generate`]) through
+/// `forward` (one step of the model over its KV cache, which holds `blocks` blocks of 16) as the
+/// engine runs a generation: each prompt's prefill, then decode steps of the ten sequences
+/// together, except that each step feeds the CPU's token, not the model's pick. Scores every
+/// token the CPU chose.
+fn teacher_forced(
+    vocab: usize,
+    blocks: usize,
+    mut forward: impl FnMut(&[SeqChunk<'_>]) -> Vec<f32>,
+    cpu: &HashMap<u64, Generation>,
+) -> Vec<Forced> {
+    let prompts = prompts(vocab);
+    let per_seq = (prompts[9].len() + 16).div_ceil(16);
+    assert!(blocks >= 10 * per_seq, "KV blocks for ten sequences");
+    let tables: Vec<Vec<u32>> = (0..10)
+        .map(|i| (i * per_seq..(i + 1) * per_seq).map(|b| b as u32).collect())
+        .collect();
+    let fed = |i: usize, k: usize| cpu[&(i as u64)].tokens[k].id;
+    let mut rows: Vec<Vec<Scored>> = (0..10).map(|_| Vec::new()).collect();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let chunk = SeqChunk {
+            tokens: prompt,
+            start_pos: 0,
+            block_table: &tables[i],
+            logits: LogitsWanted::Last,
+        };
+        rows[i].push(Scored::of(&forward(&[chunk]), fed(i, 0)));
+    }
+    for k in 1..16 {
+        let tokens: Vec<[u32; 1]> = (0..10).map(|i| [fed(i, k - 1)]).collect();
+        let chunks: Vec<SeqChunk<'_>> = (0..10)
+            .map(|i| SeqChunk {
+                tokens: &tokens[i],
+                start_pos: prompts[i].len() + k - 1,
+                block_table: &tables[i],
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        let logits = forward(&chunks);
+        assert_eq!(logits.len(), 10 * vocab, "one row of logits per sequence");
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            rows[i].push(Scored::of(row, fed(i, k)));
+        }
+    }
+    (0..10)
+        .map(|i| Forced::compare(&cpu[&(i as u64)], &rows[i]))
+        .collect()
+}
+
+/// [`teacher_forced`] on a GPU runner with the engine's limits in [`cfg`] (decode steps replay
+/// the CUDA graphs when `placement` captures them).
+fn teacher_forced_on_gpu(
+    model: EngineModel,
+    placement: &CudaPlacement,
+    cpu: &HashMap<u64, Generation>,
+) -> Vec<Forced> {
+    let vocab = model.config().vocab_size;
+    let limits = StepLimits {
+        max_tokens: 128,
+        max_seqs: 16,
+        max_model_len: 512,
+        block_size: 16,
+    };
+    let mut runner =
+        build_runner(&model, placement.gpu.clone(), placement.opts, limits).expect("GPU runner");
+    let blocks = runner.num_blocks();
+    let forward = |chunks: &[SeqChunk<'_>]| runner.forward(chunks).expect("GPU step");
+    teacher_forced(vocab, blocks, forward, cpu)
+}
+
+/// The harness checked where it can be, without a GPU: the CPU's own greedy tokens teacher-forced
+/// through the CPU model step by step give the log-probabilities its generation reported (to
+/// f32 rounding: the engine's steps batch differently) and its argmax at every token.
+#[test]
+fn teacher_forcing_the_cpu_gives_its_own_logprobs() {
+    let want = generate(default_model().model, None);
+    let model = default_model().model;
+    let c = model.config().clone();
+    let blocks = 64;
+    let mut kv = KvCache::new(c.num_layers, blocks, 16, c.num_kv_heads, c.head_dim);
+    let forward = |chunks: &[SeqChunk<'_>]| {
+        model
+            .forward(chunks, &mut kv, &mut ferrite_collective::Solo)
+            .expect("CPU step")
+    };
+    let forced = teacher_forced(c.vocab_size, blocks, forward, &want);
+    for (i, f) in forced.iter().enumerate() {
+        assert!(f.gap < 1e-3, "prompt {i}: {f:?}");
+        assert_eq!(f.diverges, None, "prompt {i}");
+    }
+}
+
+/// What a row of GPU logits says of the CPU's token.
+#[derive(Debug)]
+struct Scored {
+    logprob: f32,
+    argmax: u32,
+}
+
+impl Scored {
+    fn of(logits: &[f32], token: u32) -> Self {
+        Self {
+            logprob: -eval::token_nll(logits, token) as f32,
+            argmax: sampler::argmax(logits),
+        }
+    }
+}
+
+impl Forced {
+    fn compare(cpu: &Generation, gpu: &[Scored]) -> Self {
+        assert_eq!(cpu.tokens.len(), gpu.len(), "tokens scored");
+        let (mut gap, mut at) = (0f32, 0);
+        let mut diverges = None;
+        for (k, (want, got)) in cpu.tokens.iter().zip(gpu).enumerate() {
+            let d = (got.logprob - want.logprob).abs();
+            // A NaN logprob must fail, not hide behind `>`.
+            if d > gap || d.is_nan() {
+                (gap, at) = (d, k);
+            }
+            if diverges.is_none() && got.argmax != want.id {
+                diverges = Some((k, want.top[0].1 - want.top[1].1));
+            }
+        }
+        Self { gap, at, diverges }
+    }
+}
+
+/// PyTorch's own teacher-forced gap between `dtype` and f32 on the default model (the largest
+/// over its ten prompts), from `teacher_forced.json` in `FERRITE_TORCH_REFERENCE`, which
+/// `tests/fixtures/gpu/torch_reference.py` writes on the GPU host; `None` where not measured.
+fn torch_gap(dtype: Dtype) -> Option<f32> {
+    let dir = PathBuf::from(std::env::var_os("FERRITE_TORCH_REFERENCE")?);
+    let path = dir.join("teacher_forced.json");
+    if !path.is_file() {
+        return None;
+    }
+    read_json(&path)[dtype.name()]["max_gap"]
+        .as_f64()
+        .map(|g| g as f32)
+}
+
+/// The teacher-forced bar: ferrite's largest gap over the ten prompts may not exceed
+/// `max(floor, 1.5 × PyTorch's gap in the same dtype)`. The floor is the fixed bound where
+/// PyTorch's gap was not measured; the factor keeps ferrite within half again of what PyTorch's
+/// own 16-bit arithmetic moves the same model's log-probabilities by (its gap is the default
+/// model's, the 8-bit checkpoints' orientation only). Prints both gaps, and where the greedy
+/// tokens part, the position and the CPU's margin there.
+fn assert_close_to_the_cpu(name: &str, dtype: Dtype, floor: f32, forced: &[Forced]) {
+    for (i, f) in forced.iter().enumerate() {
+        if let Some((k, margin)) = f.diverges {
+            eprintln!("{name} prompt {i}: greedy tokens part at token {k}, CPU margin {margin:.4}");
+        }
+    }
+    let (i, worst) = forced
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.gap.total_cmp(&b.1.gap))
+        .expect("ten prompts");
+    let torch = torch_gap(dtype);
+    let allowed = torch.map_or(floor, |t| floor.max(1.5 * t));
+    let torch = torch.map_or("not measured".to_string(), |t| format!("{t:.4}"));
+    let line = format!(
+        "{name}: teacher-forced max |Δlogprob| {:.4} (prompt {i}, token {}); PyTorch {} vs \
+         f32 {torch}; allowed {allowed:.4}",
+        worst.gap,
+        worst.at,
+        dtype.name()
+    );
+    eprintln!("{line}");
+    assert!(worst.gap <= allowed, "{line}");
+}
+
 #[test]
 fn the_default_model_generates_the_cpus_greedy_tokens() {
     let Some(gpu) = gpu("the_default_model_generates_the_cpus_greedy_tokens") else {
         return;
     };
     let want = generate(default_model().model, None);
-    // f16 decodes through CUDA graphs, bf16 eagerly: both paths against the CPU.
-    for (dtype, cuda_graphs) in [(Dtype::F16, true), (Dtype::Bf16, false)] {
-        let got = generate(default_model().model, on(&gpu, dtype, cuda_graphs));
-        let same = same_tokens(&got, &want);
+    let got = generate(default_model().model, on(&gpu, Dtype::F16, true));
+    let same = same_tokens(&got, &want);
+    assert!(
+        same >= 9,
+        "f16: {same}/10 prompts gave the CPU's 16 greedy tokens"
+    );
+    for i in 0..10u64 {
+        let gap = first_logprob_gap(&want[&i], &got[&i]);
         assert!(
-            same >= 9,
-            "{}: {same}/10 prompts gave the CPU's 16 greedy tokens",
-            dtype.name()
+            gap < 0.05,
+            "f16 prompt {i}: first-token logprobs differ by {gap}"
         );
-        let tolerance = if dtype == Dtype::F16 { 0.05 } else { 0.2 };
-        for i in 0..10u64 {
-            let gap = first_logprob_gap(&want[&i], &got[&i]);
-            assert!(
-                gap < tolerance,
-                "{} prompt {i}: first-token logprobs differ by {gap}",
-                dtype.name()
-            );
-        }
     }
+}
+
+/// bf16, decoding eagerly: the CPU's greedy tokens teacher-forced through the GPU.
+#[test]
+fn bf16_gives_the_cpus_logprobs_for_its_greedy_tokens() {
+    let Some(gpu) = gpu("bf16_gives_the_cpus_logprobs_for_its_greedy_tokens") else {
+        return;
+    };
+    let want = generate(default_model().model, None);
+    let placement = on(&gpu, Dtype::Bf16, false).expect("placement");
+    let forced = teacher_forced_on_gpu(default_model().model.into(), &placement, &want);
+    assert_close_to_the_cpu("default model, bf16", Dtype::Bf16, 0.5, &forced);
 }
 
 /// Prefix caching on the GPU: the ten prompts (lengthened to 40..85 tokens, several blocks of
@@ -228,20 +436,13 @@ fn prefix_cache_hits_on_the_gpu_give_its_cold_tokens() {
     }
 }
 
-/// Gemma 2 and Qwen3, a W8A8 checkpoint (llm-compressor's SmoothQuant + GPTQ, on the int8
-/// kernels, which compute the CPU's integer sums and scales exactly) and an FP8 one (dynamic
-/// per token, on the FP8 kernels where the GPU has them).
+/// Gemma 2 and Qwen3 (f16, graphs): the first token's top-5 log-probabilities.
 #[test]
-fn tiny_models_and_8_bit_checkpoints_match_the_cpu() {
-    let Some(gpu) = gpu("tiny_models_and_8_bit_checkpoints_match_the_cpu") else {
+fn tiny_models_match_the_cpu() {
+    let Some(gpu) = gpu("tiny_models_match_the_cpu") else {
         return;
     };
-    for dir in [
-        "models/gemma2",
-        "models/qwen3",
-        "quant/interop/ct_smoothquant_w8a8",
-        "quant/interop/ct_fp8_dynamic",
-    ] {
+    for dir in ["models/gemma2", "models/qwen3"] {
         let path = fixtures().join(dir);
         let want = generate(model::load(&path).expect("tiny model").model, None);
         let loaded = model::load(&path).expect("tiny model");
@@ -253,6 +454,28 @@ fn tiny_models_and_8_bit_checkpoints_match_the_cpu() {
                 "{dir} prompt {i}: first-token logprobs differ by {gap}"
             );
         }
+    }
+}
+
+/// A W8A8 checkpoint (llm-compressor's SmoothQuant + GPTQ, on the int8 kernels, which compute
+/// the CPU's integer sums and scales exactly, from activations rounded to f16 first, so a code
+/// can land one step off the CPU's) and an FP8 one (dynamic per token, on the FP8 kernels where
+/// the GPU has them): teacher-forced log-probabilities, f16 through graphs.
+#[test]
+fn eight_bit_checkpoints_give_the_cpus_logprobs() {
+    let Some(gpu) = gpu("eight_bit_checkpoints_give_the_cpus_logprobs") else {
+        return;
+    };
+    for dir in [
+        "quant/interop/ct_smoothquant_w8a8",
+        "quant/interop/ct_fp8_dynamic",
+    ] {
+        let path = fixtures().join(dir);
+        let want = generate(model::load(&path).expect("checkpoint").model, None);
+        let loaded = model::load(&path).expect("checkpoint");
+        let placement = on(&gpu, Dtype::F16, true).expect("placement");
+        let forced = teacher_forced_on_gpu(loaded.model.into(), &placement, &want);
+        assert_close_to_the_cpu(dir, Dtype::F16, 0.2, &forced);
     }
 }
 
@@ -327,26 +550,31 @@ fn a_random_checkpoint_matches_pytorch_on_the_gpu() {
 
 /// Weight-only quantized projections on the GPU's quantized kernels (GEMV up to 8 rows, the
 /// tensor-core GEMM above: the ten prompts decode together, prefill chunks are up to 128
-/// tokens) against the CPU running the same codes.
+/// tokens) against the CPU running the same codes: 4-bit codes keep the greedy tokens; 8-bit
+/// codes (whose f16 rounding flips near-ties) give the CPU's teacher-forced logprobs.
 #[test]
-fn quantized_weights_generate_the_cpus_greedy_tokens() {
-    let Some(gpu) = gpu("quantized_weights_generate_the_cpus_greedy_tokens") else {
+fn quantized_weights_match_the_cpu() {
+    let Some(gpu) = gpu("quantized_weights_match_the_cpu") else {
         return;
     };
-    for format in ["rtn-w8g128", "rtn-w4g128"] {
+    let load = |format: &str| {
         let options = model::LoadOptions {
             quantize: Some(model::parse_quantize(format).expect("format")),
             ..Default::default()
         };
-        let load = || default_model_with(options);
-        let want = generate(load().model, None);
-        let got = generate(load().model, on(&gpu, Dtype::F16, true));
-        let same = same_tokens(&got, &want);
-        assert!(
-            same >= 9,
-            "{format}: {same}/10 prompts gave the CPU's 16 greedy tokens"
-        );
-    }
+        default_model_with(options)
+    };
+    let want = generate(load("rtn-w4g128").model, None);
+    let got = generate(load("rtn-w4g128").model, on(&gpu, Dtype::F16, true));
+    let same = same_tokens(&got, &want);
+    assert!(
+        same >= 9,
+        "rtn-w4g128: {same}/10 prompts gave the CPU's 16 greedy tokens"
+    );
+    let want = generate(load("rtn-w8g128").model, None);
+    let placement = on(&gpu, Dtype::F16, true).expect("placement");
+    let forced = teacher_forced_on_gpu(load("rtn-w8g128").model.into(), &placement, &want);
+    assert_close_to_the_cpu("rtn-w8g128", Dtype::F16, 0.15, &forced);
 }
 
 /// `--load-format dummy` on a GPU: random weights of a preset's shape made on the device (no
