@@ -5,9 +5,9 @@
 //! driver is asked for its devices. `auto` takes CUDA when it can and otherwise says in one line
 //! why it runs on the CPU.
 //!
-//! `--device cuda[:N]` runs the model on that device ([`crate::cuda`]). `auto` still chooses the
-//! CPU when it finds a GPU, and says so: the CUDA backend has not yet been verified on GPU
-//! hardware, so it is used only when asked for by name.
+//! `--device cuda[:N]` runs the model on that device ([`crate::cuda`]); `auto` runs it on
+//! `cuda:0` when the driver reports and opens one (the backend passed its checks on an H100,
+//! issue #24), and on the CPU otherwise, saying why in one line.
 
 use std::fmt;
 use std::str::FromStr;
@@ -119,34 +119,53 @@ pub struct DeviceError {
 /// Picks the device for `request`. Returns it and, when `auto` fell back to the CPU, the
 /// one-line reason.
 pub fn select(request: DeviceRequest) -> Result<(Device, Option<String>), DeviceError> {
-    let not_chosen = |d: &CudaDevice| {
-        format!(
-            "{d} found; the CUDA backend runs only when asked for (--device cuda) until it is \
-             verified on GPU hardware, so the CPU runs the model"
-        )
-    };
+    choose(request, usable_cuda_devices)
+}
+
+/// [`cuda_devices`], or why they cannot run ferrite: its kernels are compiled with NVRTC, so
+/// a driver without `libnvrtc` does not count as a working GPU.
+fn usable_cuda_devices() -> Result<Vec<CudaDevice>, String> {
+    let devices = cuda_devices()?;
+    if !crate::cuda::nvrtc::nvrtc_present() {
+        return Err(format!(
+            "{} found, but libnvrtc (which compiles ferrite's kernels) could not be loaded",
+            devices
+                .first()
+                .map_or_else(|| "a CUDA driver".into(), |d| d.to_string())
+        ));
+    }
+    Ok(devices)
+}
+
+/// [`select`] with the CUDA probe's answer (what [`cuda_devices`] returns) given: asked only
+/// when `request` can use a GPU, so `--device cpu` never loads the driver.
+pub fn choose(
+    request: DeviceRequest,
+    probe: impl FnOnce() -> Result<Vec<CudaDevice>, String>,
+) -> Result<(Device, Option<String>), DeviceError> {
     match request {
         DeviceRequest::Cpu => Ok((Device::Cpu, None)),
-        DeviceRequest::Auto => {
-            let why = match cuda_devices() {
-                Ok(devices) => devices
-                    .first()
-                    .map_or_else(|| "no CUDA device".to_owned(), &not_chosen),
-                Err(reason) => format!("{reason}; running on the CPU"),
-            };
-            Ok((Device::Cpu, Some(why)))
-        }
+        DeviceRequest::Auto => match probe() {
+            Ok(devices) => match devices.into_iter().next() {
+                Some(d) => Ok((Device::Cuda(d), None)),
+                None => Ok((
+                    Device::Cpu,
+                    Some("no CUDA device; running on the CPU".into()),
+                )),
+            },
+            Err(reason) => Ok((Device::Cpu, Some(format!("{reason}; running on the CPU")))),
+        },
         DeviceRequest::Cuda(n) => {
             let error = |reason| DeviceError { request, reason };
-            let devices = cuda_devices().map_err(|r| error(format!("{r}; use --device cpu")))?;
-            let d = devices.get(n).ok_or_else(|| {
+            let devices = probe().map_err(|r| error(format!("{r}; use --device cpu")))?;
+            let count = devices.len();
+            let d = devices.into_iter().nth(n).ok_or_else(|| {
                 error(format!(
-                    "this machine has {} CUDA device(s) (cuda:0..cuda:{})",
-                    devices.len(),
-                    devices.len().saturating_sub(1)
+                    "this machine has {count} CUDA device(s) (cuda:0..cuda:{})",
+                    count.saturating_sub(1)
                 ))
             })?;
-            Ok((Device::Cuda(d.clone()), None))
+            Ok((Device::Cuda(d), None))
         }
     }
 }
@@ -166,15 +185,80 @@ mod tests {
         }
     }
 
-    /// On any machine: the CPU is always selectable, `auto` never fails, and CUDA is either
-    /// chosen (a device is there) or refused with a reason — never a panic.
+    fn h100(ordinal: usize) -> CudaDevice {
+        CudaDevice {
+            ordinal,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            compute_capability: (9, 0),
+            total_memory: 80 << 30,
+        }
+    }
+
+    #[test]
+    fn auto_takes_the_first_gpu_the_probe_reports() {
+        let got = choose(DeviceRequest::Auto, || Ok(vec![h100(0), h100(1)]));
+        assert_eq!(got, Ok((Device::Cuda(h100(0)), None)));
+    }
+
+    /// Without a usable GPU `auto` runs on the CPU and says why in one line: the probe's
+    /// reason (no driver, a failing driver), or that it found no device.
+    #[test]
+    fn auto_falls_back_to_the_cpu_with_the_reason() {
+        let reason = "no CUDA driver (libcuda could not be loaded)";
+        for (probe, says) in [
+            (Err(reason.to_owned()), reason),
+            (Ok(vec![]), "no CUDA device"),
+        ] {
+            let (device, why) = choose(DeviceRequest::Auto, || probe).expect("auto never fails");
+            assert_eq!(device, Device::Cpu);
+            let why = why.expect("a reason");
+            assert!(
+                why.contains(says) && why.ends_with("running on the CPU"),
+                "{why}"
+            );
+            assert!(!why.contains('\n'), "one line: {why}");
+        }
+    }
+
+    #[test]
+    fn cpu_never_probes_and_cuda_n_takes_that_device_or_says_how_many() {
+        let unreachable =
+            || -> Result<Vec<CudaDevice>, String> { panic!("probed for --device cpu") };
+        assert_eq!(
+            choose(DeviceRequest::Cpu, unreachable),
+            Ok((Device::Cpu, None))
+        );
+        let two = || Ok(vec![h100(0), h100(1)]);
+        assert_eq!(
+            choose(DeviceRequest::Cuda(1), two),
+            Ok((Device::Cuda(h100(1)), None))
+        );
+        let e = choose(DeviceRequest::Cuda(2), two).expect_err("cuda:2 of two");
+        assert_eq!(
+            e.to_string(),
+            "--device cuda:2: this machine has 2 CUDA device(s) (cuda:0..cuda:1)"
+        );
+        let e = choose(DeviceRequest::Cuda(0), || Err("no CUDA driver".into())).expect_err("none");
+        assert_eq!(
+            e.to_string(),
+            "--device cuda:0: no CUDA driver; use --device cpu"
+        );
+    }
+
+    /// On this machine, with the real probe: the CPU is always selectable, `auto` never fails
+    /// and agrees with the probe, and CUDA is either chosen (a device is there) or refused with
+    /// a reason — never a panic.
     #[test]
     fn selection_never_panics() {
         assert_eq!(select(DeviceRequest::Cpu), Ok((Device::Cpu, None)));
         let (d, why) = select(DeviceRequest::Auto).expect("auto");
-        assert_eq!(d, Device::Cpu);
-        assert!(why.is_some_and(|w| !w.is_empty()));
-        match (select(DeviceRequest::Cuda(0)), cuda_devices()) {
+        match usable_cuda_devices() {
+            Ok(devices) if !devices.is_empty() => {
+                assert_eq!((d, why), (Device::Cuda(devices[0].clone()), None));
+            }
+            _ => assert!(d == Device::Cpu && why.is_some_and(|w| !w.is_empty())),
+        }
+        match (select(DeviceRequest::Cuda(0)), usable_cuda_devices()) {
             (Ok((Device::Cuda(d), None)), Ok(devices)) => assert_eq!(Some(&d), devices.first()),
             (Err(e), Err(_)) => {
                 assert!(e.to_string().starts_with("--device cuda:0: "), "{e}");

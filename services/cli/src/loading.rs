@@ -50,7 +50,7 @@ pub struct ModelArgs {
     /// names (a preset: `ferrite model list`), for speed measurements without a download.
     #[arg(long, value_enum, default_value = "auto", env = "FERRITE_LOAD_FORMAT")]
     pub load_format: LoadFormat,
-    /// cpu, cuda, cuda:N, or auto (the CPU for now, saying why when a GPU is there). With
+    /// cpu, cuda, cuda:N, or auto (cuda:0 where a GPU works, else the CPU, saying why). With
     /// `--load-format dummy` on a GPU the random weights are made there, with no host copy.
     #[arg(long, default_value = "auto", env = "FERRITE_DEVICE")]
     pub device: DeviceRequest,
