@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ferrite_kernels::device::DeviceRequest;
 use ferrite_proto::v1 as api;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,9 +29,17 @@ pub struct SoakArgs {
     /// The model `ferrite serve` runs.
     #[arg(long, default_value = "smollm2-135m")]
     model: String,
-    /// KV cache of the server (small, so that a busy soak also preempts).
+    /// The server's `--device` (cpu, cuda, cuda:N, auto). The CPU by default, where
+    /// `--kv-cache-mib` keeps the cache small enough for a busy soak to preempt.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceRequest,
+    /// KV cache of the server on the CPU (small, so that a busy soak also preempts).
     #[arg(long, default_value_t = 256)]
     kv_cache_mib: usize,
+    /// The server's `--gpu-memory-utilization` on a GPU, which sizes its KV cache there (a
+    /// small fraction makes a GPU soak preempt too).
+    #[arg(long, default_value_t = 0.9, value_parser = crate::loading::fraction)]
+    gpu_memory_utilization: f64,
     #[arg(long, default_value_t = 2048)]
     max_model_len: usize,
     /// Seed of the clients' choices (the same seed, the same mix).
@@ -229,6 +238,25 @@ async fn gauge(http: &str, name: &str) -> Result<f64> {
     Ok(values.iter().sum())
 }
 
+/// The arguments of the soaked `ferrite serve`.
+fn serve_args(args: &SoakArgs) -> Vec<String> {
+    [
+        ("--model", args.model.clone()),
+        ("--device", args.device.to_string()),
+        ("--kv-cache-mib", args.kv_cache_mib.to_string()),
+        (
+            "--gpu-memory-utilization",
+            args.gpu_memory_utilization.to_string(),
+        ),
+        ("--max-model-len", args.max_model_len.to_string()),
+        ("--listen", "127.0.0.1:0".into()),
+        ("--http-listen", "127.0.0.1:0".into()),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value])
+    .collect()
+}
+
 pub fn run(args: SoakArgs) -> Result<()> {
     if args.minutes <= 0.0 || args.concurrency == 0 {
         bail!("--minutes > 0 and --concurrency ≥ 1 are needed");
@@ -242,10 +270,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
 async fn soak(args: SoakArgs) -> Result<()> {
     let serve = ServeChild::start(
         |cmd| {
-            cmd.args(["--model", &args.model, "--device", "cpu"])
-                .args(["--kv-cache-mib", &args.kv_cache_mib.to_string()])
-                .args(["--max-model-len", &args.max_model_len.to_string()])
-                .args(["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]);
+            cmd.args(serve_args(&args));
         },
         Duration::from_secs(300),
     )
@@ -300,7 +325,8 @@ impl Report {
     fn print(&self, args: &SoakArgs) -> Result<()> {
         let total: u64 = self.outcomes.values().sum();
         if args.json {
-            let j = json!({ "minutes": self.ran_s / 60.0, "concurrency": args.concurrency, "requests": total,
+            let j = json!({ "device": args.device.to_string(), "minutes": self.ran_s / 60.0,
+                "concurrency": args.concurrency, "requests": total,
                 "outcomes": self.outcomes, "rss_kib": [self.rss_kib.0, self.rss_kib.1],
                 "fds": [self.fds.0, self.fds.1], "kv_blocks_in_use": self.kv_blocks_in_use,
                 "requests_running": self.running });
@@ -308,7 +334,8 @@ impl Report {
             return Ok(());
         }
         println!(
-            "soak: {:.1} min, {} clients, {total} requests ({:.1}/s)",
+            "soak (--device {}): {:.1} min, {} clients, {total} requests ({:.1}/s)",
+            args.device,
             self.ran_s / 60.0,
             args.concurrency,
             total as f64 / self.ran_s

@@ -155,7 +155,7 @@ fn value_name(v: impl clap::ValueEnum) -> String {
 }
 
 /// A number in (0, 1].
-fn fraction(s: &str) -> Result<f64, String> {
+pub(crate) fn fraction(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
     if v > 0.0 && v <= 1.0 {
         Ok(v)

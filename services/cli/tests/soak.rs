@@ -1,5 +1,6 @@
 //! `ferrite bench soak` for a few seconds against a real `ferrite serve` on the default model:
-//! every outcome intended, nothing left held (the command itself fails otherwise).
+//! every outcome intended, nothing left held (the command itself fails otherwise); and its
+//! `--device` reaching the server.
 
 mod common;
 
@@ -31,4 +32,25 @@ fn a_short_soak_leaves_nothing_held() {
     assert_eq!(report["kv_blocks_in_use"], 0, "{report}");
     assert_eq!(report["requests_running"], 0, "{report}");
     assert!(report["requests"].as_u64() > Some(10), "{report}");
+}
+
+/// `--device` reaches the soaked server: a device no machine has is refused by `ferrite serve`
+/// itself (its error names the flag), and the soak fails rather than running on the CPU.
+#[test]
+fn the_soaked_server_runs_on_the_device_asked_for() {
+    let model = std::env::var("FERRITE_TEST_GGUF").unwrap_or_else(|_| "smollm2-135m".into());
+    let out = ferrite(&[
+        "bench",
+        "soak",
+        "--model",
+        &model,
+        "--device",
+        "cuda:999",
+        "--minutes",
+        "0.05",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "soaked cuda:999: {err}");
+    assert!(err.contains("--device cuda:999: "), "{err}");
+    assert!(err.contains("exited before it was ready"), "{err}");
 }
