@@ -6,6 +6,7 @@
 //! is never used, and old entries are simply never read again.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use sha2::{Digest, Sha256};
@@ -108,16 +109,71 @@ impl KernelCache {
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so a concurrent reader (two
-/// ranks starting at once) never sees half a CUBIN.
+/// ranks starting at once) never sees half a CUBIN. The temporary file is this writer's alone
+/// (process id and a per-process sequence number): with the process id only, two threads of one
+/// process storing one module wrote into the same file, and one could rename the other's half
+/// written bytes into place, or find its file already renamed away.
 fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
-        ".{}.{}.tmp",
+        ".{}.{}.{}.tmp",
         path.file_name()
             .map_or_else(Default::default, |n| n.to_string_lossy()),
-        std::process::id()
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
     ));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        // Best effort: a stray temporary file is only litter, never read as a CUBIN.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two threads compiling one module store its CUBIN at once (`build_modules` runs modules
+    /// on the rayon pool, and two `Gpu::open`s may race): every store succeeds, and a reader
+    /// meanwhile sees either no file or one writer's whole bytes, never a mix or a prefix.
+    #[test]
+    fn concurrent_stores_of_one_file_never_show_a_partial_cubin() {
+        let dir = std::env::temp_dir().join(format!("ferrite-cache-race-{}", std::process::id()));
+        let path = dir.join("module-sm_90-0123456789abcdef.cubin");
+        const LEN: usize = 1 << 20;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let writers: Vec<_> = (1..=4u8)
+                .map(|id| {
+                    let path = &path;
+                    s.spawn(move || {
+                        let bytes = vec![id; LEN];
+                        (0..25).try_for_each(|_| store(path, &bytes))
+                    })
+                })
+                .collect();
+            let reader = s.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(b) = std::fs::read(&path) {
+                        assert_eq!(b.len(), LEN, "a partial CUBIN was readable");
+                        assert!(b.iter().all(|&x| x == b[0]), "two writers' bytes mixed");
+                    }
+                }
+            });
+            for w in writers {
+                w.join().expect("writer").expect("store");
+            }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            reader.join().expect("reader");
+        });
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .expect("cache dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        std::fs::remove_dir_all(&dir).expect("clean up");
+        assert_eq!(leftovers.len(), 1, "temporary files left: {leftovers:?}");
+    }
 }

@@ -142,6 +142,10 @@ impl Gpu {
             OutType::Same => cuda_type(dtype),
             OutType::F32 => cudaDataType_t::CUDA_R_32F,
         };
+        // cuBLAS runs on the calling thread's current context, and the `result` layer does not
+        // bind one (cudarc's safe gemm does): bind this device's, or on cuda:N, N ≠ 0, a
+        // thread last bound elsewhere would launch on the wrong device.
+        self.context().bind_to_thread()?;
         // SAFETY: the handle is live and bound to this stream; pointers per the caller's
         // contract; alpha/beta are host f32 as CUBLAS_COMPUTE_32F expects.
         unsafe {

@@ -245,6 +245,11 @@ impl Gpu {
         shared_bytes: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
+        // This device's context first: loading the function and setting its attribute call
+        // the driver directly (cudarc binds only inside `launch`), and on a thread whose
+        // current context is another device's (cuda:N, N ≠ 0) or none they would fail or act
+        // there. A thread-local compare when already bound.
+        self.ctx.bind_to_thread()?;
         let f = self.function(module, entry)?;
         if shared_bytes > 48 * 1024 {
             // Above 48 KiB a kernel must opt in to more dynamic shared memory.
