@@ -22,6 +22,8 @@
 #   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
 #            bench forward
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
+#   profile  Nsight Compute per kernel of eager decode steps (fp16, W8A8), summed by
+#            profile_table.py
 #   tp       tensor parallelism on the one GPU (#23): doctor's NCCL all-reduce (eager and in a
 #            graph), the sharded runner's tests (3 ranks sharing the GPU over the host against
 #            1 rank; NCCL at world size 1 in the decode graphs; an NCCL init missing a rank),
@@ -29,7 +31,7 @@
 #            and serve --tp 3 on the GPU over the OpenAI API, with a rank killed mid-stream
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-stage="${1:?stash | checks | ops | engine | bench | startup | tp}"
+stage="${1:?stash | checks | ops | engine | bench | startup | tp | profile}"
 OUT="${OUT:-/tmp/ferrite-out}"
 mkdir -p "$OUT"
 stash=/tmp/ferrite-stash
@@ -124,6 +126,22 @@ tp)
     timeout 30 "$f" bench collective --backend nccl --tp 2 --sizes 4K
   } >"$OUT/tp_collective.md" 2>&1
   bash tests/gpu/serve_tp.sh "$f" >"$OUT/tp_serve.txt" 2>&1
+  ;;
+profile)
+  # One eager decode step after another under Nsight Compute, per kernel (GPU.md's command):
+  # fp16 and W8A8 int8 of the 8B shape; launch-skip passes start-up and prefill.
+  unpack_bins
+  ncu=/usr/local/cuda-13.0/bin/ncu
+  for q in none rtn-w8a8; do
+    quant=()
+    [ "$q" = none ] || quant=(--quantize "$q")
+    timeout 150 "$ncu" --clock-control none --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum --launch-skip 6000 --launch-count 720 \
+      "$bin/ferrite" bench latency --device cuda --load-format dummy --model llama-3-8b --runs 1 \
+      --configs interactive --enforce-eager "${quant[@]}" >"/tmp/profile_$q.csv" 2>&1
+  done
+  python3 tests/gpu/profile_table.py /tmp/profile_none.csv /tmp/profile_rtn-w8a8.csv \
+    >"$OUT/profile.md" 2>&1
   ;;
 *)
   echo "unknown stage $stage" >&2

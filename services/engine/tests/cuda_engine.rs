@@ -229,10 +229,11 @@ fn teacher_forced_on_gpu(
         max_model_len: 512,
         block_size: 16,
     };
-    let mut runner =
-        build_runner(&model, placement.gpu.clone(), placement.opts, limits).expect("GPU runner");
+    let solo = &mut ferrite_collective::Solo;
+    let mut runner = build_runner(&model, placement.gpu.clone(), placement.opts, limits, solo)
+        .expect("GPU runner");
     let blocks = runner.num_blocks();
-    let forward = |chunks: &[SeqChunk<'_>]| runner.forward(chunks).expect("GPU step");
+    let forward = |chunks: &[SeqChunk<'_>]| runner.forward(chunks, solo).expect("GPU step");
     teacher_forced(vocab, blocks, forward, cpu)
 }
 
