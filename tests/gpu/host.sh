@@ -22,6 +22,7 @@
 #   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
 #            bench forward
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
+#   soak     bench soak against serve on the GPU, one minute
 #   profile  Nsight Compute per kernel of eager decode steps (fp16, W8A8), summed by
 #            profile_table.py
 #   tp       tensor parallelism on the one GPU (#23): doctor's NCCL all-reduce (eager and in a
@@ -31,7 +32,7 @@
 #            and serve --tp 3 on the GPU over the OpenAI API, with a rank killed mid-stream
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-stage="${1:?stash | checks | ops | engine | bench | startup | tp | profile}"
+stage="${1:?stash | checks | ops | engine | bench | startup | tp | soak | profile}"
 OUT="${OUT:-/tmp/ferrite-out}"
 mkdir -p "$OUT"
 stash=/tmp/ferrite-stash
@@ -126,6 +127,12 @@ tp)
     timeout 30 "$f" bench collective --backend nccl --tp 2 --sizes 4K
   } >"$OUT/tp_collective.md" 2>&1
   bash tests/gpu/serve_tp.sh "$f" >"$OUT/tp_serve.txt" 2>&1
+  ;;
+soak)
+  # A minute of the soak's mixed clients against serve on the GPU (default model).
+  unpack
+  timeout 150 "$bin/ferrite" bench soak --device cuda --minutes 1 --concurrency 64 \
+    >"$OUT/soak.md" 2>&1
   ;;
 profile)
   # One eager decode step after another under Nsight Compute, per kernel (GPU.md's command):

@@ -322,13 +322,19 @@ mod tests {
     fn auto_picks_nccl_only_for_ranks_on_their_own_gpus() {
         let d = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let auto = CollectiveKind::Auto;
-        assert_eq!(choose(auto, &d(&["a", "b"])).expect("a link"), CollectiveKind::Nccl);
+        assert_eq!(
+            choose(auto, &d(&["a", "b"])).expect("a link"),
+            CollectiveKind::Nccl
+        );
         assert_eq!(
             choose(auto, &d(&["a", "a", "b"])).expect("a link"),
             CollectiveKind::Host
         );
         // A pool of one needs no collective: NCCL only when asked for (to measure it).
-        assert_eq!(choose(auto, &d(&["a"])).expect("a link"), CollectiveKind::Host);
+        assert_eq!(
+            choose(auto, &d(&["a"])).expect("a link"),
+            CollectiveKind::Host
+        );
         assert_eq!(
             choose(CollectiveKind::Nccl, &d(&["a"])).expect("a link"),
             CollectiveKind::Nccl

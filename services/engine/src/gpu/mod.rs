@@ -8,6 +8,8 @@
 
 mod matrix;
 pub mod runner;
+#[cfg(test)]
+mod shard_layouts;
 mod watchdog;
 pub(crate) mod weights;
 
