@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::matrix::HostMatrix;
+use super::weights::head_is_embedding;
 use crate::model::{self, LlamaModel, LoadOptions};
 use crate::tp::TpRank;
 
@@ -169,4 +170,21 @@ fn the_default_models_shards_in_gpu_layouts_equal_its_slices() {
     };
     let kinds = check(Path::new(&path), 3);
     assert!(kinds.iter().all(|&k| k == "quantized"), "{kinds:?}");
+    tied_heads(Path::new(&path), 3);
+}
+
+/// A model whose head is tied to its embedding: one copy on the device when whole; on rank 0
+/// the head's part starts where the table does (the same mapped bytes), and must not be taken
+/// for the whole table.
+fn tied_heads(path: &Path, world: usize) {
+    assert!(head_is_embedding(&load(path, TpRank::SOLO)));
+    for rank in 0..world {
+        let shard = load(path, TpRank { rank, world });
+        assert!(!head_is_embedding(&shard), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_tied_heads_part_is_not_the_embedding_table() {
+    tied_heads(&fixtures().join("models/llama2_tied"), 2);
 }

@@ -256,11 +256,7 @@ impl GpuWeights {
             layers.push(layer);
         }
         let embed = DeviceTensor::stacked(g, dtype, &[&model.embed], &mut jobs)?;
-        // A rank's part of a tied head starts where the table does on rank 0: same storage,
-        // fewer rows.
-        let tied =
-            model.lm_head.same_storage(&model.embed) && model.lm_head.rows == model.embed.rows;
-        let lm_head = if tied {
+        let lm_head = if head_is_embedding(model) {
             None
         } else {
             Some(DeviceTensor::stacked(
@@ -402,6 +398,13 @@ impl GpuWeights {
     pub fn lm_head(&self) -> DevPtr {
         self.lm_head.as_ref().unwrap_or(&self.embed).ptr
     }
+}
+
+/// Whether `model`'s LM head is its embedding table itself (tied, and whole): then the
+/// device holds one copy. A rank's part of a tied head starts where the table does on rank 0,
+/// the same storage but fewer rows: that part gets a copy of its own.
+pub(crate) fn head_is_embedding(model: &LlamaModel) -> bool {
+    model.lm_head.same_storage(&model.embed) && model.lm_head.rows == model.embed.rows
 }
 
 /// The 16-bit type a model runs in on the GPU: the checkpoint's own where it is BF16, else F16
