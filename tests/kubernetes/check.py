@@ -311,6 +311,12 @@ def check_tp(report, where, cname, c):
     # `serve --tp N` puts N ranks in the pod; a `worker` is one rank on one GPU.
     want = int(tp) if args[:1] == ["serve"] else 1
     report.check(int(gpus) == want, f"{where}: {cname}: FERRITE_TP={tp} with nvidia.com/gpu {gpus}")
+    # N ranks in one pod: each on a GPU of its own (NCCL refuses two on one).
+    if want > 1:
+        devices = env_value(c, "FERRITE_DEVICES") or ""
+        listed = [d for d in devices.split(",") if d.strip()]
+        report.check(sorted(int(d) for d in listed) == list(range(want)),
+                     f"{where}: {cname}: FERRITE_DEVICES={devices!r} must list GPUs 0..{want - 1}, one per rank")
 
 
 def check_leader_worker(report, where, lws):

@@ -83,7 +83,7 @@ pub struct ModelArgs {
     #[arg(long, value_enum, default_value = "auto", env = "FERRITE_COLLECTIVE")]
     pub collective: CollectiveArg,
     /// The GPUs of a pool's ranks, by ordinal, rank 0 first (`--devices 0,1,2,3`): rank r
-    /// runs on `cuda:<the r-th>`. Unset: every rank on `--device`.
+    /// runs on `cuda:<the r-th>`. Unset: every rank on `--device`. Ignored with `--device cpu`.
     #[arg(long, value_delimiter = ',', env = "FERRITE_DEVICES")]
     pub devices: Vec<usize>,
 }
@@ -254,10 +254,11 @@ impl ModelArgs {
         a
     }
 
-    /// These flags for rank `rank` of a pool: its own GPU where `--devices` lists them.
+    /// These flags for rank `rank` of a pool: its own GPU where `--devices` lists them. On
+    /// the CPU (`--device cpu`) the list is ignored, so one manifest serves both images.
     pub fn for_rank(&self, rank: usize, world: usize) -> Result<Self> {
         let mut me = self.clone();
-        if self.devices.is_empty() {
+        if self.devices.is_empty() || self.device == DeviceRequest::Cpu {
             return Ok(me);
         }
         if self.devices.len() != world {
@@ -265,9 +266,6 @@ impl ModelArgs {
                 "--devices lists {} GPUs for a pool of {world} ranks: give one per rank",
                 self.devices.len()
             );
-        }
-        if self.device == DeviceRequest::Cpu {
-            anyhow::bail!("--devices places ranks on GPUs, but --device is cpu");
         }
         me.device = DeviceRequest::Cuda(self.devices[rank]);
         Ok(me)
@@ -405,4 +403,47 @@ pub(crate) fn open_gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     span.record("misses", (builds.len() - hits) as i64);
     span.record("arch", gpu.arch.as_str());
     Ok(GPU.get_or_init(|| Arc::new(gpu)).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    fn args(v: &[&str]) -> ModelArgs {
+        Cli::parse_from(std::iter::once("ferrite").chain(v.iter().copied())).model
+    }
+
+    #[test]
+    fn devices_place_each_rank_on_its_gpu() {
+        let a = args(&["--device", "cuda", "--devices", "2,3"]);
+        let rank1 = a.for_rank(1, 2).expect("two GPUs for two ranks");
+        assert_eq!(rank1.device, DeviceRequest::Cuda(3));
+        let e = a.for_rank(0, 3).expect_err("two GPUs for three ranks");
+        assert!(e.to_string().contains("one per rank"), "{e}");
+        // The rank processes `serve --tp` starts get the list (and pick their own entry).
+        let passed = a.to_args();
+        assert!(
+            passed.windows(2).any(|w| w == ["--devices", "2,3"]),
+            "{passed:?}"
+        );
+        assert!(
+            passed.windows(2).any(|w| w == ["--collective", "auto"]),
+            "{passed:?}"
+        );
+        // On the CPU the list is ignored: one manifest serves the cpu and cuda images.
+        let cpu = args(&["--device", "cpu", "--devices", "0,1"]);
+        assert_eq!(cpu.for_rank(1, 2).expect("cpu").device, DeviceRequest::Cpu);
+        let none = args(&["--device", "cuda"]);
+        assert_eq!(
+            none.for_rank(1, 2).expect("shared").device,
+            DeviceRequest::Cuda(0)
+        );
+    }
 }

@@ -239,9 +239,8 @@ struct Rehearsal {
 /// start → Ready time.
 ///
 /// The images: ferrite's from its Dockerfile's `cpu` and `cuda` stages (the CUDA image's
-/// containers get FERRITE_DEVICE=cpu: no GPU here, and tensor parallelism on GPUs needs the
-/// NCCL backend), etcd's binary from the PATH, the collector as a stand-in whose OTLP port
-/// reaches a receiver here. The model volume holds the model already (as a filled
+/// containers get FERRITE_DEVICE=cpu: no GPU here), etcd's binary from the PATH, the collector
+/// as a stand-in whose OTLP port reaches a receiver here. The model volume holds the model already (as a filled
 /// PersistentVolume would): the init containers find it instead of downloading it.
 async fn rehearse(overlay: &str) -> Result<Rehearsal> {
     let root = workspace_root();
@@ -270,8 +269,7 @@ async fn rehearse(overlay: &str) -> Result<Rehearsal> {
     if uses_cuda {
         eprintln!(
             "{overlay}: the ferrite-cuda image's containers run with FERRITE_DEVICE=cpu (their \
-             nvidia.com/gpu mapped to the CPU: no GPU here, and GPU tensor parallelism needs the \
-             NCCL backend)"
+             nvidia.com/gpu mapped to the CPU: no GPU here)"
         );
     }
     let images = Images {
