@@ -4,23 +4,22 @@
 
 mod common;
 
+use std::process::Output;
+
 use common::{ferrite, json_of};
+
+/// `ferrite bench soak` on the default model's file (tests/run.sh sets it), else its name
+/// (pulled if need be), with `args`.
+fn soak(args: &[&str]) -> Output {
+    let model = std::env::var("FERRITE_TEST_GGUF").unwrap_or_else(|_| "smollm2-135m".into());
+    let mut all = vec!["bench", "soak", "--model", &model];
+    all.extend_from_slice(args);
+    ferrite(&all)
+}
 
 #[test]
 fn a_short_soak_leaves_nothing_held() {
-    // The default model's file (tests/run.sh sets it), else its name (pulled if need be).
-    let model = std::env::var("FERRITE_TEST_GGUF").unwrap_or_else(|_| "smollm2-135m".into());
-    let out = ferrite(&[
-        "bench",
-        "soak",
-        "--model",
-        &model,
-        "--minutes",
-        "0.1",
-        "--concurrency",
-        "6",
-        "--json",
-    ]);
+    let out = soak(&["--minutes", "0.1", "--concurrency", "6", "--json"]);
     let report = json_of(&out);
     let outcomes = report["outcomes"].as_object().expect("outcomes");
     for kind in ["ok", "InvalidArgument"] {
@@ -29,6 +28,7 @@ fn a_short_soak_leaves_nothing_held() {
             "{report}"
         );
     }
+    assert_eq!(report["device"], "cpu", "{report}");
     assert_eq!(report["kv_blocks_in_use"], 0, "{report}");
     assert_eq!(report["requests_running"], 0, "{report}");
     assert!(report["requests"].as_u64() > Some(10), "{report}");
@@ -38,17 +38,7 @@ fn a_short_soak_leaves_nothing_held() {
 /// itself (its error names the flag), and the soak fails rather than running on the CPU.
 #[test]
 fn the_soaked_server_runs_on_the_device_asked_for() {
-    let model = std::env::var("FERRITE_TEST_GGUF").unwrap_or_else(|_| "smollm2-135m".into());
-    let out = ferrite(&[
-        "bench",
-        "soak",
-        "--model",
-        &model,
-        "--device",
-        "cuda:999",
-        "--minutes",
-        "0.05",
-    ]);
+    let out = soak(&["--device", "cuda:999", "--minutes", "0.05"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "soaked cuda:999: {err}");
     assert!(err.contains("--device cuda:999: "), "{err}");
