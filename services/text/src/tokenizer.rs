@@ -127,8 +127,6 @@ impl Tokenizer {
     /// the first chat request.
     pub fn from_gguf_vocab(v: GgufVocab) -> Result<Self, TextError> {
         let built = gguf::build(&v)?;
-        let inner: tokenizers::Tokenizer = serde_json::from_value(built.json)
-            .map_err(|e| TextError::InvalidVocab(format!("building tokenizer: {e}")))?;
         let text_of = |id: Option<u32>| id.and_then(|id| v.tokens.get(id as usize).cloned());
         let bos_token = text_of(built.bos_id);
         let eos_token = text_of(built.eos_id);
@@ -141,7 +139,7 @@ impl Tokenizer {
             None => None,
         };
         Ok(Self::assemble(
-            inner,
+            built.tokenizer,
             built.bos_id,
             built.eos_id,
             bos_token,
