@@ -22,7 +22,7 @@
 #   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
 #            bench forward
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
-#   soak     bench soak against serve on the GPU, one minute
+#   soak     bench soak against serve on the GPU, 0.7 minutes
 #   profile  Nsight Compute per kernel of eager decode steps (fp16, W8A8), summed by
 #            profile_table.py
 #   tp       tensor parallelism on the one GPU (#23): doctor's NCCL all-reduce (eager and in a
@@ -79,7 +79,7 @@ engine)
   unpack
   python3 tests/fixtures/gpu/torch_reference.py /tmp/torch-ref >"$OUT/torch_reference.txt" 2>&1
   echo "== cuda_engine" | tee -a "$OUT/engine.txt"
-  FERRITE_TORCH_REFERENCE=/tmp/torch-ref "$bin/cuda_engine" --test-threads=1 2>&1 |
+  FERRITE_TORCH_REFERENCE=/tmp/torch-ref "$bin/cuda_engine" --test-threads=1 --nocapture 2>&1 |
     tail -60 | tee -a "$OUT/engine.txt"
   ;;
 bench)
@@ -131,13 +131,16 @@ tp)
 soak)
   # A minute of the soak's mixed clients against serve on the GPU (default model).
   unpack
-  timeout 150 "$bin/ferrite" bench soak --device cuda --minutes 1 --concurrency 64 \
-    >"$OUT/soak.md" 2>&1
+  # A small share of the GPU's memory keeps the soak's cache small (it still does not preempt
+  # there: this soak looks for leaks, cancellations and deadlines).
+  timeout 90 "$bin/ferrite" bench soak --device cuda --model "$FERRITE_TEST_GGUF" \
+    --minutes 0.7 --concurrency 64 --gpu-memory-utilization 0.05 >"$OUT/soak.md" 2>&1
   ;;
 profile)
   # One eager decode step after another under Nsight Compute, per kernel (GPU.md's command):
   # fp16 and W8A8 int8 of the 8B shape; launch-skip passes start-up and prefill.
   unpack_bins
+  "$bin/ferrite" kernels build >/dev/null 2>&1 # no NVRTC compiles inside the profiled run
   ncu=/usr/local/cuda-13.0/bin/ncu
   for q in none rtn-w8a8; do
     quant=()
