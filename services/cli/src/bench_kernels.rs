@@ -19,6 +19,8 @@ use ferrite_kernels::wq::{WqFormat, quantize_rtn};
 use half::f16;
 use serde_json::json;
 
+use crate::bench_kernels_row::{Row, b_dtype_of, backend_of};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// One decoder layer's projections, per model shape (CPU and GPU).
@@ -81,20 +83,6 @@ impl Stored {
             Stored::Wq(w) => w.bytes_len(),
         }
     }
-}
-
-pub(crate) struct Row {
-    pub stage: &'static str,
-    pub mode: &'static str,
-    pub a_dtype: &'static str,
-    pub model: String,
-    pub backend: &'static str,
-    pub b_dtype: String,
-    pub bs: usize,
-    pub tokens: usize,
-    pub group_size: i64,
-    pub latency_ms: f64,
-    pub gb_per_s: f64,
 }
 
 pub fn run(args: KernelsArgs) -> Result<()> {
@@ -177,24 +165,6 @@ pub fn run(args: KernelsArgs) -> Result<()> {
         }
     }
     print(&cpu_name(), &rows, args.json)
-}
-
-/// `ferrite` for a weight format, `ferrite-f16` for the baseline.
-pub(crate) fn backend_of(format: &Option<WqFormat>) -> &'static str {
-    if format.is_some() {
-        "ferrite"
-    } else {
-        "ferrite-f16"
-    }
-}
-
-/// The seed's name of a weight type: `float16`, `uint8`, `uint4b`, `uint2b`.
-pub(crate) fn b_dtype_of(format: &Option<WqFormat>) -> String {
-    match format {
-        None => "float16".into(),
-        Some(f) if f.bits.get() == 8 => "uint8".into(),
-        Some(f) => format!("uint{}b", f.bits.get()),
-    }
 }
 
 /// The rows in the seed's columns (plus GB/s), or as JSON.

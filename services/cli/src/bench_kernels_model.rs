@@ -14,7 +14,7 @@ use ferrite_engine::model::{LoadQuantize, LogitsWanted, SeqChunk, presets};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::wq::WqFormat;
 
-use crate::bench_kernels::{Row, b_dtype_of, backend_of};
+use crate::bench_kernels_row::{Row, b_dtype_of, backend_of};
 
 const BLOCK: usize = 16;
 

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ferrite_placement::CommRecord;
 
-use crate::cluster::PlacementArgs;
 use crate::loading::ModelArgs;
+use crate::placement_args::PlacementArgs;
 
 /// What the rank processes need to know.
 #[derive(Debug)]

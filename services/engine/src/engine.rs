@@ -17,63 +17,20 @@
 //! logits rows come back and each request's [`Sampler`] picks, as on the CPU.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
-
-use ferrite_kernels::cuda::Gpu;
 
 use crate::config::ModelConfig;
 use crate::constraint::{Constraint, apply_mask};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Picks};
-use crate::gpu::{DeviceSampling, GpuOptions};
+use crate::gpu::DeviceSampling;
 use crate::kv_cache::{BlockHash, KvEvent};
 use crate::model::EngineModel;
 use crate::plan::PlanBuilder;
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
 use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId};
 
-/// Engine limits. `Default` suits the CPU.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Context length (prompt + output); `None` = the model's, capped at 8192.
-    pub max_model_len: Option<usize>,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub block_size: usize,
-    /// Memory for K and V on the CPU; the pool gets as many blocks as fit.
-    pub kv_cache_bytes: usize,
-    /// Run on this GPU instead of the CPU (the KV cache is then sized from its memory).
-    pub cuda: Option<CudaPlacement>,
-    /// Reuse the KV blocks of prompt prefixes computed before (automatic prefix caching).
-    pub prefix_caching: bool,
-    /// What, besides the shape the engine sees, makes this model's keys and values what they
-    /// are: its file or name, the format and quantization of its weights. Seeds the block
-    /// hashes (see [`ferrite_proto::prefix`]).
-    pub model_identity: String,
-}
-
-/// A GPU for the engine and how the model runs there.
-#[derive(Debug, Clone)]
-pub struct CudaPlacement {
-    pub gpu: Arc<Gpu>,
-    pub opts: GpuOptions,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            max_model_len: None,
-            max_num_seqs: 64,
-            max_num_batched_tokens: 512,
-            block_size: 16,
-            kv_cache_bytes: 1 << 30,
-            cuda: None,
-            prefix_caching: true,
-            model_identity: String::new(),
-        }
-    }
-}
+pub use crate::executor::{CudaPlacement, EngineConfig};
 
 /// Why a request stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

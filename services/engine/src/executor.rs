@@ -17,12 +17,53 @@ use ferrite_collective::{Collective, CollectiveError, Solo};
 use ferrite_kernels::cuda::Gpu;
 
 use crate::config::ModelConfig;
-use crate::engine::{CudaPlacement, EngineConfig};
 use crate::error::{EngineError, Result};
-use crate::gpu::{self, GpuRunner, StepLimits};
+use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
 use crate::model::{EngineModel, LlamaModel};
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
+
+/// Engine limits (the leader's and every rank's executor's). `Default` suits the CPU.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Context length (prompt + output); `None` = the model's, capped at 8192.
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+    /// Memory for K and V on the CPU; the pool gets as many blocks as fit.
+    pub kv_cache_bytes: usize,
+    /// Run on this GPU instead of the CPU (the KV cache is then sized from its memory).
+    pub cuda: Option<CudaPlacement>,
+    /// Reuse the KV blocks of prompt prefixes computed before (automatic prefix caching).
+    pub prefix_caching: bool,
+    /// What, besides the shape the engine sees, makes this model's keys and values what they
+    /// are: its file or name, the format and quantization of its weights. Seeds the block
+    /// hashes (see [`ferrite_proto::prefix`]).
+    pub model_identity: String,
+}
+
+/// A GPU for the engine and how the model runs there.
+#[derive(Debug, Clone)]
+pub struct CudaPlacement {
+    pub gpu: Arc<Gpu>,
+    pub opts: GpuOptions,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_model_len: None,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            block_size: 16,
+            kv_cache_bytes: 1 << 30,
+            cuda: None,
+            prefix_caching: true,
+            model_identity: String::new(),
+        }
+    }
+}
 
 /// Where the forward runs.
 #[derive(Debug)]

@@ -19,41 +19,9 @@ use std::path::Path;
 use ferrite_proto::v1::SamplingDefaults;
 
 use crate::error::Result;
+use crate::registry::Recommended;
 use crate::registry::{self, KnownModel};
 use crate::weights::gguf::GgufFile;
-
-/// Recommended sampling as a model's card states it (only what it states).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Recommended {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<u32>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-}
-
-impl Recommended {
-    pub fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-
-    /// As the API carries them, saying where they come from; values a request could not
-    /// carry are dropped (with a warning).
-    pub fn to_proto(self, source: &str) -> SamplingDefaults {
-        let (kept, refused) = ferrite_proto::sampling::in_range(SamplingDefaults {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            source: source.to_owned(),
-        });
-        for why in refused {
-            tracing::warn!(%source, "ignoring a recommended sampling value: {why}");
-        }
-        kept
-    }
-}
 
 /// The recommendation for the model `name` (as given: a path or a known name), loaded from
 /// `path` (the file or directory it resolved to). `None`: no source says anything.

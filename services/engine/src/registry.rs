@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::error::{EngineError, Result};
-use crate::recommended::Recommended;
+use ferrite_proto::v1::SamplingDefaults;
 
 /// A model ferrite can fetch by name.
 #[derive(Debug, Clone, Copy)]
@@ -171,4 +171,37 @@ fn run(cmd: &mut Command) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Recommended sampling as a model's card states it (only what it states).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Recommended {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+impl Recommended {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// As the API carries them, saying where they come from; values a request could not
+    /// carry are dropped (with a warning).
+    pub fn to_proto(self, source: &str) -> SamplingDefaults {
+        let (kept, refused) = ferrite_proto::sampling::in_range(SamplingDefaults {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            source: source.to_owned(),
+        });
+        for why in refused {
+            tracing::warn!(%source, "ignoring a recommended sampling value: {why}");
+        }
+        kept
+    }
 }

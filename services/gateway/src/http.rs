@@ -16,6 +16,7 @@ use ferrite_proto::v1 as api;
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
+use crate::api_error::ApiError;
 use crate::auth::Caller;
 use crate::logprobs::LogprobsWriter;
 use crate::openai::{
@@ -81,88 +82,6 @@ async fn require_key(
             retry_after_s: None,
         }
         .into_response(),
-    }
-}
-
-/// An error as OpenAI clients expect it.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-    kind: &'static str,
-    code: &'static str,
-    param: Option<&'static str>,
-    /// Sent as `Retry-After` (seconds) with a 429 or a 503.
-    retry_after_s: Option<u64>,
-}
-
-impl ApiError {
-    /// A 400 for a bad request body, naming the field when one is to blame.
-    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            code: "invalid_argument",
-            param,
-            retry_after_s: None,
-        }
-    }
-
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    pub fn param(&self) -> Option<&'static str> {
-        self.param
-    }
-
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-}
-
-impl From<GatewayError> for ApiError {
-    fn from(e: GatewayError) -> Self {
-        let (status, kind) = match &e {
-            GatewayError::ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error"),
-            GatewayError::InvalidArgument(_) | GatewayError::InvalidField { .. } => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error")
-            }
-            GatewayError::ResourceExhausted(_) | GatewayError::RateLimited { .. } => {
-                (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error")
-            }
-            GatewayError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
-            GatewayError::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "server_error"),
-            GatewayError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
-        };
-        let param = match &e {
-            GatewayError::ModelNotFound(_) => Some("model"),
-            GatewayError::InvalidField { field, .. } => Some(*field),
-            _ => None,
-        };
-        let retry_after_s = e.retry_after_s();
-        Self {
-            status,
-            message: e.to_string(),
-            kind,
-            code: e.kind(),
-            param,
-            retry_after_s,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } });
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(s) = self.retry_after_s {
-            response
-                .headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, s.into());
-        }
-        response
     }
 }
 

@@ -19,11 +19,12 @@
 //! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
 //!   request bodies [`openai`] reads (refusing what is not served) and whose log-probabilities
-//!   [`logprobs`] writes.
+//!   [`logprobs`] writes, and whose errors [`api_error`] shapes as OpenAI's.
 //! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
 //!
 //! The gateway owns text; workers own tokens.
 
+pub mod api_error;
 pub mod auth;
 pub mod error;
 pub mod grpc;

@@ -10,7 +10,7 @@ use ferrite_structured::Spec;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::http::ApiError;
+use crate::api_error::ApiError;
 use crate::tools::{self, Function, PastCall, ToolChoice, Tools};
 use crate::validate::{Constraint, Prompt};
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
-use crate::store::ttl_secs;
+use crate::lease::ttl_secs;
 use crate::watch::WATCH_BUFFER;
 use crate::{KeySchema, LeaseId, PlacementError, Watch, WatchEvent};
 

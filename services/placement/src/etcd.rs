@@ -15,8 +15,8 @@ use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, Wat
 use tokio::sync::mpsc;
 
 use crate::error::from_etcd;
+use crate::lease::ttl_secs;
 use crate::retry::Backoff;
-use crate::store::ttl_secs;
 use crate::watch::WATCH_BUFFER;
 use crate::{KeySchema, LeaseId, PlacementError, Watch, WatchEvent};
 

@@ -12,6 +12,7 @@
 //!   and the JSON records stored under it (`PoolRecord`, `RankRecord`).
 //! - `store`: [`Store`], an enum over the two backends (static dispatch):
 //!   put / delete / get_prefix, leases, watches.
+//! - `lease`: [`LeaseId`] and whole-second TTLs, as both backends grant leases.
 //! - `embedded`: [`EmbeddedStore`], in-process, with real TTL expiry.
 //! - `etcd`: [`EtcdStore`]: request wrappers with hard timeouts, and the watch
 //!   task that reconnects and resyncs.
@@ -42,6 +43,7 @@ mod embedded;
 mod error;
 mod etcd;
 pub mod keys;
+mod lease;
 mod registration;
 mod retry;
 mod store;
@@ -53,6 +55,7 @@ pub use embedded::EmbeddedStore;
 pub use error::PlacementError;
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use keys::{CommRecord, DEFAULT_PREFIX, Key, KeySchema, PoolRecord, PoolState, RankRecord};
+pub use lease::LeaseId;
 pub use registration::{Registration, RegistrationState};
-pub use store::{LeaseId, Store};
+pub use store::Store;
 pub use watch::{Watch, WatchEvent};

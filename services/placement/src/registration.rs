@@ -23,8 +23,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::lease::ttl_secs;
 use crate::retry::Backoff;
-use crate::store::ttl_secs;
 use crate::watch::AbortOnDrop;
 use crate::{LeaseId, PlacementError, Store};
 

@@ -23,6 +23,7 @@ pub mod guide;
 pub mod lifecycle;
 pub mod rendezvous;
 pub mod service;
+mod streams;
 pub mod synthetic;
 
 pub use follower::RunningFollower;

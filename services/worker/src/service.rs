@@ -8,7 +8,6 @@
 //! starts (or restarts) simply opens it and is whole again; and when the pool dies its stream
 //! ends, so its blocks leave the gateway's index at once, without leases per block.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -23,9 +22,10 @@ use ferrite_structured::Vocabulary;
 use ferrite_telemetry::metrics::{Load, RequestOutcome, WorkerMetrics};
 use ferrite_telemetry::spans::{Clock, record_interval};
 use ferrite_telemetry::{KeyValue, OpenTelemetrySpanExt, genai};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use tonic::{Request, Response, Status};
 
+use crate::streams::{KvStream, TokenStream};
 use crate::synthetic::SyntheticEngine;
 
 /// Maps an engine error to its gRPC status: the one place this mapping lives for workers.
@@ -157,11 +157,6 @@ fn finish_to_proto(f: Option<FinishReason>) -> i32 {
         Some(FinishReason::Length) => pb::FinishReason::Length as i32,
     }
 }
-
-pub(crate) type TokenStream =
-    Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
-
-pub(crate) type KvStream = Pin<Box<dyn Stream<Item = Result<pb::KvCacheUpdate, Status>> + Send>>;
 
 /// Block hashes per message: a large pool's snapshot goes out in pieces well under the 4 MiB
 /// a gRPC message may have by default.

@@ -9,7 +9,7 @@ use ferrite_proto::worker::v1 as pb;
 use ferrite_text::{GgufVocab, Tokenizer};
 use tonic::Status;
 
-use crate::service::TokenStream;
+use crate::streams::TokenStream;
 
 /// Context length the synthetic model claims.
 const MAX_MODEL_LEN: u32 = 1 << 16;

@@ -22,8 +22,8 @@ use ferrite_kernels::cuda::{DevPtr, Gpu};
 use super::GpuRunner;
 use crate::error::{EngineError, Result};
 use crate::gpu::GpuOptions;
+use crate::gpu::tensor::gpu_error;
 use crate::gpu::watchdog::Watchdog;
-use crate::gpu::weights::gpu_error;
 use crate::tp::TpRank;
 use ferrite_kernels::cuda::gemm::{Linear, OutType};
 

@@ -15,9 +15,9 @@ use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::gguf::GgufRepack;
 use ferrite_kernels::wq::{Bits, WqFormat};
 
-use super::weights::{DeviceTensor, Jobs, gpu_error};
+use super::tensor::{DeviceTensor, Jobs, gpu_error};
 use crate::error::Result;
-use crate::model::LoadQuantize;
+use crate::weights::LoadQuantize;
 use crate::weights::Matrix;
 
 /// A projection's host side, made before any device work: `parts` stacked row-wise in the

@@ -10,6 +10,7 @@ mod matrix;
 pub mod runner;
 #[cfg(test)]
 mod shard_layouts;
+mod tensor;
 mod watchdog;
 pub(crate) mod weights;
 
@@ -26,8 +27,9 @@ use crate::model::{EngineModel, LogitsWanted, RandomShape, SeqChunk};
 pub use runner::link::{CollectiveKind, host_all_reduce};
 pub use runner::sampling::DeviceSampling;
 pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
+use tensor::gpu_error;
+use weights::GpuWeights;
 pub use weights::default_dtype;
-use weights::{GpuWeights, gpu_error};
 
 /// How a model runs on the GPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -163,7 +165,7 @@ pub fn build_runner(
 /// The GPU's part of the `load_weights` phase: runs the planned copies of the weights'
 /// matrices through pinned staging buffers on several threads (the host's part mapped the
 /// checkpoint, leaving its pages to be read here).
-fn copy_weights(gpu: &Gpu, jobs: &weights::Jobs<'_>) -> Result<()> {
+fn copy_weights(gpu: &Gpu, jobs: &tensor::Jobs<'_>) -> Result<()> {
     let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "load_weights",
         format = "device", mode = "pinned", device = %gpu.device, bytes = tracing::field::Empty,
         gb_per_s = tracing::field::Empty, lanes = tracing::field::Empty,
@@ -202,7 +204,7 @@ pub fn dummy_runner(
     gpu: Arc<Gpu>,
     cfg: &crate::config::ModelConfig,
     opts: GpuOptions,
-    quantize: Option<crate::model::LoadQuantize>,
+    quantize: Option<crate::weights::LoadQuantize>,
     limits: StepLimits,
     num_blocks: usize,
 ) -> Result<GpuRunner> {

@@ -25,7 +25,8 @@ use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_collective::{Collective, Solo};
 
 use super::matrix::DeviceMatrix;
-use super::weights::{GpuWeights, gpu_error};
+use super::tensor::gpu_error;
+use super::weights::GpuWeights;
 use crate::config::Activation;
 use crate::error::{EngineError, Result};
 use crate::model::{LogitsWanted, SeqChunk};

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Activation, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
-use crate::model::LoadQuantize;
 use crate::tp::TpRank;
+use crate::weights::LoadQuantize;
 use crate::weights::{Matrix, TensorMap};
 
 /// Which tensor names a checkpoint uses.

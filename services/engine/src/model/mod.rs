@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrite_kernels::quant::GgmlActivations;
-use ferrite_kernels::wq::WqFormat;
 use ferrite_text::{GgufVocab, Tokenizer};
 use tracing::field::Empty;
 
@@ -156,50 +155,7 @@ pub fn load_dummy(preset_name: &str, seed: u64, options: LoadOptions) -> Result<
     })
 }
 
-/// What `--quantize` rounds a model's projections to as it loads (round to nearest).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LoadQuantize {
-    /// Weight-only codes (`rtn-w4g128`, `rtn-w8pc-sym`, ...).
-    Weights(WqFormat),
-    /// int8 weights per channel, int8 activations per token (`rtn-w8a8`).
-    W8A8,
-    /// FP8 e4m3 weights per channel, FP8 activations per token (`rtn-fp8`).
-    Fp8,
-}
-
-impl LoadQuantize {
-    /// The weight-only group length (what a column shard must keep whole).
-    pub fn group_size(&self) -> Option<usize> {
-        match self {
-            Self::Weights(f) => f.group_size,
-            Self::W8A8 | Self::Fp8 => None,
-        }
-    }
-}
-
-/// What follows `rtn-` in a `--quantize` value.
-impl std::fmt::Display for LoadQuantize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Weights(w) => write!(f, "{w}"),
-            Self::W8A8 => f.write_str("w8a8"),
-            Self::Fp8 => f.write_str("fp8"),
-        }
-    }
-}
-
-/// `w8a8`, `fp8`, or a weight format (`w4g128`): what [`LoadQuantize`]'s `Display` writes.
-impl std::str::FromStr for LoadQuantize {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "w8a8" => Ok(Self::W8A8),
-            "fp8" => Ok(Self::Fp8),
-            f => f.parse().map(Self::Weights).map_err(|e| format!("{e}")),
-        }
-    }
-}
+pub use crate::weights::LoadQuantize;
 
 /// Parses a `--quantize` value: `rtn-` and a weight format (`rtn-w4g128`, `rtn-w8pc-sym`),
 /// `rtn-w8a8` or `rtn-fp8`.
