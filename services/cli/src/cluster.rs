@@ -304,12 +304,18 @@ fn served_name(args: &WorkerArgs) -> String {
     )
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs `main` on a fresh multi-threaded runtime, then shuts it down without waiting for its
+/// blocking tasks: a start that failed can leave one behind (rank 0 accepting ranks that have
+/// already exited, up to its start-up timeout), and the process must exit with its error now.
+fn run<T>(main: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ferrite-io")
         .build()
-        .context("starting the async runtime")
+        .context("starting the async runtime")?;
+    let out = rt.block_on(main);
+    rt.shutdown_timeout(Duration::from_millis(500));
+    out
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -451,7 +457,7 @@ fn hostname() -> String {
 }
 
 pub fn worker(args: WorkerArgs, telemetry: &Telemetry) -> Result<()> {
-    runtime()?.block_on(async {
+    run(async {
         let started = start_up("worker", telemetry, async {
             // A follower handed its leader on the command line may run without placement.
             let store = if args.comm.comm_join.is_some() && args.placement.etcd.is_empty() {
@@ -533,7 +539,7 @@ async fn follow(args: &WorkerArgs, mut follower: RunningFollower) -> Result<()> 
 }
 
 pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
-    runtime()?.block_on(async {
+    run(async {
         // A gateway has no model: its start-up is connecting to placement and listening.
         let (addrs, task) = start_up("gateway", telemetry, async {
             let (store, schema) = args
@@ -577,7 +583,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             .num_threads(threads)
             .build_global();
     }
-    runtime()?.block_on(async {
+    run(async {
         let (stop_gateway, gateway_stopped) = tokio::sync::oneshot::channel::<()>();
         let (worker, ranks, addrs, task, view) = start_up("serve", telemetry, async {
             let (store, schema) = args.placement.store(true).await?;
