@@ -29,38 +29,17 @@ use std::sync::Arc;
 
 use common::*;
 use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Generation};
+use ferrite_engine::eval;
 use ferrite_engine::gpu::{GpuOptions, StepLimits, build_runner};
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::{self, EngineModel, LoadedModel, LogitsWanted, SeqChunk};
 use ferrite_engine::sampler::{self, SamplingParams};
-use ferrite_engine::{eval, registry};
+use ferrite_kernels::cuda::Gpu;
 use ferrite_kernels::cuda::ops::Dtype;
-use ferrite_kernels::cuda::{self, Gpu};
-
-fn gpu(test: &str) -> Option<Arc<Gpu>> {
-    match ferrite_kernels::device::cuda_devices() {
-        Ok(d) if !d.is_empty() => {
-            let (gpu, _) = Gpu::open(0, &cuda::default_cache_dir()).expect("open cuda:0");
-            Some(Arc::new(gpu))
-        }
-        other => {
-            assert!(
-                std::env::var_os("FERRITE_REQUIRE_CUDA").is_none(),
-                "FERRITE_REQUIRE_CUDA is set but there is no CUDA device: {other:?}"
-            );
-            eprintln!("{test}: no CUDA device here, nothing to compare");
-            None
-        }
-    }
-}
 
 /// The default model with `options` (`FERRITE_TEST_GGUF`, else pulled as `ferrite` does).
 fn default_model_with(options: model::LoadOptions) -> LoadedModel {
-    let path = std::env::var_os("FERRITE_TEST_GGUF").map_or_else(
-        || registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("default model"),
-        PathBuf::from,
-    );
-    model::load_with(&path, options).expect("load")
+    model::load_with(&default_model_path(), options).expect("load")
 }
 
 fn default_model() -> LoadedModel {
@@ -141,16 +120,6 @@ fn generate_with(
     engine
         .run_to_completion(requests, |_| true)
         .expect("generate")
-}
-
-/// Largest difference of the first token's top-5 log-probabilities (by the CPU's ranking).
-fn first_logprob_gap(cpu: &Generation, gpu: &Generation) -> f32 {
-    let got: HashMap<u32, f32> = gpu.tokens[0].top.iter().copied().collect();
-    cpu.tokens[0]
-        .top
-        .iter()
-        .map(|(id, lp)| got.get(id).map_or(f32::INFINITY, |g| (g - lp).abs()))
-        .fold(0.0, f32::max)
 }
 
 /// Every prompt's first-token top-5 log-probabilities within 0.05 of the CPU's.

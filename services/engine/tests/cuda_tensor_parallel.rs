@@ -17,7 +17,6 @@ mod common;
 mod ranks;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,36 +25,10 @@ use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Generation};
 use ferrite_engine::executor::Executor;
 use ferrite_engine::gpu::{CollectiveKind, GpuOptions};
 use ferrite_engine::model::{self, LoadOptions};
-use ferrite_engine::registry;
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_engine::tp::TpRank;
 use ferrite_kernels::cuda::ops::Dtype;
-use ferrite_kernels::cuda::{self, Gpu, nccl};
-
-/// A fresh handle on cuda:0 (each rank its own stream), or `None` without a device.
-fn gpu(test: &str) -> Option<Arc<Gpu>> {
-    match ferrite_kernels::device::cuda_devices() {
-        Ok(d) if !d.is_empty() => {
-            let (gpu, _) = Gpu::open(0, &cuda::default_cache_dir()).expect("open cuda:0");
-            Some(Arc::new(gpu))
-        }
-        other => {
-            assert!(
-                std::env::var_os("FERRITE_REQUIRE_CUDA").is_none(),
-                "FERRITE_REQUIRE_CUDA is set but there is no CUDA device: {other:?}"
-            );
-            eprintln!("{test}: no CUDA device here, nothing to check");
-            None
-        }
-    }
-}
-
-fn default_model() -> PathBuf {
-    std::env::var_os("FERRITE_TEST_GGUF").map_or_else(
-        || registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("default model"),
-        PathBuf::from,
-    )
-}
+use ferrite_kernels::cuda::{Gpu, nccl};
 
 fn cfg(gpu: Arc<Gpu>, collective: CollectiveKind, cuda_graphs: bool) -> EngineConfig {
     let opts = GpuOptions {
@@ -92,21 +65,11 @@ fn requests() -> Vec<(u64, Vec<u32>, SamplingParams)> {
 
 /// The golden prompts on one rank holding the whole model.
 fn one_rank(gpu: Arc<Gpu>, collective: CollectiveKind, graphs: bool) -> HashMap<u64, Generation> {
-    let m = model::load_with(&default_model(), LoadOptions::default()).expect("load");
+    let m = model::load_with(&default_model_path(), LoadOptions::default()).expect("load");
     let mut engine = Engine::new(m.model, vec![], cfg(gpu, collective, graphs)).expect("engine");
     engine
         .run_to_completion(requests(), |_| true)
         .expect("generate")
-}
-
-/// Largest difference of the first token's top-5 log-probabilities (by `a`'s ranking).
-fn first_logprob_gap(a: &Generation, b: &Generation) -> f32 {
-    let got: HashMap<u32, f32> = b.tokens[0].top.iter().copied().collect();
-    a.tokens[0]
-        .top
-        .iter()
-        .map(|(id, lp)| got.get(id).map_or(f32::INFINITY, |g| (g - lp).abs()))
-        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -116,7 +79,7 @@ fn three_ranks_sharing_the_gpu_over_the_host_give_one_ranks_greedy_tokens() {
         return;
     };
     let whole = one_rank(gpu0, CollectiveKind::Auto, true);
-    let path = default_model();
+    let path = default_model_path();
     let results = ranks::on_ranks(3, |tp: TpRank, comm| {
         let gpu = gpu(test).expect("the GPU, again");
         let options = LoadOptions {

@@ -19,7 +19,7 @@ mod common;
 #[path = "common/ranks.rs"]
 mod ranks;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use ferrite_engine::EngineError;
@@ -27,7 +27,6 @@ use ferrite_engine::engine::{Engine, EngineConfig};
 use ferrite_engine::executor::Executor;
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::{self, LoadOptions, LogitsWanted, SeqChunk};
-use ferrite_engine::registry;
 use ferrite_engine::sampler::SamplingParams;
 use ferrite_engine::tp::TpRank;
 use ranks::on_ranks;
@@ -147,13 +146,6 @@ fn block_fp8_splits_on_whole_blocks_only() {
     assert!(msg.contains("sizes that work: [1, 2]"), "{msg}");
 }
 
-fn default_model() -> PathBuf {
-    if let Some(p) = std::env::var_os("FERRITE_TEST_GGUF") {
-        return PathBuf::from(p);
-    }
-    registry::resolve(registry::DEFAULT_MODEL, |_| {}).expect("the default model")
-}
-
 fn engine_cfg() -> EngineConfig {
     EngineConfig {
         max_model_len: Some(1024),
@@ -170,7 +162,7 @@ fn engine_cfg() -> EngineConfig {
 fn default_model_on_three_ranks_generates_the_golden_tokens() {
     let golden = read_json(&fixtures().join("golden/smollm2_q4_1.json"));
     let cases = golden["cases"].as_array().expect("cases");
-    let path = default_model();
+    let path = default_model_path();
     let results = on_ranks(3, |tp, comm| {
         let m = load_shard(&path, tp).model;
         let exec = Executor::new(m.into(), &engine_cfg(), comm).expect("executor");
@@ -223,7 +215,7 @@ fn default_model_on_three_ranks_with_cached_prefixes_generates_the_golden_tokens
         block_size: 4,
         ..engine_cfg()
     };
-    let path = default_model();
+    let path = default_model_path();
     let results = on_ranks(3, |tp, comm| {
         let m = load_shard(&path, tp).model;
         let exec = Executor::new(m.into(), &cfg, comm).expect("executor");
@@ -295,7 +287,7 @@ fn a_split_that_does_not_divide_names_the_sizes_that_work() {
         tp: TpRank { rank: 0, world: 2 },
         ..LoadOptions::default()
     };
-    let e = model::load_with(&default_model(), options).expect_err("9 heads over 2 ranks");
+    let e = model::load_with(&default_model_path(), options).expect_err("9 heads over 2 ranks");
     let msg = e.to_string();
     assert!(
         msg.contains("9 attention heads do not divide by 2"),

@@ -9,6 +9,51 @@ use std::path::PathBuf;
 use ferrite_engine::eval::BatchForward;
 use ferrite_engine::model::{LlamaModel, LogitsWanted};
 
+/// The default model's file: `FERRITE_TEST_GGUF`, else pulled into the cache as `ferrite` does.
+pub fn default_model_path() -> PathBuf {
+    std::env::var_os("FERRITE_TEST_GGUF").map_or_else(
+        || {
+            ferrite_engine::registry::resolve(ferrite_engine::registry::DEFAULT_MODEL, |_| {})
+                .expect("the default model")
+        },
+        PathBuf::from,
+    )
+}
+
+/// A fresh handle on `cuda:0` (its own stream), or `None` where there is no CUDA device, which
+/// `test` says, unless `FERRITE_REQUIRE_CUDA` is set (the GPU host), where it fails instead.
+pub fn gpu(test: &str) -> Option<std::sync::Arc<ferrite_kernels::cuda::Gpu>> {
+    use ferrite_kernels::cuda::{self, Gpu};
+    match ferrite_kernels::device::cuda_devices() {
+        Ok(d) if !d.is_empty() => {
+            let (gpu, _) = Gpu::open(0, &cuda::default_cache_dir()).expect("open cuda:0");
+            Some(std::sync::Arc::new(gpu))
+        }
+        other => {
+            assert!(
+                std::env::var_os("FERRITE_REQUIRE_CUDA").is_none(),
+                "FERRITE_REQUIRE_CUDA is set but there is no CUDA device: {other:?}"
+            );
+            eprintln!("{test}: no CUDA device here, nothing to compare");
+            None
+        }
+    }
+}
+
+/// Largest difference of the first token's top-5 log-probabilities between two generations of
+/// one prompt, by `want`'s ranking (a token `got` does not rank: infinite).
+pub fn first_logprob_gap(
+    want: &ferrite_engine::engine::Generation,
+    got: &ferrite_engine::engine::Generation,
+) -> f32 {
+    let got: std::collections::HashMap<u32, f32> = got.tokens[0].top.iter().copied().collect();
+    want.tokens[0]
+        .top
+        .iter()
+        .map(|(id, lp)| got.get(id).map_or(f32::INFINITY, |g| (g - lp).abs()))
+        .fold(0.0, f32::max)
+}
+
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
