@@ -59,15 +59,6 @@ impl std::fmt::Debug for Link {
     }
 }
 
-impl Link {
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Self::Host => "host",
-            Self::Nccl { .. } => "nccl",
-        }
-    }
-}
-
 /// The link `kind` asks for, given every rank's device (`devices[r]`: a stable name of rank
 /// r's GPU, the same string where two ranks share one). A configuration NCCL would refuse
 /// gets its error here, before NCCL is asked.

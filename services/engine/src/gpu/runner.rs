@@ -276,11 +276,6 @@ impl GpuRunner {
         })
     }
 
-    /// The pool this runner is a rank of, and how its collectives travel.
-    pub fn tp(&self) -> (crate::tp::TpRank, &'static str) {
-        (self.w.tp, self.link.name())
-    }
-
     /// Queues the step for `seqs`, leaving the logits rows they asked for in `self.logits`;
     /// returns how many rows.
     fn run_step(&mut self, seqs: &[SeqChunk<'_>], comm: &mut dyn Collective) -> Result<usize> {
