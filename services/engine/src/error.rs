@@ -82,6 +82,23 @@ pub enum EngineError {
     Internal(String),
 }
 
+/// A checkpoint's error is the engine's variant of the same name and message.
+impl From<ferrite_formats::error::FormatError> for EngineError {
+    fn from(e: ferrite_formats::error::FormatError) -> Self {
+        use ferrite_formats::error::FormatError as F;
+        match e {
+            F::Io { path, source } => EngineError::Io { path, source },
+            F::BadGguf { path, reason } => EngineError::BadGguf { path, reason },
+            F::BadSafetensors { path, reason } => EngineError::BadSafetensors { path, reason },
+            F::BadConfig(m) => EngineError::BadConfig(m),
+            F::UnsupportedTensorType(m) => EngineError::UnsupportedTensorType(m),
+            F::BadTensor { name, reason } => EngineError::BadTensor { name, reason },
+            F::MissingTensor(m) => EngineError::MissingTensor(m),
+            F::Quant(q) => EngineError::Quant(q),
+        }
+    }
+}
+
 /// A CUDA failure is the device's: [`EngineError::Device`].
 impl From<ferrite_kernels::cuda::CudaError> for EngineError {
     fn from(e: ferrite_kernels::cuda::CudaError) -> Self {

@@ -2,8 +2,9 @@
 //!
 //! # Layout
 //!
-//! - [`weights`]: GGUF and safetensors readers (tensors stay in the memory map) and GPTQ
-//!   conversion (quantized layers become [`ferrite_kernels::wq::WqMatrix`]).
+//! - [`weights`]: the checkpoint formats, the `ferrite-formats` crate under this path (GGUF and
+//!   safetensors readers, tensors in the memory map; quantized checkpoints; matrices and their
+//!   shards).
 //! - [`config`]: a model's shape ([`config::ModelConfig`]) from GGUF metadata or `config.json`.
 //! - [`model`]: loading ([`model::load`]) and the Llama-family forward.
 //! - [`kv_cache`]: the paged KV cache: the block pool (reference counts, the index of cached
@@ -47,6 +48,7 @@ pub mod registry;
 pub mod sampler;
 pub mod scheduler;
 pub mod tp;
-pub mod weights;
+/// The checkpoint formats, a crate of their own (`ferrite-formats`), under their old path.
+pub use ferrite_formats as weights;
 
 pub use error::{EngineError, Result};

@@ -122,7 +122,7 @@ impl Parts<'_> {
 }
 
 fn gptq(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
-    let g = GptqTensors::from_wq(w).map_err(|e| p.named(e))?;
+    let g = GptqTensors::from_wq(w).map_err(|e| p.named(e.into()))?;
     let per = 32 / w.format().bits.get() as usize;
     p.words("qweight", vec![g.cols / per, g.rows], &g.qweight);
     p.words("qzeros", vec![g.groups, g.rows / per], &g.qzeros);
@@ -132,7 +132,7 @@ fn gptq(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
 }
 
 fn awq(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
-    let a = AwqTensors::from_wq(w).map_err(|e| p.named(e))?;
+    let a = AwqTensors::from_wq(w).map_err(|e| p.named(e.into()))?;
     p.words("qweight", vec![a.cols, a.rows / 8], &a.qweight);
     p.words("qzeros", vec![a.groups, a.rows / 8], &a.qzeros);
     p.scales("scales", a.scale_type, vec![a.groups, a.rows], &a.scales);
@@ -140,7 +140,7 @@ fn awq(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
 }
 
 fn packed(w: &WqMatrix, p: &mut Parts<'_>) -> Result<()> {
-    let t = PackedTensors::from_wq(w).map_err(|e| p.named(e))?;
+    let t = PackedTensors::from_wq(w).map_err(|e| p.named(e.into()))?;
     let words = |n: usize| (n * w.format().bits.get() as usize).div_ceil(32);
     p.words(
         "weight_packed",

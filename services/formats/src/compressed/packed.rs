@@ -16,9 +16,9 @@
 
 use ferrite_kernels::wq::{Bits, ScaleType, WqMatrix};
 
-use crate::error::{EngineError, Result};
-use crate::weights::packing::{Unpacked, pack, stored_scales, unpack};
-use crate::weights::{IntType, TensorMap};
+use crate::error::{FormatError, Result};
+use crate::packing::{Unpacked, pack, stored_scales, unpack};
+use crate::{IntType, TensorMap};
 
 /// The unsigned value of signed code 0.
 pub(super) fn offset(bits: Bits) -> u8 {
@@ -34,7 +34,7 @@ pub(super) fn load_linear(
     sym: bool,
 ) -> Result<WqMatrix> {
     let name = |part: &str| format!("{stem}.{part}");
-    let bad = |reason: String| EngineError::BadTensor {
+    let bad = |reason: String| FormatError::BadTensor {
         name: name("weight_packed"),
         reason,
     };
@@ -108,7 +108,7 @@ fn zero_points(
     rows: usize,
     groups: usize,
 ) -> Result<Vec<u8>> {
-    let bad = |reason: String| EngineError::BadTensor {
+    let bad = |reason: String| FormatError::BadTensor {
         name: name.to_owned(),
         reason,
     };

@@ -12,7 +12,7 @@ use ferrite_kernels::quant::GgmlType;
 use serde::Deserialize;
 
 use super::{IntTensor, IntType, TensorEntry, TensorMap};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 #[derive(Deserialize)]
 struct HeaderEntry {
@@ -30,12 +30,12 @@ struct ShardIndex {
 pub fn open_dir(dir: &Path) -> Result<TensorMap> {
     let index_path = dir.join("model.safetensors.index.json");
     let shard_names: Vec<String> = if index_path.exists() {
-        let raw = std::fs::read(&index_path).map_err(|source| EngineError::Io {
+        let raw = std::fs::read(&index_path).map_err(|source| FormatError::Io {
             path: index_path.clone(),
             source,
         })?;
         let index: ShardIndex =
-            serde_json::from_slice(&raw).map_err(|e| EngineError::BadSafetensors {
+            serde_json::from_slice(&raw).map_err(|e| FormatError::BadSafetensors {
                 path: index_path.clone(),
                 reason: format!("bad index: {e}"),
             })?;
@@ -46,7 +46,7 @@ pub fn open_dir(dir: &Path) -> Result<TensorMap> {
     } else if dir.join("model.safetensors").exists() {
         vec!["model.safetensors".to_owned()]
     } else {
-        return Err(EngineError::BadSafetensors {
+        return Err(FormatError::BadSafetensors {
             path: dir.to_owned(),
             reason: "no model.safetensors or model.safetensors.index.json".into(),
         });
@@ -54,13 +54,13 @@ pub fn open_dir(dir: &Path) -> Result<TensorMap> {
     let mut files = Vec::new();
     for name in &shard_names {
         if name.contains('/') || name.contains("..") {
-            return Err(EngineError::BadSafetensors {
+            return Err(FormatError::BadSafetensors {
                 path: index_path.clone(),
                 reason: format!("shard name `{name}` is not a plain file name"),
             });
         }
         let path = dir.join(name);
-        let file = MappedFile::open(&path).map_err(|source| EngineError::Io {
+        let file = MappedFile::open(&path).map_err(|source| FormatError::Io {
             path: path.clone(),
             source,
         })?;
@@ -74,7 +74,7 @@ pub fn open_dir(dir: &Path) -> Result<TensorMap> {
 }
 
 fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap) -> Result<()> {
-    let bad = |reason: String| EngineError::BadSafetensors {
+    let bad = |reason: String| FormatError::BadSafetensors {
         path: path.to_owned(),
         reason,
     };
@@ -113,7 +113,7 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
             "I64" => (None, Some(IntType::I64)),
             "F8_E4M3" => (None, Some(IntType::F8E4M3)),
             other => {
-                return Err(EngineError::UnsupportedTensorType(format!(
+                return Err(FormatError::UnsupportedTensorType(format!(
                     "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32, I8, I64, F8_E4M3)",
                     path.display()
                 )));

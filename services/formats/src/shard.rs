@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::{Matrix, Storage};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 impl Matrix {
     /// The column alignment a column slice needs: the block length of a GGUF type, the group
@@ -163,8 +163,8 @@ impl Matrix {
     }
 }
 
-fn bad(name: &str, reason: String) -> EngineError {
-    EngineError::BadTensor {
+fn bad(name: &str, reason: String) -> FormatError {
+    FormatError::BadTensor {
         name: name.to_owned(),
         reason: format!("cannot cut a shard: {reason}"),
     }

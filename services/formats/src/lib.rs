@@ -1,11 +1,19 @@
-//! Weight files: GGUF and safetensors, memory-mapped, tensors used in place.
+//! Checkpoint formats: GGUF and safetensors, memory-mapped, tensors used in place; the
+//! quantized checkpoints' layouts (GPTQ, AWQ, compressed-tensors, FP8 blocks); a projection's
+//! [`Matrix`] in whatever storage it came in, quantized at load (`--quantize`) and cut into a
+//! tensor-parallel rank's shard. What the engine loads, what `ferrite quantize` writes beside,
+//! and what the tests read.
 //!
 //! Both formats produce a [`TensorMap`]: tensor name → type, shape (outermost first) and byte
 //! range in one of the mapped files. Nothing is copied at load; the model borrows rows
 //! straight from the map.
+//!
+//! It may use the kernels crate (the storage types and their CPU arithmetic) and nothing of
+//! the engine: no model, no device, no serving.
 
 pub mod awq;
 pub mod compressed;
+pub mod error;
 pub mod fp8_blocks;
 pub mod gguf;
 pub mod gptq;
@@ -26,7 +34,7 @@ use ferrite_kernels::w8a8::{I8Matrix, quantize_int8_rtn};
 use ferrite_kernels::wq::{WqFormat, WqMatrix, quantize_rtn};
 use rayon::prelude::*;
 
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 use quantized::QuantConfig;
 
 /// Where one tensor's bytes are.
@@ -46,7 +54,7 @@ pub enum IntType {
     I32,
     I8,
     I64,
-    /// FP8 e4m3 (`float8_e4m3fn`): codes, read by [`crate::weights::compressed`].
+    /// FP8 e4m3 (`float8_e4m3fn`): codes, read by [`crate::compressed`].
     F8E4M3,
 }
 
@@ -126,7 +134,7 @@ impl TensorMap {
             .ints
             .get(name)
             .filter(|e| e.ty == ty)
-            .ok_or_else(|| EngineError::MissingTensor(format!("{name} ({ty:?})")))?;
+            .ok_or_else(|| FormatError::MissingTensor(format!("{name} ({ty:?})")))?;
         Ok((e.shape.clone(), &self.files[e.file].bytes()[e.start..e.end]))
     }
 
@@ -197,11 +205,11 @@ impl TensorMap {
         let e = self
             .entries
             .get(name)
-            .ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+            .ok_or_else(|| FormatError::MissingTensor(name.to_owned()))?;
         let (rows, cols) = match e.shape.as_slice() {
             [r, c] => (*r, *c),
             other => {
-                return Err(EngineError::BadTensor {
+                return Err(FormatError::BadTensor {
                     name: name.to_owned(),
                     reason: format!("expected 2 dimensions, found shape {other:?}"),
                 });
@@ -210,7 +218,7 @@ impl TensorMap {
         // Validate once here so `view()` cannot fail later.
         let file = self.files[e.file].clone();
         WeightView::new(e.ty, rows, cols, &file.bytes()[e.start..e.end]).map_err(|err| {
-            EngineError::BadTensor {
+            FormatError::BadTensor {
                 name: name.to_owned(),
                 reason: err.to_string(),
             }
@@ -232,12 +240,12 @@ impl TensorMap {
         let e = self
             .entries
             .get(name)
-            .ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+            .ok_or_else(|| FormatError::MissingTensor(name.to_owned()))?;
         let n: usize = e.shape.iter().product();
         let mut out = vec![0f32; n];
         let bytes = &self.files[e.file].bytes()[e.start..e.end];
         ferrite_kernels::quant::dequantize(e.ty, bytes, &mut out).map_err(|err| {
-            EngineError::BadTensor {
+            FormatError::BadTensor {
                 name: name.to_owned(),
                 reason: err.to_string(),
             }
@@ -249,7 +257,7 @@ impl TensorMap {
     pub fn vector_of_len(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let v = self.vector(name)?;
         if v.len() != len {
-            return Err(EngineError::BadTensor {
+            return Err(FormatError::BadTensor {
                 name: name.to_owned(),
                 reason: format!("expected {len} elements, found {}", v.len()),
             });
@@ -409,7 +417,7 @@ impl Matrix {
     /// round-to-nearest, rows dequantized to f32 first.
     pub fn rtn_codes(&self, name: &str, format: WqFormat) -> Result<WqMatrix> {
         quantize_rtn(&self.to_f32(), self.rows, self.cols, format).map_err(|e| {
-            EngineError::BadTensor {
+            FormatError::BadTensor {
                 name: name.to_owned(),
                 reason: format!("cannot quantize to {format}: {e}"),
             }
@@ -419,7 +427,7 @@ impl Matrix {
     /// This matrix (named `name` in errors) quantized as `q` says by round-to-nearest, rows
     /// dequantized to f32 first.
     pub fn quantize_rtn(&self, name: &str, q: LoadQuantize) -> Result<Self> {
-        let bad = |e: String| EngineError::BadTensor {
+        let bad = |e: String| FormatError::BadTensor {
             name: name.to_owned(),
             reason: format!("cannot quantize to {q}: {e}"),
         };
@@ -506,7 +514,7 @@ impl Matrix {
     /// Checks the shape is `[rows, cols]`.
     pub fn expect_shape(self, name: &str, rows: usize, cols: usize) -> Result<Self> {
         if self.rows != rows || self.cols != cols {
-            return Err(EngineError::BadTensor {
+            return Err(FormatError::BadTensor {
                 name: name.to_owned(),
                 reason: format!(
                     "expected shape [{rows}, {cols}], found [{}, {}]",

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use super::TensorMap;
 use super::packing::{Unpacked, code, put, stored_scales};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 /// Which output of a word's eight each slot holds.
 const ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
@@ -36,7 +36,7 @@ impl AwqConfig {
     /// Reads a `quantization_config` whose `quant_method` is `awq` (AutoAWQ's keys `w_bit`,
     /// `q_group_size` too).
     pub fn from_json(q: &Value) -> Result<Self> {
-        let bad = |m: String| EngineError::BadConfig(format!("quantization_config (awq): {m}"));
+        let bad = |m: String| FormatError::BadConfig(format!("quantization_config (awq): {m}"));
         let int = |a: &str, b: &str| q.get(a).or_else(|| q.get(b)).and_then(Value::as_i64);
         let bits = int("bits", "w_bit");
         if bits != Some(4) {
@@ -75,7 +75,7 @@ impl AwqConfig {
 /// Converts AWQ layer `<stem>` to a [`WqMatrix`].
 pub fn load_linear(t: &TensorMap, stem: &str, cfg: &AwqConfig) -> Result<WqMatrix> {
     let name = |part: &str| format!("{stem}.{part}");
-    let bad = |reason: String| EngineError::BadTensor {
+    let bad = |reason: String| FormatError::BadTensor {
         name: name("qweight"),
         reason,
     };
@@ -144,7 +144,7 @@ impl AwqTensors {
     pub fn from_wq(w: &WqMatrix) -> Result<Self> {
         let format = w.format();
         let (rows, cols, groups) = (w.rows(), w.cols(), w.groups_per_row());
-        let bad = |m: String| EngineError::BadTensor {
+        let bad = |m: String| FormatError::BadTensor {
             name: "(quantized layer)".into(),
             reason: m,
         };

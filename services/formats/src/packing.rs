@@ -6,7 +6,7 @@ use ferrite_kernels::quant::GgmlType;
 use ferrite_kernels::wq::{Bits, ScaleType, WqError, WqFormat, WqMatrix};
 
 use super::TensorMap;
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 /// Codes per 32-bit word.
 pub(super) fn per_word(bits: Bits) -> usize {
@@ -89,9 +89,9 @@ pub(super) fn stored_scales(
 ) -> Result<(Vec<f32>, ScaleType)> {
     let entry = t
         .entry(name)
-        .ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+        .ok_or_else(|| FormatError::MissingTensor(name.to_owned()))?;
     if entry.shape != shape {
-        return Err(EngineError::BadTensor {
+        return Err(FormatError::BadTensor {
             name: name.to_owned(),
             reason: format!("shape {:?}, expected {shape:?}", entry.shape),
         });

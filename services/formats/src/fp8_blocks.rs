@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::compressed::{Fp8Act, describe_fp8_scales, fp8_shard_cols};
 use super::{Matrix, TensorMap};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 /// The `quantization_config` of a `quant_method: fp8` checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,7 +25,7 @@ pub struct Fp8BlockConfig {
 impl Fp8BlockConfig {
     /// Reads a `quantization_config` whose `quant_method` is `fp8`.
     pub fn from_json(q: &Value) -> Result<Self> {
-        let bad = |m: String| EngineError::BadConfig(format!("quantization_config (fp8): {m}"));
+        let bad = |m: String| FormatError::BadConfig(format!("quantization_config (fp8): {m}"));
         let text = |k: &str| q.get(k).and_then(Value::as_str);
         match text("activation_scheme").unwrap_or("dynamic") {
             "dynamic" => {}

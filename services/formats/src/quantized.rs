@@ -20,7 +20,7 @@ use super::compressed::CompressedConfig;
 use super::fp8_blocks::Fp8BlockConfig;
 use super::gptq::GptqConfig;
 use super::{IntType, Matrix, TensorMap};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 /// A checkpoint's `quantization_config`.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,7 +44,7 @@ impl QuantConfig {
             "compressed-tensors" => Self::Compressed(CompressedConfig::from_json(q)?),
             "fp8" => Self::Fp8Blocks(Fp8BlockConfig::from_json(q)?),
             other => {
-                return Err(EngineError::BadConfig(format!(
+                return Err(FormatError::BadConfig(format!(
                     "quantization_config: quant_method `{other}` is not supported (gptq, awq, \
                      compressed-tensors and fp8 are; or load the unquantized model with \
                      --quantize rtn-w4g128)"
@@ -139,7 +139,7 @@ impl TensorMap {
     pub(super) fn quantized_matrix(&self, stem: &str) -> Result<Matrix> {
         match &self.quant {
             Some(q) => q.load_linear(self, stem),
-            None => Err(EngineError::MissingTensor(format!("{stem}.weight"))),
+            None => Err(FormatError::MissingTensor(format!("{stem}.weight"))),
         }
     }
 }

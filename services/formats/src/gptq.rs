@@ -17,7 +17,7 @@ use ferrite_kernels::wq::{Bits, ScaleType, WqFormat, WqMatrix};
 
 use super::TensorMap;
 use super::packing::{Unpacked, code, per_word, put, stored_scales};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 /// The `quantization_config` of a GPTQ checkpoint's config.json.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +33,7 @@ pub struct GptqConfig {
 impl GptqConfig {
     /// Reads a `quantization_config` whose `quant_method` is `gptq`.
     pub fn from_json(q: &serde_json::Value) -> Result<Self> {
-        let bad = |m: String| EngineError::BadConfig(format!("quantization_config (gptq): {m}"));
+        let bad = |m: String| FormatError::BadConfig(format!("quantization_config (gptq): {m}"));
         let bits = q
             .get("bits")
             .and_then(|v| v.as_u64())
@@ -103,7 +103,7 @@ impl GptqConfig {
 /// Converts GPTQ layer `<stem>` to a [`WqMatrix`].
 pub fn load_linear(t: &TensorMap, stem: &str, cfg: &GptqConfig) -> Result<WqMatrix> {
     let name = |part: &str| format!("{stem}.{part}");
-    let bad = |reason: String| EngineError::BadTensor {
+    let bad = |reason: String| FormatError::BadTensor {
         name: format!("{stem}.qweight"),
         reason,
     };
@@ -200,7 +200,7 @@ impl GptqTensors {
         let format = w.format();
         let (rows, cols) = (w.rows(), w.cols());
         let p = per_word(format.bits);
-        let bad = |m: String| EngineError::BadTensor {
+        let bad = |m: String| FormatError::BadTensor {
             name: "(quantized layer)".into(),
             reason: m,
         };

@@ -29,7 +29,7 @@ pub(crate) use fp8::load_linear as load_fp8;
 pub use packed::PackedTensors;
 
 use super::{Matrix, TensorMap};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 /// How FP8 activations are quantized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,7 +355,7 @@ impl CompressedConfig {
     /// Reads a `quantization_config` whose `quant_method` is `compressed-tensors`.
     pub fn from_json(q: &Value) -> Result<Self> {
         let bad = |m: String| {
-            EngineError::BadConfig(format!("quantization_config (compressed-tensors): {m}"))
+            FormatError::BadConfig(format!("quantization_config (compressed-tensors): {m}"))
         };
         let status = q.get("quantization_status").and_then(Value::as_str);
         if !matches!(status, None | Some("compressed")) {

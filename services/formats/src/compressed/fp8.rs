@@ -7,14 +7,14 @@
 use ferrite_kernels::fp8::{Fp8Activations, Fp8Matrix, Fp8Scales};
 
 use super::Fp8Act;
-use crate::error::{EngineError, Result};
-use crate::weights::{IntType, TensorMap};
+use crate::error::{FormatError, Result};
+use crate::{IntType, TensorMap};
 
 /// The one value of a per-tensor scale tensor `name` (shape `[]` or `[1]`).
 fn scalar(t: &TensorMap, name: &str) -> Result<f32> {
     match t.vector(name)?[..] {
         [s] => Ok(s),
-        ref other => Err(EngineError::BadTensor {
+        ref other => Err(FormatError::BadTensor {
             name: name.to_owned(),
             reason: format!("{} values, expected one (per tensor)", other.len()),
         }),
@@ -41,7 +41,7 @@ pub(crate) fn load_linear(
     act: Fp8Act,
 ) -> Result<Fp8Matrix> {
     let wname = format!("{stem}.weight");
-    let bad = |reason: String| EngineError::BadTensor {
+    let bad = |reason: String| FormatError::BadTensor {
         name: wname.clone(),
         reason,
     };

@@ -12,14 +12,14 @@ use ferrite_kernels::wq::WqMatrix;
 
 use super::IntCodes;
 use super::packed::{group_params, offset};
-use crate::error::{EngineError, Result};
-use crate::weights::TensorMap;
-use crate::weights::packing::Unpacked;
+use crate::TensorMap;
+use crate::error::{FormatError, Result};
+use crate::packing::Unpacked;
 
 /// Converts layer `<stem>` (int8 `weight`, `weight_scale`) to an [`I8Matrix`].
 pub(super) fn load_linear(t: &TensorMap, stem: &str) -> Result<I8Matrix> {
     let wname = format!("{stem}.weight");
-    let bad = |reason: String| EngineError::BadTensor {
+    let bad = |reason: String| FormatError::BadTensor {
         name: wname.clone(),
         reason,
     };
@@ -30,7 +30,7 @@ pub(super) fn load_linear(t: &TensorMap, stem: &str) -> Result<I8Matrix> {
     let sname = format!("{stem}.weight_scale");
     let scale_shape = t
         .entry(&sname)
-        .ok_or_else(|| EngineError::MissingTensor(sname.clone()))?
+        .ok_or_else(|| FormatError::MissingTensor(sname.clone()))?
         .shape
         .clone();
     if scale_shape != [rows, 1] && scale_shape != [rows] {
@@ -45,7 +45,7 @@ pub(super) fn load_linear(t: &TensorMap, stem: &str) -> Result<I8Matrix> {
 /// Converts layer `<stem>` (one signed code per int8 of `weight`) to a [`WqMatrix`].
 pub(super) fn load_codes(t: &TensorMap, stem: &str, c: IntCodes) -> Result<WqMatrix> {
     let name = |part: &str| format!("{stem}.{part}");
-    let bad = |reason: String| EngineError::BadTensor {
+    let bad = |reason: String| FormatError::BadTensor {
         name: name("weight"),
         reason,
     };

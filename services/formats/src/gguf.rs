@@ -1,7 +1,7 @@
 //! GGUF v2/v3 reader: metadata and tensor directory, with tensor data left in the memory map.
 //!
 //! Every read is bounds-checked against the file: a truncated or corrupt file gives
-//! [`EngineError::BadGguf`] naming what was wrong, never a panic or an out-of-bounds read.
+//! [`FormatError::BadGguf`] naming what was wrong, never a panic or an out-of-bounds read.
 //! Counts and lengths from the header are checked against the bytes left before anything is
 //! allocated for them, so a corrupt count cannot ask for gigabytes.
 
@@ -13,7 +13,7 @@ use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
 
 use super::{TensorEntry, TensorMap};
-use crate::error::{EngineError, Result};
+use crate::error::{FormatError, Result};
 
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -94,7 +94,7 @@ pub struct GgufFile {
 impl GgufFile {
     /// Maps and parses `path`. Tensor data is not read.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = MappedFile::open(path).map_err(|source| EngineError::Io {
+        let file = MappedFile::open(path).map_err(|source| FormatError::Io {
             path: path.to_owned(),
             source,
         })?;
@@ -222,8 +222,8 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn bad(&self, reason: String) -> EngineError {
-        EngineError::BadGguf {
+    fn bad(&self, reason: String) -> FormatError {
+        FormatError::BadGguf {
             path: self.path.clone(),
             reason,
         }
@@ -302,7 +302,7 @@ impl<'a> Reader<'a> {
             let key = self.string()?;
             let ty = self.u32()?;
             let value = self.value(ty, 0).map_err(|e| match e {
-                EngineError::BadGguf { path, reason } => EngineError::BadGguf {
+                FormatError::BadGguf { path, reason } => FormatError::BadGguf {
                     path,
                     reason: format!("metadata `{key}`: {reason}"),
                 },
@@ -324,7 +324,7 @@ impl<'a> Reader<'a> {
                 .collect::<Result<Vec<_>>>()?;
             let ty_id = self.u32()?;
             let ty = GgmlType::from_ggml_id(ty_id).ok_or_else(|| {
-                EngineError::UnsupportedTensorType(format!(
+                FormatError::UnsupportedTensorType(format!(
                     "ggml type id {ty_id} of tensor `{name}` in {} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)",
                     self.path.display()
                 ))
