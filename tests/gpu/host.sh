@@ -86,17 +86,18 @@ bench)
   unpack
   f="$bin/ferrite"
   common=(--device cuda --load-format dummy --model llama-3-8b --runs 3)
+  # Each run capped, so one that stalls leaves the others their time (and the call its limit).
   {
     "$f" kernels build
-    "$f" bench latency "${common[@]}" --configs interactive,high_concurrency
-    "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w8pc-sym
-    "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w4g128
+    timeout 120 "$f" bench latency "${common[@]}" --configs interactive,high_concurrency
+    timeout 60 "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w8pc-sym
+    timeout 60 "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w4g128
     # Seed 003's W8A8 rows (int8 and FP8 kernels): its best row per configuration is the goal.
-    "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-w8a8
-    "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-fp8
+    timeout 120 "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-w8a8
+    timeout 120 "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-fp8
   } >"$OUT/bench_latency.md" 2>&1
-  "$f" bench kernels --mode model --prefill-tokens 2048 >"$OUT/bench_kernels.md" 2>&1
-  "$f" bench forward --device cuda >"$OUT/bench_forward.md" 2>&1
+  timeout 150 "$f" bench kernels --mode model --prefill-tokens 2048 >"$OUT/bench_kernels.md" 2>&1
+  timeout 60 "$f" bench forward --device cuda >"$OUT/bench_forward.md" 2>&1
   ;;
 startup)
   unpack
