@@ -116,8 +116,9 @@ def calls_of(message):
 
 def streamed_calls(client, model, messages, choice):
     """The calls of a streamed answer, put together from their chunks: each call's id, type
-    and name must come first, then pieces of its arguments."""
-    calls, order, finish = {}, [], None
+    and name must come first, then pieces of its arguments (counted: they come as the model
+    writes them, not whole at the end)."""
+    calls, order, finish, pieces = {}, [], None, {}
     for chunk in client.chat.completions.create(
             model=model, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0,
             max_tokens=80, stream=True):
@@ -128,10 +129,13 @@ def streamed_calls(client, model, messages, choice):
             if d.index not in calls:
                 calls[d.index] = {"id": d.id, "type": d.type, "name": d.function.name, "arguments": ""}
                 order.append("head" if d.id and d.function.name else "no head")
-            calls[d.index]["arguments"] += d.function.arguments or ""
+            if d.function.arguments:
+                calls[d.index]["arguments"] += d.function.arguments
+                pieces[d.index] = pieces.get(d.index, 0) + 1
     for c in calls.values():
         c["arguments"] = json.loads(c["arguments"])
-    return {"calls": list(calls.values()), "order": order, "finish": finish}
+    return {"calls": list(calls.values()), "order": order, "finish": finish,
+            "argument_pieces": [pieces.get(i, 0) for i in sorted(calls)]}
 
 
 def tools(client, model):

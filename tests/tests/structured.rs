@@ -79,7 +79,7 @@ async fn outputs_follow_their_constraints_on_both_apis_and_bad_ones_are_refused_
 
 /// Tool calls: well-formed calls of the request's tools, `tool_calls` as the finish when the
 /// model chose to call and `stop` for a named function, the call's head before its arguments
-/// when streamed, and a final answer in text after the tool's.
+/// when streamed (and they in pieces, as written), and a final answer in text after the tool's.
 fn check_tools(tools: &Value) -> Result<()> {
     let well_formed = |calls: &Value, names: &[&str]| -> Result<usize> {
         let calls = calls.as_array().context("calls")?;
@@ -109,6 +109,12 @@ fn check_tools(tools: &Value) -> Result<()> {
     anyhow::ensure!(well_formed(&streamed["calls"], &both)? >= 1);
     let order = streamed["order"].as_array().context("order")?;
     anyhow::ensure!(order.iter().all(|o| o == "head"), "streamed: {streamed}");
+    // The arguments come as the model writes them: in several pieces, not whole at the end.
+    let pieces = streamed["argument_pieces"].as_array().context("pieces")?;
+    anyhow::ensure!(
+        pieces.iter().all(|n| n.as_u64().is_some_and(|n| n >= 2)),
+        "streamed: {streamed}"
+    );
     let last = &tools["final"];
     anyhow::ensure!(
         last["finish"] == "stop" && last["calls"] == json!([]),

@@ -28,10 +28,12 @@ impl InferenceService {
 fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
     use api::generate_response::Event;
     let event = match ev {
+        // gRPC sends a request's calls whole, with its finish.
         GenerateEvent::Delta {
             text,
             token_ids,
             logprobs,
+            ..
         } => Event::Delta(api::Delta {
             text,
             token_ids,
@@ -44,6 +46,7 @@ fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
             cached_tokens,
             completion_tokens,
             time_to_first_token_ms,
+            ..
         } => Event::Finish(api::Finish {
             reason: reason as i32,
             tool_calls: tool_calls

@@ -22,7 +22,7 @@ use crate::logprobs::LogprobsWriter;
 use crate::openai::{
     ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompt,
 };
-use crate::stream::GenerateEvent;
+use crate::stream::{CallDelta, GenerateEvent};
 use crate::tools::ToolCall;
 use crate::validate::Prompt;
 use crate::{Gateway, GatewayError, GenerateArgs, trace};
@@ -323,59 +323,99 @@ impl ChunkWriter {
         c
     }
 
-    /// The chunks of a chat's tool calls: each call's id, type and name, then its arguments.
-    fn call_chunks(&mut self, calls: &[ToolCall]) -> Vec<Value> {
-        let mut out = Vec::new();
-        for (index, c) in calls.iter().enumerate() {
-            let head = json!({ "index": index, "id": c.id, "type": "function",
-                "function": { "name": c.name, "arguments": "" } });
-            let args = json!({ "index": index, "function": { "arguments": c.arguments } });
-            for call in [head, args] {
-                let mut delta = json!({ "tool_calls": [call] });
-                if std::mem::take(&mut self.first) {
-                    delta["role"] = json!("assistant");
-                }
-                let choice =
-                    json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null });
-                out.push(self.chunk(json!([choice])));
+    /// The chunk of a delta's text (and its logprobs).
+    fn text_chunk(&mut self, text: String, logprobs: &[api::TokenLogprob]) -> Value {
+        let logprobs = self
+            .logprobs
+            .as_mut()
+            .map_or(Value::Null, |w| w.render(logprobs));
+        let choice = match self.kind {
+            Kind::Completion => {
+                json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": null })
             }
+            Kind::Chat => {
+                let delta = if self.first {
+                    json!({ "role": "assistant", "content": text })
+                } else {
+                    json!({ "content": text })
+                };
+                json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null })
+            }
+        };
+        self.first = false;
+        self.chunk(json!([choice]))
+    }
+
+    /// The chunks of pieces of a chat's tool calls, in order: each call's id, type and name
+    /// first, then its arguments' text.
+    fn call_chunks(&mut self, pieces: &[CallDelta]) -> Vec<Value> {
+        let mut out = Vec::new();
+        for p in pieces {
+            let call = match &p.head {
+                Some((id, name)) => json!({ "index": p.index, "id": id, "type": "function",
+                    "function": { "name": name, "arguments": p.arguments } }),
+                None => json!({ "index": p.index, "function": { "arguments": p.arguments } }),
+            };
+            let mut delta = json!({ "tool_calls": [call] });
+            if std::mem::take(&mut self.first) {
+                delta["role"] = json!("assistant");
+            }
+            let choice =
+                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": null });
+            out.push(self.chunk(json!([choice])));
         }
         out
+    }
+
+    /// The calls found when the text ended that were not streamed as it was written: each
+    /// one's head, then its arguments whole.
+    fn unstreamed(calls: &[ToolCall], streamed: usize) -> Vec<CallDelta> {
+        let rest = calls.iter().enumerate().skip(streamed);
+        rest.flat_map(|(index, c)| {
+            [
+                CallDelta {
+                    index,
+                    head: Some((c.id.clone(), c.name.clone())),
+                    arguments: String::new(),
+                },
+                CallDelta {
+                    index,
+                    head: None,
+                    arguments: c.arguments.clone(),
+                },
+            ]
+        })
+        .collect()
     }
 
     /// The chunks of one event, in order.
     fn on_event(&mut self, ev: Result<GenerateEvent, GatewayError>) -> Vec<Value> {
         match ev {
-            Ok(GenerateEvent::Delta { text, logprobs, .. }) => {
-                let logprobs = self
-                    .logprobs
-                    .as_mut()
-                    .map_or(Value::Null, |w| w.render(&logprobs));
-                let choice = match self.kind {
-                    Kind::Completion => {
-                        json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": null })
-                    }
-                    Kind::Chat => {
-                        let delta = if self.first {
-                            json!({ "role": "assistant", "content": text })
-                        } else {
-                            json!({ "content": text })
-                        };
-                        json!({ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": null })
-                    }
-                };
-                self.first = false;
-                vec![self.chunk(json!([choice]))]
+            Ok(GenerateEvent::Delta {
+                text,
+                logprobs,
+                calls,
+                ..
+            }) => {
+                // A tool request's deltas carry no text until its end (where any content
+                // comes before the last pieces of calls).
+                let mut out = Vec::new();
+                if calls.is_empty() || !text.is_empty() || !logprobs.is_empty() {
+                    out.push(self.text_chunk(text, &logprobs));
+                }
+                out.extend(self.call_chunks(&calls));
+                out
             }
             Ok(GenerateEvent::Finish {
                 reason,
                 tool_calls,
+                streamed_calls,
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens,
                 ..
             }) => {
-                let mut out = self.call_chunks(&tool_calls);
+                let mut out = self.call_chunks(&Self::unstreamed(&tool_calls, streamed_calls));
                 let choice = match self.kind {
                     Kind::Completion => {
                         json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(reason) })
@@ -449,6 +489,7 @@ mod tests {
             text: text.into(),
             token_ids: vec![1],
             logprobs: Vec::new(),
+            calls: Vec::new(),
         })
     }
 
@@ -456,6 +497,7 @@ mod tests {
         Ok(GenerateEvent::Finish {
             reason: api::FinishReason::Length,
             tool_calls: Vec::new(),
+            streamed_calls: 0,
             prompt_tokens: 3,
             cached_tokens: 2,
             completion_tokens: 2,

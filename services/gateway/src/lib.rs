@@ -15,7 +15,8 @@
 //! - [`outlier`]: pools set aside for a while after failing calls in a row.
 //! - [`stream`]: worker token ids → text deltas (incremental detokenization, stop strings).
 //! - [`tools`]: tool calling: the tools put before the model in its family's format, the
-//!   grammar holding it to them, its output read back as calls.
+//!   grammar holding it to them, its output read back as calls ([`tool_stream`]: as it is
+//!   written, for streaming).
 //! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
 //!   request bodies [`openai`] reads (refusing what is not served) and whose log-probabilities
@@ -39,6 +40,7 @@ pub mod outlier;
 pub mod pools;
 pub mod route;
 pub mod stream;
+pub mod tool_stream;
 pub mod tools;
 pub mod trace;
 pub mod validate;

@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::error::GatewayError;
 use crate::models::ModelText;
 use crate::route::Upstream;
+use crate::tool_stream::{CallPiece, CallScanner};
 use crate::tools::{ToolCall, ToolChoice, ToolFormat, Tools};
 use crate::trace::RequestTrace;
 use crate::validate::ValidatedRequest;
@@ -23,17 +24,30 @@ pub enum GenerateEvent {
         text: String,
         token_ids: Vec<u32>,
         logprobs: Vec<api::TokenLogprob>,
+        /// Requests with tools: the pieces of calls written in this delta (for streaming).
+        calls: Vec<CallDelta>,
     },
     Finish {
         reason: api::FinishReason,
         /// The calls the model made (requests with tools).
         tool_calls: Vec<ToolCall>,
+        /// How many of them went out as [`CallDelta`]s already (their heads at least).
+        streamed_calls: usize,
         prompt_tokens: u32,
         /// Prompt tokens the pool found in its prefix cache.
         cached_tokens: u32,
         completion_tokens: u32,
         time_to_first_token_ms: f64,
     },
+}
+
+/// A piece of call `index`: its id and name first (`head`), then pieces of its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallDelta {
+    pub index: usize,
+    /// The call's id and function name, in its first piece only.
+    pub head: Option<(String, String)>,
+    pub arguments: String,
 }
 
 struct State {
@@ -85,6 +99,8 @@ pub fn events(
                 tools: tools.clone(),
                 format: *format,
                 text: String::new(),
+                prefix: format!("{:016x}", crate::tools::random_u64()),
+                scanner: CallScanner::new(*format),
             }),
         done: false,
     };
@@ -219,18 +235,21 @@ impl State {
             _ => api::FinishReason::Stop,
         };
         let ttft_ms = self.trace.delta(token_ids.len()) * 1e3;
-        let mut tool_calls = Vec::new();
+        let (mut tool_calls, mut calls, mut streamed_calls) = (Vec::new(), Vec::new(), 0);
         if let Some(t) = &mut self.tools {
             t.text.push_str(&std::mem::take(&mut emit));
+            calls = t.pieces();
             if last || stopped {
-                let (content, calls, called) = t.finish(reason);
-                (emit, tool_calls, reason) = (content, calls, called);
+                let (content, found, called) = t.finish(reason);
+                (emit, tool_calls, reason) = (content, found, called);
+                streamed_calls = t.scanner.streamed();
             }
         }
         out.push(Ok(GenerateEvent::Delta {
             text: emit,
             token_ids,
             logprobs,
+            calls,
         }));
         if last || stopped {
             self.done = true;
@@ -246,6 +265,7 @@ impl State {
             out.push(Ok(GenerateEvent::Finish {
                 reason,
                 tool_calls,
+                streamed_calls,
                 prompt_tokens: self.prompt_tokens,
                 cached_tokens: self.cached_tokens,
                 completion_tokens: self.completion_tokens,
@@ -256,19 +276,42 @@ impl State {
     }
 }
 
-/// A tool request's text so far, and how to read it when it ends.
+/// A tool request's text so far, and how to read it: as it is written (for streaming) and
+/// when it ends.
 struct ToolText {
     tools: Arc<Tools>,
     format: ToolFormat,
     text: String,
+    /// Names this answer's calls (`call_<prefix>_<i>`), streamed or parsed at the end alike.
+    prefix: String,
+    scanner: CallScanner,
 }
 
 impl ToolText {
+    /// The pieces of calls the text added since the last time.
+    fn pieces(&mut self) -> Vec<CallDelta> {
+        self.scanner
+            .advance(&self.text)
+            .into_iter()
+            .map(|p| match p {
+                CallPiece::Head { index, name } => CallDelta {
+                    index,
+                    head: Some((crate::tools::call_id(&self.prefix, index), name)),
+                    arguments: String::new(),
+                },
+                CallPiece::Arguments { index, text } => CallDelta {
+                    index,
+                    head: None,
+                    arguments: text,
+                },
+            })
+            .collect()
+    }
+
     /// The content, the calls and the finish reason of the whole text: `tool_calls` when the
     /// model chose to call (OpenAI says `stop` for a call it was told to make by name).
     fn finish(&mut self, reason: api::FinishReason) -> (String, Vec<ToolCall>, api::FinishReason) {
-        let prefix = format!("{:016x}", crate::tools::random_u64());
-        let out = self.tools.parse(self.format, &self.text, &prefix);
+        let out = self.tools.parse(self.format, &self.text, &self.prefix);
         let chose = !matches!(self.tools.choice, ToolChoice::Named(_));
         let reason = if !out.calls.is_empty() && chose && reason == api::FinishReason::Stop {
             api::FinishReason::ToolCalls

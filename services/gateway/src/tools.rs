@@ -384,7 +384,7 @@ impl Tools {
     /// Reads the model's `text` in `format` as calls and content. Calls are named
     /// `call_{prefix}_{i}`; text that holds no well-formed call is content.
     pub fn parse(&self, format: ToolFormat, text: &str, prefix: &str) -> ToolOutput {
-        let id = |i: usize| format!("call_{prefix}_{i}");
+        let id = |i: usize| call_id(prefix, i);
         let found = match format {
             ToolFormat::Generic => generic_calls(text),
             ToolFormat::Hermes => hermes_calls(text),
@@ -413,6 +413,11 @@ impl Tools {
             .collect();
         ToolOutput { content, calls }
     }
+}
+
+/// Call `i`'s id in the answer whose calls are named from `prefix`.
+pub fn call_id(prefix: &str, i: usize) -> String {
+    format!("call_{prefix}_{i}")
 }
 
 /// A random number, for call ids no other response shares.
