@@ -20,12 +20,15 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::GgmlType;
-use super::avx2::TILE_W;
 use super::q8::Q8Row;
 
 /// Proof that the running CPU has AVX-512 F/BW/VL/DQ/VNNI (and AVX2, FMA, F16C).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Avx512(());
+
+/// Weight rows decoded together for the multi-row microkernels (AVX-512's, and AVX2's, which
+/// hand it their tiles).
+pub(super) const TILE_W: usize = 4;
 
 static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 absent, 2 present
 
@@ -154,7 +157,7 @@ impl Decode for Q4_0 {
         // SAFETY: an 18-byte block at 18g (the caller's contract).
         unsafe {
             let b = row.add(18 * g);
-            let d = _mm512_set1_ps(super::avx2::f16_at(b));
+            let d = _mm512_set1_ps(super::f16::f16_at(b));
             let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(2).cast()));
             let eight = _mm512_set1_ps(8.0);
             [lo, hi].map(|h| _mm512_mul_ps(_mm512_sub_ps(bytes_to_f32(h, false), eight), d))
@@ -168,7 +171,7 @@ impl Decode for Q4_1 {
         // SAFETY: a 20-byte block at 20g (the caller's contract).
         unsafe {
             let b = row.add(20 * g);
-            let (d, m) = super::avx2::f16x2_at(b);
+            let (d, m) = super::f16::f16x2_at(b);
             let (d, m) = (_mm512_set1_ps(d), _mm512_set1_ps(m));
             let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(4).cast()));
             [lo, hi].map(|h| _mm512_fmadd_ps(bytes_to_f32(h, false), d, m))
@@ -182,7 +185,7 @@ impl Decode for Q8_0 {
         // SAFETY: a 34-byte block at 34g (the caller's contract).
         unsafe {
             let b = row.add(34 * g);
-            let d = _mm512_set1_ps(super::avx2::f16_at(b));
+            let d = _mm512_set1_ps(super::f16::f16_at(b));
             let lo = _mm_loadu_si128(b.add(2).cast());
             let hi = _mm_loadu_si128(b.add(18).cast());
             [lo, hi].map(|h| _mm512_mul_ps(bytes_to_f32(h, true), d))
@@ -300,7 +303,7 @@ unsafe fn f16_or_zero(p: *const u8, absent: bool) -> f32 {
         0.0
     } else {
         // SAFETY: forwarded.
-        unsafe { super::avx2::f16_at(p) }
+        unsafe { super::f16::f16_at(p) }
     }
 }
 
@@ -332,7 +335,7 @@ impl PairGroup for Q4_0 {
                     q,
                     _mm512_maskz_set1_epi8(if last { u32::MAX as u64 } else { u64::MAX }, 8),
                 ),
-                scale: halves(super::avx2::f16_at(a), f16_or_zero(b, last)),
+                scale: halves(super::f16::f16_at(a), f16_or_zero(b, last)),
                 mins: (0.0, 0.0),
             }
         }
@@ -346,11 +349,11 @@ impl PairGroup for Q4_1 {
         // SAFETY: blocks are 20 bytes (f16 d, f16 m, 16 nibble bytes); the caller's contract.
         unsafe {
             let (a, b) = (row.add(20 * g), row.add(20 * (g + 1)));
-            let (da, ma) = super::avx2::f16x2_at(a);
+            let (da, ma) = super::f16::f16x2_at(a);
             let (db, mb) = if last {
                 (0.0, 0.0)
             } else {
-                super::avx2::f16x2_at(b)
+                super::f16::f16x2_at(b)
             };
             Pair {
                 q: nibbles2(
@@ -379,7 +382,7 @@ impl PairGroup for Q8_0 {
             };
             Pair {
                 q: _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                scale: halves(super::avx2::f16_at(a), f16_or_zero(b, last)),
+                scale: halves(super::f16::f16_at(a), f16_or_zero(b, last)),
                 mins: (0.0, 0.0),
             }
         }

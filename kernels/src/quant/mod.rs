@@ -19,6 +19,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod f16;
 mod kernel;
 pub(crate) mod q8;
 pub(crate) mod scalar;

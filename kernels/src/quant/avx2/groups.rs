@@ -4,6 +4,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::f16::{f16_at, f16x2_at};
 use super::super::scalar::scale_min_k4;
 use super::{dot_rows, hsum};
 
@@ -29,44 +30,6 @@ pub(super) trait Group {
         // SAFETY: forwarded from the caller.
         unsafe { dot_rows::<Self>(row, x, ng) }
     }
-}
-
-/// An f16 bit pattern as f32, exactly (subnormals, infinities and NaNs included).
-///
-/// Done in general-purpose registers on purpose: building a vector for `vcvtph2ps` from one
-/// 16-bit value makes LLVM emit `vpinsrw` into whatever register is free, often a loop
-/// accumulator, which chains every iteration to the previous one.
-#[inline(always)]
-fn f16_to_f32(h: u16) -> f32 {
-    let h = u32::from(h);
-    let sign = (h & 0x8000) << 16;
-    let em = h & 0x7fff;
-    if em >= 0x7c00 {
-        return f32::from_bits(sign | 0x7f80_0000 | ((em & 0x3ff) << 13));
-    }
-    // The f16 bits shifted into an f32 read 2^112 too small (subnormals included): rescale,
-    // exactly.
-    f32::from_bits(sign | (em << 13)) * f32::from_bits(0x7780_0000)
-}
-
-/// The little-endian f16 at `p`, as f32.
-///
-/// # Safety
-/// `p` readable for 2 bytes.
-#[inline(always)]
-pub(in crate::quant) unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: caller guarantees 2 readable bytes; read_unaligned has no alignment needs.
-    f16_to_f32(u16::from_le(unsafe { p.cast::<u16>().read_unaligned() }))
-}
-
-/// The two little-endian f16 at `p` and `p + 2`, as f32.
-///
-/// # Safety
-/// `p` readable for 4 bytes.
-#[inline(always)]
-pub(in crate::quant) unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
-    // SAFETY: forwarded.
-    unsafe { (f16_at(p), f16_at(p.add(2))) }
 }
 
 /// 16 bytes at `p`.
@@ -509,19 +472,4 @@ unsafe fn q4_1_dot1(row: *const u8, x: *const f32, xsum: *const f32, ng: usize) 
         g += 1;
     }
     hsum(_mm256_add_ps(a0, a1)) + mx
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn f16_to_f32_is_exact_for_every_bit_pattern() {
-        for h in 0..=u16::MAX {
-            let want = half::f16::from_bits(h).to_f32();
-            let got = super::f16_to_f32(h);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{h:#06x}: {got} vs {want}"
-            );
-        }
-    }
 }

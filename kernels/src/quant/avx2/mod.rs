@@ -18,14 +18,13 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::GgmlType;
-use super::avx512::Avx512;
+use super::avx512::{Avx512, TILE_W};
 use super::scalar;
 
 mod groups;
 mod q8;
 
 use groups::Group;
-pub(super) use groups::{f16_at, f16x2_at};
 
 /// Proof that the running CPU supports AVX2, FMA and F16C; with `wide`, AVX-512 too, which
 /// the kernels that have a version for it then use.
@@ -35,9 +34,6 @@ pub(crate) struct Avx2 {
 }
 
 static DETECTED: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 absent, 2 present
-
-/// Weight rows decoded together for the multi-row microkernels (AVX2's and AVX-512's).
-pub(super) const TILE_W: usize = 4;
 
 impl Avx2 {
     /// The token, if the CPU has the features (detected once, then cached).

@@ -6,9 +6,10 @@
 
 use std::arch::x86_64::*;
 
+use super::super::f16::{f16_at, f16x2_at};
 use super::super::q8::Q8Row;
 use super::super::scalar::scale_min_k4;
-use super::groups::{f16_at, f16x2_at, load16, load32};
+use super::groups::{load16, load32};
 use super::{Avx2, dot_i8_i8, dot_u8_i8, hsum};
 use crate::quant::GgmlType;
 use crate::quant::avx512::Avx512;
