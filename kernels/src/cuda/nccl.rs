@@ -250,12 +250,11 @@ impl Comm {
             timeout,
             aborted: Arc::default(),
         };
-        comm.wait(deadline).map_err(|e| match e {
-            CudaError::Nccl(m) if m.contains("did not complete") => CudaError::Nccl(format!(
+        comm.wait_or(deadline, || {
+            format!(
                 "rank {rank} of {world}: the NCCL communicator did not form within \
                  {deadline:?} (a rank never joined)"
-            )),
-            e => e,
+            )
         })?;
         Ok(comm)
     }
@@ -277,14 +276,21 @@ impl Comm {
     /// Waits until the last call has been taken in (a non-blocking call may return before),
     /// or fails after `deadline`.
     pub fn wait(&self, deadline: Duration) -> Result<(), CudaError> {
+        self.wait_or(deadline, || {
+            format!(
+                "rank {} of {}: an NCCL call did not complete within {deadline:?}",
+                self.rank, self.world
+            )
+        })
+    }
+
+    /// [`Self::wait`], failing with `late()` (after aborting) past `deadline`.
+    fn wait_or(&self, deadline: Duration, late: impl FnOnce() -> String) -> Result<(), CudaError> {
         let start = Instant::now();
         while !self.poll()? {
             if start.elapsed() > deadline {
                 self.abort();
-                return Err(CudaError::Nccl(format!(
-                    "rank {} of {}: an NCCL call did not complete within {deadline:?}",
-                    self.rank, self.world
-                )));
+                return Err(CudaError::Nccl(late()));
             }
             std::thread::sleep(Duration::from_micros(200));
         }
