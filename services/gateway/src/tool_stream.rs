@@ -39,6 +39,9 @@ enum State {
 pub struct CallScanner {
     format: ToolFormat,
     state: State,
+    /// Where the calls begin, once the text shows it is calls (found once: the text only
+    /// grows, so it stays where it was found).
+    calls_at: Option<usize>,
     /// Calls whose head went out.
     heads: usize,
 }
@@ -48,6 +51,7 @@ impl CallScanner {
         Self {
             format,
             state: State::Seek(0),
+            calls_at: None,
             heads: 0,
         }
     }
@@ -63,7 +67,10 @@ impl CallScanner {
         loop {
             match self.state {
                 State::Seek(from) => {
-                    let Some(from) = self.call_region(text, from) else {
+                    if self.calls_at.is_none() {
+                        self.calls_at = self.calls_start(text);
+                    }
+                    let Some(from) = self.calls_at.map(|at| at.max(from)) else {
                         return out;
                     };
                     let Some((name, args_at)) = head(text, from, self.key()) else {
@@ -99,9 +106,9 @@ impl CallScanner {
         }
     }
 
-    /// Where, from `from`, a call may start: `None` while the text is not (yet) a call.
-    fn call_region(&self, text: &str, from: usize) -> Option<usize> {
-        let after = |marker: &str| text.find(marker).map(|i| (i + marker.len()).max(from));
+    /// Where calls may start in `text`: `None` while it is not (yet) calls.
+    fn calls_start(&self, text: &str) -> Option<usize> {
+        let after = |marker: &str| text.find(marker).map(|i| i + marker.len());
         match self.format {
             ToolFormat::Generic => {
                 let calls = text.find("\"tool_calls\"")?;
@@ -109,14 +116,14 @@ impl CallScanner {
                 if text.find("\"response\"").is_some_and(|r| r < calls) {
                     return None;
                 }
-                Some((calls + "\"tool_calls\"".len()).max(from))
+                Some(calls + "\"tool_calls\"".len())
             }
             ToolFormat::Hermes => after("<tool_call>"),
             ToolFormat::Mistral => after("[TOOL_CALLS]"),
             ToolFormat::Llama3 => {
                 let body = text.trim_start();
                 let body = body.strip_prefix("<|python_tag|>").unwrap_or(body);
-                body.trim_start().starts_with('{').then_some(from)
+                body.trim_start().starts_with('{').then_some(0)
             }
         }
     }
