@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 
 use crate::fp8::{Fp8Activations, Fp8Matrix, quantize_activations};
-use crate::quant::q8::{self, Q8Row};
+use crate::quant::q8::{self, Q8Tokens};
 use crate::quant::{GgmlActivations, GgmlType, Isa, QuantError, RowKernel};
 use crate::w8a8::{I8Activations, I8Matrix};
 use crate::wq::WqMatrix;
@@ -230,7 +230,7 @@ pub fn matmul_many_with(isa: Isa, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
 pub struct MatmulOptions {
     /// Scalar if this CPU lacks it.
     pub isa: Isa,
-    /// For one-token steps (`m == 1`); batches always use f32 activations.
+    /// See [`GgmlActivations`].
     pub ggml_activations: GgmlActivations,
 }
 
@@ -250,6 +250,18 @@ impl MatmulOptions {
         Self {
             ggml_activations: GgmlActivations::F32,
             ..self
+        }
+    }
+
+    /// These options with GGUF block weights' activations exact, or nearly so where that is
+    /// faster ([`GgmlActivations::Fine`]), unless they are exact already.
+    pub fn fine(self) -> Self {
+        match self.ggml_activations {
+            GgmlActivations::F32 => self,
+            _ => Self {
+                ggml_activations: GgmlActivations::Fine,
+                ..self
+            },
         }
     }
 
@@ -295,13 +307,13 @@ fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
         total_rows.max(1)
     } else {
         // Up to ~8 tasks per thread balances load (other work may hold a core), but none
-        // smaller than MIN_TASK_MACS; rounded to a multiple of 8 rows so the kernels' 4-row
-        // tiles stay whole.
+        // smaller than MIN_TASK_MACS; rounded to a multiple of 16 rows so the kernels' 4-row
+        // tiles and 16-row panels stay whole.
         let tasks = (macs / MIN_TASK_MACS).clamp(1, threads * 8);
         total_rows
             .div_ceil(tasks)
             .max(MIN_TASK_ROWS)
-            .next_multiple_of(8)
+            .next_multiple_of(16)
     };
 
     // Split every output row into `chunk`-row pieces; task c of weight t gets piece c of each
@@ -336,18 +348,26 @@ fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
             Some(a) => a.dequantized(k),
             None => I8Activations::new(x, m, k).dequantized(k),
         });
-    // One-token steps may round the activations to int8 once for all GGUF block weights.
-    let int8 = |w: &WeightView<'_>| m == 1 && opts.ggml_activations.applies_to(w.ty);
-    let q8_acts = ws
-        .iter()
-        .any(|w| matches!(w, Weight::Ggml(v) if int8(v)))
-        .then(|| Q8Row::new(x));
+    // GGUF block weights may take the activations in integers, quantized once per token for
+    // all of them: one-token steps rounded to int8 (llama.cpp's arithmetic), batched steps,
+    // where the panel kernel wins, in two int8 terms. Two, because a prompt prefilled at int8
+    // flips the first pick of near-ties; the default model's answer to the README's question
+    // among them ("L'Étoile..." instead of "The capital of France is Paris.").
+    let terms = |w: &WeightView<'_>| opts.ggml_activations.terms(isa, w.ty, m);
+    let int8 = |w: &WeightView<'_>| terms(w) > 0;
+    let q8_acts = ws.iter().find_map(|w| match w {
+        Weight::Ggml(v) if int8(v) => Some(Q8Tokens::new(isa, x, k, terms(v))),
+        _ => None,
+    });
     let run = |mut task: Task<'_>| match &ws[task.w] {
         Weight::Ggml(w) if int8(w) => {
             if let Some(a) = &q8_acts {
-                let (out, rb) = (&mut *task.outs[0], w.row_bytes());
-                let rows = &w.bytes[task.r0 * rb..(task.r0 + out.len()) * rb];
-                q8::rows(isa, w.ty, rows, a, out);
+                let (n, rb) = (task.outs[0].len(), w.row_bytes());
+                let rows = &w.bytes[task.r0 * rb..(task.r0 + n) * rb];
+                match &mut task.outs[..] {
+                    [out] if m == 1 => q8::rows(isa, w.ty, rows, &a.terms_of(0..1)[0], out),
+                    outs => q8::panels(isa, w.ty, rows, n, a, outs),
+                }
             }
         }
         Weight::Ggml(w) => {
@@ -413,35 +433,55 @@ mod tests {
     use super::*;
     use crate::quant::q8::tests::random_row;
 
-    /// With int8 activations a one-token matmul is the integer dot of every row (over rows
-    /// split into parallel tasks), and a two-token one stays on the exact f32 path.
+    /// With int8 activations a matmul is the integer dot of every row and token (over rows
+    /// split into parallel tasks): one-token steps in one int8 term (exact under `Fine`);
+    /// batches where the panel kernel takes the type in two; other batches (here Q4_K, and
+    /// every type without AVX-512 VNNI) stay on the exact f32 path.
     #[test]
-    fn int8_activations_apply_to_one_token_steps_only() {
-        let (k, n) = (96, 200);
-        let ty = GgmlType::Q4_1;
-        let bytes: Vec<u8> = (0..n).flat_map(|r| random_row(ty, k, r as u32)).collect();
-        let w = WeightView::new(ty, n, k, &bytes).expect("whole blocks");
-        let x: Vec<f32> = (0..2 * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let int8 = MatmulOptions {
-            ggml_activations: GgmlActivations::Int8,
-            ..MatmulOptions::default()
-        };
-        let mut one = vec![0f32; n];
-        int8.one(&x[..k], 1, w, &mut one);
-        let acts = Q8Row::new(&x[..k]);
-        for (j, got) in one.iter().enumerate() {
-            let want = q8::dot(ty, w.row(j), &acts);
-            assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "row {j}");
+    fn integer_activations_apply_to_one_token_steps_and_panel_batches() {
+        let (k, n, m) = (256, 200, 3);
+        let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        for mode in [GgmlActivations::Int8, GgmlActivations::Fine] {
+            let opts = MatmulOptions {
+                ggml_activations: mode,
+                ..MatmulOptions::default()
+            };
+            for ty in [GgmlType::Q4_1, GgmlType::Q4_K] {
+                let bytes: Vec<u8> = (0..n).flat_map(|r| random_row(ty, k, r as u32)).collect();
+                let w = WeightView::new(ty, n, k, &bytes).expect("whole blocks");
+                for tokens in [1, m] {
+                    let x = &x[..tokens * k];
+                    let mut got = vec![0f32; tokens * n];
+                    opts.one(x, tokens, w, &mut got);
+                    let mut exact = vec![0f32; tokens * n];
+                    matmul(x, tokens, w, &mut exact);
+                    let terms = match (mode, tokens) {
+                        (GgmlActivations::Int8, 1) => 1,
+                        (_, 1) => 0,
+                        _ if q8::has_panels(opts.isa, ty) => 2,
+                        _ => 0,
+                    };
+                    assert_eq!(terms, mode.terms(opts.isa, ty, tokens), "{mode:?} {ty}");
+                    if terms == 0 {
+                        assert_eq!(exact, got, "{mode:?} {ty} ×{tokens}: exact");
+                        continue;
+                    }
+                    let acts = Q8Tokens::new(opts.isa, x, k, terms);
+                    for (i, got) in got.chunks_exact(n).enumerate() {
+                        for (j, got) in got.iter().enumerate() {
+                            let want: f32 = acts
+                                .terms_of(i..i + 1)
+                                .iter()
+                                .map(|t| q8::dot(ty, w.row(j), t))
+                                .sum();
+                            let tol = 1e-4 * want.abs().max(1.0);
+                            assert!((got - want).abs() <= tol, "{ty} [{i}][{j}] {got} vs {want}");
+                        }
+                    }
+                    assert_ne!(exact, got, "{mode:?} {ty}: integers round the activations");
+                }
+            }
         }
-        let (mut exact, mut two) = (vec![0f32; 2 * n], vec![0f32; 2 * n]);
-        matmul(&x, 2, w, &mut exact);
-        int8.one(&x, 2, w, &mut two);
-        assert_eq!(exact, two);
-        assert_ne!(
-            &exact[..n],
-            &one[..],
-            "the int8 path rounds the activations"
-        );
     }
 
     /// A W4A8 matrix computes the weight-only product of the inputs rounded to int8 per

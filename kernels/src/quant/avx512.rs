@@ -82,6 +82,22 @@ impl Avx512 {
         }
     }
 
+    /// [`Q8Row::new`]'s quantization of `x` into `d`, `s` and `qs`, 32 activations at a time
+    /// (the same bits: the amax is exact in any order, and the conversion rounds half to even).
+    ///
+    /// # Panics
+    /// If the lengths are not `x.len() / 32` blocks.
+    pub(crate) fn quantize_q8(self, x: &[f32], d: &mut [f32], s: &mut [f32], qs: &mut [i8]) {
+        let nb = x.len() / 32;
+        assert!(x.len().is_multiple_of(32), "whole blocks");
+        assert!(
+            d.len() == nb && s.len() == nb && qs.len() == x.len(),
+            "block counts"
+        );
+        // SAFETY: `self` proves AVX-512F/BW; the lengths are asserted above.
+        unsafe { quantize_q8(x, d, s, qs) }
+    }
+
     /// Whether [`Self::q8_dot`] and [`Self::decode_row`] take weights of `ty`.
     pub(crate) fn has(ty: GgmlType) -> bool {
         matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
@@ -102,6 +118,33 @@ impl Avx512 {
                 GgmlType::Q4_1 => decode::<Q4_1>(row.as_ptr(), dst.as_mut_ptr(), ng),
                 _ => decode::<Q8_0>(row.as_ptr(), dst.as_mut_ptr(), ng),
             }
+        }
+    }
+}
+
+/// See [`Avx512::quantize_q8`].
+///
+/// # Safety
+/// AVX-512 as [`Avx512`]; `d` and `s` hold `x.len() / 32` blocks, `qs` `x.len()` codes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn quantize_q8(x: &[f32], d: &mut [f32], s: &mut [f32], qs: &mut [i8]) {
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (b, blk) in x.chunks_exact(32).enumerate() {
+        // SAFETY: 32 f32s in `blk`, 32 codes at 32b in `qs` (the caller's lengths).
+        unsafe {
+            let lo = _mm512_loadu_ps(blk.as_ptr());
+            let hi = _mm512_loadu_ps(blk.as_ptr().add(16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+            let db = amax / 127.0;
+            let id = _mm512_set1_ps(if db > 0.0 { 1.0 / db } else { 0.0 });
+            let ql = _mm512_cvt_roundps_epi32::<NEAREST>(_mm512_mul_ps(lo, id));
+            let qh = _mm512_cvt_roundps_epi32::<NEAREST>(_mm512_mul_ps(hi, id));
+            let out = qs.as_mut_ptr().add(32 * b);
+            _mm_storeu_si128(out.cast(), _mm512_cvtepi32_epi8(ql));
+            _mm_storeu_si128(out.add(16).cast(), _mm512_cvtepi32_epi8(qh));
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+            d[b] = db;
+            s[b] = db * sum as f32;
         }
     }
 }

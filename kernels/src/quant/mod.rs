@@ -25,6 +25,9 @@ mod f16;
 mod kernel;
 pub(crate) mod q8;
 pub(crate) mod scalar;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod vnni_panel;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::{Avx2, dot_i8_i8, hsum as hsum256};

@@ -10,21 +10,33 @@
 
 use super::{GgmlType, Isa, scalar};
 
-/// How block-quantized GGUF weights multiply the activations of a one-token step.
+/// How block-quantized GGUF weights multiply the activations of a step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum GgmlActivations {
     /// f32 activations times exactly dequantized weights (the default).
     #[default]
     F32,
-    /// For block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K): activations rounded
-    /// to int8 per block of 32, integer dot products per group of 32 (float weights keep f32).
+    /// llama.cpp's arithmetic for block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
+    /// Q6_K) in one-token steps: activations rounded to int8 per block of 32, integer dot
+    /// products per group of 32 (float weights keep f32). Batched steps as [`Self::Fine`].
     Int8,
+    /// As close to exact as the fastest kernel allows: one-token steps exact; batched steps
+    /// in two int8 terms ([`Q8Tokens`], within `max|x| / 64516` of each block) where the
+    /// panel kernel runs ([`has_panels`]), f32 elsewhere. For what samples are drawn from (the
+    /// LM head), where one int8 term flips near-ties.
+    Fine,
 }
 
 impl GgmlActivations {
-    /// Whether weights of `ty` take int8 activations under this setting.
-    pub fn applies_to(self, ty: GgmlType) -> bool {
-        self == Self::Int8 && ty.is_quantized()
+    /// The int8 terms each token of a step of `m` tokens takes with weights of `ty` on `isa`:
+    /// 0 for exact f32 activations.
+    pub(crate) fn terms(self, isa: Isa, ty: GgmlType, m: usize) -> usize {
+        match self {
+            _ if !ty.is_quantized() => 0,
+            Self::Int8 if m == 1 => 1,
+            Self::Int8 | Self::Fine if m > 1 && has_panels(isa, ty) => 2,
+            _ => 0,
+        }
     }
 }
 
@@ -40,41 +52,119 @@ pub(crate) struct Q8Row {
 }
 
 impl Q8Row {
-    /// Quantizes `x`, whose length is a multiple of 32.
+    /// Quantizes `x`, whose length is a multiple of 32, in portable Rust: the reference the
+    /// vector version of [`Self::new_with`] matches bit for bit (both round half to even).
     ///
     /// # Panics
     /// If `x.len()` is not a multiple of 32.
     pub(crate) fn new(x: &[f32]) -> Self {
-        assert!(
-            x.len().is_multiple_of(32),
-            "int8 activations need whole blocks of 32"
-        );
-        let nb = x.len() / 32;
-        let mut r = Self {
-            d: Vec::with_capacity(nb),
-            s: Vec::with_capacity(nb),
-            qs: Vec::with_capacity(x.len()),
-        };
-        for b in x.chunks_exact(32) {
-            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let mut r = Self::zeroed(x.len());
+        for (b, blk) in x.chunks_exact(32).enumerate() {
+            let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             let mut sum = 0i32;
-            for &v in b {
+            for (q, &v) in r.qs[32 * b..32 * b + 32].iter_mut().zip(blk) {
                 // |v·id| <= 127 up to rounding, so the cast never saturates meaningfully.
-                let q = (v * id).round() as i8;
-                sum += i32::from(q);
-                r.qs.push(q);
+                *q = (v * id).round_ties_even() as i8;
+                sum += i32::from(*q);
             }
-            r.d.push(d);
-            r.s.push(d * sum as f32);
+            r.d[b] = d;
+            r.s[b] = d * sum as f32;
         }
         r
+    }
+
+    /// [`Self::new`] on `isa`'s vector units where it has a version (AVX-512): the
+    /// activations of every GGUF matmul of a step are quantized first, on one thread.
+    ///
+    /// # Panics
+    /// If `x.len()` is not a multiple of 32.
+    pub(crate) fn new_with(isa: Isa, x: &[f32]) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(wide) = isa.simd().and_then(|s| s.wide()) {
+            let mut r = Self::zeroed(x.len());
+            wide.quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs);
+            return r;
+        }
+        let _ = isa;
+        Self::new(x)
+    }
+
+    /// All-zero blocks for `len` activations.
+    fn zeroed(len: usize) -> Self {
+        assert!(
+            len.is_multiple_of(32),
+            "int8 activations need whole blocks of 32"
+        );
+        let nb = len / 32;
+        Self {
+            d: vec![0.0; nb],
+            s: vec![0.0; nb],
+            qs: vec![0; len],
+        }
     }
 
     /// Blocks of 32.
     pub(crate) fn blocks(&self) -> usize {
         self.d.len()
+    }
+}
+
+/// The activations of a batched step for the panel kernels: each token as one or two
+/// [`Q8Row`]s whose sum stands for it. One term is llama.cpp's int8 rounding. Two are that
+/// rounding plus the int8 rounding of what it left over, a token within `max|x| / 64516` per
+/// block of its exact value (about 16 bits, where f16 keeps 11) for twice the integer work.
+#[derive(Debug, Clone)]
+pub(crate) struct Q8Tokens {
+    /// Token `t`'s terms: `rows[t·terms..(t + 1)·terms]`.
+    rows: Vec<Q8Row>,
+    terms: usize,
+}
+
+impl Q8Tokens {
+    /// The tokens of `x` (rows of `k`, a multiple of 32) in `terms` (1 or 2) terms each.
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x` not whole rows of it, or `terms` is not 1 or 2.
+    pub(crate) fn new(isa: Isa, x: &[f32], k: usize, terms: usize) -> Self {
+        assert!(matches!(terms, 1 | 2), "1 or 2 terms");
+        assert!(k > 0 && x.len().is_multiple_of(k), "whole rows");
+        let mut rows = Vec::with_capacity(x.len() / k * terms);
+        let mut rest = vec![0f32; k];
+        for x in x.chunks_exact(k) {
+            let hi = Q8Row::new_with(isa, x);
+            if terms == 2 {
+                for (e, (r, v)) in rest.iter_mut().zip(x).enumerate() {
+                    *r = v - hi.d[e / 32] * f32::from(hi.qs[e]);
+                }
+                rows.push(hi);
+                rows.push(Q8Row::new_with(isa, &rest));
+            } else {
+                rows.push(hi);
+            }
+        }
+        Self { rows, terms }
+    }
+
+    /// Tokens.
+    pub(crate) fn tokens(&self) -> usize {
+        self.rows.len() / self.terms
+    }
+
+    /// Terms per token.
+    pub(crate) fn terms(&self) -> usize {
+        self.terms
+    }
+
+    /// Blocks of 32 per token.
+    pub(crate) fn blocks(&self) -> usize {
+        self.rows.first().map_or(0, Q8Row::blocks)
+    }
+
+    /// The terms of `tokens`, token by token.
+    pub(crate) fn terms_of(&self, tokens: std::ops::Range<usize>) -> &[Q8Row] {
+        &self.rows[tokens.start * self.terms..tokens.end * self.terms]
     }
 }
 
@@ -93,6 +183,41 @@ pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f3
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
         *o = dot(ty, row, x);
     }
+}
+
+/// Whether batched steps (several activation rows) with weights of `ty` take integer
+/// activations ([`Q8Tokens`]) on `isa`: only where an integer kernel shares each decoded weight
+/// across the rows (AVX-512 VNNI panels of Q4_0, Q4_1 and Q8_0). Elsewhere the f32 tiles,
+/// which share it too, are faster than one integer dot per row and token, so batches keep f32
+/// activations there.
+pub(crate) fn has_panels(isa: Isa, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = isa.simd() {
+        return simd.wide().is_some() && super::Avx512::has_panels(ty);
+    }
+    let _ = (isa, ty);
+    false
+}
+
+/// `outs[i][j] = row_j · xs.token(i)` for the `nrows` contiguous rows of `ty` in `rows`,
+/// where [`has_panels`] says so.
+///
+/// # Panics
+/// If [`has_panels`] is false, or the lengths do not match.
+pub(crate) fn panels(
+    isa: Isa,
+    ty: GgmlType,
+    rows: &[u8],
+    nrows: usize,
+    xs: &Q8Tokens,
+    outs: &mut [&mut [f32]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(wide) = isa.simd().and_then(|s| s.wide()) {
+        return wide.q8_panels(ty, rows, nrows, xs, outs);
+    }
+    let _ = (isa, ty, rows, nrows, xs, outs);
+    panic!("no int8 panel kernel on this CPU");
 }
 
 /// `Σ row · x` for one stored row of block type `ty` and quantized activations, in portable
@@ -173,6 +298,21 @@ pub(crate) mod tests {
         assert_eq!(r.d[2], 0.0);
         let sum: i32 = r.qs[..32].iter().map(|&q| i32::from(q)).sum();
         assert!((r.s[0] - r.d[0] * sum as f32).abs() < 1e-6);
+    }
+
+    /// The vector quantization is the portable one, bit for bit, ties and zero blocks too.
+    #[test]
+    fn vector_quantization_is_the_portable_one() {
+        let mut x = sample(32 * 40, 5);
+        x[3] = 62.5; // with max 127 in its block, d = 1: a tie
+        x[7] = 127.0;
+        x[64..96].fill(0.0);
+        let (a, b) = (Q8Row::new(&x), Q8Row::new_with(Isa::best(), &x));
+        assert_eq!(a.qs, b.qs);
+        assert_eq!(a.qs[3], 62, "ties round to even");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.d), bits(&b.d));
+        assert_eq!(bits(&a.s), bits(&b.s));
     }
 
     /// The int8 dot is within the activations' rounding of the exact product of the

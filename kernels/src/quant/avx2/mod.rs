@@ -57,6 +57,11 @@ impl Avx2 {
         Some(Self { wide: Some(wide) })
     }
 
+    /// The AVX-512 token this one carries, if any.
+    pub(crate) fn wide(self) -> Option<Avx512> {
+        self.wide
+    }
+
     /// For each `j in 0..nrows` and `i in 0..m`: `outs[i][j] = row_j · x[i*k..(i+1)*k]`, where
     /// `rows` holds `nrows` contiguous rows of `k` elements of type `ty` and `m = outs.len()`.
     ///

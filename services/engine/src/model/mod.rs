@@ -117,8 +117,7 @@ pub struct LoadOptions {
     pub lazy_pages: bool,
     /// Load this rank's shard of the model (see [`crate::tp`]).
     pub tp: TpRank,
-    /// On the CPU, the activations GGUF block weights take in one-token steps
-    /// (`--cpu-activations`).
+    /// On the CPU, the activations GGUF block weights take (`--cpu-activations`).
     pub ggml_activations: GgmlActivations,
 }
 
