@@ -6,7 +6,8 @@
 //!   safetensors readers, tensors in the memory map; quantized checkpoints; matrices and their
 //!   shards).
 //! - [`config`]: a model's shape ([`config::ModelConfig`]) from GGUF metadata or `config.json`.
-//! - [`model`]: loading ([`model::load`]) and the Llama-family forward.
+//! - [`model`]: loading ([`model::load`]) and the Llama-family forward; whole sequences
+//!   through it outside the engine ([`model::BatchForward`]).
 //! - [`kv_cache`]: the paged KV cache: the block pool (reference counts, the index of cached
 //!   blocks, least-recently-freed eviction), block tables, storage.
 //! - [`scheduler`]: continuous batching with chunked prefill, preemption by recompute and

@@ -7,9 +7,10 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use ferrite_engine::eval::{perplexity, token_nll};
+use ferrite_engine::eval::perplexity;
 use ferrite_engine::model::{self, LoadOptions, LoadQuantize, LogitsWanted};
 use ferrite_engine::quantize::quantize_checkpoint;
+use ferrite_engine::sampler::token_nll;
 use ferrite_kernels::wq::WqFormat;
 
 fn qwen2() -> std::path::PathBuf {

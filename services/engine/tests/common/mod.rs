@@ -6,8 +6,7 @@ pub mod reference;
 
 use std::path::PathBuf;
 
-use ferrite_engine::eval::BatchForward;
-use ferrite_engine::model::{LlamaModel, LogitsWanted};
+use ferrite_engine::model::{BatchForward, LlamaModel, LogitsWanted};
 
 /// The default model's file: `FERRITE_TEST_GGUF`, else pulled into the cache as `ferrite` does.
 pub fn default_model_path() -> PathBuf {
