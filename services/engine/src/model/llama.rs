@@ -10,12 +10,12 @@
 //!
 //! # Layer by layer, from outside
 //!
-//! The offline tools (calibration and `ferrite quantize`) drive the model one decoder layer at a
-//! time, on weights of their own: [`Layer`] (its weights, public to be rounded and rescaled),
-//! [`LayerAt`] and [`LayerBuffers`] (where and over what it runs), [`LlamaModel::layer_forward`]
-//! with a tap on each [`Site`], [`LlamaModel::embed_tokens`], the model's parts
-//! ([`LlamaModel::layers`] and the rest), and [`build_rope`]. They are public for those tools
-//! alone; serving runs [`LlamaModel::forward`].
+//! The offline tools (calibration and `ferrite quantize`, the `ferrite-quantize` crate) drive
+//! the model one decoder layer at a time, on weights of their own: [`Layer`] (its weights,
+//! public to be rounded and rescaled), [`LayerAt`] and [`LayerBuffers`] (where and over what it
+//! runs), [`LlamaModel::layer_forward`] with a tap on each [`Site`],
+//! [`LlamaModel::embed_tokens`], the model's parts ([`LlamaModel::layers`] and the rest), and
+//! [`build_rope`]. They are public for those tools alone; serving runs [`LlamaModel::forward`].
 
 use ferrite_kernels::cpu::attention::{AttentionOptions, QueryToken, paged_attention};
 use ferrite_kernels::cpu::matmul::MatmulOptions;

@@ -1,4 +1,5 @@
-//! Shared by the engine's integration tests: fixture paths and a one-sequence forward.
+//! Shared by the engine's integration tests, and by ferrite-quantize's (which include this file
+//! by its path): fixture paths and a one-sequence forward.
 
 #![allow(dead_code)] // each test binary uses part of this module
 

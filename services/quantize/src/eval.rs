@@ -5,9 +5,9 @@
 //! scored, so every scored token sees at least `ctx / 2` tokens of context. Perplexity is
 //! `exp(mean negative log-likelihood)` over the scored tokens.
 
-use crate::error::{EngineError, Result};
-use crate::model::{BatchForward, LlamaModel, LogitsWanted};
-use crate::sampler::token_nll;
+use ferrite_engine::model::{BatchForward, LlamaModel, LogitsWanted};
+use ferrite_engine::sampler::token_nll;
+use ferrite_engine::{EngineError, Result};
 
 /// The result of [`perplexity`].
 #[derive(Debug, Clone, Copy, PartialEq)]
