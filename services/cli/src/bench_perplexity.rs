@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ferrite_engine::calib::split_tokens;
-use ferrite_engine::eval::perplexity;
 use ferrite_engine::model::{self, LoadOptions, LoadQuantize};
 use ferrite_engine::registry;
+use ferrite_quantize::calib::split_tokens;
+use ferrite_quantize::eval::perplexity;
 use serde_json::json;
 
 use crate::table::Table;

@@ -5,14 +5,12 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use ferrite_engine::calib::{
-    CalibOptions, LayerReport, Method as CalibMethod, Scheme as CalibScheme, SmoothWeights,
-};
-use ferrite_engine::quantize::{
-    CalibText, DEFAULT_CALIB_FILE, OutputFormat, QuantizeJob, quantize_model,
-};
 use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::{Bits, GptqOptions, ScaleType, WqFormat};
+use ferrite_quantize::calib::{
+    CalibOptions, LayerReport, Method as CalibMethod, Scheme as CalibScheme, SmoothWeights,
+};
+use ferrite_quantize::{CalibText, DEFAULT_CALIB_FILE, OutputFormat, QuantizeJob, quantize_model};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Method {

@@ -6,7 +6,8 @@
 //!   safetensors readers, tensors in the memory map; quantized checkpoints; matrices and their
 //!   shards).
 //! - [`config`]: a model's shape ([`config::ModelConfig`]) from GGUF metadata or `config.json`.
-//! - [`model`]: loading ([`model::load`]) and the Llama-family forward.
+//! - [`model`]: loading ([`model::load`]) and the Llama-family forward; whole sequences
+//!   through it outside the engine ([`model::BatchForward`]).
 //! - [`kv_cache`]: the paged KV cache: the block pool (reference counts, the index of cached
 //!   blocks, least-recently-freed eviction), block tables, storage.
 //! - [`scheduler`]: continuous batching with chunked prefill, preemption by recompute and
@@ -23,18 +24,19 @@
 //! - [`registry`]: models known by name, pulled into the cache on first use.
 //! - [`recommended`]: a model's recommended sampling (generation_config.json, GGUF metadata,
 //!   the registry), for requests that leave a parameter unset.
-//! - [`eval`]: perplexity on a text (the quality check for quantized weights).
-//! - [`quantize`]: `ferrite quantize`, a safetensors checkpoint to a GPTQ-format one by RTN.
 //!
 //! The engine is synchronous and owns its state: one thread drives [`engine::Engine::step`]
 //! ([`handle::EngineHandle`] runs that thread for servers).
+//!
+//! It may use the formats, kernels, text, proto and collective crates, and nothing that uses
+//! it: not the worker, and not the offline tools (calibration, `ferrite quantize`, perplexity:
+//! the `ferrite-quantize` crate), which drive the model layer by layer through a face kept
+//! public for them (see [`model::llama`]).
 
-pub mod calib;
 pub mod config;
 pub mod constraint;
 pub mod engine;
 pub mod error;
-pub mod eval;
 pub mod executor;
 pub mod failpoints;
 pub mod gpu;
@@ -42,7 +44,6 @@ pub mod handle;
 pub mod kv_cache;
 pub mod model;
 pub mod plan;
-pub mod quantize;
 pub mod recommended;
 pub mod registry;
 pub mod sampler;

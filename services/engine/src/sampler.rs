@@ -382,6 +382,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// `-log softmax(logits)[target]`, in f64: a token's score (perplexity sums it; tests compare
+/// logprobs with it).
+pub fn token_nll(logits: &[f32], target: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    max + sum.ln() - logits[target as usize] as f64
+}
+
 #[cfg(test)]
 #[path = "sampler_tests.rs"]
 mod tests;

@@ -29,7 +29,6 @@ use std::sync::Arc;
 
 use common::*;
 use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Generation};
-use ferrite_engine::eval;
 use ferrite_engine::gpu::{GpuOptions, StepLimits, build_runner};
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::{self, EngineModel, LoadedModel, LogitsWanted, SeqChunk};
@@ -251,7 +250,7 @@ struct Scored {
 impl Scored {
     fn of(logits: &[f32], token: u32) -> Self {
         Self {
-            logprob: -eval::token_nll(logits, token) as f32,
+            logprob: -sampler::token_nll(logits, token) as f32,
             argmax: sampler::argmax(logits),
         }
     }

@@ -7,6 +7,15 @@
 //! decode tokens mixed) as one flat `[tokens, hidden]` activation matrix, so every projection is
 //! one matmul over the whole batch; only attention looks at sequence boundaries, through each
 //! sequence's block table in the paged KV cache.
+//!
+//! # Layer by layer, from outside
+//!
+//! The offline tools (calibration and `ferrite quantize`, the `ferrite-quantize` crate) drive
+//! the model one decoder layer at a time, on weights of their own: [`Layer`] (its weights,
+//! public to be rounded and rescaled), [`LayerAt`] and [`LayerBuffers`] (where and over what it
+//! runs), [`LlamaModel::layer_forward`] with a tap on each [`Site`],
+//! [`LlamaModel::embed_tokens`], the model's parts ([`LlamaModel::layers`] and the rest), and
+//! [`build_rope`]. They are public for those tools alone; serving runs [`LlamaModel::forward`].
 
 use ferrite_kernels::cpu::attention::{AttentionOptions, QueryToken, paged_attention};
 use ferrite_kernels::cpu::matmul::MatmulOptions;
@@ -53,21 +62,27 @@ impl WeightNaming {
     }
 }
 
+/// One decoder layer's weights. Public, fields and all, for the offline tools: calibration
+/// quantizes a copy of each layer (its projections rounded, scales folded into its norms and
+/// rows) and runs it with [`LlamaModel::layer_forward`]; `ferrite quantize` writes it out.
 #[derive(Debug, Clone)]
-pub(crate) struct Layer {
-    pub(crate) attn_norm: Vec<f32>,
-    pub(crate) q: Matrix,
-    pub(crate) k: Matrix,
-    pub(crate) v: Matrix,
-    pub(crate) qkv_bias: Option<[Vec<f32>; 3]>,
-    pub(crate) qk_norm: Option<[Vec<f32>; 2]>,
-    pub(crate) o: Matrix,
+pub struct Layer {
+    /// The RMSNorm before attention (with Gemma's offset folded in).
+    pub attn_norm: Vec<f32>,
+    pub q: Matrix,
+    pub k: Matrix,
+    pub v: Matrix,
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Qwen3: the RMSNorms of each head's q and k.
+    pub qk_norm: Option<[Vec<f32>; 2]>,
+    pub o: Matrix,
     /// Gemma 2: the norms of the attention output and of the MLP output.
-    pub(crate) post_norms: Option<[Vec<f32>; 2]>,
-    pub(crate) ffn_norm: Vec<f32>,
-    pub(crate) gate: Matrix,
-    pub(crate) up: Matrix,
-    pub(crate) down: Matrix,
+    pub post_norms: Option<[Vec<f32>; 2]>,
+    /// The RMSNorm before the MLP.
+    pub ffn_norm: Vec<f32>,
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
 }
 
 impl Layer {
@@ -415,7 +430,8 @@ impl LlamaModel {
     }
 }
 
-/// A projection input a forward shows its tap (calibration reads them; see `crate::calib`).
+/// A projection input [`LlamaModel::layer_forward`] shows its tap (calibration gathers its
+/// statistics there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Site {
     /// The normed hidden state q, k and v read.
@@ -428,17 +444,21 @@ pub enum Site {
     Down,
 }
 
-/// Where a layer runs: its index and the tokens' positions and KV blocks.
-pub(crate) struct LayerAt<'a> {
-    pub(crate) index: usize,
-    pub(crate) positions: &'a [usize],
-    pub(crate) query_tokens: &'a [QueryToken<'a>],
+/// Where a layer runs: its index and the tokens' positions and KV blocks. Public for the
+/// offline tools, which run the layers one at a time ([`LlamaModel::layer_forward`]).
+#[derive(Debug)]
+pub struct LayerAt<'a> {
+    pub index: usize,
+    pub positions: &'a [usize],
+    pub query_tokens: &'a [QueryToken<'a>],
 }
 
-/// The activations of one layer's forward, sized for a number of tokens.
-pub(crate) struct LayerBuffers {
+/// The activations of one layer's forward, sized for a number of tokens. Public for the
+/// offline tools, which carry the hidden states `x` from one layer to the next themselves.
+#[derive(Debug)]
+pub struct LayerBuffers {
     /// The hidden states, `[tokens, hidden]`: a layer's input, then its output.
-    pub(crate) x: Vec<f32>,
+    pub x: Vec<f32>,
     xn: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -451,7 +471,7 @@ pub(crate) struct LayerBuffers {
 
 impl LayerBuffers {
     /// Buffers around the hidden states `x` (`[tokens, hidden]`).
-    pub(crate) fn new(c: &ModelConfig, x: Vec<f32>) -> Self {
+    pub fn new(c: &ModelConfig, x: Vec<f32>) -> Self {
         let (h, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let n_tok = x.len() / h.max(1);
         Self {
@@ -470,8 +490,8 @@ impl LayerBuffers {
 
 impl LlamaModel {
     /// The embeddings of `n_tok` token ids (in the vocabulary: the engine admits only such
-    /// prompts and samples only such ids), scaled as the model wants.
-    pub(crate) fn embed_tokens(&self, ids: impl Iterator<Item = u32>, n_tok: usize) -> Vec<f32> {
+    /// prompts and samples only such ids), scaled as the model wants: the first layer's input.
+    pub fn embed_tokens(&self, ids: impl Iterator<Item = u32>, n_tok: usize) -> Vec<f32> {
         let h = self.cfg.hidden_size;
         let mut x = vec![0f32; n_tok * h];
         for (row, id) in x.chunks_exact_mut(h).zip(ids) {
@@ -485,7 +505,7 @@ impl LlamaModel {
 
     /// One decoder layer over the hidden states `x` (updated in place), with `layer`'s weights
     /// (this model's own, or calibration's stand-ins). `tap` sees each projection's input.
-    pub(crate) fn layer_forward(
+    pub fn layer_forward(
         &self,
         layer: &Layer,
         at: &LayerAt<'_>,
@@ -569,6 +589,35 @@ impl LlamaModel {
     }
 }
 
+/// The model's parts, for the offline tools: calibration runs [`Self::layers`] one by one,
+/// `ferrite quantize` writes them all out. (The engine reads the fields.)
+impl LlamaModel {
+    /// The decoder layers, in order.
+    pub fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// The token embeddings, `[vocab, hidden]`.
+    pub fn embed(&self) -> &Matrix {
+        &self.embed
+    }
+
+    /// The final RMSNorm's weight (with Gemma's offset folded in).
+    pub fn norm(&self) -> &[f32] {
+        &self.norm
+    }
+
+    /// The LM head (this rank's rows of the vocabulary): the embeddings' storage when tied.
+    pub fn lm_head(&self) -> &Matrix {
+        &self.lm_head
+    }
+
+    /// The rotary embedding the layers apply.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+}
+
 impl LlamaModel {
     /// The LM head's logits of the `n` rows of `x`, as rows of the whole vocabulary, on rank
     /// 0 (the leader, which samples): each rank computes its part of the vocabulary and the
@@ -620,7 +669,9 @@ fn offset_norm(mut w: Vec<f32>, cfg: &ModelConfig) -> Vec<f32> {
 }
 
 /// The rotary embedding of `cfg`, with Llama 3.1 / linear scaling folded into the frequencies.
-pub(crate) fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Rope {
+/// Public for `ferrite quantize`, which checks that a GGUF model's frequencies are those its
+/// written `config.json` implies.
+pub fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Rope {
     let mut inv_freq = Rope::base_inv_freq(cfg.rope_theta, cfg.rope_dim);
     let mut position_scale = 1.0;
     match cfg.rope_scaling {

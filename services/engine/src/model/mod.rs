@@ -1,6 +1,7 @@
 //! Loading a model: find the checkpoint format, read the config, borrow the weights, build the
 //! tokenizer.
 
+mod batch;
 mod dummy;
 pub mod llama;
 pub mod presets;
@@ -19,6 +20,7 @@ use crate::weights::TensorMap;
 use crate::weights::gguf::{GgufFile, GgufValue};
 use crate::weights::quantized::QuantConfig;
 use crate::weights::safetensors;
+pub use batch::BatchForward;
 use dummy::dummy_tensors;
 pub use llama::{LlamaModel, LogitsWanted, SeqChunk, WeightNaming};
 

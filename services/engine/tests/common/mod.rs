@@ -1,4 +1,5 @@
-//! Shared by the engine's integration tests: fixture paths and a one-sequence forward.
+//! Shared by the engine's integration tests, and by ferrite-quantize's (which include this file
+//! by its path): fixture paths and a one-sequence forward.
 
 #![allow(dead_code)] // each test binary uses part of this module
 
@@ -6,8 +7,7 @@ pub mod reference;
 
 use std::path::PathBuf;
 
-use ferrite_engine::eval::BatchForward;
-use ferrite_engine::model::{LlamaModel, LogitsWanted};
+use ferrite_engine::model::{BatchForward, LlamaModel, LogitsWanted};
 
 /// The default model's file: `FERRITE_TEST_GGUF`, else pulled into the cache as `ferrite` does.
 pub fn default_model_path() -> PathBuf {

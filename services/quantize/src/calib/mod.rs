@@ -37,11 +37,11 @@ use ferrite_kernels::w8a8::{quantize_int8_gptq, quantize_int8_rtn};
 use ferrite_kernels::wq::gptq::{output_error, output_error_of};
 use ferrite_kernels::wq::{GptqOptions, WqFormat, quantize_gptq, quantize_rtn};
 
-use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
-use crate::model::LlamaModel;
-use crate::model::llama::{Layer, LayerAt, LayerBuffers, Site};
-use crate::weights::Matrix;
+use ferrite_engine::kv_cache::KvCache;
+use ferrite_engine::model::LlamaModel;
+use ferrite_engine::model::llama::{Layer, LayerAt, LayerBuffers, Site};
+use ferrite_engine::{EngineError, Result};
+use ferrite_formats::Matrix;
 use ferrite_kernels::cpu::attention::QueryToken;
 use stats::SiteStats;
 
@@ -311,7 +311,7 @@ pub(crate) fn quantize_layers(
             positions: &positions,
             query_tokens: &query_tokens,
         };
-        let base = &model.layers[li];
+        let base = &model.layers()[li];
         let mut stats: Vec<SiteStats> = SITES
             .iter()
             .map(|&s| SiteStats::new(cols_of(s), opts.uses_hessian(), opts.awq_rows))

@@ -9,7 +9,7 @@
 //!   `weight_scale`, `input_scale` for a static activation scale);
 //! - anything else in its float type.
 //!
-//! Each format's layout is defined once, in [`crate::weights`] (the loaders read the same
+//! Each format's layout is defined once, in [`ferrite_formats`] (the loaders read the same
 //! structures); this module names the tensors and picks their dtypes.
 
 use ferrite_kernels::cpu::matmul::Weight;
@@ -19,12 +19,13 @@ use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::{ScaleType, WqMatrix};
 use safetensors::Dtype;
 
+use ferrite_engine::{EngineError, Result};
+use ferrite_formats::Matrix;
+use ferrite_formats::awq::AwqTensors;
+use ferrite_formats::compressed::{Fp8Tensors, PackedTensors};
+use ferrite_formats::gptq::GptqTensors;
+
 use super::OutputFormat;
-use crate::error::{EngineError, Result};
-use crate::weights::Matrix;
-use crate::weights::awq::AwqTensors;
-use crate::weights::compressed::{Fp8Tensors, PackedTensors};
-use crate::weights::gptq::GptqTensors;
 
 /// One tensor to write.
 pub(super) struct Out {

@@ -25,12 +25,13 @@
 use ferrite_kernels::cpu::matmul::matmul;
 use ferrite_kernels::wq::{WqFormat, quantize_rtn};
 
+use ferrite_engine::config::ModelConfig;
+use ferrite_engine::model::llama::{Layer, Site};
+use ferrite_engine::{EngineError, Result};
+use ferrite_formats::Matrix;
+
 use super::stats::SiteStats;
 use super::{CalibOptions, F32Weights, SITES, site_members};
-use crate::config::ModelConfig;
-use crate::error::{EngineError, Result};
-use crate::model::llama::{Layer, Site};
-use crate::weights::Matrix;
 
 /// Whether `site`'s scales can be folded in this model (see the module table).
 fn foldable(c: &ModelConfig, site: Site) -> bool {

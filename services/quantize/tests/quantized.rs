@@ -1,16 +1,19 @@
 //! Weight-only quantized models: `quantize_checkpoint` output (checked independently by a numpy
 //! script), loading it back, quantizing at load, and perplexity.
 
+// The engine's test helpers (fixture paths, a one-sequence forward), shared rather than copied.
+#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use ferrite_engine::eval::{perplexity, token_nll};
 use ferrite_engine::model::{self, LoadOptions, LoadQuantize, LogitsWanted};
-use ferrite_engine::quantize::quantize_checkpoint;
+use ferrite_engine::sampler::token_nll;
 use ferrite_kernels::wq::WqFormat;
+use ferrite_quantize::eval::perplexity;
+use ferrite_quantize::quantize_checkpoint;
 
 fn qwen2() -> std::path::PathBuf {
     fixtures().join("models/qwen2")

@@ -1,3 +1,6 @@
+//! ferrite's offline tools: `ferrite quantize`, and the perplexity that measures what it cost.
+//! The CLI and its benches run them; no serving process does.
+//!
 //! `ferrite quantize`: a model (a Hugging Face directory, or a GGUF file dequantized) to a
 //! quantized Hugging Face directory that ferrite and other tools read ([`OutputFormat`]):
 //! weight-only schemes in the GPTQ format (the default), AWQ's GEMM format or compressed-tensors'
@@ -7,7 +10,24 @@
 //! The decoder layers' projections are quantized ([`crate::calib`] does the work, layer by
 //! layer); the embeddings and the LM head stay as stored, as GPTQ tools leave them. Norms and
 //! biases are written as f32 (SmoothQuant and AWQ fold scales into them).
+//!
+//! # Layout
+//!
+//! - this file: the job, the layouts written ([`OutputFormat`]) and the driver
+//!   ([`quantize_model`]);
+//! - [`calib`]: calibrated quantization (GPTQ, AWQ, SmoothQuant, RTN), one decoder layer at a
+//!   time;
+//! - `write`, `layout`: the quantized model as a Hugging Face directory, each projection in its
+//!   format's tensors;
+//! - [`eval`]: perplexity on a text (the quality check for quantized weights).
+//!
+//! It may use the engine (loading a model, and the model's layer-by-layer face:
+//! `ferrite_engine::model::llama`), the formats crate (the layouts it writes), the kernels (the
+//! quantizers), the text crate (the tokenizer) and the collective crate (a solo rank). Nothing of
+//! ferrite but the CLI uses it: the engine must not.
 
+pub mod calib;
+pub mod eval;
 mod layout;
 mod write;
 
@@ -18,13 +38,14 @@ use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::{Bits, WqFormat};
 use ferrite_text::Tokenizer;
 
-use crate::calib::{self, CalibOptions, LayerReport, Method, Scheme};
-use crate::config::{ModelConfig, RopeStyle};
-use crate::error::{EngineError, Result};
-use crate::model::{self, LoadOptions, WeightFormat};
-use crate::weights::awq::AwqConfig;
-use crate::weights::compressed::{CompressedConfig, CompressedScheme, Fp8Act};
-use crate::weights::gptq::GptqConfig;
+use ferrite_engine::config::{ModelConfig, RopeStyle};
+use ferrite_engine::model::{self, LoadOptions, WeightFormat};
+use ferrite_engine::{EngineError, Result};
+use ferrite_formats::awq::AwqConfig;
+use ferrite_formats::compressed::{CompressedConfig, CompressedScheme, Fp8Act};
+use ferrite_formats::gptq::GptqConfig;
+
+use crate::calib::{CalibOptions, LayerReport, Method, Scheme};
 
 /// What [`quantize_model`] did.
 #[derive(Debug, Clone)]

@@ -15,12 +15,13 @@ use std::path::Path;
 use ferrite_text::Tokenizer;
 use safetensors::tensor::TensorView;
 
+use ferrite_engine::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
+use ferrite_engine::model::LlamaModel;
+use ferrite_engine::model::llama::{Layer, build_rope};
+use ferrite_engine::{EngineError, Result};
+
 use super::OutputFormat;
 use super::layout::{Out, f32_tensor, float_matrix, projection};
-use crate::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
-use crate::error::{EngineError, Result};
-use crate::model::LlamaModel;
-use crate::model::llama::Layer;
 
 /// Files copied unchanged from a Hugging Face input, when present.
 const COPIED_FILES: &[&str] = &[
@@ -163,14 +164,14 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
         rope_style: RopeStyle::Neox,
         ..c.clone()
     };
-    if crate::model::llama::build_rope(&neox, None).inv_freq != m.rope.inv_freq {
+    if build_rope(&neox, None).inv_freq != m.rope().inv_freq {
         return Err(EngineError::BadConfig(
             "this GGUF file's RoPE frequencies have no config.json equivalent; quantize its \
              Hugging Face directory"
                 .into(),
         ));
     }
-    let tied = m.lm_head.same_storage(&m.embed);
+    let tied = m.lm_head().same_storage(m.embed());
     Ok(serde_json::json!({
         "architectures": [arch],
         "model_type": model_type,
@@ -225,10 +226,10 @@ pub(super) fn write_dir(
     for (i, l) in layers.iter().enumerate() {
         layer_tensors(i, l, c, (gguf_rope, format), &mut out)?;
     }
-    out.push(float_matrix("model.embed_tokens.weight".into(), &m.embed));
-    out.push(norm_tensor("model.norm.weight".into(), &m.norm, c));
-    if !m.lm_head.same_storage(&m.embed) {
-        out.push(float_matrix("lm_head.weight".into(), &m.lm_head));
+    out.push(float_matrix("model.embed_tokens.weight".into(), m.embed()));
+    out.push(norm_tensor("model.norm.weight".into(), m.norm(), c));
+    if !m.lm_head().same_storage(m.embed()) {
+        out.push(float_matrix("lm_head.weight".into(), m.lm_head()));
     }
     let float_tensors = out.iter().filter(|t| !t.quantized).count();
 

@@ -1,16 +1,18 @@
 //! `ferrite quantize` with calibration (GPTQ, AWQ, SmoothQuant) and from GGUF input, on the
 //! tiny fixtures: what is written loads back and computes what the quantizer meant.
 
+// The engine's test helpers (fixture paths, a one-sequence forward), shared rather than copied.
+#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
 
 use common::*;
-use ferrite_engine::calib::{CalibOptions, LayerReport, Method, Scheme, SmoothWeights};
 use ferrite_engine::model::{self, LoadOptions, LoadQuantize, LogitsWanted};
-use ferrite_engine::quantize::{CalibText, QuantizeJob, quantize_model};
 use ferrite_kernels::fp8::Fp8Scales;
 use ferrite_kernels::wq::WqFormat;
+use ferrite_quantize::calib::{CalibOptions, LayerReport, Method, Scheme, SmoothWeights};
+use ferrite_quantize::{CalibText, QuantizeJob, quantize_model};
 
 fn tempdir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ferrite-calibrated-{tag}-{}", std::process::id()));

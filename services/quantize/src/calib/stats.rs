@@ -1,4 +1,4 @@
-//! What calibration keeps of one projection input ([`Site`](crate::model::llama::Site)) over
+//! What calibration keeps of one projection input ([`Site`](ferrite_engine::model::llama::Site)) over
 //! the calibration tokens: `H = Σ x xᵀ` for GPTQ, per-channel `max |x|` for SmoothQuant, per-
 //! channel `mean |x|` and a sample of whole rows for AWQ's search.
 

@@ -1,77 +1,10 @@
-//! Perplexity of a model on a text (the quality check for quantized weights), and whole-batch
-//! forwards outside the engine ([`BatchForward`]).
-//!
-//! The method of llama.cpp's `perplexity` tool: the tokens are cut into independent chunks of
-//! `ctx` tokens; each chunk runs as one prefill, and only the second half of its positions is
-//! scored, so every scored token sees at least `ctx / 2` tokens of context. Perplexity is
-//! `exp(mean negative log-likelihood)` over the scored tokens.
+//! Whole sequences through the CPU model, outside the engine: no scheduler, no sampling, one
+//! forward of every sequence at a time ([`BatchForward`]). Perplexity, `bench forward` and the
+//! engine's own tests run the model this way.
 
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{BlockTable, KvBlockPool, KvCache};
 use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
-
-/// The result of [`perplexity`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Perplexity {
-    pub ppl: f64,
-    /// Mean negative log-likelihood per scored token (nats).
-    pub mean_nll: f64,
-    pub scored_tokens: usize,
-    pub chunks: usize,
-}
-
-/// `-log softmax(logits)[target]`, in f64.
-pub fn token_nll(logits: &[f32], target: u32) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
-    max + sum.ln() - logits[target as usize] as f64
-}
-
-/// Perplexity of `model` over `tokens` in chunks of `ctx` (at most `max_chunks` of them).
-pub fn perplexity(
-    model: &LlamaModel,
-    tokens: &[u32],
-    ctx: usize,
-    max_chunks: Option<usize>,
-) -> Result<Perplexity> {
-    let c = model.config();
-    if ctx < 4 || ctx > c.max_position_embeddings {
-        return Err(EngineError::InvalidRequest(format!(
-            "context {ctx} must be in 4..={}",
-            c.max_position_embeddings
-        )));
-    }
-    let chunks = (tokens.len() / ctx).min(max_chunks.unwrap_or(usize::MAX));
-    if chunks == 0 {
-        return Err(EngineError::InvalidRequest(format!(
-            "the text has {} tokens, fewer than one chunk of {ctx}",
-            tokens.len()
-        )));
-    }
-    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-        return Err(EngineError::InvalidRequest(format!(
-            "token id {bad} is outside the vocabulary (size {})",
-            c.vocab_size
-        )));
-    }
-    let mut runner = BatchForward::new(model, 1, ctx)?;
-    let (mut nll, mut scored) = (0f64, 0usize);
-    let vocab = c.vocab_size;
-    for chunk in tokens.chunks_exact(ctx).take(chunks) {
-        let logits = runner.run(&[chunk], LogitsWanted::All)?;
-        for pos in ctx / 2..ctx - 1 {
-            nll += token_nll(&logits[pos * vocab..(pos + 1) * vocab], chunk[pos + 1]);
-            scored += 1;
-        }
-    }
-    let mean_nll = nll / scored as f64;
-    Ok(Perplexity {
-        ppl: mean_nll.exp(),
-        mean_nll,
-        scored_tokens: scored,
-        chunks,
-    })
-}
 
 /// Whole sequences through the model in one forward each, outside the engine (no scheduler,
 /// no sampling): perplexity, and `bench forward`. The KV cache is made once, for `batch`
