@@ -349,10 +349,7 @@ fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
             None => I8Activations::new(x, m, k).dequantized(k),
         });
     // GGUF block weights may take the activations in integers, quantized once per token for
-    // all of them: one-token steps rounded to int8 (llama.cpp's arithmetic), batched steps,
-    // where the panel kernel wins, in two int8 terms. Two, because a prompt prefilled at int8
-    // flips the first pick of near-ties; the default model's answer to the README's question
-    // among them ("L'Étoile..." instead of "The capital of France is Paris.").
+    // all of them (see `GgmlActivations` for when, and in how many int8 terms).
     let terms = |w: &WeightView<'_>| opts.ggml_activations.terms(isa, w.ty, m);
     let int8 = |w: &WeightView<'_>| terms(w) > 0;
     let q8_acts = ws.iter().find_map(|w| match w {
@@ -433,10 +430,11 @@ mod tests {
     use super::*;
     use crate::quant::q8::tests::random_row;
 
-    /// With int8 activations a matmul is the integer dot of every row and token (over rows
-    /// split into parallel tasks): one-token steps in one int8 term (exact under `Fine`);
-    /// batches where the panel kernel takes the type in two; other batches (here Q4_K, and
-    /// every type without AVX-512 VNNI) stay on the exact f32 path.
+    /// With integer activations a matmul is the integer dot of every row and token (over rows
+    /// split into parallel tasks), in one int8 term under `Int8` (one-token steps, and batches
+    /// where the panel kernel takes the type), in two under `Fine` (batches where the panel
+    /// kernel takes the type); everything else (one token under `Fine`, batches of Q4_K, every
+    /// batch without AVX-512 VNNI) stays on the exact f32 path.
     #[test]
     fn integer_activations_apply_to_one_token_steps_and_panel_batches() {
         let (k, n, m) = (256, 200, 3);
@@ -455,10 +453,11 @@ mod tests {
                     opts.one(x, tokens, w, &mut got);
                     let mut exact = vec![0f32; tokens * n];
                     matmul(x, tokens, w, &mut exact);
+                    let panels = q8::has_panels(opts.isa, ty);
                     let terms = match (mode, tokens) {
                         (GgmlActivations::Int8, 1) => 1,
-                        (_, 1) => 0,
-                        _ if q8::has_panels(opts.isa, ty) => 2,
+                        (GgmlActivations::Int8, _) if panels => 1,
+                        (GgmlActivations::Fine, 2..) if panels => 2,
                         _ => 0,
                     };
                     assert_eq!(terms, mode.terms(opts.isa, ty, tokens), "{mode:?} {ty}");

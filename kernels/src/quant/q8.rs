@@ -16,9 +16,10 @@ pub enum GgmlActivations {
     /// f32 activations times exactly dequantized weights (the default).
     #[default]
     F32,
-    /// llama.cpp's arithmetic for block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
-    /// Q6_K) in one-token steps: activations rounded to int8 per block of 32, integer dot
-    /// products per group of 32 (float weights keep f32). Batched steps as [`Self::Fine`].
+    /// llama.cpp's arithmetic for block-quantized weights: activations rounded to int8 per
+    /// block of 32, integer dot products per group of 32. One-token steps for every block
+    /// type (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); batched ones where the panel kernel runs
+    /// ([`has_panels`]), f32 elsewhere. Float weights keep f32.
     Int8,
     /// As close to exact as the fastest kernel allows: one-token steps exact; batched steps
     /// in two int8 terms ([`Q8Tokens`], within `max|x| / 64516` of each block) where the
@@ -34,7 +35,8 @@ impl GgmlActivations {
         match self {
             _ if !ty.is_quantized() => 0,
             Self::Int8 if m == 1 => 1,
-            Self::Int8 | Self::Fine if m > 1 && has_panels(isa, ty) => 2,
+            Self::Int8 if has_panels(isa, ty) => 1,
+            Self::Fine if m > 1 && has_panels(isa, ty) => 2,
             _ => 0,
         }
     }

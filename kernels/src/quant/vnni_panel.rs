@@ -394,37 +394,39 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512 VNNI");
             return;
         };
-        let k = 96;
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            for nrows in [1, 15, 16, 17, 40] {
-                let rows: Vec<u8> = (0..nrows)
-                    .flat_map(|j| random_row(ty, k, 5 + j as u32))
-                    .collect();
-                for (m, terms) in [1, 2, 3, 5, 8, 13]
-                    .into_iter()
-                    .flat_map(|m| [(m, 1), (m, 2)])
-                {
-                    let x: Vec<f32> = (0..m * k)
-                        .map(|e| ((e * 37 + e / k * 101) % 199) as f32 / 99.0 - 1.0)
+        for k in [96, 576] {
+            for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+                for nrows in [1, 15, 16, 17, 40] {
+                    let rows: Vec<u8> = (0..nrows)
+                        .flat_map(|j| random_row(ty, k, 5 + j as u32))
                         .collect();
-                    let xs = Q8Tokens::new(Isa::Avx512, &x, k, terms);
-                    let mut out = vec![vec![f32::NAN; nrows + 3]; m];
-                    let mut views: Vec<&mut [f32]> =
-                        out.iter_mut().map(Vec::as_mut_slice).collect();
-                    avx.q8_panels(ty, &rows, nrows, &xs, &mut views);
-                    let rb = ty.row_bytes(k).expect("whole blocks");
-                    for (i, o) in out.iter().enumerate() {
-                        let token = xs.terms_of(i..i + 1);
-                        for (j, row) in rows.chunks_exact(rb).enumerate() {
-                            let want: f32 = token.iter().map(|t| dot(ty, row, t)).sum();
-                            let tol: f32 = token.iter().map(|t| 1e-5 * magnitude(ty, row, t)).sum();
-                            assert!(
-                                (o[j] - want).abs() <= tol,
-                                "{ty} rows {nrows} tokens {m}×{terms}: [{i}][{j}] {} vs {want}",
-                                o[j]
-                            );
+                    for (m, terms) in [1, 2, 3, 5, 8, 13]
+                        .into_iter()
+                        .flat_map(|m| [(m, 1), (m, 2)])
+                    {
+                        let x: Vec<f32> = (0..m * k)
+                            .map(|e| ((e * 37 + e / k * 101) % 199) as f32 / 99.0 - 1.0)
+                            .collect();
+                        let xs = Q8Tokens::new(Isa::Avx512, &x, k, terms);
+                        let mut out = vec![vec![f32::NAN; nrows + 3]; m];
+                        let mut views: Vec<&mut [f32]> =
+                            out.iter_mut().map(Vec::as_mut_slice).collect();
+                        avx.q8_panels(ty, &rows, nrows, &xs, &mut views);
+                        let rb = ty.row_bytes(k).expect("whole blocks");
+                        for (i, o) in out.iter().enumerate() {
+                            let token = xs.terms_of(i..i + 1);
+                            for (j, row) in rows.chunks_exact(rb).enumerate() {
+                                let want: f32 = token.iter().map(|t| dot(ty, row, t)).sum();
+                                let tol: f32 =
+                                    token.iter().map(|t| 1e-5 * magnitude(ty, row, t)).sum();
+                                assert!(
+                                    (o[j] - want).abs() <= tol,
+                                    "{ty} rows {nrows} tokens {m}×{terms}: [{i}][{j}] {} vs {want}",
+                                    o[j]
+                                );
+                            }
+                            assert!(o[nrows..].iter().all(|v| v.is_nan()), "wrote past nrows");
                         }
-                        assert!(o[nrows..].iter().all(|v| v.is_nan()), "wrote past nrows");
                     }
                 }
             }

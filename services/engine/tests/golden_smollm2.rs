@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use common::*;
 use ferrite_engine::engine::{Engine, EngineConfig};
-use ferrite_engine::model::{self, LoadOptions, LoadedModel, LogitsWanted};
+use ferrite_engine::model::{self, BatchForward, LoadOptions, LoadedModel, LogitsWanted};
 use ferrite_engine::registry;
 use ferrite_engine::sampler::{SamplingParams, top_logprobs};
 use ferrite_kernels::quant::GgmlActivations;
@@ -359,4 +359,41 @@ fn int8_activation_decode_steps_track_the_exact_path() {
         "16 steps of each prompt: top-5 logits moved by {worst} at most; {flips} picks flipped"
     );
     assert!(flips <= 3, "{flips} greedy picks flipped");
+}
+
+/// Under `--cpu-activations int8` a prompt's activations are nearly exact (two int8 terms
+/// where the batched kernel runs, exact elsewhere): its logits are the exact path's to within
+/// float rounding, where a decode step's, at one int8 term, move visibly.
+#[test]
+fn int8_prompts_are_nearly_exact_and_decode_steps_rounded() {
+    let exact = load();
+    let int8 = model::load_with(
+        &model_path(),
+        LoadOptions {
+            ggml_activations: GgmlActivations::Int8,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load with int8 activations");
+    let case = &cases()[0];
+    let prompt = ids(&case["prompt_token_ids"]);
+    let fed = &ids(&case["greedy_token_ids"])[..1];
+    let prefill = |m: &LoadedModel| {
+        let mut run = BatchForward::new(&m.model, 1, prompt.len()).expect("KV cache");
+        run.run(&[&prompt], LogitsWanted::All).expect("prefill")
+    };
+    let prompt_moved = max_abs_diff(&prefill(&exact), &prefill(&int8));
+    let step_moved = max_abs_diff(
+        &decode_logits(&exact.model, &prompt, fed)[0],
+        &decode_logits(&int8.model, &prompt, fed)[0],
+    );
+    eprintln!("logits moved by {prompt_moved} in the prompt, {step_moved} in a decode step");
+    assert!(
+        prompt_moved < 0.02,
+        "the prompt's logits moved by {prompt_moved}"
+    );
+    assert!(
+        step_moved > 0.05,
+        "a decode step's logits moved by only {step_moved}"
+    );
 }

@@ -395,11 +395,13 @@ impl LlamaModel {
             })
             .collect();
         let mut bufs = LayerBuffers::new(c, x);
+        let prompt = seqs.iter().any(|s| s.tokens.len() > 1 || s.start_pos == 0);
         for (li, layer) in self.layers.iter().enumerate() {
             let at = LayerAt {
                 index: li,
                 positions: &positions,
                 query_tokens: &query_tokens,
+                prompt,
             };
             self.layer_forward(layer, &at, &mut bufs, kv, comm, &mut |_, _| {})?;
         }
@@ -451,6 +453,13 @@ pub struct LayerAt<'a> {
     pub index: usize,
     pub positions: &'a [usize],
     pub query_tokens: &'a [QueryToken<'a>],
+    /// Whether the tokens include a prompt's: some sequence brings more than one token, or
+    /// its first. Such steps take activations exact or nearly so ([`MatmulOptions::fine`])
+    /// whatever `--cpu-activations` says: at one int8 term, a prompt's rounding flips the
+    /// first pick of near-ties (the README question's "The" became "L'Étoile"). Steps of one
+    /// decode token per sequence take the model's setting, alone or batched: llama.cpp's
+    /// arithmetic for generated tokens, at half the integer work of two terms.
+    pub prompt: bool,
 }
 
 /// The activations of one layer's forward, sized for a number of tokens. Public for the
@@ -517,9 +526,14 @@ impl LlamaModel {
         let c = &self.cfg;
         let (li, n_tok) = (at.index, at.positions.len());
         let kv_dim = c.kv_dim();
+        let mm = if at.prompt {
+            self.matmul.fine()
+        } else {
+            self.matmul
+        };
         rms_norm(&b.x, &layer.attn_norm, c.rms_norm_eps, &mut b.xn);
         tap(Site::Qkv, &b.xn);
-        self.matmul.many(
+        mm.many(
             &b.xn,
             n_tok,
             &[layer.q.view(), layer.k.view(), layer.v.view()],
@@ -559,7 +573,7 @@ impl LlamaModel {
             &mut b.attn,
         );
         tap(Site::O, &b.attn);
-        self.matmul.one(&b.attn, n_tok, layer.o.view(), &mut b.proj);
+        mm.one(&b.attn, n_tok, layer.o.view(), &mut b.proj);
         comm.all_reduce_sum(&mut b.proj)?;
         if let Some([post_attn, _]) = &layer.post_norms {
             rms_norm_in_place(&mut b.proj, post_attn, c.rms_norm_eps);
@@ -567,7 +581,7 @@ impl LlamaModel {
         add_in_place(&mut b.x, &b.proj);
         rms_norm(&b.x, &layer.ffn_norm, c.rms_norm_eps, &mut b.xn);
         tap(Site::GateUp, &b.xn);
-        self.matmul.many(
+        mm.many(
             &b.xn,
             n_tok,
             &[layer.gate.view(), layer.up.view()],
@@ -578,8 +592,7 @@ impl LlamaModel {
             Activation::GeluTanh => gelu_tanh_mul_in_place(&mut b.gate, &b.up),
         }
         tap(Site::Down, &b.gate);
-        self.matmul
-            .one(&b.gate, n_tok, layer.down.view(), &mut b.proj);
+        mm.one(&b.gate, n_tok, layer.down.view(), &mut b.proj);
         comm.all_reduce_sum(&mut b.proj)?;
         if let Some([_, post_ffn]) = &layer.post_norms {
             rms_norm_in_place(&mut b.proj, post_ffn, c.rms_norm_eps);

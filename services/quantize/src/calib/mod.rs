@@ -310,6 +310,7 @@ pub(crate) fn quantize_layers(
             index: li,
             positions: &positions,
             query_tokens: &query_tokens,
+            prompt: true,
         };
         let base = &model.layers()[li];
         let mut stats: Vec<SiteStats> = SITES
