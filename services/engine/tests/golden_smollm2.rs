@@ -38,6 +38,18 @@ fn cases() -> &'static [serde_json::Value] {
     fixture()["cases"].as_array().expect("cases")
 }
 
+/// The default model with `--cpu-activations int8`, the CPU default.
+fn load_int8() -> LoadedModel {
+    model::load_with(
+        &model_path(),
+        LoadOptions {
+            ggml_activations: GgmlActivations::Int8,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load with int8 activations")
+}
+
 fn load() -> LoadedModel {
     model::load(&model_path()).expect("load the default model")
 }
@@ -321,14 +333,7 @@ fn int8_activation_decode_steps_track_the_exact_path() {
     const TOP5_DRIFT: f32 = 1.0;
     const NEAR_TIE: f32 = 0.25;
     let exact = load();
-    let int8 = model::load_with(
-        &model_path(),
-        LoadOptions {
-            ggml_activations: GgmlActivations::Int8,
-            ..LoadOptions::default()
-        },
-    )
-    .expect("load with int8 activations");
+    let int8 = load_int8();
     let (mut worst, mut flips) = (0f32, 0);
     for case in cases() {
         let name = case["name"].as_str().unwrap_or("?");
@@ -367,14 +372,7 @@ fn int8_activation_decode_steps_track_the_exact_path() {
 #[test]
 fn int8_prompts_are_nearly_exact_and_decode_steps_rounded() {
     let exact = load();
-    let int8 = model::load_with(
-        &model_path(),
-        LoadOptions {
-            ggml_activations: GgmlActivations::Int8,
-            ..LoadOptions::default()
-        },
-    )
-    .expect("load with int8 activations");
+    let int8 = load_int8();
     let case = &cases()[0];
     let prompt = ids(&case["prompt_token_ids"]);
     let fed = &ids(&case["greedy_token_ids"])[..1];
