@@ -9,6 +9,7 @@
 //! Greedy picks are the CPU's: the first index of the largest logit.
 
 use cudarc::driver::CudaSlice;
+use ferrite_kernels::cuda::DevPtr;
 use ferrite_kernels::cuda::sample::SamplingArrays;
 
 use super::{Buf, GpuRunner, alloc, gpu_error};
@@ -31,28 +32,66 @@ pub struct DeviceSampling {
     pub step: u64,
 }
 
-/// The per-sequence parameter arrays and the sampled ids, `max_seqs` of each.
+/// The per-sequence parameter arrays (one block, [`packed`]) and the sampled ids.
 pub(super) struct SamplingBuffers {
-    temperature: Buf<f32>,
-    top_k: Buf<i32>,
-    top_p: Buf<f32>,
-    min_p: Buf<f32>,
-    seeds: Buf<u64>,
-    steps: Buf<u64>,
+    params: Buf<u8>,
     ids: CudaSlice<i32>,
 }
 
 impl SamplingBuffers {
     pub(super) fn new(g: &ferrite_kernels::cuda::Gpu, max_seqs: usize) -> Result<Self> {
         Ok(Self {
-            temperature: alloc(g, max_seqs)?,
-            top_k: alloc(g, max_seqs)?,
-            top_p: alloc(g, max_seqs)?,
-            min_p: alloc(g, max_seqs)?,
-            seeds: alloc(g, max_seqs)?,
-            steps: alloc(g, max_seqs)?,
+            params: alloc(g, max_seqs * PACKED_BYTES)?,
             ids: g.zeros::<i32>(max_seqs).map_err(gpu_error)?,
         })
+    }
+}
+
+/// Bytes of one sequence's parameters: two u64, three f32, one i32.
+const PACKED_BYTES: usize = 2 * 8 + 4 * 4;
+
+/// The kernel's six parameter arrays for `params`, one after the other in one block, so a
+/// step copies them to the device at once (six small copies from pageable memory, each a
+/// synchronous round trip, were a fixed cost of every sampled step). The u64 arrays come
+/// first, so every array stays aligned. Returns the block and each array's byte offset in it,
+/// as [`SamplingArrays`] fields relative to 0.
+fn packed(params: &[DeviceSampling]) -> (Vec<u8>, SamplingArrays) {
+    let n = params.len();
+    let mut b = Vec::with_capacity(n * PACKED_BYTES);
+    let at = |b: &Vec<u8>| DevPtr(b.len() as u64);
+    let seeds = at(&b);
+    b.extend(params.iter().flat_map(|p| p.seed.to_le_bytes()));
+    let steps = at(&b);
+    b.extend(params.iter().flat_map(|p| p.step.to_le_bytes()));
+    let temperature = at(&b);
+    b.extend(params.iter().flat_map(|p| p.temperature.to_le_bytes()));
+    let top_p = at(&b);
+    b.extend(params.iter().flat_map(|p| p.top_p.to_le_bytes()));
+    let min_p = at(&b);
+    b.extend(params.iter().flat_map(|p| p.min_p.to_le_bytes()));
+    let top_k = at(&b);
+    b.extend(params.iter().flat_map(|p| p.top_k.to_le_bytes()));
+    let offsets = SamplingArrays {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seeds,
+        steps,
+    };
+    (b, offsets)
+}
+
+/// `arrays`' offsets moved to the block at `base`.
+fn at_base(arrays: SamplingArrays, base: DevPtr) -> SamplingArrays {
+    let moved = |p: DevPtr| base.offset::<u8>(p.0 as usize);
+    SamplingArrays {
+        temperature: moved(arrays.temperature),
+        top_k: moved(arrays.top_k),
+        top_p: moved(arrays.top_p),
+        min_p: moved(arrays.min_p),
+        seeds: moved(arrays.seeds),
+        steps: moved(arrays.steps),
     }
 }
 
@@ -93,44 +132,55 @@ impl GpuRunner {
             #[allow(unsafe_code)]
             unsafe { g.argmax(ids, self.logits_ptr, n, vocab) }.map_err(gpu_error)?;
         } else {
-            let stream = g.stream();
-            let copy = |e: cudarc::driver::DriverError| EngineError::Device(e.to_string());
-            let col = |f: fn(&DeviceSampling) -> f32| params.iter().map(f).collect::<Vec<_>>();
-            stream
-                .memcpy_htod(&col(|p| p.temperature), &mut b.temperature._buf)
-                .map_err(copy)?;
-            stream
-                .memcpy_htod(&col(|p| p.top_p), &mut b.top_p._buf)
-                .map_err(copy)?;
-            stream
-                .memcpy_htod(&col(|p| p.min_p), &mut b.min_p._buf)
-                .map_err(copy)?;
-            let top_k: Vec<i32> = params.iter().map(|p| p.top_k).collect();
-            stream
-                .memcpy_htod(&top_k, &mut b.top_k._buf)
-                .map_err(copy)?;
-            let seeds: Vec<u64> = params.iter().map(|p| p.seed).collect();
-            stream
-                .memcpy_htod(&seeds, &mut b.seeds._buf)
-                .map_err(copy)?;
-            let steps: Vec<u64> = params.iter().map(|p| p.step).collect();
-            stream
-                .memcpy_htod(&steps, &mut b.steps._buf)
-                .map_err(copy)?;
-            let arrays = SamplingArrays {
-                temperature: b.temperature.ptr,
-                top_k: b.top_k.ptr,
-                top_p: b.top_p.ptr,
-                min_p: b.min_p.ptr,
-                seeds: b.seeds.ptr,
-                steps: b.steps.ptr,
-            };
-            // SAFETY: as above; every parameter array holds max_seqs ≥ n elements, the first
-            // n just written.
+            let (block, offsets) = packed(params);
+            // SAFETY: the block holds n ≤ max_seqs sequences' parameters, PACKED_BYTES each:
+            // within the buffer.
+            #[allow(unsafe_code)]
+            unsafe { g.upload_at(b.params.ptr, &block) }.map_err(gpu_error)?;
+            let arrays = at_base(offsets, b.params.ptr);
+            // SAFETY: as above; every parameter array holds the n elements just written.
             #[allow(unsafe_code)]
             unsafe { g.sample(ids, self.logits_ptr, n, vocab, &arrays) }.map_err(gpu_error)?;
         }
         let ids = g.download(&self.sampling.ids, n).map_err(gpu_error)?;
         Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each array lies where its offset says, in order, aligned for its type, and the block
+    /// holds nothing else.
+    #[test]
+    fn the_packed_block_holds_each_array_at_its_offset() {
+        let params: Vec<DeviceSampling> = (0..3)
+            .map(|i| DeviceSampling {
+                temperature: 0.5 + i as f32,
+                top_k: 10 + i,
+                top_p: 0.9 - i as f32 / 10.0,
+                min_p: 0.05 * i as f32,
+                seed: 1 << (40 + i),
+                step: 7 + i as u64,
+            })
+            .collect();
+        let (block, at) = packed(&params);
+        assert_eq!(block.len(), params.len() * PACKED_BYTES);
+        let word = |off: DevPtr, i: usize, size: usize| {
+            let start = off.0 as usize + i * size;
+            assert_eq!(start % size, 0, "aligned");
+            &block[start..start + size]
+        };
+        for (i, p) in params.iter().enumerate() {
+            assert_eq!(word(at.seeds, i, 8), p.seed.to_le_bytes());
+            assert_eq!(word(at.steps, i, 8), p.step.to_le_bytes());
+            assert_eq!(word(at.temperature, i, 4), p.temperature.to_le_bytes());
+            assert_eq!(word(at.top_p, i, 4), p.top_p.to_le_bytes());
+            assert_eq!(word(at.min_p, i, 4), p.min_p.to_le_bytes());
+            assert_eq!(word(at.top_k, i, 4), p.top_k.to_le_bytes());
+        }
+        let moved = at_base(at, DevPtr(4096));
+        assert_eq!(moved.top_k.0, 4096 + at.top_k.0);
     }
 }
