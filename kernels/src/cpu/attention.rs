@@ -244,9 +244,8 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{
-        AttentionOptions, Head, Lanes, PagedKv, QueryToken, attend, exp_normalizer, for_each_row,
-    };
+    use super::super::exp16::exp16;
+    use super::{AttentionOptions, Head, Lanes, PagedKv, QueryToken, attend, for_each_row};
     use crate::quant::Avx2;
 
     pub(super) struct Fma;
@@ -401,8 +400,10 @@ mod x86 {
             }
             p += 1;
         });
-        let inv: [f32; G] =
-            std::array::from_fn(|g| exp_normalizer(&mut scores[g * len..(g + 1) * len]));
+        // SAFETY: this function's own features (AVX-512F) cover `exp_normalizer_wide`'s.
+        let inv: [f32; G] = std::array::from_fn(|g| unsafe {
+            exp_normalizer_wide(&mut scores[g * len..(g + 1) * len])
+        });
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         let mut p = 0;
         for_each_row(kv, table, start..end, heads.kv_head, |off| {
@@ -424,6 +425,37 @@ mod x86 {
                 unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(g * hd + 16 * j), acc[g][j]) };
             }
         }
+    }
+
+    /// [`exp_normalizer`] 16 scores at a time, with [`exp16`] for libm's `expf`: a
+    /// one-token step of 8 sequences of the default model spent 4.5% of its time in `expf`.
+    ///
+    /// # Safety
+    /// AVX-512F available.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn exp_normalizer_wide(scores: &mut [f32]) -> f32 {
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let (m, mut sum) = (_mm512_set1_ps(max), _mm512_setzero_ps());
+        let mut chunks = scores.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: 16 f32s in `c`.
+            unsafe {
+                let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), m));
+                _mm512_storeu_ps(c.as_mut_ptr(), e);
+                sum = _mm512_add_ps(sum, e);
+            }
+        }
+        let rest = chunks.into_remainder();
+        let mask: __mmask16 = ((1u32 << rest.len()) - 1) as u16;
+        // SAFETY: the mask covers the remainder's lanes only; the others are zero and stay
+        // out of the sum.
+        unsafe {
+            let x = _mm512_maskz_loadu_ps(mask, rest.as_ptr());
+            let e = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(x, m)));
+            _mm512_mask_storeu_ps(rest.as_mut_ptr(), mask, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        1.0 / _mm512_reduce_add_ps(sum)
     }
 
     impl Avx2 {

@@ -2,6 +2,9 @@
 //! [`crate::quant::GgmlType`] (a linear layer `y = x Wᵀ` reads `W` as `[out_features, in_features]`).
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod exp16;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

@@ -55,11 +55,54 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, the SwiGLU activation (`silu(x) = x * sigmoid(x)`).
+/// `gate = silu(gate) * up`, the SwiGLU activation (`silu(x) = x * sigmoid(x)`), 16 at a time
+/// on AVX-512 (the same formula, with [`super::exp16`]'s `exp` within 2 ulp of libm's).
 pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+    let silu = |g: &mut f32, u: f32| *g = *g / (1.0 + (-*g).exp()) * u;
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::Avx512::detect().is_some() {
+        let whole = gate.len() - gate.len() % 16;
+        // SAFETY: AVX-512F detected; `whole` elements of each slice, 16 at a time.
+        #[allow(unsafe_code)]
+        unsafe {
+            x86::silu_mul16(&mut gate[..whole], &up[..whole])
+        };
+        gate[whole..]
+            .iter_mut()
+            .zip(&up[whole..])
+            .for_each(|(g, &u)| silu(g, u));
+        return;
+    }
+    gate.iter_mut().zip(up).for_each(|(g, &u)| silu(g, u));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::exp16::exp16;
+
+    /// [`super::silu_mul_in_place`] over whole vectors of 16.
+    ///
+    /// # Safety
+    /// AVX-512F available; the lengths are equal multiples of 16.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn silu_mul16(gate: &mut [f32], up: &[f32]) {
+        let one = _mm512_set1_ps(1.0);
+        for (g, u) in gate.chunks_exact_mut(16).zip(up.chunks_exact(16)) {
+            // SAFETY: 16 f32s in each chunk.
+            unsafe {
+                let x = _mm512_loadu_ps(g.as_ptr());
+                let e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+                let s = _mm512_div_ps(x, _mm512_add_ps(one, e));
+                _mm512_storeu_ps(
+                    g.as_mut_ptr(),
+                    _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr())),
+                );
+            }
+        }
     }
 }
 
@@ -123,6 +166,28 @@ mod tests {
         assert_eq!(g[0], 0.0);
         assert!((g[1] - 2.0 * 0.731_058_6).abs() < 1e-6);
         assert!((g[2] + 2.0 * 0.268_941_4).abs() < 1e-6);
+    }
+
+    /// The vector SiLU (and its scalar tail) gives the f64 value within a few ulp, from deep
+    /// in the negatives, where it underflows, to large positives; NaN stays NaN.
+    #[test]
+    fn silu_mul_matches_f64_over_its_range() {
+        let x: Vec<f32> = (0..1000).map(|i| (i as f32 - 600.0) * 0.17).collect();
+        let up: Vec<f32> = (0..1000).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let mut g = x.clone();
+        silu_mul_in_place(&mut g, &up);
+        for ((&x, &u), &got) in x.iter().zip(&up).zip(&g) {
+            let (x64, u64) = (f64::from(x), f64::from(u));
+            let want = x64 / (1.0 + (-x64).exp()) * u64;
+            let tol = 4.0 * f64::from(f32::EPSILON) * want.abs() + 1e-30;
+            assert!(
+                (f64::from(got) - want).abs() <= tol,
+                "silu({x}) * {u}: {got} vs {want}"
+            );
+        }
+        let mut nan = [f32::NAN; 17];
+        silu_mul_in_place(&mut nan, &[1.0; 17]);
+        assert!(nan.iter().all(|v| v.is_nan()));
     }
 
     #[test]
