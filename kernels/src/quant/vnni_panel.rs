@@ -16,10 +16,10 @@
 //! sums are exact (at most 32 · 255 · 127 per group), so the result is the portable
 //! [`super::q8::dot`] up to float rounding.
 //!
-//! A panel's codes come by plain 16-byte loads, four rows per 128-bit lane, put in order by a
-//! 4×4 word transpose within each lane; its scales by one gather per group. (Gathering the
-//! codes too took 55% of an 8-sequence decode step on the development machine; the loads and
-//! transposes about a quarter of that.)
+//! A panel's codes and scales come by plain 16-byte loads, four rows per 128-bit lane, put in
+//! order by a 4×4 word transpose within each lane. (Gathering the codes took 55% of an
+//! 8-sequence decode step on the development machine; the loads and transposes about a
+//! quarter of that.)
 //!
 //! The unsafe code is the AVX-512 module's: `#[target_feature]` calls justified by the
 //! [`Avx512`] token, and loads through raw pointers, justified by [`Avx512::q8_panels`]'s
@@ -93,15 +93,11 @@ impl Avx512 {
         let rb = ng * ty.block_bytes();
         assert_eq!(rows.len(), rb * nrows, "weight bytes");
         assert!(outs.iter().all(|o| o.len() >= nrows), "output length");
-        assert!(
-            i32::try_from(rb * LANES).is_ok(),
-            "row too long for 32-bit gather offsets"
-        );
         let mut panel = Panel::new(ng);
         for j0 in (0..nrows).step_by(LANES) {
             let n = LANES.min(nrows - j0);
             // SAFETY: `self` proves the features; rows j0..j0 + n hold ng blocks each (asserted
-            // above), and rb·16 fits the gather's i32 offsets.
+            // above).
             unsafe {
                 let at = rows.as_ptr().add(j0 * rb);
                 match ty {
@@ -173,27 +169,44 @@ trait PanelGroup {
     unsafe fn group(rows: &Rows, g: usize, codes: &mut [__m512i]) -> (__m512, __m512);
 }
 
-/// The first 32-bit word of each row's block `g` (its scales), by one gather: a panel needs
-/// one per group, where its codes come by plain loads.
+/// The 16 bytes at `rows[r] + at` of every row, four rows per 128-bit lane: lane `L` of
+/// vector `i` holds row `4L + i`.
 ///
 /// # Safety
-/// AVX-512; 4 bytes at every row's block `g` readable.
+/// AVX-512; 16 bytes at `rows[r] + at` readable for every row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn lanes(rows: &Rows, at: usize) -> [__m512i; 4] {
+    // SAFETY: forwarded.
+    let ld = |r: usize| unsafe { _mm_loadu_si128(rows[r].add(at).cast()) };
+    std::array::from_fn(|i| {
+        let v = _mm512_castsi128_si512(ld(i));
+        let v = _mm512_inserti32x4::<1>(v, ld(4 + i));
+        let v = _mm512_inserti32x4::<2>(v, ld(8 + i));
+        _mm512_inserti32x4::<3>(v, ld(12 + i))
+    })
+}
+
+/// The first 32-bit word at `rows[r] + at` (a block's scales) of every row, in lane `r`: the
+/// first column of [`words`]' transpose. (A gather of the same words cost 40% of a panel's
+/// decoding, most of it waiting for the gather.)
+///
+/// # Safety
+/// As [`words`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn header(rows: &Rows, at: usize) -> __m512i {
-    // Offsets from row 0, which the caller's rows all lie after.
-    let base = rows[0];
-    let idx: [i32; LANES] = std::array::from_fn(|r| (rows[r] as usize - base as usize) as i32);
-    // SAFETY: scale 1 reads 4 bytes at rows[r] + at, readable (the caller's contract).
-    unsafe {
-        let idx = _mm512_loadu_si512(idx.as_ptr().cast());
-        _mm512_i32gather_epi32::<1>(idx, base.add(at).cast())
-    }
+    // SAFETY: forwarded.
+    let z = unsafe { lanes(rows, at) };
+    _mm512_unpacklo_epi64(
+        _mm512_unpacklo_epi32(z[0], z[1]),
+        _mm512_unpacklo_epi32(z[2], z[3]),
+    )
 }
 
 /// The 16 bytes at `rows[r] + at` of every row, transposed: vector `w` holds word `w` (bytes
-/// `4w..4w + 4`) of row `r` in lane `r`. Four rows go in per 128-bit lane (lane `L` of input
-/// `i` is row `4L + i`), and a 4×4 word transpose within each 128-bit lane puts them in order.
+/// `4w..4w + 4`) of row `r` in lane `r`. A 4×4 word transpose within each 128-bit lane of
+/// [`lanes`] puts them in order.
 ///
 /// # Safety
 /// AVX-512; 16 bytes at `rows[r] + at` readable for every row.
@@ -201,13 +214,7 @@ unsafe fn header(rows: &Rows, at: usize) -> __m512i {
 #[inline]
 unsafe fn words(rows: &Rows, at: usize) -> [__m512i; 4] {
     // SAFETY: forwarded.
-    let ld = |r: usize| unsafe { _mm_loadu_si128(rows[r].add(at).cast()) };
-    let z: [__m512i; 4] = std::array::from_fn(|i| {
-        let v = _mm512_castsi128_si512(ld(i));
-        let v = _mm512_inserti32x4::<1>(v, ld(4 + i));
-        let v = _mm512_inserti32x4::<2>(v, ld(8 + i));
-        _mm512_inserti32x4::<3>(v, ld(12 + i))
-    });
+    let z = unsafe { lanes(rows, at) };
     let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
     let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
     let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
@@ -304,8 +311,7 @@ impl PanelGroup for Q8_0 {
 /// Decodes the `n` rows (of `rb` bytes) at `rows` into `panel`.
 ///
 /// # Safety
-/// AVX-512 as [`Avx512`]; `rows` holds `1 <= n <= 16` rows of the panel's groups of `G`, and
-/// `16·rb` fits an i32.
+/// AVX-512 as [`Avx512`]; `rows` holds `1 <= n <= 16` rows of the panel's groups of `G`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn decode<G: PanelGroup>(rows: *const u8, rb: usize, n: usize, panel: &mut Panel) {
     // SAFETY: rows 0..n exist; the padding lanes read row n - 1 again.
