@@ -101,6 +101,7 @@ fn gpu_prefill(runner: &mut gpu::GpuRunner, seqs: &[&[u32]], max_ctx: usize) -> 
             start_pos: 0,
             block_table: table,
             logits: LogitsWanted::Last,
+            prompt: true,
         })
         .collect();
     runner.forward(&chunks, &mut ferrite_collective::Solo)?;

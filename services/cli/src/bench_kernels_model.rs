@@ -83,6 +83,7 @@ pub(crate) fn rows(
                         start_pos,
                         block_table: t,
                         logits: LogitsWanted::Last,
+                        prompt: stage == "prefill",
                     })
                     .collect();
                 runner.forward(&seqs, &mut ferrite_collective::Solo)?;

@@ -50,6 +50,9 @@ pub struct PlannedChunk {
     pub start: usize,
     pub tokens: Vec<u32>,
     pub logits: LogitsWanted,
+    /// The chunk holds a token of the prompt (or several tokens): see [`SeqChunk::prompt`].
+    #[serde(default)]
+    pub prompt: bool,
 }
 
 impl PlannedChunk {
@@ -149,6 +152,7 @@ impl PlanBuilder {
                 } else {
                     LogitsWanted::None
                 },
+                prompt: c.start < seq.prompt_len || c.len > 1,
             });
         }
         Ok(plan)
@@ -209,6 +213,7 @@ impl BlockTables {
                     start_pos: c.start,
                     block_table: table,
                     logits: c.logits,
+                    prompt: c.prompt,
                 })
             })
             .collect()

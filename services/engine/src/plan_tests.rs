@@ -44,6 +44,21 @@ fn step(
         );
         assert_eq!(planned.tokens, &seq.tokens[c.start..c.start + c.len]);
         assert_eq!(planned.start_pos, c.start);
+        // Any prompt token makes a prompt chunk (the CPU's activations differ for them); a
+        // generated token alone does not.
+        if c.start < seq.prompt_len {
+            assert!(
+                planned.prompt,
+                "seq {} at {}: a prompt chunk",
+                c.id, c.start
+            );
+        } else if c.len == 1 {
+            assert!(
+                !planned.prompt,
+                "seq {} at {}: a decode step",
+                c.id, c.start
+            );
+        }
     }
     for c in &schedule.chunks {
         s.mark_computed(c);
@@ -87,6 +102,22 @@ fn tables_rebuilt_from_plans_equal_the_schedulers() -> Result<()> {
     let last = step(&mut s, &mut b, &mut rank, 20)?;
     assert_eq!(freed + last.freed.len(), 2, "{last:?}");
     assert!(rank.is_empty());
+    Ok(())
+}
+
+/// A prompt's last token, left alone by chunked prefill (9 tokens, 8 a step), is still a
+/// prompt chunk; the token generated after it is not.
+#[test]
+fn a_prompts_last_token_alone_is_still_a_prompt_chunk() -> Result<()> {
+    let (mut s, mut b, mut rank) = (sched(64), PlanBuilder::default(), BlockTables::default());
+    s.add(1, vec![1; 9]);
+    let kinds: Vec<(usize, bool)> = (0..3)
+        .map(|_| {
+            step(&mut s, &mut b, &mut rank, 20)
+                .map(|p| (p.chunks[0].tokens.len(), p.chunks[0].prompt))
+        })
+        .collect::<Result<_>>()?;
+    assert_eq!(kinds, [(8, true), (1, true), (1, false)]);
     Ok(())
 }
 
@@ -147,6 +178,7 @@ fn plans_out_of_order_or_naming_unknown_sequences_are_refused() {
             start: 0,
             tokens: vec![1],
             logits: LogitsWanted::Last,
+            prompt: true,
         }],
         ..StepPlan::default()
     };

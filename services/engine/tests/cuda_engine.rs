@@ -172,6 +172,7 @@ fn teacher_forced(
             start_pos: 0,
             block_table: &tables[i],
             logits: LogitsWanted::Last,
+            prompt: true,
         };
         rows[i].push(Scored::of(&forward(&[chunk]), fed(i, 0)));
     }
@@ -183,6 +184,7 @@ fn teacher_forced(
                 start_pos: prompts[i].len() + k - 1,
                 block_table: &tables[i],
                 logits: LogitsWanted::Last,
+                prompt: false,
             })
             .collect();
         let logits = forward(&chunks);

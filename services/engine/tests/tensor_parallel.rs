@@ -61,6 +61,7 @@ fn prefill_on_ranks(path: &Path, world: usize, prompt: &[u32]) -> Vec<f32> {
             start_pos: 0,
             block_table: &table,
             logits: LogitsWanted::Last,
+            prompt: true,
         };
         m.forward(&[chunk], &mut kv, comm.as_mut())
             .expect("forward")

@@ -113,6 +113,7 @@ pub fn build_runner(
         start_pos: 0,
         block_table: &table,
         logits: LogitsWanted::Last,
+        prompt: true,
     };
     runner.forward(&[probe], comm)?;
     gpu.synchronize().map_err(gpu_error)?;

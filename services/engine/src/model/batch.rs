@@ -85,6 +85,9 @@ impl<'m> BatchForward<'m> {
                 start_pos,
                 block_table: table.blocks(),
                 logits: wanted,
+                // Whole sequences from the start, or tokens after them: one at a time is a
+                // decode step (the tests teacher-force one token at a time).
+                prompt: start_pos == 0 || tokens.len() > 1,
             })
             .collect();
         self.model

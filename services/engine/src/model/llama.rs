@@ -206,6 +206,10 @@ pub struct SeqChunk<'a> {
     pub start_pos: usize,
     pub block_table: &'a [u32],
     pub logits: LogitsWanted,
+    /// The chunk holds a token of the request's prompt (its last one, after a prefix-cache
+    /// hit, included), or several tokens, not one generated token: the step then takes
+    /// nearly exact activations on the CPU (see [`LayerAt::prompt`]).
+    pub prompt: bool,
 }
 
 /// A model, or one rank's shard of it: then `cfg` is the shard's shape (its heads, KV heads
@@ -395,7 +399,7 @@ impl LlamaModel {
             })
             .collect();
         let mut bufs = LayerBuffers::new(c, x);
-        let prompt = seqs.iter().any(|s| s.tokens.len() > 1 || s.start_pos == 0);
+        let prompt = seqs.iter().any(|s| s.prompt);
         for (li, layer) in self.layers.iter().enumerate() {
             let at = LayerAt {
                 index: li,
@@ -453,8 +457,7 @@ pub struct LayerAt<'a> {
     pub index: usize,
     pub positions: &'a [usize],
     pub query_tokens: &'a [QueryToken<'a>],
-    /// Whether the tokens include a prompt's: some sequence brings more than one token, or
-    /// its first. Such steps take activations exact or nearly so ([`MatmulOptions::fine`])
+    /// Whether the tokens include a prompt's ([`SeqChunk::prompt`]). Such steps take activations exact or nearly so ([`MatmulOptions::fine`])
     /// whatever `--cpu-activations` says: at one int8 term, a prompt's rounding flips the
     /// first pick of near-ties (the README question's "The" became "L'Étoile"). Steps of one
     /// decode token per sequence take the model's setting, alone or batched: llama.cpp's
