@@ -137,8 +137,13 @@ impl Q8Tokens {
         for x in x.chunks_exact(k) {
             let hi = Q8Row::new_with(isa, x);
             if terms == 2 {
-                for (e, (r, v)) in rest.iter_mut().zip(x).enumerate() {
-                    *r = v - hi.d[e / 32] * f32::from(hi.qs[e]);
+                // Block by block, so the compiler vectorizes the 32 subtractions.
+                let blocks = rest.chunks_exact_mut(32).zip(x.chunks_exact(32));
+                for (b, (r, v)) in blocks.enumerate() {
+                    let (d, q) = (hi.d[b], &hi.qs[32 * b..32 * b + 32]);
+                    for ((r, v), q) in r.iter_mut().zip(v).zip(q) {
+                        *r = v - d * f32::from(*q);
+                    }
                 }
                 rows.push(hi);
                 rows.push(Q8Row::new_with(isa, &rest));
