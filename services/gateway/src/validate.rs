@@ -181,15 +181,12 @@ fn grammar(text: &ModelText, constraint: &Constraint) -> Result<String, GatewayE
         field: constraint.field,
         message: e.to_string(),
     };
-    let vocabulary = text.vocabulary()?;
-    let grammar = constraint.spec.grammar().map_err(bad)?;
-    if vocabulary.compile(&grammar).is_ok() {
-        return Ok(grammar.to_wire());
-    }
-    // The bounds that make a small model end (ferrite_structured::STRING_CHARS and the rest)
-    // met something the schema asks for: the schema as written, or its own reason.
-    let grammar = constraint.spec.grammar_as_written().map_err(bad)?;
-    vocabulary.compile(&grammar).map_err(bad)?;
+    // Bounded so that a small model ends (ferrite_structured::STRING_CHARS and the rest),
+    // or as written where a bound meets what the schema asks for.
+    let (grammar, _) = text
+        .vocabulary()?
+        .compile_spec(&constraint.spec)
+        .map_err(bad)?;
     Ok(grammar.to_wire())
 }
 

@@ -178,7 +178,12 @@ fn a_bound_that_meets_a_larger_minimum_leaves_the_schema_as_written() {
         strict: false,
     };
     v.compile(&spec.grammar().expect("g"))
-        .expect_err("maxLength 128 under minLength 200");
+        .expect_err("maxLength 64 under minLength 200");
+    let (sent, _) = v.compile_spec(&spec).expect("compiled");
+    assert_eq!(
+        sent.to_wire(),
+        spec.grammar_as_written().expect("g").to_wire()
+    );
     let mut g = v
         .compile(&spec.grammar_as_written().expect("g"))
         .expect("as written");
@@ -212,6 +217,12 @@ fn bounded_fixtures_compile_where_the_schemas_do() {
         let as_written = v.compile(&spec.grammar_as_written().expect("as written"));
         if v.compile(&bounded).is_err() && as_written.is_ok() {
             fallback.push(id);
+            // What the gateway sends: the schema as written.
+            let (sent, _) = v.compile_spec(&spec).expect("compiled");
+            assert_eq!(
+                sent.to_wire(),
+                spec.grammar_as_written().expect("g").to_wire()
+            );
         }
     }
     assert_eq!(
