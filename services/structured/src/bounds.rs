@@ -19,9 +19,9 @@
 //! - an object whose every declared property is required, with values of other keys allowed
 //!   (`additionalProperties` or `patternProperties`): at most [`OBJECT_KEYS`] keys past them.
 //!
-//! Objects and free values are bounded only where no other schema is intersected with them
-//! (`allOf`, a `$ref` or `anyOf`/`oneOf` beside other keywords): there, a narrowed part would
-//! take away what its partner allows. Where a narrowed schema cannot be compiled at all (a
+//! Objects and free values are bounded only where no other schema is intersected with them or
+//! with a schema they lie in (`allOf`, a `$ref` or `anyOf`/`oneOf` beside other keywords):
+//! there, a narrowed part would take away what its partner allows. Where a narrowed schema cannot be compiled at all (a
 //! partner asks for a longer string), the gateway falls back to the schema as written.
 
 use std::collections::HashSet;
@@ -266,10 +266,12 @@ impl Walk {
         bound_string(obj);
         bound_array(obj, combined);
         bound_object(obj, combined);
-        self.children(obj);
+        self.children(obj, partnered);
     }
 
-    fn children(&mut self, obj: &mut Map<String, Value>) {
+    /// Bounds the subschemas of `obj`; `partnered` when something else is intersected with
+    /// `obj`: its properties' and items' schemas then meet the partner's too.
+    fn children(&mut self, obj: &mut Map<String, Value>, partnered: bool) {
         let parent_asserts = obj
             .keys()
             .any(|k| !COMBINING.contains(&k.as_str()) && ASSERTING.contains(&k.as_str()));
@@ -286,10 +288,13 @@ impl Walk {
                 "allOf" | "anyOf" | "oneOf" => {
                     // allOf's members meet each other; anyOf's and oneOf's meet the keywords
                     // beside them.
-                    let partnered = key == "allOf" || parent_asserts;
+                    let partnered = partnered || key == "allOf" || parent_asserts;
                     self.each(value, partnered);
                 }
                 _ if NAMED_SCHEMAS.contains(&key) => {
+                    // Definitions meet what refers to them (`combined_refs`), not `obj`'s
+                    // partner.
+                    let partnered = partnered && !matches!(key, "$defs" | "definitions");
                     if let Value::Object(map) = value {
                         for (name, sub) in map.iter_mut() {
                             let d = self.pointer.len();
@@ -297,20 +302,20 @@ impl Walk {
                             self.pointer.push_str(&escape(name));
                             // A dependency's list of names is not a schema.
                             if !sub.is_array() {
-                                self.schema(sub, false);
+                                self.schema(sub, partnered);
                             }
                             self.pointer.truncate(d);
                         }
                     }
                 }
-                "items" | "prefixItems" if value.is_array() => self.each(value, false),
+                "items" | "prefixItems" if value.is_array() => self.each(value, partnered),
                 "items"
                 | "additionalItems"
                 | "additionalProperties"
                 | "then"
                 | "else"
                 | "unevaluatedItems"
-                | "unevaluatedProperties" => self.schema(value, false),
+                | "unevaluatedProperties" => self.schema(value, partnered),
                 _ => {}
             }
             self.pointer.truncate(depth);
@@ -525,6 +530,13 @@ mod tests {
         assert_eq!(d["alone"]["additionalProperties"], false);
         assert!(s.get("additionalProperties").is_none(), "{s}");
         assert!(s["allOf"][1].get("additionalProperties").is_none());
+        // What a partner's property holds meets the same property of the other partner.
+        let s = bounded(json!({"allOf": [
+            {"properties": {"a": {"type": "object", "properties": {"x": {"type": "string"}}}}},
+            {"properties": {"a": {"properties": {"y": {"type": "string"}}}}}]}));
+        let a = &s["allOf"][0]["properties"]["a"];
+        assert!(a.get("additionalProperties").is_none(), "{a}");
+        assert_eq!(a["properties"]["x"]["maxLength"], STRING_CHARS);
     }
 
     #[test]
