@@ -181,8 +181,12 @@ fn grammar(text: &ModelText, constraint: &Constraint) -> Result<String, GatewayE
         field: constraint.field,
         message: e.to_string(),
     };
-    let grammar = constraint.spec.grammar().map_err(bad)?;
-    text.vocabulary()?.compile(&grammar).map_err(bad)?;
+    // Bounded so that a small model ends (ferrite_structured::STRING_CHARS and the rest),
+    // or as written where a bound meets what the schema asks for.
+    let (grammar, _) = text
+        .vocabulary()?
+        .compile_spec(&constraint.spec)
+        .map_err(bad)?;
     Ok(grammar.to_wire())
 }
 

@@ -10,9 +10,11 @@
 //! llguidance does the compiling and the masks. This crate knows no engine and no HTTP: the
 //! gateway uses it to build and check grammars, the worker to guide sequences.
 
+mod bounds;
 mod spec;
 mod vocabulary;
 
+pub use bounds::{ANY_DEPTH, ARRAY_ITEMS, OBJECT_KEYS, STRING_CHARS};
 pub use spec::{Grammar, MAX_GRAMMAR_BYTES, Spec};
 pub use vocabulary::{Guide, TokenBytes, Vocabulary};
 

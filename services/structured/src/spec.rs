@@ -3,7 +3,7 @@
 use llguidance::api::TopLevelGrammar;
 use serde_json::{Value, json};
 
-use crate::GrammarError;
+use crate::{GrammarError, bounds};
 
 /// The largest schema or grammar text a request may carry. llguidance bounds the compile
 /// itself (its lexer fuel and grammar size limits); this keeps a request from spending the
@@ -40,6 +40,18 @@ impl Spec {
     /// The grammar of this constraint. Refuses what is malformed before llguidance sees it:
     /// a schema that is not an object, text past [`MAX_GRAMMAR_BYTES`], an empty choice list.
     pub fn grammar(&self) -> Result<Grammar, GrammarError> {
+        self.build(true)
+    }
+
+    /// The grammar of this constraint with a JSON schema as written: without the bounds of
+    /// [`Spec::grammar`] (see `bounds.rs`), for a schema whose bounded form llguidance cannot
+    /// compile (a bound meets a partner's larger minimum). Other constraints are as
+    /// [`Spec::grammar`] gives them.
+    pub fn grammar_as_written(&self) -> Result<Grammar, GrammarError> {
+        self.build(false)
+    }
+
+    fn build(&self, bounded: bool) -> Result<Grammar, GrammarError> {
         let bad = |m: String| Err(GrammarError::Invalid(m));
         let size = match self {
             Spec::JsonObject => 0,
@@ -53,8 +65,8 @@ impl Spec {
             ));
         }
         let top = match self {
-            Spec::JsonObject => json_grammar(json!({"type": "object"}), false)?,
-            Spec::JsonSchema { schema, strict } => json_grammar(schema.clone(), *strict)?,
+            Spec::JsonObject => json_grammar(json!({"type": "object"}), false, bounded)?,
+            Spec::JsonSchema { schema, strict } => json_grammar(schema.clone(), *strict, bounded)?,
             Spec::Regex(r) => TopLevelGrammar::from_regex(r),
             Spec::Choice(choices) => {
                 if choices.is_empty() {
@@ -130,8 +142,20 @@ fn normalize_numbers(schema: &mut Value) {
 
 /// A JSON schema's grammar, with ferrite's JSON options (bounded whitespace and numbers;
 /// lenient unless `strict`) under the schema's `x-guidance`, where llguidance reads them.
-/// Options the schema sets itself there are kept.
-fn json_grammar(mut schema: Value, strict: bool) -> Result<TopLevelGrammar, GrammarError> {
+/// Options the schema sets itself there are kept. Keywords llguidance would ignore to the
+/// output's harm are rewritten into ones it enforces or refused; `bounded` adds the bounds
+/// of `bounds.rs`.
+fn json_grammar(
+    mut schema: Value,
+    strict: bool,
+    bounded: bool,
+) -> Result<TopLevelGrammar, GrammarError> {
+    if schema.is_object() {
+        bounds::check_keywords(&mut schema)?;
+        if bounded {
+            bounds::bound(&mut schema);
+        }
+    }
     normalize_numbers(&mut schema);
     let Some(obj) = schema.as_object_mut() else {
         return Err(GrammarError::Invalid(format!(

@@ -8,7 +8,7 @@ use ferrite_text::Tokenizer;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 
-use crate::{Grammar, GrammarError};
+use crate::{Grammar, GrammarError, Spec};
 
 /// Each token's bytes, read from a `tokenizer.json` (special tokens by their text). Also what
 /// log-probabilities report as a token's `bytes`.
@@ -119,6 +119,20 @@ impl Vocabulary {
         let bytes = TokenBytes::from_tokenizer_json(tokenizer_json)?;
         let eos = tokenizer.eos_ids().to_vec();
         Self::new(&bytes, tokenizer, &eos, logits_width)
+    }
+
+    /// The grammar of `spec`, compiled: the bounded one of [`Spec::grammar`], or, where
+    /// llguidance cannot compile that (a bound meets what the schema asks for), the schema as
+    /// written; a refusal gives the reason of the latter. What the gateway checks a request
+    /// with and sends on.
+    pub fn compile_spec(&self, spec: &Spec) -> Result<(Grammar, Guide), GrammarError> {
+        let bounded = spec.grammar()?;
+        if let Ok(guide) = self.compile(&bounded) {
+            return Ok((bounded, guide));
+        }
+        let as_written = spec.grammar_as_written()?;
+        let guide = self.compile(&as_written)?;
+        Ok((as_written, guide))
     }
 
     /// Compiles `grammar` for one sequence. The compile is bounded by llguidance's limits
