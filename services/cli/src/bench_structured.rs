@@ -35,6 +35,8 @@ pub struct StructuredArgs {
     /// Measured runs of each kind, after one warm-up run.
     #[arg(long, default_value_t = 2)]
     runs: usize,
+    #[command(flatten)]
+    schema: crate::cluster::SchemaArgs,
     #[arg(long)]
     json: bool,
 }
@@ -86,14 +88,15 @@ pub fn run(args: StructuredArgs) -> Result<()> {
     let width = engine.config().vocab_size;
     let vocabulary = Vocabulary::from_tokenizer_json(&json, tokenizer.clone(), width)?;
     let vocabulary_ms = started.elapsed().as_secs_f64() * 1e3;
-    let compile = compile_times(&vocabulary, &args.schemas)?;
+    let bounded = args.schema.json_schema_bounds;
+    let compile = compile_times(&vocabulary, &args.schemas, bounded)?;
 
     let prompt = tokenizer.encode("A JSON list of people with their name, age and city:", true)?;
-    let grammar = Spec::JsonSchema {
+    let spec = Spec::JsonSchema {
         schema: people(),
         strict: true,
-    }
-    .grammar()?;
+    };
+    let (grammar, _) = vocabulary.compile_spec(&spec, bounded)?;
     let times = Arc::new(Mutex::new(Vec::new()));
     let mut rates = [Vec::new(), Vec::new()];
     let mut next_id = 0;
@@ -203,7 +206,11 @@ struct CompileTimes {
     refused: usize,
 }
 
-fn compile_times(vocabulary: &Vocabulary, path: &std::path::Path) -> Result<CompileTimes> {
+fn compile_times(
+    vocabulary: &Vocabulary,
+    path: &std::path::Path,
+    bounded: bool,
+) -> Result<CompileTimes> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let entries: Vec<Value> = serde_json::from_str(&text)?;
@@ -217,7 +224,7 @@ fn compile_times(vocabulary: &Vocabulary, path: &std::path::Path) -> Result<Comp
             strict: false,
         };
         let start = Instant::now();
-        match vocabulary.compile_spec(&spec) {
+        match vocabulary.compile_spec(&spec, bounded) {
             Ok(_) => out.ms.push(start.elapsed().as_secs_f64() * 1e3),
             Err(_) => out.refused += 1,
         }

@@ -176,6 +176,17 @@ impl WorkerArgs {
     }
 }
 
+/// How the gateway turns a request's JSON schema into a grammar.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SchemaArgs {
+    /// Bound what a JSON schema leaves unbounded, so that a small model held to it ends:
+    /// strings 64 characters, arrays 8 items, free values 2 deep (a schema's own `maxLength`,
+    /// `maxItems` and the like win). Off by default: a schema's strings and arrays are as long
+    /// as the model writes them, up to `max_tokens`.
+    #[arg(long, env = "FERRITE_JSON_SCHEMA_BOUNDS")]
+    pub json_schema_bounds: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct GatewayArgs {
     /// Public gRPC listen address.
@@ -189,6 +200,8 @@ pub struct GatewayArgs {
     /// of two choices on requests in flight).
     #[arg(long, default_value = "kv", env = "FERRITE_ROUTING")]
     routing: ferrite_gateway::Routing,
+    #[command(flatten)]
+    schema: SchemaArgs,
     #[command(flatten)]
     placement: PlacementArgs,
     #[command(flatten)]
@@ -223,6 +236,8 @@ pub struct ServeArgs {
     /// `p2c`, as `ferrite gateway --routing`.
     #[arg(long, default_value = "kv", env = "FERRITE_ROUTING")]
     routing: ferrite_gateway::Routing,
+    #[command(flatten)]
+    schema: SchemaArgs,
     /// The pool name this process registers.
     #[arg(long, default_value = "local", env = "FERRITE_POOL")]
     pool: String,
@@ -551,7 +566,8 @@ pub fn gateway(args: GatewayArgs, telemetry: &Telemetry) -> Result<()> {
             let gw = args
                 .access
                 .gateway(store, schema, &args.worker_tls, &args.upstream)?
-                .with_routing(args.routing);
+                .with_routing(args.routing)
+                .with_json_bounds(args.schema.json_schema_bounds);
             let gw = match args.tls.files() {
                 Some(files) => gw.with_tls(files),
                 None => gw,
@@ -624,7 +640,8 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
             let gw = args
                 .access
                 .gateway(store, schema, &WorkerTlsArgs::default(), &args.upstream)?
-                .with_routing(args.routing);
+                .with_routing(args.routing)
+                .with_json_bounds(args.schema.json_schema_bounds);
             let gw = match args.tls.files() {
                 Some(files) => gw.with_tls(files),
                 None => gw,

@@ -122,6 +122,13 @@ impl Gateway {
         }
     }
 
+    /// Bounds what JSON schemas leave unbounded (strings, arrays, free values) when `on`, so
+    /// that a small model held to a schema ends (default: off; the schema as written).
+    pub fn with_json_bounds(mut self, on: bool) -> Self {
+        self.texts = Arc::new(ModelTexts::with_json_bounds(on));
+        self
+    }
+
     /// Routes with `routing` (default: KV-aware).
     pub fn with_routing(mut self, routing: route::Routing) -> Self {
         self.routing = routing;

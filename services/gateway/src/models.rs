@@ -32,6 +32,9 @@ pub struct ModelText {
     token_bytes: OnceLock<Option<TokenBytes>>,
     /// The grammar compiler, made by the first constrained request (or why there is none).
     vocabulary: OnceLock<Result<Vocabulary, String>>,
+    /// Whether JSON schemas get bounds where they leave strings, arrays and free values
+    /// unbounded (`--json-schema-bounds`; see `ferrite_structured`'s `bounds.rs`).
+    pub json_bounds: bool,
 }
 
 impl ModelText {
@@ -99,6 +102,7 @@ impl ModelText {
             eos_token_ids: info.eos_token_ids,
             token_bytes: OnceLock::new(),
             vocabulary: OnceLock::new(),
+            json_bounds: false,
         })
     }
 }
@@ -110,6 +114,8 @@ pub struct ModelTexts {
     // A std mutex: held only to find or replace an entry, never across the fetch, so one
     // model's fetch does not hold up requests for the others.
     entries: std::sync::Mutex<HashMap<String, Arc<Entry>>>,
+    /// Given to every text fetched (see [`ModelText::json_bounds`]).
+    json_bounds: bool,
 }
 
 /// One model's text side under one digest. Concurrent first requests wait for one fetch; a
@@ -134,6 +140,14 @@ pub fn majority_digest(pools: &[Pool]) -> Option<String> {
 }
 
 impl ModelTexts {
+    /// Texts whose JSON schemas get bounds (see [`ModelText::json_bounds`]) when `on`.
+    pub fn with_json_bounds(on: bool) -> Self {
+        Self {
+            json_bounds: on,
+            ..Self::default()
+        }
+    }
+
     /// The text side of `model`, asking `pools` (ready pools of that model) if not cached
     /// under the digest they advertise.
     pub async fn get(&self, model: &str, pools: &[Pool]) -> Result<Arc<ModelText>, GatewayError> {
@@ -158,7 +172,7 @@ impl ModelTexts {
         };
         let text = entry
             .text
-            .get_or_try_init(|| fetch(model, digest.as_deref(), pools))
+            .get_or_try_init(|| fetch(model, digest.as_deref(), pools, self.json_bounds))
             .await?;
         Ok(text.clone())
     }
@@ -169,6 +183,7 @@ async fn fetch(
     model: &str,
     digest: Option<&str>,
     pools: &[Pool],
+    json_bounds: bool,
 ) -> Result<Arc<ModelText>, GatewayError> {
     let mut last_err = GatewayError::ModelNotFound(model.to_owned());
     for pool in pools
@@ -177,7 +192,13 @@ async fn fetch(
     {
         let mut client = pool.client.clone();
         match client.get_model_info(pb::GetModelInfoRequest {}).await {
-            Ok(info) => return Ok(Arc::new(ModelText::from_info(info.into_inner())?)),
+            Ok(info) => {
+                let text = ModelText::from_info(info.into_inner())?;
+                return Ok(Arc::new(ModelText {
+                    json_bounds,
+                    ..text
+                }));
+            }
             Err(s) => last_err = GatewayError::from_worker(&s),
         }
     }

@@ -181,11 +181,10 @@ fn grammar(text: &ModelText, constraint: &Constraint) -> Result<String, GatewayE
         field: constraint.field,
         message: e.to_string(),
     };
-    // Bounded so that a small model ends (ferrite_structured::STRING_CHARS and the rest),
-    // or as written where a bound meets what the schema asks for.
+    // Bounded where the gateway says so (`--json-schema-bounds`), so that a small model ends.
     let (grammar, _) = text
         .vocabulary()?
-        .compile_spec(&constraint.spec)
+        .compile_spec(&constraint.spec, text.json_bounds)
         .map_err(bad)?;
     Ok(grammar.to_wire())
 }

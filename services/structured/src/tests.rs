@@ -179,7 +179,7 @@ fn a_bound_that_meets_a_larger_minimum_leaves_the_schema_as_written() {
     };
     v.compile(&spec.grammar().expect("g"))
         .expect_err("maxLength 64 under minLength 200");
-    let (sent, _) = v.compile_spec(&spec).expect("compiled");
+    let (sent, _) = v.compile_spec(&spec, true).expect("compiled");
     assert_eq!(
         sent.to_wire(),
         spec.grammar_as_written().expect("g").to_wire()
@@ -188,6 +188,30 @@ fn a_bound_that_meets_a_larger_minimum_leaves_the_schema_as_written() {
         .compile(&spec.grammar_as_written().expect("g"))
         .expect("as written");
     feed(&mut g, &format!("\"{}", "x".repeat(300)));
+}
+
+/// Bounds are the caller's choice (`--json-schema-bounds`, off by default): unbounded, a string
+/// the schema leaves open runs past the 64 characters a bounded grammar stops at.
+#[test]
+fn bounds_apply_only_when_asked_for() {
+    let v = vocabulary();
+    let spec = Spec::JsonSchema {
+        schema: json!({"type": "string"}),
+        strict: false,
+    };
+    let (open, mut g) = v.compile_spec(&spec, false).expect("compiled");
+    assert_eq!(
+        open.to_wire(),
+        spec.grammar_as_written().expect("g").to_wire()
+    );
+    feed(&mut g, &format!("\"{}", "x".repeat(300)));
+    let (bounded, mut g) = v.compile_spec(&spec, true).expect("compiled");
+    assert_ne!(bounded.to_wire(), open.to_wire());
+    feed(&mut g, &format!("\"{}", "x".repeat(64)));
+    assert!(
+        !allowed(&mut g).contains(&u32::from(b'x')),
+        "a 65th character"
+    );
 }
 
 /// Over the 234 schemas of `tests/fixtures/schemas/`: the bounded form compiles wherever the
@@ -218,7 +242,7 @@ fn bounded_fixtures_compile_where_the_schemas_do() {
         if v.compile(&bounded).is_err() && as_written.is_ok() {
             fallback.push(id);
             // What the gateway sends: the schema as written.
-            let (sent, _) = v.compile_spec(&spec).expect("compiled");
+            let (sent, _) = v.compile_spec(&spec, true).expect("compiled");
             assert_eq!(
                 sent.to_wire(),
                 spec.grammar_as_written().expect("g").to_wire()

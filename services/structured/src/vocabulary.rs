@@ -121,14 +121,21 @@ impl Vocabulary {
         Self::new(&bytes, tokenizer, &eos, logits_width)
     }
 
-    /// The grammar of `spec`, compiled: the bounded one of [`Spec::grammar`], or, where
-    /// llguidance cannot compile that (a bound meets what the schema asks for), the schema as
-    /// written; a refusal gives the reason of the latter. What the gateway checks a request
-    /// with and sends on.
-    pub fn compile_spec(&self, spec: &Spec) -> Result<(Grammar, Guide), GrammarError> {
-        let bounded = spec.grammar()?;
-        if let Ok(guide) = self.compile(&bounded) {
-            return Ok((bounded, guide));
+    /// The grammar of `spec`, compiled. With `bounded`, the bounded one of [`Spec::grammar`]
+    /// (strings, arrays and free values the schema leaves unbounded get bounds, so a small
+    /// model held to it ends), or, where llguidance cannot compile that (a bound meets what
+    /// the schema asks for), the schema as written; without, the schema as written. A refusal
+    /// gives the reason of the latter. What the gateway checks a request with and sends on.
+    pub fn compile_spec(
+        &self,
+        spec: &Spec,
+        bounded: bool,
+    ) -> Result<(Grammar, Guide), GrammarError> {
+        if bounded {
+            let grammar = spec.grammar()?;
+            if let Ok(guide) = self.compile(&grammar) {
+                return Ok((grammar, guide));
+            }
         }
         let as_written = spec.grammar_as_written()?;
         let guide = self.compile(&as_written)?;
