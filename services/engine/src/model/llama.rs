@@ -457,11 +457,12 @@ pub struct LayerAt<'a> {
     pub index: usize,
     pub positions: &'a [usize],
     pub query_tokens: &'a [QueryToken<'a>],
-    /// Whether the tokens include a prompt's ([`SeqChunk::prompt`]). Such steps take activations exact or nearly so ([`MatmulOptions::fine`])
-    /// whatever `--cpu-activations` says: at one int8 term, a prompt's rounding flips the
-    /// first pick of near-ties (the README question's "The" became "L'Étoile"). Steps of one
-    /// decode token per sequence take the model's setting, alone or batched: llama.cpp's
-    /// arithmetic for generated tokens, at half the integer work of two terms.
+    /// Whether the tokens include a prompt's ([`SeqChunk::prompt`]). Such steps take
+    /// activations exact or nearly so ([`MatmulOptions::fine`]) whatever `--cpu-activations`
+    /// says: at one int8 term, a prompt's rounding flips the first pick of near-ties (the
+    /// README question's "The" became "L'Étoile"). Steps of one decode token per sequence
+    /// take the model's setting, alone or batched: llama.cpp's arithmetic for generated
+    /// tokens, at half the integer work of two terms.
     pub prompt: bool,
 }
 
