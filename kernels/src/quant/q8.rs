@@ -23,8 +23,8 @@ pub enum GgmlActivations {
     Int8,
     /// As close to exact as the fastest kernel allows: one-token steps exact; batched steps
     /// in two int8 terms ([`Q8Tokens`], within `max|x| / 64516` of each block) where the
-    /// panel kernel runs ([`has_panels`]), f32 elsewhere. For what samples are drawn from (the
-    /// LM head), where one int8 term flips near-ties.
+    /// panel kernel runs ([`has_panels`]), f32 elsewhere. For prompts and the LM head, where
+    /// one int8 term flips near-ties of what is sampled.
     Fine,
 }
 
