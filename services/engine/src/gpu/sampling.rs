@@ -53,12 +53,12 @@ const PACKED_BYTES: usize = 2 * 8 + 4 * 4;
 /// The kernel's six parameter arrays for `params`, one after the other in one block, so a
 /// step copies them to the device at once (six small copies from pageable memory, each a
 /// synchronous round trip, were a fixed cost of every sampled step). The u64 arrays come
-/// first, so every array stays aligned. Returns the block and each array's byte offset in it,
-/// as [`SamplingArrays`] fields relative to 0.
-fn packed(params: &[DeviceSampling]) -> (Vec<u8>, SamplingArrays) {
+/// first, so every array stays aligned. Returns the block and where each array lies once the
+/// block is copied to `base`.
+fn packed(params: &[DeviceSampling], base: DevPtr) -> (Vec<u8>, SamplingArrays) {
     let n = params.len();
     let mut b = Vec::with_capacity(n * PACKED_BYTES);
-    let at = |b: &Vec<u8>| DevPtr(b.len() as u64);
+    let at = |b: &Vec<u8>| base.offset::<u8>(b.len());
     let seeds = at(&b);
     b.extend(params.iter().flat_map(|p| p.seed.to_le_bytes()));
     let steps = at(&b);
@@ -71,7 +71,7 @@ fn packed(params: &[DeviceSampling]) -> (Vec<u8>, SamplingArrays) {
     b.extend(params.iter().flat_map(|p| p.min_p.to_le_bytes()));
     let top_k = at(&b);
     b.extend(params.iter().flat_map(|p| p.top_k.to_le_bytes()));
-    let offsets = SamplingArrays {
+    let arrays = SamplingArrays {
         temperature,
         top_k,
         top_p,
@@ -79,20 +79,7 @@ fn packed(params: &[DeviceSampling]) -> (Vec<u8>, SamplingArrays) {
         seeds,
         steps,
     };
-    (b, offsets)
-}
-
-/// `arrays`' offsets moved to the block at `base`.
-fn at_base(arrays: SamplingArrays, base: DevPtr) -> SamplingArrays {
-    let moved = |p: DevPtr| base.offset::<u8>(p.0 as usize);
-    SamplingArrays {
-        temperature: moved(arrays.temperature),
-        top_k: moved(arrays.top_k),
-        top_p: moved(arrays.top_p),
-        min_p: moved(arrays.min_p),
-        seeds: moved(arrays.seeds),
-        steps: moved(arrays.steps),
-    }
+    (b, arrays)
 }
 
 impl GpuRunner {
@@ -132,12 +119,11 @@ impl GpuRunner {
             #[allow(unsafe_code)]
             unsafe { g.argmax(ids, self.logits_ptr, n, vocab) }.map_err(gpu_error)?;
         } else {
-            let (block, offsets) = packed(params);
+            let (block, arrays) = packed(params, b.params.ptr);
             // SAFETY: the block holds n ≤ max_seqs sequences' parameters, PACKED_BYTES each:
             // within the buffer.
             #[allow(unsafe_code)]
             unsafe { g.upload_at(b.params.ptr, &block) }.map_err(gpu_error)?;
-            let arrays = at_base(offsets, b.params.ptr);
             // SAFETY: as above; every parameter array holds the n elements just written.
             #[allow(unsafe_code)]
             unsafe { g.sample(ids, self.logits_ptr, n, vocab, &arrays) }.map_err(gpu_error)?;
@@ -151,8 +137,8 @@ impl GpuRunner {
 mod tests {
     use super::*;
 
-    /// Each array lies where its offset says, in order, aligned for its type, and the block
-    /// holds nothing else.
+    /// Each array lies where its pointer says, from the block's base, aligned for its type,
+    /// and the block holds nothing else.
     #[test]
     fn the_packed_block_holds_each_array_at_its_offset() {
         let params: Vec<DeviceSampling> = (0..3)
@@ -165,11 +151,13 @@ mod tests {
                 step: 7 + i as u64,
             })
             .collect();
-        let (block, at) = packed(&params);
+        let base = DevPtr(4096);
+        let (block, at) = packed(&params, base);
         assert_eq!(block.len(), params.len() * PACKED_BYTES);
-        let word = |off: DevPtr, i: usize, size: usize| {
-            let start = off.0 as usize + i * size;
-            assert_eq!(start % size, 0, "aligned");
+        let word = |ptr: DevPtr, i: usize, size: usize| {
+            let address = ptr.0 as usize + i * size;
+            assert_eq!(address % size, 0, "aligned");
+            let start = address - base.0 as usize;
             &block[start..start + size]
         };
         for (i, p) in params.iter().enumerate() {
@@ -180,7 +168,5 @@ mod tests {
             assert_eq!(word(at.min_p, i, 4), p.min_p.to_le_bytes());
             assert_eq!(word(at.top_k, i, 4), p.top_k.to_le_bytes());
         }
-        let moved = at_base(at, DevPtr(4096));
-        assert_eq!(moved.top_k.0, 4096 + at.top_k.0);
     }
 }
