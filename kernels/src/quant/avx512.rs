@@ -1,4 +1,4 @@
-//! AVX-512 (F, BW, VL, DQ, VNNI) versions of the two hottest CPU kernels, on the CPUs that
+//! AVX-512 (F, BW, VL, DQ, VNNI) versions of the hottest CPU kernels, on the CPUs that
 //! have them (Zen 4/5, Ice Lake and later), used by [`super::Isa::Avx512`]; every other kernel
 //! stays on AVX2.
 //!
@@ -11,6 +11,8 @@
 //!   `--cpu-activations int8`), two groups of 32 per instruction with VNNI's `vpdpbusd`
 //!   (unsigned × signed bytes, summed by fours into i32), which replaces AVX2's
 //!   `maddubs` + `madd`. Signed weight codes go in as `|w|` against `x·sign(w)`.
+//! - [`q8_0_dot_f32`]: a stored Q8_0 row times f32 activations, exactly (the one-token LM
+//!   head, which stays exact under `GgmlActivations::Fine`).
 //!
 //! The unsafe code is of two kinds, as in the AVX2 module: calling `#[target_feature]`
 //! functions, justified by the [`Avx512`] token (constructible only after runtime detection),
@@ -80,6 +82,18 @@ impl Avx512 {
                 _ => q8_dot::<Q8_0>(row, x),
             }
         }
+    }
+
+    /// `Σ row · x` for a stored Q8_0 row of `ng` groups and f32 activations, exactly (the
+    /// weights dequantized without rounding; f32 sums): the one-token LM head, which
+    /// `GgmlActivations::Fine` keeps exact.
+    ///
+    /// # Safety
+    /// `row` readable for `ng` Q8_0 blocks, `x` for `32 * ng` f32s.
+    #[inline]
+    pub(crate) unsafe fn q8_0_dot_f32(self, row: *const u8, x: *const f32, ng: usize) -> f32 {
+        // SAFETY: `self` proves the features; the pointers are the caller's.
+        unsafe { q8_0_dot_f32(row, x, ng) }
     }
 
     /// [`Q8Row::new`]'s quantization of `x` into `d`, `s` and `qs`, 32 activations at a time
@@ -286,14 +300,50 @@ unsafe fn tile<const X: usize>(
     r
 }
 
+/// See [`Avx512::q8_0_dot_f32`]: per block `d · Σ q·x`, 16 lanes, two blocks per iteration
+/// into two accumulators, their scales decoded together ([`heads`]).
+///
+/// # Safety
+/// As [`Avx512::q8_0_dot_f32`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_dot_f32(row: *const u8, x: *const f32, ng: usize) -> f32 {
+    // Σ q·x over block `g`'s 32 codes (at +2 of its 34 bytes), in 16 lanes.
+    let block = |g: usize| {
+        // SAFETY: g < ng: the block and its 32 activations are readable (caller contract).
+        unsafe {
+            let (b, p) = (row.add(34 * g + 2), x.add(32 * g));
+            let w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.cast())));
+            let w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(16).cast())));
+            _mm512_fmadd_ps(
+                w1,
+                _mm512_loadu_ps(p.add(16)),
+                _mm512_mul_ps(w0, _mm512_loadu_ps(p)),
+            )
+        }
+    };
+    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut g = 0;
+    while g < ng {
+        let last = g + 1 == ng;
+        // SAFETY: blocks g and, unless `last`, g + 1 are in the row.
+        let d = unsafe { heads(row.add(34 * g), row.add(34 * (g + 1)), last, true) };
+        a0 = _mm512_fmadd_ps(block(g), _mm512_broadcastss_ps(d), a0);
+        if !last {
+            let d1 = _mm512_permutexvar_ps(_mm512_set1_epi32(2), _mm512_castps128_ps512(d));
+            a1 = _mm512_fmadd_ps(block(g + 1), d1, a1);
+        }
+        g += 2;
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+}
+
 /// Two consecutive groups of 32 weights as VNNI reads them: 64 codes (the low 32 bytes group
-/// `g`'s, in element order), and per 32-bit lane of the product the weight scale.
+/// `g`'s, in element order), and their headers.
 struct Pair {
     q: __m512i,
-    /// Lanes 0..8 group `g`'s scale, lanes 8..16 group `g + 1`'s.
-    scale: __m512,
-    /// The two groups' minimums (Q4_1), which multiply the activations' block sums.
-    mins: (f32, f32),
+    /// `[d(g), m(g), d(g + 1), m(g + 1)]`: the groups' scales and minimums (Q4_1; zero for the
+    /// types without one), decoded from f16 in one instruction.
+    head: __m128,
 }
 
 /// A storage type whose groups of 32 VNNI reads two at a time.
@@ -336,25 +386,34 @@ unsafe fn load16_or_zero(p: *const u8, absent: bool) -> __m128i {
     }
 }
 
-/// The f16 at `p` as f32, or 0 when `absent`.
+/// The f16 headers of two blocks, `[a0, a1, b0, b1]` as f32: the two 16-bit values at `a`
+/// and at `b` (`b`'s zero when `absent`; with `one`, only the first of each, the second zero).
+/// Loaded whole into vector registers and converted by `vcvtph2ps`: decoding them in scalar
+/// registers was a third of the single-token dot's instructions.
 ///
 /// # Safety
-/// `p` readable for 2 bytes unless `absent`.
-#[inline(always)]
-unsafe fn f16_or_zero(p: *const u8, absent: bool) -> f32 {
-    if absent {
-        0.0
-    } else {
-        // SAFETY: forwarded.
-        unsafe { super::f16::f16_at(p) }
-    }
-}
-
-/// `a` in lanes 0..8, `b` in lanes 8..16.
+/// `a` readable for 4 bytes, and `b` unless `absent`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
-fn halves(a: f32, b: f32) -> __m512 {
-    _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1)
+unsafe fn heads(a: *const u8, b: *const u8, absent: bool, one: bool) -> __m128 {
+    // SAFETY: forwarded.
+    let (ha, hb) = unsafe {
+        (
+            _mm_loadu_si32(a),
+            if absent {
+                _mm_setzero_si128()
+            } else {
+                _mm_loadu_si32(b)
+            },
+        )
+    };
+    let h = _mm_unpacklo_epi32(ha, hb);
+    let h = if one {
+        _mm_and_si128(h, _mm_set1_epi32(0xffff))
+    } else {
+        h
+    };
+    _mm_cvtph_ps(h)
 }
 
 struct Q4_0;
@@ -378,8 +437,7 @@ impl PairGroup for Q4_0 {
                     q,
                     _mm512_maskz_set1_epi8(if last { u32::MAX as u64 } else { u64::MAX }, 8),
                 ),
-                scale: halves(super::f16::f16_at(a), f16_or_zero(b, last)),
-                mins: (0.0, 0.0),
+                head: heads(a, b, last, true),
             }
         }
     }
@@ -392,19 +450,12 @@ impl PairGroup for Q4_1 {
         // SAFETY: blocks are 20 bytes (f16 d, f16 m, 16 nibble bytes); the caller's contract.
         unsafe {
             let (a, b) = (row.add(20 * g), row.add(20 * (g + 1)));
-            let (da, ma) = super::f16::f16x2_at(a);
-            let (db, mb) = if last {
-                (0.0, 0.0)
-            } else {
-                super::f16::f16x2_at(b)
-            };
             Pair {
                 q: nibbles2(
                     load16_or_zero(a.add(4), false),
                     load16_or_zero(b.add(4), last),
                 ),
-                scale: halves(da, db),
-                mins: (ma, mb),
+                head: heads(a, b, last, false),
             }
         }
     }
@@ -425,53 +476,98 @@ impl PairGroup for Q8_0 {
             };
             Pair {
                 q: _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                scale: halves(super::f16::f16_at(a), f16_or_zero(b, last)),
-                mins: (0.0, 0.0),
+                head: heads(a, b, last, true),
             }
         }
     }
 }
 
 /// `Σ row · x`: per pair of groups one `vpdpbusd` (64 products summed by fours), converted to
-/// f32 and scaled per lane by the weight scale times the activations' block scale.
+/// f32 and scaled per lane by the weight scale times the activations' block scale. Two pairs
+/// per iteration into two accumulators, so the loop-carried FMA's latency overlaps.
 ///
 /// # Safety
 /// AVX-512 as [`Avx512`]; `row` holds `x.blocks()` groups of `G`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_dot<G: PairGroup>(row: *const u8, x: &Q8Row) -> f32 {
     let ng = x.blocks();
-    let mut acc = _mm512_setzero_ps();
-    let mut offsets = 0f32;
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut offsets = _mm_setzero_ps();
     let mut g = 0;
+    while g + 4 <= ng {
+        // SAFETY: groups g..g + 4 are in the row and in x.
+        let ((p0, f0), (p1, f1)) =
+            unsafe { (pair_dot::<G>(row, x, g), pair_dot::<G>(row, x, g + 2)) };
+        acc0 = _mm512_fmadd_ps(p0, spread(f0), acc0);
+        acc1 = _mm512_fmadd_ps(p1, spread(f1), acc1);
+        offsets = _mm_add_ps(offsets, _mm_add_ps(f0, f1));
+        g += 4;
+    }
     while g < ng {
-        let last = g + 1 == ng;
-        // SAFETY: g < ng (and g + 1 < ng unless `last`) groups of the row; x.qs holds 32 codes
-        // per block: 64 at 32g, or 32 when `last` (the mask loads no more).
-        let (p, xq) = unsafe {
-            let mask = if last { u32::MAX as u64 } else { u64::MAX };
-            (
-                G::pair(row, g, last),
-                _mm512_maskz_loadu_epi8(mask, x.qs.as_ptr().add(32 * g).cast()),
-            )
-        };
-        let (u, s) = if G::SIGNED {
-            // |w| (at most 128: fits u8) against x with w's sign (x is never −128).
-            let neg = _mm512_movepi8_mask(p.q);
-            (
-                _mm512_abs_epi8(p.q),
-                _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq),
-            )
-        } else {
-            (p.q, xq)
-        };
-        let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-        let dx = halves(x.d[g], if last { 0.0 } else { x.d[g + 1] });
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(p.scale, dx), acc);
-        offsets += p.mins.0 * x.s[g];
-        if !last {
-            offsets += p.mins.1 * x.s[g + 1];
-        }
+        // SAFETY: g < ng (a last odd group reads only itself).
+        let (p, f) = unsafe { pair_dot::<G>(row, x, g) };
+        acc0 = _mm512_fmadd_ps(p, spread(f), acc0);
+        offsets = _mm_add_ps(offsets, f);
         g += 2;
     }
-    _mm512_reduce_add_ps(acc) + offsets
+    // Lanes 1 and 3 of `offsets` hold Σ m·s; lanes 0 and 2 the scales, not wanted here.
+    let odd = _mm_movehdup_ps(offsets);
+    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+        + _mm_cvtss_f32(_mm_add_ss(odd, _mm_movehl_ps(odd, odd)))
+}
+
+/// Groups `g` and `g + 1` (only `g` when it is the row's last) times the activations: the
+/// integer dot per 4 codes as f32, and `[d(g)·xd(g), m(g)·xs(g), d(g+1)·xd(g+1),
+/// m(g+1)·xs(g+1)]`: the scales (lanes 0, 2) and the minimums' terms (lanes 1, 3).
+///
+/// # Safety
+/// AVX-512 as [`Avx512`]; `row` holds group `g` of `G` and `x` block `g`, and both `g + 1` unless
+/// `g + 1 == x.blocks()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn pair_dot<G: PairGroup>(row: *const u8, x: &Q8Row, g: usize) -> (__m512, __m128) {
+    let last = g + 1 == x.blocks();
+    // SAFETY: g < ng (and g + 1 < ng unless `last`) groups of the row; x.qs holds 32 codes
+    // per block: 64 at 32g, or 32 when `last` (the mask loads no more); x.d and x.s one value
+    // per block (two at g unless `last`).
+    let (p, xq, d, s) = unsafe {
+        let mask = if last { u32::MAX as u64 } else { u64::MAX };
+        let (d, s) = (x.d.as_ptr().add(g), x.s.as_ptr().add(g));
+        let two = |v: *const f32| {
+            if last {
+                _mm_load_ss(v)
+            } else {
+                _mm_castpd_ps(_mm_load_sd(v.cast()))
+            }
+        };
+        (
+            G::pair(row, g, last),
+            _mm512_maskz_loadu_epi8(mask, x.qs.as_ptr().add(32 * g).cast()),
+            two(d),
+            two(s),
+        )
+    };
+    let (u, sx) = if G::SIGNED {
+        // |w| (at most 128: fits u8) against x with w's sign (x is never −128).
+        let neg = _mm512_movepi8_mask(p.q);
+        (
+            _mm512_abs_epi8(p.q),
+            _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq),
+        )
+    } else {
+        (p.q, xq)
+    };
+    let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, sx);
+    (
+        _mm512_cvtepi32_ps(dots),
+        _mm_mul_ps(p.head, _mm_unpacklo_ps(d, s)),
+    )
+}
+
+/// Lane 0 of `f` in lanes 0..8, lane 2 in lanes 8..16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn spread(f: __m128) -> __m512 {
+    let idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f))
 }

@@ -327,9 +327,10 @@ fn int8_activation_decode_steps_track_the_exact_path() {
     // 0.57 at most over these 208 steps, as measured (0.74 with the prompts prefilled exactly,
     // 0.77 with them in one int8 term, 0.76 with the LM head rounded too; llama.cpp's
     // first-step logits, from the one-term rounding in its prefill, differ from transformers'
-    // by up to 0.25). A pick may flip only at a near-tie of the exact path: three did, at
-    // margins of 0.003, 0.015 and 0.061 (one term in prefill: four; the count moves by one
-    // either way at such margins).
+    // by up to 0.25). A pick may flip only at a near-tie of the exact path: four do, at
+    // margins of 0.003, 0.006, 0.015 and 0.061 (three before the one-token dot summed in two
+    // accumulators: the 0.006 tie went the other way; one term in prefill: four; the count
+    // moves by one either way at such margins).
     const TOP5_DRIFT: f32 = 1.0;
     const NEAR_TIE: f32 = 0.25;
     let exact = load();
@@ -363,7 +364,7 @@ fn int8_activation_decode_steps_track_the_exact_path() {
     eprintln!(
         "16 steps of each prompt: top-5 logits moved by {worst} at most; {flips} picks flipped"
     );
-    assert!(flips <= 3, "{flips} greedy picks flipped");
+    assert!(flips <= 4, "{flips} greedy picks flipped");
 }
 
 /// Under `--cpu-activations int8` a prompt's activations are nearly exact (two int8 terms

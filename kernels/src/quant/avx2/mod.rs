@@ -120,6 +120,7 @@ impl Avx2 {
         let direct = a.ty == GgmlType::F32;
         match outs.len() {
             0 => {}
+            1 if a.ty == GgmlType::Q8_0 && self.wide.is_some() => self.single_q8_0_wide(a, outs[0]),
             1 => self.single::<G>(a, outs[0]),
             2 if !direct => self.fused::<G, 2>(a, outs),
             3 if !direct => self.fused::<G, 3>(a, outs),
@@ -155,6 +156,19 @@ impl Avx2 {
                     .sum::<f32>();
             }
             *o = y;
+        }
+    }
+
+    /// One activation row of Q8_0 weights (the tied LM head's usual type) on AVX-512.
+    fn single_q8_0_wide(self, a: &Args<'_>, out: &mut [f32]) {
+        let Some(wide) = self.wide else {
+            return self.single::<groups::Q8_0>(a, out);
+        };
+        let ng = a.k / 32; // Q8_0 rows are whole blocks
+        for (j, o) in out[..a.nrows].iter_mut().enumerate() {
+            let row = &a.rows[j * a.rb..(j + 1) * a.rb];
+            // SAFETY: `row` holds ng blocks and `x` k = 32ng f32s (asserted in `rows`).
+            *o = unsafe { wide.q8_0_dot_f32(row.as_ptr(), a.x.as_ptr(), ng) };
         }
     }
 
