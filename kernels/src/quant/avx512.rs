@@ -22,6 +22,7 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::GgmlType;
+use super::f16::heads;
 use super::q8::Q8Row;
 
 /// Proof that the running CPU has AVX-512 F/BW/VL/DQ/VNNI (and AVX2, FMA, F16C).
@@ -40,7 +41,8 @@ impl Avx512 {
     pub(crate) fn detect() -> Option<Self> {
         let mut s = DETECTED.load(Ordering::Relaxed);
         if s == 0 {
-            let ok = super::Avx2::detect().is_some()
+            let ok = super::Isa::cap() >= super::Isa::Avx512
+                && super::Avx2::detect().is_some()
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
@@ -384,36 +386,6 @@ unsafe fn load16_or_zero(p: *const u8, absent: bool) -> __m128i {
         // SAFETY: forwarded.
         unsafe { _mm_loadu_si128(p.cast()) }
     }
-}
-
-/// The f16 headers of two blocks, `[a0, a1, b0, b1]` as f32: the two 16-bit values at `a`
-/// and at `b` (`b`'s zero when `absent`; with `one`, only the first of each, the second zero).
-/// Loaded whole into vector registers and converted by `vcvtph2ps`: decoding them in scalar
-/// registers was a third of the single-token dot's instructions.
-///
-/// # Safety
-/// `a` readable for 4 bytes, and `b` unless `absent`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn heads(a: *const u8, b: *const u8, absent: bool, one: bool) -> __m128 {
-    // SAFETY: forwarded.
-    let (ha, hb) = unsafe {
-        (
-            _mm_loadu_si32(a),
-            if absent {
-                _mm_setzero_si128()
-            } else {
-                _mm_loadu_si32(b)
-            },
-        )
-    };
-    let h = _mm_unpacklo_epi32(ha, hb);
-    let h = if one {
-        _mm_and_si128(h, _mm_set1_epi32(0xffff))
-    } else {
-        h
-    };
-    _mm_cvtph_ps(h)
 }
 
 struct Q4_0;

@@ -1,7 +1,7 @@
 //! Little-endian f16 scales read as f32, exactly: what the CPU kernels' block decoders
 //! (scalar-register code, shared by the AVX2 and AVX-512 ones) read a GGUF block's scales with.
-//! AVX-512's one-token dots read two blocks' headers at once with `vcvtph2ps` instead
-//! (`avx512::heads`): with the integer dot that fast, these scalar decodes were a third of its
+//! The one-token integer dots of Q4_0, Q4_1 and Q8_0 read two blocks' headers at once with
+//! `vcvtph2ps` instead ([`heads`]): in scalar registers they were a third of AVX-512's dot's
 //! instructions.
 
 /// An f16 bit pattern as f32, exactly (subnormals, infinities and NaNs included).
@@ -40,6 +40,43 @@ pub(in crate::quant) unsafe fn f16_at(p: *const u8) -> f32 {
 pub(in crate::quant) unsafe fn f16x2_at(p: *const u8) -> (f32, f32) {
     // SAFETY: forwarded.
     unsafe { (f16_at(p), f16_at(p.add(2))) }
+}
+
+/// The f16 headers of two blocks, `[a0, a1, b0, b1]` as f32: the two 16-bit values at `a`
+/// and at `b` (`b`'s zero when `absent`; with `one`, only the first of each, the second zero).
+/// Loaded whole into vector registers and converted by `vcvtph2ps`: decoding them in scalar
+/// registers was a third of AVX-512's one-token dot's instructions.
+///
+/// # Safety
+/// `a` readable for 4 bytes, and `b` unless `absent`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(in crate::quant) unsafe fn heads(
+    a: *const u8,
+    b: *const u8,
+    absent: bool,
+    one: bool,
+) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::*;
+    // SAFETY: forwarded.
+    let (ha, hb) = unsafe {
+        (
+            _mm_loadu_si32(a),
+            if absent {
+                _mm_setzero_si128()
+            } else {
+                _mm_loadu_si32(b)
+            },
+        )
+    };
+    let h = _mm_unpacklo_epi32(ha, hb);
+    let h = if one {
+        _mm_and_si128(h, _mm_set1_epi32(0xffff))
+    } else {
+        h
+    };
+    _mm_cvtph_ps(h)
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@ use super::{GgmlType, QuantError, check_bytes, scalar};
 #[cfg(target_arch = "x86_64")]
 use super::avx2::Avx2;
 
-/// Which implementation of the kernels to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which implementation of the kernels to run, ordered by capability: `Scalar < Avx2 <
+/// Avx512`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// Portable Rust (auto-vectorized where the compiler can); available everywhere.
     Scalar,
@@ -20,12 +21,31 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The fastest implementation this CPU supports (detected once, then cached).
+    /// The fastest implementation this CPU supports (detected once, then cached), within
+    /// [`Isa::cap`].
     pub fn best() -> Self {
         [Self::Avx512, Self::Avx2]
             .into_iter()
             .find(|i| i.is_available())
             .unwrap_or(Self::Scalar)
+    }
+
+    /// The most the CPU detection admits to: the level `FERRITE_CPU_ISA` names (`scalar`,
+    /// `avx2` or `avx512`; unset or anything else: no cap), read once. Every kernel's
+    /// detection obeys it, so an AVX-512 machine runs as a laptop without AVX-512 would, to
+    /// measure or check that path.
+    pub fn cap() -> Self {
+        static CAP: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CAP.get_or_init(|| Self::parse_cap(std::env::var("FERRITE_CPU_ISA").ok()))
+    }
+
+    /// `FERRITE_CPU_ISA`'s value as a cap.
+    fn parse_cap(value: Option<String>) -> Self {
+        match value.as_deref().map(str::trim) {
+            Some("scalar") => Self::Scalar,
+            Some("avx2") => Self::Avx2,
+            _ => Self::Avx512,
+        }
     }
 
     /// Whether this CPU can run `self`. Requesting an unavailable one falls back to scalar.
@@ -161,4 +181,24 @@ pub fn vec_dot_with(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32
     let mut y = [0f32];
     kern.run(row, 1, x, &mut [&mut y[..]], &mut scratch);
     Ok(y[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Isa;
+
+    #[test]
+    fn the_isa_cap_names_a_level_or_caps_nothing() {
+        let cap = |v: Option<&str>| Isa::parse_cap(v.map(String::from));
+        assert_eq!(cap(Some("avx2")), Isa::Avx2);
+        assert_eq!(cap(Some(" scalar\n")), Isa::Scalar);
+        assert_eq!(cap(Some("avx512")), Isa::Avx512);
+        assert_eq!(
+            cap(Some("neon")),
+            Isa::Avx512,
+            "an unknown name caps nothing"
+        );
+        assert_eq!(cap(None), Isa::Avx512);
+        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512);
+    }
 }

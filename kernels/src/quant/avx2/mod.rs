@@ -41,7 +41,8 @@ impl Avx2 {
     pub(crate) fn detect() -> Option<Self> {
         let mut s = DETECTED.load(Ordering::Relaxed);
         if s == 0 {
-            let ok = is_x86_feature_detected!("avx2")
+            let ok = super::Isa::cap() >= super::Isa::Avx2
+                && is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c");
             s = if ok { 2 } else { 1 };

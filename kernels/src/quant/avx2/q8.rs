@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::f16::{f16_at, f16x2_at};
+use super::super::f16::{f16_at, f16x2_at, heads};
 use super::super::q8::Q8Row;
 use super::super::scalar::scale_min_k4;
 use super::groups::{load16, load32};
@@ -41,9 +41,9 @@ impl Avx2 {
             // ng blocks (asserted above).
             *o = unsafe {
                 match ty {
-                    GgmlType::Q4_0 => dot::<Q4_0>(row, x, ng),
-                    GgmlType::Q4_1 => dot::<Q4_1>(row, x, ng),
-                    GgmlType::Q8_0 => dot::<Q8_0>(row, x, ng),
+                    GgmlType::Q4_0 => dot_headed::<Q4_0>(row, x, ng),
+                    GgmlType::Q4_1 => dot_headed::<Q4_1>(row, x, ng),
+                    GgmlType::Q8_0 => dot_headed::<Q8_0>(row, x, ng),
                     GgmlType::Q4_K => dot::<Q4K>(row, x, ng),
                     GgmlType::Q5_K => dot::<Q5K>(row, x, ng),
                     GgmlType::Q6_K => dot::<Q6K>(row, x, ng),
@@ -106,6 +106,86 @@ unsafe fn dot<G: Int8Group>(row: *const u8, x: &Q8Row, ng: usize) -> f32 {
         offsets += c.offset * x.s[g];
     }
     hsum(_mm256_add_ps(a0, a1)) + offsets
+}
+
+/// A type whose blocks are one group of 32 with an f16 header first: its scale, and for
+/// Q4_1 its minimum after it.
+trait Headed: Int8Group {
+    /// Bytes per block.
+    const BYTES: usize;
+    /// Whether the header is the scale alone (else scale and minimum).
+    const SCALE_ONLY: bool;
+}
+
+impl Headed for Q4_0 {
+    const BYTES: usize = 18;
+    const SCALE_ONLY: bool = true;
+}
+
+impl Headed for Q4_1 {
+    const BYTES: usize = 20;
+    const SCALE_ONLY: bool = false;
+}
+
+impl Headed for Q8_0 {
+    const BYTES: usize = 34;
+    const SCALE_ONLY: bool = true;
+}
+
+/// [`dot`] for the types with a header per group, two groups per iteration: both headers
+/// decoded by one `vcvtph2ps` and multiplied by the activations' scales and sums in one
+/// vector (`[d·xd, m·xs]` per group), instead of in scalar registers, where they took as
+/// many instructions as the integer dot.
+///
+/// # Safety
+/// As [`dot`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_headed<G: Headed>(row: *const u8, x: &Q8Row, ng: usize) -> f32 {
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut offsets = _mm_setzero_ps();
+    let product = |c: Codes, g: usize| {
+        // SAFETY: g < ng: x.qs has 32 codes at 32g.
+        let q = unsafe { load32(x.qs.as_ptr().add(32 * g).cast()) };
+        _mm256_cvtepi32_ps(if G::SIGNED {
+            dot_i8_i8(c.q, q)
+        } else {
+            dot_u8_i8(c.q, q)
+        })
+    };
+    let mut g = 0;
+    while g < ng {
+        let last = g + 1 == ng;
+        // SAFETY: groups g and, unless `last`, g + 1 are in the row and in x (one f32 each in
+        // x.d and x.s). The codes' own scalar scale is unused (and so never computed).
+        let (f, c0, c1) = unsafe {
+            let (a, b) = (row.add(G::BYTES * g), row.add(G::BYTES * (g + 1)));
+            let (d, s) = (x.d.as_ptr().add(g), x.s.as_ptr().add(g));
+            let two = |v: *const f32| {
+                if last {
+                    _mm_load_ss(v)
+                } else {
+                    _mm_castpd_ps(_mm_load_sd(v.cast()))
+                }
+            };
+            let h = heads(a, b, last, G::SCALE_ONLY);
+            let f = _mm_mul_ps(h, _mm_unpacklo_ps(two(d), two(s)));
+            (
+                f,
+                G::codes(row, g, 1.0),
+                (!last).then(|| G::codes(row, g + 1, 1.0)),
+            )
+        };
+        offsets = _mm_add_ps(offsets, f);
+        a0 = _mm256_fmadd_ps(product(c0, g), _mm256_broadcastss_ps(f), a0);
+        if let Some(c1) = c1 {
+            let d1 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_set1_epi32(2));
+            a1 = _mm256_fmadd_ps(product(c1, g + 1), d1, a1);
+        }
+        g += 2;
+    }
+    // Lanes 1 and 3 of `offsets` hold Σ m·s; lanes 0 and 2 the scales, not wanted here.
+    let odd = _mm_movehdup_ps(offsets);
+    hsum(_mm256_add_ps(a0, a1)) + _mm_cvtss_f32(_mm_add_ss(odd, _mm_movehl_ps(odd, odd)))
 }
 
 /// The 32 nibbles of a 32-element block's 16 bytes, in element order (low nibbles are
