@@ -121,6 +121,8 @@ tp)
     timeout 150 "$f" bench latency "${common[@]}"
     timeout 150 "$f" bench latency "${common[@]}" --collective nccl
   } >"$OUT/tp_nccl_cost.md" 2>&1
+  # The 8B shape sharded over 2 ranks sharing the one GPU (host collective: NCCL refuses it).
+  timeout 240 "$f" bench latency "${common[@]}" --tp 2 --collective host >"$OUT/tp_latency.md" 2>&1
   {
     timeout 60 "$f" bench collective --backend nccl --tp 1 --sizes 4K,64K,1M,16M,64M
     timeout 90 "$f" bench collective --backend host --tp 3 --sizes 4K,64K,1M,16M --iters 10

@@ -104,6 +104,11 @@ pub struct LatencyArgs {
     /// One JSON object per configuration (one per line) instead of the Markdown tables.
     #[arg(long)]
     json: bool,
+    /// Ranks of a tensor-parallel pool: this process is rank 0 and starts ranks 1..N as
+    /// processes of their own, as `serve --tp N` does (on GPUs with `--collective` and
+    /// `--devices`; on the CPU the cores are shared among them).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
 }
 
 /// One measured run.
@@ -168,7 +173,7 @@ pub fn run(args: LatencyArgs) -> Result<()> {
     let mut results = Vec::new();
     let mut device = String::new();
     for (label, model) in &rows {
-        let (row, dev) = measure_row(label.clone(), model, &configs, args.runs)?;
+        let (row, dev) = measure_row(label.clone(), model, &configs, args.runs, args.tp)?;
         device = dev;
         if args.json {
             for (cfg, runs) in &row.configs {
@@ -229,17 +234,15 @@ fn measure_row(
     args: &ModelArgs,
     configs: &[Config],
     runs: usize,
+    tp: u32,
 ) -> Result<(RowResult, String)> {
-    let (model, _) = args.load_for_engine()?;
-    let storage = model.linear_storage();
+    // Token ids only: dummy-weight models have no tokenizer, and `ignore_eos` needs no EOS ids.
+    let (mut engine, _ranks, storage) = crate::bench::pool_engine(args, tp)?;
     let label = label.unwrap_or_else(|| match args.quantize {
         Some(f) => format!("ferrite-rtn-{f}"),
         None => format!("ferrite-{}", storage.to_lowercase()),
     });
-    // Token ids only: dummy-weight models have no tokenizer, and `ignore_eos` needs no EOS ids.
-    let cfg = args.engine_config(&model)?;
-    let mut engine = Engine::new(model, vec![], cfg)?;
-    let device = describe(&engine);
+    let device = describe(&engine, tp);
     let max_len = engine.max_model_len();
     let mut measured = Vec::new();
     let mut next_id = 0u64;
@@ -344,12 +347,17 @@ fn splitmix64(state: &mut u64) -> u64 {
 }
 
 /// The device the engine runs on, in words; on the CPU also its threads and the matrix
-/// kernels' instruction set, which is what CPU speed depends on.
-fn describe(engine: &Engine) -> String {
+/// kernels' instruction set, which is what CPU speed depends on; and a pool's ranks.
+fn describe(engine: &Engine, tp: u32) -> String {
     let name = engine.device_name();
-    if name == "cpu" {
+    let name = if name == "cpu" {
         let isa = ferrite_kernels::quant::Isa::best();
         format!("cpu ({} threads, {isa})", rayon::current_num_threads())
+    } else {
+        name
+    };
+    if tp > 1 {
+        format!("{name}, {tp} ranks (tensor parallel)")
     } else {
         name
     }

@@ -271,3 +271,41 @@ fn bench_latency_refuses_bad_arguments() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// `--tp 2`: rank 0 here and rank 1 a process of its own, as `serve --tp 2` runs them; a pool
+/// size the model's heads do not divide by is refused before any rank starts.
+#[test]
+fn bench_latency_runs_a_tensor_parallel_pool() {
+    let args = |tp: &'static str| {
+        [
+            "bench",
+            "latency",
+            "--load-format",
+            "dummy",
+            "--model",
+            "small",
+            "--batch-size",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+            "--runs",
+            "1",
+            "--json",
+            "--tp",
+            tp,
+        ]
+    };
+    let v = common::json_of(&ferrite(&args("2")));
+    let device = v["device"].as_str().unwrap_or_default();
+    assert!(device.ends_with(", 2 ranks (tensor parallel)"), "{v}");
+    assert!(v["output_throughput"]["mean"].as_f64() > Some(0.0), "{v}");
+
+    // The `small` preset has 12 heads.
+    let out = ferrite(&args("5"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--tp 5 succeeded");
+    assert!(err.contains("5 tensor-parallel ranks"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
