@@ -318,7 +318,8 @@ impl Executor {
         let picks = match (&mut self.backend, &plan.device_sampling) {
             (Backend::Cpu { model, kv }, _) => model
                 .forward(&chunks, kv, self.comm.as_mut())
-                .map(Picks::Logits),
+                .map(Picks::Logits)
+                .map_err(EngineError::from),
             (Backend::Cuda(runner), Some(params)) => runner
                 .forward_sampled(&chunks, params, self.comm.as_mut())
                 .map(Picks::Ids),

@@ -60,13 +60,13 @@ fn load(path: &Path, tp: TpRank) -> LlamaModel {
 /// Every layer's four projections of `tp`'s shard against the whole model's.
 fn check(path: &Path, world: usize) -> Vec<&'static str> {
     let whole = load(path, TpRank::SOLO);
-    let c = whole.cfg.clone();
+    let c = whole.config().clone();
     let (hd, arch) = (c.head_dim, "sm_90");
     let mut kinds = Vec::new();
     for rank in 0..world {
         let tp = TpRank { rank, world };
         let shard = load(path, tp);
-        for (w, s) in whole.layers.iter().zip(&shard.layers) {
+        for (w, s) in whole.layers().iter().zip(shard.layers()) {
             let q = scaled(tp.part(c.num_heads), hd);
             let kv = scaled(tp.kv_heads(c.num_kv_heads), hd);
             let (ff, h) = (tp.part(c.intermediate_size), c.hidden_size);
