@@ -107,6 +107,7 @@ impl From<ferrite_model::ModelError> for EngineError {
             M::Text(t) => EngineError::Text(t),
             M::InvalidRequest(m) => EngineError::InvalidRequest(m),
             M::Quant(q) => EngineError::Quant(q),
+            M::Device(m) => EngineError::Device(m),
             M::Collective(c) => EngineError::Collective(c),
             M::Internal(m) => EngineError::Internal(m),
         }

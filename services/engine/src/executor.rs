@@ -20,7 +20,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
-use crate::model::{EngineModel, LlamaModel};
+use crate::model::{EngineModel, LlamaModel, ModelError};
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
 
 /// Engine limits (the leader's and every rank's executor's). `Default` suits the CPU.
@@ -318,8 +318,7 @@ impl Executor {
         let picks = match (&mut self.backend, &plan.device_sampling) {
             (Backend::Cpu { model, kv }, _) => model
                 .forward(&chunks, kv, self.comm.as_mut())
-                .map(Picks::Logits)
-                .map_err(EngineError::from),
+                .map(Picks::Logits),
             (Backend::Cuda(runner), Some(params)) => runner
                 .forward_sampled(&chunks, params, self.comm.as_mut())
                 .map(Picks::Ids),
@@ -328,8 +327,8 @@ impl Executor {
                 .map(Picks::Logits),
         };
         match picks {
-            Err(EngineError::Collective(e)) => Err(self.lost(e, plan.step)),
-            other => other,
+            Err(ModelError::Collective(e)) => Err(self.lost(e, plan.step)),
+            other => other.map_err(EngineError::from),
         }
     }
 

@@ -10,6 +10,8 @@
 //! - [`weights`]: the checkpoint formats, the `ferrite-formats` crate under this path (GGUF and
 //!   safetensors readers, tensors in the memory map; quantized checkpoints; matrices and their
 //!   shards).
+//! - [`gpu`]: the GPU runner, the `ferrite-gpu` crate under this path (weights on the device,
+//!   the forward there, KV sizing, CUDA graphs), which [`executor`] builds on a GPU.
 //! - [`kv_cache`]: the paged KV cache's block pool (reference counts, the index of cached
 //!   blocks, least-recently-freed eviction) and block tables; the storage is the model's.
 //! - [`scheduler`]: continuous batching with chunked prefill, preemption by recompute and
@@ -29,7 +31,7 @@
 //! The engine is synchronous and owns its state: one thread drives [`engine::Engine::step`]
 //! ([`handle::EngineHandle`] runs that thread for servers).
 //!
-//! It may use the model, formats, kernels, text, proto and collective crates, and nothing that
+//! It may use the model, gpu, formats, kernels, text, proto and collective crates, and nothing that
 //! uses it: not the worker, and not the offline tools (calibration, `ferrite quantize`,
 //! perplexity: the `ferrite-quantize` crate), which drive the model layer by layer through a
 //! face the model crate keeps public for them (see [`model::llama`]).
@@ -39,7 +41,6 @@ pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod failpoints;
-pub mod gpu;
 pub mod handle;
 pub mod kv_cache;
 pub mod plan;
@@ -49,6 +50,8 @@ pub mod sampler;
 pub mod scheduler;
 /// The checkpoint formats, a crate of their own (`ferrite-formats`), under their old path.
 pub use ferrite_formats as weights;
+/// The GPU runner, a crate of its own (`ferrite-gpu`), under its old path.
+pub use ferrite_gpu as gpu;
 /// The model definitions, a crate of their own (`ferrite-model`), under their old paths.
 pub use ferrite_model::{self as model, config, tp};
 

@@ -1,4 +1,4 @@
-//! What loading or running a model can refuse or fail at. The engine's error has a variant of
+//! What loading or running a model, on the CPU or a device, can refuse or fail at. The engine's error has a variant of
 //! each name with the same message (`From<ModelError> for EngineError`), so what a caller of
 //! the engine sees does not depend on which crate refused.
 
@@ -37,6 +37,10 @@ pub enum ModelError {
     InvalidRequest(String),
     #[error("quantization: {0}")]
     Quant(#[from] ferrite_kernels::quant::QuantError),
+    /// A device fault (a failed launch, copy or allocation): the pool is unwell, and another
+    /// may serve the request.
+    #[error("GPU: {0}")]
+    Device(String),
     /// A collective of this rank's pool failed inside the forward.
     #[error("collective: {0}")]
     Collective(#[from] ferrite_collective::CollectiveError),
@@ -59,6 +63,13 @@ impl From<ferrite_formats::error::FormatError> for ModelError {
             F::MissingTensor(m) => ModelError::MissingTensor(m),
             F::Quant(q) => ModelError::Quant(q),
         }
+    }
+}
+
+/// A CUDA failure is the device's: [`ModelError::Device`].
+impl From<ferrite_kernels::cuda::CudaError> for ModelError {
+    fn from(e: ferrite_kernels::cuda::CudaError) -> Self {
+        ModelError::Device(e.to_string())
     }
 }
 

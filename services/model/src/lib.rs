@@ -10,7 +10,8 @@
 //!   made on a device ([`EngineModel::DeviceRandom`]).
 //! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
 //!   face the offline tools drive layer by layer.
-//! - [`step`]: what one forward step is given on any backend ([`SeqChunk`], [`LogitsWanted`]).
+//! - [`step`]: what one forward step is given on any backend ([`SeqChunk`], [`LogitsWanted`],
+//!   [`DeviceSampling`]).
 //! - [`kv`]: the K/V storage the CPU forward writes and reads, block by block.
 //! - [`tp`]: tensor parallelism: which share of the model a rank holds.
 //! - [`presets`] and `dummy.rs`: named shapes with random weights (`--load-format dummy`).
@@ -41,4 +42,4 @@ pub use load::{
     EngineModel, LoadOptions, LoadedModel, RandomShape, STARTUP_TARGET, WeightFormat,
     device_random_shape, load, load_dummy, load_with, parse_quantize,
 };
-pub use step::{LogitsWanted, SeqChunk};
+pub use step::{DeviceSampling, LogitsWanted, SeqChunk};

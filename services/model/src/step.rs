@@ -1,5 +1,5 @@
 //! What one forward step is given, on any backend: each sequence's chunk of tokens, where its
-//! KV blocks lie, and which logits it wants back.
+//! KV blocks lie, which logits it wants back, and, on a device that samples them itself, how.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,4 +26,20 @@ pub struct SeqChunk<'a> {
     /// hit, included), or several tokens, not one generated token: the step then takes
     /// nearly exact activations on the CPU (see [`crate::llama::LayerAt::prompt`]).
     pub prompt: bool,
+}
+
+/// One sequence's sampling, as the kernel takes it (and as step plans carry it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DeviceSampling {
+    /// ≤ 0: greedy.
+    pub temperature: f32,
+    /// ≤ 0: off.
+    pub top_k: i32,
+    /// ≥ 1: off.
+    pub top_p: f32,
+    /// ≤ 0: off.
+    pub min_p: f32,
+    pub seed: u64,
+    /// Which draw of the request this is (its tokens generated so far).
+    pub step: u64,
 }

@@ -8,10 +8,11 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use ferrite_model::tp::TpRank;
+use ferrite_model::{self as model, LlamaModel, LoadOptions};
+
 use super::matrix::HostMatrix;
 use super::weights::head_is_embedding;
-use crate::model::{self, LlamaModel, LoadOptions};
-use crate::tp::TpRank;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -72,8 +73,8 @@ fn check(path: &Path, world: usize) -> Vec<&'static str> {
             let (ff, h) = (tp.part(c.intermediate_size), c.hidden_size);
             let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
             // Column-parallel: the shard's rows of the stacked whole, its width unchanged.
-            let rows = |whole: &[&crate::weights::Matrix],
-                        shard: &[&crate::weights::Matrix],
+            let rows = |whole: &[&ferrite_formats::Matrix],
+                        shard: &[&ferrite_formats::Matrix],
                         cuts: &[Range<usize>]| {
                 let (kw, vw) = dense(&HostMatrix::prepare(whole, arch));
                 let (ks, vs) = dense(&HostMatrix::prepare(shard, arch));

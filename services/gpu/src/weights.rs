@@ -17,20 +17,20 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
+use ferrite_formats::LoadQuantize;
 use ferrite_kernels::cpu::matmul::Weight;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
+use ferrite_model::config::ModelConfig;
+use ferrite_model::error::Result;
+use ferrite_model::tp::TpRank;
+use ferrite_model::{EngineModel, LlamaModel};
 use rayon::prelude::*;
 
 use super::matrix::{DeviceMatrix, HostMatrix};
 use super::tensor::{DeviceTensor, Jobs, gpu_error};
-use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::model::{EngineModel, LlamaModel};
-use crate::tp::TpRank;
-use crate::weights::LoadQuantize;
 
 /// One decoder layer on the device.
 pub(crate) struct GpuLayer {
@@ -204,7 +204,7 @@ impl GpuWeights {
                 0.0,
             )?)
         };
-        let rope = crate::model::llama::build_rope(cfg, None);
+        let rope = ferrite_model::llama::build_rope(cfg, None);
         let final_norm = norm(seed())?;
         Self::assemble(
             gpu,
