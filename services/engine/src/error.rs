@@ -82,31 +82,35 @@ pub enum EngineError {
     Internal(String),
 }
 
-/// A checkpoint's error is the engine's variant of the same name and message (by way of the
-/// model's, which has the same).
+/// A checkpoint's error is the engine's variant of the same name and message.
 impl From<ferrite_formats::error::FormatError> for EngineError {
     fn from(e: ferrite_formats::error::FormatError) -> Self {
-        ferrite_model::ModelError::from(e).into()
+        use ferrite_formats::error::FormatError as F;
+        match e {
+            F::Io { path, source } => EngineError::Io { path, source },
+            F::BadGguf { path, reason } => EngineError::BadGguf { path, reason },
+            F::BadSafetensors { path, reason } => EngineError::BadSafetensors { path, reason },
+            F::BadConfig(m) => EngineError::BadConfig(m),
+            F::UnsupportedTensorType(m) => EngineError::UnsupportedTensorType(m),
+            F::BadTensor { name, reason } => EngineError::BadTensor { name, reason },
+            F::MissingTensor(m) => EngineError::MissingTensor(m),
+            F::Quant(q) => EngineError::Quant(q),
+        }
     }
 }
 
-/// The model's error is the engine's variant of the same name and message.
+/// The model's error is the engine's variant of the same name and message (a checkpoint's,
+/// inside it, as above).
 impl From<ferrite_model::ModelError> for EngineError {
     fn from(e: ferrite_model::ModelError) -> Self {
         use ferrite_model::ModelError as M;
         match e {
-            M::Io { path, source } => EngineError::Io { path, source },
-            M::BadGguf { path, reason } => EngineError::BadGguf { path, reason },
-            M::BadSafetensors { path, reason } => EngineError::BadSafetensors { path, reason },
+            M::Format(f) => f.into(),
             M::BadConfig(m) => EngineError::BadConfig(m),
             M::UnsupportedArchitecture(m) => EngineError::UnsupportedArchitecture(m),
-            M::UnsupportedTensorType(m) => EngineError::UnsupportedTensorType(m),
-            M::BadTensor { name, reason } => EngineError::BadTensor { name, reason },
-            M::MissingTensor(m) => EngineError::MissingTensor(m),
             M::ModelNotFound(name, known) => EngineError::ModelNotFound(name, known),
             M::Text(t) => EngineError::Text(t),
             M::InvalidRequest(m) => EngineError::InvalidRequest(m),
-            M::Quant(q) => EngineError::Quant(q),
             M::Device(m) => EngineError::Device(m),
             M::Collective(c) => EngineError::Collective(c),
             M::Internal(m) => EngineError::Internal(m),

@@ -1,5 +1,5 @@
 //! ferrite's GPU runner: a model run on a CUDA device. Its weights are copied to the GPU
-//! ([`weights`]), a forward pass runs on device buffers with the paged KV cache there
+//! (`weights.rs`), a forward pass runs on device buffers with the paged KV cache there
 //! ([`runner`]), and the KV cache is sized from the memory a maximal step leaves free, as vLLM's
 //! `--gpu-memory-utilization` defines ([`build_runner`]).
 //!
@@ -13,7 +13,7 @@
 //!   `load_weights`, `kv_cache_profiling`, `kv_cache_init`, `graph_capturing`), and
 //!   [`dummy_runner`] for whole-model measurements.
 //! - `tensor.rs`, `matrix.rs`: device buffers, and a projection's layout there for each storage.
-//! - [`weights`]: the whole model's weights on the device, fused and repacked at upload.
+//! - `weights.rs`: the whole model's weights on the device, fused and repacked at upload.
 //! - [`runner`]: the forward, step for step the CPU's; its `link` to the other ranks (NCCL, or
 //!   the host's collective) and `sampling` on the device after a step.
 //! - `watchdog.rs`: a stuck NCCL call is aborted after the collective timeout.

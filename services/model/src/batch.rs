@@ -4,7 +4,8 @@
 
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
-use crate::{LlamaModel, LogitsWanted, SeqChunk};
+use crate::llama::LlamaModel;
+use crate::step::{LogitsWanted, SeqChunk};
 
 /// Whole sequences through the model in one forward each, outside the engine (no scheduler,
 /// no sampling): perplexity, and `bench forward`. The KV cache is made once, for `batch`

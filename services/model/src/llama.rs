@@ -200,7 +200,7 @@ pub struct LlamaModel {
     pub(crate) rope: Rope,
     /// How this model's matmuls run on the CPU (set after loading, from [`LoadOptions`]).
     ///
-    /// [`LoadOptions`]: crate::LoadOptions
+    /// [`LoadOptions`]: crate::load::LoadOptions
     pub(crate) matmul: MatmulOptions,
 }
 

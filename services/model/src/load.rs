@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use ferrite_formats::error::FormatError;
 use ferrite_formats::gguf::{GgufFile, GgufValue};
 use ferrite_formats::quantized::QuantConfig;
 use ferrite_formats::{LoadQuantize, TensorMap, safetensors};
@@ -167,7 +168,7 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
 /// [`load`], then what `options` ask for.
 pub fn load_with(path: &Path, options: LoadOptions) -> Result<LoadedModel> {
     let start = Instant::now();
-    let io_err = |source| ModelError::Io {
+    let io_err = |source| FormatError::Io {
         path: path.to_owned(),
         source,
     };
@@ -378,7 +379,7 @@ fn load_hf_dir(
 ) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
     let read = |name: &str| {
         let p = dir.join(name);
-        std::fs::read(&p).map_err(|source| ModelError::Io { path: p, source })
+        std::fs::read(&p).map_err(|source| FormatError::Io { path: p, source })
     };
     let (cfg, tensors) = {
         let span = config_span(dir, "safetensors");
