@@ -99,6 +99,25 @@ impl From<ferrite_formats::error::FormatError> for EngineError {
     }
 }
 
+/// The model's error is the engine's variant of the same name and message (a checkpoint's,
+/// inside it, as above).
+impl From<ferrite_model::ModelError> for EngineError {
+    fn from(e: ferrite_model::ModelError) -> Self {
+        use ferrite_model::ModelError as M;
+        match e {
+            M::Format(f) => f.into(),
+            M::BadConfig(m) => EngineError::BadConfig(m),
+            M::UnsupportedArchitecture(m) => EngineError::UnsupportedArchitecture(m),
+            M::ModelNotFound(name, known) => EngineError::ModelNotFound(name, known),
+            M::Text(t) => EngineError::Text(t),
+            M::InvalidRequest(m) => EngineError::InvalidRequest(m),
+            M::Device(m) => EngineError::Device(m),
+            M::Collective(c) => EngineError::Collective(c),
+            M::Internal(m) => EngineError::Internal(m),
+        }
+    }
+}
+
 /// A CUDA failure is the device's: [`EngineError::Device`].
 impl From<ferrite_kernels::cuda::CudaError> for EngineError {
     fn from(e: ferrite_kernels::cuda::CudaError) -> Self {

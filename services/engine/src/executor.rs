@@ -20,7 +20,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
-use crate::model::{EngineModel, LlamaModel};
+use crate::model::{EngineModel, LlamaModel, ModelError};
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
 
 /// Engine limits (the leader's and every rank's executor's). `Default` suits the CPU.
@@ -327,8 +327,8 @@ impl Executor {
                 .map(Picks::Logits),
         };
         match picks {
-            Err(EngineError::Collective(e)) => Err(self.lost(e, plan.step)),
-            other => other,
+            Err(ModelError::Collective(e)) => Err(self.lost(e, plan.step)),
+            other => other.map_err(EngineError::from),
         }
     }
 

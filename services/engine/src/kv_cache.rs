@@ -1,5 +1,6 @@
-//! Paged KV cache: a pool of fixed-size blocks that sequences share by prefix, and the per-layer
-//! K/V storage they index.
+//! Paged KV cache: a pool of fixed-size blocks that sequences share by prefix, and their block
+//! tables. The per-layer K/V storage the blocks index is the model's ([`KvCache`], from
+//! `ferrite_model::kv`, re-exported here): the forward writes it, the pool only hands out ids.
 //!
 //! # Invariants of [`KvBlockPool`]
 //!
@@ -29,7 +30,7 @@
 
 use std::collections::HashMap;
 
-use ferrite_kernels::cpu::attention::PagedKv;
+pub use ferrite_model::kv::{KvCache, blocks_for};
 pub use ferrite_proto::prefix::BlockHash;
 
 const NONE: u32 = u32::MAX;
@@ -316,67 +317,6 @@ impl BlockTable {
 
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
-    }
-}
-
-/// Blocks needed to hold `tokens` tokens.
-pub fn blocks_for(tokens: usize, block_size: usize) -> usize {
-    tokens.div_ceil(block_size)
-}
-
-/// K and V storage for every layer: `[layer][block][slot][kv_head][head_dim]`, f32.
-#[derive(Debug)]
-pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    pub block_size: usize,
-    pub num_blocks: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl KvCache {
-    pub fn new(
-        num_layers: usize,
-        num_blocks: usize,
-        block_size: usize,
-        kv_heads: usize,
-        head_dim: usize,
-    ) -> Self {
-        let per_layer = num_blocks * block_size * kv_heads * head_dim;
-        Self {
-            k: (0..num_layers).map(|_| vec![0f32; per_layer]).collect(),
-            v: (0..num_layers).map(|_| vec![0f32; per_layer]).collect(),
-            block_size,
-            num_blocks,
-            kv_heads,
-            head_dim,
-        }
-    }
-
-    /// Bytes of K+V storage per token across all layers.
-    pub fn bytes_per_token(num_layers: usize, kv_heads: usize, head_dim: usize) -> usize {
-        2 * num_layers * kv_heads * head_dim * std::mem::size_of::<f32>()
-    }
-
-    /// Writes the K and V rows (`kv_heads * head_dim` each) of the token at `pos`.
-    pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
-        let kv_dim = self.kv_heads * self.head_dim;
-        let block = block_table[pos / self.block_size] as usize;
-        let off = (block * self.block_size + pos % self.block_size) * kv_dim;
-        self.k[layer][off..off + kv_dim].copy_from_slice(k);
-        self.v[layer][off..off + kv_dim].copy_from_slice(v);
-    }
-
-    /// One layer, for the attention kernel.
-    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
-        PagedKv {
-            k: &self.k[layer],
-            v: &self.v[layer],
-            block_size: self.block_size,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-        }
     }
 }
 

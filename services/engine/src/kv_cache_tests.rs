@@ -311,11 +311,3 @@ fn random_operations_keep_every_invariant() {
         check(&pool);
     }
 }
-
-#[test]
-fn blocks_for_rounds_up() {
-    assert_eq!(blocks_for(0, 16), 0);
-    assert_eq!(blocks_for(1, 16), 1);
-    assert_eq!(blocks_for(16, 16), 1);
-    assert_eq!(blocks_for(17, 16), 2);
-}

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::gpu::DeviceSampling;
+use crate::model::DeviceSampling;
 use crate::model::{LogitsWanted, SeqChunk};
 use crate::scheduler::{Schedule, Scheduler, SeqId};
 

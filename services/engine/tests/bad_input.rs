@@ -23,10 +23,11 @@ fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
     p
 }
 
+/// The error loading `path` gives, as the engine reports it (its kind labels metrics).
 fn load_err(path: &Path) -> EngineError {
     match model::load(path) {
         Ok(_) => panic!("{} loaded", path.display()),
-        Err(e) => e,
+        Err(e) => e.into(),
     }
 }
 

@@ -130,7 +130,7 @@ fn check_int8_activations(name: &str, storage: &str) {
 
 /// Copies fixture `name` to a temporary directory with `edit` applied to its
 /// `quantization_config`, and loads it.
-fn load_with_config(name: &str, edit: impl Fn(&mut Value)) -> ferrite_engine::Result<LlamaModel> {
+fn load_with_config(name: &str, edit: impl Fn(&mut Value)) -> model::error::Result<LlamaModel> {
     let tmp = std::env::temp_dir().join(format!("ferrite-interop-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).expect("temp dir");

@@ -8,10 +8,11 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use ferrite_model::tp::TpRank;
+use ferrite_model::{self as model, LlamaModel, LoadOptions};
+
 use super::matrix::HostMatrix;
 use super::weights::head_is_embedding;
-use crate::model::{self, LlamaModel, LoadOptions};
-use crate::tp::TpRank;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -60,20 +61,20 @@ fn load(path: &Path, tp: TpRank) -> LlamaModel {
 /// Every layer's four projections of `tp`'s shard against the whole model's.
 fn check(path: &Path, world: usize) -> Vec<&'static str> {
     let whole = load(path, TpRank::SOLO);
-    let c = whole.cfg.clone();
+    let c = whole.config().clone();
     let (hd, arch) = (c.head_dim, "sm_90");
     let mut kinds = Vec::new();
     for rank in 0..world {
         let tp = TpRank { rank, world };
         let shard = load(path, tp);
-        for (w, s) in whole.layers.iter().zip(&shard.layers) {
+        for (w, s) in whole.layers().iter().zip(shard.layers()) {
             let q = scaled(tp.part(c.num_heads), hd);
             let kv = scaled(tp.kv_heads(c.num_kv_heads), hd);
             let (ff, h) = (tp.part(c.intermediate_size), c.hidden_size);
             let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
             // Column-parallel: the shard's rows of the stacked whole, its width unchanged.
-            let rows = |whole: &[&crate::weights::Matrix],
-                        shard: &[&crate::weights::Matrix],
+            let rows = |whole: &[&ferrite_formats::Matrix],
+                        shard: &[&ferrite_formats::Matrix],
                         cuts: &[Range<usize>]| {
                 let (kw, vw) = dense(&HostMatrix::prepare(whole, arch));
                 let (ks, vs) = dense(&HostMatrix::prepare(shard, arch));

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use ferrite_formats::{TensorEntry, TensorMap};
 use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
 use half::f16;
 use rayon::prelude::*;
 
 use crate::config::ModelConfig;
-use crate::weights::{TensorEntry, TensorMap};
 
 /// Uniform in ±this: the spread of a N(0, 0.02) initialisation, so activations stay finite
 /// through deep stacks.

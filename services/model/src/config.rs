@@ -3,12 +3,12 @@
 
 use std::str::FromStr;
 
+use ferrite_formats::gguf::GgufFile;
 use serde_json::Value;
 
-use crate::error::{EngineError, Result};
-use crate::weights::gguf::GgufFile;
+use crate::error::{ModelError, Result};
 
-/// The model families ferrite runs. They share one forward ([`crate::model::llama`]) and differ
+/// The model families ferrite runs. They share one forward ([`crate::llama`]) and differ
 /// in the options of [`ModelConfig`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
@@ -26,7 +26,7 @@ pub enum Architecture {
 }
 
 impl FromStr for Architecture {
-    type Err = EngineError;
+    type Err = ModelError;
 
     /// Accepts GGUF `general.architecture` names and HF `architectures` / `model_type` names.
     fn from_str(s: &str) -> Result<Self> {
@@ -36,7 +36,7 @@ impl FromStr for Architecture {
             "qwen2" | "Qwen2ForCausalLM" => Architecture::Qwen2,
             "qwen3" | "Qwen3ForCausalLM" => Architecture::Qwen3,
             "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
-            other => return Err(EngineError::UnsupportedArchitecture(other.to_owned())),
+            other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         })
     }
 }
@@ -51,7 +51,7 @@ pub enum Activation {
 }
 
 impl FromStr for Activation {
-    type Err = EngineError;
+    type Err = ModelError;
 
     /// Accepts HF `hidden_act` / `hidden_activation` names.
     fn from_str(s: &str) -> Result<Self> {
@@ -60,7 +60,7 @@ impl FromStr for Activation {
             // Both are the tanh formula (`gelu_new` is transformers' own implementation of it).
             "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
             other => {
-                return Err(EngineError::BadConfig(format!(
+                return Err(ModelError::BadConfig(format!(
                     "activation `{other}` is not supported (supported: silu, gelu_pytorch_tanh)"
                 )));
             }
@@ -146,7 +146,7 @@ impl ModelConfig {
     }
 
     fn validate(self) -> Result<Self> {
-        let bad = |m: String| Err(EngineError::BadConfig(m));
+        let bad = |m: String| Err(ModelError::BadConfig(m));
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
             return bad("hidden size, layer count and vocabulary size must be non-zero".into());
         }
@@ -205,14 +205,14 @@ impl ModelConfig {
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
         let arch_name = gguf
             .get_str("general.architecture")
-            .ok_or_else(|| EngineError::BadConfig("GGUF has no general.architecture".into()))?
+            .ok_or_else(|| ModelError::BadConfig("GGUF has no general.architecture".into()))?
             .to_owned();
         let architecture: Architecture = arch_name.parse()?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> {
-            gguf.get_u64(&key(k)).map(|v| v as usize).ok_or_else(|| {
-                EngineError::BadConfig(format!("GGUF metadata `{}` missing", key(k)))
-            })
+            gguf.get_u64(&key(k))
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::BadConfig(format!("GGUF metadata `{}` missing", key(k))))
         };
         let hidden_size = req("embedding_length")?;
         let num_heads = req("attention.head_count")?;
@@ -237,7 +237,7 @@ impl ModelConfig {
                 factor: gguf.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
             },
             Some(other) => {
-                return Err(EngineError::BadConfig(format!(
+                return Err(ModelError::BadConfig(format!(
                     "rope scaling `{other}` is not supported (supported: none, linear, and Llama 3.1 rope_freqs)"
                 )));
             }
@@ -323,12 +323,12 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .or_else(|| cfg.get("model_type").and_then(Value::as_str))
             .ok_or_else(|| {
-                EngineError::BadConfig("config.json has no `architectures` or `model_type`".into())
+                ModelError::BadConfig("config.json has no `architectures` or `model_type`".into())
             })?;
         let architecture: Architecture = arch_name.parse()?;
         let uint = |k: &str| cfg.get(k).and_then(Value::as_u64).map(|v| v as usize);
         let req = |k: &str| {
-            uint(k).ok_or_else(|| EngineError::BadConfig(format!("config.json: `{k}` missing")))
+            uint(k).ok_or_else(|| ModelError::BadConfig(format!("config.json: `{k}` missing")))
         };
         let hidden_size = req("hidden_size")?;
         let num_heads = req("num_attention_heads")?;
@@ -365,7 +365,7 @@ impl ModelConfig {
                     .unwrap_or(8192.0) as usize,
             },
             other => {
-                return Err(EngineError::BadConfig(format!(
+                return Err(ModelError::BadConfig(format!(
                     "rope scaling `{other}` is not supported (supported: default, linear, llama3)"
                 )));
             }
@@ -385,7 +385,7 @@ impl ModelConfig {
             Some(v) => v
                 .as_str()
                 .ok_or_else(|| {
-                    EngineError::BadConfig(format!("config.json: `{act_key}` {v} is not a name"))
+                    ModelError::BadConfig(format!("config.json: `{act_key}` {v} is not a name"))
                 })?
                 .parse()?,
         };
@@ -432,7 +432,7 @@ impl ModelConfig {
     /// Gemma 2 as transformers 5.x reads `config.json`; a missing key takes transformers'
     /// default (`Gemma2Config`), a null soft cap turns the cap off.
     fn gemma2_from_hf(&mut self, cfg: &Value) -> Result<()> {
-        let bad = |m: String| EngineError::BadConfig(format!("config.json: {m}"));
+        let bad = |m: String| ModelError::BadConfig(format!("config.json: {m}"));
         let number = |k: &str, default: f64| -> Result<Option<f64>> {
             match cfg.get(k) {
                 None => Ok(Some(default)),
@@ -529,7 +529,7 @@ mod tests {
 
     fn bad_config(r: Result<ModelConfig>, case: &Value) -> String {
         match r {
-            Err(e @ EngineError::BadConfig(_)) => e.to_string(),
+            Err(e @ ModelError::BadConfig(_)) => e.to_string(),
             other => panic!("{case}: expected BadConfig, got {other:?}"),
         }
     }

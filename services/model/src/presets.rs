@@ -7,7 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::config::ModelConfig;
-use crate::error::{EngineError, Result};
+use crate::error::{ModelError, Result};
 
 /// A named shape.
 #[derive(Debug, Clone, Copy)]
@@ -141,7 +141,7 @@ pub fn preset(name: &str) -> Result<&'static Preset> {
         .find(|p| p.name.eq_ignore_ascii_case(name))
         .ok_or_else(|| {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-            EngineError::ModelNotFound(name.to_owned(), names.join(", "))
+            ModelError::ModelNotFound(name.to_owned(), names.join(", "))
         })
 }
 

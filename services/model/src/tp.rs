@@ -23,7 +23,7 @@ use ferrite_collective::Collective;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
-use crate::error::{EngineError, Result};
+use crate::error::{ModelError, Result};
 
 /// One rank's place in its pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,7 +44,7 @@ impl TpRank {
 
     pub fn new(rank: usize, world: usize) -> Result<Self> {
         if world == 0 || rank >= world {
-            return Err(EngineError::BadConfig(format!(
+            return Err(ModelError::BadConfig(format!(
                 "rank {rank} of a pool of {world}: the rank must be below the pool size"
             )));
         }
@@ -151,7 +151,7 @@ pub fn valid_sizes(cfg: &ModelConfig, align: ShardAlign) -> Vec<usize> {
 pub fn check_split(cfg: &ModelConfig, world: usize, align: ShardAlign) -> Result<()> {
     match split_problem(cfg, world, align) {
         None => Ok(()),
-        Some(why) => Err(EngineError::BadConfig(format!(
+        Some(why) => Err(ModelError::BadConfig(format!(
             "this model cannot run on {world} tensor-parallel ranks: {why}; sizes that work: {:?}",
             valid_sizes(cfg, align)
         ))),
@@ -174,7 +174,7 @@ impl ModelConfig {
 /// holds this rank's `n × each` (its vocabulary part, padded to `each = ⌈vocab / world⌉`
 /// columns). Rank 0 gets the whole `n × vocab` rows, the others nothing (only the leader
 /// samples).
-pub(crate) fn gather_logits(
+pub fn gather_logits(
     tp: TpRank,
     vocab: usize,
     local: &[f32],
@@ -210,7 +210,7 @@ pub fn place_logits(world: usize, vocab: usize, n: usize, all: &[f32]) -> Vec<f3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::presets;
+    use crate::presets;
 
     fn smollm2_shape() -> ModelConfig {
         // SmolLM2-135M: 9 heads, 3 KV heads, 1536 intermediate, 576 hidden.

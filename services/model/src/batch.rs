@@ -2,9 +2,10 @@
 //! forward of every sequence at a time ([`BatchForward`]). Perplexity, `bench forward` and the
 //! engine's own tests run the model this way.
 
-use crate::error::{EngineError, Result};
-use crate::kv_cache::{BlockTable, KvBlockPool, KvCache};
-use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
+use crate::error::{ModelError, Result};
+use crate::kv::KvCache;
+use crate::llama::LlamaModel;
+use crate::step::{LogitsWanted, SeqChunk};
 
 /// Whole sequences through the model in one forward each, outside the engine (no scheduler,
 /// no sampling): perplexity, and `bench forward`. The KV cache is made once, for `batch`
@@ -13,7 +14,8 @@ use crate::model::{LlamaModel, LogitsWanted, SeqChunk};
 pub struct BatchForward<'m> {
     model: &'m LlamaModel,
     kv: KvCache,
-    tables: Vec<BlockTable>,
+    /// Each sequence's block table: its own run of blocks, the first sequence's first.
+    tables: Vec<Vec<u32>>,
     max_len: usize,
 }
 
@@ -41,13 +43,9 @@ impl<'m> BatchForward<'m> {
             c.num_kv_heads,
             c.head_dim,
         );
-        let mut pool = KvBlockPool::new(n_blocks as u32);
-        let mut tables = vec![BlockTable::default(); batch];
-        for t in &mut tables {
-            if !pool.allocate_into(per_seq, t) {
-                return Err(EngineError::DoesNotFit(format!("{n_blocks} KV blocks")));
-            }
-        }
+        let tables = (0..batch)
+            .map(|s| (s * per_seq..(s + 1) * per_seq).map(|b| b as u32).collect())
+            .collect();
         Ok(Self {
             model,
             kv,
@@ -71,7 +69,7 @@ impl<'m> BatchForward<'m> {
     ) -> Result<Vec<f32>> {
         if seqs.len() > self.tables.len() || seqs.iter().any(|s| start_pos + s.len() > self.max_len)
         {
-            return Err(EngineError::InvalidRequest(format!(
+            return Err(ModelError::InvalidRequest(format!(
                 "at most {} sequences of {} tokens",
                 self.tables.len(),
                 self.max_len
@@ -83,7 +81,7 @@ impl<'m> BatchForward<'m> {
             .map(|(tokens, table)| SeqChunk {
                 tokens,
                 start_pos,
-                block_table: table.blocks(),
+                block_table: table,
                 logits: wanted,
                 // Whole sequences from the start, or tokens after them: one at a time is a
                 // decode step (the tests teacher-force one token at a time).

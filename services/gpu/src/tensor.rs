@@ -4,14 +4,13 @@
 //! ([`super::matrix`]) both build on.
 
 use cudarc::driver::CudaSlice;
+use ferrite_formats::Matrix;
 use ferrite_kernels::cpu::matmul::Weight;
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::upload::{Fill, UploadJob};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
-
-use crate::error::{EngineError, Result};
-use crate::weights::Matrix;
+use ferrite_model::error::{ModelError, Result};
 
 /// A 16-bit tensor in device memory.
 pub(crate) struct DeviceTensor {
@@ -143,8 +142,9 @@ fn dtype_ggml(dtype: Dtype) -> GgmlType {
     }
 }
 
-pub(crate) fn gpu_error(e: ferrite_kernels::cuda::CudaError) -> EngineError {
-    EngineError::Device(e.to_string())
+/// A CUDA failure as the device's fault ([`ModelError::Device`]), for `map_err`.
+pub(crate) fn gpu_error(e: ferrite_kernels::cuda::CudaError) -> ModelError {
+    e.into()
 }
 
 #[cfg(test)]
@@ -152,7 +152,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::weights::{TensorEntry, TensorMap};
+    use ferrite_formats::{TensorEntry, TensorMap};
     use ferrite_kernels::cuda::upload::pieces;
     use ferrite_kernels::mapped::MappedFile;
 

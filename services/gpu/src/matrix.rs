@@ -3,6 +3,7 @@
 //! quantized kernels read (weight-only codes, W8A8 int8, FP8 on sm_89+).
 
 use cudarc::driver::CudaSlice;
+use ferrite_formats::{LoadQuantize, Matrix};
 use ferrite_kernels::cuda::Gpu;
 use ferrite_kernels::cuda::fp8::{self, Fp8Device};
 use ferrite_kernels::cuda::ops::Dtype;
@@ -14,11 +15,9 @@ use ferrite_kernels::fp8::{Fp8Activations, Fp8Matrix, Fp8Scales};
 use ferrite_kernels::w8a8::I8Matrix;
 use ferrite_kernels::wq::gguf::GgufRepack;
 use ferrite_kernels::wq::{Bits, WqFormat};
+use ferrite_model::error::Result;
 
 use super::tensor::{DeviceTensor, Jobs, gpu_error};
-use crate::error::Result;
-use crate::weights::LoadQuantize;
-use crate::weights::Matrix;
 
 /// A projection's host side, made before any device work: `parts` stacked row-wise in the
 /// first layout that holds them all and whose kernels take their rows (W8A8 int8; FP8; the

@@ -1,10 +1,28 @@
-//! Running a model on a CUDA device: its weights copied to the GPU ([`weights`]), a forward
-//! pass on device buffers with the paged KV cache there ([`runner`]), and the KV cache sized
-//! from the memory a maximal step leaves free, as vLLM's `--gpu-memory-utilization` defines.
+//! ferrite's GPU runner: a model run on a CUDA device. Its weights are copied to the GPU
+//! (`weights.rs`), a forward pass runs on device buffers with the paged KV cache there
+//! ([`runner`]), and the KV cache is sized from the memory a maximal step leaves free, as vLLM's
+//! `--gpu-memory-utilization` defines ([`build_runner`]).
 //!
 //! The weights are read from the host model (memory-mapped checkpoint tensors, or quantized
 //! copies), or made on the device for `--load-format dummy`; the engine drops its host model
 //! once they are copied.
+//!
+//! # Layout
+//!
+//! - this file: [`GpuOptions`], [`build_runner`] (the start-up phases: `model_init`,
+//!   `load_weights`, `kv_cache_profiling`, `kv_cache_init`, `graph_capturing`), and
+//!   [`dummy_runner`] for whole-model measurements.
+//! - `tensor.rs`, `matrix.rs`: device buffers, and a projection's layout there for each storage.
+//! - `weights.rs`: the whole model's weights on the device, fused and repacked at upload.
+//! - [`runner`]: the forward, step for step the CPU's; its `link` to the other ranks (NCCL, or
+//!   the host's collective) and `sampling` on the device after a step.
+//! - `watchdog.rs`: a stuck NCCL call is aborted after the collective timeout.
+//!
+//! It may use the model crate (shapes, the host model to upload, what a step is given:
+//! [`ferrite_model::SeqChunk`], [`ferrite_model::DeviceSampling`]), the formats, kernels and
+//! collective crates, and never the engine: the engine's executor builds a runner and drives it
+//! with each step's chunks, and re-exports this crate as `ferrite_engine::gpu`. CUDA is loaded
+//! at run time (cudarc), so the crate builds and its host-side tests run without a GPU.
 
 mod matrix;
 pub mod runner;
@@ -20,12 +38,11 @@ use std::time::Duration;
 use ferrite_collective::Collective;
 use ferrite_kernels::cuda::Gpu;
 use ferrite_kernels::cuda::ops::Dtype;
+use ferrite_model::error::{ModelError, Result};
+use ferrite_model::kv::blocks_for;
+use ferrite_model::{EngineModel, LogitsWanted, RandomShape, SeqChunk};
 
-use crate::error::{EngineError, Result};
-use crate::kv_cache::blocks_for;
-use crate::model::{EngineModel, LogitsWanted, RandomShape, SeqChunk};
 pub use runner::link::{CollectiveKind, host_all_reduce};
-pub use runner::sampling::DeviceSampling;
 pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
 use tensor::gpu_error;
 use weights::GpuWeights;
@@ -76,7 +93,7 @@ pub fn build_runner(
 ) -> Result<GpuRunner> {
     let (link, sharing) = runner::link::open(&opts, &gpu, comm)?;
     let c = model.config();
-    let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "model_init",
+    let span = tracing::info_span!(target: ferrite_model::STARTUP_TARGET, "model_init",
         device = %gpu.device, dtype = opts.dtype.name(), weight_bytes = tracing::field::Empty);
     // Spans time from creation to close: `model_init` (planning: allocations, fusing,
     // repacking) closes before the copies of `load_weights` start, so the phases do not
@@ -97,7 +114,7 @@ pub fn build_runner(
     };
     let per_block =
         kv_bytes_per_token(c.num_kv_heads, c.head_dim, c.num_layers) * limits.block_size;
-    let profile = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_profiling",
+    let profile = tracing::info_span!(target: ferrite_model::STARTUP_TARGET, "kv_cache_profiling",
         peak_tokens = limits.max_tokens as i64, free_bytes = tracing::field::Empty,
         budget_bytes = tracing::field::Empty)
     .entered();
@@ -133,7 +150,7 @@ pub fn build_runner(
     let needed = blocks_for(limits.max_model_len, limits.block_size);
     if num_blocks < needed {
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-        return Err(EngineError::BadConfig(format!(
+        return Err(ModelError::BadConfig(format!(
             "on {}: {:.2} GiB are left for the KV cache at --gpu-memory-utilization {} \
              ({:.2} GiB in use after the weights and a maximal step), but one {}-token sequence \
              needs {:.2} GiB: lower --max-model-len or raise --gpu-memory-utilization",
@@ -145,14 +162,14 @@ pub fn build_runner(
             gib(needed * per_block)
         )));
     }
-    let _init = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_init",
+    let _init = tracing::info_span!(target: ferrite_model::STARTUP_TARGET, "kv_cache_init",
         device = %gpu.device, num_blocks = num_blocks as i64,
         block_size = limits.block_size as i64, bytes = (num_blocks * per_block) as i64)
     .entered();
     runner.resize_kv(num_blocks)?;
     drop(_init);
     if opts.cuda_graphs {
-        let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "graph_capturing",
+        let span = tracing::info_span!(target: ferrite_model::STARTUP_TARGET, "graph_capturing",
             sizes = tracing::field::Empty, count = tracing::field::Empty);
         let _e = span.enter();
         let sizes = runner.capture_graphs()?;
@@ -167,7 +184,7 @@ pub fn build_runner(
 /// matrices through pinned staging buffers on several threads (the host's part mapped the
 /// checkpoint, leaving its pages to be read here).
 fn copy_weights(gpu: &Gpu, jobs: &tensor::Jobs<'_>) -> Result<()> {
-    let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "load_weights",
+    let span = tracing::info_span!(target: ferrite_model::STARTUP_TARGET, "load_weights",
         format = "device", mode = "pinned", device = %gpu.device, bytes = tracing::field::Empty,
         gb_per_s = tracing::field::Empty, lanes = tracing::field::Empty,
         pieces = tracing::field::Empty);
@@ -189,7 +206,7 @@ fn copy_weights(gpu: &Gpu, jobs: &tensor::Jobs<'_>) -> Result<()> {
 /// `shape`'s random weights made on `gpu`: the `load_weights` phase of `--load-format dummy`
 /// on a GPU, with no host copy.
 fn random_weights(gpu: Arc<Gpu>, dtype: Dtype, shape: &RandomShape) -> Result<GpuWeights> {
-    let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "load_weights",
+    let span = tracing::info_span!(target: ferrite_model::STARTUP_TARGET, "load_weights",
         format = "dummy", mode = "random-on-device", bytes = tracing::field::Empty);
     let _e = span.enter();
     let w = GpuWeights::dummy(gpu, dtype, &shape.cfg, shape.quantize, shape.seed)?;
@@ -203,9 +220,9 @@ fn random_weights(gpu: Arc<Gpu>, dtype: Dtype, shape: &RandomShape) -> Result<Gp
 /// larger than host memory included.
 pub fn dummy_runner(
     gpu: Arc<Gpu>,
-    cfg: &crate::config::ModelConfig,
+    cfg: &ferrite_model::config::ModelConfig,
     opts: GpuOptions,
-    quantize: Option<crate::weights::LoadQuantize>,
+    quantize: Option<ferrite_formats::LoadQuantize>,
     limits: StepLimits,
     num_blocks: usize,
 ) -> Result<GpuRunner> {

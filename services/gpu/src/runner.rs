@@ -21,15 +21,15 @@ use ferrite_kernels::cuda::w8a8::I8Rows;
 use ferrite_kernels::cuda::wq_mins::WqMins;
 use ferrite_kernels::cuda::wq_mma::MMA_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
+use ferrite_model::config::Activation;
+use ferrite_model::error::{ModelError, Result};
+use ferrite_model::{LogitsWanted, SeqChunk};
 
 use ferrite_collective::{Collective, Solo};
 
 use super::matrix::DeviceMatrix;
 use super::tensor::gpu_error;
 use super::weights::GpuWeights;
-use crate::config::Activation;
-use crate::error::{EngineError, Result};
-use crate::model::{LogitsWanted, SeqChunk};
 use link::Link;
 
 #[path = "link.rs"]
@@ -280,7 +280,7 @@ impl GpuRunner {
     /// returns how many rows.
     fn run_step(&mut self, seqs: &[SeqChunk<'_>], comm: &mut dyn Collective) -> Result<usize> {
         if comm.world() != self.w.tp.world {
-            return Err(EngineError::Internal(format!(
+            return Err(ModelError::Internal(format!(
                 "a runner of a pool of {} ranks stepped with a collective of {}",
                 self.w.tp.world,
                 comm.world()
@@ -299,12 +299,12 @@ impl GpuRunner {
         }
         gpu.stream()
             .memcpy_htod(&plan.meta, &mut self.meta)
-            .map_err(|e| EngineError::Device(e.to_string()))?;
+            .map_err(|e| ModelError::Device(e.to_string()))?;
         match graph_size.and_then(|b| self.graphs.get(&b)) {
             Some(graph) => graph
                 .0
                 .launch()
-                .map_err(|e| EngineError::Device(e.to_string()))?,
+                .map_err(|e| ModelError::Device(e.to_string()))?,
             // SAFETY: every buffer was sized for `limits`, which `plan` checked this step
             // against; the metadata offsets address the packed array just copied.
             #[allow(unsafe_code)]
@@ -330,7 +330,7 @@ impl GpuRunner {
             sizes.push(top);
         }
         let err =
-            |e: cudarc::driver::DriverError| EngineError::Device(format!("graph capture: {e}"));
+            |e: cudarc::driver::DriverError| ModelError::Device(format!("graph capture: {e}"));
         for &b in &sizes {
             let mut plan = self.empty_plan();
             self.pad_decode(&mut plan, b);
@@ -354,8 +354,8 @@ impl GpuRunner {
                 .end_capture(CUgraphInstantiate_flags(0))
                 .map_err(err)?;
             recorded?;
-            let graph = graph
-                .ok_or_else(|| EngineError::Device("graph capture recorded nothing".into()))?;
+            let graph =
+                graph.ok_or_else(|| ModelError::Device("graph capture recorded nothing".into()))?;
             graph.upload().map_err(err)?;
             self.graphs.insert(b, Graph(graph));
         }
@@ -414,7 +414,7 @@ impl GpuRunner {
         let n_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let max_blocks = l.max_blocks();
         if n_tokens == 0 || n_tokens > l.max_tokens || seqs.len() > l.max_seqs {
-            return Err(EngineError::Internal(format!(
+            return Err(ModelError::Internal(format!(
                 "a GPU step of {n_tokens} tokens in {} sequences (limits {} and {})",
                 seqs.len(),
                 l.max_tokens,
@@ -432,7 +432,7 @@ impl GpuRunner {
         for (si, s) in seqs.iter().enumerate() {
             let end = s.start_pos + s.tokens.len();
             if s.tokens.is_empty() || end > l.max_model_len {
-                return Err(EngineError::Internal(format!(
+                return Err(ModelError::Internal(format!(
                     "a chunk of {} tokens ending at {end} (max_model_len {})",
                     s.tokens.len(),
                     l.max_model_len
@@ -440,14 +440,14 @@ impl GpuRunner {
             }
             let needed = end.div_ceil(l.block_size);
             if s.block_table.len() < needed || needed > max_blocks {
-                return Err(EngineError::Internal(format!(
+                return Err(ModelError::Internal(format!(
                     "block table holds {} blocks, {needed} needed",
                     s.block_table.len()
                 )));
             }
             for (i, &b) in s.block_table.iter().take(max_blocks).enumerate() {
                 if b as usize >= self.num_blocks {
-                    return Err(EngineError::Internal(format!("KV block {b} out of range")));
+                    return Err(ModelError::Internal(format!("KV block {b} out of range")));
                 }
                 tables[si * max_blocks + i] = b as i32;
             }
@@ -471,7 +471,7 @@ impl GpuRunner {
             max_q = max_q.max(s.tokens.len());
         }
         if picks.len() > l.max_seqs {
-            return Err(EngineError::Internal(format!(
+            return Err(ModelError::Internal(format!(
                 "{} rows of logits in one GPU step (at most {})",
                 picks.len(),
                 l.max_seqs

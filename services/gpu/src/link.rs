@@ -1,4 +1,4 @@
-//! How one rank's GPU forward meets the other ranks' (what each rank holds: [`crate::tp`]).
+//! How one rank's GPU forward meets the other ranks' (what each rank holds: [`ferrite_model::tp`]).
 //!
 //! A step needs two all-reduces per layer (the attention output and MLP down projections'
 //! partial sums) and one all-gather (the LM head's vocabulary parts). Two ways to do them:
@@ -15,17 +15,17 @@
 //! run ([`choose`]).
 
 use ferrite_collective::{Collective, CollectiveError};
+use ferrite_kernels::cuda::gemm::{Linear, OutType};
 use ferrite_kernels::cuda::nccl::{self, UniqueId};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
+use ferrite_model::error::{ModelError, Result};
+use ferrite_model::tp::TpRank;
 
 use super::GpuRunner;
-use crate::error::{EngineError, Result};
-use crate::gpu::GpuOptions;
-use crate::gpu::tensor::gpu_error;
-use crate::gpu::watchdog::Watchdog;
-use crate::tp::TpRank;
-use ferrite_kernels::cuda::gemm::{Linear, OutType};
+use crate::GpuOptions;
+use crate::tensor::gpu_error;
+use crate::watchdog::Watchdog;
 
 /// `--collective`: how the ranks of a pool exchange activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -65,7 +65,7 @@ impl std::fmt::Debug for Link {
 pub(crate) fn choose(kind: CollectiveKind, devices: &[String]) -> Result<CollectiveKind> {
     let shared = (1..devices.len()).any(|i| devices[..i].contains(&devices[i]));
     match kind {
-        CollectiveKind::Nccl if shared => Err(EngineError::BadConfig(format!(
+        CollectiveKind::Nccl if shared => Err(ModelError::BadConfig(format!(
             "--collective nccl: NCCL refuses two ranks of one pool on the same GPU, and these \
              ranks' devices are {devices:?}; give each rank its own GPU (--devices) or use \
              --collective host"
@@ -92,7 +92,7 @@ pub(crate) fn open(
         return Ok((Link::Host, sharing));
     }
     let (rank, world) = (comm.rank(), comm.world());
-    let span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "comm_init",
+    let span = tracing::info_span!(target: ferrite_model::STARTUP_TARGET, "comm_init",
         backend = "nccl", rank = rank as i64, world = world as i64, nccl = tracing::field::Empty);
     let _e = span.enter();
     let (soname, version) = nccl::version().map_err(gpu_error)?;
@@ -281,7 +281,9 @@ impl GpuRunner {
                 _ => {
                     let mut local = vec![0f32; n * each];
                     g.download_at(part, &mut local)?;
-                    if let Some(rows) = crate::tp::gather_logits(tp, vocab, &local, n, comm)? {
+                    if let Some(rows) =
+                        ferrite_model::tp::gather_logits(tp, vocab, &local, n, comm)?
+                    {
                         g.upload_at(self.logits_ptr, &rows)?;
                     }
                 }

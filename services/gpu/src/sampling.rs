@@ -11,26 +11,10 @@
 use cudarc::driver::CudaSlice;
 use ferrite_kernels::cuda::DevPtr;
 use ferrite_kernels::cuda::sample::SamplingArrays;
+use ferrite_model::error::{ModelError, Result};
+use ferrite_model::{DeviceSampling, SeqChunk};
 
 use super::{Buf, GpuRunner, alloc, gpu_error};
-use crate::error::{EngineError, Result};
-use crate::model::SeqChunk;
-
-/// One sequence's sampling, as the kernel takes it (and as step plans carry it).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DeviceSampling {
-    /// ≤ 0: greedy.
-    pub temperature: f32,
-    /// ≤ 0: off.
-    pub top_k: i32,
-    /// ≥ 1: off.
-    pub top_p: f32,
-    /// ≤ 0: off.
-    pub min_p: f32,
-    pub seed: u64,
-    /// Which draw of the request this is (its tokens generated so far).
-    pub step: u64,
-}
 
 /// The per-sequence parameter arrays (one block, [`packed`]) and the sampled ids.
 pub(super) struct SamplingBuffers {
@@ -102,7 +86,7 @@ impl GpuRunner {
     ) -> Result<Vec<u32>> {
         let n = self.run_step(seqs, comm)?;
         if params.len() != n {
-            return Err(EngineError::Internal(format!(
+            return Err(ModelError::Internal(format!(
                 "{} sampling parameter sets for {n} rows of logits",
                 params.len()
             )));

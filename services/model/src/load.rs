@@ -1,28 +1,23 @@
 //! Loading a model: find the checkpoint format, read the config, borrow the weights, build the
 //! tokenizer.
 
-mod batch;
-mod dummy;
-pub mod llama;
-pub mod presets;
-
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use ferrite_formats::error::FormatError;
+use ferrite_formats::gguf::{GgufFile, GgufValue};
+use ferrite_formats::quantized::QuantConfig;
+use ferrite_formats::{LoadQuantize, TensorMap, safetensors};
 use ferrite_kernels::quant::GgmlActivations;
 use ferrite_text::{GgufVocab, Tokenizer};
 use tracing::field::Empty;
 
 use crate::config::ModelConfig;
-use crate::error::{EngineError, Result};
+use crate::dummy::dummy_tensors;
+use crate::error::{ModelError, Result};
+use crate::llama::{LlamaModel, WeightNaming};
+use crate::presets;
 use crate::tp::{ShardAlign, TpRank};
-use crate::weights::TensorMap;
-use crate::weights::gguf::{GgufFile, GgufValue};
-use crate::weights::quantized::QuantConfig;
-use crate::weights::safetensors;
-pub use batch::BatchForward;
-use dummy::dummy_tensors;
-pub use llama::{LlamaModel, LogitsWanted, SeqChunk, WeightNaming};
 
 /// The on-disk format of a checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,8 +151,6 @@ pub fn load_dummy(preset_name: &str, seed: u64, options: LoadOptions) -> Result<
     })
 }
 
-pub use crate::weights::LoadQuantize;
-
 /// Parses a `--quantize` value: `rtn-` and a weight format (`rtn-w4g128`, `rtn-w8pc-sym`),
 /// `rtn-w8a8` or `rtn-fp8`.
 pub fn parse_quantize(s: &str) -> std::result::Result<LoadQuantize, String> {
@@ -175,7 +168,7 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
 /// [`load`], then what `options` ask for.
 pub fn load_with(path: &Path, options: LoadOptions) -> Result<LoadedModel> {
     let start = Instant::now();
-    let io_err = |source| EngineError::Io {
+    let io_err = |source| FormatError::Io {
         path: path.to_owned(),
         source,
     };
@@ -342,10 +335,10 @@ fn gguf_vocab(g: &GgufFile) -> Result<GgufVocab> {
     let key = |k: &str| format!("tokenizer.ggml.{k}");
     let model = g
         .get_str(&key("model"))
-        .ok_or_else(|| EngineError::BadConfig("GGUF has no tokenizer.ggml.model".into()))?
+        .ok_or_else(|| ModelError::BadConfig("GGUF has no tokenizer.ggml.model".into()))?
         .to_owned();
     let tokens = g.get_strings(&key("tokens")).ok_or_else(|| {
-        EngineError::BadConfig("GGUF has no tokenizer.ggml.tokens string array".into())
+        ModelError::BadConfig("GGUF has no tokenizer.ggml.tokens string array".into())
     })?;
     let numbers = |k: &str| -> Option<Vec<GgufValue>> {
         g.get(&key(k)).and_then(|v| v.as_array()).map(<[_]>::to_vec)
@@ -386,13 +379,13 @@ fn load_hf_dir(
 ) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
     let read = |name: &str| {
         let p = dir.join(name);
-        std::fs::read(&p).map_err(|source| EngineError::Io { path: p, source })
+        std::fs::read(&p).map_err(|source| FormatError::Io { path: p, source })
     };
     let (cfg, tensors) = {
         let span = config_span(dir, "safetensors");
         let _entered = span.enter();
         let cfg_json: serde_json::Value = serde_json::from_slice(&read("config.json")?)
-            .map_err(|e| EngineError::BadConfig(format!("config.json: {e}")))?;
+            .map_err(|e| ModelError::BadConfig(format!("config.json: {e}")))?;
         let cfg = ModelConfig::from_hf_config(&cfg_json)?;
         let mut tensors = safetensors::open_dir(dir)?;
         if let Some(q) = QuantConfig::from_hf_config(&cfg_json)? {
@@ -407,7 +400,7 @@ fn load_hf_dir(
     let tokenizer_config: Option<serde_json::Value> = match read("tokenizer_config.json") {
         Ok(raw) => Some(
             serde_json::from_slice(&raw)
-                .map_err(|e| EngineError::BadConfig(format!("tokenizer_config.json: {e}")))?,
+                .map_err(|e| ModelError::BadConfig(format!("tokenizer_config.json: {e}")))?,
         ),
         Err(_) => None,
     };

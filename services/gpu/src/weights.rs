@@ -17,20 +17,20 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
+use ferrite_formats::LoadQuantize;
 use ferrite_kernels::cpu::matmul::Weight;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
+use ferrite_model::config::ModelConfig;
+use ferrite_model::error::Result;
+use ferrite_model::tp::TpRank;
+use ferrite_model::{EngineModel, LlamaModel};
 use rayon::prelude::*;
 
 use super::matrix::{DeviceMatrix, HostMatrix};
 use super::tensor::{DeviceTensor, Jobs, gpu_error};
-use crate::config::ModelConfig;
-use crate::error::Result;
-use crate::model::{EngineModel, LlamaModel};
-use crate::tp::TpRank;
-use crate::weights::LoadQuantize;
 
 /// One decoder layer on the device.
 pub(crate) struct GpuLayer {
@@ -80,11 +80,11 @@ impl GpuWeights {
     /// already copied), and the jobs that copy the matrices, to be run by
     /// `Gpu::upload_jobs` before the weights are used.
     pub fn upload(gpu: Arc<Gpu>, dtype: Dtype, model: &LlamaModel) -> Result<(Self, Jobs<'_>)> {
-        let cfg = model.cfg.clone();
+        let cfg = model.config().clone();
         let g = gpu.as_ref();
         let mut jobs = Vec::new();
         let host: Vec<[HostMatrix<'_>; 4]> = model
-            .layers
+            .layers()
             .par_iter()
             .map(|l| {
                 [
@@ -96,8 +96,8 @@ impl GpuWeights {
             })
             .collect();
         let vec = |v: &[f32]| DeviceTensor::from_f32(g, dtype, v);
-        let mut layers = Vec::with_capacity(model.layers.len());
-        for (l, [qkv, o, gate_up, down]) in model.layers.iter().zip(host) {
+        let mut layers = Vec::with_capacity(model.layers().len());
+        for (l, [qkv, o, gate_up, down]) in model.layers().iter().zip(host) {
             let qkv_bias = match &l.qkv_bias {
                 Some([bq, bk, bv]) => Some(vec(&[bq.as_slice(), bk, bv].concat())?),
                 None => None,
@@ -121,21 +121,29 @@ impl GpuWeights {
             };
             layers.push(layer);
         }
-        let embed = DeviceTensor::stacked(g, dtype, &[&model.embed], &mut jobs)?;
+        let embed = DeviceTensor::stacked(g, dtype, &[model.embed()], &mut jobs)?;
         let lm_head = if head_is_embedding(model) {
             None
         } else {
             Some(DeviceTensor::stacked(
                 g,
                 dtype,
-                &[&model.lm_head],
+                &[model.lm_head()],
                 &mut jobs,
             )?)
         };
-        let norm = vec(&model.norm)?;
-        let mut w = Self::assemble(gpu, dtype, cfg, &model.rope, [embed, norm], lm_head, layers)?;
-        w.tp = model.tp;
-        w.head_rows = model.lm_head.rows;
+        let norm = vec(model.norm())?;
+        let mut w = Self::assemble(
+            gpu,
+            dtype,
+            cfg,
+            model.rope(),
+            [embed, norm],
+            lm_head,
+            layers,
+        )?;
+        w.tp = model.tp();
+        w.head_rows = model.lm_head().rows;
         Ok((w, jobs))
     }
 
@@ -196,7 +204,7 @@ impl GpuWeights {
                 0.0,
             )?)
         };
-        let rope = crate::model::llama::build_rope(cfg, None);
+        let rope = ferrite_model::llama::build_rope(cfg, None);
         let final_norm = norm(seed())?;
         Self::assemble(
             gpu,
@@ -270,14 +278,14 @@ impl GpuWeights {
 /// device holds one copy. A rank's part of a tied head starts where the table does on rank 0,
 /// the same storage but fewer rows: that part gets a copy of its own.
 pub(crate) fn head_is_embedding(model: &LlamaModel) -> bool {
-    model.lm_head.same_storage(&model.embed) && model.lm_head.rows == model.embed.rows
+    model.lm_head().same_storage(model.embed()) && model.lm_head().rows == model.embed().rows
 }
 
 /// The 16-bit type a model runs in on the GPU: the checkpoint's own where it is BF16, else F16
 /// (random weights too).
 pub fn default_dtype(model: &EngineModel) -> Dtype {
     match model {
-        EngineModel::Host(m) => match m.embed.view() {
+        EngineModel::Host(m) => match m.embed().view() {
             Weight::Ggml(v) if v.ty == GgmlType::BF16 => Dtype::Bf16,
             _ => Dtype::F16,
         },

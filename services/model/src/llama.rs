@@ -28,14 +28,13 @@ use ferrite_kernels::cpu::{
 use std::ops::Range;
 
 use ferrite_collective::Collective;
-use serde::{Deserialize, Serialize};
+use ferrite_formats::{LoadQuantize, Matrix, TensorMap};
 
 use crate::config::{Activation, ModelConfig, RopeScaling, RopeStyle};
-use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
+use crate::error::{ModelError, Result};
+use crate::kv::KvCache;
+use crate::step::{LogitsWanted, SeqChunk};
 use crate::tp::TpRank;
-use crate::weights::LoadQuantize;
-use crate::weights::{Matrix, TensorMap};
 
 /// Which tensor names a checkpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,31 +186,6 @@ impl Layer {
     }
 }
 
-/// Which logits a sequence chunk wants back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LogitsWanted {
-    /// A prefill chunk that does not reach the end of the prompt.
-    None,
-    /// The next-token logits (at the chunk's last token).
-    Last,
-    /// Logits at every token of the chunk (prompt logprobs, tests).
-    All,
-}
-
-/// One sequence's tokens in a forward: `tokens` sit at positions `start_pos..`, and the block
-/// table already has room for them.
-#[derive(Debug, Clone, Copy)]
-pub struct SeqChunk<'a> {
-    pub tokens: &'a [u32],
-    pub start_pos: usize,
-    pub block_table: &'a [u32],
-    pub logits: LogitsWanted,
-    /// The chunk holds a token of the request's prompt (its last one, after a prefix-cache
-    /// hit, included), or several tokens, not one generated token: the step then takes
-    /// nearly exact activations on the CPU (see [`LayerAt::prompt`]).
-    pub prompt: bool,
-}
-
 /// A model, or one rank's shard of it: then `cfg` is the shard's shape (its heads, KV heads
 /// and intermediate size; the vocabulary stays the model's) and `lm_head` holds the rank's
 /// rows of the vocabulary.
@@ -226,7 +200,7 @@ pub struct LlamaModel {
     pub(crate) rope: Rope,
     /// How this model's matmuls run on the CPU (set after loading, from [`LoadOptions`]).
     ///
-    /// [`LoadOptions`]: super::LoadOptions
+    /// [`LoadOptions`]: crate::load::LoadOptions
     pub(crate) matmul: MatmulOptions,
 }
 
@@ -285,6 +259,11 @@ impl LlamaModel {
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// Which shard of the model this is.
+    pub fn tp(&self) -> TpRank {
+        self.tp
     }
 
     /// Bytes of weights this model reads per forward (all matrices, once).
@@ -380,7 +359,7 @@ impl LlamaModel {
         for (s, seq) in seqs.iter().enumerate() {
             let needed = (seq.start_pos + seq.tokens.len()).div_ceil(kv.block_size);
             if seq.block_table.len() < needed {
-                return Err(EngineError::Internal(format!(
+                return Err(ModelError::Internal(format!(
                     "block table holds {} blocks, {needed} needed",
                     seq.block_table.len()
                 )));

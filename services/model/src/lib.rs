@@ -1,0 +1,45 @@
+//! ferrite's model definitions: a model's shape, its weights loaded from a checkpoint, and the
+//! forward on the CPU. Whatever runs a model (the engine's executor, the GPU runner, the offline
+//! tools) starts from here.
+//!
+//! # Layout
+//!
+//! - [`config`]: a model's shape ([`config::ModelConfig`]) from GGUF metadata or `config.json`.
+//! - [`load()`] and its kin (`load.rs`): find the checkpoint format, read the config, borrow the
+//!   weights, build the tokenizer ([`LoadedModel`]); or only the shape of random weights to be
+//!   made on a device ([`EngineModel::DeviceRandom`]).
+//! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
+//!   face the offline tools drive layer by layer.
+//! - [`step`]: what one forward step is given on any backend ([`SeqChunk`], [`LogitsWanted`],
+//!   [`DeviceSampling`]).
+//! - [`kv`]: the K/V storage the CPU forward writes and reads, block by block.
+//! - [`tp`]: tensor parallelism: which share of the model a rank holds.
+//! - [`presets`] and `dummy.rs`: named shapes with random weights (`--load-format dummy`).
+//! - [`BatchForward`] (`batch.rs`): whole sequences through the model outside any engine.
+//! - [`error`]: what loading or a forward refuses or fails at.
+//!
+//! It may use the formats, kernels, text and collective crates, and nothing that serves: which
+//! blocks a sequence holds, scheduling and sampling are the engine's (`ferrite-engine`), which
+//! re-exports this crate as `ferrite_engine::model` (and [`config`], [`tp`] under their old
+//! paths).
+
+mod batch;
+pub mod config;
+mod dummy;
+pub mod error;
+pub mod kv;
+pub mod llama;
+mod load;
+pub mod presets;
+pub mod step;
+pub mod tp;
+
+pub use batch::BatchForward;
+pub use error::ModelError;
+pub use ferrite_formats::LoadQuantize;
+pub use llama::{LlamaModel, WeightNaming};
+pub use load::{
+    EngineModel, LoadOptions, LoadedModel, RandomShape, STARTUP_TARGET, WeightFormat,
+    device_random_shape, load, load_dummy, load_with, parse_quantize,
+};
+pub use step::{DeviceSampling, LogitsWanted, SeqChunk};

@@ -1,0 +1,45 @@
+//! What one forward step is given, on any backend: each sequence's chunk of tokens, where its
+//! KV blocks lie, which logits it wants back, and, on a device that samples them itself, how.
+
+use serde::{Deserialize, Serialize};
+
+/// Which logits a sequence chunk wants back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogitsWanted {
+    /// A prefill chunk that does not reach the end of the prompt.
+    None,
+    /// The next-token logits (at the chunk's last token).
+    Last,
+    /// Logits at every token of the chunk (prompt logprobs, tests).
+    All,
+}
+
+/// One sequence's tokens in a forward: `tokens` sit at positions `start_pos..`, and the block
+/// table already has room for them.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqChunk<'a> {
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    pub block_table: &'a [u32],
+    pub logits: LogitsWanted,
+    /// The chunk holds a token of the request's prompt (its last one, after a prefix-cache
+    /// hit, included), or several tokens, not one generated token: the step then takes
+    /// nearly exact activations on the CPU (see [`crate::llama::LayerAt::prompt`]).
+    pub prompt: bool,
+}
+
+/// One sequence's sampling, as the kernel takes it (and as step plans carry it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DeviceSampling {
+    /// ≤ 0: greedy.
+    pub temperature: f32,
+    /// ≤ 0: off.
+    pub top_k: i32,
+    /// ≥ 1: off.
+    pub top_p: f32,
+    /// ≤ 0: off.
+    pub min_p: f32,
+    pub seed: u64,
+    /// Which draw of the request this is (its tokens generated so far).
+    pub step: u64,
+}
