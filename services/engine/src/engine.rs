@@ -472,7 +472,7 @@ impl Engine {
             .map(|c| c.id)
             .collect();
         let picks = if constrained.is_empty() {
-            self.exec.lead(&plan)?
+            self.exec.lead(&mut plan)?
         } else {
             // The masks depend only on the tokens so far: computed beside the forward.
             let words = self.cfg.vocab_size.div_ceil(32);
@@ -480,7 +480,7 @@ impl Engine {
             let exec = &mut self.exec;
             std::thread::scope(|s| {
                 s.spawn(|| compute_masks(requests, &constrained, words));
-                exec.lead(&plan)
+                exec.lead(&mut plan)
             })?
         };
         #[cfg(test)]

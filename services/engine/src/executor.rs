@@ -270,8 +270,15 @@ impl Executor {
         Ok(self.num_blocks)
     }
 
-    /// The leader's half of a step: sends `plan` to the other ranks, then runs it here.
-    pub fn lead(&mut self, plan: &StepPlan) -> Result<Picks> {
+    /// The leader's half of a step: decides which captured decode graph (if any) the ranks
+    /// replay on a GPU (`plan.graph`), sends `plan` to the other ranks, then runs it here.
+    pub fn lead(&mut self, plan: &mut StepPlan) -> Result<Picks> {
+        plan.graph = match &self.backend {
+            Backend::Cuda(runner) => {
+                runner.graph_for(plan.chunks.iter().map(|c| (c.tokens.len(), c.logits)))
+            }
+            Backend::Cpu { .. } => None,
+        };
         if self.world() > 1 {
             let mut bytes = OrderRef::Step(plan).encode();
             self.comm
@@ -320,10 +327,10 @@ impl Executor {
                 .forward(&chunks, kv, self.comm.as_mut())
                 .map(Picks::Logits),
             (Backend::Cuda(runner), Some(params)) => runner
-                .forward_sampled(&chunks, params, self.comm.as_mut())
+                .forward_sampled(&chunks, params, plan.graph, self.comm.as_mut())
                 .map(Picks::Ids),
             (Backend::Cuda(runner), None) => runner
-                .forward(&chunks, self.comm.as_mut())
+                .forward_planned(&chunks, plan.graph, self.comm.as_mut())
                 .map(Picks::Logits),
         };
         match picks {

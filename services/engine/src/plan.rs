@@ -33,6 +33,10 @@ pub struct StepPlan {
     pub chunks: Vec<PlannedChunk>,
     /// On a GPU: each sampling chunk's draw, when the whole step samples on the device.
     pub device_sampling: Option<Vec<DeviceSampling>>,
+    /// On a GPU: the captured decode graph every rank replays for this step, by its batch
+    /// size (`None`: eagerly). The leader decides it ([`crate::executor::Executor::lead`]), so
+    /// no rank pads a step to another size than its peers.
+    pub graph: Option<usize>,
 }
 
 /// A block table sent in full (`new`) or grown by `blocks`.

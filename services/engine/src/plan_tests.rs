@@ -27,7 +27,9 @@ fn step(
     len: usize,
 ) -> Result<StepPlan> {
     let schedule = s.schedule();
-    let plan = b.build(&schedule, s)?;
+    let mut plan = b.build(&schedule, s)?;
+    // As a GPU leader would set it: the wire must carry it.
+    plan.graph = Some(plan.chunks.len().next_power_of_two());
     let Order::Step(received) = Order::decode(&OrderRef::Step(&plan).encode())? else {
         panic!("a step plan decodes as a step");
     };

@@ -15,7 +15,8 @@
 //! - `tensor.rs`, `matrix.rs`: device buffers, and a projection's layout there for each storage.
 //! - `weights.rs`: the whole model's weights on the device, fused and repacked at upload.
 //! - [`runner`]: the forward, step for step the CPU's; its `link` to the other ranks (NCCL, or
-//!   the host's collective) and `sampling` on the device after a step.
+//!   the host's collective), `sampling` on the device after a step, and `graphs`: which
+//!   captured decode graph a step replays, the pool leader's choice.
 //! - `watchdog.rs`: a stuck NCCL call is aborted after the collective timeout.
 //!
 //! It may use the model crate (shapes, the host model to upload, what a step is given:

@@ -32,6 +32,8 @@ use super::tensor::gpu_error;
 use super::weights::GpuWeights;
 use link::Link;
 
+#[path = "graphs.rs"]
+pub mod graphs;
 #[path = "link.rs"]
 pub mod link;
 #[path = "sampling.rs"]
@@ -270,15 +272,34 @@ impl GpuRunner {
         seqs: &[SeqChunk<'_>],
         comm: &mut dyn Collective,
     ) -> Result<Vec<f32>> {
+        let graph = self.graph_for(seqs.iter().map(|s| (s.tokens.len(), s.logits)));
+        self.forward_planned(seqs, graph, comm)
+    }
+
+    /// [`Self::forward`], replaying the captured decode graph `graph` names (by its batch
+    /// size; `None`: eagerly), as a pool's plan says every rank must
+    /// ([`graphs::decode_graph`]).
+    pub fn forward_planned(
+        &mut self,
+        seqs: &[SeqChunk<'_>],
+        graph: Option<usize>,
+        comm: &mut dyn Collective,
+    ) -> Result<Vec<f32>> {
         self.watched(|r| {
-            let n = r.run_step(seqs, comm)? * r.w.cfg.vocab_size;
+            let n = r.run_step(seqs, graph, comm)? * r.w.cfg.vocab_size;
             r.w.gpu.download(&r.logits, n).map_err(gpu_error)
         })
     }
 
     /// Queues the step for `seqs`, leaving the logits rows they asked for in `self.logits`;
-    /// returns how many rows.
-    fn run_step(&mut self, seqs: &[SeqChunk<'_>], comm: &mut dyn Collective) -> Result<usize> {
+    /// returns how many rows. `graph`: the captured decode graph to replay, padded to its
+    /// batch size (`None`: eagerly).
+    fn run_step(
+        &mut self,
+        seqs: &[SeqChunk<'_>],
+        graph: Option<usize>,
+        comm: &mut dyn Collective,
+    ) -> Result<usize> {
         if comm.world() != self.w.tp.world {
             return Err(ModelError::Internal(format!(
                 "a runner of a pool of {} ranks stepped with a collective of {}",
@@ -289,18 +310,14 @@ impl GpuRunner {
         let mut plan = self.plan(seqs)?;
         let n_logits = plan.n_logits;
         let gpu = self.w.gpu.clone();
-        // A decode step (one token per sequence, each wanting its logits) replays the graph
-        // of the next batch size up, padded; anything else runs eagerly.
-        let graph_size = (plan.max_q == 1 && plan.n_logits == plan.n_seqs)
-            .then(|| self.graphs.range(plan.n_seqs..).next().map(|(&b, _)| b))
-            .flatten();
-        if let Some(b) = graph_size {
+        if let Some(b) = graph {
+            self.check_graph(b, &plan)?;
             self.pad_decode(&mut plan, b);
         }
         gpu.stream()
             .memcpy_htod(&plan.meta, &mut self.meta)
             .map_err(|e| ModelError::Device(e.to_string()))?;
-        match graph_size.and_then(|b| self.graphs.get(&b)) {
+        match graph.and_then(|b| self.graphs.get(&b)) {
             Some(graph) => graph
                 .0
                 .launch()

@@ -67,24 +67,27 @@ fn packed(params: &[DeviceSampling], base: DevPtr) -> (Vec<u8>, SamplingArrays) 
 }
 
 impl GpuRunner {
-    /// Runs `seqs` and samples one token on the device for each that asked for logits
-    /// (`params[i]` for the i-th of them, in order); reads back only the ids.
+    /// Runs `seqs` (replaying the decode graph `graph` names, as
+    /// [`GpuRunner::forward_planned`]) and samples one token on the device for each that asked
+    /// for logits (`params[i]` for the i-th of them, in order); reads back only the ids.
     pub fn forward_sampled(
         &mut self,
         seqs: &[SeqChunk<'_>],
         params: &[DeviceSampling],
+        graph: Option<usize>,
         comm: &mut dyn ferrite_collective::Collective,
     ) -> Result<Vec<u32>> {
-        self.watched(|r| r.sample_step(seqs, params, comm))
+        self.watched(|r| r.sample_step(seqs, params, graph, comm))
     }
 
     fn sample_step(
         &mut self,
         seqs: &[SeqChunk<'_>],
         params: &[DeviceSampling],
+        graph: Option<usize>,
         comm: &mut dyn ferrite_collective::Collective,
     ) -> Result<Vec<u32>> {
-        let n = self.run_step(seqs, comm)?;
+        let n = self.run_step(seqs, graph, comm)?;
         if params.len() != n {
             return Err(ModelError::Internal(format!(
                 "{} sampling parameter sets for {n} rows of logits",
