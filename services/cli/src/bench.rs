@@ -1,18 +1,13 @@
 //! `ferrite bench …`: measurements printed as tables in the seed files' grid format.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
-use ferrite_engine::engine::Engine;
-use ferrite_engine::executor::Executor;
 use ferrite_engine::sampler::SamplingParams;
-use ferrite_engine::tp::TpRank;
-use ferrite_worker::CommLeader;
 use serde_json::json;
 
 use crate::loading::ModelArgs;
-use crate::serve_ranks::{RankLaunch, RankProcesses};
 use crate::table::Table;
 
 #[derive(Debug, Subcommand)]
@@ -101,7 +96,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     if args.runs == 0 || args.new_tokens < 2 || args.prompt_tokens == 0 {
         bail!("--runs ≥ 1, --new-tokens ≥ 2 and --prompt-tokens ≥ 1 are needed");
     }
-    let (mut engine, _ranks, _) = pool_engine(&args.model, args.tp)?;
+    let (mut engine, _ranks, _) = crate::serve_ranks::pool_engine(&args.model, args.tp)?;
     let vocab = engine.config().vocab_size as u64;
     let threads = rayon::current_num_threads();
     let mut table = Table::new(&[
@@ -181,52 +176,6 @@ fn decode(args: DecodeArgs) -> Result<()> {
         print!("{}", table.render());
     }
     Ok(())
-}
-
-/// An engine for a bench: the whole model here (`tp` ≤ 1), or rank 0 of a pool of `tp` rank
-/// processes (returned too: they are killed when dropped), as `serve --tp N` runs one. Also
-/// returns the model's linear-layer storage (a row label's default).
-pub(crate) fn pool_engine(
-    model_args: &ModelArgs,
-    tp: u32,
-) -> Result<(Engine, Option<RankProcesses>, String)> {
-    if tp <= 1 {
-        let (model, _) = model_args.load_for_engine()?;
-        let storage = model.linear_storage();
-        // Token ids only: dummy-weight models have no tokenizer.
-        let cfg = model_args.engine_config(&model)?;
-        return Ok((Engine::new(model, vec![], cfg)?, None, storage));
-    }
-    let threads = crate::serve_ranks::threads_per_rank(tp);
-    // Fails only if the pool was already built, which keeps that one.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global();
-    let leader = CommLeader::bind(([127, 0, 0, 1], 0).into(), None, tp)?;
-    let secret = crate::serve_ranks::fresh_secret();
-    let ranks = RankProcesses::spawn(&RankLaunch {
-        model: model_args,
-        pool: "bench",
-        world: tp,
-        record: leader.record(),
-        secret: &secret,
-        placement: None,
-        otlp_endpoint: None,
-    })?;
-    let (model, _) = model_args.load_shard_for_engine(TpRank::new(0, tp as usize)?)?;
-    let storage = model.linear_storage();
-    let cfg = model_args.engine_config(&model)?;
-    let comm = leader.accept_now(
-        Duration::from_secs(300),
-        Duration::from_secs(30),
-        secret.into_bytes(),
-    )?;
-    let exec = Executor::new(model, &cfg, comm)?;
-    Ok((
-        Engine::from_executor(exec, vec![], &cfg)?,
-        Some(ranks),
-        storage,
-    ))
 }
 
 fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {

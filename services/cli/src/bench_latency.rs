@@ -237,7 +237,7 @@ fn measure_row(
     tp: u32,
 ) -> Result<(RowResult, String)> {
     // Token ids only: dummy-weight models have no tokenizer, and `ignore_eos` needs no EOS ids.
-    let (mut engine, _ranks, storage) = crate::bench::pool_engine(args, tp)?;
+    let (mut engine, _ranks, storage) = crate::serve_ranks::pool_engine(args, tp)?;
     let label = label.unwrap_or_else(|| match args.quantize {
         Some(f) => format!("ferrite-rtn-{f}"),
         None => format!("ferrite-{}", storage.to_lowercase()),

@@ -1,4 +1,5 @@
-//! The rank processes of `ferrite serve --tp N` (and `bench decode --tp N`): ranks 1..N of the
+//! The rank processes of `ferrite serve --tp N` (and of the benches' `--tp N`, whose engine
+//! [`pool_engine`] makes): ranks 1..N of the
 //! pool whose rank 0 is the launching process itself, started as `ferrite worker` processes of
 //! the same binary.
 //!
@@ -13,7 +14,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use ferrite_engine::engine::Engine;
+use ferrite_engine::executor::Executor;
+use ferrite_engine::tp::TpRank;
 use ferrite_placement::CommRecord;
+use ferrite_worker::CommLeader;
 
 use crate::loading::ModelArgs;
 use crate::placement_args::PlacementArgs;
@@ -143,4 +148,50 @@ impl Drop for RankProcesses {
             let _ = c.wait();
         }
     }
+}
+
+/// An engine for a bench (`bench decode`, `bench latency`): the whole model here (`tp` ≤ 1), or rank 0 of a pool of `tp` rank
+/// processes (returned too: they are killed when dropped), as `serve --tp N` runs one. Also
+/// returns the model's linear-layer storage (a row label's default).
+pub(crate) fn pool_engine(
+    model_args: &ModelArgs,
+    tp: u32,
+) -> Result<(Engine, Option<RankProcesses>, String)> {
+    if tp <= 1 {
+        let (model, _) = model_args.load_for_engine()?;
+        let storage = model.linear_storage();
+        // Token ids only: dummy-weight models have no tokenizer.
+        let cfg = model_args.engine_config(&model)?;
+        return Ok((Engine::new(model, vec![], cfg)?, None, storage));
+    }
+    let threads = threads_per_rank(tp);
+    // Fails only if the pool was already built, which keeps that one.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    let leader = CommLeader::bind(([127, 0, 0, 1], 0).into(), None, tp)?;
+    let secret = fresh_secret();
+    let ranks = RankProcesses::spawn(&RankLaunch {
+        model: model_args,
+        pool: "bench",
+        world: tp,
+        record: leader.record(),
+        secret: &secret,
+        placement: None,
+        otlp_endpoint: None,
+    })?;
+    let (model, _) = model_args.load_shard_for_engine(TpRank::new(0, tp as usize)?)?;
+    let storage = model.linear_storage();
+    let cfg = model_args.engine_config(&model)?;
+    let comm = leader.accept_now(
+        Duration::from_secs(300),
+        Duration::from_secs(30),
+        secret.into_bytes(),
+    )?;
+    let exec = Executor::new(model, &cfg, comm)?;
+    Ok((
+        Engine::from_executor(exec, vec![], &cfg)?,
+        Some(ranks),
+        storage,
+    ))
 }

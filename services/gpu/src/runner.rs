@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 use ferrite_kernels::cuda::attention::{DecodeScratch, PagedAttention, decode_parts};
 use ferrite_kernels::cuda::fp8::Fp8Rows;
@@ -25,7 +24,7 @@ use ferrite_model::config::Activation;
 use ferrite_model::error::{ModelError, Result};
 use ferrite_model::{LogitsWanted, SeqChunk};
 
-use ferrite_collective::{Collective, Solo};
+use ferrite_collective::Collective;
 
 use super::matrix::DeviceMatrix;
 use super::tensor::gpu_error;
@@ -328,56 +327,6 @@ impl GpuRunner {
             None => unsafe { self.run(&gpu, &plan, comm) }?,
         }
         Ok(n_logits)
-    }
-
-    /// Captures one CUDA graph per decode batch size of the ladder 1, 2, 4, 8, 16, 24, 32, …
-    /// (steps of 8) up to `max_seqs` (and the step's token budget). Each size runs once
-    /// eagerly first, so cuBLAS has chosen its kernels before the capture records them (and
-    /// NCCL, which connects lazily, has connected). Returns the sizes captured: none for a
-    /// rank whose collectives go through the host (a graph cannot wait on a socket).
-    pub fn capture_graphs(&mut self) -> Result<Vec<usize>> {
-        if matches!(self.link, Link::Host) && !self.w.tp.is_solo() {
-            return Ok(Vec::new());
-        }
-        let gpu = self.w.gpu.clone();
-        let top = self.limits.max_seqs.min(self.limits.max_tokens);
-        let mut sizes: Vec<usize> = [1, 2, 4].into_iter().filter(|&b| b <= top).collect();
-        sizes.extend((8..=top).step_by(8));
-        if sizes.last() != Some(&top) {
-            sizes.push(top);
-        }
-        let err =
-            |e: cudarc::driver::DriverError| ModelError::Device(format!("graph capture: {e}"));
-        for &b in &sizes {
-            let mut plan = self.empty_plan();
-            self.pad_decode(&mut plan, b);
-            gpu.stream()
-                .memcpy_htod(&plan.meta, &mut self.meta)
-                .map_err(err)?;
-            // SAFETY: as in `forward`; every row is padding (no KV slot is written). A pool
-            // that captures reduces with NCCL, which needs no host collective.
-            #[allow(unsafe_code)]
-            unsafe { self.run(&gpu, &plan, &mut Solo) }?;
-            gpu.synchronize().map_err(gpu_error)?;
-            gpu.stream()
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(err)?;
-            // SAFETY: as above; kernels are recorded, not run.
-            #[allow(unsafe_code)]
-            let recorded = unsafe { self.run(&gpu, &plan, &mut Solo) };
-            // End the capture whatever happened, so the stream is usable again.
-            let graph = gpu
-                .stream()
-                .end_capture(CUgraphInstantiate_flags(0))
-                .map_err(err)?;
-            recorded?;
-            let graph =
-                graph.ok_or_else(|| ModelError::Device("graph capture recorded nothing".into()))?;
-            graph.upload().map_err(err)?;
-            self.graphs.insert(b, Graph(graph));
-        }
-        gpu.synchronize().map_err(gpu_error)?;
-        Ok(sizes)
     }
 
     /// A plan with no sequences, to be padded.
