@@ -180,8 +180,8 @@ impl WorkerArgs {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SchemaArgs {
     /// Bound what a JSON schema leaves unbounded, so that a small model held to it ends:
-    /// strings 64 characters, arrays 8 items, free values 2 deep (a schema's own `maxLength`,
-    /// `maxItems` and the like win). Off by default: a schema's strings and arrays are as long
+    /// strings 48 characters, arrays 4 items (1 with `uniqueItems`), free values 2 deep (a
+    /// schema's own `maxLength`, `maxItems` and the like win). Off by default: a schema's strings and arrays are as long
     /// as the model writes them, up to `max_tokens`.
     #[arg(long, env = "FERRITE_JSON_SCHEMA_BOUNDS")]
     pub json_schema_bounds: bool,

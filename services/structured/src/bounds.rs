@@ -9,7 +9,8 @@
 //! - a string without `maxLength`, `enum` or `const` (with a `pattern` or a `format` too: an
 //!   e-mail address or a URI has no end either): at most [`STRING_CHARS`] characters;
 //! - an array without `maxItems`: at most [`ARRAY_ITEMS`] items (more if `minItems` or its
-//!   tuple asks for more);
+//!   tuple asks for more); with `uniqueItems`, which llguidance does not enforce, at most one
+//!   (where `minItems` allows it: one item is unique by itself);
 //! - a value the schema leaves free (`{}`, `true`, the items of an array without `items`, the
 //!   values of an object without `additionalProperties`): any JSON value at most
 //!   [`ANY_DEPTH`] arrays or objects deep, with the bounds above and at most [`OBJECT_KEYS`]
@@ -31,9 +32,9 @@ use serde_json::{Map, Value, json};
 use crate::GrammarError;
 
 /// The most characters of a string without a bound of its own.
-pub const STRING_CHARS: u64 = 64;
+pub const STRING_CHARS: u64 = 48;
 /// The most items of an array without a bound of its own.
-pub const ARRAY_ITEMS: u64 = 8;
+pub const ARRAY_ITEMS: u64 = 4;
 /// The most keys of a free object, and past the declared ones where they are all required.
 pub const OBJECT_KEYS: u64 = 8;
 /// How many arrays or objects deep a free value may nest.
@@ -378,10 +379,11 @@ fn bound_array(obj: &mut Map<String, Value>, combined: bool) {
         return;
     }
     if !obj.contains_key("maxItems") {
-        let at_least = count(obj, "minItems")
-            .max(tuple.or(prefix).unwrap_or(0) as u64)
-            .max(ARRAY_ITEMS);
-        obj.insert("maxItems".into(), at_least.into());
+        let needed = count(obj, "minItems").max(tuple.or(prefix).unwrap_or(0) as u64);
+        // llguidance does not enforce `uniqueItems`; one item is unique by itself.
+        let unique = obj.get("uniqueItems") == Some(&Value::Bool(true)) && needed <= 1;
+        let most = if unique { 1 } else { needed.max(ARRAY_ITEMS) };
+        obj.insert("maxItems".into(), most.into());
     }
     if combined || !has_type(obj, "array") {
         return;
@@ -481,6 +483,22 @@ mod tests {
         assert_eq!(p["e"]["maxItems"], 40);
         // An array without `items` takes free values, bounded.
         assert_eq!(p["e"]["items"], any(ANY_DEPTH - 1));
+    }
+
+    #[test]
+    fn unique_items_without_a_bound_take_one_item() {
+        let s = bounded(json!({"type": "object", "properties": {
+            "one": {"type": "array", "uniqueItems": true, "items": {"type": "string"}},
+            "two": {"type": "array", "uniqueItems": true, "minItems": 2},
+            "own": {"type": "array", "uniqueItems": true, "maxItems": 9},
+            "any": {"type": "array", "uniqueItems": false}}}));
+        let p = &s["properties"];
+        // llguidance would let repeats through: a single item cannot repeat.
+        assert_eq!(p["one"]["maxItems"], 1);
+        // Where one is too few, only the usual bound (repeats stay possible).
+        assert_eq!(p["two"]["maxItems"], ARRAY_ITEMS);
+        assert_eq!(p["own"]["maxItems"], 9);
+        assert_eq!(p["any"]["maxItems"], ARRAY_ITEMS);
     }
 
     #[test]
