@@ -32,9 +32,6 @@ mod matmul;
 
 use std::ops::Range;
 
-use crate::wq::gptq::{GridRule, gptq_codes, output_error_of};
-use crate::wq::{GptqOptions, GptqStats, GroupGrid};
-
 /// Row padding of codes and activations, in elements.
 pub const K_ALIGN: usize = 32;
 
@@ -260,39 +257,6 @@ pub fn quantize_int8_rtn(w: &[f32], rows: usize, cols: usize) -> Result<I8Matrix
     I8Matrix::from_codes(rows, cols, &codes, &scales)
 }
 
-/// One row's int8 grid as a [`GroupGrid`]: `scale = max|w| / 127`, unsigned codes `0..=254`
-/// standing for `code - 127`.
-pub fn int8_grid(row: &[f32]) -> GroupGrid {
-    GroupGrid {
-        scale: row.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0,
-        zero: 127,
-        max_code: 254,
-    }
-}
-
-/// Symmetric int8 per row by GPTQ with the `[cols, cols]` Hessian `h` (see
-/// [`crate::wq::gptq`]); the grids are [`int8_grid`] of the original rows.
-pub fn quantize_int8_gptq(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    h: &[f64],
-    opts: GptqOptions,
-) -> Result<(I8Matrix, GptqStats), I8Error> {
-    let rule = GridRule {
-        group_len: cols,
-        fixed: true,
-        grid: &int8_grid,
-    };
-    let (codes, grids, damp) =
-        gptq_codes(w, rows, cols, h, &rule, opts).map_err(|e| I8Error::Value(e.to_string()))?;
-    let codes: Vec<i8> = codes.iter().map(|&q| (i16::from(q) - 127) as i8).collect();
-    let scales: Vec<f32> = grids.iter().map(|g| g.scale).collect();
-    let m = I8Matrix::from_codes(rows, cols, &codes, &scales)?;
-    let output_error = output_error_of(w, &m.dequantize(), rows, cols, h);
-    Ok((m, GptqStats { damp, output_error }))
-}
-
 /// Activation rows quantized per token: `q = round(x / s)`, `s = max|x| / 127`, rows padded
 /// like the weights. Made once per matmul call and shared by every weight it multiplies.
 #[derive(Debug, Clone)]
@@ -428,25 +392,5 @@ mod tests {
         }
         assert!(q.slice(0..3, 0..1).is_err());
         assert!(I8Matrix::from_codes(1, 2, &[1, 2], &[f32::NAN]).is_err());
-    }
-
-    #[test]
-    fn int8_gptq_beats_rtn_on_output_error() {
-        let (rows, cols, n) = (8, 64, 256);
-        let w = data(rows * cols, 5);
-        let x = data(n * cols, 9);
-        let mut h = vec![0f64; cols * cols];
-        for xt in x.chunks_exact(cols) {
-            for i in 0..cols {
-                for j in 0..cols {
-                    h[i * cols + j] += f64::from(xt[i]) * f64::from(xt[j]);
-                }
-            }
-        }
-        let (q, st) = quantize_int8_gptq(&w, rows, cols, &h, GptqOptions::default()).expect("gptq");
-        let rtn = quantize_int8_rtn(&w, rows, cols).expect("rtn");
-        let e_rtn = output_error_of(&w, &rtn.dequantize(), rows, cols, &h);
-        assert!(st.output_error < e_rtn, "{} vs {e_rtn}", st.output_error);
-        assert!(q.row_codes(0).iter().all(|&c| c >= -127));
     }
 }

@@ -20,7 +20,6 @@
 #[allow(unsafe_code)]
 mod avx2;
 pub mod gguf;
-pub mod gptq;
 #[allow(unsafe_code)]
 mod matmul;
 mod rtn;
@@ -31,7 +30,6 @@ use std::str::FromStr;
 
 use half::{bf16, f16};
 
-pub use gptq::{GptqOptions, GptqStats, quantize_gptq};
 pub use rtn::{GroupGrid, quantize_rtn};
 
 /// Bits per weight.

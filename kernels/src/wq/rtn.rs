@@ -67,7 +67,7 @@ pub struct GroupGrid {
 
 impl GroupGrid {
     /// The grid [`quantize_rtn`] gives the group `w` (the rules in its doc comment). GPTQ
-    /// ([`super::gptq`]) uses the same rule, so both write the same kinds of groups.
+    /// (`ferrite-quantize`'s `gptq`) uses the same rule, so both write the same kinds of groups.
     pub fn for_group(w: &[f32], format: WqFormat) -> Self {
         let (scale, zero) = if format.zero_point {
             asymmetric_params(w, format)

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use ferrite_kernels::fp8::Fp8Scales;
-use ferrite_kernels::wq::{Bits, GptqOptions, ScaleType, WqFormat};
+use ferrite_kernels::wq::{Bits, ScaleType, WqFormat};
 use ferrite_quantize::calib::{
     CalibOptions, LayerReport, Method as CalibMethod, Scheme as CalibScheme, SmoothWeights,
 };
+use ferrite_quantize::gptq::GptqOptions;
 use ferrite_quantize::{CalibText, DEFAULT_CALIB_FILE, OutputFormat, QuantizeJob, quantize_model};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -17,17 +17,20 @@
 //!   ([`quantize_model`]);
 //! - [`calib`]: calibrated quantization (GPTQ, AWQ, SmoothQuant, RTN), one decoder layer at a
 //!   time;
+//! - [`gptq`]: the GPTQ algorithm itself, for the weight-only formats and W8A8's int8 (what
+//!   `calib` runs on each projection);
 //! - `write`, `layout`: the quantized model as a Hugging Face directory, each projection in its
 //!   format's tensors;
 //! - [`eval`]: perplexity on a text (the quality check for quantized weights).
 //!
 //! It may use the engine (loading a model, and the model's layer-by-layer face:
 //! `ferrite_engine::model::llama`), the formats crate (the layouts it writes), the kernels (the
-//! quantizers), the text crate (the tokenizer) and the collective crate (a solo rank). Nothing of
-//! ferrite but the CLI uses it: the engine must not.
+//! quantized matrices, RTN and the grid rules), the text crate (the tokenizer) and the
+//! collective crate (a solo rank). Nothing of ferrite but the CLI uses it: the engine must not.
 
 pub mod calib;
 pub mod eval;
+pub mod gptq;
 mod layout;
 mod write;
 

@@ -33,9 +33,8 @@ mod stats;
 use std::time::Instant;
 
 use ferrite_kernels::fp8::{Fp8Scales, quantize_fp8_rtn};
-use ferrite_kernels::w8a8::{quantize_int8_gptq, quantize_int8_rtn};
-use ferrite_kernels::wq::gptq::{output_error, output_error_of};
-use ferrite_kernels::wq::{GptqOptions, WqFormat, quantize_gptq, quantize_rtn};
+use ferrite_kernels::w8a8::quantize_int8_rtn;
+use ferrite_kernels::wq::{WqFormat, quantize_rtn};
 
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::LlamaModel;
@@ -44,6 +43,8 @@ use ferrite_engine::{EngineError, Result};
 use ferrite_formats::Matrix;
 use ferrite_kernels::cpu::attention::QueryToken;
 use stats::SiteStats;
+
+use crate::gptq::{GptqOptions, output_error, output_error_of, quantize_gptq, quantize_int8_gptq};
 
 /// How a layer's weights are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,12 +24,19 @@
 //! so every group still covers contiguous columns: `g_idx[k] = k / group_size`, a layout every
 //! GPTQ loader reads without a column permutation at run time.
 //!
+//! **Int8** ([`quantize_int8_gptq`], for W8A8) runs the same loop with one grid per row, fixed
+//! up front: `scale = max|w| / 127`, the grid of [`ferrite_kernels::w8a8::quantize_int8_rtn`].
+//!
 //! Rows are independent given `U`, so they run in parallel.
+//!
+//! An offline algorithm: `calib` runs it on each projection, and no serving process does. The
+//! kernels crate holds the matrices it fills ([`WqMatrix`], [`I8Matrix`]) and the RTN grid
+//! rule ([`GroupGrid`]).
 
 use rayon::prelude::*;
 
-use super::rtn::GroupGrid;
-use super::{WqError, WqFormat, WqMatrix};
+use ferrite_kernels::w8a8::{I8Error, I8Matrix};
+use ferrite_kernels::wq::{GroupGrid, WqError, WqFormat, WqMatrix};
 
 /// How GPTQ runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,14 +94,47 @@ pub fn quantize_gptq(
     Ok((m, GptqStats { damp, output_error }))
 }
 
+/// One row's int8 grid as a [`GroupGrid`]: `scale = max|w| / 127`, unsigned codes `0..=254`
+/// standing for `code - 127`.
+fn int8_grid(row: &[f32]) -> GroupGrid {
+    GroupGrid {
+        scale: row.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0,
+        zero: 127,
+        max_code: 254,
+    }
+}
+
+/// Symmetric int8 per row by GPTQ with the `[cols, cols]` Hessian `h` (see the module doc);
+/// each row's grid is taken from the original row.
+pub fn quantize_int8_gptq(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    h: &[f64],
+    opts: GptqOptions,
+) -> Result<(I8Matrix, GptqStats), I8Error> {
+    let rule = GridRule {
+        group_len: cols,
+        fixed: true,
+        grid: &int8_grid,
+    };
+    let (codes, grids, damp) =
+        gptq_codes(w, rows, cols, h, &rule, opts).map_err(|e| I8Error::Value(e.to_string()))?;
+    let codes: Vec<i8> = codes.iter().map(|&q| (i16::from(q) - 127) as i8).collect();
+    let scales: Vec<f32> = grids.iter().map(|g| g.scale).collect();
+    let m = I8Matrix::from_codes(rows, cols, &codes, &scales)?;
+    let output_error = output_error_of(w, &m.dequantize(), rows, cols, h);
+    Ok((m, GptqStats { damp, output_error }))
+}
+
 /// How [`gptq_codes`] makes each group's grid.
-pub struct GridRule<'a> {
+struct GridRule<'a> {
     /// Columns per group (the row's length for one grid per row).
-    pub group_len: usize,
+    group_len: usize,
     /// Take every grid from the original weights up front (per-channel grids); act-order
     /// always does.
-    pub fixed: bool,
-    pub grid: &'a (dyn Fn(&[f32]) -> GroupGrid + Sync),
+    fixed: bool,
+    grid: &'a (dyn Fn(&[f32]) -> GroupGrid + Sync),
 }
 
 impl std::fmt::Debug for GridRule<'_> {
@@ -108,7 +148,7 @@ impl std::fmt::Debug for GridRule<'_> {
 
 /// GPTQ's codes (`rows * cols`, original column order), each row-group's grid (`rows *
 /// groups`) and the damping used, for any grid rule: the weight-only formats and W8A8's int8.
-pub fn gptq_codes(
+fn gptq_codes(
     w: &[f32],
     rows: usize,
     cols: usize,
@@ -272,7 +312,7 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// `L` with `A = L Lᵀ` (row-major, lower), or `None` if `A` is not positive definite.
-pub(crate) fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
+fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
     let mut l = vec![0f64; n * n];
     for i in 0..n {
         for j in 0..=i {
@@ -323,17 +363,36 @@ fn transpose(a: &[f64], n: usize) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wq::quantize_rtn;
+    use ferrite_kernels::w8a8::quantize_int8_rtn;
+    use ferrite_kernels::wq::quantize_rtn;
 
-    /// Deterministic inputs with a few loud channels and correlated columns.
-    fn data(rows: usize, cols: usize, n: usize) -> (Vec<f32>, Vec<f64>) {
-        let mut s = 0x9e37_79b9u32;
-        let mut next = move || {
+    /// A deterministic xorshift32 stream of values in `-0.5..0.5`.
+    fn stream(seed: u32) -> impl FnMut() -> f32 {
+        let mut s = seed.max(1);
+        move || {
             s ^= s << 13;
             s ^= s >> 17;
             s ^= s << 5;
             s as f32 / u32::MAX as f32 - 0.5
-        };
+        }
+    }
+
+    /// `Σ x xᵀ` over the rows of the row-major `x`, `cols` wide.
+    fn hessian(x: &[f32], cols: usize) -> Vec<f64> {
+        let mut h = vec![0f64; cols * cols];
+        for xt in x.chunks_exact(cols) {
+            for i in 0..cols {
+                for j in 0..cols {
+                    h[i * cols + j] += f64::from(xt[i]) * f64::from(xt[j]);
+                }
+            }
+        }
+        h
+    }
+
+    /// Deterministic inputs with a few loud channels and correlated columns.
+    fn data(rows: usize, cols: usize, n: usize) -> (Vec<f32>, Vec<f64>) {
+        let mut next = stream(0x9e37_79b9);
         let w: Vec<f32> = (0..rows * cols).map(|_| next() * 0.2).collect();
         let mut x = vec![0f32; n * cols];
         for t in 0..n {
@@ -343,16 +402,18 @@ mod tests {
                 x[t * cols + c] = (next() + 0.5 * common) * loud;
             }
         }
-        let mut h = vec![0f64; cols * cols];
-        for t in 0..n {
-            let xt = &x[t * cols..(t + 1) * cols];
-            for i in 0..cols {
-                for j in 0..cols {
-                    h[i * cols + j] += f64::from(xt[i]) * f64::from(xt[j]);
-                }
-            }
-        }
-        (w, h)
+        (w, hessian(&x, cols))
+    }
+
+    /// Values of the stream with an outlier 20 times as large every 61st.
+    fn with_outliers(n: usize, seed: u32) -> Vec<f32> {
+        let mut next = stream(seed);
+        (0..n)
+            .map(|i| {
+                let u = next();
+                if i % 61 == 0 { u * 20.0 } else { u }
+            })
+            .collect()
     }
 
     #[test]
@@ -429,5 +490,17 @@ mod tests {
             assert!(d[r * cols + 5].abs() < 1e-6, "a dead input's weight is 0");
         }
         assert!(quantize_gptq(&w, rows, cols, &h[1..], f, GptqOptions::default()).is_err());
+    }
+
+    #[test]
+    fn int8_gptq_beats_rtn_on_output_error() {
+        let (rows, cols, n) = (8, 64, 256);
+        let w = with_outliers(rows * cols, 5);
+        let h = hessian(&with_outliers(n * cols, 9), cols);
+        let (q, st) = quantize_int8_gptq(&w, rows, cols, &h, GptqOptions::default()).expect("gptq");
+        let rtn = quantize_int8_rtn(&w, rows, cols).expect("rtn");
+        let e_rtn = output_error_of(&w, &rtn.dequantize(), rows, cols, &h);
+        assert!(st.output_error < e_rtn, "{} vs {e_rtn}", st.output_error);
+        assert!(q.row_codes(0).iter().all(|&c| c >= -127));
     }
 }

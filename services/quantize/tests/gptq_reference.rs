@@ -2,12 +2,13 @@
 //! (`tests/fixtures/quant/gptq_reference.py`, which wrote the fixture) on the same layer and
 //! Hessian: the same codes, scales and zero points, and the same output error.
 
-use ferrite_kernels::wq::{GptqOptions, WqFormat, quantize_gptq};
+use ferrite_kernels::wq::WqFormat;
+use ferrite_quantize::gptq::{GptqOptions, quantize_gptq};
 use serde_json::Value;
 
 const FIXTURE: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../tests/fixtures/quant/gptq_reference.json"
+    "/../../tests/fixtures/quant/gptq_reference.json"
 ));
 
 /// The generator's xorshift32 stream and layer, bit for bit (f32 arithmetic, no fused ops).
