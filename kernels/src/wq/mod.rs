@@ -13,7 +13,7 @@
 //! `j * bits / 8`); `scales[r * groups + g]`; and `zeros[r * groups + g]`. Groups run along a
 //! row; a row whose length is not a multiple of the group size ends with a shorter group. A
 //! matmul streams each row's codes once. GPTQ checkpoints are converted into this at load
-//! (`ferrite-engine`'s `weights::gptq`); GGUF's block types are repacked into it for the GPU
+//! (`ferrite-formats`' `gptq`); GGUF's block types are repacked into it for the GPU
 //! ([`gguf`]), with a float minimum per group beside the matrix for the types that have one.
 
 #[cfg(target_arch = "x86_64")]
