@@ -207,7 +207,10 @@ fn bounds_apply_only_when_asked_for() {
     feed(&mut g, &format!("\"{}", "x".repeat(300)));
     let (bounded, mut g) = v.compile_spec(&spec, true).expect("compiled");
     assert_ne!(bounded.to_wire(), open.to_wire());
-    feed(&mut g, &format!("\"{}", "x".repeat(crate::STRING_CHARS as usize)));
+    feed(
+        &mut g,
+        &format!("\"{}", "x".repeat(crate::STRING_CHARS as usize)),
+    );
     assert!(
         !allowed(&mut g).contains(&u32::from(b'x')),
         "a character past the bound"
