@@ -502,21 +502,12 @@ unsafe fn pair_dot<G: PairGroup>(row: *const u8, x: &Q8Row, g: usize) -> (__m512
     // SAFETY: g < ng (and g + 1 < ng unless `last`) groups of the row; x.qs holds 32 codes
     // per block: 64 at 32g, or 32 when `last` (the mask loads no more); x.d and x.s one value
     // per block (two at g unless `last`).
-    let (p, xq, d, s) = unsafe {
+    let (p, xq, ds) = unsafe {
         let mask = if last { u32::MAX as u64 } else { u64::MAX };
-        let (d, s) = (x.d.as_ptr().add(g), x.s.as_ptr().add(g));
-        let two = |v: *const f32| {
-            if last {
-                _mm_load_ss(v)
-            } else {
-                _mm_castpd_ps(_mm_load_sd(v.cast()))
-            }
-        };
         (
             G::pair(row, g, last),
             _mm512_maskz_loadu_epi8(mask, x.qs.as_ptr().add(32 * g).cast()),
-            two(d),
-            two(s),
+            x.scales_sums(g, last),
         )
     };
     let (u, sx) = if G::SIGNED {
@@ -530,10 +521,7 @@ unsafe fn pair_dot<G: PairGroup>(row: *const u8, x: &Q8Row, g: usize) -> (__m512
         (p.q, xq)
     };
     let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, sx);
-    (
-        _mm512_cvtepi32_ps(dots),
-        _mm_mul_ps(p.head, _mm_unpacklo_ps(d, s)),
-    )
+    (_mm512_cvtepi32_ps(dots), _mm_mul_ps(p.head, ds))
 }
 
 /// Lane 0 of `f` in lanes 0..8, lane 2 in lanes 8..16.

@@ -111,6 +111,30 @@ impl Q8Row {
     pub(crate) fn blocks(&self) -> usize {
         self.d.len()
     }
+
+    /// `[d(g), s(g), d(g + 1), s(g + 1)]` (the last two zero when `last`): what the one-token
+    /// dots multiply two weight groups' headers (`[scale, minimum]` each) by.
+    ///
+    /// # Safety
+    /// Block `g` exists, and `g + 1` unless `last`.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)] // two unaligned loads the caller's contract bounds
+    #[inline(always)]
+    pub(crate) unsafe fn scales_sums(&self, g: usize, last: bool) -> std::arch::x86_64::__m128 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract bounds the loads; SSE2 is part of x86-64.
+        unsafe {
+            let two = |v: &[f32]| {
+                let p = v.as_ptr().add(g);
+                if last {
+                    _mm_load_ss(p)
+                } else {
+                    _mm_castpd_ps(_mm_load_sd(p.cast()))
+                }
+            };
+            _mm_unpacklo_ps(two(&self.d), two(&self.s))
+        }
+    }
 }
 
 /// The activations of a batched step for the panel kernels: each token as one or two

@@ -159,16 +159,8 @@ unsafe fn dot_headed<G: Headed>(row: *const u8, x: &Q8Row, ng: usize) -> f32 {
         // x.d and x.s). The codes' own scalar scale is unused (and so never computed).
         let (f, c0, c1) = unsafe {
             let (a, b) = (row.add(G::BYTES * g), row.add(G::BYTES * (g + 1)));
-            let (d, s) = (x.d.as_ptr().add(g), x.s.as_ptr().add(g));
-            let two = |v: *const f32| {
-                if last {
-                    _mm_load_ss(v)
-                } else {
-                    _mm_castpd_ps(_mm_load_sd(v.cast()))
-                }
-            };
             let h = heads(a, b, last, G::SCALE_ONLY);
-            let f = _mm_mul_ps(h, _mm_unpacklo_ps(two(d), two(s)));
+            let f = _mm_mul_ps(h, x.scales_sums(g, last));
             (
                 f,
                 G::codes(row, g, 1.0),
