@@ -1,9 +1,9 @@
 //! The decode steps' CUDA graphs: their capture at start-up, and which one a step replays.
 //!
-//! Which graph a step replays, the pool's leader decides once per step and
-//! sends it to every rank in the step plan: a rank that chose for itself could pad a step to
-//! another batch size than its peers (say, one whose capture of that size had failed), and
-//! their all-reduces would then disagree in size; NCCL would hang on them.
+//! Which graph a step replays, the pool's leader decides once per step and sends it to every
+//! rank in the step plan: a rank that chose for itself could pad a step to another batch size
+//! than its peers (say, one whose capture of that size had failed), and their all-reduces
+//! would then disagree in size; NCCL would hang on them.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use ferrite_collective::Solo;
@@ -28,7 +28,9 @@ pub fn decode_graph(
         }
         n += 1;
     }
-    (n > 0).then_some(())?;
+    if n == 0 {
+        return None;
+    }
     captured.into_iter().filter(|&b| b >= n).min()
 }
 
@@ -36,8 +38,9 @@ impl GpuRunner {
     /// Captures one CUDA graph per decode batch size of the ladder 1, 2, 4, 8, 16, 24, 32, …
     /// (steps of 8) up to `max_seqs` (and the step's token budget). Each size runs once
     /// eagerly first (under the NCCL watchdog), so cuBLAS has chosen its kernels before the
-    /// capture records them (and NCCL, which connects lazily, has connected). Returns the sizes captured: none for a
-    /// rank whose collectives go through the host (a graph cannot wait on a socket).
+    /// capture records them (and NCCL, which connects lazily, has connected). Returns the
+    /// sizes captured: none for a rank whose collectives go through the host (a graph cannot
+    /// wait on a socket).
     pub fn capture_graphs(&mut self) -> Result<Vec<usize>> {
         if matches!(self.link, Link::Host) && !self.w.tp.is_solo() {
             return Ok(Vec::new());

@@ -17,6 +17,8 @@
 //!   keys an object;
 //! - an object that declares `properties` and says nothing of `additionalProperties`: only
 //!   its declared properties (as OpenAI's strict mode and XGrammar do);
+//! - a map (an object that declares no property and no pattern): its keys at most
+//!   [`STRING_CHARS`] characters, through a `patternProperties` pattern llguidance enforces;
 //! - an object whose every declared property is required, with values of other keys allowed
 //!   (`additionalProperties` or `patternProperties`): at most [`OBJECT_KEYS`] keys past them.
 //!
@@ -419,6 +421,7 @@ fn bound_object(obj: &mut Map<String, Value>, combined: bool) {
         };
         obj.insert("additionalProperties".into(), rest);
     }
+    let patterns = patterns || (declared.is_empty() && name_keys(obj));
     let others = obj.get("additionalProperties") != Some(&Value::Bool(false)) || patterns;
     let required: HashSet<&str> = obj
         .get("required")
@@ -432,6 +435,28 @@ fn bound_object(obj: &mut Map<String, Value>, combined: bool) {
         let max = (required.len() as u64 + OBJECT_KEYS).max(count(obj, "minProperties"));
         obj.insert("maxProperties".into(), max.into());
     }
+}
+
+/// A map's keys (an object that declares no property or pattern, whose other keys' values
+/// `additionalProperties` sets) at most [`STRING_CHARS`] characters: the keys go under one
+/// pattern with those values, which llguidance enforces, and no key is left past it. (A key
+/// is a string like any other; unbounded, a small model writes one until `max_tokens`.)
+/// Returns whether it did (a map that allows no key at all is left as it is).
+fn name_keys(obj: &mut Map<String, Value>) -> bool {
+    match obj.get("additionalProperties") {
+        None | Some(Value::Bool(false)) => false,
+        Some(values) => {
+            let values = values.clone();
+            obj.insert("patternProperties".into(), json!({ key_pattern(): values }));
+            obj.insert("additionalProperties".into(), Value::Bool(false));
+            true
+        }
+    }
+}
+
+/// The pattern of a bounded key.
+fn key_pattern() -> String {
+    format!("^.{{0,{STRING_CHARS}}}$")
 }
 
 /// Any JSON value at most `depth` arrays or objects deep, under the module's bounds.
@@ -448,7 +473,8 @@ pub fn any(depth: usize) -> Value {
             "maxItems": ARRAY_ITEMS,
             "items": inner.clone(),
             "maxProperties": OBJECT_KEYS,
-            "additionalProperties": inner,
+            "patternProperties": { key_pattern(): inner },
+            "additionalProperties": false,
         });
     }
     v
@@ -513,12 +539,27 @@ mod tests {
         let p = &s["properties"];
         assert_eq!(p["a"]["maxProperties"], OBJECT_KEYS);
         assert_eq!(p["b"], any(ANY_DEPTH));
-        assert_eq!(p["c"]["additionalProperties"], any(ANY_DEPTH - 1));
+        // A map: its keys bounded by a pattern, its values free and bounded.
+        assert_eq!(
+            p["c"]["patternProperties"][key_pattern()],
+            any(ANY_DEPTH - 1)
+        );
+        assert_eq!(p["c"]["additionalProperties"], false);
         assert_eq!(p["c"]["maxProperties"], OBJECT_KEYS);
         // Without `type`: any value, strings of two characters or more.
         assert_eq!(p["m"]["maxLength"], STRING_CHARS);
         assert_eq!(p["m"]["items"], any(ANY_DEPTH - 1));
-        assert_eq!(p["m"]["additionalProperties"], any(ANY_DEPTH - 1));
+        assert_eq!(
+            p["m"]["patternProperties"][key_pattern()],
+            any(ANY_DEPTH - 1)
+        );
+        // A map whose values the schema sets keeps them, under bounded keys.
+        let map = bounded(json!({"type": "object", "additionalProperties": {"type": "integer"}}));
+        assert_eq!(
+            map["patternProperties"],
+            json!({ key_pattern(): {"type": "integer"} })
+        );
+        assert_eq!(map["additionalProperties"], false);
         // Under `not`, a narrower schema would widen the whole.
         assert_eq!(p["n"]["not"], json!({"type": "string"}));
         assert_eq!(

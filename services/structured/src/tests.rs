@@ -170,6 +170,28 @@ fn what_a_schema_leaves_unbounded_ends_under_the_grammar() {
     assert!(feed(&mut g, "}"));
 }
 
+/// A map's keys end: llguidance holds them to the bounded key pattern.
+#[test]
+fn a_maps_keys_end_under_the_grammar() {
+    let v = vocabulary();
+    let schema = json!({"type": "object", "additionalProperties": {"type": "integer"}});
+    let (_, mut g) = v
+        .compile_spec(
+            &Spec::JsonSchema {
+                schema,
+                strict: false,
+            },
+            true,
+        )
+        .expect("compiled");
+    feed(
+        &mut g,
+        &format!(r#"{{"{}"#, "k".repeat(crate::STRING_CHARS as usize)),
+    );
+    assert_eq!(allowed(&mut g), [u32::from(b'"')], "a key past its bound");
+    assert!(feed(&mut g, r#"": 7}"#));
+}
+
 #[test]
 fn a_bound_that_meets_a_larger_minimum_leaves_the_schema_as_written() {
     let v = vocabulary();
