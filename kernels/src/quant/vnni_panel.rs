@@ -270,7 +270,7 @@ struct Q4_1;
 struct Q8_0;
 
 impl PanelGroup for Q4_0 {
-    const BYTES: usize = 18;
+    const BYTES: usize = GgmlType::Q4_0.block_bytes();
     #[inline(always)]
     unsafe fn group(rows: &Rows, g: usize, codes: &mut [__m512i]) -> (__m512, __m512) {
         let at = g * Self::BYTES;
@@ -285,7 +285,7 @@ impl PanelGroup for Q4_0 {
 }
 
 impl PanelGroup for Q4_1 {
-    const BYTES: usize = 20;
+    const BYTES: usize = GgmlType::Q4_1.block_bytes();
     #[inline(always)]
     unsafe fn group(rows: &Rows, g: usize, codes: &mut [__m512i]) -> (__m512, __m512) {
         let at = g * Self::BYTES;
@@ -300,7 +300,7 @@ impl PanelGroup for Q4_1 {
 }
 
 impl PanelGroup for Q8_0 {
-    const BYTES: usize = 34;
+    const BYTES: usize = GgmlType::Q8_0.block_bytes();
     #[inline(always)]
     unsafe fn group(rows: &Rows, g: usize, codes: &mut [__m512i]) -> (__m512, __m512) {
         let at = g * Self::BYTES;

@@ -118,17 +118,17 @@ trait Headed: Int8Group {
 }
 
 impl Headed for Q4_0 {
-    const BYTES: usize = 18;
+    const BYTES: usize = GgmlType::Q4_0.block_bytes();
     const SCALE_ONLY: bool = true;
 }
 
 impl Headed for Q4_1 {
-    const BYTES: usize = 20;
+    const BYTES: usize = GgmlType::Q4_1.block_bytes();
     const SCALE_ONLY: bool = false;
 }
 
 impl Headed for Q8_0 {
-    const BYTES: usize = 34;
+    const BYTES: usize = GgmlType::Q8_0.block_bytes();
     const SCALE_ONLY: bool = true;
 }
 
