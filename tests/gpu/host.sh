@@ -90,6 +90,9 @@ bench)
   {
     "$f" kernels build
     timeout 120 "$f" bench latency "${common[@]}" --configs interactive,high_concurrency
+    # The peer in the same run: fp16 decode with cuBLAS at every batch, not the dense GEMV.
+    echo "FERRITE_DENSE_GEMV=cublas:"
+    FERRITE_DENSE_GEMV=cublas timeout 60 "$f" bench latency "${common[@]}" --configs interactive
     timeout 60 "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w8pc-sym
     timeout 60 "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w4g128
     # Seed 003's W8A8 rows (int8 and FP8 kernels): its best row per configuration is the goal.

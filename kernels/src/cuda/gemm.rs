@@ -1,14 +1,20 @@
-//! Dense projections through cuBLAS: `y[m, n] = x[m, k] · W[n, k]ᵀ`, the linear layer with
-//! weights as checkpoints store them (`[out_features, in_features]`, row-major), f16 or bf16
-//! operands, f32 accumulation, and a 16-bit or f32 result (f32 for logits, so sampling sees
-//! them unrounded). [`Gpu::linear_add`] adds the product to what the result holds instead (the
+//! Dense projections: `y[m, n] = x[m, k] · W[n, k]ᵀ`, the linear layer with weights as
+//! checkpoints store them (`[out_features, in_features]`, row-major), f16 or bf16 operands,
+//! f32 accumulation, and a 16-bit or f32 result (f32 for logits, so sampling sees them
+//! unrounded). [`Gpu::linear_add`] adds the product to what the result holds instead (the
 //! minimums' correction of `wq_mins`).
+//!
+//! Up to [`DENSE_GEMV_MAX_M`] rows of `x` (decode), [`Gpu::linear`] runs ferrite's own GEMV
+//! (`dense_gemv.cu`: one launch that streams the weights once); above, and for shapes it does
+//! not take, cuBLAS. `FERRITE_DENSE_GEMV=cublas` keeps cuBLAS for every shape, so the two can
+//! be compared on one machine.
 //!
 //! cuBLAS is column-major; a row-major `[r, c]` matrix is the column-major `[c, r]` one. So
 //! `yᵀ (n × m) = W (n × k, stored as k × n, transposed) · xᵀ (k × m)`: `transa = T`,
 //! `transb = N`, with the leading dimensions the row strides.
 
 use std::ffi::c_void;
+use std::sync::OnceLock;
 
 use cudarc::cublas::result as blas;
 use cudarc::cublas::sys::{
@@ -17,7 +23,10 @@ use cudarc::cublas::sys::{
 
 use super::CudaError;
 use super::gpu::{DevPtr, Gpu};
-use super::ops::{Dtype, to_i32};
+use super::ops::{Dtype, i32_of, to_i32};
+
+/// The most rows of `x` the dense GEMV takes in one launch (its mma's N).
+pub const DENSE_GEMV_MAX_M: usize = 8;
 
 /// The result type of a projection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +63,23 @@ fn cuda_type(dtype: Dtype) -> cudaDataType_t {
     }
 }
 
+/// Whether [`Gpu::linear`] runs the dense GEMV for `shape` with these operands: 1 to
+/// [`DENSE_GEMV_MAX_M`] rows, strides at least the extents, `k` a multiple of 16 (whole pairs of
+/// 16-byte units), `w` 16-byte aligned, `x` 4-byte aligned with an even row stride; and not
+/// turned off by `FERRITE_DENSE_GEMV=cublas`.
+pub fn dense_gemv_takes(shape: &Linear, x: DevPtr, w: DevPtr) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("FERRITE_DENSE_GEMV").as_deref() != Ok("cublas"));
+    on && (1..=DENSE_GEMV_MAX_M).contains(&shape.m)
+        && shape.n > 0
+        && shape.k.is_multiple_of(16)
+        && shape.x_stride >= shape.k
+        && shape.out_stride >= shape.n
+        && shape.x_stride.is_multiple_of(2)
+        && w.0.is_multiple_of(16)
+        && x.0.is_multiple_of(4)
+}
+
 #[allow(unsafe_code)]
 impl Gpu {
     /// `out = x · wᵀ` (see [`Linear`]), queued on the stream.
@@ -70,6 +96,10 @@ impl Gpu {
         w: DevPtr,
         shape: Linear,
     ) -> Result<(), CudaError> {
+        if dense_gemv_takes(&shape, x, w) {
+            // SAFETY: the caller's contract is this one's; the shape and alignment are checked.
+            return unsafe { self.dense_gemv(dtype, out_type, out, x, w, shape) };
+        }
         let c = Output {
             ptr: out,
             ty: out_type,
@@ -78,6 +108,40 @@ impl Gpu {
         };
         // SAFETY: the caller's contract is this one's.
         unsafe { self.gemm(dtype, c, x, w, shape) }
+    }
+
+    /// `out = x · wᵀ` by `dense_gemv.cu` (see [`dense_gemv_takes`] for what it takes).
+    ///
+    /// # Safety
+    /// As [`Self::linear`].
+    unsafe fn dense_gemv(
+        &self,
+        dtype: Dtype,
+        out_type: OutType,
+        out: DevPtr,
+        x: DevPtr,
+        w: DevPtr,
+        shape: Linear,
+    ) -> Result<(), CudaError> {
+        let entry = match (dtype, out_type) {
+            (Dtype::F16, OutType::Same) => "dense_gemv_f16",
+            (Dtype::Bf16, OutType::Same) => "dense_gemv_bf16",
+            (Dtype::F16, OutType::F32) => "dense_gemv_f16_f32out",
+            (Dtype::Bf16, OutType::F32) => "dense_gemv_bf16_f32out",
+        };
+        let args = [
+            out.into(),
+            x.into(),
+            w.into(),
+            i32_of("m", shape.m)?,
+            i32_of("n", shape.n)?,
+            i32_of("k", shape.k)?,
+            i32_of("x_stride", shape.x_stride)?,
+            i32_of("out_stride", shape.out_stride)?,
+        ];
+        let grid = (shape.n.div_ceil(16) as u32, 1, 1);
+        // SAFETY: the arguments are `dense_gemv`'s; the extents are the caller's contract.
+        unsafe { self.launch("dense_gemv", entry, grid, 256, 0, &args) }
     }
 
     /// `out += alpha · x · wᵀ` (see [`Linear`]) with `out` of the operands' type: the
@@ -172,5 +236,48 @@ impl Gpu {
             )
         }
         .map_err(|e| CudaError::Driver(format!("cuBLAS gemm {m}x{n}x{k}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(m: usize, n: usize, k: usize) -> Linear {
+        Linear {
+            m,
+            n,
+            k,
+            x_stride: k,
+            out_stride: n,
+        }
+    }
+
+    #[test]
+    fn the_dense_gemv_takes_decode_shapes_it_can_read_whole() {
+        if std::env::var("FERRITE_DENSE_GEMV").as_deref() == Ok("cublas") {
+            return;
+        }
+        let (x, w) = (DevPtr(1 << 20), DevPtr(2 << 20));
+        assert!(dense_gemv_takes(&shape(1, 4096, 4096), x, w));
+        assert!(dense_gemv_takes(&shape(8, 49152, 576), x, w));
+        // Batches above 8 rows, no rows at all: cuBLAS.
+        assert!(!dense_gemv_takes(&shape(9, 4096, 4096), x, w));
+        assert!(!dense_gemv_takes(&shape(0, 4096, 4096), x, w));
+        // A row length that is not whole pairs of 16-byte units.
+        assert!(!dense_gemv_takes(&shape(1, 4096, 4104), x, w));
+        // Misaligned operands, an odd row stride, strides below the extents.
+        assert!(!dense_gemv_takes(&shape(1, 64, 64), x, w.offset::<u16>(1)));
+        assert!(!dense_gemv_takes(&shape(1, 64, 64), x.offset::<u8>(2), w));
+        let odd = Linear {
+            x_stride: 65,
+            ..shape(2, 64, 64)
+        };
+        assert!(!dense_gemv_takes(&odd, x, w));
+        let short = Linear {
+            out_stride: 32,
+            ..shape(2, 64, 64)
+        };
+        assert!(!dense_gemv_takes(&short, x, w));
     }
 }

@@ -48,6 +48,7 @@ pub const MODULES: &[KernelSource] = &[
     module!("attention_hd128", "attention", "ATTN_HD 128"),
     module!("attention_hd256", "attention", "ATTN_HD 256"),
     module!("convert"),
+    module!("dense_gemv"),
     module!("embedding"),
     module!("fp8"),
     module!("kv_cache"),

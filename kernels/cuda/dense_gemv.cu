@@ -1,0 +1,142 @@
+// Dense 16-bit matrix times a few activation rows (decode: m = 1..8), the projection of an
+// f16/bf16 model at small batches: out[n][r] = sum_c x[n][c] * w[r][c].
+//
+// Why not cuBLAS here: at batch 1 cuBLAS picks a split-K GEMM and a second reduce kernel, and
+// the first H100 run measured its GEMVs of the Llama-3-8B shape at 2.3-2.8 TB/s of the HBM's
+// 3.35. A GEMV only has to stream the weights once at full bandwidth; the arithmetic is a few
+// tensor-core instructions per KiB.
+//
+// Design (wq_gemv.cu's, without the dequantization):
+//  * A block owns 16 weight rows (mma M); its 8 warps split the row length. The activation rows
+//    are mma N (8, padded: rows >= m read as zero, their outputs dropped), so m = 1 and m = 8
+//    cost the same weight traffic.
+//  * Weights are copied global -> shared with 16-byte cp.async, 3 steps of 1 KiB per warp in
+//    flight, and read back with ldmatrix. ldmatrix.x4 over two 16-byte units of 16 rows hands
+//    lane (gid, tig) word tig of each unit for rows gid and gid+8: the A fragment of one
+//    m16n8k16 whose k-slots 0-7 are the first unit's 8 columns and 8-15 the second's.
+//  * The B fragment is then x's words at the same columns: b[0] = x[gid][unit0 + 2tig..+1],
+//    b[1] = x[gid][unit1 + 2tig..+1], one 4-byte load each straight from global memory (x
+//    stays in L1/L2; at m = 8 and 14336 columns it is too large for shared memory), issued a
+//    step ahead so their latency hides behind the current step's mma.
+//  * f32 accumulation, the warps' slices summed in shared memory, one rounding on the store.
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace dense {
+
+constexpr int WARPS = 8;
+constexpr int STAGES = 4;
+// One warp step is 16 rows x 64 bytes (4 units of 8 values); rows padded to 80 bytes so the 8
+// row addresses of each ldmatrix fall in distinct 16-byte bank groups.
+constexpr int ROW_BYTES = 80;
+constexpr int STAGE_BYTES = 16 * ROW_BYTES;
+
+template <typename T, typename O>
+__device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ x,
+                                     const T* __restrict__ w, int m, int rows, int cols,
+                                     int x_stride, int out_stride) {
+  __shared__ __align__(128) u8 ring[WARPS][STAGES][STAGE_BYTES];
+  __shared__ __align__(16) float red[WARPS][128];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  const int units = cols >> 3;  // even: cols % 16 == 0
+  const int steps = (units + 3) >> 2;
+  // Rows past the end re-read the last row; their results are dropped.
+  const u8* w_a = reinterpret_cast<const u8*>(w + (i64)min(row0 + gid, rows - 1) * cols);
+  const u8* w_b = reinterpret_cast<const u8*>(w + (i64)min(row0 + gid + 8, rows - 1) * cols);
+  const T* x_row = x + (i64)gid * x_stride;
+  const bool x_valid = gid < m;
+
+  // Warp w takes steps w, w + WARPS, ...: the block sweeps its rows front to back together.
+  const int n_my = warp < steps ? (steps - 1 - warp) / WARPS + 1 : 0;
+  auto issue = [&](int k) {
+    if (k < n_my) {
+      const int u = 4 * (warp + k * WARPS) + tig;
+      if (u < units) {
+        u8* st = ring[warp][k % STAGES];
+        cp_async16(st + gid * ROW_BYTES + tig * 16, w_a + u * 16);
+        cp_async16(st + (gid + 8) * ROW_BYTES + tig * 16, w_b + u * 16);
+      }
+    }
+    cp_async_commit();
+  };
+  // Lane's x words of step k's four units (zero past the end and for padded rows).
+  auto load_x = [&](int k, u32 (&xw)[4]) {
+    const int ub = 4 * (warp + k * WARPS);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool ok = x_valid && k < n_my && ub + i < units;
+      xw[i] = ok ? ldg_u32(x_row + (ub + i) * 8 + 2 * tig) : 0u;
+    }
+  };
+#pragma unroll
+  for (int k = 0; k < STAGES - 1; ++k) issue(k);
+
+  // ldmatrix.x4 at a unit pair: lane gives row (q&1)*8 + lane%8 of unit q>>1, q = lane/8.
+  const int lq = lane >> 3;
+  const int ld_off = ((lq & 1) * 8 + (lane & 7)) * ROW_BYTES + (lq >> 1) * 16;
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  u32 xw[4];
+  load_x(0, xw);
+  for (int k = 0; k < n_my; ++k) {
+    cp_async_wait<STAGES - 2>();
+    __syncwarp();
+    issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
+    u32 next[4];
+    load_x(k + 1, next);
+    const int ub = 4 * (warp + k * WARPS);
+    const u8* st = ring[warp][k % STAGES];
+    u32 a[4];
+    ldmatrix_x4(a, st + ld_off);
+    {
+      const u32 b[2] = {xw[0], xw[1]};
+      mma16816<T>(acc, a, b);
+    }
+    // units is even, so a step holds one or two whole pairs (warp-uniform).
+    if (ub + 2 < units) {
+      ldmatrix_x4(a, st + ld_off + 32);
+      const u32 b[2] = {xw[2], xw[3]};
+      mma16816<T>(acc, a, b);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xw[i] = next[i];
+  }
+  cp_async_wait<0>();
+
+  // Sum the warps' slices. Entry e = 4*lane + c of each warp is row gid + 8*(c>>1) and
+  // activation row 2*tig + (c&1).
+  *reinterpret_cast<float4*>(&red[warp][4 * lane]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    const int e = threadIdx.x;
+    float s = 0.f;
+#pragma unroll
+    for (int v = 0; v < WARPS; ++v) s += red[v][e];
+    const int l = e >> 2, c = e & 3;
+    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 2 * (l & 3) + (c & 1);
+    if (row < rows && n < m) out[(i64)n * out_stride + row] = from_f32<O>(s);
+  }
+}
+
+}  // namespace dense
+
+// dense_gemv_{f16,bf16}[_f32out](O* out, const T* x, const T* w, i32 m, i32 rows, i32 cols,
+//                                i32 x_stride, i32 out_stride)
+//   out[n][r] = sum_c x[n][c] * w[r][c] for n < m, r < rows; w row-major [rows][cols]; rows of
+//   x x_stride apart, of out out_stride apart; out in T, or f32 (`_f32out`: logits).
+//   grid  = (ceil(rows / 16), 1, 1); block = (256, 1, 1); dynamic shared memory = 0
+//           (static: 44 KiB).
+//   Constraints: 1 <= m <= 8; rows >= 1; cols a multiple of 16; w 16-byte aligned; x 4-byte
+//   aligned with x_stride even.
+#define DENSE_GEMV(name, T, O)                                                                  \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      dense_gemv_##name(O* out, const T* x, const T* w, i32 m, i32 rows, i32 cols,              \
+                        i32 x_stride, i32 out_stride) {                                         \
+    dense::gemv<T, O>(out, x, w, m, rows, cols, x_stride, out_stride);                          \
+  }
+DENSE_GEMV(f16, f16, f16)
+DENSE_GEMV(bf16, bf16, bf16)
+DENSE_GEMV(f16_f32out, f16, float)
+DENSE_GEMV(bf16_f32out, bf16, float)
