@@ -15,13 +15,14 @@
 
 // Argument lists, shared by the templates and their extern "C" entry points.
 #define DECODE_PARAMS(T)                                                                       \
-  float *__restrict__ part_out, float *__restrict__ part_max, float *__restrict__ part_sum,   \
+  T *__restrict__ out, i32 out_stride, u32 *__restrict__ counters, float *__restrict__ part_out, \
+      float *__restrict__ part_max, float *__restrict__ part_sum,                              \
       const T *__restrict__ q, i32 q_stride, const T *__restrict__ k_cache,                   \
       const T *__restrict__ v_cache, const i32 *__restrict__ block_tables, i32 max_blocks,    \
       const i32 *__restrict__ context_lens, i32 n_heads, i32 kv_heads, i32 head_dim,          \
       i32 block_size, float scale, float soft_cap, i32 window, i32 partition_size, i32 n_parts
 #define DECODE_ARGS                                                                           \
-  part_out, part_max, part_sum, q, q_stride, k_cache, v_cache, block_tables, max_blocks,      \
+  out, out_stride, counters, part_out, part_max, part_sum, q, q_stride, k_cache, v_cache, block_tables, max_blocks,      \
       context_lens, n_heads, kv_heads, head_dim, block_size, scale, soft_cap, window,         \
       partition_size, n_parts
 #define PREFILL_PARAMS(T)                                                                      \
@@ -133,7 +134,7 @@ struct Dec {
 // per head, then P.V; a block thus reads each K and V row of its partition once for the whole
 // GQA group (GC heads per pass, more passes for larger groups).
 template <typename T, int HD>
-__device__ __forceinline__ void decode(DECODE_PARAMS(T)) {
+__device__ __forceinline__ void decode_part(DECODE_PARAMS(T)) {
   using C = Dec<HD>;
   constexpr int E = C::E, GC = C::GC, NK = C::NK;
   __shared__ __align__(16) float buf[C::BUF];  // scores [GC][DEC_PMAX], then [4 warps][GC][HD]
@@ -296,31 +297,38 @@ __device__ __forceinline__ void decode(DECODE_PARAMS(T)) {
   }
 }
 
-// Combines the partitions: out = sum_p w_p out_p / sum_p w_p, w_p = sum_p * exp(max_p - max).
-// Empty partitions (sum 0) are skipped without reading their part_out; a sequence with no
-// keys at all gets zeros.
+// A float another block wrote during this launch, read through L2 (ld.global.cg): L1 is not
+// coherent between SMs.
+__device__ __forceinline__ float ld_cg(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Combines head h of sequence s's partitions: out = sum_p w_p out_p / sum_p w_p,
+// w_p = sum_p * exp(max_p - max). Empty partitions (sum 0) are skipped without reading their
+// part_out; a sequence with no keys at all gets zeros. The whole block calls it.
 template <typename T>
-__device__ __forceinline__ void decode_reduce(T* __restrict__ out, int out_stride,
-                                              const float* __restrict__ part_out,
-                                              const float* __restrict__ part_max,
-                                              const float* __restrict__ part_sum, int n_heads,
-                                              int head_dim, int n_parts) {
+__device__ __forceinline__ void reduce_head(T* __restrict__ out, int out_stride,
+                                            const float* part_out, const float* part_max,
+                                            const float* part_sum, int s, int h, int n_heads,
+                                            int head_dim, int n_parts) {
   constexpr int CH = 256;
   __shared__ float wts[CH];
   __shared__ float scratch[32];
-  const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+  const int tid = threadIdx.x;
   const i64 base = ((i64)s * n_heads + h) * n_parts;
   float mx = NEG_INF;
   for (int i = tid; i < n_parts; i += blockDim.x)
-    if (part_sum[base + i] > 0.f) mx = fmaxf(mx, part_max[base + i]);
+    if (ld_cg(part_sum + base + i) > 0.f) mx = fmaxf(mx, ld_cg(part_max + base + i));
   mx = block_max(mx, scratch);
   float acc[2] = {0.f, 0.f}, den = 0.f;
   for (int c0 = 0; c0 < n_parts; c0 += CH) {
     const int cnt = min(CH, n_parts - c0);
     __syncthreads();
     for (int i = tid; i < cnt; i += blockDim.x) {
-      const float l = part_sum[base + c0 + i];
-      wts[i] = l > 0.f ? l * __expf(part_max[base + c0 + i] - mx) : 0.f;
+      const float l = ld_cg(part_sum + base + c0 + i);
+      wts[i] = l > 0.f ? l * __expf(ld_cg(part_max + base + c0 + i) - mx) : 0.f;
     }
     __syncthreads();
     for (int i = 0; i < cnt; ++i) {
@@ -331,7 +339,7 @@ __device__ __forceinline__ void decode_reduce(T* __restrict__ out, int out_strid
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int d = tid + k * blockDim.x;
-        if (d < head_dim) acc[k] += w * po[d];
+        if (d < head_dim) acc[k] += w * ld_cg(po + d);
       }
     }
   }
@@ -341,6 +349,30 @@ __device__ __forceinline__ void decode_reduce(T* __restrict__ out, int out_strid
     const int d = tid + k * blockDim.x;
     if (d < head_dim) out[(i64)s * out_stride + (i64)h * head_dim + d] = from_f32<T>(acc[k] * inv);
   }
+}
+
+// One launch per decode step and layer: each block scores its partition (decode_part), then
+// counts itself in on its (sequence, kv head); the block that finishes last combines the
+// group's heads (reduce_head), so no second kernel runs after it. The order of the sum does
+// not depend on which block is last, so the result is deterministic.
+template <typename T, int HD>
+__device__ __forceinline__ void decode(DECODE_PARAMS(T)) {
+  decode_part<T, HD>(DECODE_ARGS);
+  __shared__ bool last;
+  __threadfence();  // this block's partials are visible device-wide before it counts itself in
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32* c = counters + (i64)blockIdx.y * kv_heads + blockIdx.x;
+    last = atomicAdd(c, 1u) == (u32)(n_parts - 1);
+    if (last) *c = 0u;  // every partition has counted: ready for the next launch (graph replay)
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the others' partials, which their fences published, are read after this
+  const int group = n_heads / kv_heads;
+  for (int j = 0; j < group; ++j)
+    reduce_head<T>(out, out_stride, part_out, part_max, part_sum, blockIdx.y,
+                   blockIdx.x * group + j, n_heads, head_dim, n_parts);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -641,17 +673,19 @@ __device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
 // ==========================================================================================
 // Entry points. T = f16 / bf16 by suffix; HD the largest head_dim the variant accepts.
 //
-// attention_decode_hd{64,128,256}_{f16,bf16}(float* part_out, float* part_max,
-//     float* part_sum, const T* q, i32 q_stride, const T* k_cache, const T* v_cache,
-//     const i32* block_tables, i32 max_blocks, const i32* context_lens, i32 n_heads,
-//     i32 kv_heads, i32 head_dim, i32 block_size, float scale, float soft_cap, i32 window,
-//     i32 partition_size, i32 n_parts)
+// attention_decode_hd{64,128,256}_{f16,bf16}(T* out, i32 out_stride, u32* counters,
+//     float* part_out, float* part_max, float* part_sum, const T* q, i32 q_stride,
+//     const T* k_cache, const T* v_cache, const i32* block_tables, i32 max_blocks,
+//     const i32* context_lens, i32 n_heads, i32 kv_heads, i32 head_dim, i32 block_size,
+//     float scale, float soft_cap, i32 window, i32 partition_size, i32 n_parts)
 //   grid = (kv_heads, n_seqs, n_parts); block = (128, 1, 1); dynamic shared memory = 0.
-//   part_out [n_seqs][n_heads][n_parts][head_dim] (normalized within the partition),
-//   part_max / part_sum [n_seqs][n_heads][n_parts]; partition p covers positions
-//   [p * partition_size, (p + 1) * partition_size) of the context. Partitions with no visible
-//   key (past the context, before the window, or context_lens[s] == 0) write max = -inf,
-//   sum = 0 and leave part_out untouched.
+//   out[s * out_stride + h * head_dim + d]: the attention of sequence s's query row.
+//   Scratch: part_out [n_seqs][n_heads][n_parts][head_dim] (normalized within the partition),
+//   part_max / part_sum [n_seqs][n_heads][n_parts]; partition p covers a range of the context
+//   (partition_of); partitions with no visible key (past the context, before the window, or
+//   context_lens[s] == 0) write max = -inf, sum = 0 and leave part_out untouched.
+//   counters [n_seqs][kv_heads] u32, zero before the first launch; every launch leaves them
+//   zero again.
 //   Constraints: head_dim % 8 == 0 and head_dim <= HD; n_heads % kv_heads == 0;
 //   1 <= partition_size <= 512; n_parts * partition_size >= the longest context; q_stride % 8
 //   == 0 (q row s holds n_heads * head_dim values); window >= 0, soft_cap >= 0.
@@ -659,18 +693,6 @@ __device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
   extern "C" __global__ void __launch_bounds__(attn::DEC_THREADS, attn::Dec<HD>::MIN_BLOCKS)  \
       attention_decode_hd##HD##_##T(DECODE_PARAMS(T)) {                                        \
     attn::decode<T, HD>(DECODE_ARGS);                                                          \
-  }
-
-// attention_decode_reduce_{f16,bf16}(T* out, i32 out_stride, const float* part_out,
-//     const float* part_max, const float* part_sum, i32 n_heads, i32 head_dim, i32 n_parts)
-//   grid = (n_heads, n_seqs); block = (128, 1, 1); dynamic shared memory = 0.
-//   out[s * out_stride + h * head_dim + d]; head_dim <= 256; any n_parts >= 1.
-#define ATTN_REDUCE(T)                                                                         \
-  extern "C" __global__ void __launch_bounds__(128) attention_decode_reduce_##T(               \
-      T* out, i32 out_stride, const float* part_out, const float* part_max,                    \
-      const float* part_sum, i32 n_heads, i32 head_dim, i32 n_parts) {                         \
-    attn::decode_reduce<T>(out, out_stride, part_out, part_max, part_sum, n_heads, head_dim,   \
-                           n_parts);                                                           \
   }
 
 // attention_prefill_hd{64,128,256}_{f16,bf16}(T* out, i32 out_stride, const T* q,
@@ -701,8 +723,7 @@ __device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
 
 // This file is compiled once per head size (ATTN_HD: 64, 128 or 256; see
 // kernels/src/cuda/sources.rs), each an NVRTC program of its own: the three compile in parallel
-// at start-up instead of one program holding all eighteen kernels. The reduce kernels, which
-// do not depend on the head size, go with 64.
+// at start-up instead of one program holding all of them.
 #ifndef ATTN_HD
 #error "define ATTN_HD (64, 128 or 256): attention.cu is compiled once per head size"
 #endif
@@ -713,7 +734,3 @@ __device__ __forceinline__ void prefill_mma(PREFILL_PARAMS(T)) {
   ATTN_PREFILL(HD, f16)    \
   ATTN_PREFILL(HD, bf16)
 ATTN_INSTANCES(ATTN_HD)
-#if ATTN_HD == 64
-ATTN_REDUCE(f16)
-ATTN_REDUCE(bf16)
-#endif

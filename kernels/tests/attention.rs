@@ -166,14 +166,27 @@ fn attention_on(b: &Backend, dtype: Dtype, c: &Case, x: &Inputs, kernel: Kernel)
                     let n_parts = decode_parts(longest);
                     let (po, pm) =
                         DecodeScratch::sizes(c.seqs.len(), c.n_heads, c.head_dim, n_parts);
+                    let counters = c.seqs.len() * c.kv_heads;
                     let scratch = DecodeScratch {
                         part_out: m.zeroed(4 * po),
                         part_max: m.zeroed(4 * pm),
                         part_sum: m.zeroed(4 * pm),
+                        counters: m.zeroed(4 * counters),
                         n_parts,
                     };
-                    unsafe { gpu.attention_decode(dtype, out, width, q, width, &a, &scratch) }
-                        .expect("decode");
+                    // Twice, as a captured graph replays it: the last partition to finish
+                    // combines them and resets its counter, so the second launch must give
+                    // the same bits and leave every counter at zero again.
+                    let again = m.zeroed(2 * x.q.len());
+                    for o in [again, out] {
+                        unsafe { gpu.attention_decode(dtype, o, width, q, width, &a, &scratch) }
+                            .expect("decode");
+                    }
+                    let (first, second) =
+                        (m.read_u16(again, x.q.len()), m.read_u16(out, x.q.len()));
+                    assert_eq!(first, second, "decode relaunched gave other bits");
+                    let left = m.read_i32(scratch.counters, counters);
+                    assert!(left.iter().all(|&c| c == 0), "counters left: {left:?}");
                 }
                 Kernel::Prefill | Kernel::PrefillSimt => {
                     let mut starts = vec![0i32];

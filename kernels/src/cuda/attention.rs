@@ -1,5 +1,5 @@
 //! Launch wrappers for paged attention (`attention.cu`): decode split over partitions of the
-//! context then reduced, and prefill (chunked, causal) either on tensor cores (`mma.sync`,
+//! context, which the last partition to finish combines (one launch), and prefill (chunked, causal) either on tensor cores (`mma.sync`,
 //! head sizes 64/128/256 exactly) or on CUDA cores (any multiple of 8 up to 256, in the
 //! kernel of the next size up: its lanes past the head's end idle).
 
@@ -45,13 +45,17 @@ pub struct PagedAttention {
     pub window: usize,
 }
 
-/// f32 scratch of a decode step: `part_out` holds `n_seqs * n_heads * n_parts * head_dim`,
-/// `part_max` and `part_sum` `n_seqs * n_heads * n_parts` each.
+/// Scratch of a decode step: f32 `part_out` holds `n_seqs * n_heads * n_parts * head_dim`,
+/// `part_max` and `part_sum` `n_seqs * n_heads * n_parts` each; u32 `counters` holds
+/// `n_seqs * kv_heads`, zero when allocated (each launch leaves them zero again).
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeScratch {
     pub part_out: DevPtr,
     pub part_max: DevPtr,
     pub part_sum: DevPtr,
+    /// How many partitions of each (sequence, kv head) have finished: the last one combines
+    /// them, so a decode step is one launch.
+    pub counters: DevPtr,
     /// Partitions per sequence: `ceil(max_model_len / DECODE_PARTITION)`, fixed so a captured
     /// graph serves every context length.
     pub n_parts: usize,
@@ -66,7 +70,7 @@ impl DecodeScratch {
 }
 
 /// The module holding a head-size bucket's kernels (`attention.cu` is compiled once per
-/// bucket; the reduce kernels are in the 64 one).
+/// bucket).
 fn module_of(bucket: usize) -> &'static str {
     match bucket {
         64 => "attention_hd64",
@@ -136,6 +140,9 @@ impl Gpu {
             (_, Dtype::Bf16) => "attention_decode_hd256_bf16",
         };
         let mut args = vec![
+            out.into(),
+            i32_of("out_stride", out_stride)?,
+            scratch.counters.into(),
             scratch.part_out.into(),
             scratch.part_max.into(),
             scratch.part_sum.into(),
@@ -156,23 +163,7 @@ impl Gpu {
             i32_of("n_parts", scratch.n_parts)?,
         ]);
         let grid = (a.kv_heads as u32, a.n_seqs as u32, scratch.n_parts as u32);
-        unsafe { self.launch(module_of(bucket), name, grid, 128, 0, &args) }?;
-        let reduce = [
-            out.into(),
-            i32_of("out_stride", out_stride)?,
-            scratch.part_out.into(),
-            scratch.part_max.into(),
-            scratch.part_sum.into(),
-            i32_of("n_heads", a.n_heads)?,
-            i32_of("head_dim", a.head_dim)?,
-            i32_of("n_parts", scratch.n_parts)?,
-        ];
-        let name = match dtype {
-            Dtype::F16 => "attention_decode_reduce_f16",
-            Dtype::Bf16 => "attention_decode_reduce_bf16",
-        };
-        let grid = (a.n_heads as u32, a.n_seqs as u32, 1);
-        unsafe { self.launch(module_of(64), name, grid, 128, 0, &reduce) }
+        unsafe { self.launch(module_of(bucket), name, grid, 128, 0, &args) }
     }
 
     /// Causal attention of chunks of query tokens (`query_start`: i32 `[n_seqs + 1]`

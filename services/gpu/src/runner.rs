@@ -117,6 +117,8 @@ pub struct GpuRunner {
     part_out: Buf<f32>,
     part_max: Buf<f32>,
     part_sum: Buf<f32>,
+    /// Per (sequence, kv head): how many of its partitions have finished in a decode launch.
+    part_done: Buf<u32>,
     n_parts: usize,
     /// A rank's LM head logits (`max_seqs × ⌈vocab / world⌉`), and with NCCL every rank's
     /// gathered (`world ×` that): only in a pool of several ranks.
@@ -215,6 +217,7 @@ impl GpuRunner {
             part_out: alloc(g, po)?,
             part_max: alloc(g, pm)?,
             part_sum: alloc(g, pm)?,
+            part_done: alloc(g, s * c.num_kv_heads)?,
             n_parts,
             head_part,
             head_gathered,
@@ -589,6 +592,7 @@ impl GpuRunner {
                         part_out: self.part_out.ptr,
                         part_max: self.part_max.ptr,
                         part_sum: self.part_sum.ptr,
+                        counters: self.part_done.ptr,
                         n_parts: self.n_parts,
                     };
                     g.attention_decode(dt, attn, q_dim, qkv, qkv_w, &a, &scratch)?;
