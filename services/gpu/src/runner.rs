@@ -1,6 +1,8 @@
-//! The forward pass on the GPU: the CPU `LlamaModel::forward` step for step, on device
-//! buffers allocated once for the largest step (`max_num_batched_tokens` tokens,
-//! `max_num_seqs` sequences), with the paged KV cache on the device.
+//! The forward pass on the GPU: the CPU `LlamaModel::forward` step for step (each layer is
+//! `ferrite_model::schedule::decoder_layer`, the CPU's too, through the device's steps in
+//! `layer.rs`), on device buffers allocated once for the largest step
+//! (`max_num_batched_tokens` tokens, `max_num_seqs` sequences), with the paged KV cache on the
+//! device.
 //!
 //! Per step the host sends one packed array of i32 (token ids, positions, cache slots,
 //! per-sequence query starts, context lengths, the rows that want logits, block tables) and
@@ -12,16 +14,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaGraph, CudaSlice};
-use ferrite_kernels::cuda::attention::{DecodeScratch, PagedAttention, decode_parts};
+use ferrite_kernels::cuda::attention::{DecodeScratch, decode_parts};
 use ferrite_kernels::cuda::fp8::Fp8Rows;
 use ferrite_kernels::cuda::gemm::{Linear, OutType};
-use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
 use ferrite_kernels::cuda::w8a8::I8Rows;
 use ferrite_kernels::cuda::wq_mins::WqMins;
 use ferrite_kernels::cuda::wq_mma::MMA_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
-use ferrite_model::config::Activation;
 use ferrite_model::error::{ModelError, Result};
+use ferrite_model::schedule::decoder_layer;
 use ferrite_model::{LogitsWanted, SeqChunk};
 
 use ferrite_collective::Collective;
@@ -33,10 +34,13 @@ use link::Link;
 
 #[path = "graphs.rs"]
 pub mod graphs;
+#[path = "layer.rs"]
+mod layer;
 #[path = "link.rs"]
 pub mod link;
 #[path = "sampling.rs"]
 pub mod sampling;
+use layer::DeviceLayers;
 use sampling::SamplingBuffers;
 
 /// The limits a runner's buffers are sized for.
@@ -477,194 +481,25 @@ impl GpuRunner {
     /// `plan` was made by [`Self::plan`] for this runner and its metadata copied to `meta`.
     #[allow(unsafe_code)]
     unsafe fn run(&self, g: &Gpu, p: &DeviceBatch, comm: &mut dyn Collective) -> Result<()> {
-        let w = &self.w;
-        let c = &w.cfg;
-        let dt = w.dtype;
-        let (t, h) = (p.n_tokens, c.hidden_size);
-        let (q_dim, kv_dim, ff) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let qkv_w = q_dim + 2 * kv_dim;
-        let meta = |at: usize| self.meta_ptr.offset::<i32>(at);
-        let norm = |rows| NormShape {
-            rows,
-            hidden: h,
-            eps: c.rms_norm_eps,
-            weight_offset: 0.0,
-        };
-        let lin = |n, k| Linear {
-            m: t,
-            n,
-            k,
-            x_stride: k,
-            out_stride: n,
-        };
-        let (x, xn, proj) = (self.x.ptr, self.xn.ptr, self.proj.ptr);
+        let (w, c) = (&self.w, &self.w.cfg);
+        let (dt, t, h) = (w.dtype, p.n_tokens, c.hidden_size);
+        // SAFETY: the caller's contract is `DeviceLayers::new`'s.
+        let mut layers = unsafe { DeviceLayers::new(self, g, p, comm) };
+        let ids = layers.meta(p.off.ids);
+        // SAFETY: the caller's contract: `x` holds the step's rows, `ids` its tokens.
+        unsafe { g.embedding(dt, self.x.ptr, w.embed.ptr, ids, t, h, c.embedding_scale)? };
+        for (index, layer) in w.layers.iter().enumerate() {
+            decoder_layer(&mut layers, index, layer)?;
+        }
+        layers.pre_norm(w.norm.ptr)?;
+        if p.n_logits == 0 {
+            return Ok(());
+        }
+        // The rows that want logits, gathered (an embedding lookup into `picked`).
+        let (picked, picks) = (self.picked.ptr, layers.meta(p.off.picks));
+        // SAFETY: as above; `picked` holds max_seqs rows, `picks` the step's row numbers.
         unsafe {
-            g.embedding(dt, x, w.embed.ptr, meta(p.off.ids), t, h, c.embedding_scale)?;
-            // Whether `proj` still has to be added into the residual stream `x`.
-            let mut pending = false;
-            // `xn = norm(x)` with `weight`, first adding `proj` into `x` when pending (the
-            // previous block's output, fused with the norm that follows it).
-            let pre_norm = |pending: bool, weight: DevPtr| {
-                let (kind, input) = if pending {
-                    (NormKind::AddThenNorm, proj)
-                } else {
-                    (NormKind::Plain, x)
-                };
-                g.rms_norm(dt, kind, xn, x, input, h, weight, norm(t))
-            };
-            for (li, l) in w.layers.iter().enumerate() {
-                pre_norm(pending, l.attn_norm.ptr)?;
-                let qkv = self.qkv.ptr;
-                self.project(g, qkv, xn, &l.qkv, lin(qkv_w, h))?;
-                if let Some(b) = &l.qkv_bias {
-                    g.add_bias(dt, qkv, qkv_w, b.ptr, t, qkv_w)?;
-                }
-                let k = qkv.offset::<u16>(q_dim);
-                let v = qkv.offset::<u16>(q_dim + kv_dim);
-                if let Some([nq, nk]) = &l.qk_norm {
-                    g.head_rms_norm(
-                        dt,
-                        qkv,
-                        qkv_w,
-                        nq.ptr,
-                        t,
-                        c.num_heads,
-                        c.head_dim,
-                        c.rms_norm_eps,
-                        0.0,
-                    )?;
-                    g.head_rms_norm(
-                        dt,
-                        k,
-                        qkv_w,
-                        nk.ptr,
-                        t,
-                        c.num_kv_heads,
-                        c.head_dim,
-                        c.rms_norm_eps,
-                        0.0,
-                    )?;
-                }
-                let rope = RopeShape {
-                    tokens: t,
-                    q_stride: qkv_w,
-                    k_stride: qkv_w,
-                    n_heads: c.num_heads,
-                    kv_heads: c.num_kv_heads,
-                    head_dim: c.head_dim,
-                    rope_dim: c.rope_dim,
-                    position_scale: w.position_scale,
-                    adjacent: w.adjacent_rope,
-                };
-                g.rope(dt, qkv, k, meta(p.off.positions), w.inv_freq_ptr, rope)?;
-                let (kc, vc) = (self.kv.k[li].ptr, self.kv.v[li].ptr);
-                g.kv_write(
-                    dt,
-                    kc,
-                    vc,
-                    k,
-                    qkv_w,
-                    v,
-                    qkv_w,
-                    meta(p.off.slots),
-                    t,
-                    c.num_kv_heads,
-                    c.head_dim,
-                )?;
-                let a = PagedAttention {
-                    k_cache: kc,
-                    v_cache: vc,
-                    block_tables: meta(p.off.tables),
-                    max_blocks: p.max_blocks,
-                    context_lens: meta(p.off.context),
-                    n_seqs: p.n_seqs,
-                    n_heads: c.num_heads,
-                    kv_heads: c.num_kv_heads,
-                    head_dim: c.head_dim,
-                    block_size: self.limits.block_size,
-                    scale: c.attention_scale,
-                    soft_cap: c.attn_logit_softcap.unwrap_or(0.0),
-                    window: c.attention_window.get(li).copied().flatten().unwrap_or(0),
-                };
-                let attn = self.attn.ptr;
-                if p.max_q == 1 {
-                    let scratch = DecodeScratch {
-                        part_out: self.part_out.ptr,
-                        part_max: self.part_max.ptr,
-                        part_sum: self.part_sum.ptr,
-                        counters: self.part_done.ptr,
-                        n_parts: self.n_parts,
-                    };
-                    g.attention_decode(dt, attn, q_dim, qkv, qkv_w, &a, &scratch)?;
-                } else {
-                    g.attention_prefill(
-                        dt,
-                        attn,
-                        q_dim,
-                        qkv,
-                        qkv_w,
-                        meta(p.off.starts),
-                        p.max_q,
-                        &a,
-                    )?;
-                }
-                self.project(g, proj, attn, &l.o, lin(h, q_dim))?;
-                self.all_reduce(g, proj, t * h, comm)?;
-                match &l.post_norms {
-                    Some([post_attn, _]) => {
-                        g.rms_norm(
-                            dt,
-                            NormKind::NormThenAdd,
-                            xn,
-                            x,
-                            proj,
-                            h,
-                            post_attn.ptr,
-                            norm(t),
-                        )?;
-                        g.rms_norm(dt, NormKind::Plain, xn, x, x, h, l.ffn_norm.ptr, norm(t))?;
-                    }
-                    None => g.rms_norm(
-                        dt,
-                        NormKind::AddThenNorm,
-                        xn,
-                        x,
-                        proj,
-                        h,
-                        l.ffn_norm.ptr,
-                        norm(t),
-                    )?,
-                }
-                let gu = self.gate_up.ptr;
-                self.project(g, gu, xn, &l.gate_up, lin(2 * ff, h))?;
-                let gelu = c.activation == Activation::GeluTanh;
-                g.gated_activation(dt, gelu, self.act.ptr, gu, t, ff)?;
-                self.project(g, proj, self.act.ptr, &l.down, lin(h, ff))?;
-                self.all_reduce(g, proj, t * h, comm)?;
-                pending = match &l.post_norms {
-                    Some([_, post_ffn]) => {
-                        g.rms_norm(
-                            dt,
-                            NormKind::NormThenAdd,
-                            xn,
-                            x,
-                            proj,
-                            h,
-                            post_ffn.ptr,
-                            norm(t),
-                        )?;
-                        false
-                    }
-                    None => true,
-                };
-            }
-            pre_norm(pending, w.norm.ptr)?;
-            if p.n_logits == 0 {
-                return Ok(());
-            }
-            // The rows that want logits, gathered (an embedding lookup into `xn`).
-            let picked = self.picked.ptr;
-            g.embedding(dt, picked, xn, meta(p.off.picks), p.n_logits, h, 1.0)?;
+            g.embedding(dt, picked, self.xn.ptr, picks, p.n_logits, h, 1.0)?;
             self.lm_head(g, picked, p.n_logits, comm)
         }
     }

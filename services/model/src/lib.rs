@@ -10,6 +10,9 @@
 //!   made on a device ([`EngineModel::DeviceRandom`]).
 //! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
 //!   face the offline tools drive layer by layer.
+//! - [`schedule`]: a decoder layer's steps and tensor parallelism's all-reduce points, the one
+//!   order both backends run ([`schedule::LayerOps`]: the CPU's in `llama_ops.rs`, the GPU
+//!   runner's in `ferrite-gpu`).
 //! - [`step`]: what one forward step is given on any backend ([`SeqChunk`], [`LogitsWanted`],
 //!   [`DeviceSampling`]).
 //! - [`kv`]: the K/V storage the CPU forward writes and reads, block by block.
@@ -31,6 +34,7 @@ pub mod kv;
 pub mod llama;
 mod load;
 pub mod presets;
+pub mod schedule;
 pub mod step;
 pub mod tp;
 

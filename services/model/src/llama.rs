@@ -17,24 +17,26 @@
 //! [`LlamaModel::embed_tokens`], the model's parts ([`LlamaModel::layers`] and the rest), and
 //! [`build_rope`]. They are public for those tools alone; serving runs [`LlamaModel::forward`].
 
-use ferrite_kernels::cpu::attention::{AttentionOptions, QueryToken, paged_attention};
+use ferrite_kernels::cpu::attention::QueryToken;
 use ferrite_kernels::cpu::matmul::MatmulOptions;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
-use ferrite_kernels::cpu::{
-    add_bias, add_in_place, gelu_tanh_mul_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place,
-    soft_cap_in_place,
-};
+use ferrite_kernels::cpu::{rms_norm, soft_cap_in_place};
 
 use std::ops::Range;
 
 use ferrite_collective::Collective;
 use ferrite_formats::{LoadQuantize, Matrix, TensorMap};
 
-use crate::config::{Activation, ModelConfig, RopeScaling, RopeStyle};
+use crate::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
+use crate::schedule::decoder_layer;
 use crate::step::{LogitsWanted, SeqChunk};
 use crate::tp::TpRank;
+
+#[path = "llama_ops.rs"]
+mod ops;
+use ops::CpuLayer;
 
 /// Which tensor names a checkpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -506,82 +508,21 @@ impl LlamaModel {
         comm: &mut dyn Collective,
         tap: &mut dyn FnMut(Site, &[f32]),
     ) -> Result<()> {
-        let c = &self.cfg;
-        let (li, n_tok) = (at.index, at.positions.len());
-        let kv_dim = c.kv_dim();
         let mm = if at.prompt {
             self.matmul.fine()
         } else {
             self.matmul
         };
-        rms_norm(&b.x, &layer.attn_norm, c.rms_norm_eps, &mut b.xn);
-        tap(Site::Qkv, &b.xn);
-        mm.many(
-            &b.xn,
-            n_tok,
-            &[layer.q.view(), layer.k.view(), layer.v.view()],
-            &mut [&mut b.q, &mut b.k, &mut b.v],
-        );
-        if let Some([bq, bk, bv]) = &layer.qkv_bias {
-            add_bias(&mut b.q, bq);
-            add_bias(&mut b.k, bk);
-            add_bias(&mut b.v, bv);
-        }
-        if let Some([nq, nk]) = &layer.qk_norm {
-            rms_norm_in_place(&mut b.q, nq, c.rms_norm_eps);
-            rms_norm_in_place(&mut b.k, nk, c.rms_norm_eps);
-        }
-        self.rope.apply(&mut b.q, at.positions, c.num_heads);
-        self.rope.apply(&mut b.k, at.positions, c.num_kv_heads);
-        for (t, qt) in at.query_tokens.iter().enumerate() {
-            kv.write(
-                li,
-                qt.block_table,
-                qt.pos,
-                &b.k[t * kv_dim..(t + 1) * kv_dim],
-                &b.v[t * kv_dim..(t + 1) * kv_dim],
-            );
-        }
-        let attention = AttentionOptions {
-            scale: c.attention_scale,
-            soft_cap: c.attn_logit_softcap,
-            sliding_window: c.attention_window[li],
+        let mut ops = CpuLayer {
+            model: self,
+            at,
+            b,
+            kv,
+            comm,
+            tap,
+            mm,
         };
-        paged_attention(
-            &b.q,
-            at.query_tokens,
-            c.num_heads,
-            &kv.layer(li),
-            attention,
-            &mut b.attn,
-        );
-        tap(Site::O, &b.attn);
-        mm.one(&b.attn, n_tok, layer.o.view(), &mut b.proj);
-        comm.all_reduce_sum(&mut b.proj)?;
-        if let Some([post_attn, _]) = &layer.post_norms {
-            rms_norm_in_place(&mut b.proj, post_attn, c.rms_norm_eps);
-        }
-        add_in_place(&mut b.x, &b.proj);
-        rms_norm(&b.x, &layer.ffn_norm, c.rms_norm_eps, &mut b.xn);
-        tap(Site::GateUp, &b.xn);
-        mm.many(
-            &b.xn,
-            n_tok,
-            &[layer.gate.view(), layer.up.view()],
-            &mut [&mut b.gate, &mut b.up],
-        );
-        match c.activation {
-            Activation::Silu => silu_mul_in_place(&mut b.gate, &b.up),
-            Activation::GeluTanh => gelu_tanh_mul_in_place(&mut b.gate, &b.up),
-        }
-        tap(Site::Down, &b.gate);
-        mm.one(&b.gate, n_tok, layer.down.view(), &mut b.proj);
-        comm.all_reduce_sum(&mut b.proj)?;
-        if let Some([_, post_ffn]) = &layer.post_norms {
-            rms_norm_in_place(&mut b.proj, post_ffn, c.rms_norm_eps);
-        }
-        add_in_place(&mut b.x, &b.proj);
-        Ok(())
+        decoder_layer(&mut ops, at.index, layer)
     }
 }
 

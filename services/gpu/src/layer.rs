@@ -1,0 +1,277 @@
+//! The GPU's steps of a decoder layer ([`LayerOps`]): the CUDA kernels over the runner's device
+//! buffers, queued on its stream (or recorded into a graph being captured). The order of the
+//! steps is `ferrite_model::schedule`'s, the same as the CPU forward's.
+//!
+//! Two fusions shape the split: the residual add of a layer's output happens in the next
+//! norm (`pending`, [`NormKind::AddThenNorm`]), and q, k and v are one projection into one
+//! buffer (`qkv`), as are gate and up.
+
+use ferrite_collective::Collective;
+use ferrite_kernels::cuda::attention::{DecodeScratch, PagedAttention};
+use ferrite_kernels::cuda::gemm::Linear;
+use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::{DevPtr, Gpu};
+use ferrite_model::config::Activation;
+use ferrite_model::error::Result;
+use ferrite_model::schedule::LayerOps;
+
+use super::{DeviceBatch, GpuRunner};
+use crate::weights::GpuLayer;
+
+/// One step's layers on the device.
+pub(super) struct DeviceLayers<'a> {
+    r: &'a GpuRunner,
+    g: &'a Gpu,
+    p: &'a DeviceBatch,
+    comm: &'a mut dyn Collective,
+    /// Whether `proj` still has to be added into the residual stream `x`: the previous
+    /// layer's output, added by the norm that follows it.
+    pending: bool,
+}
+
+#[allow(unsafe_code)]
+impl<'a> DeviceLayers<'a> {
+    /// The layers of step `p` on `r`'s buffers.
+    ///
+    /// # Safety
+    /// As [`GpuRunner::run`]: every buffer of `r` was sized for its limits, which `p` was
+    /// checked against, and the packed metadata of `p` is on the device at `r.meta`.
+    pub unsafe fn new(
+        r: &'a GpuRunner,
+        g: &'a Gpu,
+        p: &'a DeviceBatch,
+        comm: &'a mut dyn Collective,
+    ) -> Self {
+        Self {
+            r,
+            g,
+            p,
+            comm,
+            pending: false,
+        }
+    }
+
+    /// The packed metadata's array at element `at`.
+    pub fn meta(&self, at: usize) -> DevPtr {
+        self.r.meta_ptr.offset::<i32>(at)
+    }
+
+    fn norm(&self) -> NormShape {
+        let c = &self.r.w.cfg;
+        NormShape {
+            rows: self.p.n_tokens,
+            hidden: c.hidden_size,
+            eps: c.rms_norm_eps,
+            weight_offset: 0.0,
+        }
+    }
+
+    /// `t` rows of `x` (rows `k` apart) times an `[n, k]` matrix.
+    fn lin(&self, n: usize, k: usize) -> Linear {
+        Linear {
+            m: self.p.n_tokens,
+            n,
+            k,
+            x_stride: k,
+            out_stride: n,
+        }
+    }
+
+    /// `xn = norm(x)` with `weight`, first adding `proj` into `x` when an add is pending (the
+    /// model's final norm runs it too).
+    pub fn pre_norm(&mut self, weight: DevPtr) -> Result<()> {
+        let r = self.r;
+        let (kind, input) = if self.pending {
+            (NormKind::AddThenNorm, r.proj.ptr)
+        } else {
+            (NormKind::Plain, r.x.ptr)
+        };
+        self.pending = false;
+        let (dt, h) = (r.w.dtype, r.w.cfg.hidden_size);
+        // SAFETY: `new`'s contract: the buffers hold the step's rows.
+        unsafe {
+            self.g
+                .rms_norm(dt, kind, r.xn.ptr, r.x.ptr, input, h, weight, self.norm())?
+        };
+        Ok(())
+    }
+
+    /// `x += norm(proj)` with `weight` (Gemma 2's norms after attention and the MLP).
+    fn norm_then_add(&mut self, weight: DevPtr) -> Result<()> {
+        let r = self.r;
+        let (dt, h) = (r.w.dtype, r.w.cfg.hidden_size);
+        let (xn, x, proj) = (r.xn.ptr, r.x.ptr, r.proj.ptr);
+        // SAFETY: as in `pre_norm`.
+        unsafe {
+            self.g.rms_norm(
+                dt,
+                NormKind::NormThenAdd,
+                xn,
+                x,
+                proj,
+                h,
+                weight,
+                self.norm(),
+            )?
+        };
+        Ok(())
+    }
+}
+
+#[allow(unsafe_code)]
+impl LayerOps for DeviceLayers<'_> {
+    type Layer = GpuLayer;
+
+    fn attn_norm(&mut self, l: &GpuLayer) -> Result<()> {
+        self.pre_norm(l.attn_norm.ptr)
+    }
+
+    fn qkv(&mut self, l: &GpuLayer) -> Result<()> {
+        let (r, g, c) = (self.r, self.g, &self.r.w.cfg);
+        let (dt, t, h, qkv) = (r.w.dtype, self.p.n_tokens, c.hidden_size, r.qkv.ptr);
+        let qkv_w = c.q_dim() + 2 * c.kv_dim();
+        let k = qkv.offset::<u16>(c.q_dim());
+        let eps = c.rms_norm_eps;
+        // SAFETY: `new`'s contract: the buffers hold the step's rows.
+        unsafe {
+            r.project(g, qkv, r.xn.ptr, &l.qkv, self.lin(qkv_w, h))?;
+            if let Some(b) = &l.qkv_bias {
+                g.add_bias(dt, qkv, qkv_w, b.ptr, t, qkv_w)?;
+            }
+            if let Some([nq, nk]) = &l.qk_norm {
+                let head = c.head_dim;
+                g.head_rms_norm(dt, qkv, qkv_w, nq.ptr, t, c.num_heads, head, eps, 0.0)?;
+                g.head_rms_norm(dt, k, qkv_w, nk.ptr, t, c.num_kv_heads, head, eps, 0.0)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn rope_and_cache(&mut self, index: usize) -> Result<()> {
+        let (r, g, c, p) = (self.r, self.g, &self.r.w.cfg, self.p);
+        let (dt, qkv) = (r.w.dtype, r.qkv.ptr);
+        let qkv_w = c.q_dim() + 2 * c.kv_dim();
+        let k = qkv.offset::<u16>(c.q_dim());
+        let v = qkv.offset::<u16>(c.q_dim() + c.kv_dim());
+        let rope = RopeShape {
+            tokens: p.n_tokens,
+            q_stride: qkv_w,
+            k_stride: qkv_w,
+            n_heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rope_dim: c.rope_dim,
+            position_scale: r.w.position_scale,
+            adjacent: r.w.adjacent_rope,
+        };
+        let (kc, vc) = (r.kv.k[index].ptr, r.kv.v[index].ptr);
+        let (positions, slots) = (self.meta(p.off.positions), self.meta(p.off.slots));
+        let (t, kv_heads, head) = (p.n_tokens, c.num_kv_heads, c.head_dim);
+        // SAFETY: as in `qkv`; the slots address this layer's cache.
+        unsafe {
+            g.rope(dt, qkv, k, positions, r.w.inv_freq_ptr, rope)?;
+            g.kv_write(dt, kc, vc, k, qkv_w, v, qkv_w, slots, t, kv_heads, head)?;
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, index: usize) -> Result<()> {
+        let (r, g, c, p) = (self.r, self.g, &self.r.w.cfg, self.p);
+        let (dt, qkv, attn) = (r.w.dtype, r.qkv.ptr, r.attn.ptr);
+        let (q_dim, qkv_w) = (c.q_dim(), c.q_dim() + 2 * c.kv_dim());
+        let a = PagedAttention {
+            k_cache: r.kv.k[index].ptr,
+            v_cache: r.kv.v[index].ptr,
+            block_tables: self.meta(p.off.tables),
+            max_blocks: p.max_blocks,
+            context_lens: self.meta(p.off.context),
+            n_seqs: p.n_seqs,
+            n_heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: r.limits.block_size,
+            scale: c.attention_scale,
+            soft_cap: c.attn_logit_softcap.unwrap_or(0.0),
+            window: c
+                .attention_window
+                .get(index)
+                .copied()
+                .flatten()
+                .unwrap_or(0),
+        };
+        // SAFETY: as in `qkv`; the block tables address the cache's blocks.
+        unsafe {
+            if p.max_q == 1 {
+                let scratch = DecodeScratch {
+                    part_out: r.part_out.ptr,
+                    part_max: r.part_max.ptr,
+                    part_sum: r.part_sum.ptr,
+                    counters: r.part_done.ptr,
+                    n_parts: r.n_parts,
+                };
+                g.attention_decode(dt, attn, q_dim, qkv, qkv_w, &a, &scratch)?;
+            } else {
+                let starts = self.meta(p.off.starts);
+                g.attention_prefill(dt, attn, q_dim, qkv, qkv_w, starts, p.max_q, &a)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn o_proj(&mut self, l: &GpuLayer) -> Result<()> {
+        let (r, c) = (self.r, &self.r.w.cfg);
+        let shape = self.lin(c.hidden_size, c.q_dim());
+        // SAFETY: as in `qkv`.
+        unsafe { r.project(self.g, r.proj.ptr, r.attn.ptr, &l.o, shape)? };
+        Ok(())
+    }
+
+    fn all_reduce(&mut self) -> Result<()> {
+        let (r, len) = (self.r, self.p.n_tokens * self.r.w.cfg.hidden_size);
+        // SAFETY: `proj` holds the step's rows.
+        unsafe { r.all_reduce(self.g, r.proj.ptr, len, &mut *self.comm) }
+    }
+
+    fn attn_residual(&mut self, l: &GpuLayer) -> Result<()> {
+        match &l.post_norms {
+            Some([post_attn, _]) => {
+                self.norm_then_add(post_attn.ptr)?;
+                self.pre_norm(l.ffn_norm.ptr)
+            }
+            None => {
+                self.pending = true;
+                self.pre_norm(l.ffn_norm.ptr)
+            }
+        }
+    }
+
+    fn gate_up(&mut self, l: &GpuLayer) -> Result<()> {
+        let (r, g, c) = (self.r, self.g, &self.r.w.cfg);
+        let (ff, gu, act) = (c.intermediate_size, r.gate_up.ptr, r.act.ptr);
+        let gelu = c.activation == Activation::GeluTanh;
+        // SAFETY: as in `qkv`.
+        unsafe {
+            r.project(g, gu, r.xn.ptr, &l.gate_up, self.lin(2 * ff, c.hidden_size))?;
+            g.gated_activation(r.w.dtype, gelu, act, gu, self.p.n_tokens, ff)?;
+        }
+        Ok(())
+    }
+
+    fn down_proj(&mut self, l: &GpuLayer) -> Result<()> {
+        let (r, c) = (self.r, &self.r.w.cfg);
+        let shape = self.lin(c.hidden_size, c.intermediate_size);
+        // SAFETY: as in `qkv`.
+        unsafe { r.project(self.g, r.proj.ptr, r.act.ptr, &l.down, shape)? };
+        Ok(())
+    }
+
+    fn ffn_residual(&mut self, l: &GpuLayer) -> Result<()> {
+        match &l.post_norms {
+            Some([_, post_ffn]) => self.norm_then_add(post_ffn.ptr),
+            None => {
+                self.pending = true;
+                Ok(())
+            }
+        }
+    }
+}

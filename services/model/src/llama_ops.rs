@@ -1,0 +1,150 @@
+//! The CPU's steps of a decoder layer ([`LayerOps`]): the kernels of `ferrite-kernels`' `cpu`
+//! and `quant` modules over the f32 [`LayerBuffers`], with the offline tools' tap on each
+//! projection's input. The order of the steps is [`crate::schedule`]'s.
+
+use ferrite_collective::Collective;
+use ferrite_kernels::cpu::attention::{AttentionOptions, paged_attention};
+use ferrite_kernels::cpu::matmul::MatmulOptions;
+use ferrite_kernels::cpu::{
+    add_bias, add_in_place, gelu_tanh_mul_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place,
+};
+
+use super::{Layer, LayerAt, LayerBuffers, LlamaModel, Site};
+use crate::config::Activation;
+use crate::error::Result;
+use crate::kv::KvCache;
+use crate::schedule::LayerOps;
+
+/// One layer's forward on the CPU: where it runs, over what, and how its matmuls round.
+pub(super) struct CpuLayer<'m, 'a> {
+    pub model: &'m LlamaModel,
+    pub at: &'a LayerAt<'a>,
+    pub b: &'a mut LayerBuffers,
+    pub kv: &'a mut KvCache,
+    pub comm: &'a mut dyn Collective,
+    pub tap: &'a mut dyn FnMut(Site, &[f32]),
+    pub mm: MatmulOptions,
+}
+
+impl CpuLayer<'_, '_> {
+    fn n_tok(&self) -> usize {
+        self.at.positions.len()
+    }
+
+    fn eps(&self) -> f32 {
+        self.model.cfg.rms_norm_eps
+    }
+}
+
+impl LayerOps for CpuLayer<'_, '_> {
+    type Layer = Layer;
+
+    fn attn_norm(&mut self, layer: &Layer) -> Result<()> {
+        rms_norm(&self.b.x, &layer.attn_norm, self.eps(), &mut self.b.xn);
+        Ok(())
+    }
+
+    fn qkv(&mut self, layer: &Layer) -> Result<()> {
+        let (n_tok, eps, b) = (self.n_tok(), self.eps(), &mut *self.b);
+        (self.tap)(Site::Qkv, &b.xn);
+        self.mm.many(
+            &b.xn,
+            n_tok,
+            &[layer.q.view(), layer.k.view(), layer.v.view()],
+            &mut [&mut b.q, &mut b.k, &mut b.v],
+        );
+        if let Some([bq, bk, bv]) = &layer.qkv_bias {
+            add_bias(&mut b.q, bq);
+            add_bias(&mut b.k, bk);
+            add_bias(&mut b.v, bv);
+        }
+        if let Some([nq, nk]) = &layer.qk_norm {
+            rms_norm_in_place(&mut b.q, nq, eps);
+            rms_norm_in_place(&mut b.k, nk, eps);
+        }
+        Ok(())
+    }
+
+    fn rope_and_cache(&mut self, index: usize) -> Result<()> {
+        let (c, b) = (&self.model.cfg, &mut *self.b);
+        let kv_dim = c.kv_dim();
+        self.model
+            .rope
+            .apply(&mut b.q, self.at.positions, c.num_heads);
+        self.model
+            .rope
+            .apply(&mut b.k, self.at.positions, c.num_kv_heads);
+        for (t, qt) in self.at.query_tokens.iter().enumerate() {
+            let rows = t * kv_dim..(t + 1) * kv_dim;
+            let (k, v) = (&b.k[rows.clone()], &b.v[rows]);
+            self.kv.write(index, qt.block_table, qt.pos, k, v);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, index: usize) -> Result<()> {
+        let c = &self.model.cfg;
+        let options = AttentionOptions {
+            scale: c.attention_scale,
+            soft_cap: c.attn_logit_softcap,
+            sliding_window: c.attention_window[index],
+        };
+        let cache = self.kv.layer(index);
+        let (q, attn) = (&self.b.q, &mut self.b.attn);
+        paged_attention(q, self.at.query_tokens, c.num_heads, &cache, options, attn);
+        Ok(())
+    }
+
+    fn o_proj(&mut self, layer: &Layer) -> Result<()> {
+        let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        (self.tap)(Site::O, &b.attn);
+        self.mm.one(&b.attn, n_tok, layer.o.view(), &mut b.proj);
+        Ok(())
+    }
+
+    fn all_reduce(&mut self) -> Result<()> {
+        Ok(self.comm.all_reduce_sum(&mut self.b.proj)?)
+    }
+
+    fn attn_residual(&mut self, layer: &Layer) -> Result<()> {
+        let (eps, b) = (self.eps(), &mut *self.b);
+        if let Some([post_attn, _]) = &layer.post_norms {
+            rms_norm_in_place(&mut b.proj, post_attn, eps);
+        }
+        add_in_place(&mut b.x, &b.proj);
+        rms_norm(&b.x, &layer.ffn_norm, eps, &mut b.xn);
+        Ok(())
+    }
+
+    fn gate_up(&mut self, layer: &Layer) -> Result<()> {
+        let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        (self.tap)(Site::GateUp, &b.xn);
+        self.mm.many(
+            &b.xn,
+            n_tok,
+            &[layer.gate.view(), layer.up.view()],
+            &mut [&mut b.gate, &mut b.up],
+        );
+        match self.model.cfg.activation {
+            Activation::Silu => silu_mul_in_place(&mut b.gate, &b.up),
+            Activation::GeluTanh => gelu_tanh_mul_in_place(&mut b.gate, &b.up),
+        }
+        Ok(())
+    }
+
+    fn down_proj(&mut self, layer: &Layer) -> Result<()> {
+        let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        (self.tap)(Site::Down, &b.gate);
+        self.mm.one(&b.gate, n_tok, layer.down.view(), &mut b.proj);
+        Ok(())
+    }
+
+    fn ffn_residual(&mut self, layer: &Layer) -> Result<()> {
+        let (eps, b) = (self.eps(), &mut *self.b);
+        if let Some([_, post_ffn]) = &layer.post_norms {
+            rms_norm_in_place(&mut b.proj, post_ffn, eps);
+        }
+        add_in_place(&mut b.x, &b.proj);
+        Ok(())
+    }
+}
