@@ -1,4 +1,4 @@
-// Dense 16-bit matrix times a few activation rows (decode: m = 1..8), the projection of an
+// Dense 16-bit matrix times a few activation rows (decode: m = 1..16), the projection of an
 // f16/bf16 model at small batches: out[n][r] = sum_c x[n][c] * w[r][c].
 //
 // Why not cuBLAS here: at batch 1 cuBLAS picks a split-K GEMM and a second reduce kernel, and
@@ -8,8 +8,8 @@
 //
 // Design (wq_gemv.cu's, without the dequantization):
 //  * A block owns 16 weight rows (mma M); its 8 warps split the row length. The activation rows
-//    are mma N (8, padded: rows >= m read as zero, their outputs dropped), so m = 1 and m = 8
-//    cost the same weight traffic.
+//    are mma N: one n8 tile, or two (NT) sharing every A fragment; padded, rows >= m read as
+//    zero and their outputs dropped. So m = 1 and m = 16 cost the same weight traffic.
 //  * Weights are copied global -> shared with 16-byte cp.async, 3 steps of 1 KiB per warp in
 //    flight, and read back with ldmatrix. ldmatrix.x4 over two 16-byte units of 16 rows hands
 //    lane (gid, tig) word tig of each unit for rows gid and gid+8: the A fragment of one
@@ -31,12 +31,12 @@ constexpr int STAGES = 4;
 constexpr int ROW_BYTES = 80;
 constexpr int STAGE_BYTES = 16 * ROW_BYTES;
 
-template <typename T, typename O>
+template <typename T, typename O, int NT>
 __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ x,
                                      const T* __restrict__ w, int m, int rows, int cols,
                                      int x_stride, int out_stride) {
   __shared__ __align__(128) u8 ring[WARPS][STAGES][STAGE_BYTES];
-  __shared__ __align__(16) float red[WARPS][128];
+  __shared__ __align__(16) float red[WARPS][128 * NT];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   const int row0 = blockIdx.x * 16;
@@ -45,8 +45,8 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
   // Rows past the end re-read the last row; their results are dropped.
   const u8* w_a = reinterpret_cast<const u8*>(w + (i64)min(row0 + gid, rows - 1) * cols);
   const u8* w_b = reinterpret_cast<const u8*>(w + (i64)min(row0 + gid + 8, rows - 1) * cols);
+  // Tile nt's B column gid is activation row gid + 8 * nt.
   const T* x_row = x + (i64)gid * x_stride;
-  const bool x_valid = gid < m;
 
   // Warp w takes steps w, w + WARPS, ...: the block sweeps its rows front to back together.
   const int n_my = warp < steps ? (steps - 1 - warp) / WARPS + 1 : 0;
@@ -61,14 +61,17 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
     }
     cp_async_commit();
   };
-  // Lane's x words of step k's four units (zero past the end and for padded rows).
-  auto load_x = [&](int k, u32 (&xw)[4]) {
+  // Lane's x words of step k's four units, per tile (zero past the end and for padded rows).
+  auto load_x = [&](int k, u32 (&xw)[NT][4]) {
     const int ub = 4 * (warp + k * WARPS);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const bool ok = x_valid && k < n_my && ub + i < units;
-      xw[i] = ok ? ldg_u32(x_row + (ub + i) * 8 + 2 * tig) : 0u;
-    }
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool ok = gid + 8 * nt < m && k < n_my && ub + i < units;
+        const T* p = x_row + (i64)8 * nt * x_stride + (ub + i) * 8 + 2 * tig;
+        xw[nt][i] = ok ? ldg_u32(p) : 0u;
+      }
   };
 #pragma unroll
   for (int k = 0; k < STAGES - 1; ++k) issue(k);
@@ -77,64 +80,78 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
   const int lq = lane >> 3;
   const int ld_off = ((lq & 1) * 8 + (lane & 7)) * ROW_BYTES + (lq >> 1) * 16;
 
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  u32 xw[4];
+  float acc[NT][4] = {};
+  u32 xw[NT][4];
   load_x(0, xw);
   for (int k = 0; k < n_my; ++k) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
     issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
-    u32 next[4];
+    u32 next[NT][4];
     load_x(k + 1, next);
     const int ub = 4 * (warp + k * WARPS);
     const u8* st = ring[warp][k % STAGES];
     u32 a[4];
     ldmatrix_x4(a, st + ld_off);
-    {
-      const u32 b[2] = {xw[0], xw[1]};
-      mma16816<T>(acc, a, b);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const u32 b[2] = {xw[nt][0], xw[nt][1]};
+      mma16816<T>(acc[nt], a, b);
     }
     // units is even, so a step holds one or two whole pairs (warp-uniform).
     if (ub + 2 < units) {
       ldmatrix_x4(a, st + ld_off + 32);
-      const u32 b[2] = {xw[2], xw[3]};
-      mma16816<T>(acc, a, b);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const u32 b[2] = {xw[nt][2], xw[nt][3]};
+        mma16816<T>(acc[nt], a, b);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) xw[i] = next[i];
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xw[nt][i] = next[nt][i];
   }
   cp_async_wait<0>();
 
-  // Sum the warps' slices. Entry e = 4*lane + c of each warp is row gid + 8*(c>>1) and
-  // activation row 2*tig + (c&1).
-  *reinterpret_cast<float4*>(&red[warp][4 * lane]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  // Sum the warps' slices. Entry e = 128*nt + 4*lane + c of each warp is row gid + 8*(c>>1)
+  // and activation row 8*nt + 2*tig + (c&1).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    *reinterpret_cast<float4*>(&red[warp][128 * nt + 4 * lane]) =
+        make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
   __syncthreads();
-  if (threadIdx.x < 128) {
+  if (threadIdx.x < 128 * NT) {
     const int e = threadIdx.x;
     float s = 0.f;
 #pragma unroll
     for (int v = 0; v < WARPS; ++v) s += red[v][e];
-    const int l = e >> 2, c = e & 3;
-    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 2 * (l & 3) + (c & 1);
+    const int l = (e & 127) >> 2, c = e & 3;
+    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 8 * (e >> 7) + 2 * (l & 3) + (c & 1);
     if (row < rows && n < m) out[(i64)n * out_stride + row] = from_f32<O>(s);
   }
 }
 
 }  // namespace dense
 
-// dense_gemv_{f16,bf16}[_f32out](O* out, const T* x, const T* w, i32 m, i32 rows, i32 cols,
-//                                i32 x_stride, i32 out_stride)
+// dense_gemv{,16}_{f16,bf16}[_f32out](O* out, const T* x, const T* w, i32 m, i32 rows,
+//                                    i32 cols, i32 x_stride, i32 out_stride)
 //   out[n][r] = sum_c x[n][c] * w[r][c] for n < m, r < rows; w row-major [rows][cols]; rows of
 //   x x_stride apart, of out out_stride apart; out in T, or f32 (`_f32out`: logits).
 //   grid  = (ceil(rows / 16), 1, 1); block = (256, 1, 1); dynamic shared memory = 0
-//           (static: 44 KiB).
-//   Constraints: 1 <= m <= 8; rows >= 1; cols a multiple of 16; w 16-byte aligned; x 4-byte
+//           (static: 44 KiB; 48 KiB for gemv16).
+//   Constraints: 1 <= m <= 8, or m <= 16 for dense_gemv16; rows >= 1; cols a multiple of 16; w 16-byte aligned; x 4-byte
 //   aligned with x_stride even.
 #define DENSE_GEMV(name, T, O)                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                             \
       dense_gemv_##name(O* out, const T* x, const T* w, i32 m, i32 rows, i32 cols,              \
                         i32 x_stride, i32 out_stride) {                                         \
-    dense::gemv<T, O>(out, x, w, m, rows, cols, x_stride, out_stride);                          \
+    dense::gemv<T, O, 1>(out, x, w, m, rows, cols, x_stride, out_stride);                       \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      dense_gemv16_##name(O* out, const T* x, const T* w, i32 m, i32 rows, i32 cols,            \
+                          i32 x_stride, i32 out_stride) {                                       \
+    dense::gemv<T, O, 2>(out, x, w, m, rows, cols, x_stride, out_stride);                       \
   }
 DENSE_GEMV(f16, f16, f16)
 DENSE_GEMV(bf16, bf16, bf16)

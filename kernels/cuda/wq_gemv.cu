@@ -61,7 +61,8 @@ __device__ __forceinline__ void load_x(const u8* p, bool valid, u32 (&xw)[32 / B
   }
 }
 
-template <typename T, int BITS>
+// NT n8 tiles of activation rows: m <= 8 * NT.
+template <typename T, int BITS, int NT>
 __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ x,
                                      const u8* __restrict__ codes, const T* __restrict__ scales,
                                      const u8* __restrict__ zeros, int m, int rows, int cols,
@@ -75,7 +76,7 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   const bool split = BITS == 2 && (group_size & 63) != 0;
 
   __shared__ __align__(128) u8 ring[WARPS][STAGES][STAGE_BYTES];
-  __shared__ __align__(16) float red[WARPS][128];
+  __shared__ __align__(16) float red[WARPS][128 * NT];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   const int row0 = blockIdx.x * 16;
@@ -91,8 +92,9 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   const T* scale_b = scales + (i64)rb * groups;
   const u8* zero_a = zeros ? zeros + (i64)ra * groups : nullptr;
   const u8* zero_b = zeros ? zeros + (i64)rb * groups : nullptr;
+  // Tile nt's B column gid is activation row gid + 8 * nt.
   const u8* xrow = reinterpret_cast<const u8*>(x + (i64)gid * cols);
-  const bool x_valid = gid < m;
+  const i64 x_tile = (i64)8 * cols * sizeof(T);
 
   // Warp w takes steps w, w + WARPS, ...: the block sweeps its rows front to back together.
   const int n_my = warp < steps ? (steps - 1 - warp) / WARPS + 1 : 0;
@@ -117,7 +119,7 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   const int quad = lane & ~3;
   const u32 sym = zero_addend<T, BITS>(1u << (BITS - 1));
 
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[NT][4] = {};
   for (int k = 0; k < n_my; ++k) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
@@ -133,12 +135,15 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
       a[4] = r[0], a[5] = r[1], a[6] = r[2], a[7] = r[3];
     }
     // x values of every unit of the step, issued before the dequantization they overlap.
-    u32 xw[4][NP];
+    u32 xw[NT][4][NP];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int u = min(ub + i, units - 1);
-      load_x<BITS>(xrow + 2 * (u * CPU + tig * CPW), x_valid && ub + i < units, xw[i]);
-    }
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int u = min(ub + i, units - 1);
+        const u8* xp = xrow + nt * x_tile + 2 * (u * CPU + tig * CPW);
+        load_x<BITS>(xp, gid + 8 * nt < m && ub + i < units, xw[nt][i]);
+      }
 
     // Scales and zeros: lane tig fetches those of unit ub+tig (its own word's group, and for
     // split 2-bit units both halves'); unit i's are then shuffled from lane tig = i. When the
@@ -158,7 +163,7 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
       zb_hi = zero_addend<T, BITS>(zero_b[g_hi]);
     }
 
-    float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+    float tmp[NT][4] = {};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (ub + i >= units) break;  // warp-uniform
@@ -186,50 +191,65 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
 #pragma unroll
         for (int j = 0; j < NMMA; ++j) {
           const u32 af[4] = {pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1]};
-          u32 bf[2];
-          x_pair<BITS>(xw[i], j, bf);
-          mma16816<T>(tmp, af, bf);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            u32 bf[2];
+            x_pair<BITS>(xw[nt][i], j, bf);
+            mma16816<T>(tmp[nt], af, bf);
+          }
         }
         if (!uniform) {
-          acc[0] += s_a * tmp[0], acc[1] += s_a * tmp[1];
-          acc[2] += s_b * tmp[2], acc[3] += s_b * tmp[3];
-          tmp[0] = tmp[1] = tmp[2] = tmp[3] = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            acc[nt][0] += s_a * tmp[nt][0], acc[nt][1] += s_a * tmp[nt][1];
+            acc[nt][2] += s_b * tmp[nt][2], acc[nt][3] += s_b * tmp[nt][3];
+            tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.f;
+          }
         }
       } else {
         // Same A twice; B masked to the lanes of each half.
-        float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int j = 0; j < NMMA; ++j) {
-          const u32 af[4] = {pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1]};
-          u32 bf[2];
-          x_pair<BITS>(xw[i], j, bf);
-          const u32 bl[2] = {tig < 2 ? bf[0] : 0u, tig < 2 ? bf[1] : 0u};
-          const u32 bh[2] = {tig < 2 ? 0u : bf[0], tig < 2 ? 0u : bf[1]};
-          mma16816<T>(lo, af, bl);
-          mma16816<T>(hi, af, bh);
+        for (int nt = 0; nt < NT; ++nt) {
+          float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int j = 0; j < NMMA; ++j) {
+            const u32 af[4] = {pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1]};
+            u32 bf[2];
+            x_pair<BITS>(xw[nt][i], j, bf);
+            const u32 bl[2] = {tig < 2 ? bf[0] : 0u, tig < 2 ? bf[1] : 0u};
+            const u32 bh[2] = {tig < 2 ? 0u : bf[0], tig < 2 ? 0u : bf[1]};
+            mma16816<T>(lo, af, bl);
+            mma16816<T>(hi, af, bh);
+          }
+          acc[nt][0] += s_a * lo[0] + h_a * hi[0], acc[nt][1] += s_a * lo[1] + h_a * hi[1];
+          acc[nt][2] += s_b * lo[2] + h_b * hi[2], acc[nt][3] += s_b * lo[3] + h_b * hi[3];
         }
-        acc[0] += s_a * lo[0] + h_a * hi[0], acc[1] += s_a * lo[1] + h_a * hi[1];
-        acc[2] += s_b * lo[2] + h_b * hi[2], acc[3] += s_b * lo[3] + h_b * hi[3];
       }
     }
     if (uniform && !split) {
-      acc[0] += sa_lo * tmp[0], acc[1] += sa_lo * tmp[1];
-      acc[2] += sb_lo * tmp[2], acc[3] += sb_lo * tmp[3];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        acc[nt][0] += sa_lo * tmp[nt][0], acc[nt][1] += sa_lo * tmp[nt][1];
+        acc[nt][2] += sb_lo * tmp[nt][2], acc[nt][3] += sb_lo * tmp[nt][3];
+      }
     }
   }
   cp_async_wait<0>();
 
-  // Sum the warps' K slices. Entry e = 4*lane + c of each warp is row gid + 8*(c>>1) and
-  // activation row 2*tig + (c&1).
-  *reinterpret_cast<float4*>(&red[warp][4 * lane]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  // Sum the warps' K slices. Entry e = 128*nt + 4*lane + c of each warp is row gid + 8*(c>>1)
+  // and activation row 8*nt + 2*tig + (c&1).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    *reinterpret_cast<float4*>(&red[warp][128 * nt + 4 * lane]) =
+        make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
   __syncthreads();
-  if (threadIdx.x < 128) {
+  if (threadIdx.x < 128 * NT) {
     const int e = threadIdx.x;
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) s += red[w][e];
-    const int l = e >> 2, c = e & 3;
-    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 2 * (l & 3) + (c & 1);
+    const int l = (e & 127) >> 2, c = e & 3;
+    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 8 * (e >> 7) + 2 * (l & 3) + (c & 1);
     if (row < rows && n < m) out[(i64)n * rows + row] = from_f32<T>(s);
   }
 }
@@ -272,13 +292,15 @@ __device__ __forceinline__ void dequant(T* __restrict__ w, const u8* __restrict_
 
 }  // namespace wq
 
-// wq_gemv_b{8,4,2}_{f16,bf16}(T* out, const T* x, const u8* codes, const T* scales,
-//                             const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size)
+// wq_gemv{,16}_b{8,4,2}_{f16,bf16}(T* out, const T* x, const u8* codes, const T* scales,
+//                                 const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size)
 //   out[n][r] = sum_c x[n][c] * scale[r][c/gs] * (q[r][c] - zero[r][c/gs]); out stride rows,
 //   x stride cols. zeros == nullptr: symmetric, zero = 2^(bits-1).
 //   grid  = (ceil(rows / 16), 1, 1); block = (256, 1, 1); dynamic shared memory = 0
-//           (static: 44 KiB).
-//   Constraints: 1 <= m <= 8 (larger m: call per 8 rows of x and out); rows >= 1;
+//           (static: 44 KiB; 48 KiB for gemv16).
+//   Constraints: 1 <= m <= 8, or m <= 16 for wq_gemv16 (its second n8 tile of activation rows
+//   shares every A fragment: the codes are read and dequantized once for both, so 16 rows
+//   cost about what 1 does); rows >= 1;
 //   cols * bits / 8 a multiple of 16 (cols % 16 == 0 for 8-bit, % 32 for 4-bit, % 64 for
 //   2-bit); group_size a multiple of 32, or group_size == cols (per-channel); x and codes
 //   16-byte aligned.
@@ -293,7 +315,12 @@ __device__ __forceinline__ void dequant(T* __restrict__ w, const u8* __restrict_
   extern "C" __global__ void __launch_bounds__(256)                                             \
       wq_gemv_b##bits##_##name(T* out, const T* x, const u8* codes, const T* scales,            \
                                const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size) {    \
-    wq::gemv<T, bits>(out, x, codes, scales, zeros, m, rows, cols, group_size);                 \
+    wq::gemv<T, bits, 1>(out, x, codes, scales, zeros, m, rows, cols, group_size);              \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      wq_gemv16_b##bits##_##name(T* out, const T* x, const u8* codes, const T* scales,          \
+                                 const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size) {  \
+    wq::gemv<T, bits, 2>(out, x, codes, scales, zeros, m, rows, cols, group_size);              \
   }
 WQ_GEMV(8, f16, f16)
 WQ_GEMV(8, bf16, bf16)

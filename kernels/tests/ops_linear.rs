@@ -110,14 +110,17 @@ fn linear_want(dtype: Dtype, x: &[f32], w: &[f32], shape: Linear) -> Vec<f32> {
 #[test]
 fn linear_projections_at_decode_and_prefill_sizes() {
     for b in backends() {
-        // Up to 8 rows the GPU runs ferrite's dense GEMV (cuBLAS above): rows not a multiple of
-        // its 16 per block (1000, 33), rows of 1 to 8, and lengths whose last step holds one
-        // pair of 16-byte units instead of two (592, 4112 columns).
+        // Up to 16 rows the GPU runs ferrite's dense GEMV (cuBLAS above): rows not a multiple
+        // of its 16 per block (1000, 33), one n8 tile of x rows (1, 3, 5, 8) and two (11, 16),
+        // and lengths whose last step holds one pair of 16-byte units instead of two (592,
+        // 4112 columns).
         for (m, n, k) in [
             (1, 1024, 4096),
             (8, 576, 1536),
             (3, 1000, 592),
             (5, 33, 4112),
+            (11, 200, 592),
+            (16, 576, 1536),
             (67, 320, 576),
         ] {
             let shape = Linear {

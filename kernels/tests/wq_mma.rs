@@ -18,7 +18,7 @@ mod common;
 use common::{Backend, Buffers, DTYPES, assert_close, backends, product_f64, random, round};
 use ferrite_kernels::cpu::matmul::{Weight, matmul};
 use ferrite_kernels::cuda::ops::Dtype;
-use ferrite_kernels::cuda::wq::{WqDevice, check_layout};
+use ferrite_kernels::cuda::wq::{WqDevice, check_layout, gemv_rows};
 use ferrite_kernels::cuda::wq_mma::{MMA_MAX_M, MmaTile, WqKernel};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::wq::{Bits, ScaleType, WqFormat, WqMatrix, quantize_rtn};
@@ -162,9 +162,9 @@ fn wq_matmul_takes_each_kernel_at_its_m() {
         let w = quantize_rtn(&w_f32, rows, cols, format("w4g128", dtype)).expect("quantize");
         let want_all = reference(&w, &x, m_max);
         for b in &backends {
-            // 8 is the GEMV's last m, 9 the mma kernel's first and 256 its last; 257 and 300
-            // dequantize, then cuBLAS.
-            for m in [1, 8, 9, 256, 257, 300] {
+            // 8 is the GEMV's one-tile last m, 16 its two-tile last, 17 the mma kernel's first
+            // and 256 its last; 257 and 300 dequantize, then cuBLAS.
+            for m in [1, 8, 9, 16, 17, 256, 257, 300] {
                 let got = matmul_on(b, dtype, &w, &x, m, true);
                 let what = format!("w4g128 {rows}x{cols} m={m} on {}", b.name());
                 // cuBLAS (m > 256) multiplies the dense matrix rounded to the stored type: one
@@ -187,11 +187,16 @@ fn the_choice_and_the_tiles_follow_the_launch_contract() {
         cols: 4096,
         group_size: 128,
     };
-    let kernels: Vec<_> = [1, 8, 9, 16, 256, 257, 4096]
+    let kernels: Vec<_> = [1, 8, 9, 16, 17, 256, 257, 4096]
         .map(|m| WqKernel::choose(m, &w))
         .into();
     use WqKernel::{Dequant, Gemv, Mma};
-    assert_eq!(kernels, [Gemv, Gemv, Mma, Mma, Mma, Dequant, Dequant]);
+    let want = match gemv_rows() {
+        16 => [Gemv, Gemv, Gemv, Gemv, Mma, Mma, Dequant, Dequant],
+        8 => [Gemv, Gemv, Mma, Mma, Mma, Mma, Dequant, Dequant],
+        _ => [Mma, Mma, Mma, Mma, Mma, Mma, Dequant, Dequant],
+    };
+    assert_eq!(kernels, want);
 
     let tiles = [9, 16, 17, 32, 33, 256].map(MmaTile::for_m);
     use MmaTile::{N16, N32, N64};

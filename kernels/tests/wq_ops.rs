@@ -91,15 +91,16 @@ fn gemv_and_dequant_match_the_cpu_for_every_format() {
         for dtype in DTYPES {
             for (rows, cols) in shapes {
                 let w_f32 = random(rows * cols, rows as u64 + cols as u64, 0.08);
-                let x = random(11 * cols, 40, 1.0);
+                let x = random(17 * cols, 40, 1.0);
                 for name in formats {
                     let f = format(name, dtype);
                     if check_layout(&f, cols).is_err() {
                         continue; // 2-bit rows of 576 are 144 bytes: whole vectors, but checked anyway
                     }
                     let w = quantize_rtn(&w_f32, rows, cols, f).expect("quantize");
-                    let (want_all, want_dense) = gemv_on(&Backend::Cpu, dtype, &w, &x, 11);
-                    for m in [1, 3, 8, 11] {
+                    let (want_all, want_dense) = gemv_on(&Backend::Cpu, dtype, &w, &x, 17);
+                    // One n8 tile (1, 3, 8), two (11, 16), two then one launch (17).
+                    for m in [1, 3, 8, 11, 16, 17] {
                         let (got, dense) = gemv_on(&b, dtype, &w, &x, m);
                         let want = &want_all[..m * rows];
                         let what = format!("{name} {rows}x{cols} m={m} on {}", b.name());

@@ -4,17 +4,16 @@
 //! unrounded). [`Gpu::linear_add`] adds the product to what the result holds instead (the
 //! minimums' correction of `wq_mins`).
 //!
-//! Up to [`DENSE_GEMV_MAX_M`] rows of `x` (decode), [`Gpu::linear`] runs ferrite's own GEMV
+//! Up to 16 rows of `x` (decode; [`gemv_rows`]), [`Gpu::linear`] runs ferrite's own GEMV
 //! (`dense_gemv.cu`: one launch that streams the weights once); above, and for shapes it does
-//! not take, cuBLAS. `FERRITE_DENSE_GEMV=cublas` keeps cuBLAS for every shape, so the two can
-//! be compared on one machine.
+//! not take, cuBLAS. `FERRITE_GEMV_ROWS=0` keeps cuBLAS for every shape, so the two can be
+//! compared on one machine.
 //!
 //! cuBLAS is column-major; a row-major `[r, c]` matrix is the column-major `[c, r]` one. So
 //! `yᵀ (n × m) = W (n × k, stored as k × n, transposed) · xᵀ (k × m)`: `transa = T`,
 //! `transb = N`, with the leading dimensions the row strides.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
 
 use cudarc::cublas::result as blas;
 use cudarc::cublas::sys::{
@@ -24,9 +23,7 @@ use cudarc::cublas::sys::{
 use super::CudaError;
 use super::gpu::{DevPtr, Gpu};
 use super::ops::{Dtype, i32_of, to_i32};
-
-/// The most rows of `x` the dense GEMV takes in one launch (its mma's N).
-pub const DENSE_GEMV_MAX_M: usize = 8;
+use super::wq::gemv_rows;
 
 /// The result type of a projection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +61,11 @@ fn cuda_type(dtype: Dtype) -> cudaDataType_t {
 }
 
 /// Whether [`Gpu::linear`] runs the dense GEMV for `shape` with these operands: 1 to
-/// [`DENSE_GEMV_MAX_M`] rows, strides at least the extents, `k` a multiple of 16 (whole pairs of
-/// 16-byte units), `w` 16-byte aligned, `x` 4-byte aligned with an even row stride; and not
-/// turned off by `FERRITE_DENSE_GEMV=cublas`.
+/// [`gemv_rows`] rows (16 unless `FERRITE_GEMV_ROWS` says 8 or 0), strides at least the
+/// extents, `k` a multiple of 16 (whole pairs of 16-byte units), `w` 16-byte aligned, `x`
+/// 4-byte aligned with an even row stride.
 pub fn dense_gemv_takes(shape: &Linear, x: DevPtr, w: DevPtr) -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("FERRITE_DENSE_GEMV").as_deref() != Ok("cublas"));
-    on && (1..=DENSE_GEMV_MAX_M).contains(&shape.m)
+    (1..=gemv_rows()).contains(&shape.m)
         && shape.n > 0
         && shape.k.is_multiple_of(16)
         && shape.x_stride >= shape.k
@@ -123,11 +118,16 @@ impl Gpu {
         w: DevPtr,
         shape: Linear,
     ) -> Result<(), CudaError> {
-        let entry = match (dtype, out_type) {
-            (Dtype::F16, OutType::Same) => "dense_gemv_f16",
-            (Dtype::Bf16, OutType::Same) => "dense_gemv_bf16",
-            (Dtype::F16, OutType::F32) => "dense_gemv_f16_f32out",
-            (Dtype::Bf16, OutType::F32) => "dense_gemv_bf16_f32out",
+        // One n8 tile where it holds the rows: the second would only add idle mmas.
+        let entry = match (shape.m > 8, dtype, out_type) {
+            (false, Dtype::F16, OutType::Same) => "dense_gemv_f16",
+            (false, Dtype::Bf16, OutType::Same) => "dense_gemv_bf16",
+            (false, Dtype::F16, OutType::F32) => "dense_gemv_f16_f32out",
+            (false, Dtype::Bf16, OutType::F32) => "dense_gemv_bf16_f32out",
+            (true, Dtype::F16, OutType::Same) => "dense_gemv16_f16",
+            (true, Dtype::Bf16, OutType::Same) => "dense_gemv16_bf16",
+            (true, Dtype::F16, OutType::F32) => "dense_gemv16_f16_f32out",
+            (true, Dtype::Bf16, OutType::F32) => "dense_gemv16_bf16_f32out",
         };
         let args = [
             out.into(),
@@ -255,14 +255,14 @@ mod tests {
 
     #[test]
     fn the_dense_gemv_takes_decode_shapes_it_can_read_whole() {
-        if std::env::var("FERRITE_DENSE_GEMV").as_deref() == Ok("cublas") {
-            return;
+        if gemv_rows() != 16 {
+            return; // FERRITE_GEMV_ROWS set for an A/B run
         }
         let (x, w) = (DevPtr(1 << 20), DevPtr(2 << 20));
         assert!(dense_gemv_takes(&shape(1, 4096, 4096), x, w));
-        assert!(dense_gemv_takes(&shape(8, 49152, 576), x, w));
-        // Batches above 8 rows, no rows at all: cuBLAS.
-        assert!(!dense_gemv_takes(&shape(9, 4096, 4096), x, w));
+        assert!(dense_gemv_takes(&shape(16, 49152, 576), x, w));
+        // Batches above 16 rows, no rows at all: cuBLAS.
+        assert!(!dense_gemv_takes(&shape(17, 4096, 4096), x, w));
         assert!(!dense_gemv_takes(&shape(0, 4096, 4096), x, w));
         // A row length that is not whole pairs of 16-byte units.
         assert!(!dense_gemv_takes(&shape(1, 4096, 4104), x, w));

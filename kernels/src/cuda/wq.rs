@@ -1,16 +1,32 @@
 //! Launch wrappers for weight-only quantized projections (`wq_gemv.cu`): a GEMV-style kernel
-//! for batches of 1–8 rows that streams the packed codes once, and a dequantizer to a dense
+//! for batches of 1–16 rows that streams the packed codes once, and a dequantizer to a dense
 //! matrix for larger batches (then cuBLAS). The device layout is the CPU's (see
 //! [`crate::wq`]): packed codes row-major, one scale (in the activation type) and, for the
 //! asymmetric formats, one u8 zero point per (row, group).
+
+use std::sync::OnceLock;
 
 use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
 use super::ops::{Dtype, i32_of};
 use crate::wq::{Bits, WqFormat};
 
-/// Rows of activations one GEMV launch takes.
-pub const GEMV_MAX_M: usize = 8;
+/// Rows of activations one GEMV launch takes at most: two n8 tiles of the mma, which share
+/// every weight fragment (`wq_gemv16_*`, `dense_gemv16_*`).
+pub const GEMV_MAX_M: usize = 16;
+
+/// The most rows of `x` the GEMVs (this quantized one and the dense one, `gemm.rs`) take:
+/// [`GEMV_MAX_M`], or what `FERRITE_GEMV_ROWS` says, for A/B runs on one machine: `8` (one
+/// n8 tile, the limit before the second), `0` (no GEMV: cuBLAS for dense weights, the
+/// tensor-core GEMM for quantized ones). Anything else keeps the default.
+pub fn gemv_rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| match std::env::var("FERRITE_GEMV_ROWS").as_deref() {
+        Ok("0") => 0,
+        Ok("8") => 8,
+        _ => GEMV_MAX_M,
+    })
+}
 
 /// A quantized `[rows, cols]` matrix in device memory.
 #[derive(Debug, Clone, Copy)]
@@ -43,6 +59,12 @@ pub fn check_layout(format: &WqFormat, cols: usize) -> Result<(), CudaError> {
 
 fn name(kind: &str, bits: Bits, dtype: Dtype) -> &'static str {
     match (kind, bits, dtype) {
+        ("gemv16", Bits::B8, Dtype::F16) => "wq_gemv16_b8_f16",
+        ("gemv16", Bits::B8, Dtype::Bf16) => "wq_gemv16_b8_bf16",
+        ("gemv16", Bits::B4 | Bits::B3, Dtype::F16) => "wq_gemv16_b4_f16",
+        ("gemv16", Bits::B4 | Bits::B3, Dtype::Bf16) => "wq_gemv16_b4_bf16",
+        ("gemv16", Bits::B2, Dtype::F16) => "wq_gemv16_b2_f16",
+        ("gemv16", Bits::B2, Dtype::Bf16) => "wq_gemv16_b2_bf16",
         ("gemv", Bits::B8, Dtype::F16) => "wq_gemv_b8_f16",
         ("gemv", Bits::B8, Dtype::Bf16) => "wq_gemv_b8_bf16",
         ("gemv", Bits::B4 | Bits::B3, Dtype::F16) => "wq_gemv_b4_f16",
@@ -83,9 +105,11 @@ impl Gpu {
         m: usize,
     ) -> Result<(), CudaError> {
         let grid = (w.rows.div_ceil(16) as u32, 1, 1);
-        let entry = name("gemv", w.bits, dtype);
         for first in (0..m).step_by(GEMV_MAX_M) {
             let rows_here = (m - first).min(GEMV_MAX_M);
+            // One n8 tile where it holds the rows: the second would only add idle mmas.
+            let kind = if rows_here > 8 { "gemv16" } else { "gemv" };
+            let entry = name(kind, w.bits, dtype);
             let mut args = vec![
                 out.offset::<u16>(first * w.rows).into(),
                 x.offset::<u16>(first * w.cols).into(),

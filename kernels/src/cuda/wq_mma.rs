@@ -7,7 +7,7 @@ use super::CudaError;
 use super::gemm::{Linear, OutType};
 use super::gpu::{DevPtr, Gpu};
 use super::ops::{Dtype, i32_of};
-use super::wq::{GEMV_MAX_M, WqDevice};
+use super::wq::{WqDevice, gemv_rows};
 use crate::wq::Bits;
 
 /// Activation rows up to which [`WqKernel::choose`] takes the tensor-core kernel.
@@ -16,7 +16,8 @@ pub const MMA_MAX_M: usize = 256;
 /// How `out[m, rows] = x[m, cols] · Wᵀ` is computed for a quantized `W`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WqKernel {
-    /// `wq_gemv`: one n8 mma tile of activation rows, so the same cost for m = 1..8.
+    /// `wq_gemv`: one or two n8 mma tiles of activation rows, so about the same cost for
+    /// m = 1..16.
     Gemv,
     /// `wq_mma`: weights streamed once per 64 activation rows, dequantized in registers.
     Mma,
@@ -28,10 +29,11 @@ impl WqKernel {
     /// The kernel for `m` activation rows; fixed thresholds for sm_80/sm_90 (issue #6 allows
     /// one table per arch):
     ///
-    /// - m ≤ 8 ([`GEMV_MAX_M`]): the GEMV. It costs the same for 1..8 rows and, with 16 weight
-    ///   rows per block and x read straight from L2, has the most blocks in flight; the mma
-    ///   kernel's x staging and 32-row tiles only pay off once x is reused across n8 tiles.
-    /// - 9..=256 ([`MMA_MAX_M`]): the mma kernel. Still (near) memory-bound at 16–64 rows,
+    /// - m ≤ 16 ([`gemv_rows`]): the GEMV. It costs about the same for 1..16 rows (its two n8
+    ///   tiles share every dequantized weight fragment) and, with 16 weight rows per block and
+    ///   x read straight from L2, has the most blocks in flight; the mma kernel's x staging
+    ///   and 32-row tiles only pay off once x is reused across more n8 tiles.
+    /// - up to 256 ([`MMA_MAX_M`]): the mma kernel. Still (near) memory-bound at 16–64 rows,
     ///   where it reads the codes once instead of once per 8 rows (the GEMV) or writing and
     ///   reading a dense copy (2 + bits/8 bytes per weight, the dequant path).
     /// - above: dequantize, then cuBLAS. The dense copy's traffic is paid once per call and
@@ -42,7 +44,7 @@ impl WqKernel {
     /// The choice depends on `m` alone today; `_w` is taken so that a per-shape table can
     /// replace these thresholds without touching callers.
     pub fn choose(m: usize, _w: &WqDevice) -> Self {
-        if m <= GEMV_MAX_M {
+        if m <= gemv_rows() {
             Self::Gemv
         } else if m <= MMA_MAX_M {
             Self::Mma

@@ -15,8 +15,8 @@
 //!
 //! The default model's projections are GGUF Q4_1, which stay quantized on the GPU (repacked to
 //! 4-bit codes plus per-group minimums, `wq::gguf`), so these comparisons run the quantized
-//! kernels and the minimums' correction (`wq_mins`), in decode (GEMV up to 8 sequences, the
-//! tensor-core GEMM `wq_mma` for the ten together) and prefill chunks (`wq_mma`) alike.
+//! kernels and the minimums' correction (`wq_mins`), in decode (the GEMV, whose second n8 tile
+//! takes the ten together) and prefill chunks (`wq_mma`) alike.
 //!
 //! Without a CUDA device these tests say so and pass, unless `FERRITE_REQUIRE_CUDA=1` (set it
 //! on the GPU host, so they cannot silently skip there).
@@ -522,8 +522,8 @@ fn a_random_checkpoint_matches_pytorch_on_the_gpu() {
     }
 }
 
-/// Weight-only quantized projections on the GPU's quantized kernels (GEMV up to 8 rows, the
-/// tensor-core GEMM above: the ten prompts decode together, prefill chunks are up to 128
+/// Weight-only quantized projections on the GPU's quantized kernels (GEMV up to 16 rows: the
+/// ten prompts decode together; the tensor-core GEMM above: prefill chunks are up to 128
 /// tokens) against the CPU running the same codes: 4-bit codes keep the greedy tokens; 8-bit
 /// codes (whose f16 rounding flips near-ties) give the CPU's teacher-forced logprobs.
 #[test]

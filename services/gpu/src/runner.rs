@@ -523,11 +523,12 @@ impl GpuRunner {
         Ok((codes.ptr, scales.ptr))
     }
 
-    /// `out = x · Wᵀ` through whichever kernel `w`'s storage takes: cuBLAS for dense
-    /// weights; the int8 or FP8 kernels for W8A8 and FP8 (`x` rounded to 8 bits into the
+    /// `out = x · Wᵀ` through whichever kernel `w`'s storage takes: for dense weights
+    /// [`Gpu::linear`]'s (the dense GEMV up to 16 rows, cuBLAS above); the int8 or FP8 kernels for W8A8 and FP8 (`x` rounded to 8 bits into the
     /// `quantized_rows` scratch); for weight-only quantized ones the kernel
-    /// `WqKernel::choose` picks by rows of `x` (the GEMV up to 8, the tensor-core GEMM up to 256, above that the matrix dequantized into
-    /// the scratch buffer, then cuBLAS); then, for a matrix with minimums, their correction
+    /// `WqKernel::choose` picks by rows of `x` (the GEMV up to 16, the tensor-core GEMM up to
+    /// 256, above that the matrix dequantized into the scratch buffer, then cuBLAS); then, for
+    /// a matrix with minimums, their correction
     /// (group means of `x` into the `means` scratch, added by cuBLAS).
     ///
     /// # Safety
