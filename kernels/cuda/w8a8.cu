@@ -60,6 +60,19 @@ __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, cons
   }
 }
 
+// The GEMM's epilogue after products summed elsewhere (cuBLASLt's int8 GEMM, imma.rs): the same
+// expression as `gemm`'s, so the same bits. Grid-strided over the m * n results.
+template <typename T>
+__device__ __forceinline__ void scale(T* out, const i32* sums, const float* xs, const float* ws,
+                                      i32 m, i32 n) {
+  const i64 total = (i64)m * n;
+  for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+       e += (i64)gridDim.x * blockDim.x) {
+    const i32 tok = (i32)(e / n), row = (i32)(e - (i64)tok * n);
+    out[e] = from_f32<T>(xs[tok] * ws[row] * (float)sums[e]);
+  }
+}
+
 }  // namespace w8a8
 
 // w8a8_quantize_{f16,bf16}(q, scales, x, m, k): grid any (rows are strided), block a multiple
@@ -83,3 +96,13 @@ W8A8_GEMM(f16, 1)
 W8A8_GEMM(bf16, 1)
 W8A8_GEMM(f16, 8)
 W8A8_GEMM(bf16, 8)
+
+// w8a8_scale_{f16,bf16}(out, sums, x_scales, w_scales, m, n): out[i][j] = xs[i] * ws[j] *
+// sums[i][j] rounded to T, both [m][n] row-major. Grid any (strided), block a multiple of 32.
+#define W8A8_SCALE(T)                                                                           \
+  extern "C" __global__ void __launch_bounds__(256) w8a8_scale_##T(                              \
+      T* out, const i32* sums, const float* xs, const float* ws, i32 m, i32 n) {                 \
+    w8a8::scale<T>(out, sums, xs, ws, m, n);                                                   \
+  }
+W8A8_SCALE(f16)
+W8A8_SCALE(bf16)

@@ -71,15 +71,33 @@ fn on_gpu(gpu: &Gpu, dtype: Dtype, w: &I8Matrix, x: &[f32], m: usize) -> Vec<f32
         cols,
     };
     let xp = mem.half(dtype, x);
-    let scratch = I8Rows {
+    // Twice: with no room for i32 products (the hand-written kernels at every m), then with
+    // room for 64 rows of them, so above 8 rows cuBLASLt's GEMM runs where it opened, in
+    // chunks past 64 rows. Both must give the same bits.
+    let hand = I8Rows {
         codes: mem.zeroed(m * cols),
         scales: mem.f32s(&vec![0.0; m]),
+        sums: ferrite_kernels::cuda::DevPtr::NULL,
+        sums_len: 0,
     };
-    let out = mem.zeroed(2 * m * rows);
+    let chunk = m.min(64);
+    let scratch = I8Rows {
+        sums: mem.zeroed(4 * chunk * rows),
+        sums_len: chunk * rows,
+        ..hand
+    };
+    let (by_hand, out) = (mem.zeroed(2 * m * rows), mem.zeroed(2 * m * rows));
     unsafe {
-        gpu.w8a8_matmul(dtype, out, xp, &dev, m, scratch)
+        gpu.w8a8_matmul(dtype, by_hand, xp, &dev, m, hand)
             .expect("w8a8_matmul");
+        gpu.w8a8_matmul(dtype, out, xp, &dev, m, scratch)
+            .expect("w8a8_matmul through the library");
     }
+    let (a, b) = (mem.read_u16(by_hand, m * rows), mem.read_u16(out, m * rows));
+    assert_eq!(
+        a, b,
+        "m={m}: the library's GEMM against the hand-written kernels"
+    );
     // The device's rounding of the activations is the CPU's, code for code.
     let want = I8Activations::new(x, m, cols).dequantized(cols);
     let q = mem.read_i8(scratch.codes, m * cols);

@@ -21,6 +21,8 @@
 #   engine   the engine's GPU-vs-CPU and GPU-vs-PyTorch tests
 #   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
 #            bench forward
+#   ab       session 16's kernel choices against what they replaced, pair by pair in one run
+#            (FERRITE_GEMV_ROWS=16|0|8, FERRITE_W8A8_GEMM=library|mma)
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
 #   soak     bench soak against serve on the GPU, 0.7 minutes
 #   profile  Nsight Compute per kernel of eager decode steps (fp16, W8A8), summed by
@@ -32,7 +34,7 @@
 #            and serve --tp 3 on the GPU over the OpenAI API, with a rank killed mid-stream
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-stage="${1:?stash | checks | ops | engine | bench | startup | tp | soak | profile}"
+stage="${1:?stash | checks | ops | engine | bench | ab | startup | tp | soak | profile}"
 OUT="${OUT:-/tmp/ferrite-out}"
 mkdir -p "$OUT"
 stash=/tmp/ferrite-stash
@@ -90,23 +92,39 @@ bench)
   {
     "$f" kernels build
     timeout 120 "$f" bench latency "${common[@]}" --configs interactive,high_concurrency
-    # The peer in the same run: fp16 decode with cuBLAS at every batch, not the dense GEMV.
-    echo "FERRITE_GEMV_ROWS=0 (cuBLAS):"
-    FERRITE_GEMV_ROWS=0 timeout 60 "$f" bench latency "${common[@]}" --configs interactive
     timeout 60 "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w8pc-sym
     timeout 60 "$f" bench latency "${common[@]}" --configs interactive --quantize rtn-w4g128
     # Seed 003's W8A8 rows (int8 and FP8 kernels): its best row per configuration is the goal.
     timeout 120 "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-w8a8
     timeout 120 "$f" bench latency "${common[@]}" --configs interactive,high_concurrency --quantize rtn-fp8
   } >"$OUT/bench_latency.md" 2>&1
-  {
-    timeout 150 "$f" bench kernels --mode model --prefill-tokens 2048
-    # The same run's peer for batch 16: the GEMVs' one-tile limit of before (the mma GEMM
-    # above 8 rows).
-    echo "FERRITE_GEMV_ROWS=8:"
-    FERRITE_GEMV_ROWS=8 timeout 150 "$f" bench kernels --mode model --prefill-tokens 2048
-  } >"$OUT/bench_kernels.md" 2>&1
+  timeout 150 "$f" bench kernels --mode model --prefill-tokens 2048 >"$OUT/bench_kernels.md" 2>&1
   timeout 60 "$f" bench forward --device cuda >"$OUT/bench_forward.md" 2>&1
+  ;;
+ab)
+  # Session 16's kernel choices against what they replaced, each pair in one run: the dense
+  # GEMV against cuBLAS (fp16 interactive), the GEMVs' second tile against the mma GEMM at
+  # 9-16 rows (bench kernels' batch-16 column), cuBLASLt's int8 GEMM against the hand-written
+  # tile (W8A8 high_concurrency).
+  unpack
+  f="$bin/ferrite"
+  common=(--device cuda --load-format dummy --model llama-3-8b --runs 3)
+  "$f" kernels build >/dev/null 2>&1
+  {
+    for rows in 16 0; do
+      echo "== FERRITE_GEMV_ROWS=$rows (fp16 interactive)"
+      FERRITE_GEMV_ROWS=$rows timeout 60 "$f" bench latency "${common[@]}" --configs interactive
+    done
+    for gemm in library mma; do
+      echo "== FERRITE_W8A8_GEMM=$gemm (W8A8 high_concurrency)"
+      FERRITE_W8A8_GEMM=$gemm timeout 90 "$f" bench latency "${common[@]}" \
+        --configs high_concurrency --quantize rtn-w8a8
+    done
+    for rows in 16 8; do
+      echo "== FERRITE_GEMV_ROWS=$rows (bench kernels)"
+      FERRITE_GEMV_ROWS=$rows timeout 120 "$f" bench kernels --mode model --prefill-tokens 2048
+    done
+  } >"$OUT/ab.md" 2>&1
   ;;
 startup)
   unpack

@@ -69,6 +69,9 @@ pub struct Gpu {
     /// cuBLAS's workspace, given to it once so that it never allocates inside a CUDA graph
     /// capture.
     _blas_workspace: Option<CudaSlice<u8>>,
+    /// cuBLASLt on `stream` (W8A8 GEMMs of many rows); `None` where libcublasLt could not be
+    /// loaded or opened: the hand-written kernels then take every size.
+    lt: Option<super::imma::Lt>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
 
@@ -126,6 +129,8 @@ impl Gpu {
         } else {
             (None, None)
         };
+        // An optimization only: a cuBLASLt that does not open leaves the hand-written kernels.
+        let lt = super::imma::Lt::open(&stream).unwrap_or(None);
         let gpu = Self {
             device,
             arch,
@@ -134,6 +139,7 @@ impl Gpu {
             modules,
             blas,
             _blas_workspace: blas_workspace,
+            lt,
             functions: Mutex::new(HashMap::new()),
         };
         Ok((gpu, builds))
@@ -155,6 +161,11 @@ impl Gpu {
     }
 
     /// Free and total device memory in bytes.
+    /// cuBLASLt, where it opened.
+    pub(crate) fn lt(&self) -> Option<&super::imma::Lt> {
+        self.lt.as_ref()
+    }
+
     pub fn memory(&self) -> Result<(usize, usize), CudaError> {
         Ok(self.ctx.mem_get_info()?)
     }

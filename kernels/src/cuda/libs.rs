@@ -27,14 +27,16 @@ pub struct LibraryProbe {
 const DRIVER: &[&str] = &["libcuda.so.1", "libcuda.so"];
 const NVRTC: &[&str] = &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
 const CUBLAS: &[&str] = &["libcublas.so.13", "libcublas.so.12", "libcublas.so"];
+const CUBLAS_LT: &[&str] = &["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"];
 pub(crate) const NCCL: &[&str] = &["libnccl.so.2", "libnccl.so"];
 
-/// The driver, NVRTC, cuBLAS and NCCL, in that order.
+/// The driver, NVRTC, cuBLAS, cuBLASLt (W8A8 GEMMs of many rows) and NCCL, in that order.
 pub fn probe_all() -> Vec<LibraryProbe> {
     vec![
         probe("CUDA driver", DRIVER, driver_version),
         probe("NVRTC", NVRTC, nvrtc_version),
         probe("cuBLAS", CUBLAS, cublas_version),
+        probe("cuBLASLt", CUBLAS_LT, cublas_lt_version),
         probe("NCCL", NCCL, nccl_version),
     ]
 }
@@ -115,6 +117,18 @@ fn cublas_version(lib: &libloading::Library) -> Option<String> {
     Some(format!("{}.{}.{}", part(0)?, part(1)?, part(2)?))
 }
 
+fn cublas_lt_version(lib: &libloading::Library) -> Option<String> {
+    // `size_t cublasLtGetVersion(void)`: 10000 × major + 100 × minor + patch.
+    // SAFETY: that signature (cublasLt.h); it reads nothing of ours.
+    let v = unsafe {
+        let f = lib
+            .get::<unsafe extern "C" fn() -> usize>(b"cublasLtGetVersion\0")
+            .ok()?;
+        f()
+    };
+    Some(format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,7 +138,7 @@ mod tests {
     #[test]
     fn nvrtc_is_found_with_its_version_where_ci_installs_it() {
         let probes = probe_all();
-        assert_eq!(probes.len(), 4);
+        assert_eq!(probes.len(), 5);
         let nvrtc = probes.iter().find(|p| p.what == "NVRTC").expect("probed");
         if std::env::var_os("FERRITE_REQUIRE_NVRTC").is_some() {
             assert!(nvrtc.found.is_some(), "{nvrtc:?}");

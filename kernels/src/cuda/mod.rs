@@ -21,6 +21,8 @@ pub mod gemm;
 #[allow(unsafe_code)]
 pub mod gpu;
 #[allow(unsafe_code)]
+mod imma;
+#[allow(unsafe_code)]
 pub mod libs;
 #[allow(unsafe_code)]
 pub mod nccl;

@@ -31,11 +31,24 @@ pub struct I8Device {
     pub cols: usize,
 }
 
-/// Activations rounded to int8: `m * cols` codes (16-byte aligned) and `m` f32 scales.
+/// Activations rounded to int8: `m * cols` codes (16-byte aligned) and `m` f32 scales; and
+/// room for the i32 products of cuBLASLt's GEMM (`sums_len` elements at `sums`, 16-byte
+/// aligned; a GEMM of more rows than fit runs in chunks, and none fit where `sums_len` is 0:
+/// then only the hand-written kernels run).
 #[derive(Debug, Clone, Copy)]
 pub struct I8Rows {
     pub codes: DevPtr,
     pub scales: DevPtr,
+    pub sums: DevPtr,
+    pub sums_len: usize,
+}
+
+/// Whether GEMMs of more than [`DECODE_MAX_M`] rows go through cuBLASLt's int8 GEMM where it
+/// opened: yes, unless `FERRITE_W8A8_GEMM=mma` keeps the hand-written tile (an A/B on one
+/// machine).
+fn library_gemm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRITE_W8A8_GEMM").as_deref() != Ok("mma"))
 }
 
 /// Whether the kernels take rows of `cols`: whole 64-byte chunks (every lane reads 16 bytes of
@@ -120,6 +133,13 @@ impl Gpu {
         m: usize,
     ) -> Result<(), CudaError> {
         check_layout(w.cols)?;
+        let chunk = q.sums_len / w.rows.max(1);
+        if let Some(lt) = self
+            .lt()
+            .filter(|_| m > DECODE_MAX_M && chunk > 0 && library_gemm())
+        {
+            return unsafe { self.w8a8_library_gemm(lt, dtype, out, q, w, m, chunk) };
+        }
         let decode = m <= DECODE_MAX_M;
         let tok = if decode { 1 } else { 8 };
         let grid = (
@@ -138,5 +158,50 @@ impl Gpu {
             i32_of("cols", w.cols)?,
         ];
         unsafe { self.launch("w8a8", gemm_name(decode, dtype), grid, 128, 0, &args) }
+    }
+
+    /// [`Self::w8a8_gemm`] through cuBLASLt (`imma.rs`), `chunk` rows of `q` at a time into
+    /// `q.sums`, each then scaled into `out` by `w8a8_scale`.
+    ///
+    /// # Safety
+    /// As [`Self::w8a8_gemm`]; `q.sums` holds `chunk * w.rows` i32.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn w8a8_library_gemm(
+        &self,
+        lt: &super::imma::Lt,
+        dtype: Dtype,
+        out: DevPtr,
+        q: I8Rows,
+        w: &I8Device,
+        m: usize,
+        chunk: usize,
+    ) -> Result<(), CudaError> {
+        let entry = match dtype {
+            Dtype::F16 => "w8a8_scale_f16",
+            Dtype::Bf16 => "w8a8_scale_bf16",
+        };
+        // cuBLASLt runs on the thread's current context (see `gemm.rs`).
+        self.context().bind_to_thread()?;
+        for first in (0..m).step_by(chunk) {
+            let rows = chunk.min(m - first);
+            let xq = q.codes.offset::<u8>(first * w.cols);
+            let shape = (rows, w.rows, w.cols);
+            unsafe { super::imma::int8_gemm(lt, self.stream(), q.sums, xq, w.codes, shape) }?;
+            let args = [
+                out.offset::<u16>(first * w.rows).into(),
+                q.sums.into(),
+                q.scales.offset::<f32>(first).into(),
+                w.scales.into(),
+                i32_of("m", rows)?,
+                i32_of("rows", w.rows)?,
+            ];
+            let grid = (
+                (rows * w.rows).div_ceil(256).clamp(1, 132 * 16) as u32,
+                1,
+                1,
+            );
+            unsafe { self.launch("w8a8", entry, grid, 256, 0, &args) }?;
+        }
+        Ok(())
     }
 }

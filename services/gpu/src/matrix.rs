@@ -327,6 +327,15 @@ impl DeviceMatrix {
         }
     }
 
+    /// Output rows of a W8A8 matrix, whose products cuBLASLt sums in i32 before they are
+    /// scaled (0 for any other).
+    pub fn int8_rows(&self) -> usize {
+        match self {
+            Self::Int8 { w, .. } => w.rows,
+            _ => 0,
+        }
+    }
+
     /// Elements of the dense matrix a quantized one expands to for large batches (0 if dense).
     pub fn dequantized_len(&self) -> usize {
         match self {

@@ -43,6 +43,10 @@ pub mod sampling;
 use layer::DeviceLayers;
 use sampling::SamplingBuffers;
 
+/// The most i32 products of a W8A8 GEMM held at once (64 MiB): 585 rows of the 8B shape's
+/// gate/up at a time.
+const INT8_SUMS: usize = 16 << 20;
+
 /// The limits a runner's buffers are sized for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepLimits {
@@ -136,6 +140,9 @@ pub struct GpuRunner {
     /// Room for a step's activations rounded to 8 bits (codes, and up to one scale per 64
     /// inputs), for W8A8 and FP8 matrices.
     quantized_rows: Option<(Buf<u8>, Buf<f32>)>,
+    /// Room for the i32 products of W8A8 GEMMs of many rows (cuBLASLt's, `imma.rs`): up to
+    /// [`INT8_SUMS`] elements, a step of more rows runs in chunks.
+    int8_sums: Option<(Buf<i32>, usize)>,
     /// Per-sequence sampling parameters and the sampled ids.
     sampling: SamplingBuffers,
 }
@@ -191,6 +198,13 @@ impl GpuRunner {
             0 => None,
             n => Some(alloc(g, t * n)?),
         };
+        let int8_sums = match w.largest(DeviceMatrix::int8_rows) {
+            0 => None,
+            n => {
+                let len = (t * n).min(INT8_SUMS.max(n));
+                Some((alloc(g, len)?, len))
+            }
+        };
         let quantized_rows = match w.largest(DeviceMatrix::quantized_input_cols) {
             0 => None,
             k => Some((alloc(g, t * k)?, alloc(g, t * k.div_ceil(64))?)),
@@ -230,6 +244,7 @@ impl GpuRunner {
             dequantized,
             means,
             quantized_rows,
+            int8_sums,
             sampling: SamplingBuffers::new(g, s)?,
             w,
         })
@@ -554,7 +569,16 @@ impl GpuRunner {
                 DeviceMatrix::Quantized { w, mins, .. } => (w, mins),
                 DeviceMatrix::Int8 { w, .. } => {
                     let (codes, scales) = self.rounding_scratch()?;
-                    let rows = I8Rows { codes, scales };
+                    let (sums, sums_len) = match &self.int8_sums {
+                        Some((b, len)) => (b.ptr, *len),
+                        None => (DevPtr::NULL, 0),
+                    };
+                    let rows = I8Rows {
+                        codes,
+                        scales,
+                        sums,
+                        sums_len,
+                    };
                     return g.w8a8_matmul(dt, out, x, w, shape.m, rows);
                 }
                 DeviceMatrix::Fp8 { w, .. } => {
