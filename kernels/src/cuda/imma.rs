@@ -85,7 +85,8 @@ impl<F: FnMut()> Drop for Guard<F> {
 /// `sums[m, n] = xq[m, k] · wᵀ` in i32 on `stream` (`w` int8 `[n, k]`, both row-major).
 ///
 /// # Safety
-/// The pointers address buffers of those extents, 16-byte aligned; `k` a multiple of 4.
+/// The pointers address buffers of those extents, 16-byte aligned; `n` and `k` multiples of 4
+/// (the IMMA kernels' requirement in the default column order).
 #[allow(unsafe_code)]
 pub(crate) unsafe fn int8_gemm(
     lt: &Lt,

@@ -134,11 +134,14 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         check_layout(w.cols)?;
         let chunk = q.sums_len / w.rows.max(1);
-        if let Some(lt) = self
-            .lt()
-            .filter(|_| m > DECODE_MAX_M && chunk > 0 && library_gemm())
-        {
-            return unsafe { self.w8a8_library_gemm(lt, dtype, out, q, w, m, chunk) };
+        // cuBLASLt's int8 kernels in the default order want the output rows a multiple of 4.
+        let takes = m > DECODE_MAX_M && chunk > 0 && w.rows.is_multiple_of(4) && library_gemm();
+        if let Some(lt) = self.lt().filter(|_| takes) {
+            // A shape the library turns down (no algorithm) falls back to the tile below, which
+            // writes every output whatever the library had written.
+            if unsafe { self.w8a8_library_gemm(lt, dtype, out, q, w, m, chunk) }.is_ok() {
+                return Ok(());
+            }
         }
         let decode = m <= DECODE_MAX_M;
         let tok = if decode { 1 } else { 8 };
