@@ -65,8 +65,8 @@ __device__ __forceinline__ void load_x(const u8* p, bool valid, u32 (&xw)[32 / B
 template <typename T, int BITS, int NT>
 __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ x,
                                      const u8* __restrict__ codes, const T* __restrict__ scales,
-                                     const u8* __restrict__ zeros, int m, int rows, int cols,
-                                     int group_size) {
+                                     const u8* __restrict__ zeros, const T* __restrict__ mins,
+                                     int m, int rows, int cols, int group_size) {
   constexpr int CPU = 128 / BITS;  // codes per 16-byte unit
   constexpr int CPW = 32 / BITS;   // codes per 32-bit word: x values per lane per unit
   constexpr int NP = CPW / 2;      // code pairs per word
@@ -92,6 +92,11 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   const T* scale_b = scales + (i64)rb * groups;
   const u8* zero_a = zeros ? zeros + (i64)ra * groups : nullptr;
   const u8* zero_b = zeros ? zeros + (i64)rb * groups : nullptr;
+  const T* min_a = mins ? mins + (i64)ra * groups : nullptr;
+  const T* min_b = mins ? mins + (i64)rb * groups : nullptr;
+  // The minimums' term, min[r][g] * sum_{k in g} x[n][k], takes the group sums of x from one
+  // more mma per x fragment with an A of ones (exact f32 sums of the stored values).
+  const u32 ones[4] = {Magic<T>::one2, Magic<T>::one2, Magic<T>::one2, Magic<T>::one2};
   // Tile nt's B column gid is activation row gid + 8 * nt.
   const u8* xrow = reinterpret_cast<const u8*>(x + (i64)gid * cols);
   const i64 x_tile = (i64)8 * cols * sizeof(T);
@@ -162,22 +167,33 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
       za_hi = zero_addend<T, BITS>(zero_a[g_hi]);
       zb_hi = zero_addend<T, BITS>(zero_b[g_hi]);
     }
+    float ma_lo = 0.f, mb_lo = 0.f, ma_hi = 0.f, mb_hi = 0.f;
+    if (min_a) {
+      ma_lo = to_f32(min_a[g_lo]), mb_lo = to_f32(min_b[g_lo]);
+      ma_hi = to_f32(min_a[g_hi]), mb_hi = to_f32(min_b[g_hi]);
+    }
 
-    float tmp[NT][4] = {};
+    // tmp: the step's (or unit's) products before their scale; xs: its group sums of x.
+    float tmp[NT][4] = {}, xs[NT][4] = {};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (ub + i >= units) break;  // warp-uniform
       float s_a = sa_lo, s_b = sb_lo, h_a = sa_hi, h_b = sb_hi;
+      float m_a = ma_lo, m_b = mb_lo, n_a = ma_hi, n_b = mb_hi;
       u32 z_a = za_lo, z_b = zb_lo;
       if (!uniform) {
         const int src = quad | i;
         s_a = shfl_f32(sa_lo, src);
         s_b = shfl_f32(sb_lo, src);
+        m_a = shfl_f32(ma_lo, src);
+        m_b = shfl_f32(mb_lo, src);
         z_a = shfl_u32(za_lo, src);
         z_b = shfl_u32(zb_lo, src);
         if (split) {
           h_a = shfl_f32(sa_hi, src);
           h_b = shfl_f32(sb_hi, src);
+          n_a = shfl_f32(ma_hi, src);
+          n_b = shfl_f32(mb_hi, src);
           const u32 y_a = shfl_u32(za_hi, src), y_b = shfl_u32(zb_hi, src);
           if (tig >= 2) z_a = y_a, z_b = y_b;
         }
@@ -196,14 +212,18 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
             u32 bf[2];
             x_pair<BITS>(xw[nt][i], j, bf);
             mma16816<T>(tmp[nt], af, bf);
+            if (min_a) mma16816<T>(xs[nt], ones, bf);  // warp-uniform
           }
         }
         if (!uniform) {
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            acc[nt][0] += s_a * tmp[nt][0], acc[nt][1] += s_a * tmp[nt][1];
-            acc[nt][2] += s_b * tmp[nt][2], acc[nt][3] += s_b * tmp[nt][3];
-            tmp[nt][0] = tmp[nt][1] = tmp[nt][2] = tmp[nt][3] = 0.f;
+            acc[nt][0] += s_a * tmp[nt][0] + m_a * xs[nt][0];
+            acc[nt][1] += s_a * tmp[nt][1] + m_a * xs[nt][1];
+            acc[nt][2] += s_b * tmp[nt][2] + m_b * xs[nt][2];
+            acc[nt][3] += s_b * tmp[nt][3] + m_b * xs[nt][3];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) tmp[nt][c] = xs[nt][c] = 0.f;
           }
         }
       } else {
@@ -211,6 +231,7 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
+          float xl[4] = {0.f, 0.f, 0.f, 0.f}, xh[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int j = 0; j < NMMA; ++j) {
             const u32 af[4] = {pa[2 * j], pb[2 * j], pa[2 * j + 1], pb[2 * j + 1]};
@@ -220,17 +241,25 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
             const u32 bh[2] = {tig < 2 ? 0u : bf[0], tig < 2 ? 0u : bf[1]};
             mma16816<T>(lo, af, bl);
             mma16816<T>(hi, af, bh);
+            if (min_a) {  // warp-uniform
+              mma16816<T>(xl, ones, bl);
+              mma16816<T>(xh, ones, bh);
+            }
           }
-          acc[nt][0] += s_a * lo[0] + h_a * hi[0], acc[nt][1] += s_a * lo[1] + h_a * hi[1];
-          acc[nt][2] += s_b * lo[2] + h_b * hi[2], acc[nt][3] += s_b * lo[3] + h_b * hi[3];
+          acc[nt][0] += s_a * lo[0] + h_a * hi[0] + m_a * xl[0] + n_a * xh[0];
+          acc[nt][1] += s_a * lo[1] + h_a * hi[1] + m_a * xl[1] + n_a * xh[1];
+          acc[nt][2] += s_b * lo[2] + h_b * hi[2] + m_b * xl[2] + n_b * xh[2];
+          acc[nt][3] += s_b * lo[3] + h_b * hi[3] + m_b * xl[3] + n_b * xh[3];
         }
       }
     }
     if (uniform && !split) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        acc[nt][0] += sa_lo * tmp[nt][0], acc[nt][1] += sa_lo * tmp[nt][1];
-        acc[nt][2] += sb_lo * tmp[nt][2], acc[nt][3] += sb_lo * tmp[nt][3];
+        acc[nt][0] += sa_lo * tmp[nt][0] + ma_lo * xs[nt][0];
+        acc[nt][1] += sa_lo * tmp[nt][1] + ma_lo * xs[nt][1];
+        acc[nt][2] += sb_lo * tmp[nt][2] + mb_lo * xs[nt][2];
+        acc[nt][3] += sb_lo * tmp[nt][3] + mb_lo * xs[nt][3];
       }
     }
   }
@@ -293,9 +322,11 @@ __device__ __forceinline__ void dequant(T* __restrict__ w, const u8* __restrict_
 }  // namespace wq
 
 // wq_gemv{,16}_b{8,4,2}_{f16,bf16}(T* out, const T* x, const u8* codes, const T* scales,
-//                                 const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size)
-//   out[n][r] = sum_c x[n][c] * scale[r][c/gs] * (q[r][c] - zero[r][c/gs]); out stride rows,
-//   x stride cols. zeros == nullptr: symmetric, zero = 2^(bits-1).
+//                                 const u8* zeros, const T* mins, i32 m, i32 rows, i32 cols,
+//                                 i32 group_size)
+//   out[n][r] = sum_c x[n][c] * (scale[r][c/gs] * (q[r][c] - zero[r][c/gs]) + min[r][c/gs]);
+//   out stride rows, x stride cols. zeros == nullptr: symmetric, zero = 2^(bits-1).
+//   mins [rows][groups] (GGUF Q4_1/Q4_K/Q5_K repacked, wq_mins.cu), or nullptr: none.
 //   grid  = (ceil(rows / 16), 1, 1); block = (256, 1, 1); dynamic shared memory = 0
 //           (static: 44 KiB; 48 KiB for gemv16).
 //   Constraints: 1 <= m <= 8, or m <= 16 for wq_gemv16 (its second n8 tile of activation rows
@@ -314,13 +345,15 @@ __device__ __forceinline__ void dequant(T* __restrict__ w, const u8* __restrict_
 #define WQ_GEMV(bits, name, T)                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                             \
       wq_gemv_b##bits##_##name(T* out, const T* x, const u8* codes, const T* scales,            \
-                               const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size) {    \
-    wq::gemv<T, bits, 1>(out, x, codes, scales, zeros, m, rows, cols, group_size);              \
+                               const u8* zeros, const T* mins, i32 m, i32 rows, i32 cols,       \
+                               i32 group_size) {                                                \
+    wq::gemv<T, bits, 1>(out, x, codes, scales, zeros, mins, m, rows, cols, group_size);        \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(256)                                             \
       wq_gemv16_b##bits##_##name(T* out, const T* x, const u8* codes, const T* scales,          \
-                                 const u8* zeros, i32 m, i32 rows, i32 cols, i32 group_size) {  \
-    wq::gemv<T, bits, 2>(out, x, codes, scales, zeros, m, rows, cols, group_size);              \
+                                 const u8* zeros, const T* mins, i32 m, i32 rows, i32 cols,     \
+                                 i32 group_size) {                                              \
+    wq::gemv<T, bits, 2>(out, x, codes, scales, zeros, mins, m, rows, cols, group_size);        \
   }
 WQ_GEMV(8, f16, f16)
 WQ_GEMV(8, bf16, bf16)

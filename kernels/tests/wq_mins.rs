@@ -1,6 +1,7 @@
-//! Quantized projections with per-group minimums on every backend (see `common`): the
-//! quantized product (the GEMV kernel; or the matrix dequantized, then cuBLAS, as the engine
-//! runs batches above 8 rows) plus `wq_add_mins`, for m = 1, 8, 16 and 64 rows of activations.
+//! Quantized projections with per-group minimums on every backend (see `common`): the GEMV
+//! with the minimums summed inside it (as the engine runs up to 16 rows), and the other
+//! kernels' product (the tensor-core GEMM; the matrix dequantized, then cuBLAS) plus
+//! `wq_add_mins`, for m = 1, 8, 16 and 64 rows of activations.
 //! The matrices are GGUF Q4_1, Q4_K and Q5_K repacked (`wq::gguf`, at SmolLM2's widths), and
 //! RTN matrices with zero points given arbitrary minimums, one with a short last group and one
 //! per channel.
@@ -162,10 +163,14 @@ fn product(w: &[f64], x: &[f32], m: usize, cols: usize) -> Vec<f64> {
         .collect()
 }
 
-/// Which quantized product the GPU runs before the correction.
+/// Which quantized product the GPU runs, and how the minimums join it.
 #[derive(Debug, Clone, Copy)]
 enum Path {
+    /// The minimums inside the GEMV (up to 16 rows).
     Gemv,
+    /// The tensor-core GEMM, then `wq_add_mins`.
+    Mma,
+    /// The matrix dequantized, cuBLAS, then `wq_add_mins`.
     DequantThenCublas,
 }
 
@@ -225,15 +230,20 @@ fn project_on(b: &Backend, dtype: Dtype, c: &Case, x: &[f32], m: usize, path: Pa
             };
             unsafe {
                 match path {
-                    Path::Gemv => gpu.wq_gemv(dtype, out, xp, &dev, m).expect("gemv"),
+                    Path::Gemv => gpu
+                        .wq_gemv(dtype, out, xp, &dev, m, Some(mins.mins))
+                        .expect("gemv"),
+                    Path::Mma => gpu.wq_mma(dtype, out, xp, &dev, m).expect("mma"),
                     Path::DequantThenCublas => {
                         gpu.wq_dequant(dtype, dense, &dev).expect("dequant");
                         gpu.linear(dtype, OutType::Same, out, xp, dense, shape)
                             .expect("linear");
                     }
                 }
-                gpu.wq_add_mins(dtype, out, xp, &dev, &mins, m)
-                    .expect("add mins");
+                if !matches!(path, Path::Gemv) {
+                    gpu.wq_add_mins(dtype, out, xp, &dev, &mins, m)
+                        .expect("add mins");
+                }
             }
             mem.read_half(dtype, out, m * rows)
         }
@@ -259,8 +269,15 @@ fn projections_with_minimums_match_the_cpu() {
                 let want_all = product(&device_weights(dtype, c, true), &xr, 64, cols);
                 let want_all: Vec<f32> = want_all.iter().map(|&v| v as f32).collect();
                 for m in [1, 8, 16, 64] {
-                    for path in [Path::Gemv, Path::DequantThenCublas] {
-                        if matches!((&b, path), (Backend::Cpu, Path::DequantThenCublas)) {
+                    for path in [Path::Gemv, Path::Mma, Path::DequantThenCublas] {
+                        // Each GPU path where the engine takes it: the GEMV up to 16 rows,
+                        // the GEMM above 8 (it would take fewer, but never gets them).
+                        let gemv = matches!(path, Path::Gemv);
+                        if b.is_gpu() && ((gemv && m > 16) || (matches!(path, Path::Mma) && m <= 8))
+                        {
+                            continue;
+                        }
+                        if !b.is_gpu() && !gemv {
                             continue; // one CPU split
                         }
                         let got = project_on(&b, dtype, c, &x, m, path);

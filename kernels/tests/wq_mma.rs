@@ -109,7 +109,7 @@ fn on_gpu(
     unsafe {
         if through_choice {
             let scratch = mem.zeroed(2 * rows * cols);
-            gpu.wq_matmul(dtype, out, xp, &dev, m, scratch)
+            gpu.wq_matmul(dtype, out, xp, &dev, m, scratch, None)
                 .expect("wq_matmul");
         } else {
             gpu.wq_mma(dtype, out, xp, &dev, m).expect("wq_mma");

@@ -63,7 +63,7 @@ fn gemv_on(b: &Backend, dtype: Dtype, w: &WqMatrix, x: &[f32], m: usize) -> (Vec
             let out = mem.zeroed(2 * m * rows);
             let dense = mem.zeroed(2 * rows * cols);
             unsafe {
-                gpu.wq_gemv(dtype, out, xp, &dev, m).expect("gemv");
+                gpu.wq_gemv(dtype, out, xp, &dev, m, None).expect("gemv");
                 gpu.wq_dequant(dtype, dense, &dev).expect("dequant");
             }
             (

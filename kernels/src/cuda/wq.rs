@@ -91,11 +91,14 @@ fn tail(w: &WqDevice) -> Result<[Arg; 3], CudaError> {
 #[allow(unsafe_code)]
 impl Gpu {
     /// `out[m, rows] = x[m, cols] · Wᵀ` (both contiguous), in launches of up to
-    /// [`GEMV_MAX_M`] rows of `x`.
+    /// [`GEMV_MAX_M`] rows of `x`; with `mins` (a matrix's per-group minimums, `rows * groups`
+    /// values of the activation type, see `wq_mins`), `W` is `scale·(q − zero) + min` and the
+    /// minimums' term is summed in the same launch.
     ///
     /// # Safety
     /// `w`'s pointers address a matrix of its shape; `x` holds `m * cols`, `out`
-    /// `m * rows` elements; `x` and the codes are 16-byte aligned.
+    /// `m * rows` elements; `x` and the codes are 16-byte aligned; `mins` addresses
+    /// `rows * groups` values.
     pub unsafe fn wq_gemv(
         &self,
         dtype: Dtype,
@@ -103,6 +106,7 @@ impl Gpu {
         x: DevPtr,
         w: &WqDevice,
         m: usize,
+        mins: Option<DevPtr>,
     ) -> Result<(), CudaError> {
         let grid = (w.rows.div_ceil(16) as u32, 1, 1);
         for first in (0..m).step_by(GEMV_MAX_M) {
@@ -116,6 +120,7 @@ impl Gpu {
                 w.codes.into(),
                 w.scales.into(),
                 w.zeros.unwrap_or(DevPtr::NULL).into(),
+                mins.unwrap_or(DevPtr::NULL).into(),
                 i32_of("m", rows_here)?,
             ];
             args.extend(tail(w)?);

@@ -1,7 +1,9 @@
 //! The per-group minimums of a weight-only quantized matrix on the GPU (GGUF Q4_1, Q4_K and
-//! Q5_K repacked, see [`crate::wq::gguf`]): `w = scale·(q − zero) + min`. The quantized kernels
-//! (`wq_gemv`; `wq_dequant`, then cuBLAS) compute the `scale·(q − zero)` part unchanged;
-//! [`Gpu::wq_add_mins`] adds the rest,
+//! Q5_K repacked, see [`crate::wq::gguf`]): `w = scale·(q − zero) + min`. The GEMV (up to 16
+//! rows, decode) sums the minimums' term itself, from group sums of `x` it takes with one more
+//! mma per fragment (`wq_gemv.cu`): one launch, not three. The other kernels (`wq_mma`;
+//! `wq_dequant`, then cuBLAS) compute the `scale·(q − zero)` part; [`Gpu::wq_add_mins`] adds
+//! the rest,
 //!
 //! `out[i, r] += Σ_g min[r, g] · Σ_{k∈g} x[i, k] = group_size · Σ_g min[r, g] · mean[i, g]`,
 //!

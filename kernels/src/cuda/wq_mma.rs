@@ -8,6 +8,7 @@ use super::gemm::{Linear, OutType};
 use super::gpu::{DevPtr, Gpu};
 use super::ops::{Dtype, i32_of};
 use super::wq::{WqDevice, gemv_rows};
+use super::wq_mins::WqMins;
 use crate::wq::Bits;
 
 /// Activation rows up to which [`WqKernel::choose`] takes the tensor-core kernel.
@@ -197,14 +198,18 @@ impl Gpu {
         unsafe { self.launch(module, entry, (grid_x, grid_y, 1), 256, shared, &args) }
     }
 
-    /// `out[m, rows] = x[m, cols] · Wᵀ` through the kernel [`WqKernel::choose`] picks.
-    /// `dense_scratch` is used only by [`WqKernel::Dequant`] (m > [`MMA_MAX_M`]), which
-    /// dequantizes `w` into it and hands it to cuBLAS; it may be [`DevPtr::NULL`] when no
-    /// call takes that path (an error if one does).
+    /// `out[m, rows] = x[m, cols] · Wᵀ` through the kernel [`WqKernel::choose`] picks, with
+    /// `mins` (a matrix's per-group minimums) added: inside the GEMV, or after the other
+    /// kernels by [`Self::wq_add_mins`]. `dense_scratch` is used only by
+    /// [`WqKernel::Dequant`] (m > [`MMA_MAX_M`]), which dequantizes `w` into it and hands it
+    /// to cuBLAS; it may be [`DevPtr::NULL`] when no call takes that path (an error if one
+    /// does).
     ///
     /// # Safety
-    /// As [`Self::wq_mma`]; a non-null `dense_scratch` holds `rows * cols` elements, 16-byte
-    /// aligned, and is not read by anything queued concurrently.
+    /// As [`Self::wq_mma`] and, with `mins`, [`Self::wq_add_mins`]; a non-null
+    /// `dense_scratch` holds `rows * cols` elements, 16-byte aligned, and is not read by
+    /// anything queued concurrently.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn wq_matmul(
         &self,
         dtype: Dtype,
@@ -213,10 +218,40 @@ impl Gpu {
         w: &WqDevice,
         m: usize,
         dense_scratch: DevPtr,
+        mins: Option<&WqMins>,
+    ) -> Result<(), CudaError> {
+        let kernel = WqKernel::choose(m, w);
+        if kernel == WqKernel::Gemv {
+            // SAFETY: the caller's contract is the GEMV's.
+            return unsafe { self.wq_gemv(dtype, out, x, w, m, mins.map(|n| n.mins)) };
+        }
+        // SAFETY: the caller's contract is each callee's.
+        unsafe { self.wq_product(kernel, dtype, out, x, w, m, dense_scratch) }?;
+        match mins {
+            // SAFETY: as above.
+            Some(n) => unsafe { self.wq_add_mins(dtype, out, x, w, n, m) },
+            None => Ok(()),
+        }
+    }
+
+    /// The product by the tensor-core GEMM or, dequantized, by cuBLAS (see [`Self::wq_matmul`]).
+    ///
+    /// # Safety
+    /// As [`Self::wq_matmul`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn wq_product(
+        &self,
+        kernel: WqKernel,
+        dtype: Dtype,
+        out: DevPtr,
+        x: DevPtr,
+        w: &WqDevice,
+        m: usize,
+        dense_scratch: DevPtr,
     ) -> Result<(), CudaError> {
         // SAFETY (all three): the caller's contract is each callee's.
-        match WqKernel::choose(m, w) {
-            WqKernel::Gemv => unsafe { self.wq_gemv(dtype, out, x, w, m) },
+        match kernel {
+            WqKernel::Gemv => unsafe { self.wq_gemv(dtype, out, x, w, m, None) },
             WqKernel::Mma => unsafe { self.wq_mma(dtype, out, x, w, m) },
             WqKernel::Dequant => {
                 if dense_scratch == DevPtr::NULL {

@@ -542,9 +542,9 @@ impl GpuRunner {
     /// [`Gpu::linear`]'s (the dense GEMV up to 16 rows, cuBLAS above); the int8 or FP8 kernels for W8A8 and FP8 (`x` rounded to 8 bits into the
     /// `quantized_rows` scratch); for weight-only quantized ones the kernel
     /// `WqKernel::choose` picks by rows of `x` (the GEMV up to 16, the tensor-core GEMM up to
-    /// 256, above that the matrix dequantized into the scratch buffer, then cuBLAS); then, for
-    /// a matrix with minimums, their correction
-    /// (group means of `x` into the `means` scratch, added by cuBLAS).
+    /// 256, above that the matrix dequantized into the scratch buffer, then cuBLAS), with a
+    /// matrix's minimums summed inside the GEMV or, after the other kernels, added as group
+    /// means of `x` (into the `means` scratch) times the minimums by cuBLAS.
     ///
     /// # Safety
     /// As [`Gpu::linear`]; `shape` is contiguous (strides `k` and `n`).
@@ -588,15 +588,14 @@ impl GpuRunner {
                 }
             };
             let dense = self.dequantized.as_ref().map_or(DevPtr::NULL, |b| b.ptr);
-            g.wq_matmul(dt, out, x, w, shape.m, dense)?;
-            if let Some(mins) = mins {
-                let m = WqMins {
+            let mins = match mins {
+                Some(mins) => Some(WqMins {
                     mins: mins.ptr,
                     means: scratch(&self.means, "group means")?,
-                };
-                g.wq_add_mins(dt, out, x, w, &m, shape.m)?;
-            }
-            Ok(())
+                }),
+                None => None,
+            };
+            g.wq_matmul(dt, out, x, w, shape.m, dense, mins.as_ref())
         }
     }
 }
