@@ -11,6 +11,8 @@ missing=()
 command -v python3 >/dev/null || missing+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 command -v cc >/dev/null || missing+=(gcc)
+# The CPU emulation of the CUDA kernels (tests/gpu/emu, C++20).
+command -v g++ >/dev/null || missing+=(g++)
 # The cluster tests (tests/tests/*.rs): a real etcd, curl as a raw gRPC client. (The build
 # needs no system protoc: see .cargo/config.toml.)
 command -v etcd >/dev/null || missing+=(etcd-server)

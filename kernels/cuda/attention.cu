@@ -297,17 +297,11 @@ __device__ __forceinline__ void decode_part(DECODE_PARAMS(T)) {
   }
 }
 
-// A float another block wrote during this launch, read through L2 (ld.global.cg): L1 is not
-// coherent between SMs.
-__device__ __forceinline__ float ld_cg(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // Combines head h of sequence s's partitions: out = sum_p w_p out_p / sum_p w_p,
 // w_p = sum_p * exp(max_p - max). Empty partitions (sum 0) are skipped without reading their
-// part_out; a sequence with no keys at all gets zeros. The whole block calls it.
+// part_out; a sequence with no keys at all gets zeros. The whole block calls it. The partials
+// were written by other blocks of this launch: they are read through L2 (ldcg_f32), as L1 is
+// not coherent between SMs.
 template <typename T>
 __device__ __forceinline__ void reduce_head(T* __restrict__ out, int out_stride,
                                             const float* part_out, const float* part_max,
@@ -320,15 +314,15 @@ __device__ __forceinline__ void reduce_head(T* __restrict__ out, int out_stride,
   const i64 base = ((i64)s * n_heads + h) * n_parts;
   float mx = NEG_INF;
   for (int i = tid; i < n_parts; i += blockDim.x)
-    if (ld_cg(part_sum + base + i) > 0.f) mx = fmaxf(mx, ld_cg(part_max + base + i));
+    if (ldcg_f32(part_sum + base + i) > 0.f) mx = fmaxf(mx, ldcg_f32(part_max + base + i));
   mx = block_max(mx, scratch);
   float acc[2] = {0.f, 0.f}, den = 0.f;
   for (int c0 = 0; c0 < n_parts; c0 += CH) {
     const int cnt = min(CH, n_parts - c0);
     __syncthreads();
     for (int i = tid; i < cnt; i += blockDim.x) {
-      const float l = ld_cg(part_sum + base + c0 + i);
-      wts[i] = l > 0.f ? l * __expf(ld_cg(part_max + base + c0 + i) - mx) : 0.f;
+      const float l = ldcg_f32(part_sum + base + c0 + i);
+      wts[i] = l > 0.f ? l * __expf(ldcg_f32(part_max + base + c0 + i) - mx) : 0.f;
     }
     __syncthreads();
     for (int i = 0; i < cnt; ++i) {
@@ -339,7 +333,7 @@ __device__ __forceinline__ void reduce_head(T* __restrict__ out, int out_stride,
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int d = tid + k * blockDim.x;
-        if (d < head_dim) acc[k] += w * ld_cg(po + d);
+        if (d < head_dim) acc[k] += w * ldcg_f32(po + d);
       }
     }
   }

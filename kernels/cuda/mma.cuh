@@ -208,3 +208,11 @@ __device__ __forceinline__ u32 ldg_u32(const void* p) {
   asm("ld.global.nc.u32 %0, [%1];\n" : "=r"(r) : "l"(p));
   return r;
 }
+
+// A float another block of this launch wrote (after a __threadfence), read through L2: L1 is
+// not coherent between SMs, so a plain load might see a stale line.
+__device__ __forceinline__ float ldcg_f32(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
