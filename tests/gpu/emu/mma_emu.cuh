@@ -109,11 +109,58 @@ __device__ __forceinline__ void mma16832_s8(i32 (&d)[4], const u32 (&a)[4], cons
   for (int c = 0; c < 4; ++c) d[c] = out[c];
 }
 
-// FP8 is not emulated: the kernels that use it are not run here.
-__device__ __forceinline__ void mma16832_e4m3(float (&)[4], const u32 (&)[4], const u32 (&)[2]) {
-  std::abort();
+// e4m3 (OCP FP8): 1 sign, 4 exponent (bias 7), 3 mantissa bits; S.1111.111 is NaN, no inf.
+inline float emu_e4m3_value(u8 b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  if (e == 15 && m == 7) return NAN;
+  const float v = e == 0 ? std::ldexp((float)m, -9) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return b & 0x80 ? -v : v;
 }
-__device__ __forceinline__ u16 e4m3x2(float, float) { std::abort(); }
+
+// cvt.rn.satfinite.e4m3: the nearest e4m3 value (ties to the even code), beyond ±448 the
+// largest; NaN stays NaN. By search over the 127 finite magnitudes: slow, and obviously right.
+inline u8 emu_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const float a = std::fabs(f);
+  u8 best = 0;
+  for (int c = 1; c < 0x7f; ++c) {
+    const float d = std::fabs(emu_e4m3_value((u8)c) - a), bd = std::fabs(emu_e4m3_value(best) - a);
+    if (d < bd || (d == bd && (c & 1) == 0 && (best & 1) == 1)) best = (u8)c;
+  }
+  return (u8)(best | (f < 0 ? 0x80 : 0));
+}
+
+__device__ __forceinline__ u16 e4m3x2(float lo, float hi) {
+  return (u16)(emu_e4m3(lo) | (emu_e4m3(hi) << 8));
+}
+
+// m16n8k32 on e4m3 bytes, f32 accumulators: fragments as mma16832_s8's.
+__device__ __forceinline__ void mma16832_e4m3(float (&d)[4], const u32 (&a)[4],
+                                              const u32 (&b)[2]) {
+  uint64_t mine[8] = {a[0], a[1], a[2], a[3], b[0], b[1], 0, 0};
+  for (int c = 0; c < 4; ++c) mine[6 + c / 2] |= (uint64_t)__float_as_uint(d[c]) << (32 * (c & 1));
+  float out[4];
+  const int l = emu_lane(), gid = l >> 2, tig = l & 3;
+  emu_exchange(mine, 8, [&](uint64_t (*s)[8]) {
+    auto byte = [](u32 w, int k) { return emu_e4m3_value((u8)(w >> (8 * (k % 4)))); };
+    auto A = [&](int row, int k) {
+      const int lane = (row % 8) * 4 + (k % 16) / 4, reg = (row >= 8) + 2 * (k >= 16);
+      return byte((u32)s[lane][reg], k);
+    };
+    auto B = [&](int k, int n) {
+      const int lane = n * 4 + (k % 16) / 4, reg = 4 + (k >= 16);
+      return byte((u32)s[lane][reg], k);
+    };
+    for (int c = 0; c < 4; ++c) {
+      const int row = gid + 8 * (c >> 1), n = 2 * tig + (c & 1);
+      const int lane = (row % 8) * 4 + n / 2, cc = 2 * (row >= 8) + (n & 1);
+      float acc = __uint_as_float((u32)(s[lane][6 + cc / 2] >> (32 * (cc & 1))));
+      for (int k = 0; k < 32; ++k) acc += A(row, k) * B(k, n);
+      out[c] = acc;
+    }
+  });
+  for (int c = 0; c < 4; ++c) d[c] = out[c];
+}
 
 // prmt.b32 (default mode): result byte i = byte (sel >> 4i) & 7 of {a, b}.
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
