@@ -20,11 +20,42 @@ __device__ __forceinline__ void rotate(T* head, i32 a, i32 b, float c, float s) 
   head[b] = from_f32<T>(__fmul_rn(x0, s) + __fmul_rn(x1, c));
 }
 
+// Where a token's rotated K row and its V row go when the launch also writes the KV cache
+// (k == nullptr: it does not). Layout as kv_cache.cu's: [slots][kv_heads][head_dim].
+template <typename T>
+struct CacheDest {
+  T* k;
+  T* v;
+  const T* v_src;
+  i32 v_stride;
+  const i32* slots;
+};
+
+// Token t's K row (rotated, at k_row) and V row into slot `slot` of the cache: 16-byte copies
+// where every row is aligned, element copies otherwise. Bits as they are.
+template <typename T>
+__device__ __forceinline__ void cache_token(const CacheDest<T>& c, const T* k_row, i32 t, i32 row) {
+  const i32 slot = c.slots[t];
+  if (slot < 0) return;  // padding
+  const T* v_row = c.v_src + (i64)t * c.v_stride;
+  T* kd = c.k + (i64)slot * row;
+  T* vd = c.v + (i64)slot * row;
+  if ((row & 7) == 0 && is_aligned16(k_row) && is_aligned16(v_row) && is_aligned16(kd) &&
+      is_aligned16(vd)) {
+    for (i32 i = threadIdx.x; i < row / 8; i += blockDim.x) {
+      reinterpret_cast<uint4*>(kd)[i] = reinterpret_cast<const uint4*>(k_row)[i];
+      reinterpret_cast<uint4*>(vd)[i] = reinterpret_cast<const uint4*>(v_row)[i];
+    }
+  } else {
+    for (i32 i = threadIdx.x; i < row; i += blockDim.x) kd[i] = k_row[i], vd[i] = v_row[i];
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
                                      const i32* positions, const float* inv_freq, i32 n_tokens,
                                      i32 n_heads, i32 n_kv_heads, i32 head_dim, i32 rope_dim,
-                                     float position_scale, i32 adjacent) {
+                                     float position_scale, i32 adjacent, CacheDest<T> cache) {
   __shared__ float cos_t[ROPE_MAX_DIM / 2];
   __shared__ float sin_t[ROPE_MAX_DIM / 2];
   const i32 half = rope_dim / 2;
@@ -49,6 +80,10 @@ __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
       const i32 b = adjacent ? 2 * i + 1 : i + half;
       rotate(head, a, b, cos_t[i], sin_t[i]);
     }
+    if (cache.k) {
+      __syncthreads();  // every pair of the token's K rotated
+      cache_token(cache, k + (i64)t * k_stride, t, n_kv_heads * head_dim);
+    }
   }
 }
 
@@ -60,19 +95,19 @@ __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
 // positions: [n_tokens] >= 0. inv_freq: [rope_dim / 2]. rope_dim even, 2 <= rope_dim <=
 // head_dim, rope_dim <= 1024. adjacent: 0 = pairs (i, i + rope_dim/2), else (2i, 2i+1).
 // Elements at index >= rope_dim within each head are left as they are.
-extern "C" __global__ void __launch_bounds__(1024)
-    rope_f16(f16* q, i32 q_stride, f16* k, i32 k_stride, const i32* positions,
-             const float* inv_freq, i32 n_tokens, i32 n_heads, i32 n_kv_heads, i32 head_dim,
-             i32 rope_dim, float position_scale, i32 adjacent) {
-  rope(q, q_stride, k, k_stride, positions, inv_freq, n_tokens, n_heads, n_kv_heads, head_dim,
-       rope_dim, position_scale, adjacent);
-}
-
-// As rope_f16.
-extern "C" __global__ void __launch_bounds__(1024)
-    rope_bf16(bf16* q, i32 q_stride, bf16* k, i32 k_stride, const i32* positions,
-              const float* inv_freq, i32 n_tokens, i32 n_heads, i32 n_kv_heads, i32 head_dim,
-              i32 rope_dim, float position_scale, i32 adjacent) {
-  rope(q, q_stride, k, k_stride, positions, inv_freq, n_tokens, n_heads, n_kv_heads, head_dim,
-       rope_dim, position_scale, adjacent);
-}
+// With k_cache non-null the launch also writes the KV cache, as kv_write_* does: each token's
+// rotated K row and its V row (v, rows v_stride apart) into slot slots[t] of k_cache /
+// v_cache ([num_slots][n_kv_heads][head_dim]; slot < 0: padding, nothing written; two tokens
+// never share a slot). One launch instead of two for a layer's step.
+#define ROPE(T)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(1024) rope_##T(                                  \
+      T* q, i32 q_stride, T* k, i32 k_stride, const i32* positions, const float* inv_freq,       \
+      i32 n_tokens, i32 n_heads, i32 n_kv_heads, i32 head_dim, i32 rope_dim,                     \
+      float position_scale, i32 adjacent, T* k_cache, T* v_cache, const T* v, i32 v_stride,      \
+      const i32* slots) {                                                                       \
+    rope(q, q_stride, k, k_stride, positions, inv_freq, n_tokens, n_heads, n_kv_heads,         \
+         head_dim, rope_dim, position_scale, adjacent,                                          \
+         CacheDest<T>{k_cache, v_cache, v, v_stride, slots});                                   \
+  }
+ROPE(f16)
+ROPE(bf16)

@@ -2,13 +2,14 @@
 //! emulates the CUDA execution model (a host thread per CUDA thread, warp instructions by the
 //! PTX ISA's fragment layouts) and checks the GEMVs and the one-launch decode attention against
 //! f64 references, W8A8's rounding, tiles and scale kernel against the CPU's bits, and FP8's
-//! rounding and tiles against an f64 product of the decoded codes. It needs
+//! rounding and tiles against an f64 product of the decoded codes, and rope with the KV cache
+//! write in one launch against the two launches it replaces. It needs
 //! `g++` (C++20), which `tests/run.sh` installs.
 
 use std::process::Command;
 
 #[test]
-fn gemvs_attention_w8a8_and_fp8_match_their_references_under_the_cpu_emulation() {
+fn the_unrun_kernels_match_their_references_under_the_cpu_emulation() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let dir = std::env::temp_dir().join(format!("ferrite-emu-{}", std::process::id()));
     let out = Command::new("bash")

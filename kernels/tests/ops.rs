@@ -21,7 +21,7 @@ use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cpu::{
     add_in_place, gelu_tanh_mul_in_place, rms_norm, silu_mul_in_place, soft_cap_in_place,
 };
-use ferrite_kernels::cuda::ops::{Dtype, NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::ops::{CacheWrite, Dtype, NormKind, NormShape, RopeShape};
 use serde_json::Value;
 
 /// `table[ids] * scale` on `b`.
@@ -457,6 +457,77 @@ fn kv_write_on(
             }
             .expect("launch");
             (m.read_half(dtype, kc, n), m.read_half(dtype, vc, n))
+        }
+    }
+}
+
+/// The runner's one launch per layer (`rope_then_cache`) against the two it replaces (`rope`,
+/// then `kv_write`), on the GPU: the same q and the same caches, bit for bit. (The CPU has no
+/// fused op; `rope` and `kv_write` are each held to it above. On the CPU,
+/// `tests/gpu/emu/check_rope.cpp` runs the same comparison under the emulation.)
+#[test]
+fn rope_then_cache_writes_what_rope_and_kv_write_write() {
+    let (heads, kv_heads, head_dim, slots_total) = (4, 2, 64, 40);
+    let (q_w, kv_w) = (heads * head_dim, kv_heads * head_dim);
+    let stride = q_w + 2 * kv_w;
+    let slots = [5, 39, -1, 16, 0];
+    let positions = [3, 700, 0, 12, 4095];
+    let qkv = random(slots.len() * stride, 9, 1.0);
+    let rope = Rope {
+        inv_freq: Rope::base_inv_freq(500_000.0, 48),
+        position_scale: 1.0,
+        pairing: RopePairing::Half,
+        head_dim,
+    };
+    for b in backends().iter().filter(|b| b.is_gpu()) {
+        let Backend::Cuda(gpu) = b else { continue };
+        for dtype in DTYPES {
+            let mut m = Buffers::new(gpu);
+            let n = slots_total * kv_w;
+            let shape = RopeShape {
+                tokens: slots.len(),
+                q_stride: stride,
+                k_stride: stride,
+                n_heads: heads,
+                kv_heads,
+                head_dim,
+                rope_dim: 48,
+                position_scale: 1.0,
+                adjacent: false,
+            };
+            let (pp, fp, sp) = (m.i32s(&positions), m.f32s(&rope.inv_freq), m.i32s(&slots));
+            let mut run = |fused: bool| {
+                let src = m.half(dtype, &qkv);
+                let (k, v) = (src.offset::<u16>(q_w), src.offset::<u16>(q_w + kv_w));
+                let (kc, vc) = (m.zeroed(2 * n), m.zeroed(2 * n));
+                let cache = CacheWrite {
+                    k_cache: kc,
+                    v_cache: vc,
+                    v,
+                    v_stride: stride,
+                    slots: sp,
+                };
+                unsafe {
+                    if fused {
+                        gpu.rope_then_cache(dtype, src, k, pp, fp, shape, Some(cache))
+                    } else {
+                        gpu.rope(dtype, src, k, pp, fp, shape).and_then(|()| {
+                            let t = slots.len();
+                            gpu.kv_write(
+                                dtype, kc, vc, k, stride, v, stride, sp, t, kv_heads, head_dim,
+                            )
+                        })
+                    }
+                }
+                .expect("launch");
+                let q_len = slots.len() * stride;
+                (m.read_u16(src, q_len), m.read_u16(kc, n), m.read_u16(vc, n))
+            };
+            let (two, one) = (run(false), run(true));
+            assert_eq!(
+                one, two,
+                "{dtype:?}: rope_then_cache against rope + kv_write"
+            );
         }
     }
 }

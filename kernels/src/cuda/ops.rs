@@ -122,6 +122,18 @@ pub struct RopeShape {
     pub adjacent: bool,
 }
 
+/// Where [`Gpu::rope_then_cache`] writes a step's keys and values: one layer's K and V caches
+/// (`[num_slots, kv_heads, head_dim]`), the V rows (`v_stride` apart) and each token's slot
+/// (i32, < 0 for padding).
+#[derive(Debug, Clone, Copy)]
+pub struct CacheWrite {
+    pub k_cache: DevPtr,
+    pub v_cache: DevPtr,
+    pub v: DevPtr,
+    pub v_stride: usize,
+    pub slots: DevPtr,
+}
+
 #[allow(unsafe_code)]
 impl Gpu {
     /// Launches a kernel that walks `n` elements in a grid-stride loop of 256-thread blocks
@@ -235,6 +247,33 @@ impl Gpu {
         inv_freq: DevPtr,
         shape: RopeShape,
     ) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract; no cache is written.
+        unsafe { self.rope_then_cache(dtype, q, k, positions, inv_freq, shape, None) }
+    }
+
+    /// [`Self::rope`], and in the same launch each token's rotated K row and its V row into
+    /// the KV cache, as [`Self::kv_write`] writes them (`cache`; `None`: rope alone).
+    ///
+    /// # Safety
+    /// As [`Self::rope`] and, with `cache`, [`Self::kv_write`] (`k` rows at `shape.k_stride`).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn rope_then_cache(
+        &self,
+        dtype: Dtype,
+        q: DevPtr,
+        k: DevPtr,
+        positions: DevPtr,
+        inv_freq: DevPtr,
+        shape: RopeShape,
+        cache: Option<CacheWrite>,
+    ) -> Result<(), CudaError> {
+        let c = cache.unwrap_or(CacheWrite {
+            k_cache: DevPtr::NULL,
+            v_cache: DevPtr::NULL,
+            v: DevPtr::NULL,
+            v_stride: 0,
+            slots: DevPtr::NULL,
+        });
         let args = [
             q.into(),
             i32_of("q_stride", shape.q_stride)?,
@@ -249,6 +288,11 @@ impl Gpu {
             i32_of("rope_dim", shape.rope_dim)?,
             Arg::F32(shape.position_scale),
             Arg::I32(shape.adjacent.into()),
+            c.k_cache.into(),
+            c.v_cache.into(),
+            c.v.into(),
+            i32_of("v_stride", c.v_stride)?,
+            c.slots.into(),
         ];
         let grid = (rows_grid(shape.tokens)?, 1, 1);
         unsafe { self.launch("rope", entry!(dtype, "rope"), grid, 256, 0, &args) }

@@ -2,14 +2,14 @@
 //! buffers, queued on its stream (or recorded into a graph being captured). The order of the
 //! steps is `ferrite_model::schedule`'s, the same as the CPU forward's.
 //!
-//! Two fusions shape the split: the residual add of a layer's output happens in the next
-//! norm (`pending`, [`NormKind::AddThenNorm`]), and q, k and v are one projection into one
-//! buffer (`qkv`), as are gate and up.
+//! Three fusions shape the split: the residual add of a layer's output happens in the next
+//! norm (`pending`, [`NormKind::AddThenNorm`]); q, k and v are one projection into one buffer
+//! (`qkv`), as are gate and up; and the rope launch also writes the KV cache.
 
 use ferrite_collective::Collective;
 use ferrite_kernels::cuda::attention::{DecodeScratch, PagedAttention};
 use ferrite_kernels::cuda::gemm::Linear;
-use ferrite_kernels::cuda::ops::{NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::ops::{CacheWrite, NormKind, NormShape, RopeShape};
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_model::config::Activation;
 use ferrite_model::error::Result;
@@ -164,14 +164,16 @@ impl LayerOps for DeviceLayers<'_> {
             position_scale: r.w.position_scale,
             adjacent: r.w.adjacent_rope,
         };
-        let (kc, vc) = (r.kv.k[index].ptr, r.kv.v[index].ptr);
-        let (positions, slots) = (self.meta(p.off.positions), self.meta(p.off.slots));
-        let (t, kv_heads, head) = (p.n_tokens, c.num_kv_heads, c.head_dim);
+        let cache = CacheWrite {
+            k_cache: r.kv.k[index].ptr,
+            v_cache: r.kv.v[index].ptr,
+            v,
+            v_stride: qkv_w,
+            slots: self.meta(p.off.slots),
+        };
+        let positions = self.meta(p.off.positions);
         // SAFETY: as in `qkv`; the slots address this layer's cache.
-        unsafe {
-            g.rope(dt, qkv, k, positions, r.w.inv_freq_ptr, rope)?;
-            g.kv_write(dt, kc, vc, k, qkv_w, v, qkv_w, slots, t, kv_heads, head)?;
-        }
+        unsafe { g.rope_then_cache(dt, qkv, k, positions, r.w.inv_freq_ptr, rope, Some(cache))? };
         Ok(())
     }
 

@@ -1,0 +1,57 @@
+// rope.cu's launch that also writes the KV cache, under the CPU emulation (emu.h), against the
+// two launches it replaces (rope without a cache, then kv_cache.cu's kv_write): the same q and
+// the same caches bit for bit, with padding slots, partial rotary dims, both pairings, and rows
+// that take the 16-byte and the element copies.
+#include "kv_cache.cu"
+#include "rope.cu"
+
+#include "check.h"
+
+template <typename T>
+static void rope_cache_case(int heads, int kv_heads, int head_dim, int rope_dim, int adjacent,
+                            int pad) {
+  const std::vector<i32> slots = {5, 39, -1, 16, 0}, positions = {3, 700, 0, 12, 4095};
+  const int tokens = (int)slots.size(), kv_w = kv_heads * head_dim;
+  const int stride = heads * head_dim + 2 * kv_w + pad, n = 40 * kv_w;
+  Rng rng(heads * 7 + head_dim + rope_dim + adjacent + pad);
+  std::vector<T> src(tokens * stride);
+  const auto f = rng.floats(src.size(), 1.0f);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = from_f32<T>(f[i]);
+  std::vector<float> inv_freq(rope_dim / 2);
+  for (int i = 0; i < rope_dim / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / rope_dim);
+  std::vector<T> q[2] = {src, src}, kc[2], vc[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    kc[fused].assign(n, from_f32<T>(0.0f));
+    vc[fused].assign(n, from_f32<T>(0.0f));
+    T* base = q[fused].data();
+    T *k = base + heads * head_dim, *v = k + kv_w;
+    const CacheDest<T> none{nullptr, nullptr, nullptr, 0, nullptr};
+    const CacheDest<T> dest{kc[fused].data(), vc[fused].data(), v, stride, slots.data()};
+    emu_launch({(unsigned)tokens, 1, 1}, 256, [&] {
+      rope(base, stride, k, stride, positions.data(), inv_freq.data(), tokens, heads, kv_heads,
+           head_dim, rope_dim, 1.0f, adjacent, fused ? dest : none);
+    });
+    if (!fused)
+      emu_launch({1, (unsigned)tokens, 1}, 256, [&] {
+        kv_write(kc[0].data(), vc[0].data(), k, stride, v, stride, slots.data(), tokens, kv_heads,
+                 head_dim);
+      });
+  }
+  Check c("rope_then_cache heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) +
+          " rope_dim " + std::to_string(rope_dim) + (adjacent ? " adjacent" : " halves") +
+          (pad ? " unaligned rows" : ""));
+  auto same = [&](const std::vector<T>& a, const std::vector<T>& b, const char* what) {
+    for (size_t i = 0; i < a.size(); ++i) c.expect(a[i].bits == b[i].bits, what, 0, (int)i);
+  };
+  same(q[0], q[1], "q or k in the QKV rows");
+  same(kc[0], kc[1], "the K cache");
+  same(vc[0], vc[1], "the V cache");
+}
+
+int main() {
+  rope_cache_case<f16>(4, 2, 64, 64, 0, 0);
+  rope_cache_case<bf16>(4, 2, 64, 48, 1, 0);
+  rope_cache_case<f16>(6, 3, 64, 32, 0, 4);  // rows 8 bytes off 16: element copies
+  rope_cache_case<bf16>(8, 2, 128, 128, 0, 0);
+  return Check::report();
+}
