@@ -98,6 +98,20 @@ __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, i32 
   }
 }
 
+// The GEMM's epilogue after products summed by cuBLASLt (imma.rs) for weights of one scale
+// per row block (per channel: block_rows = 1; per tensor: n) and one activation scale per token:
+// `gemm`'s `0 + sum * (s_w * s_x)`. Grid-strided over the m * n results.
+template <typename T>
+__device__ __forceinline__ void scale(T* out, const float* sums, const float* xs, const float* ws,
+                                      i32 block_rows, i32 m, i32 n) {
+  const i64 total = (i64)m * n;
+  for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+       e += (i64)gridDim.x * blockDim.x) {
+    const i32 tok = (i32)(e / n), row = (i32)(e - (i64)tok * n);
+    out[e] = from_f32<T>(sums[e] * (ws[row / block_rows] * xs[tok]));
+  }
+}
+
 }  // namespace fp8
 
 // fp8_quantize_{f16,bf16}(q, scales, x, m, k, group, static_scale): block a multiple of 32,
@@ -125,3 +139,14 @@ FP8_GEMM(f16, 1)
 FP8_GEMM(bf16, 1)
 FP8_GEMM(f16, 8)
 FP8_GEMM(bf16, 8)
+
+// fp8_scale_{f16,bf16}(out, sums, x_scales, w_scales, block_rows, m, n): out[i][j] =
+// sums[i][j] * (w_scales[j / block_rows] * x_scales[i]) rounded to T, [m][n] row-major. Grid
+// any (strided), block a multiple of 32.
+#define FP8_SCALE(T)                                                                            \
+  extern "C" __global__ void __launch_bounds__(256) fp8_scale_##T(                               \
+      T* out, const float* sums, const float* xs, const float* ws, i32 block_rows, i32 m, i32 n) { \
+    fp8::scale<T>(out, sums, xs, ws, block_rows, m, n);                                         \
+  }
+FP8_SCALE(f16)
+FP8_SCALE(bf16)

@@ -94,7 +94,17 @@ fn device_of(mem: &mut Buffers<'_>, w: &Fp8Matrix) -> Fp8Device {
     }
 }
 
-fn on_gpu(gpu: &Gpu, dtype: Dtype, w: &Fp8Matrix, x: &[f32], m: usize) -> Option<Vec<f32>> {
+/// The GPU's product: with `library`, room for the products of cuBLASLt's GEMM (for 64 rows,
+/// so chunked past them), which then takes more than 8 rows where the layout allows; else the
+/// hand-written tiles at every m.
+fn on_gpu(
+    gpu: &Gpu,
+    dtype: Dtype,
+    w: &Fp8Matrix,
+    x: &[f32],
+    m: usize,
+    library: bool,
+) -> Option<Vec<f32>> {
     let mut mem = Buffers::new(gpu);
     let dev = device_of(&mut mem, w);
     if let Err(e) = check_layout(&gpu.arch, dev.layout, dev.act, dev.cols) {
@@ -103,9 +113,12 @@ fn on_gpu(gpu: &Gpu, dtype: Dtype, w: &Fp8Matrix, x: &[f32], m: usize) -> Option
     }
     let cols = w.cols();
     let xp = mem.half(dtype, x);
+    let sums_len = if library { m.min(64) * w.rows() } else { 0 };
     let scratch = Fp8Rows {
         codes: mem.zeroed(m * cols),
         scales: mem.f32s(&vec![0.0; m * cols / 64]),
+        sums: mem.zeroed(4 * sums_len.max(1)),
+        sums_len,
     };
     let out = mem.zeroed(2 * m * w.rows());
     unsafe {
@@ -135,10 +148,13 @@ fn fp8_projections_match_the_reference_and_the_cpu() {
                     1.0,
                 );
                 for b in &backends {
-                    if let Backend::Cuda(gpu) = b
-                        && let Some(got) = on_gpu(gpu, dtype, &w, &x, m)
-                    {
-                        assert_close(&format!("{what} on {}", b.name()), dtype, &got, &cpu, 3.0);
+                    for library in [false, true] {
+                        if let Backend::Cuda(gpu) = b
+                            && let Some(got) = on_gpu(gpu, dtype, &w, &x, m, library)
+                        {
+                            let what = format!("{what} library={library} on {}", b.name());
+                            assert_close(&what, dtype, &got, &cpu, 3.0);
+                        }
                     }
                 }
             }

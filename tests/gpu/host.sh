@@ -115,10 +115,12 @@ ab)
       echo "== FERRITE_GEMV_ROWS=$rows (fp16 interactive)"
       FERRITE_GEMV_ROWS=$rows timeout 60 "$f" bench latency "${common[@]}" --configs interactive
     done
-    for gemm in library mma; do
-      echo "== FERRITE_W8A8_GEMM=$gemm (W8A8 high_concurrency)"
-      FERRITE_W8A8_GEMM=$gemm timeout 90 "$f" bench latency "${common[@]}" \
-        --configs high_concurrency --quantize rtn-w8a8
+    for q in rtn-w8a8 rtn-fp8; do
+      for gemm in library mma; do
+        echo "== FERRITE_W8A8_GEMM=$gemm ($q high_concurrency)"
+        FERRITE_W8A8_GEMM=$gemm timeout 90 "$f" bench latency "${common[@]}" \
+          --configs high_concurrency --quantize "$q"
+      done
     done
     for rows in 16 8; do
       echo "== FERRITE_GEMV_ROWS=$rows (bench kernels)"

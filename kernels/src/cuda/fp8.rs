@@ -39,11 +39,14 @@ impl Fp8Device {
 }
 
 /// Activations rounded to e4m3: `m * cols` codes (16-byte aligned) and `m * cols / group` f32
-/// scales.
+/// scales; and room for the f32 products of cuBLASLt's GEMM (`sums_len` elements at `sums`,
+/// as [`super::w8a8::I8Rows`]'s: chunked, and none where 0).
 #[derive(Debug, Clone, Copy)]
 pub struct Fp8Rows {
     pub codes: DevPtr,
     pub scales: DevPtr,
+    pub sums: DevPtr,
+    pub sums_len: usize,
 }
 
 /// Whether the kernels take FP8 weights of `cols` columns scaled as `layout`, their inputs
@@ -143,6 +146,20 @@ impl Gpu {
         ];
         let jobs = (m * (w.cols / group)).clamp(1, 65_535) as u32;
         unsafe { self.launch("fp8", quantize_name(dtype), (jobs, 1, 1), 128, 0, &quantize) }?;
+        let chunk = scratch.sums_len / w.rows.max(1);
+        // One scale pair per product (weights per channel or tensor, activations per token), and
+        // output rows a multiple of 16 (the 8-bit library kernels' requirement).
+        let takes = m > DECODE_MAX_M
+            && chunk > 0
+            && w.run() == w.cols
+            && w.rows.is_multiple_of(16)
+            && super::w8a8::library_gemm();
+        if let Some(lt) = self.lt().filter(|_| takes) {
+            // A shape the library turns down falls back to the tiles, which write every output.
+            if unsafe { self.fp8_library_gemm(lt, dtype, out, scratch, w, m, chunk) }.is_ok() {
+                return Ok(());
+            }
+        }
         let (block_rows, block_cols) = w.layout.block(w.rows, w.cols);
         let (_, grid_cols) = w.layout.grid(w.rows, w.cols);
         let decode = m <= DECODE_MAX_M;
@@ -168,5 +185,53 @@ impl Gpu {
             i32_of("run", w.run())?,
         ];
         unsafe { self.launch("fp8", gemm_name(decode, dtype), grid, 128, 0, &gemm) }
+    }
+
+    /// The product of activations already rounded into `q` through cuBLASLt (`imma.rs`),
+    /// `chunk` rows at a time into `q.sums`, each scaled into `out` by `fp8_scale`.
+    ///
+    /// # Safety
+    /// As [`Self::fp8_matmul`], after its quantization; `q.sums` holds `chunk * w.rows` f32.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn fp8_library_gemm(
+        &self,
+        lt: &super::imma::Lt,
+        dtype: Dtype,
+        out: DevPtr,
+        q: Fp8Rows,
+        w: &Fp8Device,
+        m: usize,
+        chunk: usize,
+    ) -> Result<(), CudaError> {
+        let entry = match dtype {
+            Dtype::F16 => "fp8_scale_f16",
+            Dtype::Bf16 => "fp8_scale_bf16",
+        };
+        let (block_rows, _) = w.layout.block(w.rows, w.cols);
+        self.context().bind_to_thread()?;
+        for first in (0..m).step_by(chunk) {
+            let rows = chunk.min(m - first);
+            let xq = q.codes.offset::<u8>(first * w.cols);
+            let (codes, shape) = (super::imma::Codes::E4m3, (rows, w.rows, w.cols));
+            unsafe {
+                super::imma::gemm_8bit(lt, self.stream(), codes, q.sums, xq, w.codes, shape)
+            }?;
+            let args = [
+                out.offset::<u16>(first * w.rows).into(),
+                q.sums.into(),
+                q.scales.offset::<f32>(first).into(),
+                w.scales.into(),
+                i32_of("block_rows", block_rows)?,
+                i32_of("m", rows)?,
+                i32_of("rows", w.rows)?,
+            ];
+            let grid = (
+                (rows * w.rows).div_ceil(256).clamp(1, 132 * 16) as u32,
+                1,
+                1,
+            );
+            unsafe { self.launch("fp8", entry, grid, 256, 0, &args) }?;
+        }
+        Ok(())
     }
 }

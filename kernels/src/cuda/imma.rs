@@ -1,7 +1,10 @@
-//! W8A8 products of many activation rows through cuBLASLt's int8 tensor-core GEMM (IMMA):
+//! 8-bit products of many activation rows through cuBLASLt's tensor-core GEMMs: int8 (IMMA),
 //! `sums[m, n] = xq[m, k] · Wᵀ` exactly in i32, then `w8a8_scale` (`w8a8.cu`) applies the
-//! epilogue the hand-written kernels apply, `xs[i] · ws[j] · sum`, rounded once; so the result
-//! is the CPU's to the last bit either way.
+//! epilogue the hand-written kernels apply, `xs[i] · ws[j] · sum`, rounded once (so the result
+//! is the CPU's to the last bit either way); and FP8 e4m3 (sm_89+), the same product in f32
+//! (full-precision accumulation: fast accumulation off), then `fp8_scale` (`fp8.cu`) with the
+//! hand-written kernels' `sum · (s_w · s_x)`, for weights scaled per channel or per tensor and
+//! activations per token (one scale pair per product).
 //!
 //! Why: the first H100 run measured W8A8 at 1,084 tok/s at high concurrency against vLLM's
 //! 7,582 (CUTLASS's kernels). The hand-written prefill tile (`w8a8_gemm_t8`) reads its weights
@@ -82,15 +85,54 @@ impl<F: FnMut()> Drop for Guard<F> {
     }
 }
 
-/// `sums[m, n] = xq[m, k] · wᵀ` in i32 on `stream` (`w` int8 `[n, k]`, both row-major).
+/// The 8-bit codes a GEMM multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Codes {
+    /// int8; i32 products.
+    Int8,
+    /// FP8 e4m3; f32 products.
+    E4m3,
+}
+
+impl Codes {
+    /// (code type, compute type, scale type, result type).
+    fn types(
+        self,
+    ) -> (
+        sys::cudaDataType_t,
+        sys::cublasComputeType_t,
+        sys::cudaDataType_t,
+        sys::cudaDataType_t,
+    ) {
+        use sys::cudaDataType_t::{CUDA_R_8F_E4M3, CUDA_R_8I, CUDA_R_32F, CUDA_R_32I};
+        match self {
+            Self::Int8 => (
+                CUDA_R_8I,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                CUDA_R_32I,
+                CUDA_R_32I,
+            ),
+            Self::E4m3 => (
+                CUDA_R_8F_E4M3,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                CUDA_R_32F,
+                CUDA_R_32F,
+            ),
+        }
+    }
+}
+
+/// `sums[m, n] = xq[m, k] · wᵀ` on `stream` (`w` `[n, k]`, both row-major 8-bit codes), in i32
+/// for int8 and f32 for e4m3.
 ///
 /// # Safety
-/// The pointers address buffers of those extents, 16-byte aligned; `n` and `k` multiples of 4
-/// (the IMMA kernels' requirement in the default column order).
+/// The pointers address buffers of those extents, 16-byte aligned; `n` and `k` multiples of 16
+/// (the 8-bit kernels' requirement in the default column order).
 #[allow(unsafe_code)]
-pub(crate) unsafe fn int8_gemm(
+pub(crate) unsafe fn gemm_8bit(
     lt: &Lt,
     stream: &CudaStream,
+    codes: Codes,
     sums: DevPtr,
     xq: DevPtr,
     w: DevPtr,
@@ -98,11 +140,8 @@ pub(crate) unsafe fn int8_gemm(
 ) -> Result<(), CudaError> {
     use sys::cublasLtMatmulDescAttributes_t as Attr;
     let err = |what: &'static str| move |e| lt_error(what, e);
-    let desc = lt::create_matmul_desc(
-        sys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
-        sys::cudaDataType_t::CUDA_R_32I,
-    )
-    .map_err(err("matmul descriptor"))?;
+    let (code_type, compute, scale_type, sum_type) = codes.types();
+    let desc = lt::create_matmul_desc(compute, scale_type).map_err(err("matmul descriptor"))?;
     // SAFETY (every block below): descriptors are live until their guards drop; attribute
     // buffers are plain values of the sizes given; pointers per the caller's contract.
     let _desc = Guard(|| unsafe {
@@ -121,15 +160,29 @@ pub(crate) unsafe fn int8_gemm(
     let layout = |ty, rows: usize, cols: usize, ld: usize| {
         lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64).map_err(err("layout"))
     };
-    let a = layout(sys::cudaDataType_t::CUDA_R_8I, k, n, k)?;
+    if codes == Codes::E4m3 {
+        // Promote the partial sums to full f32 precision (Hopper's FP8 accumulators are
+        // narrower): the hand-written kernels sum in f32.
+        let fast: i8 = 0;
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                Attr::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                (&fast as *const i8).cast(),
+                std::mem::size_of::<i8>(),
+            )
+        }
+        .map_err(err("fast accumulation"))?;
+    }
+    let a = layout(code_type, k, n, k)?;
     let _a = Guard(|| unsafe {
         let _ = lt::destroy_matrix_layout(a);
     });
-    let b = layout(sys::cudaDataType_t::CUDA_R_8I, k, m, k)?;
+    let b = layout(code_type, k, m, k)?;
     let _b = Guard(|| unsafe {
         let _ = lt::destroy_matrix_layout(b);
     });
-    let c = layout(sys::cudaDataType_t::CUDA_R_32I, n, m, n)?;
+    let c = layout(sum_type, n, m, n)?;
     let _c = Guard(|| unsafe {
         let _ = lt::destroy_matrix_layout(c);
     });
@@ -148,14 +201,18 @@ pub(crate) unsafe fn int8_gemm(
     }
     .map_err(err("workspace preference"))?;
     let algo = unsafe { lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, c, c, pref) }
-        .map_err(err("no int8 algorithm for this shape"))?;
-    let (alpha, beta) = (1i32, 0i32);
+        .map_err(err("no 8-bit algorithm for this shape"))?;
+    // alpha = 1, beta = 0 in the scale type (i32 or f32: both one 4-byte word).
+    let (alpha, beta): (u32, u32) = match codes {
+        Codes::Int8 => (1, 0),
+        Codes::E4m3 => (1f32.to_bits(), 0f32.to_bits()),
+    };
     unsafe {
         lt::matmul(
             lt.handle,
             desc,
-            (&alpha as *const i32).cast::<c_void>(),
-            (&beta as *const i32).cast::<c_void>(),
+            (&alpha as *const u32).cast::<c_void>(),
+            (&beta as *const u32).cast::<c_void>(),
             w.0 as *const c_void,
             a,
             xq.0 as *const c_void,
@@ -170,5 +227,5 @@ pub(crate) unsafe fn int8_gemm(
             stream.cu_stream() as sys::cudaStream_t,
         )
     }
-    .map_err(err("int8 matmul"))
+    .map_err(err("8-bit matmul"))
 }

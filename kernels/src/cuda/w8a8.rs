@@ -43,10 +43,10 @@ pub struct I8Rows {
     pub sums_len: usize,
 }
 
-/// Whether GEMMs of more than [`DECODE_MAX_M`] rows go through cuBLASLt's int8 GEMM where it
-/// opened: yes, unless `FERRITE_W8A8_GEMM=mma` keeps the hand-written tile (an A/B on one
-/// machine).
-fn library_gemm() -> bool {
+/// Whether 8-bit GEMMs of more than [`DECODE_MAX_M`] rows (int8 here, FP8 in `fp8.rs`) go
+/// through cuBLASLt where it opened: yes, unless `FERRITE_W8A8_GEMM=mma` keeps the hand-written
+/// tiles (an A/B on one machine).
+pub(crate) fn library_gemm() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("FERRITE_W8A8_GEMM").as_deref() != Ok("mma"))
 }
@@ -134,8 +134,8 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         check_layout(w.cols)?;
         let chunk = q.sums_len / w.rows.max(1);
-        // cuBLASLt's int8 kernels in the default order want the output rows a multiple of 4.
-        let takes = m > DECODE_MAX_M && chunk > 0 && w.rows.is_multiple_of(4) && library_gemm();
+        // cuBLASLt's 8-bit kernels in the default order want the output rows a multiple of 16.
+        let takes = m > DECODE_MAX_M && chunk > 0 && w.rows.is_multiple_of(16) && library_gemm();
         if let Some(lt) = self.lt().filter(|_| takes) {
             // A shape the library turns down (no algorithm) falls back to the tile below, which
             // writes every output whatever the library had written.
@@ -189,7 +189,8 @@ impl Gpu {
             let rows = chunk.min(m - first);
             let xq = q.codes.offset::<u8>(first * w.cols);
             let shape = (rows, w.rows, w.cols);
-            unsafe { super::imma::int8_gemm(lt, self.stream(), q.sums, xq, w.codes, shape) }?;
+            let int8 = super::imma::Codes::Int8;
+            unsafe { super::imma::gemm_8bit(lt, self.stream(), int8, q.sums, xq, w.codes, shape) }?;
             let args = [
                 out.offset::<u16>(first * w.rows).into(),
                 q.sums.into(),

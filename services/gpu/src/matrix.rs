@@ -327,11 +327,12 @@ impl DeviceMatrix {
         }
     }
 
-    /// Output rows of a W8A8 matrix, whose products cuBLASLt sums in i32 before they are
-    /// scaled (0 for any other).
-    pub fn int8_rows(&self) -> usize {
+    /// Output rows of an 8-bit (W8A8 int8 or FP8) matrix, whose products cuBLASLt sums (i32,
+    /// f32) before they are scaled (0 for any other).
+    pub fn library_rows(&self) -> usize {
         match self {
             Self::Int8 { w, .. } => w.rows,
+            Self::Fp8 { w, .. } => w.rows,
             _ => 0,
         }
     }

@@ -43,9 +43,9 @@ pub mod sampling;
 use layer::DeviceLayers;
 use sampling::SamplingBuffers;
 
-/// The most i32 products of a W8A8 GEMM held at once (64 MiB): 585 rows of the 8B shape's
-/// gate/up at a time.
-const INT8_SUMS: usize = 16 << 20;
+/// The most products of an 8-bit GEMM held at once (i32 or f32, 64 MiB): 585 rows of the 8B
+/// shape's gate/up at a time.
+const SUMS_8BIT: usize = 16 << 20;
 
 /// The limits a runner's buffers are sized for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,9 +140,9 @@ pub struct GpuRunner {
     /// Room for a step's activations rounded to 8 bits (codes, and up to one scale per 64
     /// inputs), for W8A8 and FP8 matrices.
     quantized_rows: Option<(Buf<u8>, Buf<f32>)>,
-    /// Room for the i32 products of W8A8 GEMMs of many rows (cuBLASLt's, `imma.rs`): up to
-    /// [`INT8_SUMS`] elements, a step of more rows runs in chunks.
-    int8_sums: Option<(Buf<i32>, usize)>,
+    /// Room for the i32 or f32 products of 8-bit GEMMs of many rows (cuBLASLt's, `imma.rs`):
+    /// up to [`SUMS_8BIT`] elements, a step of more rows runs in chunks.
+    sums_8bit: Option<(Buf<i32>, usize)>,
     /// Per-sequence sampling parameters and the sampled ids.
     sampling: SamplingBuffers,
 }
@@ -198,10 +198,10 @@ impl GpuRunner {
             0 => None,
             n => Some(alloc(g, t * n)?),
         };
-        let int8_sums = match w.largest(DeviceMatrix::int8_rows) {
+        let sums_8bit = match w.largest(DeviceMatrix::library_rows) {
             0 => None,
             n => {
-                let len = (t * n).min(INT8_SUMS.max(n));
+                let len = (t * n).min(SUMS_8BIT.max(n));
                 Some((alloc(g, len)?, len))
             }
         };
@@ -244,7 +244,7 @@ impl GpuRunner {
             dequantized,
             means,
             quantized_rows,
-            int8_sums,
+            sums_8bit,
             sampling: SamplingBuffers::new(g, s)?,
             w,
         })
@@ -538,6 +538,14 @@ impl GpuRunner {
         Ok((codes.ptr, scales.ptr))
     }
 
+    /// The scratch cuBLASLt's 8-bit GEMMs sum into, and its length (none: 0).
+    fn sums_scratch(&self) -> (DevPtr, usize) {
+        match &self.sums_8bit {
+            Some((b, len)) => (b.ptr, *len),
+            None => (DevPtr::NULL, 0),
+        }
+    }
+
     /// `out = x · Wᵀ` through whichever kernel `w`'s storage takes: for dense weights
     /// [`Gpu::linear`]'s (the dense GEMV up to 16 rows, cuBLAS above); the int8 or FP8 kernels for W8A8 and FP8 (`x` rounded to 8 bits into the
     /// `quantized_rows` scratch); for weight-only quantized ones the kernel
@@ -569,10 +577,7 @@ impl GpuRunner {
                 DeviceMatrix::Quantized { w, mins, .. } => (w, mins),
                 DeviceMatrix::Int8 { w, .. } => {
                     let (codes, scales) = self.rounding_scratch()?;
-                    let (sums, sums_len) = match &self.int8_sums {
-                        Some((b, len)) => (b.ptr, *len),
-                        None => (DevPtr::NULL, 0),
-                    };
+                    let (sums, sums_len) = self.sums_scratch();
                     let rows = I8Rows {
                         codes,
                         scales,
@@ -583,7 +588,13 @@ impl GpuRunner {
                 }
                 DeviceMatrix::Fp8 { w, .. } => {
                     let (codes, scales) = self.rounding_scratch()?;
-                    let rows = Fp8Rows { codes, scales };
+                    let (sums, sums_len) = self.sums_scratch();
+                    let rows = Fp8Rows {
+                        codes,
+                        scales,
+                        sums,
+                        sums_len,
+                    };
                     return g.fp8_matmul(dt, out, x, w, shape.m, rows);
                 }
             };
