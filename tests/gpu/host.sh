@@ -104,8 +104,8 @@ bench)
 ab)
   # Session 16's kernel choices against what they replaced, each pair in one run: the dense
   # GEMV against cuBLAS (fp16 interactive), the GEMVs' second tile against the mma GEMM at
-  # 9-16 rows (bench kernels' batch-16 column), cuBLASLt's int8 GEMM against the hand-written
-  # tile (W8A8 high_concurrency).
+  # 9-16 rows (bench kernels' batch-16 column), cuBLASLt's int8 and FP8 GEMMs against the
+  # hand-written tiles (W8A8 and FP8 high_concurrency).
   unpack
   f="$bin/ferrite"
   common=(--device cuda --load-format dummy --model llama-3-8b --runs 3)
