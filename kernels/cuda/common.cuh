@@ -97,6 +97,17 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+// ---- W8A8's per-token int8 rounding, as the CPU's (kernels/src/w8a8): codes
+// round-half-away(x * 127 / max|x|) clamped to ±127 (IEEE divide, NVRTC's default), scale
+// max|x| / 127; an all-zero row gives zero codes and scale 0. w8a8.cu's quantize and norm.cu's
+// fused one both round with these.
+
+__device__ __forceinline__ float int8_inv(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
+__device__ __forceinline__ float int8_scale(float amax) { return amax > 0.0f ? amax / 127.0f : 0.0f; }
+__device__ __forceinline__ u8 int8_code(float x, float inv) {
+  return (u8)(signed char)(int)fminf(fmaxf(roundf(x * inv), -127.0f), 127.0f);
+}
+
 // ---- 16-byte vector access (eight 16-bit values at a time) ----
 // Callers check `is_aligned16` on every pointer (and that strides keep rows aligned) and fall
 // back to scalar code otherwise: a misaligned vector access faults.

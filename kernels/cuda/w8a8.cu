@@ -26,13 +26,9 @@ __device__ __forceinline__ void quantize(u8* q, float* scales, const T* x, i32 m
     float amax = 0.0f;
     for (i32 i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(xr[i])));
     amax = block_max(amax, scratch);
-    // The CPU's arithmetic: IEEE divide (NVRTC's default), roundf rounds halves away from 0.
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (i32 i = threadIdx.x; i < k; i += blockDim.x) {
-      const float v = fminf(fmaxf(roundf(to_f32(xr[i]) * inv), -127.0f), 127.0f);
-      q[(i64)r * k + i] = (u8)(signed char)(int)v;
-    }
-    if (threadIdx.x == 0) scales[r] = amax > 0.0f ? amax / 127.0f : 0.0f;
+    const float inv = int8_inv(amax);  // the CPU's arithmetic (common.cuh)
+    for (i32 i = threadIdx.x; i < k; i += blockDim.x) q[(i64)r * k + i] = int8_code(to_f32(xr[i]), inv);
+    if (threadIdx.x == 0) scales[r] = int8_scale(amax);
   }
 }
 

@@ -21,7 +21,9 @@ use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cpu::{
     add_in_place, gelu_tanh_mul_in_place, rms_norm, silu_mul_in_place, soft_cap_in_place,
 };
+use ferrite_kernels::cuda::DevPtr;
 use ferrite_kernels::cuda::ops::{CacheWrite, Dtype, NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::w8a8::I8Rows;
 use serde_json::Value;
 
 /// `table[ids] * scale` on `b`.
@@ -122,6 +124,66 @@ fn rms_norm_on(
             unsafe { gpu.rms_norm(dtype, kind, out, rp, xp, shape.hidden, wp, shape) }
                 .expect("launch");
             (m.read_half(dtype, out, n), m.read_half(dtype, rp, n))
+        }
+    }
+}
+
+/// A norm that also rounds its output to int8 for a W8A8 projection (`rms_norm_int8`, one
+/// launch) against the two launches it replaces (`rms_norm`, then `w8a8_quantize` of its
+/// output), on the GPU: the same output, residual, codes and scales, bit for bit. (The CPU
+/// rounds in the projection; `tests/gpu/emu/check_norm.cpp` runs the comparison under the
+/// emulation.)
+#[test]
+fn a_norm_rounding_to_int8_gives_what_the_w8a8_rounding_gives() {
+    let (rows, hidden) = (5, 576);
+    let x = random(rows * hidden, 21, 2.0);
+    let residual = random(rows * hidden, 22, 1.0);
+    let weight = random(hidden, 23, 1.0);
+    let shape = NormShape {
+        rows,
+        hidden,
+        eps: 1e-5,
+        weight_offset: 0.0,
+    };
+    for b in backends().iter().filter(|b| b.is_gpu()) {
+        let Backend::Cuda(gpu) = b else { continue };
+        for dtype in DTYPES {
+            for kind in [NormKind::Plain, NormKind::AddThenNorm] {
+                let mut m = Buffers::new(gpu);
+                let wp = m.half(dtype, &weight);
+                let mut run = |fused: bool| {
+                    let (xp, rp) = (m.half(dtype, &x), m.half(dtype, &residual));
+                    let out = m.zeroed(2 * rows * hidden);
+                    let q = I8Rows {
+                        codes: m.zeroed(rows * hidden),
+                        scales: m.f32s(&vec![0.0; rows]),
+                        sums: DevPtr::NULL,
+                        sums_len: 0,
+                    };
+                    unsafe {
+                        if fused {
+                            gpu.rms_norm_int8(dtype, kind, out, rp, xp, hidden, wp, shape, Some(q))
+                        } else {
+                            gpu.rms_norm(dtype, kind, out, rp, xp, hidden, wp, shape)
+                                .and_then(|()| gpu.w8a8_quantize(dtype, q, out, rows, hidden))
+                        }
+                    }
+                    .expect("launch");
+                    let n = rows * hidden;
+                    let codes = m.read_i8(q.codes, n);
+                    let scales: Vec<u32> = m
+                        .read_f32(q.scales, rows)
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    (m.read_u16(out, n), m.read_u16(rp, n), codes, scales)
+                };
+                let (two, one) = (run(false), run(true));
+                assert_eq!(
+                    one, two,
+                    "{dtype:?} {kind:?}: rms_norm_int8 against rms_norm + w8a8_quantize"
+                );
+            }
         }
     }
 }

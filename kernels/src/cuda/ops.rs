@@ -195,18 +195,51 @@ impl Gpu {
         weight: DevPtr,
         shape: NormShape,
     ) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract; nothing is rounded to int8.
+        unsafe { self.rms_norm_int8(dtype, kind, out, residual, x, x_stride, weight, shape, None) }
+    }
+
+    /// [`Self::rms_norm`], and with `int8` its output rounded to int8 per row into those
+    /// codes (`rows * hidden`) and scales (`rows` f32) in the same launch, as
+    /// [`Self::w8a8_quantize`] would round it: the input of a W8A8 projection without a launch
+    /// of its own. [`NormKind::NormThenAdd`], which writes no output, takes none.
+    ///
+    /// # Safety
+    /// As [`Self::rms_norm`]; `int8`'s buffers hold `rows * hidden` codes and `rows` scales.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn rms_norm_int8(
+        &self,
+        dtype: Dtype,
+        kind: NormKind,
+        out: DevPtr,
+        residual: DevPtr,
+        x: DevPtr,
+        x_stride: usize,
+        weight: DevPtr,
+        shape: NormShape,
+        int8: Option<super::w8a8::I8Rows>,
+    ) -> Result<(), CudaError> {
+        if int8.is_some() && kind == NormKind::NormThenAdd {
+            return Err(CudaError::Driver(
+                "rms_norm_add writes no output to round to int8".into(),
+            ));
+        }
+        let (q, q_scales) = int8.map_or((DevPtr::NULL, DevPtr::NULL), |r| (r.codes, r.scales));
         let NormShape {
             rows,
             hidden,
             eps,
             weight_offset,
         } = shape;
-        let tail = [
+        let mut tail = vec![
             i32_of("rows", rows)?,
             i32_of("hidden", hidden)?,
             Arg::F32(eps),
             Arg::F32(weight_offset),
         ];
+        if kind != NormKind::NormThenAdd {
+            tail.extend([Arg::from(q), Arg::from(q_scales)]);
+        }
         let grid = (rows_grid(rows)?, 1, 1);
         // Wider rows get more threads per row (the kernel takes any multiple of 32).
         let block = if hidden > 4096 { 512 } else { 256 };

@@ -2,8 +2,9 @@
 //! buffers, queued on its stream (or recorded into a graph being captured). The order of the
 //! steps is `ferrite_model::schedule`'s, the same as the CPU forward's.
 //!
-//! Three fusions shape the split: the residual add of a layer's output happens in the next
-//! norm (`pending`, [`NormKind::AddThenNorm`]); q, k and v are one projection into one buffer
+//! Four fusions shape the split: the residual add of a layer's output happens in the next
+//! norm (`pending`, [`NormKind::AddThenNorm`]); a norm read by a W8A8 projection also rounds
+//! its output to int8 for it (`xn_int8`); q, k and v are one projection into one buffer
 //! (`qkv`), as are gate and up; and the rope launch also writes the KV cache.
 
 use ferrite_collective::Collective;
@@ -16,6 +17,7 @@ use ferrite_model::error::Result;
 use ferrite_model::schedule::LayerOps;
 
 use super::{DeviceBatch, GpuRunner};
+use crate::matrix::DeviceMatrix;
 use crate::weights::GpuLayer;
 
 /// One step's layers on the device.
@@ -27,6 +29,9 @@ pub(super) struct DeviceLayers<'a> {
     /// Whether `proj` still has to be added into the residual stream `x`: the previous
     /// layer's output, added by the norm that follows it.
     pending: bool,
+    /// Whether the last norm also rounded `xn` to int8 for the W8A8 projection that reads it
+    /// (into the runner's 8-bit scratch), so that projection skips its own rounding.
+    xn_int8: bool,
 }
 
 #[allow(unsafe_code)]
@@ -48,6 +53,7 @@ impl<'a> DeviceLayers<'a> {
             p,
             comm,
             pending: false,
+            xn_int8: false,
         }
     }
 
@@ -78,8 +84,9 @@ impl<'a> DeviceLayers<'a> {
     }
 
     /// `xn = norm(x)` with `weight`, first adding `proj` into `x` when an add is pending (the
-    /// model's final norm runs it too).
-    pub fn pre_norm(&mut self, weight: DevPtr) -> Result<()> {
+    /// model's final norm runs it too). Where `next`, the projection that reads `xn`, is W8A8,
+    /// the norm also rounds `xn` to int8 for it.
+    pub fn pre_norm(&mut self, weight: DevPtr, next: Option<&DeviceMatrix>) -> Result<()> {
         let r = self.r;
         let (kind, input) = if self.pending {
             (NormKind::AddThenNorm, r.proj.ptr)
@@ -87,12 +94,16 @@ impl<'a> DeviceLayers<'a> {
             (NormKind::Plain, r.x.ptr)
         };
         self.pending = false;
-        let (dt, h) = (r.w.dtype, r.w.cfg.hidden_size);
-        // SAFETY: `new`'s contract: the buffers hold the step's rows.
-        unsafe {
-            self.g
-                .rms_norm(dt, kind, r.xn.ptr, r.x.ptr, input, h, weight, self.norm())?
+        let int8 = match next {
+            Some(DeviceMatrix::Int8 { .. }) => Some(r.int8_rows()?),
+            _ => None,
         };
+        self.xn_int8 = int8.is_some();
+        let (dt, h, g) = (r.w.dtype, r.w.cfg.hidden_size, self.g);
+        let (xn, x, shape) = (r.xn.ptr, r.x.ptr, self.norm());
+        // SAFETY: `new`'s contract: the buffers hold the step's rows; the 8-bit scratch holds
+        // the step's rows of the widest 8-bit input.
+        unsafe { g.rms_norm_int8(dt, kind, xn, x, input, h, weight, shape, int8)? };
         Ok(())
     }
 
@@ -123,7 +134,7 @@ impl LayerOps for DeviceLayers<'_> {
     type Layer = GpuLayer;
 
     fn attn_norm(&mut self, l: &GpuLayer) -> Result<()> {
-        self.pre_norm(l.attn_norm.ptr)
+        self.pre_norm(l.attn_norm.ptr, Some(&l.qkv))
     }
 
     fn qkv(&mut self, l: &GpuLayer) -> Result<()> {
@@ -134,7 +145,7 @@ impl LayerOps for DeviceLayers<'_> {
         let eps = c.rms_norm_eps;
         // SAFETY: `new`'s contract: the buffers hold the step's rows.
         unsafe {
-            r.project(g, qkv, r.xn.ptr, &l.qkv, self.lin(qkv_w, h))?;
+            r.project(g, qkv, r.xn.ptr, &l.qkv, self.lin(qkv_w, h), self.xn_int8)?;
             if let Some(b) = &l.qkv_bias {
                 g.add_bias(dt, qkv, qkv_w, b.ptr, t, qkv_w)?;
             }
@@ -224,7 +235,7 @@ impl LayerOps for DeviceLayers<'_> {
         let (r, c) = (self.r, &self.r.w.cfg);
         let shape = self.lin(c.hidden_size, c.q_dim());
         // SAFETY: as in `qkv`.
-        unsafe { r.project(self.g, r.proj.ptr, r.attn.ptr, &l.o, shape)? };
+        unsafe { r.project(self.g, r.proj.ptr, r.attn.ptr, &l.o, shape, false)? };
         Ok(())
     }
 
@@ -238,11 +249,11 @@ impl LayerOps for DeviceLayers<'_> {
         match &l.post_norms {
             Some([post_attn, _]) => {
                 self.norm_then_add(post_attn.ptr)?;
-                self.pre_norm(l.ffn_norm.ptr)
+                self.pre_norm(l.ffn_norm.ptr, Some(&l.gate_up))
             }
             None => {
                 self.pending = true;
-                self.pre_norm(l.ffn_norm.ptr)
+                self.pre_norm(l.ffn_norm.ptr, Some(&l.gate_up))
             }
         }
     }
@@ -253,7 +264,8 @@ impl LayerOps for DeviceLayers<'_> {
         let gelu = c.activation == Activation::GeluTanh;
         // SAFETY: as in `qkv`.
         unsafe {
-            r.project(g, gu, r.xn.ptr, &l.gate_up, self.lin(2 * ff, c.hidden_size))?;
+            let shape = self.lin(2 * ff, c.hidden_size);
+            r.project(g, gu, r.xn.ptr, &l.gate_up, shape, self.xn_int8)?;
             g.gated_activation(r.w.dtype, gelu, act, gu, self.p.n_tokens, ff)?;
         }
         Ok(())
@@ -263,7 +275,7 @@ impl LayerOps for DeviceLayers<'_> {
         let (r, c) = (self.r, &self.r.w.cfg);
         let shape = self.lin(c.hidden_size, c.intermediate_size);
         // SAFETY: as in `qkv`.
-        unsafe { r.project(self.g, r.proj.ptr, r.act.ptr, &l.down, shape)? };
+        unsafe { r.project(self.g, r.proj.ptr, r.act.ptr, &l.down, shape, false)? };
         Ok(())
     }
 

@@ -506,7 +506,7 @@ impl GpuRunner {
         for (index, layer) in w.layers.iter().enumerate() {
             decoder_layer(&mut layers, index, layer)?;
         }
-        layers.pre_norm(w.norm.ptr)?;
+        layers.pre_norm(w.norm.ptr, None)?;
         if p.n_logits == 0 {
             return Ok(());
         }
@@ -538,6 +538,18 @@ impl GpuRunner {
         Ok((codes.ptr, scales.ptr))
     }
 
+    /// The 8-bit scratch as a W8A8 projection's input (codes, scales and room for products).
+    fn int8_rows(&self) -> Result<I8Rows, ferrite_kernels::cuda::CudaError> {
+        let (codes, scales) = self.rounding_scratch()?;
+        let (sums, sums_len) = self.sums_scratch();
+        Ok(I8Rows {
+            codes,
+            scales,
+            sums,
+            sums_len,
+        })
+    }
+
     /// The scratch cuBLASLt's 8-bit GEMMs sum into, and its length (none: 0).
     fn sums_scratch(&self) -> (DevPtr, usize) {
         match &self.sums_8bit {
@@ -554,6 +566,9 @@ impl GpuRunner {
     /// matrix's minimums summed inside the GEMV or, after the other kernels, added as group
     /// means of `x` (into the `means` scratch) times the minimums by cuBLAS.
     ///
+    /// With `x_int8`, `x` was already rounded to int8 into the 8-bit scratch (by the norm
+    /// that made it, [`Gpu::rms_norm_int8`]): a W8A8 matrix then skips its own rounding.
+    ///
     /// # Safety
     /// As [`Gpu::linear`]; `shape` is contiguous (strides `k` and `n`).
     #[allow(unsafe_code)]
@@ -564,6 +579,7 @@ impl GpuRunner {
         x: DevPtr,
         w: &DeviceMatrix,
         shape: Linear,
+        x_int8: bool,
     ) -> Result<(), ferrite_kernels::cuda::CudaError> {
         let dt = self.w.dtype;
         let scratch = |buf: &Option<Buf<u16>>, what: &str| {
@@ -575,16 +591,11 @@ impl GpuRunner {
             let (w, mins) = match w {
                 DeviceMatrix::Dense(t) => return g.linear(dt, OutType::Same, out, x, t.ptr, shape),
                 DeviceMatrix::Quantized { w, mins, .. } => (w, mins),
+                DeviceMatrix::Int8 { w, .. } if x_int8 => {
+                    return g.w8a8_gemm(dt, out, self.int8_rows()?, w, shape.m);
+                }
                 DeviceMatrix::Int8 { w, .. } => {
-                    let (codes, scales) = self.rounding_scratch()?;
-                    let (sums, sums_len) = self.sums_scratch();
-                    let rows = I8Rows {
-                        codes,
-                        scales,
-                        sums,
-                        sums_len,
-                    };
-                    return g.w8a8_matmul(dt, out, x, w, shape.m, rows);
+                    return g.w8a8_matmul(dt, out, x, w, shape.m, self.int8_rows()?);
                 }
                 DeviceMatrix::Fp8 { w, .. } => {
                     let (codes, scales) = self.rounding_scratch()?;
