@@ -21,6 +21,7 @@
 //  * f32 accumulation, the warps' slices summed in shared memory, one rounding on the store.
 #include "common.cuh"
 #include "mma.cuh"
+#include "gemv.cuh"
 
 namespace dense {
 
@@ -114,22 +115,7 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
   }
   cp_async_wait<0>();
 
-  // Sum the warps' slices. Entry e = 128*nt + 4*lane + c of each warp is row gid + 8*(c>>1)
-  // and activation row 8*nt + 2*tig + (c&1).
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-    *reinterpret_cast<float4*>(&red[warp][128 * nt + 4 * lane]) =
-        make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-  __syncthreads();
-  if (threadIdx.x < 128 * NT) {
-    const int e = threadIdx.x;
-    float s = 0.f;
-#pragma unroll
-    for (int v = 0; v < WARPS; ++v) s += red[v][e];
-    const int l = (e & 127) >> 2, c = e & 3;
-    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 8 * (e >> 7) + 2 * (l & 3) + (c & 1);
-    if (row < rows && n < m) out[(i64)n * out_stride + row] = from_f32<O>(s);
-  }
+  gemv_store<WARPS, NT>(red, acc, out, out_stride, row0, rows, m);
 }
 
 }  // namespace dense

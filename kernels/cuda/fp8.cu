@@ -103,7 +103,7 @@ __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, i32 
 // `gemm`'s `0 + sum * (s_w * s_x)`. Grid-strided over the m * n results.
 template <typename T>
 __device__ __forceinline__ void scale(T* out, const float* sums, const float* xs, const float* ws,
-                                      i32 block_rows, i32 m, i32 n) {
+                                      i32 m, i32 n, i32 block_rows) {
   const i64 total = (i64)m * n;
   for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (i64)gridDim.x * blockDim.x) {
@@ -140,13 +140,13 @@ FP8_GEMM(bf16, 1)
 FP8_GEMM(f16, 8)
 FP8_GEMM(bf16, 8)
 
-// fp8_scale_{f16,bf16}(out, sums, x_scales, w_scales, block_rows, m, n): out[i][j] =
+// fp8_scale_{f16,bf16}(out, sums, x_scales, w_scales, m, n, block_rows): out[i][j] =
 // sums[i][j] * (w_scales[j / block_rows] * x_scales[i]) rounded to T, [m][n] row-major. Grid
 // any (strided), block a multiple of 32.
 #define FP8_SCALE(T)                                                                            \
   extern "C" __global__ void __launch_bounds__(256) fp8_scale_##T(                               \
-      T* out, const float* sums, const float* xs, const float* ws, i32 block_rows, i32 m, i32 n) { \
-    fp8::scale<T>(out, sums, xs, ws, block_rows, m, n);                                         \
+      T* out, const float* sums, const float* xs, const float* ws, i32 m, i32 n, i32 block_rows) { \
+    fp8::scale<T>(out, sums, xs, ws, m, n, block_rows);                                         \
   }
 FP8_SCALE(f16)
 FP8_SCALE(bf16)

@@ -28,6 +28,7 @@
 //    split in two masked mmas).
 #include "common.cuh"
 #include "mma.cuh"
+#include "gemv.cuh"
 #include "wq_common.cuh"
 
 namespace wq {
@@ -265,22 +266,7 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   }
   cp_async_wait<0>();
 
-  // Sum the warps' K slices. Entry e = 128*nt + 4*lane + c of each warp is row gid + 8*(c>>1)
-  // and activation row 8*nt + 2*tig + (c&1).
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-    *reinterpret_cast<float4*>(&red[warp][128 * nt + 4 * lane]) =
-        make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-  __syncthreads();
-  if (threadIdx.x < 128 * NT) {
-    const int e = threadIdx.x;
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += red[w][e];
-    const int l = (e & 127) >> 2, c = e & 3;
-    const int row = row0 + (l >> 2) + 8 * (c >> 1), n = 8 * (e >> 7) + 2 * (l & 3) + (c & 1);
-    if (row < rows && n < m) out[(i64)n * rows + row] = from_f32<T>(s);
-  }
+  gemv_store<WARPS, NT>(red, acc, out, rows, row0, rows, m);
 }
 
 // Dense w[r][c] = scale * (q - zero), one thread per 16-byte unit of codes.

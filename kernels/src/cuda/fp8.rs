@@ -208,30 +208,21 @@ impl Gpu {
             Dtype::Bf16 => "fp8_scale_bf16",
         };
         let (block_rows, _) = w.layout.block(w.rows, w.cols);
-        self.context().bind_to_thread()?;
-        for first in (0..m).step_by(chunk) {
-            let rows = chunk.min(m - first);
-            let xq = q.codes.offset::<u8>(first * w.cols);
-            let (codes, shape) = (super::imma::Codes::E4m3, (rows, w.rows, w.cols));
-            unsafe {
-                super::imma::gemm_8bit(lt, self.stream(), codes, q.sums, xq, w.codes, shape)
-            }?;
-            let args = [
-                out.offset::<u16>(first * w.rows).into(),
-                q.sums.into(),
-                q.scales.offset::<f32>(first).into(),
-                w.scales.into(),
-                i32_of("block_rows", block_rows)?,
-                i32_of("m", rows)?,
-                i32_of("rows", w.rows)?,
-            ];
-            let grid = (
-                (rows * w.rows).div_ceil(256).clamp(1, 132 * 16) as u32,
-                1,
-                1,
-            );
-            unsafe { self.launch("fp8", entry, grid, 256, 0, &args) }?;
-        }
-        Ok(())
+        let gemm = super::imma::LibraryGemm {
+            lt,
+            codes: super::imma::Codes::E4m3,
+            out,
+            xq: q.codes,
+            x_scales: q.scales,
+            sums: q.sums,
+            w: w.codes,
+            w_scales: w.scales,
+            shape: (m, w.rows, w.cols),
+            chunk,
+            scale: ("fp8", entry),
+            extra: &[i32_of("block_rows", block_rows)?],
+        };
+        // SAFETY: the caller's contract is `library_gemm`'s.
+        unsafe { self.library_gemm(gemm) }
     }
 }

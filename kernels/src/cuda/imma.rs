@@ -23,7 +23,8 @@ use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::CudaError;
-use super::gpu::DevPtr;
+use super::gpu::{Arg, DevPtr, Gpu};
+use super::ops::i32_of;
 
 /// cuBLASLt's workspace (NVIDIA's recommendation for Hopper).
 const WORKSPACE: usize = 32 << 20;
@@ -228,4 +229,59 @@ pub(crate) unsafe fn gemm_8bit(
         )
     }
     .map_err(err("8-bit matmul"))
+}
+
+/// An 8-bit projection through the library: `out[m, n] = scale(xq[m, k] · wᵀ)`, the products
+/// summed `chunk` rows at a time into `sums`, each chunk then scaled into `out` by `scale`
+/// (a kernel `(T* out, sums, x_scales, w_scales, i32 m, i32 n, extra...)`, one x scale per row).
+pub(crate) struct LibraryGemm<'a> {
+    pub lt: &'a Lt,
+    pub codes: Codes,
+    pub out: DevPtr,
+    pub xq: DevPtr,
+    pub x_scales: DevPtr,
+    pub sums: DevPtr,
+    pub w: DevPtr,
+    pub w_scales: DevPtr,
+    /// `(m, n, k)`.
+    pub shape: (usize, usize, usize),
+    pub chunk: usize,
+    /// The scale kernel: module and entry.
+    pub scale: (&'static str, &'static str),
+    /// The scale kernel's arguments after `n`.
+    pub extra: &'a [Arg],
+}
+
+#[allow(unsafe_code)]
+impl Gpu {
+    /// Runs `g` (see [`LibraryGemm`]).
+    ///
+    /// # Safety
+    /// The pointers address buffers of `g.shape`'s extents, 16-byte aligned; `sums` holds
+    /// `chunk * n` 4-byte values; `n` and `k` multiples of 16.
+    pub(crate) unsafe fn library_gemm(&self, g: LibraryGemm<'_>) -> Result<(), CudaError> {
+        let (m, n, k) = g.shape;
+        // cuBLASLt runs on the thread's current context (see `gemm.rs`).
+        self.context().bind_to_thread()?;
+        for first in (0..m).step_by(g.chunk.max(1)) {
+            let rows = g.chunk.min(m - first);
+            let xq = g.xq.offset::<u8>(first * k);
+            let shape = (rows, n, k);
+            // SAFETY: the caller's contract, for this chunk's rows.
+            unsafe { gemm_8bit(g.lt, self.stream(), g.codes, g.sums, xq, g.w, shape) }?;
+            let mut args = vec![
+                g.out.offset::<u16>(first * n).into(),
+                g.sums.into(),
+                g.x_scales.offset::<f32>(first).into(),
+                g.w_scales.into(),
+                i32_of("m", rows)?,
+                i32_of("n", n)?,
+            ];
+            args.extend_from_slice(g.extra);
+            let grid = ((rows * n).div_ceil(256).clamp(1, 132 * 16) as u32, 1, 1);
+            // SAFETY: the scale kernel's arguments; `out` holds the chunk's rows.
+            unsafe { self.launch(g.scale.0, g.scale.1, grid, 256, 0, &args) }?;
+        }
+        Ok(())
+    }
 }

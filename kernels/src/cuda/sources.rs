@@ -36,6 +36,7 @@ macro_rules! module {
 /// Headers the modules include, by the name they include them by.
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../cuda/common.cuh")),
+    ("gemv.cuh", include_str!("../../cuda/gemv.cuh")),
     ("mma.cuh", include_str!("../../cuda/mma.cuh")),
     ("tile8.cuh", include_str!("../../cuda/tile8.cuh")),
     ("wq_common.cuh", include_str!("../../cuda/wq_common.cuh")),

@@ -183,29 +183,21 @@ impl Gpu {
             Dtype::F16 => "w8a8_scale_f16",
             Dtype::Bf16 => "w8a8_scale_bf16",
         };
-        // cuBLASLt runs on the thread's current context (see `gemm.rs`).
-        self.context().bind_to_thread()?;
-        for first in (0..m).step_by(chunk) {
-            let rows = chunk.min(m - first);
-            let xq = q.codes.offset::<u8>(first * w.cols);
-            let shape = (rows, w.rows, w.cols);
-            let int8 = super::imma::Codes::Int8;
-            unsafe { super::imma::gemm_8bit(lt, self.stream(), int8, q.sums, xq, w.codes, shape) }?;
-            let args = [
-                out.offset::<u16>(first * w.rows).into(),
-                q.sums.into(),
-                q.scales.offset::<f32>(first).into(),
-                w.scales.into(),
-                i32_of("m", rows)?,
-                i32_of("rows", w.rows)?,
-            ];
-            let grid = (
-                (rows * w.rows).div_ceil(256).clamp(1, 132 * 16) as u32,
-                1,
-                1,
-            );
-            unsafe { self.launch("w8a8", entry, grid, 256, 0, &args) }?;
-        }
-        Ok(())
+        let gemm = super::imma::LibraryGemm {
+            lt,
+            codes: super::imma::Codes::Int8,
+            out,
+            xq: q.codes,
+            x_scales: q.scales,
+            sums: q.sums,
+            w: w.codes,
+            w_scales: w.scales,
+            shape: (m, w.rows, w.cols),
+            chunk,
+            scale: ("w8a8", entry),
+            extra: &[],
+        };
+        // SAFETY: the caller's contract is `library_gemm`'s.
+        unsafe { self.library_gemm(gemm) }
     }
 }

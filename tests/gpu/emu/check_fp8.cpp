@@ -74,7 +74,7 @@ static void fp8_case(int m, int n, int k, int br, int bc, int group) {
       sums[i * n + j] = acc;
     }
   std::vector<T> scaled(m * n);
-  emu_launch({3, 1, 1}, 256, [&] { fp8::scale<T>(scaled.data(), sums.data(), xs.data(), ws.data(), br, m, n); });
+  emu_launch({3, 1, 1}, 256, [&] { fp8::scale<T>(scaled.data(), sums.data(), xs.data(), ws.data(), m, n, br); });
   Check cs(std::string("fp8_scale ") + name<T>() + " m=" + std::to_string(m) + " blocks " +
            std::to_string(br) + "x" + std::to_string(bc));
   for (int i = 0; i < m; ++i)

@@ -82,14 +82,21 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], const
   for (int c = 0; c < 4; ++c) d[c] = out[c];
 }
 
-// m16n8k32 on signed bytes, i32 accumulators (exact).
-__device__ __forceinline__ void mma16832_s8(i32 (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+// m16n8k32 on bytes (`value` decodes one: signed int8, or e4m3), accumulators of type Acc:
+// a[0] (gid, k 4tig..+3), a[1] (gid+8, ...), a[2] (gid, k 16+4tig..), a[3] (gid+8, ...);
+// b[0] (k 4tig.., n gid), b[1] (k 16+4tig.., n gid).
+template <typename Acc, typename V>
+inline void emu_mma16832(Acc (&d)[4], const u32 (&a)[4], const u32 (&b)[2], V value) {
   uint64_t mine[8] = {a[0], a[1], a[2], a[3], b[0], b[1], 0, 0};
-  for (int c = 0; c < 4; ++c) mine[6 + c / 2] |= (uint64_t)(u32)d[c] << (32 * (c & 1));
-  i32 out[4];
+  for (int c = 0; c < 4; ++c) {
+    u32 bitsv;
+    std::memcpy(&bitsv, &d[c], 4);
+    mine[6 + c / 2] |= (uint64_t)bitsv << (32 * (c & 1));
+  }
+  Acc out[4];
   const int l = emu_lane(), gid = l >> 2, tig = l & 3;
   emu_exchange(mine, 8, [&](uint64_t (*s)[8]) {
-    auto byte = [](u32 w, int k) { return (int)(signed char)(w >> (8 * (k % 4))); };
+    auto byte = [&](u32 w, int k) { return value((u8)(w >> (8 * (k % 4)))); };
     auto A = [&](int row, int k) {
       const int lane = (row % 8) * 4 + (k % 16) / 4, reg = (row >= 8) + 2 * (k >= 16);
       return byte((u32)s[lane][reg], k);
@@ -101,12 +108,19 @@ __device__ __forceinline__ void mma16832_s8(i32 (&d)[4], const u32 (&a)[4], cons
     for (int c = 0; c < 4; ++c) {
       const int row = gid + 8 * (c >> 1), n = 2 * tig + (c & 1);
       const int lane = (row % 8) * 4 + n / 2, cc = 2 * (row >= 8) + (n & 1);
-      i32 acc = (i32)(u32)(s[lane][6 + cc / 2] >> (32 * (cc & 1)));
+      const u32 init = (u32)(s[lane][6 + cc / 2] >> (32 * (cc & 1)));
+      Acc acc;
+      std::memcpy(&acc, &init, 4);
       for (int k = 0; k < 32; ++k) acc += A(row, k) * B(k, n);
       out[c] = acc;
     }
   });
   for (int c = 0; c < 4; ++c) d[c] = out[c];
+}
+
+// Signed int8, i32 accumulators (exact).
+__device__ __forceinline__ void mma16832_s8(i32 (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+  emu_mma16832(d, a, b, [](u8 v) { return (i32)(signed char)v; });
 }
 
 // e4m3 (OCP FP8): 1 sign, 4 exponent (bias 7), 3 mantissa bits; S.1111.111 is NaN, no inf.
@@ -134,32 +148,10 @@ __device__ __forceinline__ u16 e4m3x2(float lo, float hi) {
   return (u16)(emu_e4m3(lo) | (emu_e4m3(hi) << 8));
 }
 
-// m16n8k32 on e4m3 bytes, f32 accumulators: fragments as mma16832_s8's.
+// e4m3 bytes, f32 accumulators.
 __device__ __forceinline__ void mma16832_e4m3(float (&d)[4], const u32 (&a)[4],
                                               const u32 (&b)[2]) {
-  uint64_t mine[8] = {a[0], a[1], a[2], a[3], b[0], b[1], 0, 0};
-  for (int c = 0; c < 4; ++c) mine[6 + c / 2] |= (uint64_t)__float_as_uint(d[c]) << (32 * (c & 1));
-  float out[4];
-  const int l = emu_lane(), gid = l >> 2, tig = l & 3;
-  emu_exchange(mine, 8, [&](uint64_t (*s)[8]) {
-    auto byte = [](u32 w, int k) { return emu_e4m3_value((u8)(w >> (8 * (k % 4)))); };
-    auto A = [&](int row, int k) {
-      const int lane = (row % 8) * 4 + (k % 16) / 4, reg = (row >= 8) + 2 * (k >= 16);
-      return byte((u32)s[lane][reg], k);
-    };
-    auto B = [&](int k, int n) {
-      const int lane = n * 4 + (k % 16) / 4, reg = 4 + (k >= 16);
-      return byte((u32)s[lane][reg], k);
-    };
-    for (int c = 0; c < 4; ++c) {
-      const int row = gid + 8 * (c >> 1), n = 2 * tig + (c & 1);
-      const int lane = (row % 8) * 4 + n / 2, cc = 2 * (row >= 8) + (n & 1);
-      float acc = __uint_as_float((u32)(s[lane][6 + cc / 2] >> (32 * (cc & 1))));
-      for (int k = 0; k < 32; ++k) acc += A(row, k) * B(k, n);
-      out[c] = acc;
-    }
-  });
-  for (int c = 0; c < 4; ++c) d[c] = out[c];
+  emu_mma16832(d, a, b, emu_e4m3_value);
 }
 
 // prmt.b32 (default mode): result byte i = byte (sel >> 4i) & 7 of {a, b}.
