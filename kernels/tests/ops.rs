@@ -162,7 +162,17 @@ fn a_norm_rounding_to_int8_gives_what_the_w8a8_rounding_gives() {
                     };
                     unsafe {
                         if fused {
-                            gpu.rms_norm_int8(dtype, kind, out, rp, xp, hidden, wp, shape, Some(q))
+                            gpu.rms_norm_int8(
+                                dtype,
+                                kind,
+                                out,
+                                rp,
+                                xp,
+                                hidden,
+                                wp,
+                                shape,
+                                Some((q.codes, q.scales)),
+                            )
                         } else {
                             gpu.rms_norm(dtype, kind, out, rp, xp, hidden, wp, shape)
                                 .and_then(|()| gpu.w8a8_quantize(dtype, q, out, rows, hidden))

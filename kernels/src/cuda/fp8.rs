@@ -195,7 +195,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     unsafe fn fp8_library_gemm(
         &self,
-        lt: &super::imma::Lt,
+        lt: &super::lt::Lt,
         dtype: Dtype,
         out: DevPtr,
         q: Fp8Rows,

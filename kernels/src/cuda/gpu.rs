@@ -71,7 +71,7 @@ pub struct Gpu {
     _blas_workspace: Option<CudaSlice<u8>>,
     /// cuBLASLt on `stream` (W8A8 GEMMs of many rows); `None` where libcublasLt could not be
     /// loaded or opened: the hand-written kernels then take every size.
-    lt: Option<super::imma::Lt>,
+    lt: Option<super::lt::Lt>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
 
@@ -130,7 +130,7 @@ impl Gpu {
             (None, None)
         };
         // An optimization only: a cuBLASLt that does not open leaves the hand-written kernels.
-        let lt = super::imma::Lt::open(&stream).unwrap_or(None);
+        let lt = super::lt::Lt::open(&stream).unwrap_or(None);
         let gpu = Self {
             device,
             arch,
@@ -162,7 +162,7 @@ impl Gpu {
 
     /// Free and total device memory in bytes.
     /// cuBLASLt, where it opened.
-    pub(crate) fn lt(&self) -> Option<&super::imma::Lt> {
+    pub(crate) fn lt(&self) -> Option<&super::lt::Lt> {
         self.lt.as_ref()
     }
 

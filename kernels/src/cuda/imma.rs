@@ -20,62 +20,12 @@
 use std::ffi::c_void;
 
 use cudarc::cublaslt::{result as lt, sys};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::CudaStream;
 
 use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
+use super::lt::{Lt, WORKSPACE, lt_error};
 use super::ops::i32_of;
-
-/// cuBLASLt's workspace (NVIDIA's recommendation for Hopper).
-const WORKSPACE: usize = 32 << 20;
-
-/// A cuBLASLt handle and the workspace given to every call (so that it never allocates,
-/// inside a graph capture least of all).
-pub(crate) struct Lt {
-    handle: sys::cublasLtHandle_t,
-    /// Kept alive for `workspace_ptr`.
-    _workspace: CudaSlice<u8>,
-    workspace_ptr: u64,
-}
-
-// SAFETY: the handle is only used on the owning `Gpu`'s stream, by calls that `Gpu` serializes
-// as it does cuBLAS's (a runner steps one thread at a time); cuBLASLt handles may be used from
-// any thread.
-#[allow(unsafe_code)]
-unsafe impl Send for Lt {}
-#[allow(unsafe_code)]
-unsafe impl Sync for Lt {}
-
-impl Drop for Lt {
-    fn drop(&mut self) {
-        // SAFETY: created by `open` and destroyed once, here.
-        #[allow(unsafe_code)]
-        let _ = unsafe { lt::destroy_handle(self.handle) };
-    }
-}
-
-fn lt_error(what: &str, e: lt::CublasError) -> CudaError {
-    CudaError::Driver(format!("cuBLASLt {what}: {e:?}"))
-}
-
-impl Lt {
-    /// cuBLASLt on `stream`, or `None` where libcublasLt cannot be loaded.
-    pub fn open(stream: &std::sync::Arc<CudaStream>) -> Result<Option<Self>, CudaError> {
-        // SAFETY: only tries to dlopen the library by its candidate names.
-        #[allow(unsafe_code)]
-        if !unsafe { sys::is_culib_present() } {
-            return Ok(None);
-        }
-        let workspace = stream.alloc_zeros::<u8>(WORKSPACE)?;
-        let workspace_ptr = workspace.device_ptr(stream).0;
-        let handle = lt::create_handle().map_err(|e| lt_error("handle", e))?;
-        Ok(Some(Self {
-            handle,
-            _workspace: workspace,
-            workspace_ptr,
-        }))
-    }
-}
 
 /// Destroys a descriptor when dropped, whatever the call did.
 struct Guard<F: FnMut()>(F);
@@ -201,7 +151,7 @@ pub(crate) unsafe fn gemm_8bit(
         )
     }
     .map_err(err("workspace preference"))?;
-    let algo = unsafe { lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, c, c, pref) }
+    let algo = unsafe { lt::get_matmul_algo_heuristic(lt.handle(), desc, a, b, c, c, pref) }
         .map_err(err("no 8-bit algorithm for this shape"))?;
     // alpha = 1, beta = 0 in the scale type (i32 or f32: both one 4-byte word).
     let (alpha, beta): (u32, u32) = match codes {
@@ -210,7 +160,7 @@ pub(crate) unsafe fn gemm_8bit(
     };
     unsafe {
         lt::matmul(
-            lt.handle,
+            lt.handle(),
             desc,
             (&alpha as *const u32).cast::<c_void>(),
             (&beta as *const u32).cast::<c_void>(),
@@ -223,7 +173,7 @@ pub(crate) unsafe fn gemm_8bit(
             sums.0 as *mut c_void,
             c,
             &algo.algo,
-            lt.workspace_ptr as *mut c_void,
+            lt.workspace_ptr() as *mut c_void,
             WORKSPACE,
             stream.cu_stream() as sys::cudaStream_t,
         )

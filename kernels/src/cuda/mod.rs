@@ -25,6 +25,8 @@ mod imma;
 #[allow(unsafe_code)]
 pub mod libs;
 #[allow(unsafe_code)]
+mod lt;
+#[allow(unsafe_code)]
 pub mod nccl;
 #[allow(unsafe_code)]
 pub mod nvrtc;

@@ -199,8 +199,8 @@ impl Gpu {
         unsafe { self.rms_norm_int8(dtype, kind, out, residual, x, x_stride, weight, shape, None) }
     }
 
-    /// [`Self::rms_norm`], and with `int8` its output rounded to int8 per row into those
-    /// codes (`rows * hidden`) and scales (`rows` f32) in the same launch, as
+    /// [`Self::rms_norm`], and with `int8` = (codes, scales) its output rounded to int8 per
+    /// row into those codes (`rows * hidden`) and scales (`rows` f32) in the same launch, as
     /// [`Self::w8a8_quantize`] would round it: the input of a W8A8 projection without a launch
     /// of its own. [`NormKind::NormThenAdd`], which writes no output, takes none.
     ///
@@ -217,14 +217,14 @@ impl Gpu {
         x_stride: usize,
         weight: DevPtr,
         shape: NormShape,
-        int8: Option<super::w8a8::I8Rows>,
+        int8: Option<(DevPtr, DevPtr)>,
     ) -> Result<(), CudaError> {
         if int8.is_some() && kind == NormKind::NormThenAdd {
             return Err(CudaError::Driver(
                 "rms_norm_add writes no output to round to int8".into(),
             ));
         }
-        let (q, q_scales) = int8.map_or((DevPtr::NULL, DevPtr::NULL), |r| (r.codes, r.scales));
+        let (q, q_scales) = int8.unwrap_or((DevPtr::NULL, DevPtr::NULL));
         let NormShape {
             rows,
             hidden,

@@ -171,7 +171,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     unsafe fn w8a8_library_gemm(
         &self,
-        lt: &super::imma::Lt,
+        lt: &super::lt::Lt,
         dtype: Dtype,
         out: DevPtr,
         q: I8Rows,

@@ -95,7 +95,7 @@ impl<'a> DeviceLayers<'a> {
         };
         self.pending = false;
         let int8 = match next {
-            Some(DeviceMatrix::Int8 { .. }) => Some(r.int8_rows()?),
+            Some(DeviceMatrix::Int8 { .. }) => Some(r.rounding_scratch()?),
             _ => None,
         };
         self.xn_int8 = int8.is_some();
