@@ -278,3 +278,17 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
   const i32 best = row_argmax(logits + (i64)blockIdx.x * vocab, vocab, sv, si, max);
   if (threadIdx.x == 0) out_ids[blockIdx.x] = best;
 }
+
+// mask_logits_f32(logits, mask, vocab, words): a grammar's bitmask applied to each row before
+// sampling, as the CPU's apply_mask does it: logit i of row r becomes -inf unless bit i % 32 of
+// mask[r * words + i / 32] is set. grid any (rows strided), block a multiple of 32 up to 1024;
+// logits [rows = gridDim-strided count][vocab], words >= ceil(vocab / 32).
+extern "C" __global__ void __launch_bounds__(1024)
+    mask_logits_f32(float* logits, const u32* mask, i32 vocab, i32 words, i32 rows) {
+  for (i32 r = blockIdx.x; r < rows; r += gridDim.x) {
+    float* row = logits + (i64)r * vocab;
+    const u32* m = mask + (i64)r * words;
+    for (i32 i = threadIdx.x; i < vocab; i += blockDim.x)
+      if (!((m[i >> 5] >> (i & 31)) & 1u)) row[i] = NEG_INF;
+  }
+}

@@ -58,6 +58,37 @@ impl Gpu {
         unsafe { self.launch("sampling", "sample_f32", grid, 1024, 0, &args) }
     }
 
+    /// Sets every logit of `n_seqs` rows of `logits` (`[n_seqs, vocab]` f32) that `mask` does
+    /// not allow to -inf: a grammar's bitmask (`mask[r * words + i / 32]` bit `i % 32` allows
+    /// token `i` of row `r`), applied before [`Self::sample`] or [`Self::argmax`] as the CPU
+    /// sampler's `apply_mask` applies it.
+    ///
+    /// # Safety
+    /// `logits` holds `n_seqs * vocab` f32, `mask` `n_seqs * words` u32.
+    pub unsafe fn mask_logits(
+        &self,
+        logits: DevPtr,
+        mask: DevPtr,
+        n_seqs: usize,
+        vocab: usize,
+        words: usize,
+    ) -> Result<(), CudaError> {
+        if words < vocab.div_ceil(32) {
+            return Err(CudaError::Driver(format!(
+                "mask of {words} words for a vocabulary of {vocab}"
+            )));
+        }
+        let args = [
+            logits.into(),
+            mask.into(),
+            i32_of("vocab", vocab)?,
+            i32_of("words", words)?,
+            i32_of("rows", n_seqs)?,
+        ];
+        let grid = (grid_of(n_seqs)?, 1, 1);
+        unsafe { self.launch("sampling", "mask_logits_f32", grid, 256, 0, &args) }
+    }
+
     /// The first index of the largest logit of each row.
     ///
     /// # Safety

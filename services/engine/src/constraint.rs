@@ -32,9 +32,35 @@ pub fn apply_mask(logits: &mut [f32], mask: &[u32]) -> Result<(), String> {
     }
 }
 
+/// Whether `mask` allows `token`, as an error like [`apply_mask`]'s when it does not (a device
+/// sampling under the mask draws outside it only where it allowed nothing).
+pub fn check_allowed(mask: &[u32], token: u32) -> Result<(), String> {
+    let word = mask.get(token as usize / 32).copied().unwrap_or(0);
+    if word >> (token % 32) & 1 == 1 {
+        Ok(())
+    } else if mask.iter().all(|&w| w == 0) {
+        Err("the grammar allows no token of the vocabulary here".into())
+    } else {
+        Err(format!(
+            "token {token} was drawn outside the grammar's mask"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_outside_its_mask_is_named_and_an_empty_mask_said_so() {
+        let mut mask = [0u32; 2];
+        mask[1] |= 1 << 5; // token 37
+        assert!(check_allowed(&mask, 37).is_ok());
+        let e = check_allowed(&mask, 36).expect_err("outside");
+        assert!(e.contains("token 36"), "{e}");
+        let e = check_allowed(&[0, 0], 0).expect_err("none allowed");
+        assert!(e.contains("allows no token"), "{e}");
+    }
 
     #[test]
     fn a_mask_keeps_its_tokens_alone() {

@@ -20,13 +20,13 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::config::ModelConfig;
-use crate::constraint::{Constraint, apply_mask};
+use crate::constraint::{Constraint, apply_mask, check_allowed};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Picks};
 use crate::kv_cache::{BlockHash, KvEvent};
 use crate::model::DeviceSampling;
 use crate::model::EngineModel;
-use crate::plan::PlanBuilder;
+use crate::plan::{PlanBuilder, StepPlan};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
 use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId};
 
@@ -153,12 +153,11 @@ pub struct Engine {
 }
 
 /// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
-/// alone: penalties need the tokens so far, logprobs the distribution on the host, a grammar
-/// its mask (applied on the host for now).
+/// alone: penalties need the tokens so far, logprobs the distribution on the host. (A grammar's
+/// mask goes to the device with the step: [`lead_with_masks`].)
 fn device_sampling(req: &Request, generated: usize) -> Option<DeviceSampling> {
     let p = req.sampler.params();
-    let plain = req.constraint.is_none()
-        && p.logprobs.is_none()
+    let plain = p.logprobs.is_none()
         && p.repetition_penalty == 1.0
         && p.presence_penalty == 0.0
         && p.frequency_penalty == 0.0;
@@ -476,12 +475,20 @@ impl Engine {
         } else {
             // The masks depend only on the tokens so far: computed beside the forward.
             let words = self.cfg.vocab_size.div_ceil(32);
-            let requests = &mut self.requests;
-            let exec = &mut self.exec;
-            std::thread::scope(|s| {
-                s.spawn(|| compute_masks(requests, &constrained, words));
-                exec.lead(&mut plan)
-            })?
+            // The sampling rows in order, with the request of each that has a grammar.
+            let rows: Vec<Option<SeqId>> = (schedule.chunks.iter())
+                .filter(|c| c.samples)
+                .map(|c| constrained.contains(&c.id).then_some(c.id))
+                .collect();
+            let (exec, requests) = (&mut self.exec, &mut self.requests);
+            let (picks, masks) =
+                lead_with_masks(exec, requests, &mut plan, &constrained, &rows, words);
+            for (id, mask) in masks {
+                if let Some(req) = self.requests.get_mut(&id) {
+                    req.mask = Some(mask);
+                }
+            }
+            picks?
         };
         #[cfg(test)]
         let picks = self.faults.apply(picks, self.cfg.vocab_size)?;
@@ -511,11 +518,22 @@ impl Engine {
             }
             // Sampled on the device: no distribution on the host, so no logprob (the request
             // asked for none, or it would have been sampled here).
-            Pick::Id(id) => SampledToken {
-                id,
-                logprob: f32::NAN,
-                top: Vec::new(),
-            },
+            Pick::Id(id) => {
+                if req.constraint.is_some() {
+                    // The device drew under the mask; it can only draw outside it where the
+                    // mask allowed nothing, or where computing the mask failed.
+                    let mask = req.mask.take().unwrap_or_else(|| {
+                        Err("no mask was computed for this step (an engine bug)".into())
+                    });
+                    mask.and_then(|m| check_allowed(&m, id))
+                        .map_err(EngineError::Grammar)?;
+                }
+                SampledToken {
+                    id,
+                    logprob: f32::NAN,
+                    top: Vec::new(),
+                }
+            }
         };
         let generated = seq.output().len() + 1;
         let total = seq.tokens.len() + 1;
@@ -560,18 +578,61 @@ impl Engine {
     }
 }
 
-/// Fills the mask of each request of `ids` (those sampling this step under a grammar).
-fn compute_masks(requests: &mut HashMap<SeqId, Request>, ids: &[SeqId], words: usize) {
+/// The masks of a step's requests under a grammar, by request.
+type Masks = Vec<(SeqId, std::result::Result<Vec<u32>, String>)>;
+
+/// The mask of each request of `ids` (those sampling this step under a grammar).
+fn compute_masks(requests: &mut HashMap<SeqId, Request>, ids: &[SeqId], words: usize) -> Masks {
+    let mut out = Vec::with_capacity(ids.len());
     for id in ids {
-        let Some(req) = requests.get_mut(id) else {
-            continue;
-        };
-        let Some(c) = req.constraint.as_mut() else {
+        let Some(c) = requests.get_mut(id).and_then(|r| r.constraint.as_mut()) else {
             continue;
         };
         let mut mask = vec![0; words];
-        req.mask = Some(c.allowed(&mut mask).map(|()| mask));
+        out.push((*id, c.allowed(&mut mask).map(|()| mask)));
     }
+    out
+}
+
+/// Leads `plan` while a thread computes the masks of `constrained`'s requests; a device that
+/// samples takes them once the forward is queued, one per sampling row (`rows`: the request
+/// with a grammar, if any, of each). Returns the picks and every mask computed, for the host's
+/// sampling and checks.
+fn lead_with_masks(
+    exec: &mut Executor,
+    requests: &mut HashMap<SeqId, Request>,
+    plan: &mut StepPlan,
+    constrained: &[SeqId],
+    rows: &[Option<SeqId>],
+    words: usize,
+) -> (Result<Picks>, Masks) {
+    // A mask thread that panicked leaves its requests without masks: each then fails with a
+    // grammar error, as any missing mask does.
+    let join = |t: Option<std::thread::ScopedJoinHandle<'_, Masks>>| {
+        t.map(|t| t.join().unwrap_or_default()).unwrap_or_default()
+    };
+    std::thread::scope(|s| {
+        let mut thread = Some(s.spawn(|| compute_masks(requests, constrained, words)));
+        let mut computed: Option<Masks> = None;
+        let picks = {
+            let mut source = || {
+                let masks = join(thread.take());
+                let by_row = rows
+                    .iter()
+                    .map(|row| {
+                        let (_, m) = masks.iter().find(|(id, _)| Some(*id) == *row)?;
+                        // A failed mask leaves the row unmasked; the host then fails the request.
+                        m.as_ref().ok().cloned()
+                    })
+                    .collect();
+                computed = Some(masks);
+                by_row
+            };
+            exec.lead_masked(plan, Some(&mut source))
+        };
+        let masks = computed.unwrap_or_else(|| join(thread.take()));
+        (picks, masks)
+    })
 }
 
 /// The seed of `exec`'s block hashes: the model's identity as the caller knows it, its shape,

@@ -20,7 +20,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
-use crate::model::{EngineModel, LlamaModel, ModelError};
+use crate::model::{EngineModel, LlamaModel, MaskSource, ModelError};
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
 
 /// Engine limits (the leader's and every rank's executor's). `Default` suits the CPU.
@@ -273,6 +273,17 @@ impl Executor {
     /// The leader's half of a step: decides which captured decode graph (if any) the ranks
     /// replay on a GPU (`plan.graph`), sends `plan` to the other ranks, then runs it here.
     pub fn lead(&mut self, plan: &mut StepPlan) -> Result<Picks> {
+        self.lead_masked(plan, None)
+    }
+
+    /// [`Self::lead`], where the device samples under grammar masks `masks` gives once the
+    /// forward is queued (the host computes them meanwhile). On the CPU, or with no device
+    /// sampling in the plan, `masks` is not called: the host masks the rows it samples.
+    pub fn lead_masked(
+        &mut self,
+        plan: &mut StepPlan,
+        masks: Option<MaskSource<'_>>,
+    ) -> Result<Picks> {
         plan.graph = match &self.backend {
             Backend::Cuda(runner) => {
                 runner.graph_for(plan.chunks.iter().map(|c| (c.tokens.len(), c.logits)))
@@ -285,7 +296,7 @@ impl Executor {
                 .broadcast(&mut bytes)
                 .map_err(|e| self.lost(e, plan.step))?;
         }
-        self.run(plan)
+        self.run(plan, masks)
     }
 
     /// Tells the other ranks the leader is alive while it has nothing to run.
@@ -310,7 +321,7 @@ impl Executor {
                 .map_err(|e| self.lost(e, step))?;
             match Order::decode(&bytes)? {
                 Order::Step(plan) => {
-                    self.run(&plan)?;
+                    self.run(&plan, None)?;
                 }
                 Order::KeepAlive => {}
                 Order::Stop => return Ok(()),
@@ -318,8 +329,9 @@ impl Executor {
         }
     }
 
-    /// Runs `plan` on this rank's shard: applies its table updates, then the forward.
-    fn run(&mut self, plan: &StepPlan) -> Result<Picks> {
+    /// Runs `plan` on this rank's shard: applies its table updates, then the forward (sampling
+    /// on the device under `masks` where the plan samples there).
+    fn run(&mut self, plan: &StepPlan, masks: Option<MaskSource<'_>>) -> Result<Picks> {
         self.tables.apply(plan)?;
         let chunks = self.tables.chunks(plan)?;
         let picks = match (&mut self.backend, &plan.device_sampling) {
@@ -327,7 +339,7 @@ impl Executor {
                 .forward(&chunks, kv, self.comm.as_mut())
                 .map(Picks::Logits),
             (Backend::Cuda(runner), Some(params)) => runner
-                .forward_sampled(&chunks, params, plan.graph, self.comm.as_mut())
+                .forward_sampled(&chunks, params, plan.graph, self.comm.as_mut(), masks)
                 .map(Picks::Ids),
             (Backend::Cuda(runner), None) => runner
                 .forward_planned(&chunks, plan.graph, self.comm.as_mut())

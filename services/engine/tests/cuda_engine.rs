@@ -629,3 +629,73 @@ fn sampling_on_the_device_matches_greedy_and_repeats_seeded_draws() {
             .all(|t| t.logprob.is_nan() && t.top.is_empty())
     );
 }
+
+/// A grammar that allows one given token a step and is complete after the last.
+#[derive(Debug)]
+struct OneEach {
+    seq: Vec<u32>,
+    at: usize,
+}
+
+impl ferrite_engine::constraint::Constraint for OneEach {
+    fn allowed(&mut self, mask: &mut [u32]) -> Result<(), String> {
+        mask.fill(0);
+        let t = *self.seq.get(self.at).ok_or("past the end")?;
+        mask[t as usize / 32] |= 1 << (t % 32);
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<bool, String> {
+        if token != self.seq[self.at] {
+            return Err(format!("token {token} was not allowed"));
+        }
+        self.at += 1;
+        Ok(self.at == self.seq.len())
+    }
+}
+
+/// Requests under a grammar sample on the device with the rest of their step (no logprobs, no
+/// penalties): their masks, computed on the host while the forward runs, go to the device and
+/// hold the draw, greedy or at temperature 1, to the one token each step allows, and the grammar
+/// ends the output; an unconstrained neighbour in the same steps runs to its length.
+#[test]
+fn device_sampling_holds_to_a_grammars_mask() {
+    let Some(gpu) = gpu("device_sampling_holds_to_a_grammars_mask") else {
+        return;
+    };
+    let model = default_model().model;
+    let vocab = model.config().vocab_size as u32;
+    let mut e = Engine::new(model, vec![], cfg(on(&gpu, Dtype::F16, true))).expect("engine");
+    let seq: Vec<u32> = [40, 9000, 3, 20_000, 17, 777]
+        .iter()
+        .map(|t| t % vocab)
+        .collect();
+    let sampled = SamplingParams {
+        temperature: 1.0,
+        seed: Some(7),
+        ..SamplingParams::greedy(50)
+    };
+    for (id, params) in [(1, sampled), (2, SamplingParams::greedy(50))] {
+        let grammar = OneEach {
+            seq: seq.clone(),
+            at: 0,
+        };
+        e.add_constrained(id, vec![5, 6, 7, 8], params, Some(Box::new(grammar)))
+            .expect("add");
+    }
+    e.add_request(3, vec![9, 10, 11], SamplingParams::greedy(8))
+        .expect("add");
+    let mut out: HashMap<u64, Vec<ferrite_engine::engine::TokenEvent>> = HashMap::new();
+    while e.has_unfinished() {
+        for ev in e.step().expect("step").events {
+            out.entry(ev.id).or_default().push(ev);
+        }
+    }
+    for id in [1, 2] {
+        let tokens: Vec<u32> = out[&id].iter().map(|ev| ev.token.id).collect();
+        assert_eq!(tokens, seq, "request {id}");
+        let last = out[&id].last().expect("tokens").finish;
+        assert_eq!(last, Some(ferrite_engine::engine::FinishReason::Stop));
+    }
+    assert_eq!(out[&3].len(), 8);
+}

@@ -245,7 +245,7 @@ impl GpuRunner {
             means,
             quantized_rows,
             sums_8bit,
-            sampling: SamplingBuffers::new(g, s)?,
+            sampling: SamplingBuffers::new(g, s, c.vocab_size)?,
             w,
         })
     }

@@ -7,25 +7,39 @@
 //! seeded request gives the same tokens on every run of the GPU path; they differ from the CPU
 //! sampler's draws for the same seed (another generator), as they do between vLLM's devices.
 //! Greedy picks are the CPU's: the first index of the largest logit.
+//!
+//! A sequence under a grammar samples here too: its bitmask, computed on the host while the
+//! forward runs ([`MaskSource`]), is uploaded once the forward is queued and applied to its row
+//! (`mask_logits`) before the draw, as the CPU sampler applies it.
 
 use cudarc::driver::CudaSlice;
 use ferrite_kernels::cuda::DevPtr;
 use ferrite_kernels::cuda::sample::SamplingArrays;
 use ferrite_model::error::{ModelError, Result};
-use ferrite_model::{DeviceSampling, SeqChunk};
+use ferrite_model::{DeviceSampling, MaskSource, SeqChunk};
 
 use super::{Buf, GpuRunner, alloc, gpu_error};
 
-/// The per-sequence parameter arrays (one block, [`packed`]) and the sampled ids.
+/// The per-sequence parameter arrays (one block, [`packed`]), the grammar masks (`words`
+/// u32 a row) and the sampled ids.
 pub(super) struct SamplingBuffers {
     params: Buf<u8>,
+    masks: Buf<u32>,
+    words: usize,
     ids: CudaSlice<i32>,
 }
 
 impl SamplingBuffers {
-    pub(super) fn new(g: &ferrite_kernels::cuda::Gpu, max_seqs: usize) -> Result<Self> {
+    pub(super) fn new(
+        g: &ferrite_kernels::cuda::Gpu,
+        max_seqs: usize,
+        vocab: usize,
+    ) -> Result<Self> {
+        let words = vocab.div_ceil(32);
         Ok(Self {
             params: alloc(g, max_seqs * PACKED_BYTES)?,
+            masks: alloc(g, max_seqs * words)?,
+            words,
             ids: g.zeros::<i32>(max_seqs).map_err(gpu_error)?,
         })
     }
@@ -69,15 +83,17 @@ fn packed(params: &[DeviceSampling], base: DevPtr) -> (Vec<u8>, SamplingArrays) 
 impl GpuRunner {
     /// Runs `seqs` (replaying the decode graph `graph` names, as
     /// [`GpuRunner::forward_planned`]) and samples one token on the device for each that asked
-    /// for logits (`params[i]` for the i-th of them, in order); reads back only the ids.
+    /// for logits (`params[i]` for the i-th of them, in order), under the grammar masks
+    /// `masks` gives (once the forward is queued); reads back only the ids.
     pub fn forward_sampled(
         &mut self,
         seqs: &[SeqChunk<'_>],
         params: &[DeviceSampling],
         graph: Option<usize>,
         comm: &mut dyn ferrite_collective::Collective,
+        masks: Option<MaskSource<'_>>,
     ) -> Result<Vec<u32>> {
-        self.watched(|r| r.sample_step(seqs, params, graph, comm))
+        self.watched(|r| r.sample_step(seqs, params, graph, comm, masks))
     }
 
     fn sample_step(
@@ -86,6 +102,7 @@ impl GpuRunner {
         params: &[DeviceSampling],
         graph: Option<usize>,
         comm: &mut dyn ferrite_collective::Collective,
+        masks: Option<MaskSource<'_>>,
     ) -> Result<Vec<u32>> {
         let n = self.run_step(seqs, graph, comm)?;
         if params.len() != n {
@@ -99,6 +116,9 @@ impl GpuRunner {
         }
         let g = self.w.gpu.clone();
         let vocab = self.w.cfg.vocab_size;
+        if let Some(source) = masks {
+            self.apply_masks(&g, source(), n)?;
+        }
         let b = &mut self.sampling;
         let ids = g.ptr(&b.ids);
         if params.iter().all(|p| p.temperature <= 0.0) {
@@ -117,6 +137,41 @@ impl GpuRunner {
         }
         let ids = g.download(&self.sampling.ids, n).map_err(gpu_error)?;
         Ok(ids.into_iter().map(|i| i as u32).collect())
+    }
+
+    /// Uploads `rows` (one per sampling row: a bitmask, or `None` for all tokens) and masks the
+    /// step's logits with them; nothing when no row has a grammar.
+    fn apply_masks(
+        &mut self,
+        g: &ferrite_kernels::cuda::Gpu,
+        rows: Vec<Option<Vec<u32>>>,
+        n: usize,
+    ) -> Result<()> {
+        if rows.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let words = self.sampling.words;
+        if rows.len() != n || rows.iter().flatten().any(|m| m.len() != words) {
+            return Err(ModelError::Internal(format!(
+                "{} grammar masks for {n} sampling rows of {words} words",
+                rows.len()
+            )));
+        }
+        let mut flat = vec![u32::MAX; n * words];
+        for (dst, row) in flat.chunks_exact_mut(words).zip(&rows) {
+            if let Some(m) = row {
+                dst.copy_from_slice(m);
+            }
+        }
+        let (mask, vocab) = (self.sampling.masks.ptr, self.w.cfg.vocab_size);
+        // SAFETY: `flat` is n ≤ max_seqs rows of `words`: within the mask buffer; the step
+        // left `n` rows of `vocab` f32 logits.
+        #[allow(unsafe_code)]
+        unsafe {
+            g.upload_at(mask, &flat).map_err(gpu_error)?;
+            g.mask_logits(self.logits_ptr, mask, n, vocab, words)
+                .map_err(gpu_error)
+        }
     }
 }
 

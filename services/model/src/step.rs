@@ -43,3 +43,9 @@ pub struct DeviceSampling {
     /// Which draw of the request this is (its tokens generated so far).
     pub step: u64,
 }
+
+/// Where a device that samples gets the step's grammar masks: called once the forward is
+/// queued (so the host computes the masks while the device runs it), it gives one entry per
+/// row that samples, in order: a bitmask over the logits row (bit `i % 32` of word `i / 32`
+/// allows token `i`) or `None` (no grammar).
+pub type MaskSource<'a> = &'a mut dyn FnMut() -> Vec<Option<Vec<u32>>>;

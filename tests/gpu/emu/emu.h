@@ -76,6 +76,13 @@ inline unsigned __float_as_uint(float f) {
   return u;
 }
 inline float __expf(float x) { return std::exp(x); }
+// Rounded toward zero: the top 24 significant bits, then an exact conversion.
+inline float __ull2float_rz(unsigned long long v) {
+  if (v == 0) return 0.0f;
+  const int shift = 64 - __builtin_clzll(v) - 24;
+  if (shift > 0) v = (v >> shift) << shift;
+  return (float)v;
+}
 inline float __fmul_rn(float a, float b) { return a * b; }
 
 // ---- 16-bit conversions (the PTX cvt instructions: round to nearest even).
