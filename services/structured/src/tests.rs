@@ -280,3 +280,24 @@ fn bounded_fixtures_compile_where_the_schemas_do() {
     );
     assert_eq!(refused.len(), 6, "{refused:?}");
 }
+
+/// A recursion through `$ref` ends: past the last level the optional property is gone.
+#[test]
+fn a_recursion_ends_after_its_last_level() {
+    let v = vocabulary();
+    let spec = Spec::JsonSchema {
+        schema: json!({"properties": {"foo": {"$ref": "#"}}, "additionalProperties": false}),
+        strict: false,
+    };
+    let (_, mut g) = v.compile_spec(&spec, true).expect("compiled");
+    feed(&mut g, &r#"{"foo":"#.repeat(crate::REF_DEPTH));
+    feed(&mut g, "{");
+    assert!(
+        !allowed(&mut g).contains(&u32::from(b'"')),
+        "a key past the last level"
+    );
+    assert!(feed(&mut g, &"}".repeat(crate::REF_DEPTH + 1)));
+    // Unbounded, the recursion goes on.
+    let (_, mut g) = v.compile_spec(&spec, false).expect("compiled");
+    feed(&mut g, &r#"{"foo":"#.repeat(10));
+}

@@ -20,7 +20,9 @@
 //! - a map (an object that declares no property and no pattern): its keys at most
 //!   [`STRING_CHARS`] characters, through a `patternProperties` pattern llguidance enforces;
 //! - an object whose every declared property is required, with values of other keys allowed
-//!   (`additionalProperties` or `patternProperties`): at most [`OBJECT_KEYS`] keys past them.
+//!   (`additionalProperties` or `patternProperties`): at most [`OBJECT_KEYS`] keys past them;
+//! - a recursion through `$ref`: at most [`recursion::REF_DEPTH`] levels deep, where the
+//!   reference can be cut soundly (see `recursion.rs`).
 //!
 //! Objects and free values are bounded only where no other schema is intersected with them or
 //! with a schema they lie in (`allOf`, a `$ref` or `anyOf`/`oneOf` beside other keywords):
@@ -31,7 +33,11 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value, json};
 
-use crate::GrammarError;
+use crate::{GrammarError, MAX_GRAMMAR_BYTES};
+
+mod recursion;
+
+pub use recursion::REF_DEPTH;
 
 /// The most characters of a string without a bound of its own.
 pub const STRING_CHARS: u64 = 48;
@@ -181,6 +187,8 @@ fn rewrite_unevaluated(obj: &mut Map<String, Value>) -> Result<(), GrammarError>
 
 /// Adds the bounds of the module's text to `schema`, a whole request's schema.
 pub fn bound(schema: &mut Value) {
+    // First, so that the copies of a recursion's targets are bounded like the rest.
+    recursion::unroll(schema, MAX_GRAMMAR_BYTES);
     let mut combined = HashSet::new();
     let mut foreign = false;
     combined_refs(schema, false, &mut combined, &mut foreign);
