@@ -22,7 +22,9 @@
 //! - an object whose every declared property is required, with values of other keys allowed
 //!   (`additionalProperties` or `patternProperties`): at most [`OBJECT_KEYS`] keys past them;
 //! - a recursion through `$ref`: at most [`recursion::REF_DEPTH`] levels deep, where the
-//!   reference can be cut soundly (see `recursion.rs`).
+//!   reference can be cut soundly (see `recursion.rs`);
+//! - keywords llguidance ignores (`dependencies`, `if`/`then`/`else`) or approximates
+//!   (`oneOf`, as `anyOf`): rewritten into narrower ones it enforces (see `narrow.rs`).
 //!
 //! Objects and free values are bounded only where no other schema is intersected with them or
 //! with a schema they lie in (`allOf`, a `$ref` or `anyOf`/`oneOf` beside other keywords):
@@ -35,6 +37,7 @@ use serde_json::{Map, Value, json};
 
 use crate::{GrammarError, MAX_GRAMMAR_BYTES};
 
+mod narrow;
 mod recursion;
 
 pub use recursion::REF_DEPTH;
@@ -189,6 +192,7 @@ fn rewrite_unevaluated(obj: &mut Map<String, Value>) -> Result<(), GrammarError>
 pub fn bound(schema: &mut Value) {
     // First, so that the copies of a recursion's targets are bounded like the rest.
     recursion::unroll(schema, MAX_GRAMMAR_BYTES);
+    let written = schema.clone();
     let mut combined = HashSet::new();
     let mut foreign = false;
     combined_refs(schema, false, &mut combined, &mut foreign);
@@ -198,6 +202,8 @@ pub fn bound(schema: &mut Value) {
         pointer: String::new(),
     };
     walk.schema(schema, false);
+    // Last, so that what it adds (`allOf`, `anyOf`) keeps no object above from its bounds.
+    narrow::narrow(schema, &written);
 }
 
 /// The local `$ref`s (their fragment, `/definitions/x`) that sit where another schema is
@@ -305,7 +311,13 @@ impl Walk {
                 _ if NAMED_SCHEMAS.contains(&key) => {
                     // Definitions meet what refers to them (`combined_refs`), not `obj`'s
                     // partner.
-                    let partnered = partnered && !matches!(key, "$defs" | "definitions");
+                    // A dependency's schema meets `obj` itself (`narrow.rs` makes it a member of
+                    // `obj`'s `allOf`).
+                    let partnered = match key {
+                        "$defs" | "definitions" => false,
+                        "dependentSchemas" | "dependencies" => true,
+                        _ => partnered,
+                    };
                     if let Value::Object(map) = value {
                         for (name, sub) in map.iter_mut() {
                             let d = self.pointer.len();
@@ -320,11 +332,11 @@ impl Walk {
                     }
                 }
                 "items" | "prefixItems" if value.is_array() => self.each(value, partnered),
+                // `then` and `else` meet `obj` (`narrow.rs` puts them in its `allOf`).
+                "then" | "else" => self.schema(value, true),
                 "items"
                 | "additionalItems"
                 | "additionalProperties"
-                | "then"
-                | "else"
                 | "unevaluatedItems"
                 | "unevaluatedProperties" => self.schema(value, partnered),
                 _ => {}
