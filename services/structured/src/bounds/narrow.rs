@@ -315,6 +315,7 @@ impl Narrow<'_> {
                 continue;
             }
             let mut absent = Vec::new();
+            let mut needed = Vec::new();
             // Already about objects alone: no `type` to add (nor, for a reference, an
             // `allOf` around it, which llguidance refuses around a recursive one).
             let to_objects = object && !facts.types_only("object");
@@ -332,22 +333,35 @@ impl Narrow<'_> {
                 if j == i || facts.excludes(other, self.current, self.written) {
                     return true;
                 }
+                if !object {
+                    return false;
+                }
                 // A key the other member requires, made absent here.
-                let key = other
-                    .required
-                    .iter()
-                    .find(|k| object && !facts.required.contains(*k));
+                if let Some(k) = other.required.iter().find(|k| !facts.required.contains(*k)) {
+                    absent.push(k.clone());
+                    facts.properties.insert(k.clone(), Value::Bool(false));
+                    return true;
+                }
+                // A key both members declare with values apart (`{"events": [...]}` and
+                // `{"events": "all"}`), made required here: `{}` matches both as written.
+                let key = facts.properties.iter().find_map(|(k, here)| {
+                    let there = other.properties.get(k)?;
+                    let apart = *here != Value::Bool(false)
+                        && !facts.required.contains(k)
+                        && Facts::of(here, self.current).apart(&Facts::of(there, self.written));
+                    apart.then(|| k.clone())
+                });
                 match key {
                     Some(k) => {
-                        absent.push(k.clone());
-                        facts.properties.insert(k.clone(), Value::Bool(false));
+                        facts.required.insert(k.clone());
+                        needed.push(k);
                         true
                     }
                     None => false,
                 }
             });
             if separated {
-                kept.push(narrowed(member, to_objects, &absent));
+                kept.push(narrowed(member, to_objects, &absent, &needed));
             }
         }
         if kept.is_empty() {
@@ -362,9 +376,10 @@ impl Narrow<'_> {
     }
 }
 
-/// `member` narrowed to objects where `to_objects`, and without the keys `absent`.
-fn narrowed(member: &Value, to_objects: bool, absent: &[String]) -> Value {
-    if !to_objects && absent.is_empty() {
+/// `member` narrowed to objects where `to_objects`, without the keys `absent` and with the
+/// keys `needed`.
+fn narrowed(member: &Value, to_objects: bool, absent: &[String], needed: &[String]) -> Value {
+    if !to_objects && absent.is_empty() && needed.is_empty() {
         return member.clone();
     }
     let mut m = match member {
@@ -388,6 +403,15 @@ fn narrowed(member: &Value, to_objects: bool, absent: &[String]) -> Value {
                 props.insert(k.clone(), Value::Bool(false));
             }
         }
+    }
+    if !needed.is_empty() {
+        let mut required: Vec<Value> = m
+            .get("required")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        required.extend(needed.iter().map(|k| Value::String(k.clone())));
+        m.insert("required".into(), Value::Array(required));
     }
     Value::Object(m)
 }
@@ -577,10 +601,9 @@ impl Facts {
             .is_some_and(|ts| ts.iter().all(|x| x == t) && !ts.is_empty())
     }
 
-    /// Whether no value these facts allow (they are enforced: read from the grammar's
-    /// schema) is a value of `other` (read from the schema as written).
-    fn excludes(&self, other: &Facts, doc: &Value, written: &Value) -> bool {
-        if other.never {
+    /// Whether no value these facts allow is one `other` allows, by type or listed values.
+    fn apart(&self, other: &Facts) -> bool {
+        if self.never || other.never {
             return true;
         }
         if let (Some(a), Some(b)) = (&self.types, &other.types) {
@@ -593,9 +616,13 @@ impl Facts {
                 return true;
             }
         }
-        if let (Some(a), Some(b)) = (&self.values, &other.values)
-            && disjoint(a, b)
-        {
+        matches!((&self.values, &other.values), (Some(a), Some(b)) if disjoint(a, b))
+    }
+
+    /// Whether no value these facts allow (they are enforced: read from the grammar's
+    /// schema) is a value of `other` (read from the schema as written).
+    fn excludes(&self, other: &Facts, doc: &Value, written: &Value) -> bool {
+        if self.apart(other) {
             return true;
         }
         if !self.types_only("object") {
@@ -603,11 +630,8 @@ impl Facts {
         }
         let required_here = self.required.iter().any(|k| {
             let unknown_there = other.closed && !other.properties.contains_key(k);
-            let apart = match (
-                self.properties.get(k).and_then(|p| values(p, doc)),
-                other.properties.get(k).and_then(|p| values(p, written)),
-            ) {
-                (Some(a), Some(b)) => disjoint(&a, &b),
+            let apart = match (self.properties.get(k), other.properties.get(k)) {
+                (Some(here), Some(there)) => Facts::of(here, doc).apart(&Facts::of(there, written)),
                 _ => false,
             };
             unknown_there || apart
@@ -672,6 +696,14 @@ mod tests {
         // Nothing tells these apart: left as written.
         let overlapping = json!({"oneOf": [{"minLength": 2}, {"maxLength": 5}]});
         assert_eq!(narrowed(overlapping.clone()), overlapping);
+        // Members that require nothing: `{}` matches both; a key both declare with values
+        // of other types is made required in each.
+        let s = narrowed(json!({"oneOf": [
+            {"properties": {"e": {"type": "array"}}},
+            {"properties": {"e": {"$ref": "#/$defs/e"}}}],
+            "$defs": {"e": {"type": "string", "enum": ["all"]}}}));
+        assert_eq!(s["anyOf"][0]["required"], json!(["e"]), "{s}");
+        assert_eq!(s["anyOf"][1]["required"], json!(["e"]), "{s}");
         // Typed members of different types need nothing.
         let typed = narrowed(json!({"oneOf": [{"type": "string"}, {"type": "integer"}]}));
         assert_eq!(
