@@ -373,3 +373,23 @@ fn conditionals_hold_under_the_grammar() {
     assert!(!allowed(&mut g).contains(&u32::from(b',')), "n beside y");
     assert!(feed(&mut g, "}"));
 }
+
+/// Keys past the declared ones end beside an optional property (llguidance counts them alone).
+#[test]
+fn other_keys_end_beside_optional_properties() {
+    let v = vocabulary();
+    let mut g = bounded_guide(
+        &v,
+        json!({"type": "object", "properties": {"o": {"type": "integer"}},
+            "additionalProperties": {"type": "integer"}}),
+    );
+    let keys: Vec<String> = (0..crate::OBJECT_KEYS)
+        .map(|i| format!(r#""k{i}": 1"#))
+        .collect();
+    feed(&mut g, &format!(r#"{{"o": 1, {}"#, keys.join(", ")));
+    assert!(
+        !allowed(&mut g).contains(&u32::from(b',')),
+        "a key past the bound"
+    );
+    assert!(feed(&mut g, "}"));
+}

@@ -19,8 +19,9 @@
 //!   its declared properties (as OpenAI's strict mode and XGrammar do);
 //! - a map (an object that declares no property and no pattern): its keys at most
 //!   [`STRING_CHARS`] characters, through a `patternProperties` pattern llguidance enforces;
-//! - an object whose every declared property is required, with values of other keys allowed
-//!   (`additionalProperties` or `patternProperties`): at most [`OBJECT_KEYS`] keys past them;
+//! - an object with values of other keys allowed (`additionalProperties` or
+//!   `patternProperties`): at most [`OBJECT_KEYS`] keys past its declared ones (in
+//!   llguidance's strict mode, only where every declared one is required);
 //! - a recursion through `$ref`: at most [`recursion::REF_DEPTH`] levels deep, where the
 //!   reference can be cut soundly (see `recursion.rs`);
 //! - keywords llguidance ignores (`dependencies`, `if`/`then`/`else`) or approximates
@@ -188,8 +189,9 @@ fn rewrite_unevaluated(obj: &mut Map<String, Value>) -> Result<(), GrammarError>
     Ok(())
 }
 
-/// Adds the bounds of the module's text to `schema`, a whole request's schema.
-pub fn bound(schema: &mut Value) {
+/// Adds the bounds of the module's text to `schema`, a whole request's schema; `lenient` as
+/// llguidance will compile it (its strict mode refuses some bounds, see [`bound_object`]).
+pub fn bound(schema: &mut Value, lenient: bool) {
     // First, so that the copies of a recursion's targets are bounded like the rest.
     recursion::unroll(schema, MAX_GRAMMAR_BYTES);
     let written = schema.clone();
@@ -199,6 +201,7 @@ pub fn bound(schema: &mut Value) {
     let mut walk = Walk {
         combined,
         foreign,
+        lenient,
         pointer: String::new(),
     };
     walk.schema(schema, false);
@@ -254,6 +257,8 @@ struct Walk {
     combined: HashSet<String>,
     /// A `$ref` to another document is intersected with something: no target is known free.
     foreign: bool,
+    /// llguidance's `lenient` option for this schema.
+    lenient: bool,
     /// Where the walk is, as a JSON pointer (`/properties/a`).
     pointer: String,
 }
@@ -282,7 +287,7 @@ impl Walk {
         }
         bound_string(obj);
         bound_array(obj, combined);
-        bound_object(obj, combined);
+        bound_object(obj, combined, self.lenient);
         self.children(obj, partnered);
     }
 
@@ -418,7 +423,7 @@ fn bound_array(obj: &mut Map<String, Value>, combined: bool) {
     obj.entry(rest).or_insert_with(|| any(ANY_DEPTH - 1));
 }
 
-fn bound_object(obj: &mut Map<String, Value>, combined: bool) {
+fn bound_object(obj: &mut Map<String, Value>, combined: bool, lenient: bool) {
     // A schema without `type` that declares properties narrows objects only: as good.
     if combined || !has_type(obj, "object") || obj.contains_key("enum") || obj.contains_key("const")
     {
@@ -448,10 +453,14 @@ fn bound_object(obj: &mut Map<String, Value>, combined: bool) {
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    // llguidance counts maxProperties against the keys past the required ones only; with an
-    // optional declared property the count would be off, and the output could break it.
+    // llguidance counts maxProperties against the keys past the required ones only: what it
+    // bounds is the keys past the declared ones, at most OBJECT_KEYS of them. With an optional
+    // declared property written too, an output may have more keys than the bound says; that
+    // breaks the bound, not the schema as written (which has no maxProperties: else none is
+    // added), so it is sound. Only llguidance's strict mode refuses maxProperties beside an
+    // optional declared property: there, only where every declared one is required.
     let all_required = declared.iter().all(|d| required.contains(d.as_str()));
-    if others && all_required && !obj.contains_key("maxProperties") {
+    if others && (all_required || lenient) && !obj.contains_key("maxProperties") {
         let max = (required.len() as u64 + OBJECT_KEYS).max(count(obj, "minProperties"));
         obj.insert("maxProperties".into(), max.into());
     }
@@ -505,7 +514,7 @@ mod tests {
     use super::*;
 
     fn bounded(mut schema: Value) -> Value {
-        bound(&mut schema);
+        bound(&mut schema, true);
         schema
     }
 
@@ -586,6 +595,19 @@ mod tests {
             any(0)["type"],
             json!(["null", "boolean", "number", "string"])
         );
+    }
+
+    #[test]
+    fn other_keys_are_bounded_beside_optional_properties_unless_strict() {
+        let schema = json!({"type": "object", "required": ["r"],
+            "properties": {"r": {"type": "integer"}, "o": {"type": "integer"}},
+            "additionalProperties": {"type": "integer"}});
+        let s = bounded(schema.clone());
+        assert_eq!(s["maxProperties"], 1 + OBJECT_KEYS);
+        // llguidance's strict mode refuses maxProperties beside an optional property.
+        let mut strict = schema;
+        bound(&mut strict, false);
+        assert!(strict.get("maxProperties").is_none(), "{strict}");
     }
 
     #[test]
