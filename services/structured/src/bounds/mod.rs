@@ -10,7 +10,7 @@
 //!   e-mail address or a URI has no end either): at most [`STRING_CHARS`] characters;
 //! - an array without `maxItems`: at most [`ARRAY_ITEMS`] items (more if `minItems` or its
 //!   tuple asks for more); with `uniqueItems`, which llguidance does not enforce, at most one
-//!   (where `minItems` allows it: one item is unique by itself);
+//!   (where `minItems` allows it: one item is unique by itself), whatever its own `maxItems`;
 //! - a value the schema leaves free (`{}`, `true`, the items of an array without `items`, the
 //!   values of an object without `additionalProperties`): any JSON value at most
 //!   [`ANY_DEPTH`] arrays or objects deep, with the bounds above and at most [`OBJECT_KEYS`]
@@ -405,12 +405,16 @@ fn bound_array(obj: &mut Map<String, Value>, combined: bool) {
     if !has_type(obj, "array") || obj.contains_key("enum") || obj.contains_key("const") {
         return;
     }
-    if !obj.contains_key("maxItems") {
-        let needed = count(obj, "minItems").max(tuple.or(prefix).unwrap_or(0) as u64);
-        // llguidance does not enforce `uniqueItems`; one item is unique by itself.
-        let unique = obj.get("uniqueItems") == Some(&Value::Bool(true)) && needed <= 1;
-        let most = if unique { 1 } else { needed.max(ARRAY_ITEMS) };
-        obj.insert("maxItems".into(), most.into());
+    let needed = count(obj, "minItems").max(tuple.or(prefix).unwrap_or(0) as u64);
+    // llguidance does not enforce `uniqueItems`; one item is unique by itself. This bound
+    // is for validity, not length: it wins over the schema's own `maxItems` (a smaller one
+    // stays), where one item is enough.
+    let unique = obj.get("uniqueItems") == Some(&Value::Bool(true)) && needed <= 1;
+    let own = obj.get("maxItems").and_then(Value::as_u64);
+    if unique {
+        obj.insert("maxItems".into(), own.unwrap_or(1).min(1).into());
+    } else if !obj.contains_key("maxItems") {
+        obj.insert("maxItems".into(), needed.max(ARRAY_ITEMS).into());
     }
     if combined || !has_type(obj, "array") {
         return;
@@ -546,13 +550,16 @@ mod tests {
             "one": {"type": "array", "uniqueItems": true, "items": {"type": "string"}},
             "two": {"type": "array", "uniqueItems": true, "minItems": 2},
             "own": {"type": "array", "uniqueItems": true, "maxItems": 9},
+            "none": {"type": "array", "uniqueItems": true, "maxItems": 0},
             "any": {"type": "array", "uniqueItems": false}}}));
         let p = &s["properties"];
         // llguidance would let repeats through: a single item cannot repeat.
         assert_eq!(p["one"]["maxItems"], 1);
         // Where one is too few, only the usual bound (repeats stay possible).
         assert_eq!(p["two"]["maxItems"], ARRAY_ITEMS);
-        assert_eq!(p["own"]["maxItems"], 9);
+        // The schema's own bound gives way to validity; a smaller one stays.
+        assert_eq!(p["own"]["maxItems"], 1);
+        assert_eq!(p["none"]["maxItems"], 0);
         assert_eq!(p["any"]["maxItems"], ARRAY_ITEMS);
     }
 
