@@ -257,8 +257,12 @@ impl Narrow<'_> {
                 let Some(own) = properties.get(name).and_then(|p| values(p, self.current)) else {
                     continue;
                 };
-                if own.iter().any(Value::is_number) {
-                    // 1 and 1.0 are one value to a validator, two to `==`.
+                if own
+                    .iter()
+                    .any(|v| v.is_number() || v.is_array() || v.is_object())
+                {
+                    // 1 and 1.0 are one value to a validator, two to `==` (inside an array
+                    // or object too).
                     continue;
                 }
                 let mut refused = Vec::new();
@@ -312,6 +316,12 @@ impl Narrow<'_> {
                 || facts.types_only("object")
                 || (facts.types.is_none() && facts.about_objects);
             if facts.never || (!object && facts.types.is_none() && facts.values.is_none()) {
+                continue;
+            }
+            let types = facts.types.as_deref().unwrap_or_default();
+            if object && !types.is_empty() && !types.iter().any(|t| t == "object") {
+                // A member of another type under a parent that takes objects only matches
+                // nothing: made an object, it would match what it does not as written.
                 continue;
             }
             let mut absent = Vec::new();
@@ -704,6 +714,13 @@ mod tests {
             "$defs": {"e": {"type": "string", "enum": ["all"]}}}));
         assert_eq!(s["anyOf"][0]["required"], json!(["e"]), "{s}");
         assert_eq!(s["anyOf"][1]["required"], json!(["e"]), "{s}");
+        // Under a parent that takes objects only, a string member matches nothing: dropped,
+        // not made an object.
+        let s = narrowed(json!({"type": "object", "oneOf": [
+            {"type": "string"}, {"required": ["a"]}, {"required": ["b"]}]}));
+        let any = s["anyOf"].as_array().expect("anyOf");
+        assert_eq!(any.len(), 2, "{s}");
+        assert!(any.iter().all(|m| m.get("required").is_some()), "{s}");
         // Typed members of different types need nothing.
         let typed = narrowed(json!({"oneOf": [{"type": "string"}, {"type": "integer"}]}));
         assert_eq!(
