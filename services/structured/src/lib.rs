@@ -14,7 +14,7 @@ mod bounds;
 mod spec;
 mod vocabulary;
 
-pub use bounds::{ANY_DEPTH, ARRAY_ITEMS, OBJECT_KEYS, STRING_CHARS};
+pub use bounds::{ANY_DEPTH, ARRAY_ITEMS, OBJECT_KEYS, REF_DEPTH, STRING_CHARS};
 pub use spec::{Grammar, MAX_GRAMMAR_BYTES, Spec};
 pub use vocabulary::{Guide, TokenBytes, Vocabulary};
 

@@ -153,7 +153,12 @@ fn json_grammar(
     if schema.is_object() {
         bounds::check_keywords(&mut schema)?;
         if bounded {
-            bounds::bound(&mut schema);
+            // The schema's own `x-guidance` wins, as below.
+            let lenient = schema
+                .pointer("/x-guidance/lenient")
+                .and_then(Value::as_bool)
+                .unwrap_or(!strict);
+            bounds::bound(&mut schema, lenient);
         }
     }
     normalize_numbers(&mut schema);

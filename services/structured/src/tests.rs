@@ -280,3 +280,116 @@ fn bounded_fixtures_compile_where_the_schemas_do() {
     );
     assert_eq!(refused.len(), 6, "{refused:?}");
 }
+
+/// A recursion through `$ref` ends: past the last level the optional property is gone.
+#[test]
+fn a_recursion_ends_after_its_last_level() {
+    let v = vocabulary();
+    let spec = Spec::JsonSchema {
+        schema: json!({"properties": {"foo": {"$ref": "#"}}, "additionalProperties": false}),
+        strict: false,
+    };
+    let (_, mut g) = v.compile_spec(&spec, true).expect("compiled");
+    feed(&mut g, &r#"{"foo":"#.repeat(crate::REF_DEPTH));
+    feed(&mut g, "{");
+    assert!(
+        !allowed(&mut g).contains(&u32::from(b'"')),
+        "a key past the last level"
+    );
+    assert!(feed(&mut g, &"}".repeat(crate::REF_DEPTH + 1)));
+    // Unbounded, the recursion goes on.
+    let (_, mut g) = v.compile_spec(&spec, false).expect("compiled");
+    feed(&mut g, &r#"{"foo":"#.repeat(10));
+}
+
+fn bounded_guide(v: &Vocabulary, schema: serde_json::Value) -> Guide {
+    let spec = Spec::JsonSchema {
+        schema,
+        strict: false,
+    };
+    v.compile_spec(&spec, true).expect("compiled").1
+}
+
+/// `oneOf` members without a `type` match any number: bounded, a member is an object.
+#[test]
+fn one_of_members_that_overlap_are_told_apart_under_the_grammar() {
+    let v = vocabulary();
+    let schema = json!({"type": "array", "items": {"oneOf": [
+        {"required": ["a"], "properties": {"a": {"type": "integer"}}},
+        {"required": ["b"], "properties": {"b": {"type": "integer"}}}]}});
+    let mut g = bounded_guide(&v, schema.clone());
+    feed(&mut g, "[");
+    let next = allowed(&mut g);
+    assert!(next.contains(&u32::from(b'{')));
+    assert!(
+        !next.contains(&u32::from(b'1')),
+        "a number matches both members"
+    );
+    assert!(feed(&mut g, r#"{"a": 1}]"#));
+    // Unbounded, as llguidance takes `oneOf` (as `anyOf`), a number is allowed.
+    let (_, mut g) = v
+        .compile_spec(
+            &Spec::JsonSchema {
+                schema,
+                strict: false,
+            },
+            false,
+        )
+        .expect("compiled");
+    feed(&mut g, "[1");
+}
+
+/// `dependencies`: where `a` is written, `b` must be.
+#[test]
+fn dependencies_hold_under_the_grammar() {
+    let v = vocabulary();
+    let schema = json!({"type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "dependencies": {"a": ["b"]}});
+    let mut g = bounded_guide(&v, schema.clone());
+    feed(&mut g, r#"{"a": 1"#);
+    assert!(!allowed(&mut g).contains(&u32::from(b'}')), "a without b");
+    assert!(feed(&mut g, r#", "b": 2}"#));
+    let mut g = bounded_guide(&v, schema);
+    assert!(feed(&mut g, r#"{"b": 2}"#), "b alone");
+}
+
+/// `if`/`then`/`else`: each branch holds for the values its condition picks.
+#[test]
+fn conditionals_hold_under_the_grammar() {
+    let v = vocabulary();
+    let schema = json!({"type": "object",
+        "properties": {"kind": {"type": "string", "enum": ["x", "y"]}, "n": {"type": "integer"}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"const": "x"}}},
+        "then": {"required": ["n"]},
+        "else": {"properties": {"n": false}}});
+    let mut g = bounded_guide(&v, schema.clone());
+    feed(&mut g, r#"{"kind": "x""#);
+    assert!(!allowed(&mut g).contains(&u32::from(b'}')), "x without n");
+    assert!(feed(&mut g, r#", "n": 3}"#));
+    let mut g = bounded_guide(&v, schema);
+    feed(&mut g, r#"{"kind": "y""#);
+    assert!(!allowed(&mut g).contains(&u32::from(b',')), "n beside y");
+    assert!(feed(&mut g, "}"));
+}
+
+/// Keys past the declared ones end beside an optional property (llguidance counts them alone).
+#[test]
+fn other_keys_end_beside_optional_properties() {
+    let v = vocabulary();
+    let mut g = bounded_guide(
+        &v,
+        json!({"type": "object", "properties": {"o": {"type": "integer"}},
+            "additionalProperties": {"type": "integer"}}),
+    );
+    let keys: Vec<String> = (0..crate::OBJECT_KEYS)
+        .map(|i| format!(r#""k{i}": 1"#))
+        .collect();
+    feed(&mut g, &format!(r#"{{"o": 1, {}"#, keys.join(", ")));
+    assert!(
+        !allowed(&mut g).contains(&u32::from(b',')),
+        "a key past the bound"
+    );
+    assert!(feed(&mut g, "}"));
+}

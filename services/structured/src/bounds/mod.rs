@@ -10,7 +10,7 @@
 //!   e-mail address or a URI has no end either): at most [`STRING_CHARS`] characters;
 //! - an array without `maxItems`: at most [`ARRAY_ITEMS`] items (more if `minItems` or its
 //!   tuple asks for more); with `uniqueItems`, which llguidance does not enforce, at most one
-//!   (where `minItems` allows it: one item is unique by itself);
+//!   (where `minItems` allows it: one item is unique by itself), whatever its own `maxItems`;
 //! - a value the schema leaves free (`{}`, `true`, the items of an array without `items`, the
 //!   values of an object without `additionalProperties`): any JSON value at most
 //!   [`ANY_DEPTH`] arrays or objects deep, with the bounds above and at most [`OBJECT_KEYS`]
@@ -19,8 +19,13 @@
 //!   its declared properties (as OpenAI's strict mode and XGrammar do);
 //! - a map (an object that declares no property and no pattern): its keys at most
 //!   [`STRING_CHARS`] characters, through a `patternProperties` pattern llguidance enforces;
-//! - an object whose every declared property is required, with values of other keys allowed
-//!   (`additionalProperties` or `patternProperties`): at most [`OBJECT_KEYS`] keys past them.
+//! - an object with values of other keys allowed (`additionalProperties` or
+//!   `patternProperties`): at most [`OBJECT_KEYS`] keys past its declared ones (in
+//!   llguidance's strict mode, only where every declared one is required);
+//! - a recursion through `$ref`: at most [`recursion::REF_DEPTH`] levels deep, where the
+//!   reference can be cut soundly (see `recursion.rs`);
+//! - keywords llguidance ignores (`dependencies`, `if`/`then`/`else`) or approximates
+//!   (`oneOf`, as `anyOf`): rewritten into narrower ones it enforces (see `narrow.rs`).
 //!
 //! Objects and free values are bounded only where no other schema is intersected with them or
 //! with a schema they lie in (`allOf`, a `$ref` or `anyOf`/`oneOf` beside other keywords):
@@ -31,7 +36,12 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value, json};
 
-use crate::GrammarError;
+use crate::{GrammarError, MAX_GRAMMAR_BYTES};
+
+mod narrow;
+mod recursion;
+
+pub use recursion::REF_DEPTH;
 
 /// The most characters of a string without a bound of its own.
 pub const STRING_CHARS: u64 = 48;
@@ -179,17 +189,24 @@ fn rewrite_unevaluated(obj: &mut Map<String, Value>) -> Result<(), GrammarError>
     Ok(())
 }
 
-/// Adds the bounds of the module's text to `schema`, a whole request's schema.
-pub fn bound(schema: &mut Value) {
+/// Adds the bounds of the module's text to `schema`, a whole request's schema; `lenient` as
+/// llguidance will compile it (its strict mode refuses some bounds, see [`bound_object`]).
+pub fn bound(schema: &mut Value, lenient: bool) {
+    // First, so that the copies of a recursion's targets are bounded like the rest.
+    recursion::unroll(schema, MAX_GRAMMAR_BYTES);
+    let written = schema.clone();
     let mut combined = HashSet::new();
     let mut foreign = false;
     combined_refs(schema, false, &mut combined, &mut foreign);
     let mut walk = Walk {
         combined,
         foreign,
+        lenient,
         pointer: String::new(),
     };
     walk.schema(schema, false);
+    // Last, so that what it adds (`allOf`, `anyOf`) keeps no object above from its bounds.
+    narrow::narrow(schema, &written);
 }
 
 /// The local `$ref`s (their fragment, `/definitions/x`) that sit where another schema is
@@ -240,6 +257,8 @@ struct Walk {
     combined: HashSet<String>,
     /// A `$ref` to another document is intersected with something: no target is known free.
     foreign: bool,
+    /// llguidance's `lenient` option for this schema.
+    lenient: bool,
     /// Where the walk is, as a JSON pointer (`/properties/a`).
     pointer: String,
 }
@@ -268,7 +287,7 @@ impl Walk {
         }
         bound_string(obj);
         bound_array(obj, combined);
-        bound_object(obj, combined);
+        bound_object(obj, combined, self.lenient);
         self.children(obj, partnered);
     }
 
@@ -297,7 +316,13 @@ impl Walk {
                 _ if NAMED_SCHEMAS.contains(&key) => {
                     // Definitions meet what refers to them (`combined_refs`), not `obj`'s
                     // partner.
-                    let partnered = partnered && !matches!(key, "$defs" | "definitions");
+                    // A dependency's schema meets `obj` itself (`narrow.rs` makes it a member of
+                    // `obj`'s `allOf`).
+                    let partnered = match key {
+                        "$defs" | "definitions" => false,
+                        "dependentSchemas" | "dependencies" => true,
+                        _ => partnered,
+                    };
                     if let Value::Object(map) = value {
                         for (name, sub) in map.iter_mut() {
                             let d = self.pointer.len();
@@ -312,11 +337,11 @@ impl Walk {
                     }
                 }
                 "items" | "prefixItems" if value.is_array() => self.each(value, partnered),
+                // `then` and `else` meet `obj` (`narrow.rs` puts them in its `allOf`).
+                "then" | "else" => self.schema(value, true),
                 "items"
                 | "additionalItems"
                 | "additionalProperties"
-                | "then"
-                | "else"
                 | "unevaluatedItems"
                 | "unevaluatedProperties" => self.schema(value, partnered),
                 _ => {}
@@ -380,12 +405,16 @@ fn bound_array(obj: &mut Map<String, Value>, combined: bool) {
     if !has_type(obj, "array") || obj.contains_key("enum") || obj.contains_key("const") {
         return;
     }
-    if !obj.contains_key("maxItems") {
-        let needed = count(obj, "minItems").max(tuple.or(prefix).unwrap_or(0) as u64);
-        // llguidance does not enforce `uniqueItems`; one item is unique by itself.
-        let unique = obj.get("uniqueItems") == Some(&Value::Bool(true)) && needed <= 1;
-        let most = if unique { 1 } else { needed.max(ARRAY_ITEMS) };
-        obj.insert("maxItems".into(), most.into());
+    let needed = count(obj, "minItems").max(tuple.or(prefix).unwrap_or(0) as u64);
+    // llguidance does not enforce `uniqueItems`; one item is unique by itself. This bound
+    // is for validity, not length: it wins over the schema's own `maxItems` (a smaller one
+    // stays), where one item is enough.
+    let unique = obj.get("uniqueItems") == Some(&Value::Bool(true)) && needed <= 1;
+    let own = obj.get("maxItems").and_then(Value::as_u64);
+    if unique {
+        obj.insert("maxItems".into(), own.unwrap_or(1).min(1).into());
+    } else if !obj.contains_key("maxItems") {
+        obj.insert("maxItems".into(), needed.max(ARRAY_ITEMS).into());
     }
     if combined || !has_type(obj, "array") {
         return;
@@ -398,7 +427,7 @@ fn bound_array(obj: &mut Map<String, Value>, combined: bool) {
     obj.entry(rest).or_insert_with(|| any(ANY_DEPTH - 1));
 }
 
-fn bound_object(obj: &mut Map<String, Value>, combined: bool) {
+fn bound_object(obj: &mut Map<String, Value>, combined: bool, lenient: bool) {
     // A schema without `type` that declares properties narrows objects only: as good.
     if combined || !has_type(obj, "object") || obj.contains_key("enum") || obj.contains_key("const")
     {
@@ -428,10 +457,14 @@ fn bound_object(obj: &mut Map<String, Value>, combined: bool) {
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    // llguidance counts maxProperties against the keys past the required ones only; with an
-    // optional declared property the count would be off, and the output could break it.
+    // llguidance counts maxProperties against the keys past the required ones only: what it
+    // bounds is the keys past the declared ones, at most OBJECT_KEYS of them. With an optional
+    // declared property written too, an output may have more keys than the bound says; that
+    // breaks the bound, not the schema as written (which has no maxProperties: else none is
+    // added), so it is sound. Only llguidance's strict mode refuses maxProperties beside an
+    // optional declared property: there, only where every declared one is required.
     let all_required = declared.iter().all(|d| required.contains(d.as_str()));
-    if others && all_required && !obj.contains_key("maxProperties") {
+    if others && (all_required || lenient) && !obj.contains_key("maxProperties") {
         let max = (required.len() as u64 + OBJECT_KEYS).max(count(obj, "minProperties"));
         obj.insert("maxProperties".into(), max.into());
     }
@@ -485,7 +518,7 @@ mod tests {
     use super::*;
 
     fn bounded(mut schema: Value) -> Value {
-        bound(&mut schema);
+        bound(&mut schema, true);
         schema
     }
 
@@ -517,13 +550,16 @@ mod tests {
             "one": {"type": "array", "uniqueItems": true, "items": {"type": "string"}},
             "two": {"type": "array", "uniqueItems": true, "minItems": 2},
             "own": {"type": "array", "uniqueItems": true, "maxItems": 9},
+            "none": {"type": "array", "uniqueItems": true, "maxItems": 0},
             "any": {"type": "array", "uniqueItems": false}}}));
         let p = &s["properties"];
         // llguidance would let repeats through: a single item cannot repeat.
         assert_eq!(p["one"]["maxItems"], 1);
         // Where one is too few, only the usual bound (repeats stay possible).
         assert_eq!(p["two"]["maxItems"], ARRAY_ITEMS);
-        assert_eq!(p["own"]["maxItems"], 9);
+        // The schema's own bound gives way to validity; a smaller one stays.
+        assert_eq!(p["own"]["maxItems"], 1);
+        assert_eq!(p["none"]["maxItems"], 0);
         assert_eq!(p["any"]["maxItems"], ARRAY_ITEMS);
     }
 
@@ -566,6 +602,19 @@ mod tests {
             any(0)["type"],
             json!(["null", "boolean", "number", "string"])
         );
+    }
+
+    #[test]
+    fn other_keys_are_bounded_beside_optional_properties_unless_strict() {
+        let schema = json!({"type": "object", "required": ["r"],
+            "properties": {"r": {"type": "integer"}, "o": {"type": "integer"}},
+            "additionalProperties": {"type": "integer"}});
+        let s = bounded(schema.clone());
+        assert_eq!(s["maxProperties"], 1 + OBJECT_KEYS);
+        // llguidance's strict mode refuses maxProperties beside an optional property.
+        let mut strict = schema;
+        bound(&mut strict, false);
+        assert!(strict.get("maxProperties").is_none(), "{strict}");
     }
 
     #[test]
