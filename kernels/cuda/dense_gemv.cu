@@ -25,12 +25,9 @@
 
 namespace dense {
 
-constexpr int WARPS = 8;
-constexpr int STAGES = 4;
-// One warp step is 16 rows x 64 bytes (4 units of 8 values); rows padded to 80 bytes so the 8
-// row addresses of each ldmatrix fall in distinct 16-byte bank groups.
-constexpr int ROW_BYTES = 80;
-constexpr int STAGE_BYTES = 16 * ROW_BYTES;
+using gemv::STAGE_BYTES;
+using gemv::STAGES;
+using gemv::WARPS;
 
 template <typename T, typename O, int NT>
 __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ x,
@@ -39,59 +36,43 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
   __shared__ __align__(128) u8 ring[WARPS][STAGES][STAGE_BYTES];
   __shared__ __align__(16) float red[WARPS][128 * NT];
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+  const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   const int row0 = blockIdx.x * 16;
   const int units = cols >> 3;  // even: cols % 16 == 0
-  const int steps = (units + 3) >> 2;
   // Rows past the end re-read the last row; their results are dropped.
   const u8* w_a = reinterpret_cast<const u8*>(w + (i64)min(row0 + gid, rows - 1) * cols);
   const u8* w_b = reinterpret_cast<const u8*>(w + (i64)min(row0 + gid + 8, rows - 1) * cols);
   // Tile nt's B column gid is activation row gid + 8 * nt.
   const T* x_row = x + (i64)gid * x_stride;
 
-  // Warp w takes steps w, w + WARPS, ...: the block sweeps its rows front to back together.
-  const int n_my = warp < steps ? (steps - 1 - warp) / WARPS + 1 : 0;
-  auto issue = [&](int k) {
-    if (k < n_my) {
-      const int u = 4 * (warp + k * WARPS) + tig;
-      if (u < units) {
-        u8* st = ring[warp][k % STAGES];
-        cp_async16(st + gid * ROW_BYTES + tig * 16, w_a + u * 16);
-        cp_async16(st + (gid + 8) * ROW_BYTES + tig * 16, w_b + u * 16);
-      }
-    }
-    cp_async_commit();
-  };
+  const gemv::Stream ws(ring[threadIdx.x >> 5], w_a, w_b, units);
   // Lane's x words of step k's four units, per tile (zero past the end and for padded rows).
   auto load_x = [&](int k, u32 (&xw)[NT][4]) {
-    const int ub = 4 * (warp + k * WARPS);
+    const int ub = ws.unit0(k);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bool ok = gid + 8 * nt < m && k < n_my && ub + i < units;
+        const bool ok = gid + 8 * nt < m && k < ws.steps && ub + i < units;
         const T* p = x_row + (i64)8 * nt * x_stride + (ub + i) * 8 + 2 * tig;
         xw[nt][i] = ok ? ldg_u32(p) : 0u;
       }
   };
 #pragma unroll
-  for (int k = 0; k < STAGES - 1; ++k) issue(k);
-
-  // ldmatrix.x4 at a unit pair: lane gives row (q&1)*8 + lane%8 of unit q>>1, q = lane/8.
-  const int lq = lane >> 3;
-  const int ld_off = ((lq & 1) * 8 + (lane & 7)) * ROW_BYTES + (lq >> 1) * 16;
+  for (int k = 0; k < STAGES - 1; ++k) ws.issue(k);
+  const int ld_off = gemv::ld_offset();
 
   float acc[NT][4] = {};
   u32 xw[NT][4];
   load_x(0, xw);
-  for (int k = 0; k < n_my; ++k) {
+  for (int k = 0; k < ws.steps; ++k) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
-    issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
+    ws.issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
     u32 next[NT][4];
     load_x(k + 1, next);
-    const int ub = 4 * (warp + k * WARPS);
-    const u8* st = ring[warp][k % STAGES];
+    const int ub = ws.unit0(k);
+    const u8* st = ws.stage(k);
     u32 a[4];
     ldmatrix_x4(a, st + ld_off);
 #pragma unroll

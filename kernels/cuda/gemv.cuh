@@ -3,6 +3,62 @@
 // slice of the row length; they are summed in shared memory and stored, rounded once.
 #pragma once
 #include "common.cuh"
+#include "mma.cuh"
+
+namespace gemv {
+
+// The weight stream both GEMVs share. A block owns 16 weight rows; its WARPS warps take the
+// row length's steps of 16 rows x 64 bytes (four 16-byte units) in turn (warp w: steps w,
+// w + WARPS, ...: the block sweeps its rows front to back together), each copying its steps
+// global -> shared through a ring of STAGES with cp.async (STAGES - 1 in flight). Rows are
+// padded to 80 bytes so the 8 row addresses of each ldmatrix fall in distinct 16-byte bank
+// groups (80 * r mod 128 is a permutation of 16 * r).
+constexpr int WARPS = 8;
+constexpr int STAGES = 4;
+constexpr int ROW_BYTES = 80;
+constexpr int STAGE_BYTES = 16 * ROW_BYTES;
+
+// One warp's share of the stream: `ring` its stages (in the kernel's static shared memory),
+// `a`/`b` lane (gid, tig)'s rows gid and gid + 8, `units` 16-byte units a row.
+struct Stream {
+  u8 (*ring)[STAGE_BYTES];
+  const u8 *a, *b;
+  int units, warp, gid, tig, steps;  // steps: this warp's
+
+  __device__ __forceinline__ Stream(u8 (*r)[STAGE_BYTES], const u8* row_a, const u8* row_b,
+                                    int n_units)
+      : ring(r), a(row_a), b(row_b), units(n_units) {
+    const int lane = threadIdx.x & 31, all = (n_units + 3) >> 2;
+    warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    steps = warp < all ? (all - 1 - warp) / WARPS + 1 : 0;
+  }
+  // The first unit of this warp's step k.
+  __device__ __forceinline__ int unit0(int k) const { return 4 * (warp + k * WARPS); }
+  // Queues step k's copy (lane tig copies unit tig of rows gid and gid + 8) and commits a
+  // group, empty past the warp's steps so the waits count alike.
+  __device__ __forceinline__ void issue(int k) const {
+    if (k < steps) {
+      const int u = unit0(k) + tig;
+      if (u < units) {
+        u8* st = ring[k % STAGES];
+        cp_async16(st + gid * ROW_BYTES + tig * 16, a + u * 16);
+        cp_async16(st + (gid + 8) * ROW_BYTES + tig * 16, b + u * 16);
+      }
+    }
+    cp_async_commit();
+  }
+  __device__ __forceinline__ const u8* stage(int k) const { return ring[k % STAGES]; }
+};
+
+// Lane's address offset in a stage for ldmatrix.x4 at a unit pair (2p, 2p+1): lane gives row
+// (q&1)*8 + lane%8 of unit 2p + (q>>1), q = lane/8, and gets a[0] = row gid / unit 2p,
+// a[1] = row gid+8 / 2p, a[2] = gid / 2p+1, a[3] = gid+8 / 2p+1. Add 32 for units (2, 3).
+__device__ __forceinline__ int ld_offset() {
+  const int lane = threadIdx.x & 31, lq = lane >> 3;
+  return ((lq & 1) * 8 + (lane & 7)) * ROW_BYTES + (lq >> 1) * 16;
+}
+
+}  // namespace gemv
 
 // acc[nt][c] of lane (gid, tig) is weight row row0 + gid + 8*(c>>1) and activation row
 // 8*nt + 2*tig + (c&1); entry e = 128*nt + 4*lane + c of each warp's slice of `red`.

@@ -33,12 +33,9 @@
 
 namespace wq {
 
-constexpr int WARPS = 8;
-constexpr int STAGES = 4;
-// One warp step is 16 rows x 64 code bytes; rows padded to 80 bytes so the 8 row addresses of
-// each ldmatrix fall in distinct 16-byte bank groups (80 * r mod 128 is a permutation of 16 * r).
-constexpr int ROW_BYTES = 80;
-constexpr int STAGE_BYTES = 16 * ROW_BYTES;
+using gemv::STAGE_BYTES;
+using gemv::STAGES;
+using gemv::WARPS;
 
 template <int BITS>
 __device__ __forceinline__ void load_x(const u8* p, bool valid, u32 (&xw)[32 / BITS / 2]) {
@@ -79,11 +76,10 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   __shared__ __align__(128) u8 ring[WARPS][STAGES][STAGE_BYTES];
   __shared__ __align__(16) float red[WARPS][128 * NT];
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+  const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   const int row0 = blockIdx.x * 16;
   const int row_bytes = cols / (8 / BITS);
   const int units = row_bytes >> 4;
-  const int steps = (units + 3) >> 2;
   const int groups = (cols + group_size - 1) / group_size;
   // Rows past the end re-read the last row; their results are dropped.
   const int ra = min(row0 + gid, rows - 1), rb = min(row0 + gid + 8, rows - 1);
@@ -102,36 +98,20 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   const u8* xrow = reinterpret_cast<const u8*>(x + (i64)gid * cols);
   const i64 x_tile = (i64)8 * cols * sizeof(T);
 
-  // Warp w takes steps w, w + WARPS, ...: the block sweeps its rows front to back together.
-  const int n_my = warp < steps ? (steps - 1 - warp) / WARPS + 1 : 0;
-  auto issue = [&](int k) {
-    if (k < n_my) {
-      const int u = 4 * (warp + k * WARPS) + tig;
-      if (u < units) {
-        u8* st = ring[warp][k % STAGES];
-        cp_async16(st + gid * ROW_BYTES + tig * 16, code_a + u * 16);
-        cp_async16(st + (gid + 8) * ROW_BYTES + tig * 16, code_b + u * 16);
-      }
-    }
-    cp_async_commit();
-  };
+  const gemv::Stream cs(ring[threadIdx.x >> 5], code_a, code_b, units);
 #pragma unroll
-  for (int k = 0; k < STAGES - 1; ++k) issue(k);
-
-  // ldmatrix.x4 at unit pair (2p, 2p+1): lane gives row (q&1)*8 + lane%8 of unit 2p + (q>>1),
-  // and gets a[0] = row gid / unit 2p, a[1] = row gid+8 / 2p, a[2] = gid / 2p+1, a[3] = gid+8.
-  const int lq = lane >> 3;
-  const int ld_off = ((lq & 1) * 8 + (lane & 7)) * ROW_BYTES + (lq >> 1) * 16;
+  for (int k = 0; k < STAGES - 1; ++k) cs.issue(k);
+  const int ld_off = gemv::ld_offset();
   const int quad = lane & ~3;
   const u32 sym = zero_addend<T, BITS>(1u << (BITS - 1));
 
   float acc[NT][4] = {};
-  for (int k = 0; k < n_my; ++k) {
+  for (int k = 0; k < cs.steps; ++k) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
-    issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
-    const int ub = 4 * (warp + k * WARPS);
-    const u8* st = ring[warp][k % STAGES];
+    cs.issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
+    const int ub = cs.unit0(k);
+    const u8* st = cs.stage(k);
     u32 a[8];
     {
       u32 r[4];
