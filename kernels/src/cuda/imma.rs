@@ -24,6 +24,7 @@ use cudarc::driver::CudaStream;
 
 use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
+pub(crate) use super::lt::Codes;
 use super::lt::{Lt, WORKSPACE, lt_error};
 use super::ops::i32_of;
 
@@ -33,43 +34,6 @@ struct Guard<F: FnMut()>(F);
 impl<F: FnMut()> Drop for Guard<F> {
     fn drop(&mut self) {
         (self.0)()
-    }
-}
-
-/// The 8-bit codes a GEMM multiplies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Codes {
-    /// int8; i32 products.
-    Int8,
-    /// FP8 e4m3; f32 products.
-    E4m3,
-}
-
-impl Codes {
-    /// (code type, compute type, scale type, result type).
-    fn types(
-        self,
-    ) -> (
-        sys::cudaDataType_t,
-        sys::cublasComputeType_t,
-        sys::cudaDataType_t,
-        sys::cudaDataType_t,
-    ) {
-        use sys::cudaDataType_t::{CUDA_R_8F_E4M3, CUDA_R_8I, CUDA_R_32F, CUDA_R_32I};
-        match self {
-            Self::Int8 => (
-                CUDA_R_8I,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
-                CUDA_R_32I,
-                CUDA_R_32I,
-            ),
-            Self::E4m3 => (
-                CUDA_R_8F_E4M3,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                CUDA_R_32F,
-                CUDA_R_32F,
-            ),
-        }
     }
 }
 
@@ -137,22 +101,25 @@ pub(crate) unsafe fn gemm_8bit(
     let _c = Guard(|| unsafe {
         let _ = lt::destroy_matrix_layout(c);
     });
-    let pref = lt::create_matmul_pref().map_err(err("preference"))?;
-    let _pref = Guard(|| unsafe {
-        let _ = lt::destroy_matmul_pref(pref);
-    });
-    let room = WORKSPACE as u64;
-    unsafe {
-        lt::set_matmul_pref_attribute(
-            pref,
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            (&room as *const u64).cast(),
-            std::mem::size_of::<u64>(),
-        )
-    }
-    .map_err(err("workspace preference"))?;
-    let algo = unsafe { lt::get_matmul_algo_heuristic(lt.handle(), desc, a, b, c, c, pref) }
-        .map_err(err("no 8-bit algorithm for this shape"))?;
+    let algo = lt.algo((codes, m, n, k), || {
+        let pref = lt::create_matmul_pref().map_err(err("preference"))?;
+        let _pref = Guard(|| unsafe {
+            let _ = lt::destroy_matmul_pref(pref);
+        });
+        let room = WORKSPACE as u64;
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&room as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        }
+        .map_err(err("workspace preference"))?;
+        unsafe { lt::get_matmul_algo_heuristic(lt.handle(), desc, a, b, c, c, pref) }
+            .map(|h| h.algo)
+            .map_err(err("no 8-bit algorithm for this shape"))
+    })?;
     // alpha = 1, beta = 0 in the scale type (i32 or f32: both one 4-byte word).
     let (alpha, beta): (u32, u32) = match codes {
         Codes::Int8 => (1, 0),
@@ -172,7 +139,7 @@ pub(crate) unsafe fn gemm_8bit(
             c,
             sums.0 as *mut c_void,
             c,
-            &algo.algo,
+            &algo,
             lt.workspace_ptr() as *mut c_void,
             WORKSPACE,
             stream.cu_stream() as sys::cudaStream_t,
