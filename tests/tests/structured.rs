@@ -54,8 +54,9 @@ async fn outputs_follow_their_constraints_on_both_apis_and_bad_ones_are_refused_
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(e.message().starts_with("`regex`:"), "{}", e.message());
 
-    // gRPC tools: a required call comes back in the finish.
-    let mut req = greedy_chat("What is the weather in Paris?", 60);
+    // gRPC tools: a required call comes back in the finish. (The model writes two calls in 46
+    // tokens; with 60 to spend, its guide closed the second early, with `length`.)
+    let mut req = greedy_chat("What is the weather in Paris?", 100);
     req.tools = vec![Tool {
         name: "get_weather".into(),
         description: "The weather in a city".into(),

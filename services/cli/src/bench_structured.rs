@@ -59,9 +59,9 @@ struct Timed {
 }
 
 impl Constraint for Timed {
-    fn allowed(&mut self, mask: &mut [u32]) -> Result<(), String> {
+    fn allowed(&mut self, mask: &mut [u32], budget: usize) -> Result<(), String> {
         let start = Instant::now();
-        let r = self.guide.allowed(mask);
+        let r = self.guide.allowed(mask, budget);
         let took = start.elapsed();
         self.times
             .lock()
@@ -72,6 +72,10 @@ impl Constraint for Timed {
 
     fn accept(&mut self, token: u32) -> Result<bool, String> {
         self.guide.accept(token)
+    }
+
+    fn cut_short(&self) -> bool {
+        self.guide.cut_short()
     }
 }
 

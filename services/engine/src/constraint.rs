@@ -8,10 +8,17 @@
 
 /// One sequence's grammar.
 pub trait Constraint: Send + std::fmt::Debug {
-    /// Fills `mask` (as wide as a logits row, in 32-bit words) with the tokens allowed next.
-    fn allowed(&mut self, mask: &mut [u32]) -> Result<(), String>;
+    /// Fills `mask` (as wide as a logits row, in 32-bit words) with the tokens allowed next,
+    /// `budget` tokens (this one included) before `max_tokens` or the context cuts the output:
+    /// a grammar may narrow it to finish in time.
+    fn allowed(&mut self, mask: &mut [u32], budget: usize) -> Result<(), String>;
     /// Follows the chosen `token`; `true` when it completed the grammar (the output ends).
     fn accept(&mut self, token: u32) -> Result<bool, String>;
+    /// Whether the grammar was completed by narrowing to the budget rather than by the model:
+    /// the output then ends as one cut at `max_tokens` does (`length`).
+    fn cut_short(&self) -> bool {
+        false
+    }
 }
 
 /// Sets every logit `mask` does not allow to -inf. Errors when it allows none of the row.

@@ -462,13 +462,10 @@ impl Engine {
         if self.exec.samples_on_device() {
             plan.device_sampling = on_device.into_iter().collect();
         }
-        let constrained: Vec<SeqId> = schedule
-            .chunks
-            .iter()
-            .filter(|c| {
-                c.samples && (self.requests.get(&c.id)).is_some_and(|r| r.constraint.is_some())
-            })
-            .map(|c| c.id)
+        // Each request sampling under a grammar, with the tokens its output may still take.
+        let constrained: Vec<(SeqId, usize)> = (schedule.chunks.iter())
+            .filter(|c| c.samples)
+            .filter_map(|c| Some((c.id, self.grammar_budget(c.id)?)))
             .collect();
         let picks = if constrained.is_empty() {
             self.exec.lead(&mut plan)?
@@ -478,7 +475,12 @@ impl Engine {
             // The sampling rows in order, with the request of each that has a grammar.
             let rows: Vec<Option<SeqId>> = (schedule.chunks.iter())
                 .filter(|c| c.samples)
-                .map(|c| constrained.contains(&c.id).then_some(c.id))
+                .map(|c| {
+                    constrained
+                        .iter()
+                        .any(|&(id, _)| id == c.id)
+                        .then_some(c.id)
+                })
                 .collect();
             let (exec, requests) = (&mut self.exec, &mut self.requests);
             let (picks, masks) =
@@ -493,6 +495,21 @@ impl Engine {
         #[cfg(test)]
         let picks = self.faults.apply(picks, self.cfg.vocab_size)?;
         per_chunk(picks, schedule, self.cfg.vocab_size)
+    }
+
+    /// For a request under a grammar, the tokens its output may still take (this step's
+    /// included) before `max_tokens` or the context ends it.
+    fn grammar_budget(&self, id: SeqId) -> Option<usize> {
+        let req = self.requests.get(&id).filter(|r| r.constraint.is_some())?;
+        let seq = self.sched.get(id)?;
+        let max_model_len = self.sched.config().max_model_len;
+        let by_tokens = req
+            .sampler
+            .params()
+            .max_tokens
+            .saturating_sub(seq.output().len());
+        let by_context = max_model_len.saturating_sub(seq.tokens.len());
+        Some(by_tokens.min(by_context).max(1))
     }
 
     /// Samples (or takes the device's pick for) request `id`'s next token and records it,
@@ -537,11 +554,16 @@ impl Engine {
         };
         let generated = seq.output().len() + 1;
         let total = seq.tokens.len() + 1;
-        let completed = match &mut req.constraint {
-            Some(c) => c.accept(token.id).map_err(EngineError::Grammar)?,
-            None => false,
+        let (completed, cut_short) = match &mut req.constraint {
+            Some(c) => (
+                c.accept(token.id).map_err(EngineError::Grammar)?,
+                c.cut_short(),
+            ),
+            None => (false, false),
         };
-        let finish = if completed || req.stop_ids.contains(&token.id) {
+        let finish = if completed && cut_short {
+            Some(FinishReason::Length)
+        } else if completed || req.stop_ids.contains(&token.id) {
             Some(FinishReason::Stop)
         } else if generated >= req.sampler.params().max_tokens || total >= max_model_len {
             Some(FinishReason::Length)
@@ -581,15 +603,20 @@ impl Engine {
 /// The masks of a step's requests under a grammar, by request.
 type Masks = Vec<(SeqId, std::result::Result<Vec<u32>, String>)>;
 
-/// The mask of each request of `ids` (those sampling this step under a grammar).
-fn compute_masks(requests: &mut HashMap<SeqId, Request>, ids: &[SeqId], words: usize) -> Masks {
+/// The mask of each request of `ids` (those sampling this step under a grammar, with their
+/// budgets).
+fn compute_masks(
+    requests: &mut HashMap<SeqId, Request>,
+    ids: &[(SeqId, usize)],
+    words: usize,
+) -> Masks {
     let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        let Some(c) = requests.get_mut(id).and_then(|r| r.constraint.as_mut()) else {
+    for &(id, budget) in ids {
+        let Some(c) = requests.get_mut(&id).and_then(|r| r.constraint.as_mut()) else {
             continue;
         };
         let mut mask = vec![0; words];
-        out.push((*id, c.allowed(&mut mask).map(|()| mask)));
+        out.push((id, c.allowed(&mut mask, budget).map(|()| mask)));
     }
     out
 }
@@ -602,7 +629,7 @@ fn lead_with_masks(
     exec: &mut Executor,
     requests: &mut HashMap<SeqId, Request>,
     plan: &mut StepPlan,
-    constrained: &[SeqId],
+    constrained: &[(SeqId, usize)],
     rows: &[Option<SeqId>],
     words: usize,
 ) -> (Result<Picks>, Masks) {

@@ -221,7 +221,7 @@ struct Steps {
 }
 
 impl Constraint for Steps {
-    fn allowed(&mut self, mask: &mut [u32]) -> std::result::Result<(), String> {
+    fn allowed(&mut self, mask: &mut [u32], _: usize) -> std::result::Result<(), String> {
         self.asked
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         mask.fill(0);
@@ -284,6 +284,57 @@ fn a_constrained_request_samples_allowed_tokens_alone_and_stops_with_its_grammar
     assert_eq!(out[&2].len(), 6);
     assert_eq!(
         out[&2].last().and_then(|e| e.finish),
+        Some(FinishReason::Length)
+    );
+}
+
+/// A grammar that allows token 40 until one token of budget is left, then finishes with 41
+/// alone (as a guide closing its JSON does). Records the budgets it was given.
+#[derive(Debug)]
+struct Closes {
+    budgets: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    closed: bool,
+}
+
+impl Constraint for Closes {
+    fn allowed(&mut self, mask: &mut [u32], budget: usize) -> std::result::Result<(), String> {
+        self.budgets.lock().expect("budgets").push(budget);
+        mask.fill(0);
+        let id = if budget == 1 { 41 } else { 40 };
+        mask[id / 32] |= 1 << (id % 32);
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> std::result::Result<bool, String> {
+        self.closed = token == 41;
+        Ok(self.closed)
+    }
+
+    fn cut_short(&self) -> bool {
+        self.closed
+    }
+}
+
+#[test]
+fn a_grammar_learns_its_budget_and_one_it_closed_ends_as_cut() {
+    let mut e = engine();
+    let budgets = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let closes = Closes {
+        budgets: budgets.clone(),
+        closed: false,
+    };
+    e.add_constrained(1, vec![5, 6, 7, 8], greedy(5), Some(Box::new(closes)))
+        .expect("add");
+    let mut events = Vec::new();
+    while e.has_unfinished() {
+        events.extend(e.step().expect("step").events);
+    }
+    let ids: Vec<u32> = events.iter().map(|ev| ev.token.id).collect();
+    assert_eq!(ids, [40, 40, 40, 40, 41]);
+    assert_eq!(*budgets.lock().expect("budgets"), [5, 4, 3, 2, 1]);
+    // Complete under its grammar, but only because the budget ran out: `length`, not `stop`.
+    assert_eq!(
+        events.last().and_then(|e| e.finish),
         Some(FinishReason::Length)
     );
 }

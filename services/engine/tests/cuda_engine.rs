@@ -638,7 +638,7 @@ struct OneEach {
 }
 
 impl ferrite_engine::constraint::Constraint for OneEach {
-    fn allowed(&mut self, mask: &mut [u32]) -> Result<(), String> {
+    fn allowed(&mut self, mask: &mut [u32], _: usize) -> Result<(), String> {
         mask.fill(0);
         let t = *self.seq.get(self.at).ok_or("past the end")?;
         mask[t as usize / 32] |= 1 << (t % 32);

@@ -11,6 +11,7 @@
 //! gateway uses it to build and check grammars, the worker to guide sequences.
 
 mod bounds;
+mod closing;
 mod spec;
 mod vocabulary;
 

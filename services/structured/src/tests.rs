@@ -17,9 +17,24 @@ fn vocabulary() -> Vocabulary {
     Vocabulary::new(&bytes, tokenizer, &[EOS], WIDTH).expect("vocabulary")
 }
 
+/// `schema`'s grammar in strict mode.
+fn strict(schema: serde_json::Value) -> crate::Grammar {
+    Spec::JsonSchema {
+        schema,
+        strict: true,
+    }
+    .grammar()
+    .expect("grammar")
+}
+
+/// What `guide` allows next, with a budget far from its end.
 fn allowed(guide: &mut Guide) -> Vec<u32> {
+    allowed_within(guide, 100_000)
+}
+
+fn allowed_within(guide: &mut Guide, budget: usize) -> Vec<u32> {
     let mut mask = vec![0u32; guide.mask_words()];
-    guide.allowed(&mut mask).expect("mask");
+    guide.allowed(&mut mask, budget).expect("mask");
     (0..WIDTH as u32)
         .filter(|&i| mask[i as usize / 32] >> (i % 32) & 1 == 1)
         .collect()
@@ -46,12 +61,7 @@ fn a_schema_allows_its_values_only_and_ends_with_them() {
     let v = vocabulary();
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
         "required": ["n"], "additionalProperties": false});
-    let grammar = Spec::JsonSchema {
-        schema,
-        strict: true,
-    }
-    .grammar()
-    .expect("grammar");
+    let grammar = strict(schema);
     let mut g = v.compile(&grammar).expect("compiled");
     assert_eq!(allowed(&mut g), [u32::from(b'{')], "only an object opens");
     let ended = feed(&mut g, r#"{"n": 42"#);
@@ -392,4 +402,149 @@ fn other_keys_end_beside_optional_properties() {
         "a key past the bound"
     );
     assert!(feed(&mut g, "}"));
+}
+
+/// Follows `guide` with `budget` tokens left and the model's choices being `model`'s bytes
+/// while the guide leaves them open; returns the output and whether the guide closed it.
+fn run_out(guide: &mut Guide, model: &str, budget: usize) -> (String, bool) {
+    let mut out = Vec::new();
+    let mut model = model.bytes().cycle();
+    for left in (1..=budget).rev() {
+        let next = allowed_within(guide, left);
+        let wanted = model.next().map(u32::from).expect("cycles");
+        let token = if next.contains(&wanted) {
+            wanted
+        } else {
+            next[0]
+        };
+        if token == EOS {
+            assert!(guide.accept(token).expect("eos"));
+            return (String::from_utf8(out).expect("utf8"), guide.cut_short());
+        }
+        out.push(u8::try_from(token).expect("a byte"));
+        if guide.accept(token).expect("accepted") {
+            return (String::from_utf8(out).expect("utf8"), guide.cut_short());
+        }
+    }
+    panic!("cut at the budget: {:?}", String::from_utf8_lossy(&out));
+}
+
+#[test]
+fn a_guide_finishes_its_schema_inside_the_budget() {
+    let v = vocabulary();
+    let schema = json!({"type": "object", "additionalProperties": false,
+        "required": ["name", "tags", "at"],
+        "properties": {"name": {"type": "string"}, "at": {"type": "integer", "minimum": 5},
+            "tags": {"type": "array", "minItems": 2, "items": {"type": "string", "pattern": "^x[a-z]+$"}}}});
+    let grammar = strict(schema);
+    // A model that writes one string without end: cut at 128 tokens, the guide closes it.
+    let mut g = v.compile(&grammar).expect("compiled");
+    let (out, closed) = run_out(&mut g, r#"{"name": "abcabcabc"#, 128);
+    assert!(closed, "{out}");
+    let value: serde_json::Value = serde_json::from_str(&out).expect(&out);
+    assert!(
+        value["name"].as_str().is_some_and(|n| n.starts_with("abc")),
+        "{out}"
+    );
+    let tags = value["tags"].as_array().expect("tags");
+    assert!(
+        tags.len() >= 2
+            && tags.iter().all(|t| t
+                .as_str()
+                .is_some_and(|t| t.starts_with('x') && t.len() > 1)),
+        "{out}"
+    );
+    assert!(value["at"].as_i64().is_some_and(|n| n >= 5), "{out}");
+    // Far from the budget, the model chooses among everything the grammar allows.
+    let mut g = v.compile(&grammar).expect("compiled");
+    feed(&mut g, r#"{"name": "ab"#);
+    assert!(allowed_within(&mut g, 1000).len() > 90);
+    assert!(!g.cut_short());
+    // Near it, one token: the end of the string.
+    assert_eq!(allowed_within(&mut g, 30), [u32::from(b'"')]);
+}
+
+#[test]
+fn a_model_that_finishes_by_itself_is_not_cut_short() {
+    let v = vocabulary();
+    let grammar = Spec::JsonObject.grammar().expect("g");
+    let mut g = v.compile(&grammar).expect("compiled");
+    let (out, closed) = run_out(&mut g, r#"{"a": 1}"#, 64);
+    assert_eq!(out, r#"{"a": 1}"#);
+    assert!(!closed);
+}
+
+#[test]
+fn a_guide_closes_in_time_a_nesting_that_grows_with_each_token() {
+    let v = vocabulary();
+    // Each `[` the model writes adds to what finishing takes (an item and a `]`).
+    let schema = json!({"anyOf": [{"type": "integer", "minimum": 10},
+        {"type": "array", "minItems": 1, "items": {"$ref": "#"}}]});
+    let grammar = Spec::JsonSchema {
+        schema,
+        strict: false,
+    }
+    .grammar_as_written()
+    .expect("grammar");
+    let mut g = v.compile(&grammar).expect("compiled");
+    let (out, closed) = run_out(&mut g, "[", 200);
+    assert!(closed, "{out}");
+    let depth = out.bytes().take_while(|&b| b == b'[').count();
+    assert!(
+        depth > 40,
+        "the model wrote only {depth} before the guide closed: {out}"
+    );
+    let mut value: serde_json::Value = serde_json::from_str(&out).expect(&out);
+    for _ in 0..depth {
+        value = value
+            .as_array()
+            .and_then(|a| a.first())
+            .cloned()
+            .expect(&out);
+    }
+    assert!(value.as_i64().is_some_and(|n| n >= 10), "{out}");
+}
+
+#[test]
+fn a_guide_leaves_room_for_the_item_a_model_may_start_next() {
+    let v = vocabulary();
+    // Each item needs 6 dates of 10 characters: starting one adds about 90 tokens at once.
+    let date = json!({"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"});
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    let item = json!({"type": "object", "additionalProperties": false, "required": keys,
+        "properties": keys.iter().map(|k| (k.to_string(), date.clone())).collect::<serde_json::Map<_, _>>()});
+    let schema = json!({"type": "array", "items": item});
+    let grammar = strict(schema);
+    let one = keys.map(|k| format!(r#""{k}":"2020-01-31""#)).join(",");
+    for budget in [150, 200, 333] {
+        let mut g = v.compile(&grammar).expect("compiled");
+        let (out, closed) = run_out(
+            &mut g,
+            &format!("[{{{one}}},{{{one}}},{{{one}}},{{{one}}},"),
+            budget,
+        );
+        assert!(closed, "{out}");
+        let value: serde_json::Value = serde_json::from_str(&out).expect(&out);
+        assert!(value.as_array().is_some_and(|a| !a.is_empty()), "{out}");
+    }
+}
+
+#[test]
+fn a_short_answer_within_its_budget_is_the_models() {
+    let v = vocabulary();
+    let spec = Spec::Choice(vec!["yes".into(), "no".into(), "maybe".into()]);
+    let mut g = v.compile(&spec.grammar().expect("g")).expect("c");
+    let first = allowed_within(&mut g, 10);
+    assert!(
+        [b'y', b'n', b'm']
+            .iter()
+            .all(|&b| first.contains(&u32::from(b))),
+        "{first:?}"
+    );
+    // With what finishing takes left (here 6: "maybe", the closer's first choice, and the end),
+    // the closer writes it.
+    let mut g = v.compile(&spec.grammar().expect("g")).expect("c");
+    let (out, closed) = run_out(&mut g, "x", 6);
+    assert!(closed, "{out}");
+    assert_eq!(out, "maybe");
 }

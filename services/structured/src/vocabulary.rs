@@ -8,6 +8,7 @@ use ferrite_text::Tokenizer;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 
+use crate::closing::{Closer, Finish, Scan};
 use crate::{Grammar, GrammarError, Spec};
 
 /// Each token's bytes, read from a `tokenizer.json` (special tokens by their text). Also what
@@ -65,6 +66,7 @@ impl TokenizerEnv for Env {
 /// One model's grammar compiler: made once per model, shared by its requests.
 pub struct Vocabulary {
     factory: ParserFactory,
+    closer: Arc<Closer>,
     /// Words of a mask: the logits row's width in bits, rounded up.
     mask_words: usize,
 }
@@ -92,6 +94,7 @@ impl Vocabulary {
         })?;
         let mut words = bytes.0.clone();
         words.resize(words.len().max(logits_width), Vec::new());
+        let closer = Arc::new(Closer::new(&words, eos));
         let vocab_size = u32::try_from(words.len())
             .map_err(|_| GrammarError::Vocabulary("more than 2^32 tokens".into()))?;
         let info = TokRxInfo::new(vocab_size, eos);
@@ -105,6 +108,7 @@ impl Vocabulary {
         factory.limits_mut().verbose_errors = false;
         Ok(Self {
             factory,
+            closer,
             mask_words: logits_width.div_ceil(32),
         })
     }
@@ -156,6 +160,9 @@ impl Vocabulary {
         Ok(Guide {
             matcher,
             mask_words: self.mask_words,
+            closer: self.closer.clone(),
+            closing: Finish::START,
+            scan: Scan::default(),
         })
     }
 }
@@ -164,12 +171,17 @@ impl Vocabulary {
 pub struct Guide {
     matcher: Matcher,
     mask_words: usize,
+    closer: Arc<Closer>,
+    closing: Finish,
+    /// Whether the output so far ends inside a string, for the closer.
+    scan: Scan,
 }
 
 impl std::fmt::Debug for Guide {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guide")
             .field("stopped", &self.matcher.is_stopped())
+            .field("closing", &self.closing)
             .finish_non_exhaustive()
     }
 }
@@ -181,8 +193,11 @@ impl Guide {
     }
 
     /// Fills `mask` (bit `i % 32` of word `i / 32` for token `i`) with the tokens the grammar
-    /// allows next. Once the grammar is complete that is the end-of-sequence token alone.
-    pub fn allowed(&mut self, mask: &mut [u32]) -> Result<(), String> {
+    /// allows next, `budget` tokens (this one included) before the output is cut. Once the
+    /// grammar is complete that is the end-of-sequence token alone; once the budget left is
+    /// about what finishing takes, the one token that finishes soonest.
+    pub fn allowed(&mut self, mask: &mut [u32], budget: usize) -> Result<(), String> {
+        self.count_closing(budget);
         let vob = self
             .matcher
             .compute_mask_or_eos()
@@ -191,7 +206,21 @@ impl Guide {
         let n = words.len().min(mask.len());
         mask[..n].copy_from_slice(&words[..n]);
         mask[n..].fill(0);
+        if self.closing == Finish::Closing {
+            self.closer.narrow(&mut self.matcher, self.scan, mask);
+        }
         Ok(())
+    }
+
+    /// Counts what finishing takes where it is due, and starts closing when the budget left
+    /// is down to that (see [`crate::closing`]).
+    fn count_closing(&mut self, budget: usize) {
+        if self.closing.due(budget) && !self.matcher.is_stopped() {
+            let need = self
+                .closer
+                .tokens_to_finish(&self.matcher, self.scan, budget);
+            self.closing.counted(budget, need);
+        }
     }
 
     /// Follows the chosen `token`; `true` when it completed the grammar (the output ends).
@@ -199,6 +228,17 @@ impl Guide {
         self.matcher
             .consume_token(token)
             .map_err(|e| e.to_string())?;
-        Ok(self.matcher.is_stopped())
+        self.closer.follow(&mut self.scan, token);
+        let done = self.matcher.is_stopped();
+        if done && self.closing == Finish::Closing {
+            self.closing = Finish::Closed;
+        }
+        Ok(done)
+    }
+
+    /// Whether the closer, not the model, finished the grammar: the output was cut to fit its
+    /// budget (so it ends as one cut at `max_tokens` does).
+    pub fn cut_short(&self) -> bool {
+        self.closing == Finish::Closed
     }
 }

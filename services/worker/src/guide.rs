@@ -42,11 +42,15 @@ pub async fn compile(
 struct EngineGuide(Guide);
 
 impl Constraint for EngineGuide {
-    fn allowed(&mut self, mask: &mut [u32]) -> Result<(), String> {
-        self.0.allowed(mask)
+    fn allowed(&mut self, mask: &mut [u32], budget: usize) -> Result<(), String> {
+        self.0.allowed(mask, budget)
     }
 
     fn accept(&mut self, token: u32) -> Result<bool, String> {
         self.0.accept(token)
+    }
+
+    fn cut_short(&self) -> bool {
+        self.0.cut_short()
     }
 }
