@@ -662,6 +662,7 @@ pub fn serve(args: ServeArgs, telemetry: &Telemetry) -> Result<()> {
         while view.pools().ready(&model).is_empty() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        view.warm(&model);
         println!("ferrite serve: model {}", served_name(&worker_args));
         if let Some(r) = &ranks {
             let pids: Vec<String> = r.pids().iter().map(u32::to_string).collect();
