@@ -220,39 +220,12 @@ impl Gpu {
         dense_scratch: DevPtr,
         mins: Option<&WqMins>,
     ) -> Result<(), CudaError> {
-        let kernel = WqKernel::choose(m, w);
-        if kernel == WqKernel::Gemv {
-            // SAFETY: the caller's contract is the GEMV's.
-            return unsafe { self.wq_gemv(dtype, out, x, w, m, mins.map(|n| n.mins)) };
-        }
-        // SAFETY: the caller's contract is each callee's.
-        unsafe { self.wq_product(kernel, dtype, out, x, w, m, dense_scratch) }?;
-        match mins {
-            // SAFETY: as above.
-            Some(n) => unsafe { self.wq_add_mins(dtype, out, x, w, n, m) },
-            None => Ok(()),
-        }
-    }
-
-    /// The product by the tensor-core GEMM or, dequantized, by cuBLAS (see [`Self::wq_matmul`]).
-    ///
-    /// # Safety
-    /// As [`Self::wq_matmul`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn wq_product(
-        &self,
-        kernel: WqKernel,
-        dtype: Dtype,
-        out: DevPtr,
-        x: DevPtr,
-        w: &WqDevice,
-        m: usize,
-        dense_scratch: DevPtr,
-    ) -> Result<(), CudaError> {
-        // SAFETY (all three): the caller's contract is each callee's.
-        match kernel {
-            WqKernel::Gemv => unsafe { self.wq_gemv(dtype, out, x, w, m, None) },
-            WqKernel::Mma => unsafe { self.wq_mma(dtype, out, x, w, m) },
+        // SAFETY (every call below): the caller's contract is each callee's.
+        match WqKernel::choose(m, w) {
+            WqKernel::Gemv => {
+                return unsafe { self.wq_gemv(dtype, out, x, w, m, mins.map(|n| n.mins)) };
+            }
+            WqKernel::Mma => unsafe { self.wq_mma(dtype, out, x, w, m) }?,
             WqKernel::Dequant => {
                 if dense_scratch == DevPtr::NULL {
                     return Err(CudaError::Driver(format!(
@@ -268,9 +241,13 @@ impl Gpu {
                 };
                 unsafe {
                     self.wq_dequant(dtype, dense_scratch, w)?;
-                    self.linear(dtype, OutType::Same, out, x, dense_scratch, shape)
+                    self.linear(dtype, OutType::Same, out, x, dense_scratch, shape)?;
                 }
             }
+        }
+        match mins {
+            Some(n) => unsafe { self.wq_add_mins(dtype, out, x, w, n, m) },
+            None => Ok(()),
         }
     }
 }
