@@ -15,6 +15,7 @@
 //! item's least at once).
 
 use llguidance::Matcher;
+use llguidance::toktrie::TokEnv;
 
 /// What the closer writes outside a string, best first where the grammar allows more than
 /// one: the end of what is open, then a separator (allowed only after a whole value, where it
@@ -168,7 +169,6 @@ impl Scan {
 }
 
 /// The tokens a guide finishes its grammar with, for one vocabulary.
-#[derive(Debug)]
 pub(crate) struct Closer {
     /// Candidates outside a string, best first: the tokens whose bytes are exactly
     /// [`PREFERRED`]'s strings, then the other printable ASCII characters.
@@ -177,26 +177,25 @@ pub(crate) struct Closer {
     /// `outside`.
     inside: Vec<(u32, usize)>,
     eos: u32,
-    /// Each token's bytes (empty for special tokens and padding): what [`Scan`] reads, and the
+    /// The vocabulary's token trie: each token's bytes, what [`Scan`] reads and the
     /// fallback's measure (where no candidate is allowed, the longest allowed token: a forced
     /// key, an enum's value).
-    words: Vec<Vec<u8>>,
+    env: TokEnv,
+}
+
+impl std::fmt::Debug for Closer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Closer")
+            .field("candidates", &self.outside.len())
+            .field("eos", &self.eos)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Closer {
-    /// The closer of a vocabulary whose token `i` is `words[i]` (special tokens marked as
-    /// llguidance marks them) and whose end of sequence is `eos`.
-    pub(crate) fn new(words: &[Vec<u8>], eos: u32) -> Self {
-        let special = llguidance::toktrie::TokTrie::SPECIAL_TOKEN_MARKER;
-        let words: Vec<Vec<u8>> = (words.iter())
-            .map(|w| {
-                if w.first() == Some(&special) {
-                    Vec::new()
-                } else {
-                    w.clone()
-                }
-            })
-            .collect();
+    /// The closer of the vocabulary `env`, whose end of sequence is `eos`.
+    pub(crate) fn new(env: TokEnv, eos: u32) -> Self {
+        let trie = env.tok_trie();
         // What opens more to finish comes last: an object before an array (recursion through
         // an array of itself, as in a union of types, is the commoner).
         let singles: Vec<String> = (b'!'..=b'~')
@@ -210,8 +209,7 @@ impl Closer {
             .copied()
             .chain(singles.iter().map(String::as_str))
         {
-            let id = words.iter().position(|w| w.as_slice() == text.as_bytes());
-            if let Some(id) = id.and_then(|i| u32::try_from(i).ok())
+            if let Some(id) = trie.token_id(text.as_bytes())
                 && !outside.contains(&id)
             {
                 outside.push(id);
@@ -219,7 +217,7 @@ impl Closer {
         }
         // Inside a string: its end, then what formats need to go on (`@` of an email, `.` and
         // `:` of hosts and URIs), then letters and digits, then the other single characters.
-        let rank = |id: u32| match words[id as usize].as_slice() {
+        let rank = |id: u32| match trie.token(id) {
             b"\"" => 0,
             [b'@' | b'.' | b'-' | b':' | b'/'] => 1,
             [b] if b.is_ascii_alphanumeric() => 2,
@@ -234,13 +232,23 @@ impl Closer {
             outside,
             inside,
             eos,
-            words,
+            env,
+        }
+    }
+
+    /// Token `id`'s bytes (none for a special token or padding).
+    fn bytes(&self, id: u32) -> &[u8] {
+        let trie = self.env.tok_trie();
+        if trie.is_special_token(id) {
+            &[]
+        } else {
+            trie.token(id)
         }
     }
 
     /// `scan` past token `id`.
     pub(crate) fn follow(&self, scan: &mut Scan, id: u32) {
-        let bytes = self.words.get(id as usize).map_or(&[][..], Vec::as_slice);
+        let bytes = self.bytes(id);
         let was_in_string = scan.in_string;
         scan.follow(bytes);
         scan.run = if scan.last == Some(id) {
@@ -296,7 +304,7 @@ impl Closer {
             while bits != 0 {
                 let id = (w * 32) as u32 + bits.trailing_zeros();
                 bits &= bits - 1;
-                let len = self.words.get(id as usize).map_or(0, Vec::len);
+                let len = self.bytes(id).len();
                 if len > 0 && best.is_none_or(|(_, l)| len > l) {
                     best = Some((id, len));
                 }

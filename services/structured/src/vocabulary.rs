@@ -94,12 +94,12 @@ impl Vocabulary {
         })?;
         let mut words = bytes.0.clone();
         words.resize(words.len().max(logits_width), Vec::new());
-        let closer = Arc::new(Closer::new(&words, eos));
         let vocab_size = u32::try_from(words.len())
             .map_err(|_| GrammarError::Vocabulary("more than 2^32 tokens".into()))?;
         let info = TokRxInfo::new(vocab_size, eos);
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(Env { trie, tokenizer });
+        let closer = Arc::new(Closer::new(env.clone(), eos));
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
