@@ -28,7 +28,7 @@ use crate::model::DeviceSampling;
 use crate::model::EngineModel;
 use crate::plan::{PlanBuilder, StepPlan};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
-use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId};
+use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId, SeqState};
 
 pub use crate::executor::{CudaPlacement, EngineConfig};
 
@@ -503,13 +503,7 @@ impl Engine {
         let req = self.requests.get(&id).filter(|r| r.constraint.is_some())?;
         let seq = self.sched.get(id)?;
         let max_model_len = self.sched.config().max_model_len;
-        let by_tokens = req
-            .sampler
-            .params()
-            .max_tokens
-            .saturating_sub(seq.output().len());
-        let by_context = max_model_len.saturating_sub(seq.tokens.len());
-        Some(by_tokens.min(by_context).max(1))
+        Some(tokens_left(seq, req.sampler.params().max_tokens, max_model_len).max(1))
     }
 
     /// Samples (or takes the device's pick for) request `id`'s next token and records it,
@@ -553,7 +547,7 @@ impl Engine {
             }
         };
         let generated = seq.output().len() + 1;
-        let total = seq.tokens.len() + 1;
+        let last = tokens_left(seq, req.sampler.params().max_tokens, max_model_len) <= 1;
         let (completed, cut_short) = match &mut req.constraint {
             Some(c) => (
                 c.accept(token.id).map_err(EngineError::Grammar)?,
@@ -565,7 +559,7 @@ impl Engine {
             Some(FinishReason::Length)
         } else if completed || req.stop_ids.contains(&token.id) {
             Some(FinishReason::Stop)
-        } else if generated >= req.sampler.params().max_tokens || total >= max_model_len {
+        } else if last {
             Some(FinishReason::Length)
         } else {
             None
@@ -598,6 +592,13 @@ impl Engine {
             cached_tokens: is_first.then_some(cached),
         })
     }
+}
+
+/// Tokens `seq`'s output may still take, the next one included, before `max_tokens` or the
+/// context (`max_model_len`) ends it: the next one is its last at 1.
+fn tokens_left(seq: &SeqState, max_tokens: usize, max_model_len: usize) -> usize {
+    let by_tokens = max_tokens.saturating_sub(seq.output().len());
+    by_tokens.min(max_model_len.saturating_sub(seq.tokens.len()))
 }
 
 /// The masks of a step's requests under a grammar, by request.
