@@ -111,6 +111,15 @@ ab)
   common=(--device cuda --load-format dummy --model llama-3-8b --runs 3)
   "$f" kernels build >/dev/null 2>&1
   {
+    # Async scheduling (session 18) against steps one at a time: the default model's decode,
+    # where a step is short and the host's share of it largest, and fp16 high concurrency.
+    for no_async in 0 1; do
+      echo "== FERRITE_NO_ASYNC_SCHEDULING=$no_async (default model decode; fp16 high_concurrency)"
+      FERRITE_NO_ASYNC_SCHEDULING=$no_async timeout 60 "$f" bench decode --device cuda \
+        --model smollm2-135m --batch-sizes 1,64 --prompt-tokens 128 --new-tokens 128 --runs 3
+      FERRITE_NO_ASYNC_SCHEDULING=$no_async timeout 60 "$f" bench latency "${common[@]}" \
+        --configs high_concurrency
+    done
     for rows in 16 0; do
       echo "== FERRITE_GEMV_ROWS=$rows (fp16 interactive)"
       FERRITE_GEMV_ROWS=$rows timeout 60 "$f" bench latency "${common[@]}" --configs interactive

@@ -61,6 +61,10 @@ pub struct ModelArgs {
     /// On a GPU, run decode steps eagerly instead of replaying captured CUDA graphs.
     #[arg(long, env = "FERRITE_ENFORCE_EAGER")]
     pub enforce_eager: bool,
+    /// On a GPU, plan each step only once the one before has run, instead of while it runs
+    /// (async scheduling, on by default there).
+    #[arg(long, env = "FERRITE_NO_ASYNC_SCHEDULING")]
+    pub no_async_scheduling: bool,
     /// Recompute every prompt from scratch instead of reusing the KV blocks of prefixes
     /// computed before (prefix caching is on by default).
     #[arg(long, env = "FERRITE_NO_PREFIX_CACHING")]
@@ -188,6 +192,8 @@ impl ModelArgs {
             }
         };
         Ok(EngineConfig {
+            // The CPU's forward runs on the thread that plans: there is nothing to overlap.
+            async_scheduling: cuda.is_some() && !self.no_async_scheduling,
             max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -246,6 +252,9 @@ impl ModelArgs {
         }
         if self.no_prefix_caching {
             a.push("--no-prefix-caching".into());
+        }
+        if self.no_async_scheduling {
+            a.push("--no-async-scheduling".into());
         }
         a.extend(["--collective".into(), value_name(self.collective)]);
         if !self.devices.is_empty() {

@@ -6,6 +6,10 @@
 //! engine computes a step's masks on a thread of their own while the forward runs (they depend
 //! only on the tokens so far), and the sampler keeps the allowed tokens alone.
 
+use crate::executor::{Executor, Picks};
+use crate::plan::StepPlan;
+use crate::scheduler::SeqId;
+
 /// One sequence's grammar.
 pub trait Constraint: Send + std::fmt::Debug {
     /// Fills `mask` (as wide as a logits row, in 32-bit words) with the tokens allowed next,
@@ -52,6 +56,63 @@ pub fn check_allowed(mask: &[u32], token: u32) -> Result<(), String> {
             "token {token} was drawn outside the grammar's mask"
         ))
     }
+}
+
+/// The masks of a step's requests under a grammar, by request.
+pub(crate) type Masks = Vec<(SeqId, Result<Vec<u32>, String>)>;
+
+/// A request sampling this step under a grammar: its id, the tokens its output may still take
+/// and its grammar.
+pub(crate) type Grammar<'a> = (SeqId, usize, &'a mut (dyn Constraint + 'static));
+
+/// The mask of each of `grammars`.
+fn compute_masks(grammars: Vec<Grammar<'_>>, words: usize) -> Masks {
+    let mut out = Vec::with_capacity(grammars.len());
+    for (id, budget, c) in grammars {
+        let mut mask = vec![0; words];
+        out.push((id, c.allowed(&mut mask, budget).map(|()| mask)));
+    }
+    out
+}
+
+/// Leads `plan` while a thread computes the masks of `grammars`; a device that samples takes
+/// them once the forward is queued, one per sampling row (`rows`: the request with a grammar,
+/// if any, of each). Returns the picks and every mask computed, for the host's sampling and
+/// checks.
+pub(crate) fn lead_with_masks(
+    exec: &mut Executor,
+    plan: &mut StepPlan,
+    grammars: Vec<Grammar<'_>>,
+    rows: &[Option<SeqId>],
+    words: usize,
+) -> (crate::Result<Picks>, Masks) {
+    // A mask thread that panicked leaves its requests without masks: each then fails with a
+    // grammar error, as any missing mask does.
+    let join = |t: Option<std::thread::ScopedJoinHandle<'_, Masks>>| {
+        t.map(|t| t.join().unwrap_or_default()).unwrap_or_default()
+    };
+    std::thread::scope(|s| {
+        let mut thread = Some(s.spawn(|| compute_masks(grammars, words)));
+        let mut computed: Option<Masks> = None;
+        let picks = {
+            let mut source = || {
+                let masks = join(thread.take());
+                let by_row = rows
+                    .iter()
+                    .map(|row| {
+                        let (_, m) = masks.iter().find(|(id, _)| Some(*id) == *row)?;
+                        // A failed mask leaves the row unmasked; the host then fails the request.
+                        m.as_ref().ok().cloned()
+                    })
+                    .collect();
+                computed = Some(masks);
+                by_row
+            };
+            exec.lead_masked(plan, Some(&mut source))
+        };
+        let masks = computed.unwrap_or_else(|| join(thread.take()));
+        (picks, masks)
+    })
 }
 
 #[cfg(test)]

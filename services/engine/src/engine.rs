@@ -20,9 +20,9 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::config::ModelConfig;
-use crate::constraint::{Constraint, apply_mask, check_allowed};
+use crate::constraint::{Constraint, apply_mask, check_allowed, lead_with_masks};
 use crate::error::{EngineError, Result};
-use crate::executor::{Executor, Picks};
+use crate::executor::{Executor, Pick, Picks, per_chunk};
 use crate::kv_cache::{BlockHash, KvEvent};
 use crate::model::DeviceSampling;
 use crate::model::EngineModel;
@@ -141,15 +141,19 @@ struct Request {
 pub struct Engine {
     /// The model's shape.
     cfg: ModelConfig,
-    exec: Executor,
-    sched: Scheduler,
-    plans: PlanBuilder,
+    pub(crate) exec: Executor,
+    pub(crate) sched: Scheduler,
+    pub(crate) plans: PlanBuilder,
     requests: HashMap<SeqId, Request>,
     eos_ids: Vec<u32>,
     preemptions: u64,
+    /// Plan each step while the device runs the one before ([`EngineConfig::async_scheduling`]).
+    async_scheduling: bool,
+    /// The step launched and not yet collected, under async scheduling.
+    pub(crate) inflight: Option<crate::overlap::InFlight>,
     /// Faults the unit tests make a step meet.
     #[cfg(test)]
-    faults: tests::Faults,
+    pub(crate) faults: tests::Faults,
 }
 
 /// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
@@ -211,6 +215,8 @@ impl Engine {
             requests: HashMap::new(),
             eos_ids,
             preemptions: 0,
+            async_scheduling: cfg.async_scheduling,
+            inflight: None,
             #[cfg(test)]
             faults: tests::Faults::default(),
         })
@@ -353,8 +359,17 @@ impl Engine {
     /// Drops a request and frees its KV blocks. Returns false if it was not known.
     pub fn abort(&mut self, id: SeqId) -> bool {
         self.requests.remove(&id);
-        self.plans.forget(id);
+        self.retire(id);
         self.sched.remove(id).is_some()
+    }
+
+    /// `id` is gone: the ranks drop its table with the next plan, and the step in flight (if
+    /// any) drops its pick.
+    pub(crate) fn retire(&mut self, id: SeqId) {
+        self.plans.forget(id);
+        if let Some(f) = &mut self.inflight {
+            f.retire(id);
+        }
     }
 
     /// Whether `id` is queued or running.
@@ -363,7 +378,7 @@ impl Engine {
     }
 
     pub fn has_unfinished(&self) -> bool {
-        self.sched.has_work()
+        self.sched.has_work() || self.inflight.is_some()
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -385,15 +400,55 @@ impl Engine {
     /// Runs one step. A forward error fails the step's requests (they are removed) and is
     /// returned; so does an inconsistency between the plan, the requests and the picks (an
     /// [`EngineError::Internal`]), rather than leaving a sequence without its token.
+    ///
+    /// Under async scheduling, while no request follows a grammar, a step plans and launches
+    /// the next forward and returns the tokens of the one before ([`crate::overlap`]).
     pub fn step(&mut self) -> Result<StepOutput> {
         crate::failpoints::engine_step();
+        let overlaps =
+            self.async_scheduling && (self.requests.values()).all(|r| r.constraint.is_none());
+        if overlaps || self.inflight.is_some() {
+            // A request with a grammar arrived: the step in flight ends first, alone.
+            return self.step_overlapped(overlaps);
+        }
         let schedule = self.sched.schedule();
         let now = Instant::now();
-        let mut out = StepOutput {
-            num_tokens: schedule.num_tokens(),
-            num_preempted: schedule.preempted.len(),
-            ..StepOutput::default()
+        let mut out = self.begin_step(&schedule, now);
+        if schedule.chunks.is_empty() {
+            return Ok(out);
+        }
+        let picks = match self.execute(&schedule) {
+            Ok(p) => p,
+            Err(e) => {
+                self.fail(schedule.chunks.iter().map(|c| c.id));
+                return Err(e);
+            }
         };
+        for (c, pick) in schedule.chunks.iter().zip(picks) {
+            self.sched.mark_computed(c);
+            let Some(pick) = pick else { continue };
+            let index = c.start + c.len;
+            let token = self.pick_token(c.id, pick, index).inspect(|t| {
+                self.sched.push_token(c.id, t.id);
+            });
+            match token.and_then(|t| self.record_token(c.id, t, index, now)) {
+                Ok(ev) => out.events.push(ev),
+                Err(e) if e.fails_alone() => {
+                    self.abort(c.id);
+                    out.failed.push((c.id, e));
+                }
+                Err(e) => {
+                    self.fail(schedule.chunks.iter().map(|c| c.id));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A step's output before its tokens: counts the preemptions `schedule` made and notes
+    /// when each of its requests was first scheduled.
+    pub(crate) fn begin_step(&mut self, schedule: &Schedule, now: Instant) -> StepOutput {
         self.preemptions += schedule.preempted.len() as u64;
         for id in &schedule.preempted {
             if let Some(r) = self.requests.get_mut(id) {
@@ -405,63 +460,25 @@ impl Engine {
                 r.scheduled.get_or_insert(now);
             }
         }
-        if schedule.chunks.is_empty() {
-            return Ok(out);
+        StepOutput {
+            num_tokens: schedule.num_tokens(),
+            num_preempted: schedule.preempted.len(),
+            ..StepOutput::default()
         }
-        let picks = match self.execute(&schedule) {
-            Ok(p) => p,
-            Err(e) => {
-                for c in &schedule.chunks {
-                    self.abort(c.id);
-                }
-                return Err(e);
-            }
-        };
-        for (c, pick) in schedule.chunks.iter().zip(picks) {
-            self.sched.mark_computed(c);
-            let Some(pick) = pick else { continue };
-            match self.take_token(c.id, pick, now) {
-                Ok(ev) => out.events.push(ev),
-                Err(e) if e.fails_alone() => {
-                    self.abort(c.id);
-                    out.failed.push((c.id, e));
-                }
-                Err(e) => {
-                    for c in &schedule.chunks {
-                        self.abort(c.id);
-                    }
-                    return Err(e);
-                }
-            }
+    }
+
+    /// Fails the requests `ids` (a step of theirs failed): they are removed.
+    pub(crate) fn fail(&mut self, ids: impl IntoIterator<Item = SeqId>) {
+        for id in ids {
+            self.abort(id);
         }
-        Ok(out)
     }
 
     /// Plans `schedule` for the ranks, runs it and returns, for each chunk, its pick (`None`
-    /// for a chunk that does not sample). Checks first that every planned sequence is known to
-    /// both the scheduler and the request table, and after that the forward gave one pick per
-    /// sampling chunk: nothing is changed when either fails.
+    /// for a chunk that does not sample). Nothing is changed when the plan's or the picks'
+    /// checks fail.
     fn execute(&mut self, schedule: &Schedule) -> Result<Vec<Option<Pick>>> {
-        let mut on_device = Vec::new();
-        for c in &schedule.chunks {
-            let (Some(seq), Some(req)) = (self.sched.get(c.id), self.requests.get(&c.id)) else {
-                return Err(EngineError::Internal(format!(
-                    "sequence {} was planned but is not known to both the scheduler and the request table",
-                    c.id
-                )));
-            };
-            if c.samples {
-                on_device.push(device_sampling(req, seq.output().len()));
-            }
-            // A chunk writes only blocks of its own that no other sequence can read.
-            self.sched.check_writes(c).map_err(EngineError::Internal)?;
-        }
-        let mut plan = self.plans.build(schedule, &self.sched)?;
-        // On a GPU, a step whose every sampling request the device can serve alone samples
-        // there and reads back ids only.
-        if self.exec.samples_on_device() {
-            plan.device_sampling = on_device.into_iter().collect();
-        }
+        let mut plan = self.plan_step(schedule)?;
         // Each request sampling under a grammar, with the tokens its output may still take.
         let constrained: Vec<(SeqId, usize)> = (schedule.chunks.iter())
             .filter(|c| c.samples)
@@ -482,9 +499,13 @@ impl Engine {
                         .then_some(c.id)
                 })
                 .collect();
-            let (exec, requests) = (&mut self.exec, &mut self.requests);
-            let (picks, masks) =
-                lead_with_masks(exec, requests, &mut plan, &constrained, &rows, words);
+            let grammars = (self.requests.iter_mut())
+                .filter_map(|(id, r)| {
+                    let &(_, budget) = constrained.iter().find(|(c, _)| c == id)?;
+                    Some((*id, budget, r.constraint.as_deref_mut()?))
+                })
+                .collect();
+            let (picks, masks) = lead_with_masks(&mut self.exec, &mut plan, grammars, &rows, words);
             for (id, mask) in masks {
                 if let Some(req) = self.requests.get_mut(&id) {
                     req.mask = Some(mask);
@@ -492,9 +513,49 @@ impl Engine {
             }
             picks?
         };
+        self.split_picks(picks, schedule)
+    }
+
+    /// The plan of `schedule` for the ranks, after checking that every planned sequence is
+    /// known to both the scheduler and the request table and writes only blocks of its own.
+    pub(crate) fn plan_step(&mut self, schedule: &Schedule) -> Result<StepPlan> {
+        let mut on_device = Vec::new();
+        for c in &schedule.chunks {
+            let (Some(seq), Some(req)) = (self.sched.get(c.id), self.requests.get(&c.id)) else {
+                return Err(EngineError::Internal(format!(
+                    "sequence {} was planned but is not known to both the scheduler and the request table",
+                    c.id
+                )));
+            };
+            if c.samples {
+                on_device.push(device_sampling(req, seq.output().len()));
+            }
+            // A chunk writes only blocks of its own that no other sequence can read.
+            self.sched.check_writes(c).map_err(EngineError::Internal)?;
+        }
+        let mut plan = self.plans.build(schedule, &self.sched)?;
+        // On a GPU, a step whose every sampling request the device can serve alone samples
+        // there and reads back ids only.
+        if self.exec.samples_on_device() {
+            plan.device_sampling = on_device.into_iter().collect();
+        }
+        Ok(plan)
+    }
+
+    /// `picks` split among `schedule`'s chunks ([`per_chunk`]), after the faults a test set.
+    pub(crate) fn split_picks(
+        &mut self,
+        picks: Picks,
+        schedule: &Schedule,
+    ) -> Result<Vec<Option<Pick>>> {
         #[cfg(test)]
         let picks = self.faults.apply(picks, self.cfg.vocab_size)?;
         per_chunk(picks, schedule, self.cfg.vocab_size)
+    }
+
+    /// The most tokens request `id` may generate.
+    pub(crate) fn max_tokens(&self, id: SeqId) -> Option<usize> {
+        Some(self.requests.get(&id)?.sampler.params().max_tokens)
     }
 
     /// For a request under a grammar, the tokens its output may still take (this step's
@@ -506,26 +567,34 @@ impl Engine {
         Some(tokens_left(seq, req.sampler.params().max_tokens, max_model_len).max(1))
     }
 
-    /// Samples (or takes the device's pick for) request `id`'s next token and records it,
-    /// finishing the request when it stops.
-    fn take_token(&mut self, id: SeqId, pick: Pick, now: Instant) -> Result<TokenEvent> {
-        let max_model_len = self.sched.config().max_model_len;
+    /// Samples (or takes the device's pick for) request `id`'s token at `index` of its
+    /// sequence, from the tokens before it.
+    pub(crate) fn pick_token(
+        &mut self,
+        id: SeqId,
+        pick: Pick,
+        index: usize,
+    ) -> Result<SampledToken> {
         let (Some(req), Some(seq)) = (self.requests.get_mut(&id), self.sched.get(id)) else {
-            // `execute` checked that `id` is in both tables; nothing removes it since.
+            // The caller checked that `id` is in both tables; nothing removes it since.
             return Err(EngineError::Internal(format!(
                 "sequence {id} vanished mid-step"
             )));
         };
-        let token = match pick {
+        let mask = |req: &mut Request| {
+            req.mask
+                .take()
+                .unwrap_or_else(|| Err("no mask was computed for this step (an engine bug)".into()))
+        };
+        Ok(match pick {
             Pick::Row(mut row) => {
                 if req.constraint.is_some() {
-                    let mask = req.mask.take().unwrap_or_else(|| {
-                        Err("no mask was computed for this step (an engine bug)".into())
-                    });
-                    mask.and_then(|m| apply_mask(&mut row, &m))
+                    mask(req)
+                        .and_then(|m| apply_mask(&mut row, &m))
                         .map_err(EngineError::Grammar)?;
                 }
-                req.sampler.sample(&mut row, seq.prompt(), seq.output())?
+                let output = &seq.tokens[seq.prompt_len..index];
+                req.sampler.sample(&mut row, seq.prompt(), output)?
             }
             // Sampled on the device: no distribution on the host, so no logprob (the request
             // asked for none, or it would have been sampled here).
@@ -533,10 +602,8 @@ impl Engine {
                 if req.constraint.is_some() {
                     // The device drew under the mask; it can only draw outside it where the
                     // mask allowed nothing, or where computing the mask failed.
-                    let mask = req.mask.take().unwrap_or_else(|| {
-                        Err("no mask was computed for this step (an engine bug)".into())
-                    });
-                    mask.and_then(|m| check_allowed(&m, id))
+                    mask(req)
+                        .and_then(|m| check_allowed(&m, id))
                         .map_err(EngineError::Grammar)?;
                 }
                 SampledToken {
@@ -545,9 +612,27 @@ impl Engine {
                     top: Vec::new(),
                 }
             }
+        })
+    }
+
+    /// Records `token`, request `id`'s token at `index` of its sequence (already in the
+    /// scheduler's copy), finishing the request when it stops.
+    pub(crate) fn record_token(
+        &mut self,
+        id: SeqId,
+        token: SampledToken,
+        index: usize,
+        now: Instant,
+    ) -> Result<TokenEvent> {
+        let max_model_len = self.sched.config().max_model_len;
+        let (Some(req), Some(seq)) = (self.requests.get_mut(&id), self.sched.get(id)) else {
+            return Err(EngineError::Internal(format!(
+                "sequence {id} vanished mid-step"
+            )));
         };
-        let generated = seq.output().len() + 1;
-        let last = tokens_left(seq, req.sampler.params().max_tokens, max_model_len) <= 1;
+        let generated = index + 1 - seq.prompt_len;
+        let max_tokens = req.sampler.params().max_tokens;
+        let last = tokens_left_at(seq.prompt_len, index, max_tokens, max_model_len) <= 1;
         let (completed, cut_short) = match &mut req.constraint {
             Some(c) => (
                 c.accept(token.id).map_err(EngineError::Grammar)?,
@@ -578,10 +663,9 @@ impl Engine {
             output_tokens: generated,
             preemptions: req.preemptions,
         });
-        self.sched.push_token(id, token.id);
         if finish.is_some() {
             self.requests.remove(&id);
-            self.plans.forget(id);
+            self.retire(id);
             self.sched.remove(id);
         }
         Ok(TokenEvent {
@@ -596,71 +680,19 @@ impl Engine {
 
 /// Tokens `seq`'s output may still take, the next one included, before `max_tokens` or the
 /// context (`max_model_len`) ends it: the next one is its last at 1.
-fn tokens_left(seq: &SeqState, max_tokens: usize, max_model_len: usize) -> usize {
-    let by_tokens = max_tokens.saturating_sub(seq.output().len());
-    by_tokens.min(max_model_len.saturating_sub(seq.tokens.len()))
+pub(crate) fn tokens_left(seq: &SeqState, max_tokens: usize, max_model_len: usize) -> usize {
+    tokens_left_at(seq.prompt_len, seq.tokens.len(), max_tokens, max_model_len)
 }
 
-/// The masks of a step's requests under a grammar, by request.
-type Masks = Vec<(SeqId, std::result::Result<Vec<u32>, String>)>;
-
-/// The mask of each request of `ids` (those sampling this step under a grammar, with their
-/// budgets).
-fn compute_masks(
-    requests: &mut HashMap<SeqId, Request>,
-    ids: &[(SeqId, usize)],
-    words: usize,
-) -> Masks {
-    let mut out = Vec::with_capacity(ids.len());
-    for &(id, budget) in ids {
-        let Some(c) = requests.get_mut(&id).and_then(|r| r.constraint.as_mut()) else {
-            continue;
-        };
-        let mut mask = vec![0; words];
-        out.push((id, c.allowed(&mut mask, budget).map(|()| mask)));
-    }
-    out
-}
-
-/// Leads `plan` while a thread computes the masks of `constrained`'s requests; a device that
-/// samples takes them once the forward is queued, one per sampling row (`rows`: the request
-/// with a grammar, if any, of each). Returns the picks and every mask computed, for the host's
-/// sampling and checks.
-fn lead_with_masks(
-    exec: &mut Executor,
-    requests: &mut HashMap<SeqId, Request>,
-    plan: &mut StepPlan,
-    constrained: &[(SeqId, usize)],
-    rows: &[Option<SeqId>],
-    words: usize,
-) -> (Result<Picks>, Masks) {
-    // A mask thread that panicked leaves its requests without masks: each then fails with a
-    // grammar error, as any missing mask does.
-    let join = |t: Option<std::thread::ScopedJoinHandle<'_, Masks>>| {
-        t.map(|t| t.join().unwrap_or_default()).unwrap_or_default()
-    };
-    std::thread::scope(|s| {
-        let mut thread = Some(s.spawn(|| compute_masks(requests, constrained, words)));
-        let mut computed: Option<Masks> = None;
-        let picks = {
-            let mut source = || {
-                let masks = join(thread.take());
-                let by_row = rows
-                    .iter()
-                    .map(|row| {
-                        let (_, m) = masks.iter().find(|(id, _)| Some(*id) == *row)?;
-                        // A failed mask leaves the row unmasked; the host then fails the request.
-                        m.as_ref().ok().cloned()
-                    })
-                    .collect();
-                computed = Some(masks);
-                by_row
-            };
-            exec.lead_masked(plan, Some(&mut source))
-        };
-        let masks = computed.unwrap_or_else(|| join(thread.take()));
-        (picks, masks)
-    })
+/// [`tokens_left`] of a sequence whose next token is at `index` (its prompt: `prompt_len`).
+fn tokens_left_at(
+    prompt_len: usize,
+    index: usize,
+    max_tokens: usize,
+    max_model_len: usize,
+) -> usize {
+    let by_tokens = max_tokens.saturating_sub(index - prompt_len);
+    by_tokens.min(max_model_len.saturating_sub(index))
 }
 
 /// The seed of `exec`'s block hashes: the model's identity as the caller knows it, its shape,
@@ -675,53 +707,6 @@ fn prefix_cache_seed(exec: &Executor, cfg: &EngineConfig) -> BlockHash {
         cfg.model_identity,
         exec.config()
     ))
-}
-
-/// One sampling chunk's share of a step's picks.
-enum Pick {
-    /// Its row of logits, to sample on the host.
-    Row(Vec<f32>),
-    /// The id the device sampled.
-    Id(u32),
-}
-
-/// Splits `picks` among the schedule's chunks, checking there is exactly one per sampling
-/// chunk and that device-sampled ids are in the vocabulary.
-fn per_chunk(picks: Picks, schedule: &Schedule, vocab: usize) -> Result<Vec<Option<Pick>>> {
-    let wanted = schedule.chunks.iter().filter(|c| c.samples).count();
-    let vocab = vocab.max(1);
-    let picks: Vec<Pick> = match picks {
-        Picks::Logits(l) if l.len() % vocab == 0 => l
-            .chunks_exact(vocab)
-            .map(|r| Pick::Row(r.to_vec()))
-            .collect(),
-        Picks::Logits(l) => {
-            return Err(EngineError::Internal(format!(
-                "{} logits are not whole rows of {vocab}",
-                l.len()
-            )));
-        }
-        Picks::Ids(ids) => {
-            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-                return Err(EngineError::Internal(format!(
-                    "the device sampled id {bad}, outside the vocabulary (size {vocab})"
-                )));
-            }
-            ids.into_iter().map(Pick::Id).collect()
-        }
-    };
-    if picks.len() != wanted {
-        return Err(EngineError::Internal(format!(
-            "the forward gave {} picks for {wanted} sampling sequences",
-            picks.len()
-        )));
-    }
-    let mut picks = picks.into_iter();
-    Ok(schedule
-        .chunks
-        .iter()
-        .map(|c| if c.samples { picks.next() } else { None })
-        .collect())
 }
 
 /// The result of running a request to completion.

@@ -12,7 +12,7 @@ use crate::handle::EngineHandle;
 
 /// Faults the next step meets, set by a test.
 #[derive(Debug, Default)]
-pub(super) struct Faults {
+pub(crate) struct Faults {
     /// The next forward fails with this.
     pub fail_next: Option<EngineError>,
     /// The next forward gives one pick too few.

@@ -22,6 +22,7 @@ use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
 use crate::model::{EngineModel, LlamaModel, MaskSource, ModelError};
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
+use crate::scheduler::Schedule;
 
 /// Engine limits (the leader's and every rank's executor's). `Default` suits the CPU.
 #[derive(Debug, Clone)]
@@ -41,6 +42,10 @@ pub struct EngineConfig {
     /// are: its file or name, the format and quantization of its weights. Seeds the block
     /// hashes (see [`ferrite_proto::prefix`]).
     pub model_identity: String,
+    /// The leader plans each step while the device runs the one before (vLLM's async
+    /// scheduling; see the engine's `overlap` module). On for GPUs by the CLI; off by default,
+    /// as a CPU forward leaves no time to hide.
+    pub async_scheduling: bool,
 }
 
 /// A GPU for the engine and how the model runs there.
@@ -61,6 +66,7 @@ impl Default for EngineConfig {
             cuda: None,
             prefix_caching: true,
             model_identity: String::new(),
+            async_scheduling: false,
         }
     }
 }
@@ -82,6 +88,57 @@ pub enum Picks {
     Ids(Vec<u32>),
 }
 
+/// One sampling chunk's share of a step's picks.
+pub(crate) enum Pick {
+    /// Its row of logits, to sample on the host.
+    Row(Vec<f32>),
+    /// The id the device sampled.
+    Id(u32),
+}
+
+/// Splits `picks` among the schedule's chunks, checking there is exactly one per sampling
+/// chunk and that device-sampled ids are in the vocabulary.
+pub(crate) fn per_chunk(
+    picks: Picks,
+    schedule: &Schedule,
+    vocab: usize,
+) -> Result<Vec<Option<Pick>>> {
+    let wanted = schedule.chunks.iter().filter(|c| c.samples).count();
+    let vocab = vocab.max(1);
+    let picks: Vec<Pick> = match picks {
+        Picks::Logits(l) if l.len() % vocab == 0 => l
+            .chunks_exact(vocab)
+            .map(|r| Pick::Row(r.to_vec()))
+            .collect(),
+        Picks::Logits(l) => {
+            return Err(EngineError::Internal(format!(
+                "{} logits are not whole rows of {vocab}",
+                l.len()
+            )));
+        }
+        Picks::Ids(ids) => {
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+                return Err(EngineError::Internal(format!(
+                    "the device sampled id {bad}, outside the vocabulary (size {vocab})"
+                )));
+            }
+            ids.into_iter().map(Pick::Id).collect()
+        }
+    };
+    if picks.len() != wanted {
+        return Err(EngineError::Internal(format!(
+            "the forward gave {} picks for {wanted} sampling sequences",
+            picks.len()
+        )));
+    }
+    let mut picks = picks.into_iter();
+    Ok(schedule
+        .chunks
+        .iter()
+        .map(|c| if c.samples { picks.next() } else { None })
+        .collect())
+}
+
 /// One rank's forward, its block tables and its link to the other ranks.
 pub struct Executor {
     backend: Backend,
@@ -93,6 +150,16 @@ pub struct Executor {
     num_blocks: usize,
     /// A collective failed: the pool is lost, and the links are not to be used again.
     failed: Cell<bool>,
+    /// The step [`Executor::launch`] started, with its number, until collected.
+    pending: Option<(Started, u64)>,
+}
+
+/// A step begun on this rank: its picks (the CPU ran it), or the rows of ids or logits a GPU
+/// step queued leaves to read back.
+enum Started {
+    Done(std::result::Result<Picks, ModelError>),
+    Ids(usize),
+    Logits(usize),
 }
 
 impl std::fmt::Debug for Executor {
@@ -164,6 +231,7 @@ impl Executor {
             max_model_len,
             num_blocks,
             failed: Cell::new(false),
+            pending: None,
         })
     }
 
@@ -284,6 +352,37 @@ impl Executor {
         plan: &mut StepPlan,
         masks: Option<MaskSource<'_>>,
     ) -> Result<Picks> {
+        self.send(plan)?;
+        self.run(plan, masks)
+    }
+
+    /// [`Self::lead`] without waiting for the picks: on a GPU the step is queued and this
+    /// returns, so the leader plans the next step while the device runs this one
+    /// ([`Self::collect`] waits for it). On the CPU the step runs here.
+    pub fn launch(&mut self, plan: &mut StepPlan) -> Result<()> {
+        if self.pending.is_some() {
+            return Err(EngineError::Internal(
+                "a step was launched while another one's picks were not collected".into(),
+            ));
+        }
+        self.send(plan)?;
+        let started = self.start(plan, None)?;
+        self.pending = Some((started, plan.step));
+        Ok(())
+    }
+
+    /// The picks of the step [`Self::launch`] started (waiting for it on a GPU).
+    pub fn collect(&mut self) -> Result<Picks> {
+        let (started, step) = self
+            .pending
+            .take()
+            .ok_or_else(|| EngineError::Internal("picks collected with no step launched".into()))?;
+        self.finish(started, step)
+    }
+
+    /// Decides which captured decode graph (if any) the ranks replay on a GPU (`plan.graph`)
+    /// and sends `plan` to the other ranks.
+    fn send(&mut self, plan: &mut StepPlan) -> Result<()> {
         plan.graph = match &self.backend {
             Backend::Cuda(runner) => {
                 runner.graph_for(plan.chunks.iter().map(|c| (c.tokens.len(), c.logits)))
@@ -296,7 +395,7 @@ impl Executor {
                 .broadcast(&mut bytes)
                 .map_err(|e| self.lost(e, plan.step))?;
         }
-        self.run(plan, masks)
+        Ok(())
     }
 
     /// Tells the other ranks the leader is alive while it has nothing to run.
@@ -332,22 +431,53 @@ impl Executor {
     /// Runs `plan` on this rank's shard: applies its table updates, then the forward (sampling
     /// on the device under `masks` where the plan samples there).
     fn run(&mut self, plan: &StepPlan, masks: Option<MaskSource<'_>>) -> Result<Picks> {
+        let started = self.start(plan, masks)?;
+        self.finish(started, plan.step)
+    }
+
+    /// [`Self::run`] up to the wait: applies `plan`'s table updates and runs the forward on
+    /// the CPU, or queues it on the GPU.
+    fn start(&mut self, plan: &StepPlan, masks: Option<MaskSource<'_>>) -> Result<Started> {
         self.tables.apply(plan)?;
         let chunks = self.tables.chunks(plan)?;
-        let picks = match (&mut self.backend, &plan.device_sampling) {
-            (Backend::Cpu { model, kv }, _) => model
-                .forward(&chunks, kv, self.comm.as_mut())
-                .map(Picks::Logits),
+        let comm = self.comm.as_mut();
+        let started = match (&mut self.backend, &plan.device_sampling) {
+            (Backend::Cpu { model, kv }, _) => Ok(Started::Done(
+                model.forward(&chunks, kv, comm).map(Picks::Logits),
+            )),
             (Backend::Cuda(runner), Some(params)) => runner
-                .forward_sampled(&chunks, params, plan.graph, self.comm.as_mut(), masks)
-                .map(Picks::Ids),
+                .launch_sampled(&chunks, params, plan.graph, comm, masks)
+                .map(Started::Ids),
             (Backend::Cuda(runner), None) => runner
-                .forward_planned(&chunks, plan.graph, self.comm.as_mut())
-                .map(Picks::Logits),
+                .launch_logits(&chunks, plan.graph, comm)
+                .map(Started::Logits),
         };
-        match picks {
-            Err(ModelError::Collective(e)) => Err(self.lost(e, plan.step)),
-            other => other.map_err(EngineError::from),
+        started.map_err(|e| self.model_error(e, plan.step))
+    }
+
+    /// The picks of a step [`Self::start`] began (`step`: its number).
+    fn finish(&mut self, started: Started, step: u64) -> Result<Picks> {
+        let picks = match (started, &mut self.backend) {
+            (Started::Done(picks), _) => picks,
+            (Started::Ids(rows), Backend::Cuda(runner)) => runner.finish_ids(rows).map(Picks::Ids),
+            (Started::Logits(rows), Backend::Cuda(runner)) => {
+                runner.finish_logits(rows).map(Picks::Logits)
+            }
+            (_, Backend::Cpu { .. }) => {
+                return Err(EngineError::Internal(
+                    "a device step to finish on the CPU".into(),
+                ));
+            }
+        };
+        picks.map_err(|e| self.model_error(e, step))
+    }
+
+    /// `e`, from the forward of `step`, as the engine reports it: a failed collective fails
+    /// the pool.
+    fn model_error(&self, e: ModelError, step: u64) -> EngineError {
+        match e {
+            ModelError::Collective(e) => self.lost(e, step),
+            other => EngineError::from(other),
         }
     }
 

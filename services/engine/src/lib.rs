@@ -21,7 +21,8 @@
 //! - [`executor`]: one rank's forward over its shard and KV cache, driven by step plans
 //!   (every rank has one; ranks > 0 run its follower loop).
 //! - [`engine`]: the leader: request state, scheduler and sampling, on rank 0
-//!   (`schedule → plan → execute → sample`).
+//!   (`schedule → plan → execute → sample`); under async scheduling (`overlap`) it plans
+//!   each step while the device runs the one before.
 //! - [`handle`]: the engine on its own thread; an async handle submits requests and streams tokens.
 //! - [`failpoints`]: faults injected on purpose (`FERRITE_FAILPOINTS`), for the fault tests.
 //! - [`registry`]: models known by name, pulled into the cache on first use.
@@ -43,6 +44,7 @@ pub mod executor;
 pub mod failpoints;
 pub mod handle;
 pub mod kv_cache;
+mod overlap;
 pub mod plan;
 pub mod recommended;
 pub mod registry;

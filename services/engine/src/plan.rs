@@ -161,6 +161,22 @@ impl PlanBuilder {
         }
         Ok(plan)
     }
+
+    /// Takes back `plan`, the last one built, which no rank was given (the step before it
+    /// failed): the next plan is numbered as it was, and carries its table updates and frees.
+    pub fn unbuild(&mut self, plan: StepPlan) {
+        self.step -= 1;
+        for u in plan.tables {
+            if u.new {
+                self.sent.remove(&u.id);
+            } else if let Some(sent) = self.sent.get_mut(&u.id) {
+                *sent -= u.blocks.len();
+            }
+        }
+        let mut freed = plan.freed;
+        freed.append(&mut self.freed);
+        self.freed = freed;
+    }
 }
 
 /// A rank's side: each running sequence's block table, as the plans built it.

@@ -193,6 +193,14 @@ impl Scheduler {
         }
     }
 
+    /// Puts `token` at `index` of a sequence's tokens, in place of what stood there (the
+    /// placeholder of a token still being sampled, under async scheduling).
+    pub fn set_token(&mut self, id: SeqId, index: usize, token: u32) {
+        if let Some(t) = self.seqs.get_mut(&id).and_then(|s| s.tokens.get_mut(index)) {
+            *t = token;
+        }
+    }
+
     pub fn num_running(&self) -> usize {
         self.running.len()
     }

@@ -3,7 +3,8 @@
 //! first 16 of at least 9 of 10 prompts) with close first-token log-probabilities; the tiny
 //! Gemma 2 and Qwen3 checkpoints (head size 32: soft caps, sliding windows, post-norms, q/k
 //! norms) give close log-probabilities; decode runs through CUDA graphs (f16) and eagerly
-//! (bf16); prefix-cache hits give the cold tokens; and a context the GPU's memory cannot hold
+//! (bf16); prefix-cache hits give the cold tokens; async scheduling gives the tokens of one step
+//! at a time; and a context the GPU's memory cannot hold
 //! is refused with the flag to change.
 //!
 //! Where a format's precision flips near-ties (bf16, `rtn-w8g128`, the 8-bit checkpoints: on
@@ -628,6 +629,53 @@ fn sampling_on_the_device_matches_greedy_and_repeats_seeded_draws() {
             .iter()
             .all(|t| t.logprob.is_nan() && t.top.is_empty())
     );
+}
+
+/// Async scheduling (the host plans step n+1 while the device runs step n; the ids come back
+/// through page-locked memory) gives the tokens of steps run one at a time: greedy and seeded
+/// draws on the device, and draws with a penalty, whose logits come back to the host.
+#[test]
+fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
+    let Some(gpu) = gpu("async_scheduling_gives_the_tokens_of_one_step_at_a_time") else {
+        return;
+    };
+    let run = |async_scheduling: bool, params: &SamplingParams| {
+        let model = default_model().model;
+        let prompts = prompts(model.config().vocab_size);
+        let cfg = EngineConfig {
+            async_scheduling,
+            ..cfg(on(&gpu, Dtype::F16, true))
+        };
+        let mut e = Engine::new(model, vec![], cfg).expect("engine");
+        let requests = (0..10u64)
+            .zip(prompts)
+            .map(|(i, prompt)| (i, prompt, params.clone()))
+            .collect();
+        e.run_to_completion(requests, |_| true).expect("run")
+    };
+    let greedy = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(16)
+    };
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        seed: Some(7),
+        ..greedy.clone()
+    };
+    let penalized = SamplingParams {
+        frequency_penalty: 0.5,
+        ..greedy.clone()
+    };
+    for params in [greedy, seeded, penalized] {
+        let (want, got) = (run(false, &params), run(true, &params));
+        for i in 0..10u64 {
+            assert_eq!(
+                got[&i].token_ids(),
+                want[&i].token_ids(),
+                "prompt {i}, {params:?}"
+            );
+        }
+    }
 }
 
 /// A grammar that allows one given token a step and is complete after the last.

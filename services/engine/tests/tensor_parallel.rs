@@ -206,7 +206,8 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
 /// The golden prompts on a leader and two followers with prefix caching (blocks of 4 tokens):
 /// cold, then with each prompt's first half cached (partial hits), then whole (full hits). The
 /// followers' tables are rebuilt from plans whose new tables begin with shared blocks; every
-/// round gives the reference's first 16 greedy tokens and the cold round's 16.
+/// round gives the reference's first 16 greedy tokens and the cold round's 16. The leader
+/// plans under async scheduling (each plan made before the step it follows has run).
 #[test]
 fn default_model_on_three_ranks_with_cached_prefixes_generates_the_golden_tokens() {
     let golden = read_json(&fixtures().join("golden/smollm2_q4_1.json"));
@@ -214,6 +215,7 @@ fn default_model_on_three_ranks_with_cached_prefixes_generates_the_golden_tokens
     let prompts: Vec<Vec<u32>> = cases.iter().map(|c| ids(&c["prompt_token_ids"])).collect();
     let cfg = EngineConfig {
         block_size: 4,
+        async_scheduling: true,
         ..engine_cfg()
     };
     let path = default_model_path();

@@ -169,10 +169,21 @@ impl GpuRunner {
     /// Runs `step` (a forward, to its last wait on the device) under the NCCL watchdog, when
     /// this rank has one: a step it aborted fails as a lost collective of the pool does.
     pub(super) fn watched<T>(&mut self, step: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.watch_begin();
+        let done = step(self);
+        self.watch_end(done)
+    }
+
+    /// A step begins (queued now, waited for later: [`Self::watch_end`]).
+    pub(super) fn watch_begin(&self) {
         if let Link::Nccl { watchdog, .. } = &self.link {
             watchdog.begin();
         }
-        let done = step(self);
+    }
+
+    /// The step begun by [`Self::watch_begin`] has completed as `done` says, or failed as the
+    /// watchdog says where it aborted it.
+    pub(super) fn watch_end<T>(&self, done: Result<T>) -> Result<T> {
         match &self.link {
             Link::Nccl { watchdog, .. } => match watchdog.finish() {
                 Ok(()) => done,

@@ -306,10 +306,32 @@ impl GpuRunner {
         graph: Option<usize>,
         comm: &mut dyn Collective,
     ) -> Result<Vec<f32>> {
-        self.watched(|r| {
-            let n = r.run_step(seqs, graph, comm)? * r.w.cfg.vocab_size;
-            r.w.gpu.download(&r.logits, n).map_err(gpu_error)
-        })
+        let rows = self.launch_logits(seqs, graph, comm)?;
+        self.finish_logits(rows)
+    }
+
+    /// Queues [`Self::forward_planned`]'s step and returns without waiting for it: the host
+    /// plans the next step meanwhile. [`Self::finish_logits`] with the rows returned reads the
+    /// logits; nothing else may be queued on the runner in between.
+    pub fn launch_logits(
+        &mut self,
+        seqs: &[SeqChunk<'_>],
+        graph: Option<usize>,
+        comm: &mut dyn Collective,
+    ) -> Result<usize> {
+        self.watch_begin();
+        let rows = self.run_step(seqs, graph, comm);
+        if rows.is_err() {
+            return self.watch_end(rows);
+        }
+        rows
+    }
+
+    /// Waits for the step [`Self::launch_logits`] queued and reads its `rows` of logits.
+    pub fn finish_logits(&mut self, rows: usize) -> Result<Vec<f32>> {
+        let n = rows * self.w.cfg.vocab_size;
+        let logits = self.w.gpu.download(&self.logits, n).map_err(gpu_error);
+        self.watch_end(logits)
     }
 
     /// Queues the step for `seqs`, leaving the logits rows they asked for in `self.logits`;

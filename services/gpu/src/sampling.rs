@@ -12,7 +12,7 @@
 //! forward runs ([`MaskSource`]), is uploaded once the forward is queued and applied to its row
 //! (`mask_logits`) before the draw, as the CPU sampler applies it.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use ferrite_kernels::cuda::DevPtr;
 use ferrite_kernels::cuda::sample::SamplingArrays;
 use ferrite_model::error::{ModelError, Result};
@@ -21,12 +21,13 @@ use ferrite_model::{DeviceSampling, MaskSource, SeqChunk};
 use super::{Buf, GpuRunner, alloc, gpu_error};
 
 /// The per-sequence parameter arrays (one block, [`packed`]), the grammar masks (`words`
-/// u32 a row) and the sampled ids.
+/// u32 a row), the sampled ids and their copy on the host.
 pub(super) struct SamplingBuffers {
     params: Buf<u8>,
     masks: Buf<u32>,
     words: usize,
     ids: CudaSlice<i32>,
+    host_ids: PinnedHostSlice<i32>,
 }
 
 impl SamplingBuffers {
@@ -41,6 +42,15 @@ impl SamplingBuffers {
             masks: alloc(g, max_seqs * words)?,
             words,
             ids: g.zeros::<i32>(max_seqs).map_err(gpu_error)?,
+            // Cached (not write-combined) memory: the host reads it.
+            // SAFETY: the buffer is only written by the copies `sample_step` queues and read
+            // through `as_slice`, which waits for them.
+            #[allow(unsafe_code)]
+            host_ids: unsafe {
+                g.context()
+                    .alloc_pinned_with_flags::<i32>(max_seqs.max(1), 0)
+            }
+            .map_err(|e| ModelError::Device(e.to_string()))?,
         })
     }
 }
@@ -93,7 +103,38 @@ impl GpuRunner {
         comm: &mut dyn ferrite_collective::Collective,
         masks: Option<MaskSource<'_>>,
     ) -> Result<Vec<u32>> {
-        self.watched(|r| r.sample_step(seqs, params, graph, comm, masks))
+        let rows = self.launch_sampled(seqs, params, graph, comm, masks)?;
+        self.finish_ids(rows)
+    }
+
+    /// Queues [`Self::forward_sampled`]'s step, its draw and the copy of the ids to the host,
+    /// and returns without waiting for them: the host plans the next step meanwhile.
+    /// [`Self::finish_ids`] with the rows returned reads the ids; nothing else may be queued
+    /// on the runner in between.
+    pub fn launch_sampled(
+        &mut self,
+        seqs: &[SeqChunk<'_>],
+        params: &[DeviceSampling],
+        graph: Option<usize>,
+        comm: &mut dyn ferrite_collective::Collective,
+        masks: Option<MaskSource<'_>>,
+    ) -> Result<usize> {
+        self.watch_begin();
+        let rows = self.sample_step(seqs, params, graph, comm, masks);
+        if rows.is_err() {
+            return self.watch_end(rows);
+        }
+        rows
+    }
+
+    /// Waits for the step [`Self::launch_sampled`] queued and reads its `rows` ids.
+    pub fn finish_ids(&mut self, rows: usize) -> Result<Vec<u32>> {
+        // The copy's event, recorded after it on the stream, is what this waits for.
+        let ids = match self.sampling.host_ids.as_slice() {
+            Ok(ids) => Ok(ids[..rows].iter().map(|&i| i as u32).collect()),
+            Err(e) => Err(ModelError::Device(e.to_string())),
+        };
+        self.watch_end(ids)
     }
 
     fn sample_step(
@@ -103,7 +144,7 @@ impl GpuRunner {
         graph: Option<usize>,
         comm: &mut dyn ferrite_collective::Collective,
         masks: Option<MaskSource<'_>>,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<usize> {
         let n = self.run_step(seqs, graph, comm)?;
         if params.len() != n {
             return Err(ModelError::Internal(format!(
@@ -112,7 +153,7 @@ impl GpuRunner {
             )));
         }
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(0);
         }
         let g = self.w.gpu.clone();
         let vocab = self.w.cfg.vocab_size;
@@ -135,8 +176,14 @@ impl GpuRunner {
             #[allow(unsafe_code)]
             unsafe { g.sample(ids, self.logits_ptr, n, vocab, &arrays) }.map_err(gpu_error)?;
         }
-        let ids = g.download(&self.sampling.ids, n).map_err(gpu_error)?;
-        Ok(ids.into_iter().map(|i| i as u32).collect())
+        let b = &mut self.sampling;
+        // Into page-locked memory, so the copy is queued like a kernel and the host need not
+        // wait for it here (a copy to pageable memory returns only once it is done). The whole
+        // buffer: the copy's length is the host side's, and both hold max_seqs ids.
+        g.stream()
+            .memcpy_dtoh(&b.ids, &mut b.host_ids)
+            .map_err(|e| ModelError::Device(e.to_string()))?;
+        Ok(n)
     }
 
     /// Uploads `rows` (one per sampling row: a bitmask, or `None` for all tokens) and masks the

@@ -1,0 +1,202 @@
+//! Async scheduling: the leader plans step n+1 while the device runs step n, as vLLM v1 does.
+//!
+//! Without it, the device waits for the host between two steps: for the ids of step n to come
+//! back, then for their requests to be updated, step n+1 to be scheduled and planned, and its
+//! metadata to be copied up. With it, one step is always in flight ([`InFlight`]), and a call
+//! of [`Engine::step`]:
+//!
+//! 1. schedules step n+1 as if every sequence sampling in step n already had its token: each
+//!    holds a placeholder at that position since step n was launched, and its computed tokens
+//!    were counted then (stream order: whatever step n+1 reads, step n has written first);
+//! 2. plans it (block tables, the device's sampling parameters);
+//! 3. waits for step n's picks and puts each token in its placeholder's place, in the
+//!    scheduler's copy and in the plan;
+//! 4. launches step n+1, whose placeholders are now pushed in turn;
+//! 5. and only then records step n's tokens (stop tokens, lengths, events), which the caller
+//!    delivers while the device runs step n+1.
+//!
+//! So the device is idle only between step n's end and step n+1's launch (3 and 4). What it
+//! costs: a sequence that a stop token ends in step n has already been planned into step n+1;
+//! that step's pick for it is dropped ([`InFlight::retired`]). A sequence whose step-n token
+//! is its last by length is not planned again (it has no tokens left).
+//!
+//! A request under a grammar needs its token of step n before the mask of step n+1 can be
+//! computed: while one is in the engine, steps run one at a time (the step in flight ends
+//! first). Sampling on the host (penalties, logprobs) overlaps like any other: it reads the
+//! tokens before its own, all known by then.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use crate::engine::{Engine, StepOutput, tokens_left};
+use crate::error::Result;
+use crate::sampler::SampledToken;
+use crate::scheduler::{Schedule, SeqId};
+
+/// What stands in a sequence's next position while the step computing it is in flight. Any
+/// id would do: it is replaced before anything reads it.
+const PLACEHOLDER: u32 = 0;
+
+/// A step launched and not yet collected.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    schedule: Schedule,
+    /// Sequences that ended (finished or aborted) since the launch: their picks are dropped.
+    retired: HashSet<SeqId>,
+    launched: Instant,
+}
+
+impl InFlight {
+    pub(crate) fn retire(&mut self, id: SeqId) {
+        if self.schedule.chunks.iter().any(|c| c.id == id) {
+            self.retired.insert(id);
+        }
+    }
+}
+
+/// A token of the step collected, in its placeholder's place, to record.
+struct Resolved {
+    id: SeqId,
+    index: usize,
+    token: SampledToken,
+}
+
+impl Engine {
+    /// One step under async scheduling: plans and launches the next step (when `next`), and
+    /// returns the tokens of the step that was in flight. A failed step fails the requests of
+    /// both steps.
+    pub(crate) fn step_overlapped(&mut self, next: bool) -> Result<StepOutput> {
+        let mut schedule = if next {
+            self.sched.schedule()
+        } else {
+            Schedule::default()
+        };
+        self.drop_ending(&mut schedule);
+        let now = Instant::now();
+        let mut out = self.begin_step(&schedule, now);
+        let mut plan = match (!schedule.chunks.is_empty())
+            .then(|| self.plan_step(&schedule))
+            .transpose()
+        {
+            Ok(plan) => plan,
+            Err(e) => return Err(self.fail_both(e, &schedule)),
+        };
+        let (resolved, launched) = match self.inflight.take() {
+            Some(f) => match self.collect(&f, &mut out) {
+                Ok(r) => (r, f.launched),
+                Err(e) => {
+                    // No rank saw the next plan: the ranks' tables are as before it.
+                    if let Some(plan) = plan {
+                        self.plans.unbuild(plan);
+                    }
+                    self.fail(f.schedule.chunks.iter().map(|c| c.id));
+                    return Err(self.fail_both(e, &schedule));
+                }
+            },
+            None => (Vec::new(), now),
+        };
+        if let Some(plan) = &mut plan {
+            for r in &resolved {
+                let chunk = plan.chunks.iter_mut().find(|c| c.id == r.id);
+                if let Some(c) =
+                    chunk.filter(|c| (c.start..c.start + c.tokens.len()).contains(&r.index))
+                {
+                    c.tokens[r.index - c.start] = r.token.id;
+                }
+            }
+            if let Err(e) = self.exec.launch(plan) {
+                // The tokens collected are not delivered: their requests fail with the step's.
+                self.fail(resolved.iter().map(|r| r.id));
+                return Err(self.fail_both(e, &schedule));
+            }
+            self.launched(schedule, now);
+        }
+        for r in resolved {
+            match self.record_token(r.id, r.token, r.index, launched) {
+                Ok(ev) => out.events.push(ev),
+                Err(e) if e.fails_alone() => {
+                    self.abort(r.id);
+                    out.failed.push((r.id, e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes out of `schedule` the sequences with no token left to take: the step in flight
+    /// samples their last one.
+    fn drop_ending(&self, schedule: &mut Schedule) {
+        let max_model_len = self.sched.config().max_model_len;
+        schedule.chunks.retain(|c| {
+            let (Some(seq), Some(max_tokens)) = (self.sched.get(c.id), self.max_tokens(c.id))
+            else {
+                return true;
+            };
+            tokens_left(seq, max_tokens, max_model_len) > 0
+        });
+    }
+
+    /// The step in flight's picks, each in its placeholder's place; a request whose pick fails
+    /// alone is failed in `out`.
+    fn collect(&mut self, f: &InFlight, out: &mut StepOutput) -> Result<Vec<Resolved>> {
+        let picks = self.exec.collect()?;
+        let picks = self.split_picks(picks, &f.schedule)?;
+        let mut resolved = Vec::new();
+        for (c, pick) in f.schedule.chunks.iter().zip(picks) {
+            let Some(pick) = pick.filter(|_| !f.retired.contains(&c.id)) else {
+                continue;
+            };
+            let index = c.start + c.len;
+            match self.pick_token(c.id, pick, index) {
+                Ok(token) => {
+                    self.sched.set_token(c.id, index, token.id);
+                    resolved.push(Resolved {
+                        id: c.id,
+                        index,
+                        token,
+                    });
+                }
+                Err(e) if e.fails_alone() => {
+                    self.abort(c.id);
+                    out.failed.push((c.id, e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// `schedule` was launched: its tokens count as computed, and each sampling sequence
+    /// holds a placeholder for its token.
+    fn launched(&mut self, schedule: Schedule, launched: Instant) {
+        for c in &schedule.chunks {
+            self.sched.mark_computed(c);
+            if c.samples {
+                self.sched.push_token(c.id, PLACEHOLDER);
+            }
+        }
+        // A request that failed alone while this step was planned is in it all the same.
+        let retired = (schedule.chunks.iter())
+            .map(|c| c.id)
+            .filter(|id| !self.contains(*id))
+            .collect();
+        self.inflight = Some(InFlight {
+            schedule,
+            retired,
+            launched,
+        });
+    }
+
+    /// Fails `schedule`'s requests after `e`, and forgets the prefix cache's unheld blocks: a
+    /// step that failed may have been counted as computed before it ran. Returns `e`.
+    fn fail_both(&mut self, e: crate::EngineError, schedule: &Schedule) -> crate::EngineError {
+        self.fail(schedule.chunks.iter().map(|c| c.id));
+        self.sched.reset_prefix_cache();
+        e
+    }
+}
+
+#[cfg(test)]
+#[path = "overlap_tests.rs"]
+mod tests;

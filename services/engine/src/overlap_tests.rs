@@ -1,0 +1,263 @@
+//! Async scheduling gives every request the tokens and the ending that steps run one at a time
+//! give it (greedy, seeded, penalties and logprobs sampled on the host, stop tokens, lengths,
+//! chunked prefill, a waiting queue, prefix caching, preemption), leaks no block, drops the
+//! pick of a request that ended while its next step was in flight, and fails both steps'
+//! requests when the step in flight fails.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::constraint::Constraint;
+use crate::engine::{Engine, EngineConfig, FinishReason, Generation};
+use crate::error::EngineError;
+use crate::sampler::SamplingParams;
+use crate::scheduler::SeqId;
+
+fn tiny_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/qwen2")
+}
+
+/// The tiny model with `blocks` KV blocks of 16 tokens (None: 8 MiB), 16 tokens a step (so
+/// prompts prefill in chunks) and 4 sequences at once (so requests wait).
+fn engine(async_scheduling: bool, blocks: Option<usize>) -> Engine {
+    let kv_cache_bytes = match blocks {
+        // Bytes per block: what one layer's K and V of 16 tokens take, in f32.
+        Some(n) => n * 16 * 2 * 2 * 2 * 16 * 4,
+        None => 8 << 20,
+    };
+    let cfg = EngineConfig {
+        max_model_len: Some(64),
+        block_size: 16,
+        max_num_batched_tokens: 16,
+        max_num_seqs: 4,
+        kv_cache_bytes,
+        async_scheduling,
+        ..EngineConfig::default()
+    };
+    let loaded = crate::model::load(&tiny_dir()).expect("tiny model");
+    Engine::new(loaded.model, vec![2], cfg).expect("engine")
+}
+
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(n)
+    }
+}
+
+/// Eight requests of every kind the overlap must keep: lengths 1 to 40 tokens, prompts of
+/// 3 to 30 tokens (two sharing a 20-token prefix), seeded draws, penalties with logprobs,
+/// and stop tokens (`stops`, per request).
+fn requests(stops: &HashMap<SeqId, u32>) -> Vec<(SeqId, Vec<u32>, SamplingParams)> {
+    let shared: Vec<u32> = (0..20).map(|i| 30 + i).collect();
+    let prompt = |id: u64, len: usize| -> Vec<u32> {
+        (0..len as u64)
+            .map(|i| (5 + id * 11 + i * 7) as u32 % 200 + 3)
+            .collect()
+    };
+    let mut out = vec![
+        (1, prompt(1, 3), greedy(1)),
+        (2, prompt(2, 30), greedy(17)),
+        (3, [shared.clone(), prompt(3, 5)].concat(), greedy(40)),
+        (4, [shared, prompt(4, 2)].concat(), greedy(9)),
+        (
+            5,
+            prompt(5, 12),
+            SamplingParams {
+                temperature: 0.9,
+                top_k: 20,
+                seed: Some(7),
+                ..greedy(25)
+            },
+        ),
+        (
+            6,
+            prompt(6, 7),
+            SamplingParams {
+                temperature: 0.7,
+                frequency_penalty: 0.8,
+                logprobs: Some(2),
+                seed: Some(11),
+                ..greedy(20)
+            },
+        ),
+        (7, prompt(7, 9), greedy(30)),
+        (8, prompt(8, 4), SamplingParams::greedy(33)),
+    ];
+    for (id, _, params) in &mut out {
+        if let Some(&stop) = stops.get(id) {
+            params.stop_token_ids = vec![stop];
+        }
+    }
+    out
+}
+
+fn run(e: &mut Engine, reqs: Vec<(SeqId, Vec<u32>, SamplingParams)>) -> HashMap<SeqId, Generation> {
+    let got = e.run_to_completion(reqs, |_| true).expect("run");
+    assert!(!e.has_unfinished());
+    assert_eq!(
+        e.stats().kv_blocks_used,
+        0,
+        "blocks left held: {:?}",
+        e.stats()
+    );
+    got
+}
+
+fn assert_same(a: &HashMap<SeqId, Generation>, b: &HashMap<SeqId, Generation>) {
+    assert_eq!(a.len(), b.len());
+    for (id, g) in a {
+        let h = &b[id];
+        assert_eq!(g.token_ids(), h.token_ids(), "request {id}");
+        assert_eq!(g.finish, h.finish, "request {id}");
+        // The batches differ (a request a stop token ended still runs in the step after), and
+        // the CPU's sums with them in the last bits.
+        for (t, u) in g.tokens.iter().zip(&h.tokens) {
+            let close = (t.logprob - u.logprob).abs() <= 1e-4;
+            assert!(
+                close || (t.logprob.is_nan() && u.logprob.is_nan()),
+                "request {id}: {t:?} {u:?}"
+            );
+        }
+    }
+}
+
+/// Stop tokens that end requests 2, 5 and 7 midway: their 4th, 6th and 3rd tokens when they
+/// run to their length (a token that comes earlier too ends them earlier, as it should).
+fn midway_stops() -> HashMap<SeqId, u32> {
+    let free = run(&mut engine(false, None), requests(&HashMap::new()));
+    [(2, 3), (5, 5), (7, 2)]
+        .into_iter()
+        .map(|(id, at)| (id, free[&id].tokens[at].id))
+        .collect()
+}
+
+#[test]
+fn async_scheduling_gives_the_tokens_and_endings_of_one_step_at_a_time() {
+    let stops = midway_stops();
+    let one_at_a_time = run(&mut engine(false, None), requests(&stops));
+    let mut overlapped = engine(true, None);
+    let got = run(&mut overlapped, requests(&stops));
+    assert_same(&one_at_a_time, &got);
+    for id in [2, 5, 7] {
+        assert_eq!(got[&id].finish, Some(FinishReason::Stop), "request {id}");
+    }
+    // Again, now from the prefix cache's blocks of the first run: the same.
+    assert_same(&one_at_a_time, &run(&mut overlapped, requests(&stops)));
+    assert!(
+        overlapped.stats().prefix_cache_hits > 0,
+        "{:?}",
+        overlapped.stats()
+    );
+}
+
+#[test]
+fn async_scheduling_under_preemption_gives_the_same_tokens() {
+    // Room for 6 blocks of 16 tokens: four sequences of up to 64 tokens do not fit at once.
+    let stops = midway_stops();
+    let mut sync = engine(false, Some(6));
+    let want = run(&mut sync, requests(&stops));
+    let mut overlapped = engine(true, Some(6));
+    let got = run(&mut overlapped, requests(&stops));
+    assert!(
+        overlapped.stats().preemptions > 0,
+        "{:?}",
+        overlapped.stats()
+    );
+    assert_same(&want, &got);
+}
+
+#[test]
+fn a_request_aborted_while_its_step_is_in_flight_leaves_the_others_as_they_were() {
+    let want = run(&mut engine(false, None), requests(&HashMap::new()));
+    let mut e = engine(true, None);
+    for (id, prompt, params) in requests(&HashMap::new()) {
+        e.add_request(id, prompt, params).expect("add");
+    }
+    let mut got: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    while e.has_unfinished() {
+        for ev in e.step().expect("step").events {
+            got.entry(ev.id).or_default().push(ev.token.id);
+            // Request 3 goes after its second token, while its third is being computed.
+            if ev.id == 3 && got[&3].len() == 2 {
+                assert!(e.abort(3));
+            }
+        }
+    }
+    assert_eq!(got[&3], want[&3].token_ids()[..2]);
+    for id in (1..=8).filter(|&id| id != 3) {
+        assert_eq!(got[&id], want[&id].token_ids(), "request {id}");
+    }
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn a_failed_step_in_flight_fails_both_steps_requests_and_the_engine_serves_on() {
+    let mut e = engine(true, None);
+    for (id, prompt, params) in requests(&HashMap::new()) {
+        e.add_request(id, prompt, params).expect("add");
+    }
+    for _ in 0..3 {
+        e.step().expect("step");
+    }
+    e.faults.fail_next = Some(EngineError::Device("launch failed".into()));
+    let err = e.step().expect_err("the step in flight fails");
+    assert!(matches!(err, EngineError::Device(_)), "{err:?}");
+    // Nothing is left half-run: no step in flight; the requests of both steps are gone, and
+    // those in neither (waiting, or prefilling past the step's budget) run on.
+    assert!(e.inflight.is_none());
+    let gone = (1..=8).filter(|&id| !e.contains(id)).count();
+    assert!(gone >= 4, "{gone} requests failed");
+    while e.has_unfinished() {
+        e.step().expect("the others run");
+    }
+    assert_eq!(e.stats().kv_blocks_used, 0);
+    let again = run(&mut e, vec![(9, vec![5, 6, 7], greedy(5))]);
+    assert_eq!(again[&9].tokens.len(), 5);
+}
+
+/// A grammar of one token, 40, for `n` tokens.
+#[derive(Debug)]
+struct Forty(usize);
+
+impl Constraint for Forty {
+    fn allowed(&mut self, mask: &mut [u32], _budget: usize) -> std::result::Result<(), String> {
+        mask.fill(0);
+        mask[1] = 1 << 8;
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> std::result::Result<bool, String> {
+        if token != 40 {
+            return Err(format!("token {token} is not 40"));
+        }
+        self.0 -= 1;
+        Ok(self.0 == 0)
+    }
+}
+
+#[test]
+fn a_request_under_a_grammar_runs_its_steps_one_at_a_time_beside_the_others() {
+    let want = run(&mut engine(false, None), requests(&HashMap::new()));
+    let mut e = engine(true, None);
+    for (id, prompt, params) in requests(&HashMap::new()) {
+        e.add_request(id, prompt, params).expect("add");
+    }
+    let mut got: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut added = false;
+    while e.has_unfinished() {
+        for ev in e.step().expect("step").events {
+            got.entry(ev.id).or_default().push(ev.token.id);
+        }
+        if !added && got.len() >= 2 {
+            e.add_constrained(20, vec![5, 6, 7], greedy(6), Some(Box::new(Forty(6))))
+                .expect("add");
+            added = true;
+        }
+    }
+    assert_eq!(got[&20], [40; 6]);
+    for id in 1..=8 {
+        assert_eq!(got[&id], want[&id].token_ids(), "request {id}");
+    }
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
