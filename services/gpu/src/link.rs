@@ -174,8 +174,21 @@ impl GpuRunner {
         self.watch_end(done)
     }
 
+    /// Queues a step with `launch` under the watchdog, which watches it until
+    /// [`Self::watch_end`] says it has completed (or here, at once, if it failed to queue).
+    pub(super) fn watched_launch<T>(
+        &mut self,
+        launch: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        self.watch_begin();
+        match launch(self) {
+            Err(e) => self.watch_end(Err(e)),
+            ok => ok,
+        }
+    }
+
     /// A step begins (queued now, waited for later: [`Self::watch_end`]).
-    pub(super) fn watch_begin(&self) {
+    fn watch_begin(&self) {
         if let Link::Nccl { watchdog, .. } = &self.link {
             watchdog.begin();
         }

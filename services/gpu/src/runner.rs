@@ -7,7 +7,7 @@
 //! Per step the host sends one packed array of i32 (token ids, positions, cache slots,
 //! per-sequence query starts, context lengths, the rows that want logits, block tables) and
 //! reads back either the f32 logits of the rows that asked for them ([`GpuRunner::forward`])
-//! or only the token ids sampled from them on the device ([`GpuRunner::forward_sampled`], in
+//! or only the token ids sampled from them on the device ([`GpuRunner::launch_sampled`], in
 //! [`sampling`]); everything between runs on the stream without a host sync.
 
 use std::collections::BTreeMap;
@@ -319,12 +319,7 @@ impl GpuRunner {
         graph: Option<usize>,
         comm: &mut dyn Collective,
     ) -> Result<usize> {
-        self.watch_begin();
-        let rows = self.run_step(seqs, graph, comm);
-        if rows.is_err() {
-            return self.watch_end(rows);
-        }
-        rows
+        self.watched_launch(|r| r.run_step(seqs, graph, comm))
     }
 
     /// Waits for the step [`Self::launch_logits`] queued and reads its `rows` of logits.

@@ -91,26 +91,13 @@ fn packed(params: &[DeviceSampling], base: DevPtr) -> (Vec<u8>, SamplingArrays) 
 }
 
 impl GpuRunner {
-    /// Runs `seqs` (replaying the decode graph `graph` names, as
-    /// [`GpuRunner::forward_planned`]) and samples one token on the device for each that asked
-    /// for logits (`params[i]` for the i-th of them, in order), under the grammar masks
-    /// `masks` gives (once the forward is queued); reads back only the ids.
-    pub fn forward_sampled(
-        &mut self,
-        seqs: &[SeqChunk<'_>],
-        params: &[DeviceSampling],
-        graph: Option<usize>,
-        comm: &mut dyn ferrite_collective::Collective,
-        masks: Option<MaskSource<'_>>,
-    ) -> Result<Vec<u32>> {
-        let rows = self.launch_sampled(seqs, params, graph, comm, masks)?;
-        self.finish_ids(rows)
-    }
-
-    /// Queues [`Self::forward_sampled`]'s step, its draw and the copy of the ids to the host,
-    /// and returns without waiting for them: the host plans the next step meanwhile.
-    /// [`Self::finish_ids`] with the rows returned reads the ids; nothing else may be queued
-    /// on the runner in between.
+    /// Queues the step for `seqs` (replaying the decode graph `graph` names, as
+    /// [`GpuRunner::forward_planned`]), a draw of one token on the device for each that asked
+    /// for logits (`params[i]` for the i-th of them, in order) under the grammar masks `masks`
+    /// gives (once the forward is queued), and the copy of the ids to the host; returns
+    /// without waiting for them, so the host can plan the next step meanwhile.
+    /// [`Self::finish_ids`] with the rows returned reads the ids; nothing else may be queued on
+    /// the runner in between.
     pub fn launch_sampled(
         &mut self,
         seqs: &[SeqChunk<'_>],
@@ -119,12 +106,7 @@ impl GpuRunner {
         comm: &mut dyn ferrite_collective::Collective,
         masks: Option<MaskSource<'_>>,
     ) -> Result<usize> {
-        self.watch_begin();
-        let rows = self.sample_step(seqs, params, graph, comm, masks);
-        if rows.is_err() {
-            return self.watch_end(rows);
-        }
-        rows
+        self.watched_launch(|r| r.sample_step(seqs, params, graph, comm, masks))
     }
 
     /// Waits for the step [`Self::launch_sampled`] queued and reads its `rows` ids.
