@@ -148,7 +148,7 @@ pub struct Engine {
     eos_ids: Vec<u32>,
     preemptions: u64,
     /// Plan each step while the device runs the one before ([`EngineConfig::async_scheduling`]).
-    async_scheduling: bool,
+    pub(crate) async_scheduling: bool,
     /// The step launched and not yet collected, under async scheduling.
     pub(crate) inflight: Option<crate::overlap::InFlight>,
     /// Faults the unit tests make a step meet.
@@ -757,4 +757,4 @@ impl Engine {
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]
-mod tests;
+pub(crate) mod tests;

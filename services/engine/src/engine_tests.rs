@@ -113,7 +113,7 @@ fn a_failed_step_reaches_its_clients_as_a_server_fault() {
 
 /// The tiny model with token `poisoned`'s embedding row all NaN (a checkpoint broken where only
 /// that token reads it), copied to a directory of its own.
-fn poisoned_engine(poisoned: usize) -> Engine {
+pub(crate) fn poisoned_engine(poisoned: usize) -> Engine {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/qwen2");
     let dir = std::env::temp_dir().join(format!("ferrite-poisoned-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

@@ -25,11 +25,12 @@
 //! first). Sampling on the host (penalties, logprobs) overlaps like any other: it reads the
 //! tokens before its own, all known by then.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use crate::engine::{Engine, StepOutput, tokens_left};
 use crate::error::Result;
+use crate::plan::StepPlan;
 use crate::sampler::SampledToken;
 use crate::scheduler::{Schedule, SeqId};
 
@@ -96,14 +97,7 @@ impl Engine {
             None => (Vec::new(), now),
         };
         if let Some(plan) = &mut plan {
-            for r in &resolved {
-                let chunk = plan.chunks.iter_mut().find(|c| c.id == r.id);
-                if let Some(c) =
-                    chunk.filter(|c| (c.start..c.start + c.tokens.len()).contains(&r.index))
-                {
-                    c.tokens[r.index - c.start] = r.token.id;
-                }
-            }
+            put_tokens(plan, &resolved);
             if let Err(e) = self.exec.launch(plan) {
                 // The tokens collected are not delivered: their requests fail with the step's.
                 self.fail(resolved.iter().map(|r| r.id));
@@ -194,6 +188,25 @@ impl Engine {
         self.fail(schedule.chunks.iter().map(|c| c.id));
         self.sched.reset_prefix_cache();
         e
+    }
+}
+
+/// Puts each of `resolved`'s tokens in `plan`, where its chunk holds the placeholder.
+fn put_tokens(plan: &mut StepPlan, resolved: &[Resolved]) {
+    let at: HashMap<SeqId, usize> = (plan.chunks.iter().enumerate())
+        .map(|(i, c)| (c.id, i))
+        .collect();
+    for r in resolved {
+        let Some(c) = at.get(&r.id).map(|&i| &mut plan.chunks[i]) else {
+            continue;
+        };
+        if let Some(t) = r
+            .index
+            .checked_sub(c.start)
+            .and_then(|i| c.tokens.get_mut(i))
+        {
+            *t = r.token.id;
+        }
     }
 }
 
