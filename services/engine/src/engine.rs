@@ -15,6 +15,10 @@
 //! On a GPU a step samples on the device when none of its requests needs the logits on the
 //! host (logprobs, or penalties over the tokens so far): only the ids come back. Otherwise the
 //! logits rows come back and each request's [`Sampler`] picks, as on the CPU.
+//!
+//! Under async scheduling ([`EngineConfig::async_scheduling`], on for GPUs) the loop is
+//! pipelined: a step plans the next one while the device runs the one before, and returns the
+//! tokens of the one before (see `overlap`).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -402,7 +406,7 @@ impl Engine {
     /// [`EngineError::Internal`]), rather than leaving a sequence without its token.
     ///
     /// Under async scheduling, while no request follows a grammar, a step plans and launches
-    /// the next forward and returns the tokens of the one before ([`crate::overlap`]).
+    /// the next forward and returns the tokens of the one before (the `overlap` module).
     pub fn step(&mut self) -> Result<StepOutput> {
         crate::failpoints::engine_step();
         let overlaps =
