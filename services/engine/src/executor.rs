@@ -360,11 +360,6 @@ impl Executor {
     /// returns, so the leader plans the next step while the device runs this one
     /// ([`Self::collect`] waits for it). On the CPU the step runs here.
     pub fn launch(&mut self, plan: &mut StepPlan) -> Result<()> {
-        if self.pending.is_some() {
-            return Err(EngineError::Internal(
-                "a step was launched while another one's picks were not collected".into(),
-            ));
-        }
         self.send(plan)?;
         let started = self.start(plan, None)?;
         self.pending = Some((started, plan.step));
@@ -383,6 +378,11 @@ impl Executor {
     /// Decides which captured decode graph (if any) the ranks replay on a GPU (`plan.graph`)
     /// and sends `plan` to the other ranks.
     fn send(&mut self, plan: &mut StepPlan) -> Result<()> {
+        if self.pending.is_some() {
+            return Err(EngineError::Internal(
+                "a step was led while another one's picks were not collected".into(),
+            ));
+        }
         plan.graph = match &self.backend {
             Backend::Cuda(runner) => {
                 runner.graph_for(plan.chunks.iter().map(|c| (c.tokens.len(), c.logits)))
