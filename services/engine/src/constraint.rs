@@ -6,7 +6,8 @@
 //! engine computes a step's masks on a thread of their own while the forward runs (they depend
 //! only on the tokens so far), and the sampler keeps the allowed tokens alone.
 
-use crate::executor::{Executor, Picks};
+use crate::executor::Executor;
+use crate::model::MaskSource;
 use crate::plan::StepPlan;
 use crate::scheduler::SeqId;
 
@@ -75,17 +76,18 @@ fn compute_masks(grammars: Vec<Grammar<'_>>, words: usize) -> Masks {
     out
 }
 
-/// Leads `plan` while a thread computes the masks of `grammars`; a device that samples takes
-/// them once the forward is queued, one per sampling row (`rows`: the request with a grammar,
-/// if any, of each). Returns the picks and every mask computed, for the host's sampling and
-/// checks.
-pub(crate) fn lead_with_masks(
+/// Runs `lead` (the executor leading `plan`, with or without waiting for it) while a thread
+/// computes the masks of `grammars`; a device that samples takes them once the forward is
+/// queued, one per sampling row (`rows`: the request with a grammar, if any, of each). Returns
+/// what `lead` did and every mask computed, for the host's sampling and checks.
+pub(crate) fn with_masks<T>(
     exec: &mut Executor,
     plan: &mut StepPlan,
     grammars: Vec<Grammar<'_>>,
     rows: &[Option<SeqId>],
     words: usize,
-) -> (crate::Result<Picks>, Masks) {
+    lead: impl FnOnce(&mut Executor, &mut StepPlan, MaskSource<'_>) -> crate::Result<T>,
+) -> (crate::Result<T>, Masks) {
     // A mask thread that panicked leaves its requests without masks: each then fails with a
     // grammar error, as any missing mask does.
     let join = |t: Option<std::thread::ScopedJoinHandle<'_, Masks>>| {
@@ -94,7 +96,7 @@ pub(crate) fn lead_with_masks(
     std::thread::scope(|s| {
         let mut thread = Some(s.spawn(|| compute_masks(grammars, words)));
         let mut computed: Option<Masks> = None;
-        let picks = {
+        let led = {
             let mut source = || {
                 let masks = join(thread.take());
                 let by_row = rows
@@ -108,10 +110,10 @@ pub(crate) fn lead_with_masks(
                 computed = Some(masks);
                 by_row
             };
-            exec.lead_masked(plan, Some(&mut source))
+            lead(exec, plan, &mut source)
         };
         let masks = computed.unwrap_or_else(|| join(thread.take()));
-        (picks, masks)
+        (led, masks)
     })
 }
 

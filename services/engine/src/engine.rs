@@ -20,16 +20,16 @@
 //! pipelined: a step plans the next one while the device runs the one before, and returns the
 //! tokens of the one before (see `overlap`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use crate::config::ModelConfig;
-use crate::constraint::{Constraint, apply_mask, check_allowed, lead_with_masks};
+use crate::constraint::{Constraint, apply_mask, check_allowed, with_masks};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Pick, Picks, per_chunk};
 use crate::kv_cache::{BlockHash, KvEvent};
-use crate::model::DeviceSampling;
 use crate::model::EngineModel;
+use crate::model::{DeviceSampling, MaskSource};
 use crate::plan::{PlanBuilder, StepPlan};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
 use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId, SeqState};
@@ -405,15 +405,12 @@ impl Engine {
     /// returned; so does an inconsistency between the plan, the requests and the picks (an
     /// [`EngineError::Internal`]), rather than leaving a sequence without its token.
     ///
-    /// Under async scheduling, while no request follows a grammar, a step plans and launches
-    /// the next forward and returns the tokens of the one before (the `overlap` module).
+    /// Under async scheduling a step plans and launches the next forward and returns the
+    /// tokens of the one before (the `overlap` module).
     pub fn step(&mut self) -> Result<StepOutput> {
         crate::failpoints::engine_step();
-        let overlaps =
-            self.async_scheduling && (self.requests.values()).all(|r| r.constraint.is_none());
-        if overlaps || self.inflight.is_some() {
-            // A request with a grammar arrived: the step in flight ends first, alone.
-            return self.step_overlapped(overlaps);
+        if self.async_scheduling {
+            return self.step_overlapped();
         }
         let schedule = self.sched.schedule();
         let now = Instant::now();
@@ -432,10 +429,12 @@ impl Engine {
             self.sched.mark_computed(c);
             let Some(pick) = pick else { continue };
             let index = c.start + c.len;
-            let token = self.pick_token(c.id, pick, index).inspect(|t| {
+            let token = self.pick_token(c.id, pick, index).and_then(|t| {
+                let grammar = self.accept_token(c.id, t.id)?;
                 self.sched.push_token(c.id, t.id);
+                self.record_token(c.id, t, index, now, grammar)
             });
-            match token.and_then(|t| self.record_token(c.id, t, index, now)) {
+            match token {
                 Ok(ev) => out.events.push(ev),
                 Err(e) if e.fails_alone() => {
                     self.abort(c.id);
@@ -483,41 +482,49 @@ impl Engine {
     /// checks fail.
     fn execute(&mut self, schedule: &Schedule) -> Result<Vec<Option<Pick>>> {
         let mut plan = self.plan_step(schedule)?;
+        let picks = self.run_masked(schedule, &mut plan, &HashSet::new(), |exec, plan, m| {
+            exec.lead_masked(plan, m)
+        })?;
+        self.split_picks(picks, schedule)
+    }
+
+    /// Runs `lead` (the executor leading `plan`, `schedule`'s plan) while the masks of the
+    /// requests sampling in it under a grammar are computed beside the forward (they depend
+    /// only on the tokens so far), and keeps each request's mask for its pick. `ended`:
+    /// requests whose grammar is complete, which sample nothing any more.
+    pub(crate) fn run_masked<T>(
+        &mut self,
+        schedule: &Schedule,
+        plan: &mut StepPlan,
+        ended: &HashSet<SeqId>,
+        lead: impl FnOnce(&mut Executor, &mut StepPlan, Option<MaskSource<'_>>) -> Result<T>,
+    ) -> Result<T> {
         // Each request sampling under a grammar, with the tokens its output may still take.
-        let constrained: Vec<(SeqId, usize)> = (schedule.chunks.iter())
-            .filter(|c| c.samples)
+        let constrained: HashMap<SeqId, usize> = (schedule.chunks.iter())
+            .filter(|c| c.samples && !ended.contains(&c.id))
             .filter_map(|c| Some((c.id, self.grammar_budget(c.id)?)))
             .collect();
-        let picks = if constrained.is_empty() {
-            self.exec.lead(&mut plan)?
-        } else {
-            // The masks depend only on the tokens so far: computed beside the forward.
-            let words = self.cfg.vocab_size.div_ceil(32);
-            // The sampling rows in order, with the request of each that has a grammar.
-            let rows: Vec<Option<SeqId>> = (schedule.chunks.iter())
-                .filter(|c| c.samples)
-                .map(|c| {
-                    constrained
-                        .iter()
-                        .any(|&(id, _)| id == c.id)
-                        .then_some(c.id)
-                })
-                .collect();
-            let grammars = (self.requests.iter_mut())
-                .filter_map(|(id, r)| {
-                    let &(_, budget) = constrained.iter().find(|(c, _)| c == id)?;
-                    Some((*id, budget, r.constraint.as_deref_mut()?))
-                })
-                .collect();
-            let (picks, masks) = lead_with_masks(&mut self.exec, &mut plan, grammars, &rows, words);
-            for (id, mask) in masks {
-                if let Some(req) = self.requests.get_mut(&id) {
-                    req.mask = Some(mask);
-                }
+        if constrained.is_empty() {
+            return lead(&mut self.exec, plan, None);
+        }
+        let words = self.cfg.vocab_size.div_ceil(32);
+        // The sampling rows in order, with the request of each that has a grammar.
+        let rows: Vec<Option<SeqId>> = (schedule.chunks.iter())
+            .filter(|c| c.samples)
+            .map(|c| constrained.contains_key(&c.id).then_some(c.id))
+            .collect();
+        let grammars = (self.requests.iter_mut())
+            .filter_map(|(id, r)| Some((*id, *constrained.get(id)?, r.constraint.as_deref_mut()?)))
+            .collect();
+        let (led, masks) = with_masks(&mut self.exec, plan, grammars, &rows, words, |e, p, m| {
+            lead(e, p, Some(m))
+        });
+        for (id, mask) in masks {
+            if let Some(req) = self.requests.get_mut(&id) {
+                req.mask = Some(mask);
             }
-            picks?
-        };
-        self.split_picks(picks, schedule)
+        }
+        led
     }
 
     /// The plan of `schedule` for the ranks, after checking that every planned sequence is
@@ -619,14 +626,32 @@ impl Engine {
         })
     }
 
+    /// Request `id`'s grammar, if it has one, follows `token`: whether that completed it, and
+    /// whether by narrowing to the budget (see [`Constraint::cut_short`]).
+    pub(crate) fn accept_token(&mut self, id: SeqId, token: u32) -> Result<(bool, bool)> {
+        let constraint = self
+            .requests
+            .get_mut(&id)
+            .and_then(|r| r.constraint.as_mut());
+        Ok(match constraint {
+            Some(c) => (
+                c.accept(token).map_err(EngineError::Grammar)?,
+                c.cut_short(),
+            ),
+            None => (false, false),
+        })
+    }
+
     /// Records `token`, request `id`'s token at `index` of its sequence (already in the
-    /// scheduler's copy), finishing the request when it stops.
+    /// scheduler's copy, and followed by its grammar: `(completed, cut_short)`), finishing the
+    /// request when it stops.
     pub(crate) fn record_token(
         &mut self,
         id: SeqId,
         token: SampledToken,
         index: usize,
         now: Instant,
+        (completed, cut_short): (bool, bool),
     ) -> Result<TokenEvent> {
         let max_model_len = self.sched.config().max_model_len;
         let (Some(req), Some(seq)) = (self.requests.get_mut(&id), self.sched.get(id)) else {
@@ -637,13 +662,6 @@ impl Engine {
         let generated = index + 1 - seq.prompt_len;
         let max_tokens = req.sampler.params().max_tokens;
         let last = tokens_left_at(seq.prompt_len, index, max_tokens, max_model_len) <= 1;
-        let (completed, cut_short) = match &mut req.constraint {
-            Some(c) => (
-                c.accept(token.id).map_err(EngineError::Grammar)?,
-                c.cut_short(),
-            ),
-            None => (false, false),
-        };
         let finish = if completed && cut_short {
             Some(FinishReason::Length)
         } else if completed || req.stop_ids.contains(&token.id) {

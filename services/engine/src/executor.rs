@@ -356,12 +356,12 @@ impl Executor {
         self.run(plan, masks)
     }
 
-    /// [`Self::lead`] without waiting for the picks: on a GPU the step is queued and this
-    /// returns, so the leader plans the next step while the device runs this one
+    /// [`Self::lead_masked`] without waiting for the picks: on a GPU the step is queued and
+    /// this returns, so the leader plans the next step while the device runs this one
     /// ([`Self::collect`] waits for it). On the CPU the step runs here.
-    pub fn launch(&mut self, plan: &mut StepPlan) -> Result<()> {
+    pub fn launch(&mut self, plan: &mut StepPlan, masks: Option<MaskSource<'_>>) -> Result<()> {
         self.send(plan)?;
-        let started = self.start(plan, None)?;
+        let started = self.start(plan, masks)?;
         self.pending = Some((started, plan.step));
         Ok(())
     }

@@ -21,9 +21,10 @@
 //! is its last by length is not planned again (it has no tokens left).
 //!
 //! A request under a grammar needs its token of step n before the mask of step n+1 can be
-//! computed: while one is in the engine, steps run one at a time (the step in flight ends
-//! first). Sampling on the host (penalties, logprobs) overlaps like any other: it reads the
-//! tokens before its own, all known by then.
+//! computed: its grammar follows the token in 3, and the masks of step n+1 are computed while
+//! its forward runs, as in a step run alone (a device that samples takes them once the forward
+//! is queued). Sampling on the host (penalties, logprobs) reads the tokens before its own, all
+//! known by then.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -60,18 +61,16 @@ struct Resolved {
     id: SeqId,
     index: usize,
     token: SampledToken,
+    /// Whether the token completed the request's grammar, and by narrowing to the budget.
+    grammar: (bool, bool),
 }
 
 impl Engine {
-    /// One step under async scheduling: plans and launches the next step (when `next`), and
-    /// returns the tokens of the step that was in flight. A failed step fails the requests of
+    /// One step under async scheduling: plans and launches the next step, and returns the
+    /// tokens of the step that was in flight. A failed step fails the requests of
     /// both steps.
-    pub(crate) fn step_overlapped(&mut self, next: bool) -> Result<StepOutput> {
-        let mut schedule = if next {
-            self.sched.schedule()
-        } else {
-            Schedule::default()
-        };
+    pub(crate) fn step_overlapped(&mut self) -> Result<StepOutput> {
+        let mut schedule = self.sched.schedule();
         self.drop_ending(&mut schedule);
         let now = Instant::now();
         let mut out = self.begin_step(&schedule, now);
@@ -98,7 +97,15 @@ impl Engine {
         };
         if let Some(plan) = &mut plan {
             put_tokens(plan, &resolved);
-            if let Err(e) = self.exec.launch(plan) {
+            // A request whose grammar its last token completed samples nothing more.
+            let ended = (resolved.iter())
+                .filter(|r| r.grammar.0)
+                .map(|r| r.id)
+                .collect();
+            let led = self.run_masked(&schedule, plan, &ended, |exec, plan, masks| {
+                exec.launch(plan, masks)
+            });
+            if let Err(e) = led {
                 // The tokens collected are not delivered: their requests fail with the step's.
                 self.fail(resolved.iter().map(|r| r.id));
                 return Err(self.fail_both(e, &schedule));
@@ -106,7 +113,7 @@ impl Engine {
             self.launched(schedule, now);
         }
         for r in resolved {
-            match self.record_token(r.id, r.token, r.index, launched) {
+            match self.record_token(r.id, r.token, r.index, launched, r.grammar) {
                 Ok(ev) => out.events.push(ev),
                 Err(e) if e.fails_alone() => {
                     self.abort(r.id);
@@ -142,13 +149,19 @@ impl Engine {
                 continue;
             };
             let index = c.start + c.len;
-            match self.pick_token(c.id, pick, index) {
-                Ok(token) => {
+            // Its grammar follows the token now: the mask of its next step needs it.
+            let token = self.pick_token(c.id, pick, index).and_then(|token| {
+                let grammar = self.accept_token(c.id, token.id)?;
+                Ok((token, grammar))
+            });
+            match token {
+                Ok((token, grammar)) => {
                     self.sched.set_token(c.id, index, token.id);
                     resolved.push(Resolved {
                         id: c.id,
                         index,
                         token,
+                        grammar,
                     });
                 }
                 Err(e) if e.fails_alone() => {

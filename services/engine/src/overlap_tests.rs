@@ -216,46 +216,97 @@ fn a_failed_step_in_flight_fails_both_steps_requests_and_the_engine_serves_on() 
     assert_eq!(again[&9].tokens.len(), 5);
 }
 
-/// A grammar of one token, 40, for `n` tokens.
+/// A grammar that allows token 40 until one token of budget is left, then 41 alone, which
+/// completes it (as a guide closing its JSON does); it records the budgets it was given.
 #[derive(Debug)]
-struct Forty(usize);
+struct Closes {
+    budgets: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    closed: bool,
+}
 
-impl Constraint for Forty {
-    fn allowed(&mut self, mask: &mut [u32], _budget: usize) -> std::result::Result<(), String> {
+impl Constraint for Closes {
+    fn allowed(&mut self, mask: &mut [u32], budget: usize) -> std::result::Result<(), String> {
+        self.budgets.lock().expect("budgets").push(budget);
         mask.fill(0);
-        mask[1] = 1 << 8;
+        let id = if budget == 1 { 41 } else { 40 };
+        mask[id / 32] |= 1 << (id % 32);
         Ok(())
     }
 
     fn accept(&mut self, token: u32) -> std::result::Result<bool, String> {
-        if token != 40 {
-            return Err(format!("token {token} is not 40"));
+        if token != 40 && token != 41 {
+            return Err(format!("token {token} was not allowed"));
         }
-        self.0 -= 1;
-        Ok(self.0 == 0)
+        self.closed = token == 41;
+        Ok(self.closed)
+    }
+
+    fn cut_short(&self) -> bool {
+        self.closed
+    }
+}
+
+/// A grammar of the tokens `seq`, one a step, complete after the last.
+#[derive(Debug)]
+struct OneEach {
+    seq: Vec<u32>,
+    at: usize,
+}
+
+impl Constraint for OneEach {
+    fn allowed(&mut self, mask: &mut [u32], _budget: usize) -> std::result::Result<(), String> {
+        mask.fill(0);
+        let t = *self.seq.get(self.at).ok_or("past the end")?;
+        mask[t as usize / 32] |= 1 << (t % 32);
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> std::result::Result<bool, String> {
+        if self.seq.get(self.at) != Some(&token) {
+            return Err(format!("token {token} was not allowed"));
+        }
+        self.at += 1;
+        Ok(self.at == self.seq.len())
     }
 }
 
 #[test]
-fn a_request_under_a_grammar_runs_its_steps_one_at_a_time_beside_the_others() {
+fn requests_under_a_grammar_overlap_with_their_masks_and_budgets_in_step() {
     let want = run(&mut engine(false, None), requests(&HashMap::new()));
     let mut e = engine(true, None);
     for (id, prompt, params) in requests(&HashMap::new()) {
         e.add_request(id, prompt, params).expect("add");
     }
+    let budgets = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut got: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut last = HashMap::new();
     let mut added = false;
     while e.has_unfinished() {
         for ev in e.step().expect("step").events {
             got.entry(ev.id).or_default().push(ev.token.id);
+            last.insert(ev.id, ev.finish);
         }
+        // Added mid-run, while a step is in flight: each mask must follow the token before.
         if !added && got.len() >= 2 {
-            e.add_constrained(20, vec![5, 6, 7], greedy(6), Some(Box::new(Forty(6))))
+            let closes = Closes {
+                budgets: budgets.clone(),
+                closed: false,
+            };
+            e.add_constrained(20, vec![5, 6, 7], greedy(5), Some(Box::new(closes)))
+                .expect("add");
+            let seq = vec![40, 9, 3, 77, 12];
+            let steps = OneEach { seq, at: 0 };
+            e.add_constrained(21, vec![8, 9], greedy(50), Some(Box::new(steps)))
                 .expect("add");
             added = true;
         }
     }
-    assert_eq!(got[&20], [40; 6]);
+    assert_eq!(got[&20], [40, 40, 40, 40, 41]);
+    assert_eq!(*budgets.lock().expect("budgets"), [5, 4, 3, 2, 1]);
+    assert_eq!(last[&20], Some(FinishReason::Length));
+    // Ended by its grammar, well before its length.
+    assert_eq!(got[&21], [40, 9, 3, 77, 12]);
+    assert_eq!(last[&21], Some(FinishReason::Stop));
     for id in 1..=8 {
         assert_eq!(got[&id], want[&id].token_ids(), "request {id}");
     }

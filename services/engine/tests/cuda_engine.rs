@@ -711,9 +711,21 @@ fn device_sampling_holds_to_a_grammars_mask() {
     let Some(gpu) = gpu("device_sampling_holds_to_a_grammars_mask") else {
         return;
     };
+    for async_scheduling in [false, true] {
+        grammar_on_the_device(&gpu, async_scheduling);
+    }
+}
+
+/// [`device_sampling_holds_to_a_grammars_mask`] with steps one at a time, or under async
+/// scheduling (each grammar follows its token before the next step's mask is computed).
+fn grammar_on_the_device(gpu: &Arc<Gpu>, async_scheduling: bool) {
     let model = default_model().model;
     let vocab = model.config().vocab_size as u32;
-    let mut e = Engine::new(model, vec![], cfg(on(&gpu, Dtype::F16, true))).expect("engine");
+    let cfg = EngineConfig {
+        async_scheduling,
+        ..cfg(on(gpu, Dtype::F16, true))
+    };
+    let mut e = Engine::new(model, vec![], cfg).expect("engine");
     let seq: Vec<u32> = [40, 9000, 3, 20_000, 17, 777]
         .iter()
         .map(|t| t % vocab)
@@ -741,7 +753,10 @@ fn device_sampling_holds_to_a_grammars_mask() {
     }
     for id in [1, 2] {
         let tokens: Vec<u32> = out[&id].iter().map(|ev| ev.token.id).collect();
-        assert_eq!(tokens, seq, "request {id}");
+        assert_eq!(
+            tokens, seq,
+            "request {id}, async scheduling {async_scheduling}"
+        );
         let last = out[&id].last().expect("tokens").finish;
         assert_eq!(last, Some(ferrite_engine::engine::FinishReason::Stop));
     }
