@@ -113,11 +113,11 @@ ab)
   {
     # Async scheduling (session 18) against steps one at a time: the default model's decode,
     # where a step is short and the host's share of it largest, and fp16 high concurrency.
-    for no_async in 0 1; do
-      echo "== FERRITE_NO_ASYNC_SCHEDULING=$no_async (default model decode; fp16 high_concurrency)"
-      FERRITE_NO_ASYNC_SCHEDULING=$no_async timeout 60 "$f" bench decode --device cuda \
+    for sched in on off; do
+      echo "== FERRITE_ASYNC_SCHEDULING=$sched (default model decode; fp16 high_concurrency)"
+      FERRITE_ASYNC_SCHEDULING=$sched timeout 60 "$f" bench decode --device cuda \
         --model smollm2-135m --batch-sizes 1,64 --prompt-tokens 128 --new-tokens 128 --runs 3
-      FERRITE_NO_ASYNC_SCHEDULING=$no_async timeout 60 "$f" bench latency "${common[@]}" \
+      FERRITE_ASYNC_SCHEDULING=$sched timeout 60 "$f" bench latency "${common[@]}" \
         --configs high_concurrency
     done
     for rows in 16 0; do

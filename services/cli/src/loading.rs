@@ -61,10 +61,16 @@ pub struct ModelArgs {
     /// On a GPU, run decode steps eagerly instead of replaying captured CUDA graphs.
     #[arg(long, env = "FERRITE_ENFORCE_EAGER")]
     pub enforce_eager: bool,
-    /// On a GPU, plan each step only once the one before has run, instead of while it runs
-    /// (async scheduling, on by default there).
-    #[arg(long, env = "FERRITE_NO_ASYNC_SCHEDULING")]
-    pub no_async_scheduling: bool,
+    /// Plan each step while the device runs the one before (`on`), or only once it has run
+    /// (`off`); `auto`: on a GPU only, as the CPU's forward runs on the thread that plans and
+    /// leaves nothing to overlap.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "FERRITE_ASYNC_SCHEDULING"
+    )]
+    pub async_scheduling: OnOffAuto,
     /// Recompute every prompt from scratch instead of reusing the KV blocks of prefixes
     /// computed before (prefix caching is on by default).
     #[arg(long, env = "FERRITE_NO_PREFIX_CACHING")]
@@ -138,6 +144,13 @@ impl From<CollectiveArg> for gpu::CollectiveKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOffAuto {
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DtypeArg {
     Auto,
     Float16,
@@ -192,8 +205,11 @@ impl ModelArgs {
             }
         };
         Ok(EngineConfig {
-            // The CPU's forward runs on the thread that plans: there is nothing to overlap.
-            async_scheduling: cuda.is_some() && !self.no_async_scheduling,
+            async_scheduling: match self.async_scheduling {
+                OnOffAuto::Auto => cuda.is_some(),
+                OnOffAuto::On => true,
+                OnOffAuto::Off => false,
+            },
             max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -253,9 +269,10 @@ impl ModelArgs {
         if self.no_prefix_caching {
             a.push("--no-prefix-caching".into());
         }
-        if self.no_async_scheduling {
-            a.push("--no-async-scheduling".into());
-        }
+        a.extend([
+            "--async-scheduling".into(),
+            value_name(self.async_scheduling),
+        ]);
         a.extend(["--collective".into(), value_name(self.collective)]);
         if !self.devices.is_empty() {
             let list: Vec<String> = self.devices.iter().map(usize::to_string).collect();
