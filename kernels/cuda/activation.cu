@@ -1,27 +1,11 @@
 // Gated activations of the MLP: out = act(gate) * up, from the fused gate|up projection.
+// At decode, where the down projection runs as a GEMV, that GEMV computes them itself from the
+// gate|up buffer instead (dense_gemv.cu, wq_gemv.cu) and this kernel is not launched.
 //
-// Formulas and evaluation order are the CPU's (kernels/src/cpu/norm.rs):
-//   silu_mul:      g / (1 + exp(-g)) * u              (accurate expf, IEEE divide)
-//   gelu_tanh_mul: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x³))) * u
-// The gelu products inside tanh's argument are rounded separately (__fmul_rn): an FMA there
-// would move the f32 result off the CPU's by an ulp.
-#include "common.cuh"
-
-struct SiluOp {
-  __device__ __forceinline__ static float apply(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
-  }
-};
-
-struct GeluTanhOp {
-  __device__ __forceinline__ static float apply(float x, float u) {
-    const float SQRT_2_OVER_PI = 0.7978846f;
-    const float KAPPA = 0.044715f;
-    const float cube = __fmul_rn(__fmul_rn(x, x), x);
-    const float inner = __fmul_rn(SQRT_2_OVER_PI, x + __fmul_rn(KAPPA, cube));
-    return 0.5f * x * (1.0f + tanhf(inner)) * u;
-  }
-};
+// The activations themselves (SiluOp, GeluTanhOp) are gated.cuh's, shared with the GEMVs that
+// compute them while loading the down projection's input (gemv.cuh's GatedX), so both paths
+// round the same values.
+#include "gated.cuh"
 
 template <typename Op, int N, typename T>
 __device__ __forceinline__ void gated_rows(T* out, const T* gate_up, i32 n_tokens, i32 d_ff) {

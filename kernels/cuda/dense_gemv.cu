@@ -19,6 +19,9 @@
 //    stays in L1/L2; at m = 8 and 14336 columns it is too large for shared memory), issued a
 //    step ahead so their latency hides behind the current step's mma.
 //  * f32 accumulation, the warps' slices summed in shared memory, one rounding on the store.
+//  * The _silu/_gelu entries read the MLP's gate|up buffer as x and compute act(gate) * up
+//    for each word they load (gemv.cuh's GatedX): the down projection without the activation
+//    kernel in front of it.
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv.cuh"
@@ -29,7 +32,8 @@ using gemv::STAGE_BYTES;
 using gemv::STAGES;
 using gemv::WARPS;
 
-template <typename T, typename O, int NT>
+// X: where the activation words come from (gemv.cuh: PlainX, GatedX).
+template <typename T, typename O, int NT, typename X = gemv::PlainX>
 __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ x,
                                      const T* __restrict__ w, int m, int rows, int cols,
                                      int x_stride, int out_stride) {
@@ -46,8 +50,9 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
   const T* x_row = x + (i64)gid * x_stride;
 
   const gemv::Stream ws(ring[threadIdx.x >> 5], w_a, w_b, units);
-  // Lane's x words of step k's four units, per tile (zero past the end and for padded rows).
-  auto load_x = [&](int k, u32 (&xw)[NT][4]) {
+  // Lane's raw words of step k's four units, per tile (zero past the end and for padded
+  // rows): x's, or gate's in xw and up's (cols further on) in xu.
+  auto load_x = [&](int k, u32 (&xw)[NT][4], u32 (&xu)[NT][4]) {
     const int ub = ws.unit0(k);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -56,6 +61,7 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
         const bool ok = gid + 8 * nt < m && k < ws.steps && ub + i < units;
         const T* p = x_row + (i64)8 * nt * x_stride + (ub + i) * 8 + 2 * tig;
         xw[nt][i] = ok ? ldg_u32(p) : 0u;
+        xu[nt][i] = X::GATED && ok ? ldg_u32(p + cols) : 0u;
       }
   };
 #pragma unroll
@@ -63,21 +69,22 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
   const int ld_off = gemv::ld_offset();
 
   float acc[NT][4] = {};
-  u32 xw[NT][4];
-  load_x(0, xw);
+  u32 xw[NT][4], xu[NT][4];
+  load_x(0, xw, xu);
   for (int k = 0; k < ws.steps; ++k) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
     ws.issue(k + STAGES - 1);  // into the stage read in iteration k-1 (all lanes are past it)
-    u32 next[NT][4];
-    load_x(k + 1, next);
+    u32 next[NT][4], next_u[NT][4];
+    load_x(k + 1, next, next_u);
     const int ub = ws.unit0(k);
     const u8* st = ws.stage(k);
     u32 a[4];
     ldmatrix_x4(a, st + ld_off);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const u32 b[2] = {xw[nt][0], xw[nt][1]};
+      const u32 b[2] = {X::template word<T>(xw[nt][0], xu[nt][0]),
+                        X::template word<T>(xw[nt][1], xu[nt][1])};
       mma16816<T>(acc[nt], a, b);
     }
     // units is even, so a step holds one or two whole pairs (warp-uniform).
@@ -85,14 +92,15 @@ __device__ __forceinline__ void gemv(O* __restrict__ out, const T* __restrict__ 
       ldmatrix_x4(a, st + ld_off + 32);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const u32 b[2] = {xw[nt][2], xw[nt][3]};
+        const u32 b[2] = {X::template word<T>(xw[nt][2], xu[nt][2]),
+                          X::template word<T>(xw[nt][3], xu[nt][3])};
         mma16816<T>(acc[nt], a, b);
       }
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xw[nt][i] = next[nt][i];
+      for (int i = 0; i < 4; ++i) xw[nt][i] = next[nt][i], xu[nt][i] = next_u[nt][i];
   }
   cp_async_wait<0>();
 
@@ -124,3 +132,27 @@ DENSE_GEMV(f16, f16, f16)
 DENSE_GEMV(bf16, bf16, bf16)
 DENSE_GEMV(f16_f32out, f16, float)
 DENSE_GEMV(bf16_f32out, bf16, float)
+
+// dense_gemv{,16}_{silu,gelu}_{f16,bf16}(T* out, const T* gate_up, const T* w, i32 m, i32 rows,
+//                                       i32 cols, i32 x_stride, i32 out_stride)
+//   As dense_gemv with x[n][c] = act(gate_up[n][c]) * gate_up[n][cols + c] (SiLU, or GELU with
+//   the tanh approximation), each rounded to T as activation.cu stores it: the MLP's down
+//   projection (cols = d_ff) reading the gate|up projection's output. x_stride: gate_up's row
+//   stride, >= 2 * cols (2 * d_ff when contiguous). Constraints, grid and block as dense_gemv.
+#define DENSE_GEMV_GATED(act, Op, name, T)                                                      \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      dense_gemv_##act##_##name(T* out, const T* gate_up, const T* w, i32 m, i32 rows,         \
+                                i32 cols, i32 x_stride, i32 out_stride) {                       \
+    dense::gemv<T, T, 1, gemv::GatedX<Op>>(out, gate_up, w, m, rows, cols, x_stride,           \
+                                           out_stride);                                         \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      dense_gemv16_##act##_##name(T* out, const T* gate_up, const T* w, i32 m, i32 rows,       \
+                                  i32 cols, i32 x_stride, i32 out_stride) {                     \
+    dense::gemv<T, T, 2, gemv::GatedX<Op>>(out, gate_up, w, m, rows, cols, x_stride,           \
+                                           out_stride);                                         \
+  }
+DENSE_GEMV_GATED(silu, SiluOp, f16, f16)
+DENSE_GEMV_GATED(silu, SiluOp, bf16, bf16)
+DENSE_GEMV_GATED(gelu, GeluTanhOp, f16, f16)
+DENSE_GEMV_GATED(gelu, GeluTanhOp, bf16, bf16)

@@ -4,8 +4,38 @@
 #pragma once
 #include "common.cuh"
 #include "mma.cuh"
+#include "gated.cuh"
 
 namespace gemv {
+
+// Where a GEMV's activation words come from (its X parameter). The GEMVs load raw words early
+// (dense: a step ahead; wq: before the step's dequantization) and turn them into x's words
+// (`word`) only where the mma consumes them, so the loads' latency still hides behind that work.
+//  * PlainX: x itself, rows of `cols` values.
+//  * GatedX<Op>: x = act(gate) * up of the MLP, computed from the gate|up projection's
+//    output, whose rows hold gate (cols values) then up (cols values): the down projection
+//    reads that buffer directly and the activation kernel (activation.cu) is not launched.
+//    gated.cuh's math, so the product is bit-identical to the two-kernel path's.
+//    Each block recomputes the activations of every column it reads (ceil(rows / 16) blocks
+//    each), f32 math the plain GEMV does not have: FERRITE_FUSE_ACT=0 keeps the two kernels.
+struct PlainX {
+  static constexpr bool GATED = false;
+  static constexpr int WIDTH = 1;  // x's row: WIDTH * cols values
+  template <typename T>
+  __device__ __forceinline__ static u32 word(u32 x, u32) {
+    return x;
+  }
+};
+
+template <typename Op>
+struct GatedX {
+  static constexpr bool GATED = true;
+  static constexpr int WIDTH = 2;
+  template <typename T>
+  __device__ __forceinline__ static u32 word(u32 gate, u32 up) {
+    return gated_word<Op, T>(gate, up);
+  }
+};
 
 // The weight stream both GEMVs share. A block owns 16 weight rows; its WARPS warps take the
 // row length's steps of 16 rows x 64 bytes (four 16-byte units) in turn (warp w: steps w,

@@ -26,6 +26,10 @@
 //  * Each mma's 16 k-slots come from one 16-byte unit of each row, which lies in one group when
 //    group_size is a multiple of 32 (2-bit units span 64 codes: with 32-code groups each unit is
 //    split in two masked mmas).
+//  * The _silu/_gelu entries (compiled as their own module, WQ_GEMV_GATED) read the MLP's
+//    gate|up buffer as x and compute act(gate) * up per unit, after the unit's dequantization
+//    that its loads overlap (gemv.cuh's GatedX): the down projection without the activation
+//    kernel in front of it.
 #include "common.cuh"
 #include "mma.cuh"
 #include "gemv.cuh"
@@ -59,8 +63,9 @@ __device__ __forceinline__ void load_x(const u8* p, bool valid, u32 (&xw)[32 / B
   }
 }
 
-// NT n8 tiles of activation rows: m <= 8 * NT.
-template <typename T, int BITS, int NT>
+// NT n8 tiles of activation rows: m <= 8 * NT. X: where the activation words come from
+// (gemv.cuh: PlainX, GatedX).
+template <typename T, int BITS, int NT, typename X = gemv::PlainX>
 __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ x,
                                      const u8* __restrict__ codes, const T* __restrict__ scales,
                                      const u8* __restrict__ zeros, const T* __restrict__ mins,
@@ -94,9 +99,11 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
   // The minimums' term, min[r][g] * sum_{k in g} x[n][k], takes the group sums of x from one
   // more mma per x fragment with an A of ones (exact f32 sums of the stored values).
   const u32 ones[4] = {Magic<T>::one2, Magic<T>::one2, Magic<T>::one2, Magic<T>::one2};
-  // Tile nt's B column gid is activation row gid + 8 * nt.
-  const u8* xrow = reinterpret_cast<const u8*>(x + (i64)gid * cols);
-  const i64 x_tile = (i64)8 * cols * sizeof(T);
+  // Tile nt's B column gid is activation row gid + 8 * nt; x's rows are X::WIDTH * cols long
+  // (gate then up for GatedX, up `up_bytes` after gate).
+  const u8* xrow = reinterpret_cast<const u8*>(x + (i64)gid * X::WIDTH * cols);
+  const i64 x_tile = (i64)8 * X::WIDTH * cols * sizeof(T);
+  const i64 up_bytes = (i64)cols * sizeof(T);
 
   const gemv::Stream cs(ring[threadIdx.x >> 5], code_a, code_b, units);
 #pragma unroll
@@ -121,14 +128,17 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
       a[4] = r[0], a[5] = r[1], a[6] = r[2], a[7] = r[3];
     }
     // x values of every unit of the step, issued before the dequantization they overlap.
-    u32 xw[NT][4][NP];
+    // GatedX: gate's words in xw, up's in xu, combined per unit below.
+    u32 xw[NT][4][NP], xu[NT][4][NP];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int u = min(ub + i, units - 1);
         const u8* xp = xrow + nt * x_tile + 2 * (u * CPU + tig * CPW);
-        load_x<BITS>(xp, gid + 8 * nt < m && ub + i < units, xw[nt][i]);
+        const bool valid = gid + 8 * nt < m && ub + i < units;
+        load_x<BITS>(xp, valid, xw[nt][i]);
+        if constexpr (X::GATED) load_x<BITS>(xp + up_bytes, valid, xu[nt][i]);
       }
 
     // Scales and zeros: lane tig fetches those of unit ub+tig (its own word's group, and for
@@ -184,6 +194,13 @@ __device__ __forceinline__ void gemv(T* __restrict__ out, const T* __restrict__ 
       u32 pa[NP], pb[NP];
       dequant_word<T, BITS>(a[2 * i], z_a, pa);
       dequant_word<T, BITS>(a[2 * i + 1], z_b, pb);
+      if constexpr (X::GATED) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int p = 0; p < NP; ++p)
+            xw[nt][i][p] = X::template word<T>(xw[nt][i][p], xu[nt][i][p]);
+      }
       if (!split) {
 #pragma unroll
         for (int j = 0; j < NMMA; ++j) {
@@ -287,6 +304,9 @@ __device__ __forceinline__ void dequant(T* __restrict__ w, const u8* __restrict_
 
 }  // namespace wq
 
+// This file is two modules: the plain GEMVs and the dequantizer, and (WQ_GEMV_GATED) the
+// GEMVs reading the gate|up buffer, so neither compiles the other's kernels at start-up.
+#ifndef WQ_GEMV_GATED
 // wq_gemv{,16}_b{8,4,2}_{f16,bf16}(T* out, const T* x, const u8* codes, const T* scales,
 //                                 const u8* zeros, const T* mins, i32 m, i32 rows, i32 cols,
 //                                 i32 group_size)
@@ -347,3 +367,39 @@ WQ_DEQUANT(4, f16, f16)
 WQ_DEQUANT(4, bf16, bf16)
 WQ_DEQUANT(2, f16, f16)
 WQ_DEQUANT(2, bf16, bf16)
+
+#else  // WQ_GEMV_GATED
+
+// wq_gemv{,16}_{silu,gelu}_b{8,4,2}_{f16,bf16}(T* out, const T* gate_up, const u8* codes,
+//                                             const T* scales, const u8* zeros, const T* mins,
+//                                             i32 m, i32 rows, i32 cols, i32 group_size)
+//   As wq_gemv with x[n][c] = act(gate_up[n][c]) * gate_up[n][cols + c] (SiLU, or GELU with
+//   the tanh approximation), each rounded to T as activation.cu stores it: the MLP's down
+//   projection (cols = d_ff) reading the gate|up projection's output, rows 2 * cols apart
+//   (contiguous). Constraints, grid and block as wq_gemv; gate_up 16-byte aligned.
+#define WQ_GEMV_GATED_ENTRIES(act, Op, bits, name, T)                                           \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      wq_gemv_##act##_b##bits##_##name(T* out, const T* gate_up, const u8* codes,               \
+                                       const T* scales, const u8* zeros, const T* mins, i32 m,  \
+                                       i32 rows, i32 cols, i32 group_size) {                    \
+    wq::gemv<T, bits, 1, gemv::GatedX<Op>>(out, gate_up, codes, scales, zeros, mins, m, rows,  \
+                                           cols, group_size);                                   \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(256)                                             \
+      wq_gemv16_##act##_b##bits##_##name(T* out, const T* gate_up, const u8* codes,             \
+                                         const T* scales, const u8* zeros, const T* mins,       \
+                                         i32 m, i32 rows, i32 cols, i32 group_size) {           \
+    wq::gemv<T, bits, 2, gemv::GatedX<Op>>(out, gate_up, codes, scales, zeros, mins, m, rows,  \
+                                           cols, group_size);                                   \
+  }
+#define WQ_GEMV_GATED_ALL(act, Op)                                                              \
+  WQ_GEMV_GATED_ENTRIES(act, Op, 8, f16, f16)                                                   \
+  WQ_GEMV_GATED_ENTRIES(act, Op, 8, bf16, bf16)                                                 \
+  WQ_GEMV_GATED_ENTRIES(act, Op, 4, f16, f16)                                                   \
+  WQ_GEMV_GATED_ENTRIES(act, Op, 4, bf16, bf16)                                                 \
+  WQ_GEMV_GATED_ENTRIES(act, Op, 2, f16, f16)                                                   \
+  WQ_GEMV_GATED_ENTRIES(act, Op, 2, bf16, bf16)
+WQ_GEMV_GATED_ALL(silu, SiluOp)
+WQ_GEMV_GATED_ALL(gelu, GeluTanhOp)
+
+#endif  // WQ_GEMV_GATED

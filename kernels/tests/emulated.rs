@@ -4,7 +4,8 @@
 //! f64 references, W8A8's rounding, tiles and scale kernel against the CPU's bits, and FP8's
 //! rounding and tiles against an f64 product of the decoded codes, and rope with the KV cache
 //! write and a norm rounding to int8, each in one launch, against the two launches each
-//! replaces, and the grammar mask applied before argmax. It needs
+//! replaces, the GEMVs computing the gated activation against the activation kernel then the
+//! plain GEMV, and the grammar mask applied before argmax. It needs
 //! `g++` (C++20), which `tests/run.sh` installs.
 
 use std::process::Command;

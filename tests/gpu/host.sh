@@ -22,7 +22,8 @@
 #   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
 #            bench forward
 #   ab       session 16's kernel choices against what they replaced, pair by pair in one run
-#            (FERRITE_GEMV_ROWS=16|0|8, FERRITE_W8A8_GEMM=library|mma)
+#            (FERRITE_GEMV_ROWS=16|0|8, FERRITE_W8A8_GEMM=library|mma), and the down projection's
+#            GEMV computing the gated activation against the activation kernel (FERRITE_FUSE_ACT=1|0)
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
 #   soak     bench soak against serve on the GPU, 0.7 minutes
 #   profile  Nsight Compute per kernel of eager decode steps (fp16, W8A8), summed by
@@ -105,7 +106,9 @@ ab)
   # Session 16's kernel choices against what they replaced, each pair in one run: the dense
   # GEMV against cuBLAS (fp16 interactive), the GEMVs' second tile against the mma GEMM at
   # 9-16 rows (bench kernels' batch-16 column), cuBLASLt's int8 and FP8 GEMMs against the
-  # hand-written tiles (W8A8 and FP8 high_concurrency).
+  # hand-written tiles (W8A8 and FP8 high_concurrency); the down projection's GEMV computing
+  # the gated activation from the gate|up buffer against the activation kernel then the plain
+  # GEMV (fp16 and 4-bit interactive, where every decode step takes the GEMV).
   unpack
   f="$bin/ferrite"
   common=(--device cuda --load-format dummy --model llama-3-8b --runs 3)
@@ -129,6 +132,15 @@ ab)
         echo "== FERRITE_W8A8_GEMM=$gemm ($q high_concurrency)"
         FERRITE_W8A8_GEMM=$gemm timeout 90 "$f" bench latency "${common[@]}" \
           --configs high_concurrency --quantize "$q"
+      done
+    done
+    for q in fp16 rtn-w4g128; do
+      quant=()
+      [ "$q" = fp16 ] || quant=(--quantize "$q")
+      for fuse in 1 0; do
+        echo "== FERRITE_FUSE_ACT=$fuse ($q interactive)"
+        FERRITE_FUSE_ACT=$fuse timeout 60 "$f" bench latency "${common[@]}" --configs interactive \
+          "${quant[@]}"
       done
     done
     for rows in 16 8; do

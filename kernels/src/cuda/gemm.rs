@@ -7,7 +7,9 @@
 //! Up to 16 rows of `x` (decode; [`gemv_rows`]), [`Gpu::linear`] runs ferrite's own GEMV
 //! (`dense_gemv.cu`: one launch that streams the weights once); above, and for shapes it does
 //! not take, cuBLAS. `FERRITE_GEMV_ROWS=0` keeps cuBLAS for every shape, so the two can be
-//! compared on one machine.
+//! compared on one machine. [`Gpu::linear_gated`] is the GEMV reading the MLP's gate|up
+//! buffer as its input, the activation computed as it loads (the decode down projection
+//! without the activation kernel).
 //!
 //! cuBLAS is column-major; a row-major `[r, c]` matrix is the column-major `[c, r]` one. So
 //! `yᵀ (n × m) = W (n × k, stored as k × n, transposed) · xᵀ (k × m)`: `transa = T`,
@@ -93,7 +95,7 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         if dense_gemv_takes(&shape, x, w) {
             // SAFETY: the caller's contract is this one's; the shape and alignment are checked.
-            return unsafe { self.dense_gemv(dtype, out_type, out, x, w, shape) };
+            return unsafe { self.dense_gemv_plain(dtype, out_type, out, x, w, shape) };
         }
         let c = Output {
             ptr: out,
@@ -105,11 +107,49 @@ impl Gpu {
         unsafe { self.gemm(dtype, c, x, w, shape) }
     }
 
+    /// The down projection of the MLP read straight from its gate|up buffer: `out = x · wᵀ`
+    /// with `x[n][c] = act(gate_up[n][c]) · gate_up[n][k + c]` (GELU-tanh when `gelu`, else
+    /// SiLU), each `x` value rounded to `dtype` as [`Self::gated_activation`] stores it, so the
+    /// result is that op followed by [`Self::linear`], bit for bit, in one launch of the dense
+    /// GEMV. `shape.k` is d_ff; `shape.x_stride` is `gate_up`'s row stride, at least `2 · k`.
+    /// Only the GEMV's shapes ([`dense_gemv_takes`]): an error otherwise, never a fallback.
+    ///
+    /// # Safety
+    /// As [`Self::linear`], with `gate_up` holding `m` rows of `2 · k` at `x_stride`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn linear_gated(
+        &self,
+        dtype: Dtype,
+        gelu: bool,
+        out: DevPtr,
+        gate_up: DevPtr,
+        w: DevPtr,
+        shape: Linear,
+    ) -> Result<(), CudaError> {
+        if !dense_gemv_takes(&shape, gate_up, w) || shape.x_stride < 2 * shape.k {
+            return Err(CudaError::Driver(format!(
+                "linear_gated: the dense GEMV does not take {shape:?}"
+            )));
+        }
+        let entry = match (shape.m > 8, gelu, dtype) {
+            (false, false, Dtype::F16) => "dense_gemv_silu_f16",
+            (false, false, Dtype::Bf16) => "dense_gemv_silu_bf16",
+            (false, true, Dtype::F16) => "dense_gemv_gelu_f16",
+            (false, true, Dtype::Bf16) => "dense_gemv_gelu_bf16",
+            (true, false, Dtype::F16) => "dense_gemv16_silu_f16",
+            (true, false, Dtype::Bf16) => "dense_gemv16_silu_bf16",
+            (true, true, Dtype::F16) => "dense_gemv16_gelu_f16",
+            (true, true, Dtype::Bf16) => "dense_gemv16_gelu_bf16",
+        };
+        // SAFETY: the caller's contract; the shape and alignment are checked.
+        unsafe { self.dense_gemv(entry, out, gate_up, w, shape) }
+    }
+
     /// `out = x · wᵀ` by `dense_gemv.cu` (see [`dense_gemv_takes`] for what it takes).
     ///
     /// # Safety
     /// As [`Self::linear`].
-    unsafe fn dense_gemv(
+    unsafe fn dense_gemv_plain(
         &self,
         dtype: Dtype,
         out_type: OutType,
@@ -129,6 +169,22 @@ impl Gpu {
             (true, Dtype::F16, OutType::F32) => "dense_gemv16_f16_f32out",
             (true, Dtype::Bf16, OutType::F32) => "dense_gemv16_bf16_f32out",
         };
+        // SAFETY: as this function's.
+        unsafe { self.dense_gemv(entry, out, x, w, shape) }
+    }
+
+    /// One launch of `dense_gemv.cu`'s `entry` (all take the same arguments).
+    ///
+    /// # Safety
+    /// As [`Self::linear`], for what `entry` reads.
+    unsafe fn dense_gemv(
+        &self,
+        entry: &'static str,
+        out: DevPtr,
+        x: DevPtr,
+        w: DevPtr,
+        shape: Linear,
+    ) -> Result<(), CudaError> {
         let args = [
             out.into(),
             x.into(),

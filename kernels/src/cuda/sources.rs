@@ -36,6 +36,7 @@ macro_rules! module {
 /// Headers the modules include, by the name they include them by.
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../cuda/common.cuh")),
+    ("gated.cuh", include_str!("../../cuda/gated.cuh")),
     ("gemv.cuh", include_str!("../../cuda/gemv.cuh")),
     ("mma.cuh", include_str!("../../cuda/mma.cuh")),
     ("tile8.cuh", include_str!("../../cuda/tile8.cuh")),
@@ -60,6 +61,7 @@ pub const MODULES: &[KernelSource] = &[
     module!("sampling"),
     module!("w8a8"),
     module!("wq_gemv"),
+    module!("wq_gemv_gated", "wq_gemv", "WQ_GEMV_GATED 1"),
     module!("wq_mins"),
     module!("wq_mma_b8", "wq_mma", "WQ_MMA_BITS 8"),
     module!("wq_mma_b4", "wq_mma", "WQ_MMA_BITS 4"),

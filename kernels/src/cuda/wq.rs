@@ -2,7 +2,9 @@
 //! for batches of 1–16 rows that streams the packed codes once, and a dequantizer to a dense
 //! matrix for larger batches (then cuBLAS). The device layout is the CPU's (see
 //! [`crate::wq`]): packed codes row-major, one scale (in the activation type) and, for the
-//! asymmetric formats, one u8 zero point per (row, group).
+//! asymmetric formats, one u8 zero point per (row, group). [`Gpu::wq_gemv_gated`] is the GEMV
+//! reading the MLP's gate|up buffer as its input, the activation computed as it loads (the
+//! decode down projection without the activation kernel).
 
 use std::sync::OnceLock;
 
@@ -80,6 +82,38 @@ fn name(kind: &str, bits: Bits, dtype: Dtype) -> &'static str {
     }
 }
 
+/// The GEMV reading the gate|up buffer (`wq_gemv.cu`'s `WQ_GEMV_GATED` module): two n8 tiles
+/// when `two_tiles`, GELU-tanh when `gelu`, else SiLU.
+fn gated_name(two_tiles: bool, gelu: bool, bits: Bits, dtype: Dtype) -> &'static str {
+    macro_rules! by_width {
+        ($gemv:literal, $act:literal) => {
+            match (bits, dtype) {
+                (Bits::B8, Dtype::F16) => concat!("wq_", $gemv, "_", $act, "_b8_f16"),
+                (Bits::B8, Dtype::Bf16) => concat!("wq_", $gemv, "_", $act, "_b8_bf16"),
+                (Bits::B4 | Bits::B3, Dtype::F16) => concat!("wq_", $gemv, "_", $act, "_b4_f16"),
+                (Bits::B4 | Bits::B3, Dtype::Bf16) => {
+                    concat!("wq_", $gemv, "_", $act, "_b4_bf16")
+                }
+                (Bits::B2, Dtype::F16) => concat!("wq_", $gemv, "_", $act, "_b2_f16"),
+                (Bits::B2, Dtype::Bf16) => concat!("wq_", $gemv, "_", $act, "_b2_bf16"),
+            }
+        };
+    }
+    match (two_tiles, gelu) {
+        (false, false) => by_width!("gemv", "silu"),
+        (false, true) => by_width!("gemv", "gelu"),
+        (true, false) => by_width!("gemv16", "silu"),
+        (true, true) => by_width!("gemv16", "gelu"),
+    }
+}
+
+/// Where a GEMV launch reads its activation rows: x itself, or the MLP's gate|up buffer.
+#[derive(Debug, Clone, Copy)]
+enum XSource {
+    Plain,
+    Gated { gelu: bool },
+}
+
 fn tail(w: &WqDevice) -> Result<[Arg; 3], CudaError> {
     Ok([
         i32_of("rows", w.rows)?,
@@ -108,15 +142,69 @@ impl Gpu {
         m: usize,
         mins: Option<DevPtr>,
     ) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract is this one's.
+        unsafe { self.wq_gemv_from(XSource::Plain, dtype, out, x, w, m, mins) }
+    }
+
+    /// The down projection of the MLP read straight from its gate|up buffer: as
+    /// [`Self::wq_gemv`] with `x[n][c] = act(gate_up[n][c]) · gate_up[n][cols + c]`
+    /// (GELU-tanh when `gelu`, else SiLU), each `x` value rounded to `dtype` as
+    /// [`Self::gated_activation`] stores it, so the result is that op followed by
+    /// [`Self::wq_gemv`], bit for bit, without the activation's launch.
+    ///
+    /// # Safety
+    /// As [`Self::wq_gemv`], with `gate_up` (16-byte aligned) holding `m` contiguous rows of
+    /// `2 * cols` elements in place of `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn wq_gemv_gated(
+        &self,
+        dtype: Dtype,
+        gelu: bool,
+        out: DevPtr,
+        gate_up: DevPtr,
+        w: &WqDevice,
+        m: usize,
+        mins: Option<DevPtr>,
+    ) -> Result<(), CudaError> {
+        let x = XSource::Gated { gelu };
+        // SAFETY: the caller's contract is this one's.
+        unsafe { self.wq_gemv_from(x, dtype, out, gate_up, w, m, mins) }
+    }
+
+    /// [`Self::wq_gemv`] with its activation rows from `source` at `x`.
+    ///
+    /// # Safety
+    /// As [`Self::wq_gemv`]; `x` holds `m` rows as `source` reads them.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn wq_gemv_from(
+        &self,
+        source: XSource,
+        dtype: Dtype,
+        out: DevPtr,
+        x: DevPtr,
+        w: &WqDevice,
+        m: usize,
+        mins: Option<DevPtr>,
+    ) -> Result<(), CudaError> {
         let grid = (w.rows.div_ceil(16) as u32, 1, 1);
         for first in (0..m).step_by(GEMV_MAX_M) {
             let rows_here = (m - first).min(GEMV_MAX_M);
             // One n8 tile where it holds the rows: the second would only add idle mmas.
-            let kind = if rows_here > 8 { "gemv16" } else { "gemv" };
-            let entry = name(kind, w.bits, dtype);
+            let two_tiles = rows_here > 8;
+            let (module, entry, x_row) = match source {
+                XSource::Plain => {
+                    let kind = if two_tiles { "gemv16" } else { "gemv" };
+                    ("wq_gemv", name(kind, w.bits, dtype), w.cols)
+                }
+                XSource::Gated { gelu } => (
+                    "wq_gemv_gated",
+                    gated_name(two_tiles, gelu, w.bits, dtype),
+                    2 * w.cols,
+                ),
+            };
             let mut args = vec![
                 out.offset::<u16>(first * w.rows).into(),
-                x.offset::<u16>(first * w.cols).into(),
+                x.offset::<u16>(first * x_row).into(),
                 w.codes.into(),
                 w.scales.into(),
                 w.zeros.unwrap_or(DevPtr::NULL).into(),
@@ -124,7 +212,7 @@ impl Gpu {
                 i32_of("m", rows_here)?,
             ];
             args.extend(tail(w)?);
-            unsafe { self.launch("wq_gemv", entry, grid, 256, 0, &args) }?;
+            unsafe { self.launch(module, entry, grid, 256, 0, &args) }?;
         }
         Ok(())
     }

@@ -2,23 +2,37 @@
 //! buffers, queued on its stream (or recorded into a graph being captured). The order of the
 //! steps is `ferrite_model::schedule`'s, the same as the CPU forward's.
 //!
-//! Four fusions shape the split: the residual add of a layer's output happens in the next
+//! Five fusions shape the split: the residual add of a layer's output happens in the next
 //! norm (`pending`, [`NormKind::AddThenNorm`]); a norm read by a W8A8 projection also rounds
 //! its output to int8 for it (`xn_int8`); q, k and v are one projection into one buffer
-//! (`qkv`), as are gate and up; and the rope launch also writes the KV cache.
+//! (`qkv`), as are gate and up; the rope launch also writes the KV cache; and where the down
+//! projection runs as a GEMV (decode), that GEMV computes the gated activation from the
+//! gate|up buffer as it loads it, and the activation kernel is not launched
+//! ([`DeviceLayers::fused_down`]).
+
+use std::sync::OnceLock;
 
 use ferrite_collective::Collective;
 use ferrite_kernels::cuda::attention::{DecodeScratch, PagedAttention};
-use ferrite_kernels::cuda::gemm::Linear;
+use ferrite_kernels::cuda::gemm::{Linear, dense_gemv_takes};
 use ferrite_kernels::cuda::ops::{CacheWrite, NormKind, NormShape, RopeShape};
+use ferrite_kernels::cuda::wq_mma::WqKernel;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_model::config::Activation;
-use ferrite_model::error::Result;
+use ferrite_model::error::{ModelError, Result};
 use ferrite_model::schedule::LayerOps;
 
 use super::{DeviceBatch, GpuRunner};
 use crate::matrix::DeviceMatrix;
 use crate::weights::GpuLayer;
+
+/// Whether the down projection's GEMV may compute the gated activation itself (anything but
+/// `FERRITE_FUSE_ACT=0`, read once): `0` keeps the activation kernel and the plain GEMV, for
+/// A/B runs on one machine (tests/gpu/host.sh).
+fn fuse_act() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRITE_FUSE_ACT").as_deref() != Ok("0"))
+}
 
 /// One step's layers on the device.
 pub(super) struct DeviceLayers<'a> {
@@ -81,6 +95,58 @@ impl<'a> DeviceLayers<'a> {
             x_stride: k,
             out_stride: n,
         }
+    }
+
+    /// The down projection's shape when it reads the gate|up buffer itself (rows `2 · d_ff`
+    /// apart), computing the gated activation as it loads: where `down` runs as one of the
+    /// GEMVs at this step's rows (the dense one, [`dense_gemv_takes`]; the weight-only one,
+    /// [`WqKernel::choose`]) and [`fuse_act`] allows it. `None`: the activation kernel writes
+    /// `act` and the down projection reads that (prefill; W8A8 and FP8, whose kernels round
+    /// their input to 8 bits; the tensor-core and cuBLAS paths).
+    ///
+    /// `gate_up` (to skip the activation kernel) and `down_proj` (to launch the fused GEMV)
+    /// both ask this, so they cannot disagree. It depends on the step's rows and the weights
+    /// alone: a CUDA graph, captured for a fixed number of rows, records one choice for good.
+    fn fused_down(&self, down: &DeviceMatrix) -> Option<Linear> {
+        let (r, c) = (self.r, &self.r.w.cfg);
+        let ff = c.intermediate_size;
+        let shape = Linear {
+            x_stride: 2 * ff,
+            ..self.lin(c.hidden_size, ff)
+        };
+        let gemv = match down {
+            DeviceMatrix::Dense(t) => dense_gemv_takes(&shape, r.gate_up.ptr, t.ptr),
+            DeviceMatrix::Quantized { w, .. } => WqKernel::choose(shape.m, w) == WqKernel::Gemv,
+            DeviceMatrix::Int8 { .. } | DeviceMatrix::Fp8 { .. } => false,
+        };
+        (gemv && fuse_act()).then_some(shape)
+    }
+
+    /// `proj = act(gate) · up · downᵀ` from the gate|up buffer by the GEMV that computes the
+    /// activation as it loads, at the shape [`Self::fused_down`] gave.
+    ///
+    /// # Safety
+    /// As [`Self::new`].
+    unsafe fn down_from_gate_up(&self, down: &DeviceMatrix, shape: Linear) -> Result<()> {
+        let (r, g) = (self.r, self.g);
+        let (dt, out, gu) = (r.w.dtype, r.proj.ptr, r.gate_up.ptr);
+        let gelu = r.w.cfg.activation == Activation::GeluTanh;
+        // SAFETY: `new`'s contract: `gate_up` holds the step's rows of 2 · d_ff, `proj` of
+        // hidden; the matrix is the down projection's.
+        unsafe {
+            match down {
+                DeviceMatrix::Dense(t) => g.linear_gated(dt, gelu, out, gu, t.ptr, shape)?,
+                DeviceMatrix::Quantized { w, mins, .. } => {
+                    let mins = mins.as_ref().map(|t| t.ptr);
+                    g.wq_gemv_gated(dt, gelu, out, gu, w, shape.m, mins)?
+                }
+                DeviceMatrix::Int8 { .. } | DeviceMatrix::Fp8 { .. } => {
+                    let what = "no GEMV reads the gate|up buffer for 8-bit weights";
+                    return Err(ModelError::Internal(what.into()));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `xn = norm(x)` with `weight`, first adding `proj` into `x` when an add is pending (the
@@ -266,13 +332,19 @@ impl LayerOps for DeviceLayers<'_> {
         unsafe {
             let shape = self.lin(2 * ff, c.hidden_size);
             r.project(g, gu, r.xn.ptr, &l.gate_up, shape, self.xn_int8)?;
-            g.gated_activation(r.w.dtype, gelu, act, gu, self.p.n_tokens, ff)?;
+            if self.fused_down(&l.down).is_none() {
+                g.gated_activation(r.w.dtype, gelu, act, gu, self.p.n_tokens, ff)?;
+            }
         }
         Ok(())
     }
 
     fn down_proj(&mut self, l: &GpuLayer) -> Result<()> {
         let (r, c) = (self.r, &self.r.w.cfg);
+        if let Some(shape) = self.fused_down(&l.down) {
+            // SAFETY: as in `qkv`.
+            return unsafe { self.down_from_gate_up(&l.down, shape) };
+        }
         let shape = self.lin(c.hidden_size, c.intermediate_size);
         // SAFETY: as in `qkv`.
         unsafe { r.project(self.g, r.proj.ptr, r.act.ptr, &l.down, shape, false)? };
