@@ -17,7 +17,8 @@ namespace gemv {
 //    reads that buffer directly and the activation kernel (activation.cu) is not launched.
 //    gated.cuh's math, so the product is bit-identical to the two-kernel path's.
 //    Each block recomputes the activations of every column it reads (ceil(rows / 16) blocks
-//    each), f32 math the plain GEMV does not have: FERRITE_FUSE_ACT=0 keeps the two kernels.
+//    each), f32 math the plain GEMV does not have: by default only the dense GEMV takes it
+//    (FERRITE_FUSE_ACT in services/gpu/src/layer.rs).
 struct PlainX {
   static constexpr bool GATED = false;
   static constexpr int WIDTH = 1;  // x's row: WIDTH * cols values

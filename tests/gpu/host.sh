@@ -23,7 +23,7 @@
 #            bench forward
 #   ab       session 16's kernel choices against what they replaced, pair by pair in one run
 #            (FERRITE_GEMV_ROWS=16|0|8, FERRITE_W8A8_GEMM=library|mma), and the down projection's
-#            GEMV computing the gated activation against the activation kernel (FERRITE_FUSE_ACT=1|0)
+#            GEMV computing the gated activation against the activation kernel (FERRITE_FUSE_ACT=all|0)
 #   startup  bench startup on a random-weight Qwen1.5-4B-shaped safetensors checkpoint
 #   soak     bench soak against serve on the GPU, 0.7 minutes
 #   profile  Nsight Compute per kernel of eager decode steps (fp16, W8A8), summed by
@@ -137,7 +137,7 @@ ab)
     for q in fp16 rtn-w4g128; do
       quant=()
       [ "$q" = fp16 ] || quant=(--quantize "$q")
-      for fuse in 1 0; do
+      for fuse in all 0; do
         echo "== FERRITE_FUSE_ACT=$fuse ($q interactive)"
         FERRITE_FUSE_ACT=$fuse timeout 60 "$f" bench latency "${common[@]}" --configs interactive \
           "${quant[@]}"

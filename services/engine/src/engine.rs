@@ -162,7 +162,7 @@ pub struct Engine {
 
 /// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
 /// alone: penalties need the tokens so far, logprobs the distribution on the host. (A grammar's
-/// mask goes to the device with the step: [`lead_with_masks`].)
+/// mask goes to the device with the step: [`Engine::run_masked`].)
 fn device_sampling(req: &Request, generated: usize) -> Option<DeviceSampling> {
     let p = req.sampler.params();
     let plain = p.logprobs.is_none()

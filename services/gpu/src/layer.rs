@@ -26,12 +26,29 @@ use super::{DeviceBatch, GpuRunner};
 use crate::matrix::DeviceMatrix;
 use crate::weights::GpuLayer;
 
-/// Whether the down projection's GEMV may compute the gated activation itself (anything but
-/// `FERRITE_FUSE_ACT=0`, read once): `0` keeps the activation kernel and the plain GEMV, for
-/// A/B runs on one machine (tests/gpu/host.sh).
-fn fuse_act() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERRITE_FUSE_ACT").as_deref() != Ok("0"))
+/// Which down projections' GEMVs compute the gated activation themselves
+/// (`FERRITE_FUSE_ACT`, read once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FuseAct {
+    /// None (`0`): the activation kernel, then the plain GEMV; for A/B runs on one machine
+    /// (tests/gpu/host.sh).
+    Off,
+    /// The default: f16/bf16 weights only. Each of a GEMV's blocks computes the activations of
+    /// every column it reads, so the arithmetic per weight byte grows as the weights shrink;
+    /// on paper it stays within what the dense GEMV can issue at HBM speed (about 8
+    /// activations per lane per KiB step), and not within it for 4-bit codes (about 32).
+    Dense,
+    /// Quantized weights too (`all`), until the runbook's `ab` stage has timed them.
+    All,
+}
+
+fn fuse_act() -> FuseAct {
+    static FUSE: OnceLock<FuseAct> = OnceLock::new();
+    *FUSE.get_or_init(|| match std::env::var("FERRITE_FUSE_ACT").as_deref() {
+        Ok("0" | "off") => FuseAct::Off,
+        Ok("all") => FuseAct::All,
+        _ => FuseAct::Dense,
+    })
 }
 
 /// One step's layers on the device.
@@ -114,12 +131,17 @@ impl<'a> DeviceLayers<'a> {
             x_stride: 2 * ff,
             ..self.lin(c.hidden_size, ff)
         };
+        let fuse = fuse_act();
         let gemv = match down {
-            DeviceMatrix::Dense(t) => dense_gemv_takes(&shape, r.gate_up.ptr, t.ptr),
-            DeviceMatrix::Quantized { w, .. } => WqKernel::choose(shape.m, w) == WqKernel::Gemv,
+            DeviceMatrix::Dense(t) => {
+                fuse != FuseAct::Off && dense_gemv_takes(&shape, r.gate_up.ptr, t.ptr)
+            }
+            DeviceMatrix::Quantized { w, .. } => {
+                fuse == FuseAct::All && WqKernel::choose(shape.m, w) == WqKernel::Gemv
+            }
             DeviceMatrix::Int8 { .. } | DeviceMatrix::Fp8 { .. } => false,
         };
-        (gemv && fuse_act()).then_some(shape)
+        gemv.then_some(shape)
     }
 
     /// `proj = act(gate) · up · downᵀ` from the gate|up buffer by the GEMV that computes the
