@@ -291,9 +291,9 @@ fn a_constrained_request_samples_allowed_tokens_alone_and_stops_with_its_grammar
 /// A grammar that allows token 40 until one token of budget is left, then finishes with 41
 /// alone (as a guide closing its JSON does). Records the budgets it was given.
 #[derive(Debug)]
-struct Closes {
-    budgets: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
-    closed: bool,
+pub(crate) struct Closes {
+    pub budgets: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    pub closed: bool,
 }
 
 impl Constraint for Closes {

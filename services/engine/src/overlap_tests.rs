@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::constraint::Constraint;
+use crate::engine::tests::Closes;
 use crate::engine::{Engine, EngineConfig, FinishReason, Generation};
 use crate::error::EngineError;
 use crate::sampler::SamplingParams;
@@ -214,36 +215,6 @@ fn a_failed_step_in_flight_fails_both_steps_requests_and_the_engine_serves_on() 
     assert_eq!(e.stats().kv_blocks_used, 0);
     let again = run(&mut e, vec![(9, vec![5, 6, 7], greedy(5))]);
     assert_eq!(again[&9].tokens.len(), 5);
-}
-
-/// A grammar that allows token 40 until one token of budget is left, then 41 alone, which
-/// completes it (as a guide closing its JSON does); it records the budgets it was given.
-#[derive(Debug)]
-struct Closes {
-    budgets: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
-    closed: bool,
-}
-
-impl Constraint for Closes {
-    fn allowed(&mut self, mask: &mut [u32], budget: usize) -> std::result::Result<(), String> {
-        self.budgets.lock().expect("budgets").push(budget);
-        mask.fill(0);
-        let id = if budget == 1 { 41 } else { 40 };
-        mask[id / 32] |= 1 << (id % 32);
-        Ok(())
-    }
-
-    fn accept(&mut self, token: u32) -> std::result::Result<bool, String> {
-        if token != 40 && token != 41 {
-            return Err(format!("token {token} was not allowed"));
-        }
-        self.closed = token == 41;
-        Ok(self.closed)
-    }
-
-    fn cut_short(&self) -> bool {
-        self.closed
-    }
 }
 
 /// A grammar of the tokens `seq`, one a step, complete after the last.
