@@ -113,7 +113,7 @@ fn a_failed_step_reaches_its_clients_as_a_server_fault() {
 
 /// The tiny model with token `poisoned`'s embedding row all NaN (a checkpoint broken where only
 /// that token reads it), copied to a directory of its own.
-pub(crate) fn poisoned_engine(poisoned: usize) -> Engine {
+fn poisoned_engine(poisoned: usize) -> Engine {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/qwen2");
     let dir = std::env::temp_dir().join(format!("ferrite-poisoned-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -143,7 +143,15 @@ pub(crate) fn poisoned_engine(poisoned: usize) -> Engine {
 
 #[test]
 fn a_request_whose_logits_are_nan_fails_alone_and_the_engine_serves_on() {
+    nan_logits_fail_alone(false);
+}
+
+/// Requests 1 and 3 read token 9, whose embedding is NaN: each fails alone (under async
+/// scheduling, when its pick is collected, after the next step, which holds it, was planned);
+/// request 2 finishes.
+pub(crate) fn nan_logits_fail_alone(async_scheduling: bool) {
     let mut e = poisoned_engine(9);
+    e.async_scheduling = async_scheduling;
     // Seeded: unseeded, request 2 can draw the poisoned token itself and then fail too (it did
     // once in a full test run).
     let sampled = SamplingParams {

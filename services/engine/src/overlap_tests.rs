@@ -286,29 +286,5 @@ fn requests_under_a_grammar_overlap_with_their_masks_and_budgets_in_step() {
 
 #[test]
 fn a_request_whose_pick_fails_alone_is_dropped_from_the_step_it_was_planned_into() {
-    // Token 9's embedding is NaN: requests 1 and 3 read it, and their logits hold no
-    // distribution; each fails alone when its pick is collected, after the next step, which
-    // holds it, was planned.
-    let mut e = crate::engine::tests::poisoned_engine(9);
-    e.async_scheduling = true;
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        seed: Some(3),
-        ..greedy(4)
-    };
-    e.add_request(1, vec![5, 9, 7], sampled.clone())
-        .expect("add");
-    e.add_request(2, vec![5, 6, 7], sampled).expect("add");
-    e.add_request(3, vec![9], greedy(4)).expect("add");
-    let (mut failed, mut tokens) = (Vec::new(), Vec::new());
-    while e.has_unfinished() {
-        let out = e.step().expect("the step goes on");
-        failed.extend(out.failed.into_iter().map(|(id, err)| (id, err.kind())));
-        tokens.extend(out.events.iter().map(|ev| (ev.id, ev.finish)));
-    }
-    failed.sort_unstable();
-    assert_eq!(failed, [(1, "bad_logits"), (3, "bad_logits")]);
-    assert!(tokens.iter().all(|&(id, _)| id == 2), "{tokens:?}");
-    assert_eq!(tokens.len(), 4);
-    assert_eq!(e.stats().kv_blocks_used, 0);
+    crate::engine::tests::nan_logits_fail_alone(true);
 }
