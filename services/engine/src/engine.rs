@@ -154,7 +154,7 @@ pub struct Engine {
     /// Plan each step while the device runs the one before ([`EngineConfig::async_scheduling`]).
     pub(crate) async_scheduling: bool,
     /// The step launched and not yet collected, under async scheduling.
-    pub(crate) inflight: Option<crate::overlap::InFlight>,
+    pub(crate) inflight: Option<crate::inflight::InFlight>,
     /// Faults the unit tests make a step meet.
     #[cfg(test)]
     pub(crate) faults: tests::Faults,

@@ -43,6 +43,7 @@ pub mod error;
 pub mod executor;
 pub mod failpoints;
 pub mod handle;
+mod inflight;
 pub mod kv_cache;
 mod overlap;
 pub mod plan;

@@ -26,11 +26,12 @@
 //! is queued). Sampling on the host (penalties, logprobs) reads the tokens before its own, all
 //! known by then.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::engine::{Engine, StepOutput, tokens_left};
 use crate::error::Result;
+use crate::inflight::InFlight;
 use crate::plan::StepPlan;
 use crate::sampler::SampledToken;
 use crate::scheduler::{Schedule, SeqId};
@@ -38,23 +39,6 @@ use crate::scheduler::{Schedule, SeqId};
 /// What stands in a sequence's next position while the step computing it is in flight. Any
 /// id would do: it is replaced before anything reads it.
 const PLACEHOLDER: u32 = 0;
-
-/// A step launched and not yet collected.
-#[derive(Debug)]
-pub(crate) struct InFlight {
-    schedule: Schedule,
-    /// Sequences that ended (finished or aborted) since the launch: their picks are dropped.
-    retired: HashSet<SeqId>,
-    launched: Instant,
-}
-
-impl InFlight {
-    pub(crate) fn retire(&mut self, id: SeqId) {
-        if self.schedule.chunks.iter().any(|c| c.id == id) {
-            self.retired.insert(id);
-        }
-    }
-}
 
 /// A token of the step collected, in its placeholder's place, to record.
 struct Resolved {
