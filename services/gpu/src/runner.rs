@@ -8,7 +8,9 @@
 //! per-sequence query starts, context lengths, the rows that want logits, block tables) and
 //! reads back either the f32 logits of the rows that asked for them ([`GpuRunner::forward`])
 //! or only the token ids sampled from them on the device ([`GpuRunner::launch_sampled`], in
-//! [`sampling`]); everything between runs on the stream without a host sync.
+//! [`sampling`]); everything between runs on the stream without a host sync. A step is queued
+//! (`launch_*`) and read back (`finish_*`) in two calls, so the engine can plan the next step
+//! while this one runs (async scheduling); the ids come back through page-locked memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
