@@ -73,7 +73,7 @@ checks)
 ops)
   unpack_bins
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/ops.txt"
-  for t in nvrtc ops ops_linear attention sampling wq_ops wq_mma wq_mins w8a8_ops fp8_ops; do
+  for t in nvrtc ops ops_linear attention sampling wq_ops wq_mma wq_mins gated_gemv w8a8_ops fp8_ops; do
     echo "== $t" | tee -a "$OUT/ops.txt"
     "$bin/$t" --test-threads=1 2>&1 | tail -40 | tee -a "$OUT/ops.txt"
   done
