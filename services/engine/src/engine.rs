@@ -564,18 +564,24 @@ impl Engine {
         per_chunk(picks, schedule, self.cfg.vocab_size)
     }
 
-    /// The most tokens request `id` may generate.
-    pub(crate) fn max_tokens(&self, id: SeqId) -> Option<usize> {
-        Some(self.requests.get(&id)?.sampler.params().max_tokens)
+    /// The tokens request `id`'s output may still take (the next one included) before
+    /// `max_tokens` or the context ends it ([`tokens_left`]); `None` for an unknown request.
+    pub(crate) fn tokens_left_of(&self, id: SeqId) -> Option<usize> {
+        let req = self.requests.get(&id)?;
+        let seq = self.sched.get(id)?;
+        let max_model_len = self.sched.config().max_model_len;
+        Some(tokens_left(
+            seq,
+            req.sampler.params().max_tokens,
+            max_model_len,
+        ))
     }
 
     /// For a request under a grammar, the tokens its output may still take (this step's
     /// included) before `max_tokens` or the context ends it.
     fn grammar_budget(&self, id: SeqId) -> Option<usize> {
-        let req = self.requests.get(&id).filter(|r| r.constraint.is_some())?;
-        let seq = self.sched.get(id)?;
-        let max_model_len = self.sched.config().max_model_len;
-        Some(tokens_left(seq, req.sampler.params().max_tokens, max_model_len).max(1))
+        self.requests.get(&id).filter(|r| r.constraint.is_some())?;
+        Some(self.tokens_left_of(id)?.max(1))
     }
 
     /// Samples (or takes the device's pick for) request `id`'s token at `index` of its
@@ -702,7 +708,7 @@ impl Engine {
 
 /// Tokens `seq`'s output may still take, the next one included, before `max_tokens` or the
 /// context (`max_model_len`) ends it: the next one is its last at 1.
-pub(crate) fn tokens_left(seq: &SeqState, max_tokens: usize, max_model_len: usize) -> usize {
+fn tokens_left(seq: &SeqState, max_tokens: usize, max_model_len: usize) -> usize {
     tokens_left_at(seq.prompt_len, seq.tokens.len(), max_tokens, max_model_len)
 }
 

@@ -17,10 +17,8 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// `id` ended: if this step holds it, its pick is dropped.
+    /// `id` ended: its pick in this step, if it has one, is dropped.
     pub(crate) fn retire(&mut self, id: SeqId) {
-        if self.schedule.chunks.iter().any(|c| c.id == id) {
-            self.retired.insert(id);
-        }
+        self.retired.insert(id);
     }
 }

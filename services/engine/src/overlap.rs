@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::engine::{Engine, StepOutput, tokens_left};
+use crate::engine::{Engine, StepOutput};
 use crate::error::Result;
 use crate::inflight::InFlight;
 use crate::plan::StepPlan;
@@ -112,14 +112,9 @@ impl Engine {
     /// Takes out of `schedule` the sequences with no token left to take: the step in flight
     /// samples their last one.
     fn drop_ending(&self, schedule: &mut Schedule) {
-        let max_model_len = self.sched.config().max_model_len;
-        schedule.chunks.retain(|c| {
-            let (Some(seq), Some(max_tokens)) = (self.sched.get(c.id), self.max_tokens(c.id))
-            else {
-                return true;
-            };
-            tokens_left(seq, max_tokens, max_model_len) > 0
-        });
+        schedule
+            .chunks
+            .retain(|c| self.tokens_left_of(c.id).is_none_or(|n| n > 0));
     }
 
     /// The step in flight's picks, each in its placeholder's place; a request whose pick fails
