@@ -7,6 +7,8 @@
 // Layout: weight codes [n][k] e4m3 row-major; weight scales a row-major grid of one f32 per
 // block of block_rows × block_cols weights (per tensor: one block; per channel: 1 × k);
 // activation codes [m][k] and scales [m][k / group] (fp8_quantize's output); out [m][n] T.
+// fp8_quantize can write the scales [k / group][m] instead (token-major within a run), the
+// layout cuBLASLt's 1 × 128 block scales take (fp8.rs); the tiles read the first.
 // k, the scale run (the smaller of block_cols and group, which divides the other) and the
 // GEMM's 64-byte chunks: k and the run are multiples of 64.
 //
@@ -20,9 +22,11 @@ namespace fp8 {
 constexpr float E4M3_MAX = 448.0f;
 
 // One block per (token, run of `group` inputs); `static_scale` > 0 replaces the dynamic one.
+// Token r's scale of run g goes to scales[r * token_stride + g * run_stride].
 template <typename T>
 __device__ __forceinline__ void quantize(u8* q, float* scales, const T* x, i32 m, i32 k,
-                                         i32 group, float static_scale) {
+                                         i32 group, float static_scale, i32 token_stride,
+                                         i32 run_stride) {
   __shared__ float scratch[32];
   const i32 runs = k / group;
   for (i32 job = blockIdx.x; job < m * runs; job += gridDim.x) {
@@ -45,7 +49,7 @@ __device__ __forceinline__ void quantize(u8* q, float* scales, const T* x, i32 m
       qr[i] = (u8)(pair & 0xff);
       qr[i + 1] = (u8)(pair >> 8);
     }
-    if (threadIdx.x == 0) scales[(i64)r * runs + g] = s;
+    if (threadIdx.x == 0) scales[(i64)r * token_stride + (i64)g * run_stride] = s;
   }
 }
 
@@ -98,28 +102,16 @@ __device__ __forceinline__ void gemm(T* out, const u8* xq, const float* xs, i32 
   }
 }
 
-// The GEMM's epilogue after products summed by cuBLASLt (imma.rs) for weights of one scale
-// per row block (per channel: block_rows = 1; per tensor: n) and one activation scale per token:
-// `gemm`'s `0 + sum * (s_w * s_x)`. Grid-strided over the m * n results.
-template <typename T>
-__device__ __forceinline__ void scale(T* out, const float* sums, const float* xs, const float* ws,
-                                      i32 m, i32 n, i32 block_rows) {
-  const i64 total = (i64)m * n;
-  for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-       e += (i64)gridDim.x * blockDim.x) {
-    const i32 tok = (i32)(e / n), row = (i32)(e - (i64)tok * n);
-    out[e] = from_f32<T>(sums[e] * (ws[row / block_rows] * xs[tok]));
-  }
-}
-
 }  // namespace fp8
 
-// fp8_quantize_{f16,bf16}(q, scales, x, m, k, group, static_scale): block a multiple of 32,
-// grid any (jobs are strided); group divides k and is even; static_scale 0 for dynamic.
+// fp8_quantize_{f16,bf16}(q, scales, x, m, k, group, static_scale, token_stride, run_stride):
+// block a multiple of 32, grid any (jobs are strided); group divides k and is even;
+// static_scale 0 for dynamic; strides (k / group, 1) for the tiles, (1, m) for cuBLASLt's blocks.
 #define FP8_QUANTIZE(T)                                                                         \
   extern "C" __global__ void __launch_bounds__(1024) fp8_quantize_##T(                          \
-      u8* q, float* scales, const T* x, i32 m, i32 k, i32 group, float static_scale) {         \
-    fp8::quantize<T>(q, scales, x, m, k, group, static_scale);                                 \
+      u8* q, float* scales, const T* x, i32 m, i32 k, i32 group, float static_scale,           \
+      i32 token_stride, i32 run_stride) {                                                      \
+    fp8::quantize<T>(q, scales, x, m, k, group, static_scale, token_stride, run_stride);       \
   }
 FP8_QUANTIZE(f16)
 FP8_QUANTIZE(bf16)
@@ -139,14 +131,3 @@ FP8_GEMM(f16, 1)
 FP8_GEMM(bf16, 1)
 FP8_GEMM(f16, 8)
 FP8_GEMM(bf16, 8)
-
-// fp8_scale_{f16,bf16}(out, sums, x_scales, w_scales, m, n, block_rows): out[i][j] =
-// sums[i][j] * (w_scales[j / block_rows] * x_scales[i]) rounded to T, [m][n] row-major. Grid
-// any (strided), block a multiple of 32.
-#define FP8_SCALE(T)                                                                            \
-  extern "C" __global__ void __launch_bounds__(256) fp8_scale_##T(                               \
-      T* out, const float* sums, const float* xs, const float* ws, i32 m, i32 n, i32 block_rows) { \
-    fp8::scale<T>(out, sums, xs, ws, m, n, block_rows);                                         \
-  }
-FP8_SCALE(f16)
-FP8_SCALE(bf16)

@@ -21,7 +21,7 @@ use common::{
 };
 use ferrite_kernels::cpu::matmul::{Weight, matmul};
 use ferrite_kernels::cuda::Gpu;
-use ferrite_kernels::cuda::fp8::{Fp8Device, Fp8Rows, check_layout};
+use ferrite_kernels::cuda::fp8::{Fp8Device, Fp8Rows, check_layout, device_scales};
 use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::fp8::{
     Fp8Activations, Fp8Matrix, Fp8Scales, quantize_activations, quantize_fp8_rtn,
@@ -44,10 +44,21 @@ fn cases() -> Vec<(usize, usize, Fp8Scales, Fp8Activations)> {
             Fp8Scales::Channel,
             Fp8Activations::DynamicPerToken,
         ),
-        (200, 576, Fp8Scales::Tensor, Fp8Activations::Static(0.02)),
+        (208, 576, Fp8Scales::Tensor, Fp8Activations::Static(0.02)),
+        (200, 576, Fp8Scales::Channel, Fp8Activations::Static(0.02)),
         (
             256,
             1024,
+            Fp8Scales::Block {
+                rows: 128,
+                cols: 128,
+            },
+            Fp8Activations::DynamicPerGroup(128),
+        ),
+        // 5 blocks a row: the library's padded grid is not this one, so the tiles run.
+        (
+            128,
+            640,
             Fp8Scales::Block {
                 rows: 128,
                 cols: 128,
@@ -84,19 +95,20 @@ fn reference(w: &Fp8Matrix, x: &[f32], m: usize) -> Vec<f32> {
 }
 
 fn device_of(mem: &mut Buffers<'_>, w: &Fp8Matrix) -> Fp8Device {
+    let (layout, scales) = device_scales(w);
     Fp8Device {
         codes: mem.bytes(w.codes()),
-        scales: mem.f32s(w.scales()),
-        layout: w.layout(),
+        scales: mem.f32s(&scales),
+        layout,
         act: w.activations(),
         rows: w.rows(),
         cols: w.cols(),
     }
 }
 
-/// The GPU's product: with `library`, room for the products of cuBLASLt's GEMM (for 64 rows,
-/// so chunked past them), which then takes more than 8 rows where the layout allows; else the
-/// hand-written tiles at every m.
+/// The GPU's product: with `library`, `fp8_matmul` (cuBLASLt's scaled GEMM for more than 8
+/// rows where it takes the layout, which on sm_90 it must); else the hand-written tiles at
+/// every m.
 fn on_gpu(
     gpu: &Gpu,
     dtype: Dtype,
@@ -113,19 +125,45 @@ fn on_gpu(
     }
     let cols = w.cols();
     let xp = mem.half(dtype, x);
-    let sums_len = if library { m.min(64) * w.rows() } else { 0 };
     let scratch = Fp8Rows {
         codes: mem.zeroed(m * cols),
         scales: mem.f32s(&vec![0.0; m * cols / 64]),
-        sums: mem.zeroed(4 * sums_len.max(1)),
-        sums_len,
     };
     let out = mem.zeroed(2 * m * w.rows());
+    let takes = gpu.fp8_library_takes(dtype, &dev, m);
+    eprintln!(
+        "{}x{} {:?} m={m}: cuBLASLt {}",
+        w.rows(),
+        cols,
+        w.layout(),
+        if takes { "takes it" } else { "does not" }
+    );
+    if library && gpu.arch == "sm_90" && m > 8 && expect_library(w) {
+        assert!(takes, "cuBLASLt refused {:?} at m={m} on sm_90", w.layout());
+    }
     unsafe {
-        gpu.fp8_matmul(dtype, out, xp, &dev, m, scratch)
-            .expect("fp8_matmul");
+        if library {
+            gpu.fp8_matmul(dtype, out, xp, &dev, m, scratch)
+        } else {
+            gpu.fp8_tiles(dtype, out, xp, &dev, m, scratch)
+        }
+        .expect("fp8 product");
     }
     Some(mem.read_half(dtype, out, m * w.rows()))
+}
+
+/// Whether cuBLASLt 12.9+ scales `w`'s products itself on sm_90: weights per channel (rows a
+/// multiple of 16), or 128 × 128 blocks with activation runs of 128 and a multiple of 4 blocks
+/// per row.
+fn expect_library(w: &Fp8Matrix) -> bool {
+    match w.layout() {
+        Fp8Scales::Channel | Fp8Scales::Tensor => w.rows().is_multiple_of(16),
+        Fp8Scales::Block {
+            rows: 128,
+            cols: 128,
+        } => w.rows().is_multiple_of(16) && (w.cols() / 128).is_multiple_of(4),
+        _ => false,
+    }
 }
 
 #[test]

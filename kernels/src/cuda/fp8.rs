@@ -3,9 +3,17 @@
 //! scales applied per run of the scale grid. The layout and the arithmetic are the CPU's
 //! [`crate::fp8::Fp8Matrix`] (whose f32 product of rounded values they equal up to f32
 //! summation order).
+//!
+//! More than [`DECODE_MAX_M`] rows go through cuBLASLt where it applies the scales itself
+//! ([`Scaling`], cuBLASLt 12.9+ on sm_90): weights per channel (or per tensor, uploaded as per
+//! channel) with one activation scale per token, and DeepSeek-V3's 128 × 128 weight blocks
+//! with activation runs of 128. One library call writes the 16-bit result: no f32 products
+//! and no epilogue kernel. Where the library has no algorithm (older libraries, other
+//! devices, other layouts) the hand-written tiles run.
 
 use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
+use super::lt::{Codes, Lt, Matmul, Product, Scaling};
 use super::ops::{Dtype, i32_of};
 use super::w8a8::block_rows as gemm_block_rows;
 use crate::fp8::{Fp8Activations, Fp8Scales};
@@ -36,17 +44,46 @@ impl Fp8Device {
         let (_, block_cols) = self.layout.block(self.rows, self.cols);
         block_cols.min(self.group())
     }
+
+    /// The scales cuBLASLt would apply to this matrix's products, if it takes its layout:
+    /// output rows a multiple of 16 (its 8-bit kernels' requirement), and one of
+    /// [`Scaling`]'s layouts. The weights' row of 128-column blocks must be a multiple of 4
+    /// long, as the library reads it (this grid is not padded).
+    fn library_scaling(&self) -> Option<Scaling> {
+        if !self.rows.is_multiple_of(16) {
+            return None;
+        }
+        match (self.layout, self.act) {
+            (Fp8Scales::Channel, Fp8Activations::DynamicPerToken | Fp8Activations::Static(_)) => {
+                Some(Scaling::Outer)
+            }
+            (
+                Fp8Scales::Block {
+                    rows: 128,
+                    cols: 128,
+                },
+                Fp8Activations::DynamicPerGroup(128),
+            ) if (self.cols / 128).is_multiple_of(4) => Some(Scaling::Blocks),
+            _ => None,
+        }
+    }
+}
+
+/// `m`'s weight scales as the device takes them, and their layout: one per tensor goes up as one
+/// per row (the same products, which the library then scales as per channel, [`Scaling`]).
+pub fn device_scales(m: &crate::fp8::Fp8Matrix) -> (Fp8Scales, std::borrow::Cow<'_, [f32]>) {
+    match m.layout() {
+        Fp8Scales::Tensor => (Fp8Scales::Channel, vec![m.scales()[0]; m.rows()].into()),
+        layout => (layout, m.scales().into()),
+    }
 }
 
 /// Activations rounded to e4m3: `m * cols` codes (16-byte aligned) and `m * cols / group` f32
-/// scales; and room for the f32 products of cuBLASLt's GEMM (`sums_len` elements at `sums`,
-/// as [`super::w8a8::I8Rows`]'s: chunked, and none where 0).
+/// scales.
 #[derive(Debug, Clone, Copy)]
 pub struct Fp8Rows {
     pub codes: DevPtr,
     pub scales: DevPtr,
-    pub sums: DevPtr,
-    pub sums_len: usize,
 }
 
 /// Whether the kernels take FP8 weights of `cols` columns scaled as `layout`, their inputs
@@ -130,36 +167,39 @@ impl Gpu {
         scratch: Fp8Rows,
     ) -> Result<(), CudaError> {
         check_layout(&self.arch, w.layout, w.act, w.cols)?;
-        let group = w.group();
-        let static_scale = match w.act {
-            Fp8Activations::Static(s) => s,
-            _ => 0.0,
-        };
-        let quantize: [Arg; 7] = [
-            scratch.codes.into(),
-            scratch.scales.into(),
-            x.into(),
-            i32_of("m", m)?,
-            i32_of("cols", w.cols)?,
-            i32_of("group", group)?,
-            Arg::F32(static_scale),
-        ];
-        let jobs = (m * (w.cols / group)).clamp(1, 65_535) as u32;
-        unsafe { self.launch("fp8", quantize_name(dtype), (jobs, 1, 1), 128, 0, &quantize) }?;
-        let chunk = scratch.sums_len / w.rows.max(1);
-        // One scale pair per product (weights per channel or tensor, activations per token), and
-        // output rows a multiple of 16 (the 8-bit library kernels' requirement).
-        let takes = m > DECODE_MAX_M
-            && chunk > 0
-            && w.run() == w.cols
-            && w.rows.is_multiple_of(16)
-            && super::w8a8::library_gemm();
-        if let Some(lt) = self.lt().filter(|_| takes) {
-            // A shape the library turns down falls back to the tiles, which write every output.
-            if unsafe { self.fp8_library_gemm(lt, dtype, out, scratch, w, m, chunk) }.is_ok() {
-                return Ok(());
-            }
+        if let Some(library) = self.fp8_library(dtype, w, m, scratch) {
+            // The library took the product: its activation scales laid out as it reads them.
+            let by_run = library.scaling() == Some(Scaling::Blocks);
+            unsafe { self.fp8_quantize(dtype, x, w, m, scratch, by_run) }?;
+            return unsafe { library.run(self.stream(), w.codes, scratch.codes, out) };
         }
+        unsafe { self.fp8_tiles(dtype, out, x, w, m, scratch) }
+    }
+
+    /// Whether [`Self::fp8_matmul`] of `m` rows through `w` goes through cuBLASLt.
+    pub fn fp8_library_takes(&self, dtype: Dtype, w: &Fp8Device, m: usize) -> bool {
+        let none = Fp8Rows {
+            codes: DevPtr::NULL,
+            scales: DevPtr::NULL,
+        };
+        self.fp8_library(dtype, w, m, none).is_some()
+    }
+
+    /// [`Self::fp8_matmul`] through the hand-written tiles at any `m`.
+    ///
+    /// # Safety
+    /// As [`Self::fp8_matmul`].
+    pub unsafe fn fp8_tiles(
+        &self,
+        dtype: Dtype,
+        out: DevPtr,
+        x: DevPtr,
+        w: &Fp8Device,
+        m: usize,
+        scratch: Fp8Rows,
+    ) -> Result<(), CudaError> {
+        check_layout(&self.arch, w.layout, w.act, w.cols)?;
+        unsafe { self.fp8_quantize(dtype, x, w, m, scratch, false) }?;
         let (block_rows, block_cols) = w.layout.block(w.rows, w.cols);
         let (_, grid_cols) = w.layout.grid(w.rows, w.cols);
         let decode = m <= DECODE_MAX_M;
@@ -173,7 +213,7 @@ impl Gpu {
             out.into(),
             scratch.codes.into(),
             scratch.scales.into(),
-            i32_of("group", group)?,
+            i32_of("group", w.group())?,
             w.codes.into(),
             w.scales.into(),
             i32_of("block_rows", block_rows)?,
@@ -187,42 +227,65 @@ impl Gpu {
         unsafe { self.launch("fp8", gemm_name(decode, dtype), grid, 128, 0, &gemm) }
     }
 
-    /// The product of activations already rounded into `q` through cuBLASLt (`imma.rs`),
-    /// `chunk` rows at a time into `q.sums`, each scaled into `out` by `fp8_scale`.
-    ///
-    /// # Safety
-    /// As [`Self::fp8_matmul`], after its quantization; `q.sums` holds `chunk * w.rows` f32.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn fp8_library_gemm(
+    /// cuBLASLt's product for `m` rows through `w`, described, where the library takes it:
+    /// more rows than a decode step's, a layout it scales ([`Fp8Device::library_scaling`]),
+    /// and an algorithm for the shape (asked once per shape; `FERRITE_W8A8_GEMM=mma` keeps the
+    /// tiles).
+    fn fp8_library(
         &self,
-        lt: &super::lt::Lt,
         dtype: Dtype,
-        out: DevPtr,
-        q: Fp8Rows,
         w: &Fp8Device,
         m: usize,
-        chunk: usize,
-    ) -> Result<(), CudaError> {
-        let entry = match dtype {
-            Dtype::F16 => "fp8_scale_f16",
-            Dtype::Bf16 => "fp8_scale_bf16",
-        };
-        let (block_rows, _) = w.layout.block(w.rows, w.cols);
-        let gemm = super::imma::LibraryGemm {
-            lt,
-            codes: super::imma::Codes::E4m3,
-            out,
-            xq: q.codes,
-            x_scales: q.scales,
-            sums: q.sums,
-            w: w.codes,
-            w_scales: w.scales,
+        scratch: Fp8Rows,
+    ) -> Option<Matmul<'_>> {
+        let lt: &Lt = self.lt()?;
+        let scaling = w.library_scaling()?;
+        if m <= DECODE_MAX_M || !super::w8a8::library_gemm() {
+            return None;
+        }
+        // cuBLASLt runs on the thread's current context (see `gemm.rs`).
+        self.context().bind_to_thread().ok()?;
+        let product = Product {
+            codes: Codes::E4m3,
             shape: (m, w.rows, w.cols),
-            chunk,
-            scale: ("fp8", entry),
-            extra: &[i32_of("block_rows", block_rows)?],
+            scaled: Some((scaling, dtype)),
         };
-        // SAFETY: the caller's contract is `library_gemm`'s.
-        unsafe { self.library_gemm(gemm) }
+        Matmul::new(lt, product, (w.scales, scratch.scales)).ok()
+    }
+
+    /// `x` rounded through e4m3 into `scratch`: the codes, and the scales per token and run,
+    /// `[m][runs]` for the tiles or `[runs][m]` (`by_run`) for cuBLASLt's 1 × 128 blocks.
+    ///
+    /// # Safety
+    /// As [`Self::fp8_matmul`].
+    unsafe fn fp8_quantize(
+        &self,
+        dtype: Dtype,
+        x: DevPtr,
+        w: &Fp8Device,
+        m: usize,
+        scratch: Fp8Rows,
+        by_run: bool,
+    ) -> Result<(), CudaError> {
+        let group = w.group();
+        let runs = w.cols / group;
+        let static_scale = match w.act {
+            Fp8Activations::Static(s) => s,
+            _ => 0.0,
+        };
+        let (token_stride, run_stride) = if by_run { (1, m) } else { (runs, 1) };
+        let args: [Arg; 9] = [
+            scratch.codes.into(),
+            scratch.scales.into(),
+            x.into(),
+            i32_of("m", m)?,
+            i32_of("cols", w.cols)?,
+            i32_of("group", group)?,
+            Arg::F32(static_scale),
+            i32_of("token stride", token_stride)?,
+            i32_of("run stride", run_stride)?,
+        ];
+        let jobs = (m * runs).clamp(1, 65_535) as u32;
+        unsafe { self.launch("fp8", quantize_name(dtype), (jobs, 1, 1), 128, 0, &args) }
     }
 }

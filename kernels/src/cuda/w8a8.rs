@@ -179,13 +179,9 @@ impl Gpu {
         m: usize,
         chunk: usize,
     ) -> Result<(), CudaError> {
-        let entry = match dtype {
-            Dtype::F16 => "w8a8_scale_f16",
-            Dtype::Bf16 => "w8a8_scale_bf16",
-        };
         let gemm = super::imma::LibraryGemm {
             lt,
-            codes: super::imma::Codes::Int8,
+            dtype,
             out,
             xq: q.codes,
             x_scales: q.scales,
@@ -194,8 +190,6 @@ impl Gpu {
             w_scales: w.scales,
             shape: (m, w.rows, w.cols),
             chunk,
-            scale: ("w8a8", entry),
-            extra: &[],
         };
         // SAFETY: the caller's contract is `library_gemm`'s.
         unsafe { self.library_gemm(gemm) }

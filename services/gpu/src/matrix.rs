@@ -172,12 +172,13 @@ impl DeviceMatrix {
 
     /// An FP8 matrix: its scales copied now, its codes when `jobs` run.
     fn fp8<'a>(gpu: &Gpu, m: Fp8Matrix, jobs: &mut Jobs<'a>) -> Result<Self> {
-        let scales = gpu.upload(m.scales()).map_err(gpu_error)?;
+        let (layout, scales) = fp8::device_scales(&m);
+        let scales = gpu.upload(&scales).map_err(gpu_error)?;
         let codes = gpu.zeros::<u8>(m.codes().len()).map_err(gpu_error)?;
         let w = Fp8Device {
             codes: gpu.ptr(&codes),
             scales: gpu.ptr(&scales),
-            layout: m.layout(),
+            layout,
             act: m.activations(),
             rows: m.rows(),
             cols: m.cols(),
@@ -327,12 +328,11 @@ impl DeviceMatrix {
         }
     }
 
-    /// Output rows of an 8-bit (W8A8 int8 or FP8) matrix, whose products cuBLASLt sums (i32,
-    /// f32) before they are scaled (0 for any other).
+    /// Output rows of a W8A8 int8 matrix, whose products cuBLASLt sums in i32 before they are
+    /// scaled (0 for any other: FP8's products the library scales itself).
     pub fn library_rows(&self) -> usize {
         match self {
             Self::Int8 { w, .. } => w.rows,
-            Self::Fp8 { w, .. } => w.rows,
             _ => 0,
         }
     }

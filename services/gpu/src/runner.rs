@@ -45,8 +45,8 @@ pub mod sampling;
 use layer::DeviceLayers;
 use sampling::SamplingBuffers;
 
-/// The most products of an 8-bit GEMM held at once (i32 or f32, 64 MiB): 585 rows of the 8B
-/// shape's gate/up at a time.
+/// The most products of an int8 GEMM held at once (i32, 64 MiB): 585 rows of the 8B shape's
+/// gate/up at a time.
 const SUMS_8BIT: usize = 16 << 20;
 
 /// The limits a runner's buffers are sized for.
@@ -142,8 +142,8 @@ pub struct GpuRunner {
     /// Room for a step's activations rounded to 8 bits (codes, and up to one scale per 64
     /// inputs), for W8A8 and FP8 matrices.
     quantized_rows: Option<(Buf<u8>, Buf<f32>)>,
-    /// Room for the i32 or f32 products of 8-bit GEMMs of many rows (cuBLASLt's, `imma.rs`):
-    /// up to [`SUMS_8BIT`] elements, a step of more rows runs in chunks.
+    /// Room for the i32 products of int8 GEMMs of many rows (cuBLASLt's, `imma.rs`): up to
+    /// [`SUMS_8BIT`] elements, a step of more rows runs in chunks.
     sums_8bit: Option<(Buf<i32>, usize)>,
     /// Per-sequence sampling parameters and the sampled ids.
     sampling: SamplingBuffers,
@@ -569,7 +569,7 @@ impl GpuRunner {
         })
     }
 
-    /// The scratch cuBLASLt's 8-bit GEMMs sum into, and its length (none: 0).
+    /// The scratch cuBLASLt's int8 GEMMs sum into, and its length (none: 0).
     fn sums_scratch(&self) -> (DevPtr, usize) {
         match &self.sums_8bit {
             Some((b, len)) => (b.ptr, *len),
@@ -618,13 +618,7 @@ impl GpuRunner {
                 }
                 DeviceMatrix::Fp8 { w, .. } => {
                     let (codes, scales) = self.rounding_scratch()?;
-                    let (sums, sums_len) = self.sums_scratch();
-                    let rows = Fp8Rows {
-                        codes,
-                        scales,
-                        sums,
-                        sums_len,
-                    };
+                    let rows = Fp8Rows { codes, scales };
                     return g.fp8_matmul(dt, out, x, w, shape.m, rows);
                 }
             };

@@ -25,17 +25,25 @@ static void fp8_case(int m, int n, int k, int br, int bc, int group) {
   std::vector<float> ws = rng.floats(grid_rows * grid_cols, 0.01f);
   for (auto& s : ws) s = std::fabs(s) + 1e-4f;
   std::vector<u8> q(m * k);
-  std::vector<float> xs(m * runs);
-  emu_launch({(unsigned)(m * runs), 1, 1}, 128,
-             [&] { fp8::quantize<T>(q.data(), xs.data(), x.data(), m, k, group, 0.0f); });
+  std::vector<float> xs(m * runs), by_run(m * runs);
+  emu_launch({(unsigned)(m * runs), 1, 1}, 128, [&] {
+    fp8::quantize<T>(q.data(), xs.data(), x.data(), m, k, group, 0.0f, runs, 1);
+  });
+  // The same codes with the scales token-major within each run (cuBLASLt's 1 x 128 blocks).
+  std::vector<u8> q2(m * k);
+  emu_launch({(unsigned)(m * runs), 1, 1}, 128, [&] {
+    fp8::quantize<T>(q2.data(), by_run.data(), x.data(), m, k, group, 0.0f, 1, m);
+  });
   Check cq(std::string("fp8_quantize ") + name<T>() + " m=" + std::to_string(m) + " group " +
            std::to_string(group));
+  cq.expect(q2 == q, "codes differ with the scales by run", 0, 0);
   for (int i = 0; i < m; ++i)
     for (int g = 0; g < runs; ++g) {
       float amax = 0;
       for (int c = g * group; c < (g + 1) * group; ++c) amax = std::max(amax, std::fabs(to_f32(x[i * k + c])));
       const float s = amax / 448.0f;
       cq.expect(xs[i * runs + g] == s, "scale", i, g);
+      cq.expect(by_run[g * m + i] == s, "scale by run", i, g);
       for (int c = g * group; c < (g + 1) * group; ++c)
         cq.expect(q[i * k + c] == emu_e4m3(to_f32(x[i * k + c]) / s), "code", i, c);
     }
@@ -62,25 +70,6 @@ static void fp8_case(int m, int n, int k, int br, int bc, int group) {
         want += p, mag += std::fabs(p);
       }
       cg.close(to_f32(out[i * n + j]), want, mag, ulp<T>(want), i, j);
-    }
-  if (run != k || bc != k) return;
-  // One scale pair per product: cuBLASLt's f32 products (here summed in f32 by the reference
-  // loop) scaled by fp8_scale.
-  std::vector<float> sums(m * n);
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) {
-      float acc = 0;
-      for (int c = 0; c < k; ++c) acc += emu_e4m3_value(q[i * k + c]) * emu_e4m3_value(w[j * k + c]);
-      sums[i * n + j] = acc;
-    }
-  std::vector<T> scaled(m * n);
-  emu_launch({3, 1, 1}, 256, [&] { fp8::scale<T>(scaled.data(), sums.data(), xs.data(), ws.data(), m, n, br); });
-  Check cs(std::string("fp8_scale ") + name<T>() + " m=" + std::to_string(m) + " blocks " +
-           std::to_string(br) + "x" + std::to_string(bc));
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) {
-      const T want = from_f32<T>(sums[i * n + j] * (ws[j / br] * xs[i]));
-      cs.expect(scaled[i * n + j].bits == want.bits, "not sum * (s_w * s_x)", i, j);
     }
 }
 
