@@ -12,7 +12,7 @@
 //! forward runs ([`MaskSource`]), is uploaded once the forward is queued and applied to its row
 //! (`mask_logits`) before the draw, as the CPU sampler applies it.
 
-use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice, sys};
 use ferrite_kernels::cuda::DevPtr;
 use ferrite_kernels::cuda::sample::SamplingArrays;
 use ferrite_model::error::{ModelError, Result};
@@ -28,6 +28,10 @@ pub(super) struct SamplingBuffers {
     words: usize,
     ids: CudaSlice<i32>,
     host_ids: PinnedHostSlice<i32>,
+    /// Recorded after each copy of the ids to the host, and waited for before they are read.
+    /// The pinned slice's own event is not: cudarc records it only where the context tracks
+    /// events, and `Gpu::open` turns that off (one stream), so `as_slice` would not wait.
+    ids_copied: CudaEvent,
 }
 
 impl SamplingBuffers {
@@ -51,6 +55,10 @@ impl SamplingBuffers {
                     .alloc_pinned_with_flags::<i32>(max_seqs.max(1), 0)
             }
             .map_err(|e| ModelError::Device(e.to_string()))?,
+            ids_copied: g
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(|e| ModelError::Device(e.to_string()))?,
         })
     }
 }
@@ -111,8 +119,9 @@ impl GpuRunner {
 
     /// Waits for the step [`Self::launch_sampled`] queued and reads its `rows` ids.
     pub fn finish_ids(&mut self, rows: usize) -> Result<Vec<u32>> {
-        // The copy's event, recorded after it on the stream, is what this waits for.
-        let ids = match self.sampling.host_ids.as_slice() {
+        // The event recorded after the copy on the stream is what this waits for.
+        let b = &self.sampling;
+        let ids = match b.ids_copied.synchronize().and_then(|()| b.host_ids.as_slice()) {
             Ok(ids) => Ok(ids[..rows].iter().map(|&i| i as u32).collect()),
             Err(e) => Err(ModelError::Device(e.to_string())),
         };
@@ -164,6 +173,7 @@ impl GpuRunner {
         // buffer: the copy's length is the host side's, and both hold max_seqs ids.
         g.stream()
             .memcpy_dtoh(&b.ids, &mut b.host_ids)
+            .and_then(|()| b.ids_copied.record(g.stream()))
             .map_err(|e| ModelError::Device(e.to_string()))?;
         Ok(n)
     }
