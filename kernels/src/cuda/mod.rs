@@ -50,6 +50,7 @@ pub mod wq_mma;
 pub use cache::{KernelCache, ModuleBuild, default_cache_dir};
 pub use gpu::{Arg, DevPtr, Gpu};
 pub use sources::{HEADERS, KernelSource, MODULES};
+pub use transfer::QueuedUpload;
 
 /// What can go wrong building or running CUDA kernels.
 #[derive(Debug, thiserror::Error)]

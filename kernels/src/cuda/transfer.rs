@@ -2,9 +2,67 @@
 //! runner's buffers hold several tensors each, and a tensor-parallel step moves parts of them
 //! (a projection's partial sums to the host and back, logits columns into place).
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::{CudaEvent, DeviceRepr, PinnedHostSlice, ValidAsZeroBits, result, sys};
 
 use super::{CudaError, DevPtr, Gpu};
+
+/// Page-locked room for small copies to the device queued behind the stream's work, for a step
+/// that must not wait for its own forward: a copy from pageable memory may wait for the stream
+/// first (CUDA's API synchronization rules let the driver do so to stage it), and
+/// [`Gpu::upload_at`] waits for it on purpose.
+pub struct QueuedUpload<T: DeviceRepr> {
+    host: PinnedHostSlice<T>,
+    /// Recorded after each copy out of `host`; waited for before `host` is written again.
+    copied: CudaEvent,
+}
+
+impl<T: DeviceRepr> std::fmt::Debug for QueuedUpload<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueuedUpload({} elements)", self.host.len())
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits + Copy> QueuedUpload<T> {
+    /// Room for `len` elements.
+    pub fn new(gpu: &Gpu, len: usize) -> Result<Self, CudaError> {
+        let ctx = gpu.context();
+        // SAFETY: page-locked host memory the host only writes (write-combined) and the
+        // device reads through the copies `queue` makes, each waited for before a rewrite.
+        let host = unsafe {
+            ctx.alloc_pinned_with_flags::<T>(len.max(1), sys::CU_MEMHOSTALLOC_WRITECOMBINED)
+        }?;
+        let copied = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+        Ok(Self { host, copied })
+    }
+
+    /// Queues a copy of `src` to `dst` on `gpu`'s stream, after the work queued before it, and
+    /// returns without waiting for either (only for the previous copy out of this room).
+    ///
+    /// # Safety
+    /// `dst` addresses room for `src.len()` elements of `T` on `gpu`'s device, alive until the
+    /// copy has run.
+    #[allow(unsafe_code)]
+    pub unsafe fn queue(&mut self, gpu: &Gpu, dst: DevPtr, src: &[T]) -> Result<(), CudaError> {
+        let room = self.host.len();
+        if src.len() > room {
+            return Err(CudaError::Driver(format!(
+                "{} elements queued for a copy through room for {room}",
+                src.len()
+            )));
+        }
+        self.copied.synchronize()?;
+        // `as_mut_slice` waits on the slice's own event, which cudarc never records here
+        // (event tracking is off): `copied` is what orders the rewrite after the last copy.
+        let host = &mut self.host.as_mut_slice()?[..src.len()];
+        host.copy_from_slice(src);
+        gpu.context().bind_to_thread()?;
+        let stream = gpu.stream();
+        // SAFETY: the caller's contract for `dst`; `host` is page-locked and is not written
+        // again before `copied`, recorded next, says this copy has run.
+        unsafe { result::memcpy_htod_async(dst.0, host, stream.cu_stream()) }?;
+        Ok(self.copied.record(stream)?)
+    }
+}
 
 impl Gpu {
     /// Copies `dst.len()` elements at `src` to the host, after the work queued before it.

@@ -13,8 +13,8 @@
 //! (`mask_logits`) before the draw, as the CPU sampler applies it.
 
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice, sys};
-use ferrite_kernels::cuda::DevPtr;
 use ferrite_kernels::cuda::sample::SamplingArrays;
+use ferrite_kernels::cuda::{DevPtr, QueuedUpload};
 use ferrite_model::error::{ModelError, Result};
 use ferrite_model::{DeviceSampling, MaskSource, SeqChunk};
 
@@ -25,6 +25,10 @@ use super::{Buf, GpuRunner, alloc, gpu_error};
 pub(super) struct SamplingBuffers {
     params: Buf<u8>,
     masks: Buf<u32>,
+    /// Where the parameters and the masks are copied from: queued behind the forward without
+    /// waiting for it, so a sampled step returns as soon as it is queued.
+    staged_params: QueuedUpload<u8>,
+    staged_masks: QueuedUpload<u32>,
     words: usize,
     ids: CudaSlice<i32>,
     host_ids: PinnedHostSlice<i32>,
@@ -44,6 +48,8 @@ impl SamplingBuffers {
         Ok(Self {
             params: alloc(g, max_seqs * PACKED_BYTES)?,
             masks: alloc(g, max_seqs * words)?,
+            staged_params: QueuedUpload::new(g, max_seqs * PACKED_BYTES).map_err(gpu_error)?,
+            staged_masks: QueuedUpload::new(g, max_seqs * words).map_err(gpu_error)?,
             words,
             ids: g.zeros::<i32>(max_seqs).map_err(gpu_error)?,
             // Cached (not write-combined) memory: the host reads it.
@@ -121,7 +127,11 @@ impl GpuRunner {
     pub fn finish_ids(&mut self, rows: usize) -> Result<Vec<u32>> {
         // The event recorded after the copy on the stream is what this waits for.
         let b = &self.sampling;
-        let ids = match b.ids_copied.synchronize().and_then(|()| b.host_ids.as_slice()) {
+        let ids = match b
+            .ids_copied
+            .synchronize()
+            .and_then(|()| b.host_ids.as_slice())
+        {
             Ok(ids) => Ok(ids[..rows].iter().map(|&i| i as u32).collect()),
             Err(e) => Err(ModelError::Device(e.to_string())),
         };
@@ -162,7 +172,7 @@ impl GpuRunner {
             // SAFETY: the block holds n ≤ max_seqs sequences' parameters, PACKED_BYTES each:
             // within the buffer.
             #[allow(unsafe_code)]
-            unsafe { g.upload_at(b.params.ptr, &block) }.map_err(gpu_error)?;
+            unsafe { b.staged_params.queue(&g, b.params.ptr, &block) }.map_err(gpu_error)?;
             // SAFETY: as above; every parameter array holds the n elements just written.
             #[allow(unsafe_code)]
             unsafe { g.sample(ids, self.logits_ptr, n, vocab, &arrays) }.map_err(gpu_error)?;
@@ -207,7 +217,10 @@ impl GpuRunner {
         // left `n` rows of `vocab` f32 logits.
         #[allow(unsafe_code)]
         unsafe {
-            g.upload_at(mask, &flat).map_err(gpu_error)?;
+            self.sampling
+                .staged_masks
+                .queue(g, mask, &flat)
+                .map_err(gpu_error)?;
             g.mask_logits(self.logits_ptr, mask, n, vocab, words)
                 .map_err(gpu_error)
         }
