@@ -57,9 +57,7 @@ impl GpuRunner {
         for &b in &sizes {
             let mut plan = self.empty_plan();
             self.pad_decode(&mut plan, b);
-            gpu.stream()
-                .memcpy_htod(&plan.meta, &mut self.meta)
-                .map_err(err)?;
+            self.queue_meta(&plan)?;
             // Under the watchdog like any step: NCCL connects here, and a peer that died
             // since start-up would otherwise hang this rank's start.
             self.watched(|r| {

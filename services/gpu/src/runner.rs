@@ -147,6 +147,9 @@ pub struct GpuRunner {
     sums_8bit: Option<(Buf<i32>, usize)>,
     /// Per-sequence sampling parameters and the sampled ids.
     sampling: SamplingBuffers,
+    /// Where each step's metadata is copied to `meta` from, queued without waiting for the
+    /// stream (a copy from pageable memory may wait for it).
+    meta_staged: ferrite_kernels::cuda::QueuedUpload<i32>,
 }
 
 impl std::fmt::Debug for GpuRunner {
@@ -190,6 +193,8 @@ impl GpuRunner {
                 .collect::<Result<_>>()?,
         };
         let meta = g.zeros::<i32>(limits.meta_len()).map_err(gpu_error)?;
+        let meta_staged =
+            ferrite_kernels::cuda::QueuedUpload::new(g, limits.meta_len()).map_err(gpu_error)?;
         // Only a step of more rows than the tensor-core kernel takes dequantizes (prefill
         // chunks above MMA_MAX_M tokens): no scratch matrix when the token budget stays below.
         let dequantized = match w.largest(DeviceMatrix::dequantized_len) {
@@ -248,6 +253,7 @@ impl GpuRunner {
             quantized_rows,
             sums_8bit,
             sampling: SamplingBuffers::new(g, s, c.vocab_size)?,
+            meta_staged,
             w,
         })
     }
@@ -354,9 +360,7 @@ impl GpuRunner {
             self.check_graph(b, &plan)?;
             self.pad_decode(&mut plan, b);
         }
-        gpu.stream()
-            .memcpy_htod(&plan.meta, &mut self.meta)
-            .map_err(|e| ModelError::Device(e.to_string()))?;
+        self.queue_meta(&plan)?;
         match graph.and_then(|b| self.graphs.get(&b)) {
             Some(graph) => graph
                 .0
@@ -368,6 +372,22 @@ impl GpuRunner {
             None => unsafe { self.run(&gpu, &plan, comm) }?,
         }
         Ok(n_logits)
+    }
+
+    /// Queues the copy of `plan`'s metadata into `meta`, behind the work queued before it.
+    fn queue_meta(&mut self, plan: &DeviceBatch) -> Result<()> {
+        let (g, meta) = (&self.w.gpu, self.w.gpu.ptr(&self.meta));
+        if plan.meta.len() > self.meta.len() {
+            return Err(ModelError::Internal(format!(
+                "{} metadata words for room for {}",
+                plan.meta.len(),
+                self.meta.len()
+            )));
+        }
+        // SAFETY: `meta` holds meta_len() i32, at least the plan's (checked above), and lives
+        // as long as the runner.
+        #[allow(unsafe_code)]
+        unsafe { self.meta_staged.queue(g, meta, &plan.meta) }.map_err(gpu_error)
     }
 
     /// A plan with no sequences, to be padded.
