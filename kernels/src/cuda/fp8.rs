@@ -134,6 +134,15 @@ fn group_of(act: Fp8Activations, cols: usize) -> usize {
     }
 }
 
+/// `dtype` as cuBLASLt names it.
+fn library_type(dtype: Dtype) -> cudarc::cublaslt::sys::cudaDataType_t {
+    use cudarc::cublaslt::sys::cudaDataType_t::{CUDA_R_16BF, CUDA_R_16F};
+    match dtype {
+        Dtype::F16 => CUDA_R_16F,
+        Dtype::Bf16 => CUDA_R_16BF,
+    }
+}
+
 fn quantize_name(dtype: Dtype) -> &'static str {
     match dtype {
         Dtype::F16 => "fp8_quantize_f16",
@@ -171,7 +180,7 @@ impl Gpu {
             // The library took the product: its activation scales laid out as it reads them.
             let by_run = library.scaling() == Some(Scaling::Blocks);
             unsafe { self.fp8_quantize(dtype, x, w, m, scratch, by_run) }?;
-            return unsafe { library.run(self.stream(), w.codes, scratch.codes, out) };
+            return unsafe { library.run(self.stream(), w.codes.0, scratch.codes.0, out.0) };
         }
         unsafe { self.fp8_tiles(dtype, out, x, w, m, scratch) }
     }
@@ -248,9 +257,9 @@ impl Gpu {
         let product = Product {
             codes: Codes::E4m3,
             shape: (m, w.rows, w.cols),
-            scaled: Some((scaling, dtype)),
+            scaled: Some((scaling, library_type(dtype))),
         };
-        Matmul::new(lt, product, (w.scales, scratch.scales)).ok()
+        Matmul::new(lt, product, (w.scales.0, scratch.scales.0)).ok()
     }
 
     /// `x` rounded through e4m3 into `scratch`: the codes, and the scales per token and run,

@@ -55,9 +55,10 @@ impl Gpu {
                 shape: (rows, n, k),
                 scaled: None,
             };
-            let mm = Matmul::new(g.lt, product, (DevPtr::NULL, DevPtr::NULL))?;
+            let mm = Matmul::new(g.lt, product, (0, 0))?;
             // SAFETY: the caller's contract, for this chunk's rows.
-            unsafe { mm.run(self.stream(), g.w, g.xq.offset::<u8>(first * k), g.sums) }?;
+            let xq = g.xq.offset::<u8>(first * k);
+            unsafe { mm.run(self.stream(), g.w.0, xq.0, g.sums.0) }?;
             let args = [
                 g.out.offset::<u16>(first * n).into(),
                 g.sums.into(),

@@ -16,8 +16,6 @@ use cudarc::cublaslt::{result as lt, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::CudaError;
-use super::gpu::DevPtr;
-use super::ops::Dtype;
 
 /// The 8-bit codes a GEMM multiplies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -93,13 +91,13 @@ impl Scaling {
 }
 
 /// One product: its codes, `(m, n, k)`, and either the sums in the compute type (`scaled`
-/// `None`) or the result scaled by the library into a 16-bit type. What the library's choice of
+/// `None`) or the result scaled by the library into a 16-bit type (`CUDA_R_16F`/`16BF`). What the library's choice of
 /// algorithm depends on here (the descriptors' other attributes are the same for every call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Product {
     pub codes: Codes,
     pub shape: (usize, usize, usize),
-    pub scaled: Option<(Scaling, Dtype)>,
+    pub scaled: Option<(Scaling, sys::cudaDataType_t)>,
 }
 
 /// cuBLASLt's workspace (NVIDIA's recommendation for Hopper).
@@ -256,14 +254,10 @@ pub(crate) struct Matmul<'a> {
 }
 
 impl<'a> Matmul<'a> {
-    /// Describes `product`; where it is scaled, `scales` are the weights' and the activations'
-    /// f32 scales, laid out as its [`Scaling`] says. An error where the library has no
+    /// Describes `product`; where it is scaled, `scales` are the device addresses of the
+    /// weights' and the activations' f32 scales, laid out as its [`Scaling`] says. An error where the library has no
     /// algorithm for it (a shape it does not take, or a library without the scale modes).
-    pub(crate) fn new(
-        lt: &'a Lt,
-        product: Product,
-        scales: (DevPtr, DevPtr),
-    ) -> Result<Self, CudaError> {
+    pub(crate) fn new(lt: &'a Lt, product: Product, scales: (u64, u64)) -> Result<Self, CudaError> {
         use sys::cublasLtMatmulDescAttributes_t as Attr;
         let (code_type, compute, scale_type, sum_type) = product.codes.types();
         let desc =
@@ -279,16 +273,13 @@ impl<'a> Matmul<'a> {
             d.set(Attr::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &0i8)?;
         }
         let out_type = match product.scaled {
-            Some((scaling, dtype)) => {
+            Some((scaling, out_type)) => {
                 let (w_mode, x_mode) = scaling.modes();
                 d.set(Attr::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &(w_mode as u32))?;
                 d.set(Attr::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &(x_mode as u32))?;
-                d.set(Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.0.0)?;
-                d.set(Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.1.0)?;
-                match dtype {
-                    Dtype::F16 => sys::cudaDataType_t::CUDA_R_16F,
-                    Dtype::Bf16 => sys::cudaDataType_t::CUDA_R_16BF,
-                }
+                d.set(Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.0)?;
+                d.set(Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.1)?;
+                out_type
             }
             None => sum_type,
         };
@@ -312,19 +303,19 @@ impl<'a> Matmul<'a> {
         self.product.scaled.map(|(s, _)| s)
     }
 
-    /// `out = xq · wᵀ` (scaled where the product is) on `stream`.
+    /// `out = xq · wᵀ` (scaled where the product is) on `stream`; device addresses.
     ///
     /// # Safety
-    /// The pointers address buffers of the product's extents, 16-byte aligned, and so do the
+    /// The addresses are of buffers of the product's extents, 16-byte aligned, and so do the
     /// scales given to `new`; `n` and `k` multiples of 16 (the 8-bit kernels' requirement in
     /// the default column order).
     #[allow(unsafe_code)]
     pub(crate) unsafe fn run(
         &self,
         stream: &CudaStream,
-        w: DevPtr,
-        xq: DevPtr,
-        out: DevPtr,
+        w: u64,
+        xq: u64,
+        out: u64,
     ) -> Result<(), CudaError> {
         let [a, b, d] = self.d.abd();
         // alpha = 1, beta = 0 in the scale type (i32 or f32: both one 4-byte word).
@@ -339,13 +330,13 @@ impl<'a> Matmul<'a> {
                 self.d.desc,
                 (&alpha as *const u32).cast::<c_void>(),
                 (&beta as *const u32).cast::<c_void>(),
-                w.0 as *const c_void,
+                w as *const c_void,
                 a,
-                xq.0 as *const c_void,
+                xq as *const c_void,
                 b,
-                out.0 as *const c_void,
+                out as *const c_void,
                 d,
-                out.0 as *mut c_void,
+                out as *mut c_void,
                 d,
                 &self.algo,
                 self.lt.workspace_ptr as *mut c_void,
