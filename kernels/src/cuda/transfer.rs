@@ -16,6 +16,14 @@ pub struct QueuedUpload<T: DeviceRepr> {
     copied: CudaEvent,
 }
 
+impl<T: DeviceRepr> Drop for QueuedUpload<T> {
+    fn drop(&mut self) {
+        // A copy may still read the room: let it finish before the slice frees it (the
+        // slice's own wait is on an event never recorded). An error has nowhere to go here.
+        let _ = self.copied.synchronize();
+    }
+}
+
 impl<T: DeviceRepr> std::fmt::Debug for QueuedUpload<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "QueuedUpload({} elements)", self.host.len())

@@ -69,6 +69,14 @@ impl SamplingBuffers {
     }
 }
 
+impl Drop for SamplingBuffers {
+    fn drop(&mut self) {
+        // A copy of the ids may still be writing `host_ids`: let it land before the slice
+        // frees it. An error has nowhere to go here.
+        let _ = self.ids_copied.synchronize();
+    }
+}
+
 /// Bytes of one sequence's parameters: two u64, three f32, one i32.
 const PACKED_BYTES: usize = 2 * 8 + 4 * 4;
 
