@@ -46,3 +46,17 @@ extern "C" __global__ void __launch_bounds__(1024)
                    float scale) {
   embedding(out, table, ids, n_tokens, hidden, scale);
 }
+
+// The step's input ids that the step before it drew on the device (async scheduling's chained
+// launch, see the engine's overlap module): ids[pairs[2i]] = drawn[pairs[2i + 1]] for i < n.
+// A draw outside [0, vocab) (a row with no distribution: every logit NaN) becomes token 0, so
+// the embedding above never reads outside its table; that sequence's request fails when its
+// draw is read on the host, and what this step computes for it is dropped.
+// Launch: one block of up to 1024 threads, grid-strided; no shared memory.
+extern "C" __global__ void __launch_bounds__(1024)
+    carry_ids(i32* ids, const i32* drawn, const i32* pairs, i32 n, i32 vocab) {
+  for (i32 i = threadIdx.x; i < n; i += blockDim.x) {
+    const i32 d = drawn[pairs[2 * i + 1]];
+    ids[pairs[2 * i]] = d >= 0 && d < vocab ? d : 0;
+  }
+}

@@ -115,12 +115,16 @@ ab)
   "$f" kernels build >/dev/null 2>&1
   {
     # Async scheduling (session 18) against steps one at a time: the default model's decode,
-    # where a step is short and the host's share of it largest, and fp16 high concurrency.
-    for sched in on off; do
-      echo "== FERRITE_ASYNC_SCHEDULING=$sched (default model decode; fp16 high_concurrency)"
-      FERRITE_ASYNC_SCHEDULING=$sched timeout 60 "$f" bench decode --device cuda \
+    # where a step is short and the host's share of it largest, and fp16 high concurrency;
+    # then session 20's chained launch (step n+1 queued before step n's ids are back) off.
+    for sched in on off chain0; do
+      echo "== async scheduling: $sched (default model decode; fp16 high_concurrency)"
+      env_=(FERRITE_ASYNC_SCHEDULING="${sched/chain0/on}")
+      [ "$sched" = chain0 ] && env_+=(FERRITE_CHAIN_STEPS=0)
+      env "${env_[@]}" timeout 60 "$f" bench decode --device cuda \
         --model smollm2-135m --batch-sizes 1,64 --prompt-tokens 128 --new-tokens 128 --runs 3
-      FERRITE_ASYNC_SCHEDULING=$sched timeout 60 "$f" bench latency "${common[@]}" \
+      [ "$sched" = chain0 ] && continue  # the decode alone: the host's share is largest there
+      env "${env_[@]}" timeout 60 "$f" bench latency "${common[@]}" \
         --configs high_concurrency
     done
     for rows in 16 0; do

@@ -178,6 +178,33 @@ impl Gpu {
         unsafe { self.launch("embedding", entry!(dtype, "embedding"), grid, 256, 0, &args) }
     }
 
+    /// `ids[pairs[2i]] = drawn[pairs[2i + 1]]` for `i < n` (i32 throughout): a step's input
+    /// ids that the step before it drew on the device. A draw outside `0..vocab` becomes 0.
+    ///
+    /// # Safety
+    /// `pairs` holds `2n` i32, each first one an index into `ids` and each second one into
+    /// `drawn`.
+    pub unsafe fn carry_ids(
+        &self,
+        ids: DevPtr,
+        drawn: DevPtr,
+        pairs: DevPtr,
+        n: usize,
+        vocab: usize,
+    ) -> Result<(), CudaError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let args = [
+            ids.into(),
+            drawn.into(),
+            pairs.into(),
+            i32_of("carried ids", n)?,
+            i32_of("vocab", vocab)?,
+        ];
+        unsafe { self.launch("embedding", "carry_ids", (1, 1, 1), 1024, 0, &args) }
+    }
+
     /// RMSNorm of `shape.rows` rows (see [`NormKind`]). `x` rows are `x_stride` apart; `out`
     /// and `residual` rows are contiguous.
     ///

@@ -99,6 +99,9 @@ pub struct StepOutput {
     /// Tokens run through the model (prefill + decode).
     pub num_tokens: usize,
     pub num_preempted: usize,
+    /// Under async scheduling: the next step was launched before the draws of the one before
+    /// it were back, taking them on the ranks (see `overlap`).
+    pub chained: bool,
 }
 
 /// Load figures, for routing and metrics.
@@ -539,18 +542,27 @@ impl Engine {
                 )));
             };
             if c.samples {
-                on_device.push(device_sampling(req, seq.output().len()));
+                let draw = device_sampling(req, seq.output().len());
+                on_device.push(draw.filter(|d| self.ranks_draw(req, d)));
             }
             // A chunk writes only blocks of its own that no other sequence can read.
             self.sched.check_writes(c).map_err(EngineError::Internal)?;
         }
         let mut plan = self.plans.build(schedule, &self.sched)?;
-        // On a GPU, a step whose every sampling request the device can serve alone samples
-        // there and reads back ids only.
-        if self.exec.samples_on_device() {
+        // A step whose every sampling request the ranks can serve alone samples there and
+        // reads back ids only.
+        if self.exec.samples_on_device() || self.async_scheduling {
             plan.device_sampling = on_device.into_iter().collect();
         }
         Ok(plan)
+    }
+
+    /// Whether the ranks may draw `req`'s next token themselves, as `d` says (the plan then
+    /// samples "on the device"): a GPU makes any draw [`device_sampling`] gives; the CPU only
+    /// greedy picks without a grammar, and only under async scheduling, where a step may then
+    /// take the tokens the one before drew without waiting for the host (`overlap`).
+    fn ranks_draw(&self, req: &Request, d: &DeviceSampling) -> bool {
+        self.exec.samples_on_device() || (d.temperature <= 0.0 && req.constraint.is_none())
     }
 
     /// `picks` split among `schedule`'s chunks ([`per_chunk`]), after the faults a test set.
@@ -575,6 +587,13 @@ impl Engine {
             req.sampler.params().max_tokens,
             max_model_len,
         ))
+    }
+
+    /// Whether request `id` has a grammar.
+    pub(crate) fn has_grammar(&self, id: SeqId) -> bool {
+        self.requests
+            .get(&id)
+            .is_some_and(|r| r.constraint.is_some())
     }
 
     /// For a request under a grammar, the tokens its output may still take (this step's
@@ -612,6 +631,13 @@ impl Engine {
                 }
                 let output = &seq.tokens[seq.prompt_len..index];
                 req.sampler.sample(&mut row, seq.prompt(), output)?
+            }
+            Pick::Undrawn(id) => {
+                return Err(EngineError::BadLogits(format!(
+                    "the device drew no token (it gave id {id}, outside the vocabulary): the \
+                     model's logits are not a distribution, its weights or its arithmetic are \
+                     broken"
+                )));
             }
             // Sampled on the device: no distribution on the host, so no logprob (the request
             // asked for none, or it would have been sampled here).
@@ -737,51 +763,7 @@ fn prefix_cache_seed(exec: &Executor, cfg: &EngineConfig) -> BlockHash {
     ))
 }
 
-/// The result of running a request to completion.
-#[derive(Debug, Clone, Default)]
-pub struct Generation {
-    pub tokens: Vec<SampledToken>,
-    pub finish: Option<FinishReason>,
-}
-
-impl Generation {
-    pub fn token_ids(&self) -> Vec<u32> {
-        self.tokens.iter().map(|t| t.id).collect()
-    }
-}
-
-impl Engine {
-    /// Adds `requests` and steps until all finish; `on_event` sees every token as it comes.
-    /// For the CLI, tests and benchmarks; a server drives [`Engine::step`] itself.
-    pub fn run_to_completion(
-        &mut self,
-        requests: Vec<(SeqId, Vec<u32>, SamplingParams)>,
-        mut on_event: impl FnMut(&TokenEvent) -> bool,
-    ) -> Result<HashMap<SeqId, Generation>> {
-        let mut results: HashMap<SeqId, Generation> = HashMap::new();
-        for (id, prompt, params) in requests {
-            self.add_request(id, prompt, params)?;
-            results.insert(id, Generation::default());
-        }
-        while self.has_unfinished() {
-            let out = self.step()?;
-            if let Some((_, e)) = out.failed.into_iter().next() {
-                return Err(e);
-            }
-            for ev in out.events {
-                let keep_going = on_event(&ev);
-                let g = results.entry(ev.id).or_default();
-                g.tokens.push(ev.token);
-                g.finish = ev.finish;
-                if !keep_going && ev.finish.is_none() {
-                    self.abort(ev.id);
-                    g.finish = Some(FinishReason::Stop);
-                }
-            }
-        }
-        Ok(results)
-    }
-}
+pub use crate::complete::Generation;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

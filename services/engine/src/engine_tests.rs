@@ -115,7 +115,10 @@ fn a_failed_step_reaches_its_clients_as_a_server_fault() {
 /// that token reads it), copied to a directory of its own.
 fn poisoned_engine(poisoned: usize) -> Engine {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/qwen2");
-    let dir = std::env::temp_dir().join(format!("ferrite-poisoned-{}", std::process::id()));
+    // One directory per call: tests in one process poison a model each, at once.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ferrite-poisoned-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     std::fs::copy(src.join("config.json"), dir.join("config.json")).expect("config");
     let mut bytes = std::fs::read(src.join("model.safetensors")).expect("weights");
@@ -143,25 +146,34 @@ fn poisoned_engine(poisoned: usize) -> Engine {
 
 #[test]
 fn a_request_whose_logits_are_nan_fails_alone_and_the_engine_serves_on() {
-    nan_logits_fail_alone(false);
+    nan_logits_fail_alone(false, false);
 }
 
 /// Requests 1 and 3 read token 9, whose embedding is NaN: each fails alone (under async
 /// scheduling, when its pick is collected, after the next step, which holds it, was planned);
-/// request 2 finishes.
-pub(crate) fn nan_logits_fail_alone(async_scheduling: bool) {
+/// request 2 finishes. `all_greedy`: requests 1 and 2 are greedy too (else seeded draws).
+pub(crate) fn nan_logits_fail_alone(async_scheduling: bool, all_greedy: bool) {
     let mut e = poisoned_engine(9);
     e.async_scheduling = async_scheduling;
     // Seeded: unseeded, request 2 can draw the poisoned token itself and then fail too (it did
     // once in a full test run).
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        seed: Some(3),
-        ..greedy(4)
+    let sampled = match all_greedy {
+        true => greedy(4),
+        false => SamplingParams {
+            temperature: 0.8,
+            seed: Some(3),
+            ..greedy(4)
+        },
     };
     e.add_request(1, vec![5, 9, 7], sampled.clone())
         .expect("add");
-    e.add_request(2, vec![5, 6, 7], sampled).expect("add");
+    // Greedy from [5, 6, 7], request 2 comes to the poisoned token itself.
+    let prompt = if all_greedy {
+        vec![12, 13, 14]
+    } else {
+        vec![5, 6, 7]
+    };
+    e.add_request(2, prompt, sampled).expect("add");
     e.add_request(3, vec![9], greedy(4)).expect("add");
     let (mut failed, mut finished) = (Vec::new(), Vec::new());
     while e.has_unfinished() {

@@ -11,6 +11,7 @@
 //! the error, [`EngineError::RankLost`], names the rank and the last step every rank finished.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ferrite_collective::{Collective, CollectiveError, Solo};
@@ -74,8 +75,14 @@ impl Default for EngineConfig {
 /// Where the forward runs.
 #[derive(Debug)]
 enum Backend {
-    /// The CPU reference ops over the model in host memory, with the KV cache there too.
-    Cpu { model: Box<LlamaModel>, kv: KvCache },
+    /// The CPU reference ops over the model in host memory, with the KV cache there too;
+    /// `drawn`: the ids the last step drew, if it drew here (greedy picks under async
+    /// scheduling: see [`Executor::start`]).
+    Cpu {
+        model: Box<LlamaModel>,
+        kv: KvCache,
+        drawn: Vec<u32>,
+    },
     /// The CUDA backend, with its own copy of the weights and device KV cache (the host model
     /// is dropped once copied: nothing reads it after).
     Cuda(Box<GpuRunner>),
@@ -94,10 +101,13 @@ pub(crate) enum Pick {
     Row(Vec<f32>),
     /// The id the device sampled.
     Id(u32),
+    /// The device found nothing to draw: the row's logits were no distribution (NaN), and it
+    /// drew an id outside the vocabulary (this one) to say so.
+    Undrawn(u32),
 }
 
 /// Splits `picks` among the schedule's chunks, checking there is exactly one per sampling
-/// chunk and that device-sampled ids are in the vocabulary.
+/// chunk.
 pub(crate) fn per_chunk(
     picks: Picks,
     schedule: &Schedule,
@@ -116,14 +126,13 @@ pub(crate) fn per_chunk(
                 l.len()
             )));
         }
-        Picks::Ids(ids) => {
-            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-                return Err(EngineError::Internal(format!(
-                    "the device sampled id {bad}, outside the vocabulary (size {vocab})"
-                )));
-            }
-            ids.into_iter().map(Pick::Id).collect()
-        }
+        Picks::Ids(ids) => ids
+            .into_iter()
+            .map(|i| match i as usize {
+                i if i < vocab => Pick::Id(i as u32),
+                _ => Pick::Undrawn(i),
+            })
+            .collect(),
     };
     if picks.len() != wanted {
         return Err(EngineError::Internal(format!(
@@ -150,15 +159,23 @@ pub struct Executor {
     num_blocks: usize,
     /// A collective failed: the pool is lost, and the links are not to be used again.
     failed: Cell<bool>,
-    /// The step [`Executor::launch`] started, with its number, until collected.
-    pending: Option<(Started, u64)>,
+    /// The steps [`Executor::launch`] started, with their numbers, until collected, oldest
+    /// first: at most [`MAX_IN_FLIGHT`].
+    pending: VecDeque<(Started, u64)>,
+    /// The last step whose tokens this rank drew (without grammar masks), so that the next
+    /// one may take them ([`StepPlan::carried`]).
+    drawn_step: Option<u64>,
 }
+
+/// Steps launched and not yet collected at once: async scheduling's chained launch queues a
+/// step before the one before it is read back (the engine's `overlap` module).
+const MAX_IN_FLIGHT: usize = 2;
 
 /// A step begun on this rank: its picks (the CPU ran it), or the rows of ids or logits a GPU
 /// step queued leaves to read back.
 enum Started {
     Done(std::result::Result<Picks, ModelError>),
-    Ids(usize),
+    Ids(gpu::Drawn),
     Logits(usize),
 }
 
@@ -231,7 +248,8 @@ impl Executor {
             max_model_len,
             num_blocks,
             failed: Cell::new(false),
-            pending: None,
+            pending: VecDeque::new(),
+            drawn_step: None,
         })
     }
 
@@ -265,6 +283,7 @@ impl Executor {
         Ok(Backend::Cpu {
             model: Box::new(model),
             kv,
+            drawn: Vec::new(),
         })
     }
 
@@ -319,7 +338,8 @@ impl Executor {
         }
     }
 
-    /// Whether a step may sample on the device.
+    /// Whether a step may sample on the device (any draw; the CPU draws greedy picks only,
+    /// when a plan asks it to).
     pub fn samples_on_device(&self) -> bool {
         matches!(self.backend, Backend::Cuda(_))
     }
@@ -352,33 +372,44 @@ impl Executor {
         plan: &mut StepPlan,
         masks: Option<MaskSource<'_>>,
     ) -> Result<Picks> {
-        self.send(plan)?;
+        self.send(plan, 0)?;
         self.run(plan, masks)
     }
 
     /// [`Self::lead_masked`] without waiting for the picks: on a GPU the step is queued and
     /// this returns, so the leader plans the next step while the device runs this one
     /// ([`Self::collect`] waits for it). On the CPU the step runs here.
+    /// A step may be launched while the one before it is in flight, once
+    /// ([`MAX_IN_FLIGHT`]).
     pub fn launch(&mut self, plan: &mut StepPlan, masks: Option<MaskSource<'_>>) -> Result<()> {
-        self.send(plan)?;
+        self.send(plan, MAX_IN_FLIGHT - 1)?;
         let started = self.start(plan, masks)?;
-        self.pending = Some((started, plan.step));
+        self.pending.push_back((started, plan.step));
         Ok(())
     }
 
-    /// The picks of the step [`Self::launch`] started (waiting for it on a GPU).
+    /// The picks of the oldest step [`Self::launch`] started (waiting for it on a GPU).
     pub fn collect(&mut self) -> Result<Picks> {
         let (started, step) = self
             .pending
-            .take()
+            .pop_front()
             .ok_or_else(|| EngineError::Internal("picks collected with no step launched".into()))?;
         self.finish(started, step)
     }
 
+    /// Waits for the steps launched and not collected and drops their picks (their requests
+    /// failed with a step before them), so nothing of theirs is left running or watched.
+    pub fn abandon(&mut self) {
+        while let Some((started, step)) = self.pending.pop_front() {
+            let _ = self.finish(started, step);
+        }
+    }
+
     /// Decides which captured decode graph (if any) the ranks replay on a GPU (`plan.graph`)
-    /// and sends `plan` to the other ranks.
-    fn send(&mut self, plan: &mut StepPlan) -> Result<()> {
-        if self.pending.is_some() {
+    /// and sends `plan` to the other ranks; `in_flight`: how many launched steps may still be
+    /// uncollected.
+    fn send(&mut self, plan: &mut StepPlan, in_flight: usize) -> Result<()> {
+        if self.pending.len() > in_flight {
             return Err(EngineError::Internal(
                 "a step was led while another one's picks were not collected".into(),
             ));
@@ -436,23 +467,62 @@ impl Executor {
     }
 
     /// [`Self::run`] up to the wait: applies `plan`'s table updates and runs the forward on
-    /// the CPU, or queues it on the GPU.
+    /// the CPU, or queues it on the GPU. A plan that samples "on the device" draws on the CPU
+    /// too (greedy picks only: the leader asks for no other there).
     fn start(&mut self, plan: &StepPlan, masks: Option<MaskSource<'_>>) -> Result<Started> {
         self.tables.apply(plan)?;
-        let chunks = self.tables.chunks(plan)?;
+        self.check_carried(plan)?;
+        // This step's draws stand for the next step's carried tokens only where no grammar
+        // mask bent them (on the leader: the other ranks are given none, and are never asked).
+        self.drawn_step = (plan.device_sampling.is_some() && masks.is_none()).then_some(plan.step);
         let comm = self.comm.as_mut();
         let started = match (&mut self.backend, &plan.device_sampling) {
-            (Backend::Cpu { model, kv }, _) => Ok(Started::Done(
-                model.forward(&chunks, kv, comm).map(Picks::Logits),
-            )),
-            (Backend::Cuda(runner), Some(params)) => runner
-                .launch_sampled(&chunks, params, plan.graph, comm, masks)
-                .map(Started::Ids),
-            (Backend::Cuda(runner), None) => runner
-                .launch_logits(&chunks, plan.graph, comm)
-                .map(Started::Logits),
+            (Backend::Cpu { model, kv, drawn }, sampling) => {
+                let plan = with_carried(plan, drawn, model.config().vocab_size);
+                let chunks = self.tables.chunks(&plan)?;
+                Ok(Started::Done(cpu_step(
+                    model,
+                    kv,
+                    &chunks,
+                    sampling.is_some().then_some(drawn),
+                    comm,
+                )))
+            }
+            (Backend::Cuda(runner), Some(params)) => {
+                let chunks = self.tables.chunks(plan)?;
+                let (graph, carried) = (plan.graph, &plan.carried);
+                runner
+                    .launch_sampled(&chunks, params, graph, carried, comm, masks)
+                    .map(Started::Ids)
+            }
+            (Backend::Cuda(runner), None) => {
+                let chunks = self.tables.chunks(plan)?;
+                runner
+                    .launch_logits(&chunks, plan.graph, &plan.carried, comm)
+                    .map(Started::Logits)
+            }
         };
         started.map_err(|e| self.model_error(e, plan.step))
+    }
+
+    /// Whether every rank draws what this one draws, from the whole logits (a pool of one, or
+    /// NCCL's all-gather of them), so that a step may take the draws of the one before
+    /// ([`StepPlan::carried`]). Elsewhere only the leader has the whole logits.
+    pub fn draws_agree(&self) -> bool {
+        self.world() == 1 || matches!(&self.backend, Backend::Cuda(r) if r.logits_on_every_rank())
+    }
+
+    /// A plan that carries tokens follows a step that drew them here.
+    fn check_carried(&self, plan: &StepPlan) -> Result<()> {
+        let drew = self.drawn_step.is_some_and(|s| s + 1 == plan.step);
+        if plan.carried.is_empty() || (drew && self.draws_agree()) {
+            return Ok(());
+        }
+        Err(EngineError::Internal(format!(
+            "step {} carries tokens that step {} did not draw on every rank",
+            plan.step,
+            plan.step - 1
+        )))
     }
 
     /// The picks of a step [`Self::start`] began (`step`: its number).
@@ -491,6 +561,51 @@ impl Executor {
             reason: e.to_string(),
         }
     }
+}
+
+/// `plan` with the tokens it carries put in their placeholders' place, from `drawn` (the CPU's
+/// draws of the step before). A draw outside the vocabulary (a row with no distribution)
+/// becomes token 0, as on a GPU: its request fails when the draw is read, and what this step
+/// computes for it is dropped.
+fn with_carried<'a>(
+    plan: &'a StepPlan,
+    drawn: &[u32],
+    vocab: usize,
+) -> std::borrow::Cow<'a, StepPlan> {
+    if plan.carried.is_empty() {
+        return std::borrow::Cow::Borrowed(plan);
+    }
+    let mut plan = plan.clone();
+    for c in &plan.carried {
+        let token = (plan.chunks.get_mut(c.chunk as usize))
+            .and_then(|ch| ch.tokens.get_mut(c.index as usize));
+        if let (Some(t), Some(&d)) = (token, drawn.get(c.row as usize)) {
+            *t = if (d as usize) < vocab { d } else { 0 };
+        }
+    }
+    std::borrow::Cow::Owned(plan)
+}
+
+/// The CPU's forward of `chunks`; with `drawn`, it also draws each row's greedy pick there
+/// (and keeps them in `drawn`, for the next step's carried tokens). A row with no
+/// distribution (a NaN or infinite logit) draws `u32::MAX`, as the GPU's argmax does: the
+/// engine fails that request alone.
+fn cpu_step(
+    model: &LlamaModel,
+    kv: &mut KvCache,
+    chunks: &[crate::model::SeqChunk<'_>],
+    drawn: Option<&mut Vec<u32>>,
+    comm: &mut dyn Collective,
+) -> std::result::Result<Picks, ModelError> {
+    let logits = model.forward(chunks, kv, comm)?;
+    let Some(drawn) = drawn else {
+        return Ok(Picks::Logits(logits));
+    };
+    let vocab = model.config().vocab_size.max(1);
+    *drawn = (logits.chunks_exact(vocab))
+        .map(|row| crate::sampler::greedy_pick(row).unwrap_or(u32::MAX))
+        .collect();
+    Ok(Picks::Ids(drawn.clone()))
 }
 
 impl Drop for Executor {

@@ -37,6 +37,7 @@
 //! perplexity: the `ferrite-quantize` crate), which drive the model layer by layer through a
 //! face the model crate keeps public for them (see [`model::llama`]).
 
+mod complete;
 pub mod constraint;
 pub mod engine;
 pub mod error;

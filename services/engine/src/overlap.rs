@@ -20,18 +20,29 @@
 //! that step's pick for it is dropped ([`InFlight::retired`]). A sequence whose step-n token
 //! is its last by length is not planned again (it has no tokens left).
 //!
+//! **Chained launch.** Where every rank drew step n's tokens itself and they agree (one rank,
+//! or ranks that all have the whole logits), 3 and 4 swap: step n+1 is launched first, its
+//! placeholders named in the plan ([`StepPlan::carried`]) and filled on each rank from its own
+//! draws (on a GPU by a kernel, without the ids leaving the device), and step n's picks are
+//! read while step n+1 runs. The device then waits for the host only to plan, not for a round
+//! trip of the ids. The host's bookkeeping keeps its order: step n's tokens go into the
+//! scheduler before step n+1 counts as computed (block hashes read them).
+//!
 //! A request under a grammar needs its token of step n before the mask of step n+1 can be
 //! computed: its grammar follows the token in 3, and the masks of step n+1 are computed while
 //! its forward runs, as in a step run alone (a device that samples takes them once the forward
-//! is queued). Sampling on the host (penalties, logprobs) reads the tokens before its own, all
-//! known by then.
+//! is queued). So a step with a grammar, or after one, is not chained. Sampling on the host
+//! (penalties, logprobs) reads the tokens before its own, all known by then; a step that
+//! samples there is chained only after a step that did not.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::engine::{Engine, StepOutput};
 use crate::error::Result;
 use crate::inflight::InFlight;
+use crate::model::Carried;
 use crate::plan::StepPlan;
 use crate::sampler::SampledToken;
 use crate::scheduler::{Schedule, SeqId};
@@ -65,13 +76,28 @@ impl Engine {
             Ok(plan) => plan,
             Err(e) => return Err(self.fail_both(e, &schedule)),
         };
-        let (resolved, launched) = match self.inflight.take() {
+        let inflight = self.inflight.take();
+        out.chained = match (&inflight, &mut plan) {
+            (Some(f), Some(plan)) => match self.chain(f, &schedule, plan) {
+                Ok(chained) => chained,
+                Err(e) => {
+                    self.exec.abandon();
+                    self.fail(f.schedule.chunks.iter().map(|c| c.id));
+                    return Err(self.fail_both(e, &schedule));
+                }
+            },
+            _ => false,
+        };
+        let (resolved, launched) = match inflight {
             Some(f) => match self.collect(&f, &mut out) {
                 Ok(r) => (r, f.launched),
                 Err(e) => {
-                    // No rank saw the next plan: the ranks' tables are as before it.
-                    if let Some(plan) = plan {
-                        self.plans.unbuild(plan);
+                    match plan {
+                        // The ranks have the next plan: its step is forgotten, not collected.
+                        Some(_) if out.chained => self.exec.abandon(),
+                        // No rank saw the next plan: the ranks' tables are as before it.
+                        Some(plan) => self.plans.unbuild(plan),
+                        None => {}
                     }
                     self.fail(f.schedule.chunks.iter().map(|c| c.id));
                     return Err(self.fail_both(e, &schedule));
@@ -79,22 +105,12 @@ impl Engine {
             },
             None => (Vec::new(), now),
         };
-        if let Some(plan) = &mut plan {
-            put_tokens(plan, &resolved);
-            // A request whose grammar its last token completed samples nothing more.
-            let ended = (resolved.iter())
-                .filter(|r| r.grammar.0)
-                .map(|r| r.id)
-                .collect();
-            let led = self.run_masked(&schedule, plan, &ended, |exec, plan, masks| {
-                exec.launch(plan, masks)
-            });
-            if let Err(e) = led {
-                // The tokens collected are not delivered: their requests fail with the step's.
-                self.fail(resolved.iter().map(|r| r.id));
-                return Err(self.fail_both(e, &schedule));
+        if let Some(mut plan) = plan {
+            if !out.chained {
+                self.launch_after(&schedule, &mut plan, &resolved)?;
             }
-            self.launched(schedule, now);
+            let carryable = plan.device_sampling.is_some() && !self.any_constrained(&schedule);
+            self.launched(schedule, carryable, now);
         }
         for r in resolved {
             match self.record_token(r.id, r.token, r.index, launched, r.grammar) {
@@ -107,6 +123,50 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// Launches `plan` (of `schedule`, the next step) before the draws of `f`, the step in
+    /// flight, are back, where the ranks can put them in its placeholders themselves: `f`
+    /// drew on every rank alike without a grammar, and `schedule` has no grammar to mask.
+    /// Returns whether it did.
+    fn chain(&mut self, f: &InFlight, schedule: &Schedule, plan: &mut StepPlan) -> Result<bool> {
+        let can = f.carryable && self.exec.draws_agree() && !self.any_constrained(schedule);
+        if !can || !chaining() {
+            return Ok(false);
+        }
+        plan.carried = carried(&f.schedule, plan);
+        self.exec.launch(plan, None)?;
+        Ok(true)
+    }
+
+    /// Launches `plan` (of `schedule`) once the step before it is collected: its placeholders
+    /// take the tokens `resolved`, and its requests under a grammar sample under the masks
+    /// those tokens lead to. A failure fails the requests of both steps.
+    fn launch_after(
+        &mut self,
+        schedule: &Schedule,
+        plan: &mut StepPlan,
+        resolved: &[Resolved],
+    ) -> Result<()> {
+        put_tokens(plan, resolved);
+        // A request whose grammar its last token completed samples nothing more.
+        let ended = (resolved.iter())
+            .filter(|r| r.grammar.0)
+            .map(|r| r.id)
+            .collect();
+        let led = self.run_masked(schedule, plan, &ended, |exec, plan, masks| {
+            exec.launch(plan, masks)
+        });
+        led.map_err(|e| {
+            // The tokens collected are not delivered: their requests fail with the step's.
+            self.fail(resolved.iter().map(|r| r.id));
+            self.fail_both(e, schedule)
+        })
+    }
+
+    /// Whether a request sampling in `schedule` has a grammar.
+    fn any_constrained(&self, schedule: &Schedule) -> bool {
+        (schedule.chunks.iter()).any(|c| c.samples && self.has_grammar(c.id))
     }
 
     /// Takes out of `schedule` the sequences with no token left to take: the step in flight
@@ -153,9 +213,10 @@ impl Engine {
         Ok(resolved)
     }
 
-    /// `schedule` was launched: its tokens count as computed, and each sampling sequence
-    /// holds a placeholder for its token.
-    fn launched(&mut self, schedule: Schedule, launched: Instant) {
+    /// `schedule` was launched (`carryable`: the ranks drew its tokens without a grammar):
+    /// its tokens count as computed, and each sampling sequence holds a placeholder for its
+    /// token.
+    fn launched(&mut self, schedule: Schedule, carryable: bool, launched: Instant) {
         for c in &schedule.chunks {
             self.sched.mark_computed(c);
             if c.samples {
@@ -171,6 +232,7 @@ impl Engine {
             schedule,
             retired,
             launched,
+            carryable,
         });
     }
 
@@ -181,6 +243,39 @@ impl Engine {
         self.sched.reset_prefix_cache();
         e
     }
+}
+
+/// Whether steps may chain (on unless `FERRITE_CHAIN_STEPS=0`, read once): the off switch is
+/// for A/B runs on one machine (tests/gpu/host.sh's `ab` stage).
+fn chaining() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("FERRITE_CHAIN_STEPS").as_deref(),
+            Ok("0" | "off")
+        )
+    })
+}
+
+/// Where `plan`'s chunks hold the placeholders of the tokens `prev` (the step before it)
+/// samples: each sampling chunk of `prev`, in order, is a row of its draws.
+fn carried(prev: &Schedule, plan: &StepPlan) -> Vec<Carried> {
+    let rows: HashMap<SeqId, (usize, u32)> = (prev.chunks.iter())
+        .filter(|c| c.samples)
+        .enumerate()
+        .map(|(row, c)| (c.id, (c.start + c.len, row as u32)))
+        .collect();
+    (plan.chunks.iter().enumerate())
+        .filter_map(|(chunk, c)| {
+            let &(at, row) = rows.get(&c.id)?;
+            let index = at.checked_sub(c.start).filter(|&i| i < c.tokens.len())?;
+            Some(Carried {
+                chunk: chunk as u32,
+                index: index as u32,
+                row,
+            })
+        })
+        .collect()
 }
 
 /// Puts each of `resolved`'s tokens in `plan`, where its chunk holds the placeholder.

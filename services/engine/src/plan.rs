@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::model::DeviceSampling;
+use crate::model::{Carried, DeviceSampling};
 use crate::model::{LogitsWanted, SeqChunk};
 use crate::scheduler::{Schedule, Scheduler, SeqId};
 
@@ -37,6 +37,9 @@ pub struct StepPlan {
     /// size (`None`: eagerly). The leader decides it ([`crate::executor::Executor::lead`]), so
     /// no rank pads a step to another size than its peers.
     pub graph: Option<usize>,
+    /// Tokens the step before this one drew that no host has read yet (async scheduling's
+    /// chained launch): each rank puts its own draw in their placeholders' place.
+    pub carried: Vec<Carried>,
 }
 
 /// A block table sent in full (`new`) or grown by `blocks`.

@@ -382,6 +382,12 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// The greedy pick of `logits`, or `None` where the row has no distribution (a NaN or an
+/// infinite logit, or none above -inf), which [`Sampler::sample`] refuses too.
+pub fn greedy_pick(logits: &[f32]) -> Option<u32> {
+    log_sum_exp(logits).is_finite().then(|| argmax(logits))
+}
+
 /// `-log softmax(logits)[target]`, in f64: a token's score (perplexity sums it; tests compare
 /// logprobs with it).
 pub fn token_nll(logits: &[f32], target: u32) -> f64 {

@@ -633,7 +633,9 @@ fn sampling_on_the_device_matches_greedy_and_repeats_seeded_draws() {
 
 /// Async scheduling (the host plans step n+1 while the device runs step n; the ids come back
 /// through page-locked memory) gives the tokens of steps run one at a time: greedy and seeded
-/// draws on the device, and draws with a penalty, whose logits come back to the host.
+/// draws on the device, whose steps chain (step n+1 is launched before step n's ids are back,
+/// and takes them on the device), and draws with a penalty, whose logits come back to the
+/// host.
 #[test]
 fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
     let Some(gpu) = gpu("async_scheduling_gives_the_tokens_of_one_step_at_a_time") else {
@@ -647,11 +649,18 @@ fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
             ..cfg(on(&gpu, Dtype::F16, true))
         };
         let mut e = Engine::new(model, vec![], cfg).expect("engine");
-        let requests = (0..10u64)
-            .zip(prompts)
-            .map(|(i, prompt)| (i, prompt, params.clone()))
-            .collect();
-        e.run_to_completion(requests, |_| true).expect("run")
+        for (i, prompt) in (0..10u64).zip(prompts) {
+            e.add_request(i, prompt, params.clone()).expect("add");
+        }
+        let (mut got, mut chained) = (HashMap::<u64, Vec<u32>>::new(), 0);
+        while e.has_unfinished() {
+            let out = e.step().expect("step");
+            chained += usize::from(out.chained);
+            for ev in out.events {
+                got.entry(ev.id).or_default().push(ev.token.id);
+            }
+        }
+        (got, chained)
     };
     let greedy = SamplingParams {
         ignore_eos: true,
@@ -666,15 +675,13 @@ fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
         frequency_penalty: 0.5,
         ..greedy.clone()
     };
-    for params in [greedy, seeded, penalized] {
-        let (want, got) = (run(false, &params), run(true, &params));
+    for (params, chains) in [(greedy, true), (seeded, true), (penalized, false)] {
+        let ((want, _), (got, chained)) = (run(false, &params), run(true, &params));
         for i in 0..10u64 {
-            assert_eq!(
-                got[&i].token_ids(),
-                want[&i].token_ids(),
-                "prompt {i}, {params:?}"
-            );
+            assert_eq!(got[&i], want[&i], "prompt {i}, {params:?}");
         }
+        // 16 tokens each: 15 decode steps, each chained behind the one before.
+        assert_eq!(chained >= 14, chains, "{chained} steps chained, {params:?}");
     }
 }
 

@@ -182,8 +182,23 @@ impl GpuRunner {
     ) -> Result<T> {
         self.watch_begin();
         match launch(self) {
-            Err(e) => self.watch_end(Err(e)),
+            Err(e) => self.watch_cancel(Err(e)),
             ok => ok,
+        }
+    }
+
+    /// The step begun last failed to queue (`done`), or failed as the watchdog says where it
+    /// aborted the communicator.
+    fn watch_cancel<T>(&self, done: Result<T>) -> Result<T> {
+        match &self.link {
+            Link::Nccl { watchdog, .. } => {
+                watchdog.cancel();
+                match watchdog.tripped() {
+                    Ok(()) => done,
+                    Err(why) => Err(CollectiveError::Device(why).into()),
+                }
+            }
+            Link::Host => done,
         }
     }
 
@@ -194,8 +209,8 @@ impl GpuRunner {
         }
     }
 
-    /// The step begun by [`Self::watch_begin`] has completed as `done` says, or failed as the
-    /// watchdog says where it aborted it.
+    /// The oldest step begun by [`Self::watch_begin`] has completed as `done` says, or failed
+    /// as the watchdog says where it aborted it.
     pub(super) fn watch_end<T>(&self, done: Result<T>) -> Result<T> {
         match &self.link {
             Link::Nccl { watchdog, .. } => match watchdog.finish() {

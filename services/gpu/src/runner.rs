@@ -25,7 +25,7 @@ use ferrite_kernels::cuda::wq_mma::MMA_MAX_M;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_model::error::{ModelError, Result};
 use ferrite_model::schedule::decoder_layer;
-use ferrite_model::{LogitsWanted, SeqChunk};
+use ferrite_model::{Carried, LogitsWanted, SeqChunk};
 
 use ferrite_collective::Collective;
 
@@ -65,8 +65,9 @@ impl StepLimits {
 
     /// The device metadata buffer's length (see `GpuRunner::empty_plan` for the layout).
     fn meta_len(&self) -> usize {
-        // ids, positions, slots | query starts, context lengths, logits rows | block tables
-        3 * self.max_tokens + 3 * self.max_seqs + 1 + self.max_seqs * self.max_blocks()
+        // ids, positions, slots | query starts, context lengths, logits rows | block tables |
+        // carried draws (pairs)
+        3 * self.max_tokens + 3 * self.max_seqs + 1 + self.max_seqs * (self.max_blocks() + 2)
     }
 }
 
@@ -292,6 +293,13 @@ impl GpuRunner {
         &self.w.gpu
     }
 
+    /// Whether every rank of the pool gets the whole logits (one rank, or NCCL's all-gather
+    /// of the vocabulary parts; through the host link only rank 0 does), so every rank draws
+    /// the same tokens.
+    pub fn logits_on_every_rank(&self) -> bool {
+        self.w.tp.world == 1 || self.head_gathered.is_some()
+    }
+
     /// Runs `seqs` (their block tables already hold room for their tokens) and returns the
     /// logits each asked for, as rows of `vocab_size`, like the CPU forward. `comm` is the
     /// pool's collective (`&mut Solo` for a whole model); in a pool, only rank 0's logits are
@@ -314,20 +322,23 @@ impl GpuRunner {
         graph: Option<usize>,
         comm: &mut dyn Collective,
     ) -> Result<Vec<f32>> {
-        let rows = self.launch_logits(seqs, graph, comm)?;
+        let rows = self.launch_logits(seqs, graph, &[], comm)?;
         self.finish_logits(rows)
     }
 
     /// Queues [`Self::forward_planned`]'s step and returns without waiting for it: the host
-    /// plans the next step meanwhile. [`Self::finish_logits`] with the rows returned reads the
-    /// logits; nothing else may be queued on the runner in between.
+    /// plans the next step meanwhile. `carried`: tokens the last sampled step drew here,
+    /// which the host has not read ([`Self::launch_sampled`]). [`Self::finish_logits`] with
+    /// the rows returned reads the logits; only a sampled step may have been queued before it
+    /// and not finished.
     pub fn launch_logits(
         &mut self,
         seqs: &[SeqChunk<'_>],
         graph: Option<usize>,
+        carried: &[Carried],
         comm: &mut dyn Collective,
     ) -> Result<usize> {
-        self.watched_launch(|r| r.run_step(seqs, graph, comm))
+        self.watched_launch(|r| r.run_step(seqs, graph, carried, comm))
     }
 
     /// Waits for the step [`Self::launch_logits`] queued and reads its `rows` of logits.
@@ -344,6 +355,7 @@ impl GpuRunner {
         &mut self,
         seqs: &[SeqChunk<'_>],
         graph: Option<usize>,
+        carried: &[Carried],
         comm: &mut dyn Collective,
     ) -> Result<usize> {
         if comm.world() != self.w.tp.world {
@@ -360,7 +372,9 @@ impl GpuRunner {
             self.check_graph(b, &plan)?;
             self.pad_decode(&mut plan, b);
         }
+        let pairs = self.add_carried(&mut plan, carried)?;
         self.queue_meta(&plan)?;
+        self.carry(&plan, pairs)?;
         match graph.and_then(|b| self.graphs.get(&b)) {
             Some(graph) => graph
                 .0

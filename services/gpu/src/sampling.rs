@@ -16,12 +16,12 @@ use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice, sys};
 use ferrite_kernels::cuda::sample::SamplingArrays;
 use ferrite_kernels::cuda::{DevPtr, QueuedUpload};
 use ferrite_model::error::{ModelError, Result};
-use ferrite_model::{DeviceSampling, MaskSource, SeqChunk};
+use ferrite_model::{Carried, DeviceSampling, MaskSource, SeqChunk};
 
-use super::{Buf, GpuRunner, alloc, gpu_error};
+use super::{Buf, DeviceBatch, GpuRunner, alloc, gpu_error};
 
 /// The per-sequence parameter arrays (one block, [`packed`]), the grammar masks (`words`
-/// u32 a row), the sampled ids and their copy on the host.
+/// u32 a row), the sampled ids and their copies on the host.
 pub(super) struct SamplingBuffers {
     params: Buf<u8>,
     masks: Buf<u32>,
@@ -30,12 +30,51 @@ pub(super) struct SamplingBuffers {
     staged_params: QueuedUpload<u8>,
     staged_masks: QueuedUpload<u32>,
     words: usize,
+    /// The last sampled step's draws, which the next step may take as input ids
+    /// ([`GpuRunner::carry`]) before any host has read them.
     ids: CudaSlice<i32>,
+    /// Two, used in turn: under async scheduling a step is launched before the one before it
+    /// is read back, and each needs its own room until then.
+    rooms: [IdsRoom; 2],
+    next_room: usize,
+}
+
+/// Page-locked room the ids of a step are copied to, and the event recorded behind the copy.
+struct IdsRoom {
     host_ids: PinnedHostSlice<i32>,
-    /// Recorded after each copy of the ids to the host, and waited for before they are read.
-    /// The pinned slice's own event is not: cudarc records it only where the context tracks
-    /// events, and `Gpu::open` turns that off (one stream), so `as_slice` would not wait.
-    ids_copied: CudaEvent,
+    /// Waited for before the ids are read. The pinned slice's own event is not: cudarc
+    /// records it only where the context tracks events, and `Gpu::open` turns that off (one
+    /// stream), so `as_slice` would not wait.
+    copied: CudaEvent,
+}
+
+impl IdsRoom {
+    fn new(g: &ferrite_kernels::cuda::Gpu, max_seqs: usize) -> Result<Self> {
+        let device = |e: cudarc::driver::DriverError| ModelError::Device(e.to_string());
+        Ok(Self {
+            // Cached (not write-combined) memory: the host reads it.
+            // SAFETY: the buffer is only written by the copies `sample_step` queues and read
+            // after the event recorded behind them.
+            #[allow(unsafe_code)]
+            host_ids: unsafe {
+                g.context()
+                    .alloc_pinned_with_flags::<i32>(max_seqs.max(1), 0)
+            }
+            .map_err(device)?,
+            copied: g
+                .context()
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(device)?,
+        })
+    }
+}
+
+impl Drop for IdsRoom {
+    fn drop(&mut self) {
+        // A copy of the ids may still be writing `host_ids`: let it land before the slice
+        // frees it. An error has nowhere to go here.
+        let _ = self.copied.synchronize();
+    }
 }
 
 impl SamplingBuffers {
@@ -52,29 +91,17 @@ impl SamplingBuffers {
             staged_masks: QueuedUpload::new(g, max_seqs * words).map_err(gpu_error)?,
             words,
             ids: g.zeros::<i32>(max_seqs).map_err(gpu_error)?,
-            // Cached (not write-combined) memory: the host reads it.
-            // SAFETY: the buffer is only written by the copies `sample_step` queues and read
-            // through `as_slice`, which waits for them.
-            #[allow(unsafe_code)]
-            host_ids: unsafe {
-                g.context()
-                    .alloc_pinned_with_flags::<i32>(max_seqs.max(1), 0)
-            }
-            .map_err(|e| ModelError::Device(e.to_string()))?,
-            ids_copied: g
-                .context()
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(|e| ModelError::Device(e.to_string()))?,
+            rooms: [IdsRoom::new(g, max_seqs)?, IdsRoom::new(g, max_seqs)?],
+            next_room: 0,
         })
     }
 }
 
-impl Drop for SamplingBuffers {
-    fn drop(&mut self) {
-        // A copy of the ids may still be writing `host_ids`: let it land before the slice
-        // frees it. An error has nowhere to go here.
-        let _ = self.ids_copied.synchronize();
-    }
+/// A sampled step queued: how many ids it draws, and the room they come back to.
+#[derive(Debug, Clone, Copy)]
+pub struct Drawn {
+    pub rows: usize,
+    room: usize,
 }
 
 /// Bytes of one sequence's parameters: two u64, three f32, one i32.
@@ -117,30 +144,30 @@ impl GpuRunner {
     /// [`GpuRunner::forward_planned`]), a draw of one token on the device for each that asked
     /// for logits (`params[i]` for the i-th of them, in order) under the grammar masks `masks`
     /// gives (once the forward is queued), and the copy of the ids to the host; returns
-    /// without waiting for them, so the host can plan the next step meanwhile.
-    /// [`Self::finish_ids`] with the rows returned reads the ids; nothing else may be queued on
-    /// the runner in between.
+    /// without waiting for them, so the host can plan the next step meanwhile. `carried`:
+    /// tokens of `seqs` the last sampled step drew ([`Self::carry`]).
+    /// [`Self::finish_ids`] reads the ids; one more step may be queued before it.
     pub fn launch_sampled(
         &mut self,
         seqs: &[SeqChunk<'_>],
         params: &[DeviceSampling],
         graph: Option<usize>,
+        carried: &[Carried],
         comm: &mut dyn ferrite_collective::Collective,
         masks: Option<MaskSource<'_>>,
-    ) -> Result<usize> {
-        self.watched_launch(|r| r.sample_step(seqs, params, graph, comm, masks))
+    ) -> Result<Drawn> {
+        self.watched_launch(|r| r.sample_step(seqs, params, graph, carried, comm, masks))
     }
 
-    /// Waits for the step [`Self::launch_sampled`] queued and reads its `rows` ids.
-    pub fn finish_ids(&mut self, rows: usize) -> Result<Vec<u32>> {
-        // The event recorded after the copy on the stream is what this waits for.
-        let b = &self.sampling;
-        let ids = match b
-            .ids_copied
+    /// Waits for the step [`Self::launch_sampled`] queued as `drawn` and reads its ids.
+    pub fn finish_ids(&mut self, drawn: Drawn) -> Result<Vec<u32>> {
+        let room = &self.sampling.rooms[drawn.room];
+        let ids = match room
+            .copied
             .synchronize()
-            .and_then(|()| b.host_ids.as_slice())
+            .and_then(|()| room.host_ids.as_slice())
         {
-            Ok(ids) => Ok(ids[..rows].iter().map(|&i| i as u32).collect()),
+            Ok(ids) => Ok(ids[..drawn.rows].iter().map(|&i| i as u32).collect()),
             Err(e) => Err(ModelError::Device(e.to_string())),
         };
         self.watch_end(ids)
@@ -151,18 +178,20 @@ impl GpuRunner {
         seqs: &[SeqChunk<'_>],
         params: &[DeviceSampling],
         graph: Option<usize>,
+        carried: &[Carried],
         comm: &mut dyn ferrite_collective::Collective,
         masks: Option<MaskSource<'_>>,
-    ) -> Result<usize> {
-        let n = self.run_step(seqs, graph, comm)?;
+    ) -> Result<Drawn> {
+        let n = self.run_step(seqs, graph, carried, comm)?;
         if params.len() != n {
             return Err(ModelError::Internal(format!(
                 "{} sampling parameter sets for {n} rows of logits",
                 params.len()
             )));
         }
+        let room = self.sampling.next_room;
         if n == 0 {
-            return Ok(0);
+            return Ok(Drawn { rows: 0, room });
         }
         let g = self.w.gpu.clone();
         let vocab = self.w.cfg.vocab_size;
@@ -186,14 +215,60 @@ impl GpuRunner {
             unsafe { g.sample(ids, self.logits_ptr, n, vocab, &arrays) }.map_err(gpu_error)?;
         }
         let b = &mut self.sampling;
+        b.next_room = 1 - room;
+        let r = &mut b.rooms[room];
         // Into page-locked memory, so the copy is queued like a kernel and the host need not
         // wait for it here (a copy to pageable memory returns only once it is done). The whole
         // buffer: the copy's length is the host side's, and both hold max_seqs ids.
         g.stream()
-            .memcpy_dtoh(&b.ids, &mut b.host_ids)
-            .and_then(|()| b.ids_copied.record(g.stream()))
+            .memcpy_dtoh(&b.ids, &mut r.host_ids)
+            .and_then(|()| r.copied.record(g.stream()))
             .map_err(|e| ModelError::Device(e.to_string()))?;
-        Ok(n)
+        Ok(Drawn { rows: n, room })
+    }
+
+    /// Appends to `plan`'s metadata the pairs (input id's index, draw's row) of `carried`;
+    /// returns where they start and how many there are.
+    pub(super) fn add_carried(
+        &self,
+        plan: &mut DeviceBatch,
+        carried: &[Carried],
+    ) -> Result<(usize, usize)> {
+        let at = plan.meta.len();
+        for c in carried {
+            let chunk = c.chunk as usize;
+            let token = (chunk < plan.n_seqs)
+                .then(|| plan.meta[plan.off.starts + chunk] + c.index as i32)
+                .filter(|&t| t < plan.meta[plan.off.starts + chunk + 1]);
+            let Some(token) = token.filter(|_| (c.row as usize) < self.limits.max_seqs) else {
+                return Err(ModelError::Internal(format!(
+                    "a carried draw ({c:?}) outside a step of {} sequences",
+                    plan.n_seqs
+                )));
+            };
+            plan.meta.extend([token, c.row as i32]);
+        }
+        Ok((at, carried.len()))
+    }
+
+    /// Puts the draws the pairs at `(at, n)` of the metadata name in the step's input ids
+    /// (queued after the metadata's copy, before the forward that reads them).
+    pub(super) fn carry(&self, plan: &DeviceBatch, (at, n): (usize, usize)) -> Result<()> {
+        let g = &self.w.gpu;
+        let meta = self.meta_ptr;
+        // SAFETY: the metadata copied holds the ids at `off.ids` and the pairs at `at`, whose
+        // indices `add_carried` checked against the step's tokens and the draws' buffer.
+        #[allow(unsafe_code)]
+        unsafe {
+            g.carry_ids(
+                meta.offset::<i32>(plan.off.ids),
+                g.ptr(&self.sampling.ids),
+                meta.offset::<i32>(at),
+                n,
+                self.w.cfg.vocab_size,
+            )
+        }
+        .map_err(gpu_error)
     }
 
     /// Uploads `rows` (one per sampling row: a bitmask, or `None` for all tokens) and masks the

@@ -2,8 +2,10 @@
 //! kernels wait on the peer, and the host waits on the step. A thread beside the runner
 //! watches each step that runs NCCL collectives: when the communicator reports an error, or
 //! the step has not completed within the collective timeout, it aborts the communicator, which
-//! ends the spinning kernels, and the step fails with why ([`Watchdog::finish`]).
+//! ends the spinning kernels, and the step fails with why ([`Watchdog::finish`]). Under async
+//! scheduling two steps may be in flight: the older one is the one timed.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -14,8 +16,8 @@ const TICK: Duration = Duration::from_millis(10);
 
 #[derive(Default)]
 struct State {
-    /// When the step in flight began (`None`: none is).
-    since: Mutex<Option<Instant>>,
+    /// When each step in flight began, oldest first.
+    since: Mutex<VecDeque<Instant>>,
     /// Why the communicator was aborted, once it was.
     tripped: Mutex<Option<String>>,
     stop: AtomicBool,
@@ -56,15 +58,28 @@ impl Watchdog {
     /// A step begins.
     pub(crate) fn begin(&self) {
         if let Ok(mut s) = self.state.since.lock() {
-            *s = Some(Instant::now());
+            s.push_back(Instant::now());
         }
     }
 
-    /// The step has completed (or failed): `Err` with why when the watchdog aborted it.
+    /// The step begun last was never queued (its launch failed).
+    pub(crate) fn cancel(&self) {
+        if let Ok(mut s) = self.state.since.lock() {
+            s.pop_back();
+        }
+    }
+
+    /// The oldest step in flight has completed (or failed): `Err` with why when the watchdog
+    /// aborted it.
     pub(crate) fn finish(&self) -> Result<(), String> {
         if let Ok(mut s) = self.state.since.lock() {
-            *s = None;
+            s.pop_front();
         }
+        self.tripped()
+    }
+
+    /// Why the watchdog aborted the communicator, if it did.
+    pub(crate) fn tripped(&self) -> Result<(), String> {
         match self.state.tripped.lock() {
             Ok(t) => t.clone().map_or(Ok(()), Err),
             Err(_) => Err("the NCCL watchdog failed".into()),
@@ -76,7 +91,7 @@ fn watch(state: &State, comm: &dyn Watched, timeout: Duration) {
     while !state.stop.load(Ordering::Acquire) {
         std::thread::sleep(TICK);
         let stalled = match state.since.lock() {
-            Ok(s) => s.is_some_and(|t| t.elapsed() > timeout),
+            Ok(s) => s.front().is_some_and(|t| t.elapsed() > timeout),
             Err(_) => true,
         };
         let why = match comm.error() {
@@ -145,6 +160,28 @@ mod tests {
         );
         let e = dog.finish().expect_err("the step was aborted");
         assert!(e.contains("no progress within 300ms"), "{e}");
+    }
+
+    /// Under async scheduling a step is launched before the one before it is waited for: the
+    /// older step stays timed from its own start, not from the newer one's.
+    #[test]
+    fn with_two_steps_in_flight_the_older_one_is_timed() {
+        let comm = Silent::default();
+        let dog = Watchdog::start(comm.clone(), Duration::from_secs(1));
+        let start = Instant::now();
+        dog.begin();
+        std::thread::sleep(Duration::from_millis(600));
+        dog.begin();
+        while !comm.0.load(Ordering::Acquire) {
+            assert!(start.elapsed() < Duration::from_secs(3), "never aborted");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_millis(1500),
+            "aborted {took:?} after the older step began (timeout 1 s, the newer began at 0.6 s)"
+        );
+        assert!(dog.finish().is_err() && dog.finish().is_err());
     }
 
     struct Failing(Arc<AtomicBool>);

@@ -46,4 +46,4 @@ pub use load::{
     EngineModel, LoadOptions, LoadedModel, RandomShape, STARTUP_TARGET, WeightFormat,
     device_random_shape, load, load_dummy, load_with, parse_quantize,
 };
-pub use step::{DeviceSampling, LogitsWanted, MaskSource, SeqChunk};
+pub use step::{Carried, DeviceSampling, LogitsWanted, MaskSource, SeqChunk};

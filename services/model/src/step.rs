@@ -49,3 +49,15 @@ pub struct DeviceSampling {
 /// row that samples, in order: a bitmask over the logits row (bit `i % 32` of word `i / 32`
 /// allows token `i`) or `None` (no grammar).
 pub type MaskSource<'a> = &'a mut dyn FnMut() -> Vec<Option<Vec<u32>>>;
+
+/// A token of a step that the step before it drew and the host has not read yet (async
+/// scheduling launches a step before the last one's draws are back, as vLLM v1 does): the
+/// token at `index` of chunk `chunk` is the previous step's draw for its sampling row `row`.
+/// The step's tokens hold a placeholder there; the rank that runs it puts its own draw in its
+/// place (on a GPU, without the draw leaving the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Carried {
+    pub chunk: u32,
+    pub index: u32,
+    pub row: u32,
+}

@@ -10,7 +10,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-$(mktemp -d)}"
 python3 "$here/prepare.py" "$out"
 cp "$here"/check*.cpp "$here/check.h" "$out/"
-checks=(check_gemv check_gated check_attention check_w8a8 check_fp8 check_rope check_norm check_mask)
+checks=(check_gemv check_gated check_attention check_w8a8 check_fp8 check_rope check_norm check_mask check_carry)
 for c in "${checks[@]}"; do
     g++ -std=c++20 -O2 -pthread -w -I"$out" "$out/$c.cpp" -o "$out/$c" &
 done
