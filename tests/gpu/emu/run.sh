@@ -2,7 +2,8 @@
 # ferrite's CUDA kernels run on the CPU under emu.h (no GPU and no CUDA toolkit: g++ alone):
 # the GEMVs, the one-launch decode attention and FP8 against f64 references, W8A8 against the
 # CPU's bits, the fused launches (rope + cache, norm + int8, the GEMVs reading gate|up) against
-# the launches they replace, bit for bit. Usage: run.sh [DIR]
+# the launches they replace, bit for bit, and a chained step's input ids taken from the draws
+# of the step before (carry_ids). Usage: run.sh [DIR]
 # (the prepared sources and binaries go there; a temporary directory otherwise). Exits non-zero
 # when a check fails. kernels/tests/emulated.rs runs it with the workspace's tests.
 set -euo pipefail
