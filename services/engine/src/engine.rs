@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use crate::config::ModelConfig;
-use crate::constraint::{Constraint, apply_mask, check_allowed, with_masks};
+use crate::constraint::{Constraint, with_masks};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Pick, Picks, per_chunk};
 use crate::kv_cache::{BlockHash, KvEvent};
@@ -428,11 +428,12 @@ impl Engine {
                 return Err(e);
             }
         };
-        for (c, pick) in schedule.chunks.iter().zip(picks) {
+        let tokens = self.pick_all(&schedule.chunks, picks);
+        for (c, token) in schedule.chunks.iter().zip(tokens) {
             self.sched.mark_computed(c);
-            let Some(pick) = pick else { continue };
+            let Some(token) = token else { continue };
             let index = c.start + c.len;
-            let token = self.pick_token(c.id, pick, index).and_then(|t| {
+            let token = token.and_then(|t| {
                 let grammar = self.accept_token(c.id, t.id)?;
                 self.sched.push_token(c.id, t.id);
                 self.record_token(c.id, t, index, now, grammar)
@@ -603,61 +604,6 @@ impl Engine {
         Some(self.tokens_left_of(id)?.max(1))
     }
 
-    /// Samples (or takes the device's pick for) request `id`'s token at `index` of its
-    /// sequence, from the tokens before it.
-    pub(crate) fn pick_token(
-        &mut self,
-        id: SeqId,
-        pick: Pick,
-        index: usize,
-    ) -> Result<SampledToken> {
-        let (Some(req), Some(seq)) = (self.requests.get_mut(&id), self.sched.get(id)) else {
-            // The caller checked that `id` is in both tables; nothing removes it since.
-            return Err(EngineError::Internal(format!(
-                "sequence {id} vanished mid-step"
-            )));
-        };
-        let mask = |req: &mut Request| {
-            req.mask
-                .take()
-                .unwrap_or_else(|| Err("no mask was computed for this step (an engine bug)".into()))
-        };
-        Ok(match pick {
-            Pick::Row(mut row) => {
-                if req.constraint.is_some() {
-                    mask(req)
-                        .and_then(|m| apply_mask(&mut row, &m))
-                        .map_err(EngineError::Grammar)?;
-                }
-                let output = &seq.tokens[seq.prompt_len..index];
-                req.sampler.sample(&mut row, seq.prompt(), output)?
-            }
-            Pick::Undrawn(id) => {
-                return Err(EngineError::BadLogits(format!(
-                    "the device drew no token (it gave id {id}, outside the vocabulary): the \
-                     model's logits are not a distribution, its weights or its arithmetic are \
-                     broken"
-                )));
-            }
-            // Sampled on the device: no distribution on the host, so no logprob (the request
-            // asked for none, or it would have been sampled here).
-            Pick::Id(id) => {
-                if req.constraint.is_some() {
-                    // The device drew under the mask; it can only draw outside it where the
-                    // mask allowed nothing, or where computing the mask failed.
-                    mask(req)
-                        .and_then(|m| check_allowed(&m, id))
-                        .map_err(EngineError::Grammar)?;
-                }
-                SampledToken {
-                    id,
-                    logprob: f32::NAN,
-                    top: Vec::new(),
-                }
-            }
-        })
-    }
-
     /// Request `id`'s grammar, if it has one, follows `token`: whether that completed it, and
     /// whether by narrowing to the budget (see [`Constraint::cut_short`]).
     pub(crate) fn accept_token(&mut self, id: SeqId, token: u32) -> Result<(bool, bool)> {
@@ -764,6 +710,9 @@ fn prefix_cache_seed(exec: &Executor, cfg: &EngineConfig) -> BlockHash {
 }
 
 pub use crate::complete::Generation;
+
+#[path = "pick.rs"]
+mod pick;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

@@ -181,15 +181,19 @@ impl Engine {
     /// alone is failed in `out`.
     fn collect(&mut self, f: &InFlight, out: &mut StepOutput) -> Result<Vec<Resolved>> {
         let picks = self.exec.collect()?;
-        let picks = self.split_picks(picks, &f.schedule)?;
+        let picks = (self.split_picks(picks, &f.schedule)?.into_iter())
+            .zip(&f.schedule.chunks)
+            .map(|(pick, c)| pick.filter(|_| !f.retired.contains(&c.id)))
+            .collect();
+        let tokens = self.pick_all(&f.schedule.chunks, picks);
         let mut resolved = Vec::new();
-        for (c, pick) in f.schedule.chunks.iter().zip(picks) {
-            let Some(pick) = pick.filter(|_| !f.retired.contains(&c.id)) else {
+        for (c, token) in f.schedule.chunks.iter().zip(tokens) {
+            let Some(token) = token else {
                 continue;
             };
             let index = c.start + c.len;
             // Its grammar follows the token now: the mask of its next step needs it.
-            let token = self.pick_token(c.id, pick, index).and_then(|token| {
+            let token = token.and_then(|token| {
                 let grammar = self.accept_token(c.id, token.id)?;
                 Ok((token, grammar))
             });

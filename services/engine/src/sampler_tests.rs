@@ -214,3 +214,108 @@ fn a_row_without_a_distribution_is_the_models_fault_not_a_panic() {
         }
     }
 }
+
+/// `draw` as its doc states it, sorting every candidate first: the reference for `draw`,
+/// which sorts only as much of the order as its walk reads (the same arithmetic otherwise).
+fn draw_sorting_all(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let floor = max - 40.0 * p.temperature;
+    let mut cand: Vec<Candidate> = (logits.iter().enumerate())
+        .filter(|&(_, &l)| l >= floor)
+        .map(|(i, &l)| {
+            let s = (l - max) * (1.0 / p.temperature);
+            Candidate {
+                id: i as u32,
+                s,
+                w: f64::from(s).exp(),
+            }
+        })
+        .collect();
+    let total_unsorted = |c: &[Candidate]| -> f64 { c.iter().map(|c| c.w).sum() };
+    let mut order = cand.clone();
+    order.sort_by(draw_order);
+    if p.top_k > 0 && p.top_k < order.len() {
+        order.truncate(p.top_k);
+        // The sum runs over the kept candidates in their first order, as `draw`'s does.
+        cand.retain(|c| order.iter().any(|o| o.id == c.id));
+    }
+    let total = total_unsorted(&cand);
+    let mut keep = order.len();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        if let Some(i) = order.iter().position(|c| {
+            acc += c.w / total;
+            acc >= f64::from(p.top_p)
+        }) {
+            keep = i + 1;
+        }
+    }
+    if p.min_p > 0.0 {
+        let passing = (order.iter().take(keep))
+            .take_while(|c| c.w >= f64::from(p.min_p))
+            .count();
+        keep = keep.min(passing.max(1));
+    }
+    let keep = keep.max(1);
+    let kept = match keep == order.len() {
+        true => total,
+        false => order[..keep].iter().map(|c| c.w).sum(),
+    };
+    let mut u = rng.next_f64() * kept;
+    for c in &order[..keep] {
+        if u < c.w {
+            return c.id;
+        }
+        u -= c.w;
+    }
+    order[keep - 1].id
+}
+
+/// Rows of 5000 logits: flat (nearly every token a candidate), peaked (a few dominate, the
+/// rest a long tail), and in steps of 0.25 (ties everywhere, broken by the smaller id).
+fn rows_to_draw_from() -> Vec<Vec<f32>> {
+    let mut rng = Rng::seeded(3);
+    let mut unit = move || rng.next_f64() as f32;
+    let flat = (0..5000).map(|_| unit() * 4.0).collect();
+    let peaked = (0..5000)
+        .map(|i| (unit() + unit() + unit() - 1.5) * 4.0 + if i % 700 == 3 { 9.0 } else { 0.0 })
+        .collect();
+    let steps = (0..5000).map(|_| (unit() * 24.0).floor() * 0.25).collect();
+    vec![flat, peaked, steps]
+}
+
+/// The walk that sorts only what it reads picks what sorting every candidate picks, for each
+/// cut (top-k small and large, top-p, min-p, together) and temperature, over 30 seeds.
+#[test]
+fn the_draw_picks_what_sorting_every_candidate_picks() {
+    let mut checked = 0;
+    for row in rows_to_draw_from() {
+        for temperature in [0.3f32, 1.0, 2.0] {
+            for (top_k, top_p, min_p) in [
+                (0, 1.0, 0.0),
+                (1, 1.0, 0.0),
+                (40, 1.0, 0.0),
+                (3000, 1.0, 0.0),
+                (0, 0.5, 0.0),
+                (0, 0.97, 0.0),
+                (0, 1.0, 0.05),
+                (200, 0.9, 0.02),
+            ] {
+                let p = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    ..SamplingParams::greedy(1)
+                };
+                for seed in 0..30 {
+                    let (mut a, mut b) = (Rng::seeded(seed), Rng::seeded(seed));
+                    let want = draw_sorting_all(&row, &p, &mut a);
+                    assert_eq!(draw(&row, &p, &mut b), want, "{p:?}, seed {seed}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 3 * 3 * 8 * 30);
+}

@@ -1,0 +1,190 @@
+//! A step's tokens from its picks: rows of logits sampled on the host, or ids the ranks drew.
+//!
+//! Rows are sampled in parallel: each with its own request's sampler and random stream, so
+//! the order they run in changes nothing. A step that samples on the host (a request asked
+//! for logprobs or penalties) brings back a row for every sequence, and on a GPU host those
+//! rows were sampled one after another while the device waited for the next step.
+
+use std::collections::{HashMap, HashSet};
+
+use rayon::prelude::*;
+
+use super::{Engine, Request};
+use crate::constraint::{apply_mask, check_allowed};
+use crate::error::{EngineError, Result};
+use crate::executor::Pick;
+use crate::sampler::SampledToken;
+use crate::scheduler::{ScheduledChunk, SeqId, SeqState};
+
+impl Engine {
+    /// Each chunk's token from its pick (`None` where it has none): the token after the
+    /// chunk, sampled from its row of logits, or the id the ranks drew for it.
+    pub(crate) fn pick_all(
+        &mut self,
+        chunks: &[ScheduledChunk],
+        picks: Vec<Option<Pick>>,
+    ) -> Vec<Option<Result<SampledToken>>> {
+        let wanted: HashSet<SeqId> = (chunks.iter().zip(&picks))
+            .filter(|(_, p)| p.is_some())
+            .map(|(c, _)| c.id)
+            .collect();
+        let mut requests: HashMap<SeqId, &mut Request> = (self.requests.iter_mut())
+            .filter(|(id, _)| wanted.contains(id))
+            .map(|(id, r)| (*id, r))
+            .collect();
+        let sched = &self.sched;
+        let jobs: Vec<Option<Job<'_>>> = (chunks.iter().zip(picks))
+            .map(|(c, pick)| {
+                pick.map(|pick| Job {
+                    id: c.id,
+                    pick,
+                    index: c.start + c.len,
+                    req: requests.remove(&c.id),
+                    seq: sched.get(c.id),
+                })
+            })
+            .collect();
+        let rows = (jobs.iter().flatten())
+            .filter(|j| matches!(j.pick, Pick::Row(_)))
+            .count();
+        let run = |job: Option<Job<'_>>| job.map(Job::run);
+        // One row alone stays on this thread: handing it to the pool costs two wake-ups.
+        match rows > 1 {
+            true => jobs.into_par_iter().map(run).collect(),
+            false => jobs.into_iter().map(run).collect(),
+        }
+    }
+}
+
+/// One sequence's pick, with what taking it needs: the token at `index` of its sequence.
+struct Job<'a> {
+    id: SeqId,
+    pick: Pick,
+    index: usize,
+    req: Option<&'a mut Request>,
+    seq: Option<&'a SeqState>,
+}
+
+impl Job<'_> {
+    fn run(self) -> Result<SampledToken> {
+        match (self.req, self.seq) {
+            (Some(req), Some(seq)) => pick_one(req, seq, self.pick, self.index),
+            // The caller checked that `id` is in both tables; nothing removes it since.
+            _ => Err(EngineError::Internal(format!(
+                "sequence {} vanished mid-step",
+                self.id
+            ))),
+        }
+    }
+}
+
+/// `req`'s token at `index` of its sequence `seq`, from `pick`: sampled from its row (under
+/// its grammar's mask), or the id the ranks drew, checked against the mask.
+fn pick_one(req: &mut Request, seq: &SeqState, pick: Pick, index: usize) -> Result<SampledToken> {
+    let mask = |req: &mut Request| {
+        req.mask
+            .take()
+            .unwrap_or_else(|| Err("no mask was computed for this step (an engine bug)".into()))
+    };
+    Ok(match pick {
+        Pick::Row(mut row) => {
+            if req.constraint.is_some() {
+                mask(req)
+                    .and_then(|m| apply_mask(&mut row, &m))
+                    .map_err(EngineError::Grammar)?;
+            }
+            let output = &seq.tokens[seq.prompt_len..index];
+            req.sampler.sample(&mut row, seq.prompt(), output)?
+        }
+        Pick::Undrawn(id) => {
+            return Err(EngineError::BadLogits(format!(
+                "the device drew no token (it gave id {id}, outside the vocabulary): the \
+                 model's logits are not a distribution, its weights or its arithmetic are \
+                 broken"
+            )));
+        }
+        // Sampled on the device: no distribution on the host, so no logprob (the request
+        // asked for none, or it would have been sampled here).
+        Pick::Id(id) => {
+            if req.constraint.is_some() {
+                // The device drew under the mask; it can only draw outside it where the mask
+                // allowed nothing, or where computing the mask failed.
+                mask(req)
+                    .and_then(|m| check_allowed(&m, id))
+                    .map_err(EngineError::Grammar)?;
+            }
+            SampledToken {
+                id,
+                logprob: f32::NAN,
+                top: Vec::new(),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::sampler::{Rng, Sampler, SamplingParams};
+    use crate::scheduler::ScheduledChunk;
+
+    /// Six requests with seeds and cuts of their own sample their rows of one step together
+    /// (on the pool), twice: each gets the tokens its own sampler gives its own row, one row
+    /// after another, and its random stream goes on from where it was.
+    #[test]
+    fn rows_sampled_together_each_take_their_own_requests_sampler() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/qwen2");
+        let loaded = crate::model::load(&dir).expect("tiny model");
+        let vocab = loaded.model.config().vocab_size;
+        let cfg = EngineConfig {
+            max_model_len: Some(64),
+            kv_cache_bytes: 8 << 20,
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(loaded.model, vec![], cfg).expect("engine");
+        let params = |i: u64| SamplingParams {
+            temperature: 0.5 + i as f32 / 4.0,
+            top_k: [0, 50, 0, 7, 0, 120][i as usize],
+            top_p: [1.0, 1.0, 0.8, 1.0, 0.95, 0.9][i as usize],
+            seed: Some(100 + i),
+            ..SamplingParams::greedy(8)
+        };
+        let prompt = |i: u64| vec![3 + i as u32, 9, 4];
+        let chunks: Vec<ScheduledChunk> = (0..6u64)
+            .map(|i| {
+                e.add_request(i, prompt(i), params(i)).expect("add");
+                ScheduledChunk {
+                    id: i,
+                    start: 0,
+                    len: 3,
+                    samples: true,
+                }
+            })
+            .collect();
+        let mut noise = Rng::seeded(5);
+        let mut rows = || -> Vec<Vec<f32>> {
+            (0..6)
+                .map(|_| (0..vocab).map(|_| noise.next_f64() as f32 * 6.0).collect())
+                .collect()
+        };
+        let mut alone: Vec<Sampler> = (0..6).map(|i| Sampler::new(params(i))).collect();
+        for _ in 0..2 {
+            let rows = rows();
+            let picks = rows.iter().map(|r| Some(Pick::Row(r.clone()))).collect();
+            let got: Vec<u32> = (e.pick_all(&chunks, picks).into_iter())
+                .map(|t| t.expect("a pick").expect("sampled").id)
+                .collect();
+            let want: Vec<u32> = (alone.iter_mut().zip(rows).enumerate())
+                .map(|(i, (s, mut row))| {
+                    s.sample(&mut row, &prompt(i as u64), &[])
+                        .expect("sampled")
+                        .id
+                })
+                .collect();
+            assert_eq!(got, want);
+        }
+    }
+}
