@@ -379,6 +379,7 @@ impl Executor {
     /// [`Self::lead_masked`] without waiting for the picks: on a GPU the step is queued and
     /// this returns, so the leader plans the next step while the device runs this one
     /// ([`Self::collect`] waits for it). On the CPU the step runs here.
+    ///
     /// A step may be launched while the one before it is in flight, once
     /// ([`MAX_IN_FLIGHT`]).
     pub fn launch(&mut self, plan: &mut StepPlan, masks: Option<MaskSource<'_>>) -> Result<()> {
@@ -477,6 +478,12 @@ impl Executor {
         self.drawn_step = (plan.device_sampling.is_some() && masks.is_none()).then_some(plan.step);
         let comm = self.comm.as_mut();
         let started = match (&mut self.backend, &plan.device_sampling) {
+            (Backend::Cpu { .. }, Some(params)) if params.iter().any(|d| d.temperature > 0.0) => {
+                return Err(EngineError::Internal(
+                    "a draw at a temperature asked of the CPU, which draws greedy picks only"
+                        .into(),
+                ));
+            }
             (Backend::Cpu { model, kv, drawn }, sampling) => {
                 let plan = with_carried(plan, drawn, model.config().vocab_size);
                 let chunks = self.tables.chunks(&plan)?;
