@@ -12,9 +12,10 @@
 //! follows. Block hashes are seeded with the model's identity ([`EngineConfig::model_identity`],
 //! its shape and the device's dtype), so blocks of different models or weights never match.
 //!
-//! On a GPU a step samples on the device when none of its requests needs the logits on the
-//! host (logprobs, or penalties over the tokens so far): only the ids come back. Otherwise the
-//! logits rows come back and each request's [`Sampler`] picks, as on the CPU.
+//! On a GPU a step samples on the device: only the ids come back, and the logits rows of the
+//! requests that need them on the host (logprobs, or penalties over the tokens so far), from
+//! which each such request's [`Sampler`] picks, as on the CPU (in parallel, `pick`). A step
+//! where every request needs them brings back only logits.
 //!
 //! Under async scheduling ([`EngineConfig::async_scheduling`], on for GPUs) the loop is
 //! pipelined: a step plans the next one while the device runs the one before, and returns the
@@ -162,6 +163,16 @@ pub struct Engine {
     #[cfg(test)]
     pub(crate) faults: tests::Faults,
 }
+
+/// The draw the ranks make for a row sampled on the host, whose id nobody reads: the cheapest.
+const STAND_IN: DeviceSampling = DeviceSampling {
+    temperature: 0.0,
+    top_k: 0,
+    top_p: 1.0,
+    min_p: 0.0,
+    seed: 0,
+    step: 0,
+};
 
 /// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
 /// alone: penalties need the tokens so far, logprobs the distribution on the host. (A grammar's
@@ -550,10 +561,22 @@ impl Engine {
             self.sched.check_writes(c).map_err(EngineError::Internal)?;
         }
         let mut plan = self.plans.build(schedule, &self.sched)?;
-        // A step whose every sampling request the ranks can serve alone samples there and
-        // reads back ids only.
-        if self.exec.samples_on_device() || self.async_scheduling {
-            plan.device_sampling = on_device.into_iter().collect();
+        // The ranks draw the rows they can and bring back ids; the other rows' logits come
+        // back too, to be sampled here. A step with no row to draw brings back logits only.
+        let draws = on_device.iter().filter(|d| d.is_some()).count();
+        if (self.exec.samples_on_device() || self.async_scheduling)
+            && (draws > 0 || on_device.is_empty())
+        {
+            plan.host_rows = (on_device.iter().enumerate())
+                .filter(|(_, d)| d.is_none())
+                .map(|(row, _)| row as u32)
+                .collect();
+            plan.device_sampling = Some(
+                on_device
+                    .into_iter()
+                    .map(|d| d.unwrap_or(STAND_IN))
+                    .collect(),
+            );
         }
         Ok(plan)
     }

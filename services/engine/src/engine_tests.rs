@@ -42,6 +42,11 @@ impl Faults {
                 i.pop();
                 Picks::Ids(i)
             }
+            Picks::Mixed(mut i, mut rows) => {
+                i.pop();
+                rows.retain(|(r, _)| (*r as usize) < i.len());
+                Picks::Mixed(i, rows)
+            }
         })
     }
 }

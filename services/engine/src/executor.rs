@@ -88,11 +88,14 @@ enum Backend {
     Cuda(Box<GpuRunner>),
 }
 
-/// A step's picks: logits rows to sample on the host, or ids sampled on the device.
+/// A step's picks: logits rows to sample on the host, or ids sampled on the device, or both
+/// (`Mixed`: an id for every sampling row, and the logits of the rows sampled on the host, by
+/// row, which take their place).
 #[derive(Debug)]
 pub enum Picks {
     Logits(Vec<f32>),
     Ids(Vec<u32>),
+    Mixed(Vec<u32>, Vec<(u32, Vec<f32>)>),
 }
 
 /// One sampling chunk's share of a step's picks.
@@ -126,13 +129,23 @@ pub(crate) fn per_chunk(
                 l.len()
             )));
         }
-        Picks::Ids(ids) => ids
-            .into_iter()
-            .map(|i| match i as usize {
-                i if i < vocab => Pick::Id(i as u32),
-                _ => Pick::Undrawn(i),
-            })
-            .collect(),
+        Picks::Ids(ids) => drawn(ids, vocab),
+        Picks::Mixed(ids, rows) => {
+            let mut picks = drawn(ids, vocab);
+            for (row, logits) in rows {
+                match picks.get_mut(row as usize) {
+                    Some(p) if logits.len() == vocab => *p = Pick::Row(logits),
+                    _ => {
+                        return Err(EngineError::Internal(format!(
+                            "logits of row {row} ({} values) among {} picks",
+                            logits.len(),
+                            picks.len()
+                        )));
+                    }
+                }
+            }
+            picks
+        }
     };
     if picks.len() != wanted {
         return Err(EngineError::Internal(format!(
@@ -146,6 +159,16 @@ pub(crate) fn per_chunk(
         .iter()
         .map(|c| if c.samples { picks.next() } else { None })
         .collect())
+}
+
+/// Ids the ranks drew, as picks: one outside the vocabulary says there was nothing to draw.
+fn drawn(ids: Vec<u32>, vocab: usize) -> Vec<Pick> {
+    (ids.into_iter())
+        .map(|i| match i as usize {
+            i if i < vocab => Pick::Id(i as u32),
+            _ => Pick::Undrawn(i),
+        })
+        .collect()
 }
 
 /// One rank's forward, its block tables and its link to the other ranks.
@@ -175,7 +198,8 @@ const MAX_IN_FLIGHT: usize = 2;
 /// step queued leaves to read back.
 enum Started {
     Done(std::result::Result<Picks, ModelError>),
-    Ids(gpu::Drawn),
+    /// The ids, and the sampling rows whose logits come back too.
+    Ids(gpu::Drawn, Vec<u32>),
     Logits(usize),
 }
 
@@ -475,7 +499,8 @@ impl Executor {
         self.check_carried(plan)?;
         // This step's draws stand for the next step's carried tokens only where no grammar
         // mask bent them (on the leader: the other ranks are given none, and are never asked).
-        self.drawn_step = (plan.device_sampling.is_some() && masks.is_none()).then_some(plan.step);
+        let carryable = plan.host_rows.is_empty() && masks.is_none();
+        self.drawn_step = (plan.device_sampling.is_some() && carryable).then_some(plan.step);
         let comm = self.comm.as_mut();
         let started = match (&mut self.backend, &plan.device_sampling) {
             (Backend::Cpu { .. }, Some(params)) if params.iter().any(|d| d.temperature > 0.0) => {
@@ -487,20 +512,17 @@ impl Executor {
             (Backend::Cpu { model, kv, drawn }, sampling) => {
                 let plan = with_carried(plan, drawn, model.config().vocab_size);
                 let chunks = self.tables.chunks(&plan)?;
-                Ok(Started::Done(cpu_step(
-                    model,
-                    kv,
-                    &chunks,
-                    sampling.is_some().then_some(drawn),
-                    comm,
-                )))
+                let draws = sampling
+                    .is_some()
+                    .then_some((drawn, plan.host_rows.as_slice()));
+                Ok(Started::Done(cpu_step(model, kv, &chunks, draws, comm)))
             }
             (Backend::Cuda(runner), Some(params)) => {
                 let chunks = self.tables.chunks(plan)?;
                 let (graph, carried) = (plan.graph, &plan.carried);
                 runner
                     .launch_sampled(&chunks, params, graph, carried, comm, masks)
-                    .map(Started::Ids)
+                    .map(|d| Started::Ids(d, plan.host_rows.clone()))
             }
             (Backend::Cuda(runner), None) => {
                 let chunks = self.tables.chunks(plan)?;
@@ -536,7 +558,12 @@ impl Executor {
     fn finish(&mut self, started: Started, step: u64) -> Result<Picks> {
         let picks = match (started, &mut self.backend) {
             (Started::Done(picks), _) => picks,
-            (Started::Ids(rows), Backend::Cuda(runner)) => runner.finish_ids(rows).map(Picks::Ids),
+            (Started::Ids(drawn, host_rows), Backend::Cuda(runner)) => runner
+                .finish_ids(drawn)
+                .and_then(|ids| match host_rows.is_empty() {
+                    true => Ok(Picks::Ids(ids)),
+                    false => Ok(Picks::Mixed(ids, runner.logits_rows(&host_rows)?)),
+                }),
             (Started::Logits(rows), Backend::Cuda(runner)) => {
                 runner.finish_logits(rows).map(Picks::Logits)
             }
@@ -593,26 +620,36 @@ fn with_carried<'a>(
     std::borrow::Cow::Owned(plan)
 }
 
-/// The CPU's forward of `chunks`; with `drawn`, it also draws each row's greedy pick there
-/// (and keeps them in `drawn`, for the next step's carried tokens). A row with no
-/// distribution (a NaN or infinite logit) draws `u32::MAX`, as the GPU's argmax does: the
-/// engine fails that request alone.
+/// The CPU's forward of `chunks`; with `draws` (`drawn`, `host_rows`), it also draws each
+/// row's greedy pick there (and keeps them in `drawn`, for the next step's carried tokens),
+/// and gives back the logits of `host_rows` as well. A row with no distribution (a NaN or
+/// infinite logit) draws `u32::MAX`, as the GPU's argmax does: the engine fails that request
+/// alone.
 fn cpu_step(
     model: &LlamaModel,
     kv: &mut KvCache,
     chunks: &[crate::model::SeqChunk<'_>],
-    drawn: Option<&mut Vec<u32>>,
+    draws: Option<(&mut Vec<u32>, &[u32])>,
     comm: &mut dyn Collective,
 ) -> std::result::Result<Picks, ModelError> {
     let logits = model.forward(chunks, kv, comm)?;
-    let Some(drawn) = drawn else {
+    let Some((drawn, host_rows)) = draws else {
         return Ok(Picks::Logits(logits));
     };
     let vocab = model.config().vocab_size.max(1);
     *drawn = (logits.chunks_exact(vocab))
         .map(|row| crate::sampler::greedy_pick(row).unwrap_or(u32::MAX))
         .collect();
-    Ok(Picks::Ids(drawn.clone()))
+    if host_rows.is_empty() {
+        return Ok(Picks::Ids(drawn.clone()));
+    }
+    let rows = (host_rows.iter())
+        .filter_map(|&r| {
+            let at = r as usize * vocab;
+            Some((r, logits.get(at..at + vocab)?.to_vec()))
+        })
+        .collect();
+    Ok(Picks::Mixed(drawn.clone(), rows))
 }
 
 impl Drop for Executor {

@@ -109,7 +109,9 @@ impl Engine {
             if !out.chained {
                 self.launch_after(&schedule, &mut plan, &resolved)?;
             }
-            let carryable = plan.device_sampling.is_some() && !self.any_constrained(&schedule);
+            let carryable = plan.device_sampling.is_some()
+                && plan.host_rows.is_empty()
+                && !self.any_constrained(&schedule);
             self.launched(schedule, carryable, now);
         }
         for r in resolved {

@@ -365,3 +365,44 @@ fn a_request_whose_pick_fails_alone_is_dropped_from_the_step_it_was_planned_into
 fn a_request_with_no_draw_fails_alone_after_the_step_chained_behind_it() {
     crate::engine::tests::nan_logits_fail_alone(true, true);
 }
+
+/// A step of greedy requests and one that asks for logprobs: the ranks draw the greedy rows
+/// and only the other row's logits come back (a stand-in draw holds its place); such a step's
+/// tokens are not carried, so the step after it waits for them; every request gets the tokens
+/// (and logprobs) of steps one at a time.
+#[test]
+fn a_step_draws_the_rows_it_can_and_brings_back_the_others() {
+    let logprobs = SamplingParams {
+        logprobs: Some(2),
+        ..greedy(4)
+    };
+    let reqs = || -> Vec<(SeqId, Vec<u32>, SamplingParams)> {
+        (1..=3u64)
+            .map(|id| {
+                let params = if id == 2 { logprobs.clone() } else { greedy(4) };
+                (id, vec![5, 6, 7 + id as u32], params)
+            })
+            .collect()
+    };
+    let mut e = engine(true, None);
+    for (id, prompt, params) in reqs() {
+        e.add_request(id, prompt, params).expect("add");
+    }
+    let schedule = e.sched.schedule();
+    let plan = e.plan_step(&schedule).expect("plan");
+    assert_eq!(plan.device_sampling.as_ref().map(Vec::len), Some(3));
+    assert_eq!(plan.host_rows, [1]);
+    let want = run(&mut engine(false, None), reqs());
+    let (got, chained) = run_chained(&mut engine(true, None), reqs());
+    assert_same(&want, &got);
+    assert_eq!(
+        chained, 0,
+        "a step with a row sampled on the host was chained"
+    );
+    assert!(
+        got[&2]
+            .tokens
+            .iter()
+            .all(|t| t.top.len() == 2 && t.logprob.is_finite())
+    );
+}

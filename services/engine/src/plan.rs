@@ -31,8 +31,13 @@ pub struct StepPlan {
     pub tables: Vec<TableUpdate>,
     /// What to compute, in order.
     pub chunks: Vec<PlannedChunk>,
-    /// On a GPU: each sampling chunk's draw, when the whole step samples on the device.
+    /// Each sampling chunk's draw where the ranks draw (on a GPU; on the CPU greedy picks
+    /// under async scheduling), `None` where every row comes back as logits.
     pub device_sampling: Option<Vec<DeviceSampling>>,
+    /// With `device_sampling`: the sampling rows the ranks do not draw for (their entry there
+    /// is a stand-in), whose logits come back to be sampled on the host (logprobs,
+    /// penalties, a draw the CPU does not make).
+    pub host_rows: Vec<u32>,
     /// On a GPU: the captured decode graph every rank replays for this step, by its batch
     /// size (`None`: eagerly). The leader decides it ([`crate::executor::Executor::lead`]), so
     /// no rank pads a step to another size than its peers.

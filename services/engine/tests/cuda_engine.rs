@@ -634,14 +634,15 @@ fn sampling_on_the_device_matches_greedy_and_repeats_seeded_draws() {
 /// Async scheduling (the host plans step n+1 while the device runs step n; the ids come back
 /// through page-locked memory) gives the tokens of steps run one at a time: greedy and seeded
 /// draws on the device, whose steps chain (step n+1 is launched before step n's ids are back,
-/// and takes them on the device), and draws with a penalty, whose logits come back to the
-/// host.
+/// and takes them on the device), draws with a penalty, whose logits come back to the host,
+/// and both in one step (the device draws the plain rows, the penalized rows' logits alone
+/// come back).
 #[test]
 fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
     let Some(gpu) = gpu("async_scheduling_gives_the_tokens_of_one_step_at_a_time") else {
         return;
     };
-    let run = |async_scheduling: bool, params: &SamplingParams| {
+    let run = |async_scheduling: bool, params: &[SamplingParams; 2]| {
         let model = default_model().model;
         let prompts = prompts(model.config().vocab_size);
         let cfg = EngineConfig {
@@ -650,7 +651,8 @@ fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
         };
         let mut e = Engine::new(model, vec![], cfg).expect("engine");
         for (i, prompt) in (0..10u64).zip(prompts) {
-            e.add_request(i, prompt, params.clone()).expect("add");
+            e.add_request(i, prompt, params[i as usize % 2].clone())
+                .expect("add");
         }
         let (mut got, mut chained) = (HashMap::<u64, Vec<u32>>::new(), 0);
         while e.has_unfinished() {
@@ -675,7 +677,12 @@ fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
         frequency_penalty: 0.5,
         ..greedy.clone()
     };
-    for (params, chains) in [(greedy, true), (seeded, true), (penalized, false)] {
+    for (params, chains) in [
+        ([greedy.clone(), greedy.clone()], true),
+        ([seeded.clone(), seeded], true),
+        ([penalized.clone(), penalized.clone()], false),
+        ([greedy, penalized], false),
+    ] {
         let ((want, _), (got, chained)) = (run(false, &params), run(true, &params));
         for i in 0..10u64 {
             assert_eq!(got[&i], want[&i], "prompt {i}, {params:?}");

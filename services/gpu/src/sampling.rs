@@ -227,6 +227,30 @@ impl GpuRunner {
         Ok(Drawn { rows: n, room })
     }
 
+    /// The logits of the sampling rows `rows` of the step [`Self::finish_ids`] read (rows
+    /// sampled on the host beside the device's draws), each a row of the vocabulary. Only
+    /// that step may have been queued: the next one's head would overwrite them (a step
+    /// with such rows is never chained, see the engine's overlap module).
+    pub fn logits_rows(&self, rows: &[u32]) -> Result<Vec<(u32, Vec<f32>)>> {
+        let (g, vocab) = (&self.w.gpu, self.w.cfg.vocab_size);
+        let max_seqs = self.limits.max_seqs;
+        (rows.iter())
+            .map(|&r| {
+                if r as usize >= max_seqs {
+                    return Err(ModelError::Internal(format!(
+                        "logits row {r} of a step of at most {max_seqs}"
+                    )));
+                }
+                let mut row = vec![0f32; vocab];
+                let at = self.logits_ptr.offset::<f32>(r as usize * vocab);
+                // SAFETY: `logits` holds max_seqs rows of `vocab` f32; `r` < max_seqs.
+                #[allow(unsafe_code)]
+                unsafe { g.download_at(at, &mut row) }.map_err(gpu_error)?;
+                Ok((r, row))
+            })
+            .collect()
+    }
+
     /// Appends to `plan`'s metadata the pairs (input id's index, draw's row) of `carried`;
     /// returns where they start and how many there are.
     pub(super) fn add_carried(
