@@ -556,11 +556,13 @@ impl Executor {
 
     /// The picks of a step [`Self::start`] began (`step`: its number).
     fn finish(&mut self, started: Started, step: u64) -> Result<Picks> {
+        // Only the leader samples: the other ranks' logits are not whole, nor read.
+        let leads = self.rank() == 0;
         let picks = match (started, &mut self.backend) {
             (Started::Done(picks), _) => picks,
             (Started::Ids(drawn, host_rows), Backend::Cuda(runner)) => runner
                 .finish_ids(drawn)
-                .and_then(|ids| match host_rows.is_empty() {
+                .and_then(|ids| match host_rows.is_empty() || !leads {
                     true => Ok(Picks::Ids(ids)),
                     false => Ok(Picks::Mixed(ids, runner.logits_rows(&host_rows)?)),
                 }),
