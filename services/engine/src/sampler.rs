@@ -324,7 +324,7 @@ impl Ranked {
 
     /// The `i`-th candidate in the draw's order (`i` < the number of candidates).
     fn get(&mut self, i: usize) -> Candidate {
-        while i >= self.sorted {
+        while i >= self.sorted && self.sorted < self.items.len() {
             let rest = &mut self.items[self.sorted..];
             let n = rest.len().min(self.sorted.max(64));
             if n < rest.len() {
