@@ -537,14 +537,19 @@ impl Executor {
     /// Whether every rank draws what this one draws, from the whole logits (a pool of one, or
     /// NCCL's all-gather of them), so that a step may take the draws of the one before
     /// ([`StepPlan::carried`]). Elsewhere only the leader has the whole logits.
-    pub fn draws_agree(&self) -> bool {
+    fn draws_agree(&self) -> bool {
         self.world() == 1 || matches!(&self.backend, Backend::Cuda(r) if r.logits_on_every_rank())
+    }
+
+    /// Whether `plan` may carry tokens of the step before it: this rank drew them all (no
+    /// row sampled on the host, no grammar mask), and every rank drew the same.
+    pub fn can_carry_into(&self, plan: &StepPlan) -> bool {
+        self.drawn_step.is_some_and(|s| s + 1 == plan.step) && self.draws_agree()
     }
 
     /// A plan that carries tokens follows a step that drew them here.
     fn check_carried(&self, plan: &StepPlan) -> Result<()> {
-        let drew = self.drawn_step.is_some_and(|s| s + 1 == plan.step);
-        if plan.carried.is_empty() || (drew && self.draws_agree()) {
+        if plan.carried.is_empty() || self.can_carry_into(plan) {
             return Ok(());
         }
         Err(EngineError::Internal(format!(

@@ -14,9 +14,6 @@ pub(crate) struct InFlight {
     /// dropped.
     pub retired: HashSet<SeqId>,
     pub launched: Instant,
-    /// The ranks drew its tokens alike, under no grammar's mask: the next step may take them
-    /// there before they are read (the overlap module's chained launch).
-    pub carryable: bool,
 }
 
 impl InFlight {

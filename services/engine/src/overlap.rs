@@ -109,10 +109,7 @@ impl Engine {
             if !out.chained {
                 self.launch_after(&schedule, &mut plan, &resolved)?;
             }
-            let carryable = plan.device_sampling.is_some()
-                && plan.host_rows.is_empty()
-                && !self.any_constrained(&schedule);
-            self.launched(schedule, carryable, now);
+            self.launched(schedule, now);
         }
         for r in resolved {
             match self.record_token(r.id, r.token, r.index, launched, r.grammar) {
@@ -132,7 +129,7 @@ impl Engine {
     /// drew on every rank alike without a grammar, and `schedule` has no grammar to mask.
     /// Returns whether it did.
     fn chain(&mut self, f: &InFlight, schedule: &Schedule, plan: &mut StepPlan) -> Result<bool> {
-        let can = f.carryable && self.exec.draws_agree() && !self.any_constrained(schedule);
+        let can = self.exec.can_carry_into(plan) && !self.any_constrained(schedule);
         if !can || !chaining() {
             return Ok(false);
         }
@@ -219,10 +216,9 @@ impl Engine {
         Ok(resolved)
     }
 
-    /// `schedule` was launched (`carryable`: the ranks drew its tokens without a grammar):
-    /// its tokens count as computed, and each sampling sequence holds a placeholder for its
-    /// token.
-    fn launched(&mut self, schedule: Schedule, carryable: bool, launched: Instant) {
+    /// `schedule` was launched: its tokens count as computed, and each sampling sequence
+    /// holds a placeholder for its token.
+    fn launched(&mut self, schedule: Schedule, launched: Instant) {
         for c in &schedule.chunks {
             self.sched.mark_computed(c);
             if c.samples {
@@ -238,7 +234,6 @@ impl Engine {
             schedule,
             retired,
             launched,
-            carryable,
         });
     }
 
