@@ -252,6 +252,192 @@ __device__ void sample_row(i32* out_ids, const float* logits, i32 vocab,
   if (threadIdx.x == 0) out_ids[seq] = drawn < vocab ? drawn : greedy;
 }
 
+// ---- Draws with penalties and logprobs (the CPU sampler's `sample`, whole, on the device).
+//
+// A row whose request asks for penalties or logprobs takes the same draw as any other, after
+// the steps the CPU's `Sampler::sample` takes before and after it:
+//   1. no distribution (a NaN or +inf logit, or none above -inf): id MAX_ID, nothing else
+//      (the CPU refuses the row as bad logits);
+//   2. lse = m + log(sum exp(l - m)) over the row as it stands (after a grammar's mask, before
+//      the penalties); the top `logprobs` tokens, larger logit first, ties to the smaller id
+//      (the CPU's total order: +0 above -0), each with l - lse;
+//   3. the penalties, on each distinct token of the prompt and output so far: repetition r
+//      (l > 0: l / r, else l * r) on every one, then presence and frequency on those the
+//      output holds c > 0 times: l - (presence + frequency * c), each operation rounded as the
+//      CPU rounds it (no fused multiply-add);
+//   4. the draw (greedy or sampled, exactly `sample_row`), from the penalized row;
+//   5. the drawn token's logprob under the row of 2, its penalties undone as the CPU undoes
+//      them (l + (presence + frequency * c), then l * r or l / r).
+// The distinct tokens come as (token, times in the output) pairs; `pending` names a token of
+// the output the pairs leave out (the step's own input, which the host may not have read yet:
+// a chained step's carried draw), counted once more here.
+
+#define MAX_LOGPROBS 20
+#define LP_WORDS (1 + 2 * MAX_LOGPROBS)
+#define MAX_ID 0x7fffffff
+
+// One row's extras, 32 bytes (services/gpu/src/sampling.rs packs them).
+struct DrawExtra {
+  float repetition, presence, frequency;  // 1, 0, 0: none
+  i32 seen_at, seen_len;                  // its pairs: seen[2 * seen_at ..][2 * seen_len]
+  i32 pending;                            // index of a token in `ids` the pairs leave out; -1
+  i32 logprobs;                           // -1: none; else the draw's logprob and this many top
+  i32 unused;
+};
+
+// Block-wide argmax of (key, index): the largest key, the lowest index on ties; every thread
+// gets the index (MAX_ID when no thread had one).
+__device__ __forceinline__ i32 block_argmax_key(u32 k, i32 i, u32* sk, i32* si) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u32 ok = __shfl_xor_sync(0xffffffffu, k, o);
+    const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ok > k || (ok == k && oi < i)) k = ok, i = oi;
+  }
+  __syncthreads();
+  if (lane == 0) sk[warp] = k, si[warp] = i;
+  __syncthreads();
+  k = lane < warps ? sk[lane] : 0u;
+  i = lane < warps ? si[lane] : MAX_ID;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const u32 ok = __shfl_xor_sync(0xffffffffu, k, o);
+    const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ok > k || (ok == k && oi < i)) k = ok, i = oi;
+  }
+  return i;
+}
+
+// The row's log-sum-exp, or +inf where it has no distribution (step 1).
+__device__ float row_lse(const float* row, i32 vocab, float* red) {
+  float m = NEG_INF, bad = 0.0f;
+  for_each_logit(row, vocab, [&](float l, i32) {
+    m = fmaxf(m, l);
+    bad += (l != l || l == -NEG_INF) ? 1.0f : 0.0f;
+  });
+  m = block_max(m, red);
+  bad = block_sum(bad, red);
+  if (bad > 0.0f || !(m > NEG_INF)) return -NEG_INF;
+  float sum = 0.0f;
+  for_each_logit(row, vocab, [&](float l, i32) { sum += expf(l - m); });
+  return m + logf(block_sum(sum, red));
+}
+
+// The top n tokens of the row (no NaN in it) into out: id, then l - lse, for each (step 2).
+// One pass per token: each takes the best of those after the last one taken.
+__device__ void top_logprobs(const float* row, i32 vocab, i32 n, float lse, u32* out, u32* sk,
+                             i32* si) {
+  u32 last_k = 0xffffffffu;
+  i32 last_i = -1;
+  for (i32 j = 0; j < n; ++j) {
+    u32 bk = 0u;
+    i32 bi = MAX_ID;
+    for_each_logit(row, vocab, [&](float l, i32 i) {
+      const u32 k = order_key(l);
+      const bool after = k < last_k || (k == last_k && i > last_i);
+      if (after && (k > bk || (k == bk && i < bi))) bk = k, bi = i;
+    });
+    const i32 best = block_argmax_key(bk, bi, sk, si);
+    if (best >= vocab) return;  // fewer than n tokens
+    last_k = order_key(row[best]);
+    last_i = best;
+    if (threadIdx.x == 0) {
+      out[2 * j] = (u32)best;
+      out[2 * j + 1] = __float_as_uint(row[best] - lse);
+    }
+  }
+}
+
+// Token t's logit after the penalties, for a token seen `count` times in the output (step 3).
+__device__ __forceinline__ float penalized(float l, const DrawExtra& x, i32 count) {
+  if (x.repetition != 1.0f)
+    l = l > 0.0f ? __fdiv_rn(l, x.repetition) : __fmul_rn(l, x.repetition);
+  if (count > 0 && (x.presence != 0.0f || x.frequency != 0.0f))
+    l = __fsub_rn(l, __fadd_rn(x.presence, __fmul_rn(x.frequency, (float)count)));
+  return l;
+}
+
+// The penalties on the row (step 3); returns the pending token (-1: none). `flag`: an i32 of
+// shared memory. Synchronizes before it writes the row, and after.
+__device__ i32 penalize(float* row, i32 vocab, const DrawExtra& x, const i32* seen,
+                        const i32* ids, i32* flag) {
+  const i32 pending = x.pending >= 0 ? ids[x.pending] : -1;
+  const i32* pairs = seen + 2 * (i64)x.seen_at;
+  if (threadIdx.x == 0) *flag = 0;
+  __syncthreads();  // and every thread is done reading the row as it was
+  for (i32 j = threadIdx.x; j < x.seen_len; j += blockDim.x)
+    if (pairs[2 * j] == pending) *flag = 1;
+  __syncthreads();
+  for (i32 j = threadIdx.x; j < x.seen_len; j += blockDim.x) {
+    const i32 t = pairs[2 * j];
+    if (t >= 0 && t < vocab) row[t] = penalized(row[t], x, pairs[2 * j + 1] + (t == pending));
+  }
+  if (threadIdx.x == 0 && !*flag && pending >= 0 && pending < vocab)
+    row[pending] = penalized(row[pending], x, 1);
+  __syncthreads();
+  return pending;
+}
+
+// Token id's logit before the penalties, from the penalized row (step 5): how often the
+// output holds it and whether it was seen at all, from the pairs and the pending token.
+__device__ float unpenalized(const float* row, i32 id, const DrawExtra& x, const i32* seen,
+                             i32 pending, float* red) {
+  const i32* pairs = seen + 2 * (i64)x.seen_at;
+  float count = 0.0f, seen_it = 0.0f;
+  for (i32 j = threadIdx.x; j < x.seen_len; j += blockDim.x)
+    if (pairs[2 * j] == id) count += (float)pairs[2 * j + 1], seen_it = 1.0f;
+  count = block_sum(count, red) + (id == pending ? 1.0f : 0.0f);
+  seen_it = block_sum(seen_it, red) + (id == pending ? 1.0f : 0.0f);
+  float l = row[id];
+  if (count > 0.0f) l = __fadd_rn(l, __fadd_rn(x.presence, __fmul_rn(x.frequency, count)));
+  if (x.repetition != 1.0f && seen_it > 0.0f)
+    l = l > 0.0f ? __fmul_rn(l, x.repetition) : __fdiv_rn(l, x.repetition);
+  return l;
+}
+
+// Launch: grid n_seqs (exactly: block b draws row b), block 1024 (a multiple of 32 up to
+// 1024), no dynamic shared memory. As `sample_f32` (same arguments first, same draws), and:
+// extra_of_row[b]: the index of row b's DrawExtra in `extras`, or -1 for a plain draw (as
+// `sample_f32`'s); seen: the extras' (token, output count) pairs, i32, each row's tokens
+// distinct; ids: the step's input ids (for `pending`); lp_out: LP_WORDS u32 per extra, the
+// drawn token's logprob (f32 bits) then the top `logprobs` (id, f32 logprob bits) pairs, for
+// extras asking for logprobs. The logits of extra rows are penalized in place. A row with
+// extras and no distribution draws MAX_ID and writes no logprobs.
+extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
+    sample_extras_f32(i32* out_ids, float* logits, i32 vocab, const float* temperature,
+                      const i32* top_k, const float* top_p, const float* min_p,
+                      const u64* seeds, const u64* steps, const i32* extra_of_row,
+                      const DrawExtra* extras, const i32* seen, const i32* ids, u32* lp_out) {
+  __shared__ float red[32];
+  __shared__ u32 sk[32];
+  __shared__ i32 si[32];
+  __shared__ i32 found;
+  const i32 e = extra_of_row[blockIdx.x];
+  if (e < 0) {
+    sample_row(out_ids, logits, vocab, temperature, top_k, top_p, min_p, seeds, steps);
+    return;
+  }
+  const DrawExtra x = extras[e];
+  float* row = logits + (i64)blockIdx.x * vocab;
+  u32* out = lp_out + (i64)e * LP_WORDS;
+  const float lse = row_lse(row, vocab, red);
+  if (lse == -NEG_INF) {
+    if (threadIdx.x == 0) out_ids[blockIdx.x] = MAX_ID;
+    return;
+  }
+  if (x.logprobs > 0)
+    top_logprobs(row, vocab, min(x.logprobs, MAX_LOGPROBS), lse, out + 1, sk, si);
+  const i32 pending = penalize(row, vocab, x, seen, ids, &found);
+  sample_row(out_ids, logits, vocab, temperature, top_k, top_p, min_p, seeds, steps);
+  __syncthreads();  // the draw thread 0 wrote, and the row every thread read
+  const i32 id = out_ids[blockIdx.x];
+  if (x.logprobs >= 0 && id >= 0 && id < vocab) {
+    const float l = unpenalized(row, id, x, seen, pending, red);
+    if (threadIdx.x == 0) out[0] = __float_as_uint(l - lse);
+  }
+}
+
 // Launch: grid n_seqs (exactly: block b samples row b), block 1024 (any multiple of 32 up to
 // 1024 works; 1024 is fastest), no dynamic shared memory.
 // logits: [n_seqs, vocab] f32 contiguous, 1 <= vocab < 2^24 (262144 in practice); read only.

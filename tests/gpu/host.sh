@@ -84,6 +84,8 @@ engine)
   echo "== cuda_engine" | tee -a "$OUT/engine.txt"
   FERRITE_TORCH_REFERENCE=/tmp/torch-ref "$bin/cuda_engine" --test-threads=1 --nocapture 2>&1 |
     tail -60 | tee -a "$OUT/engine.txt"
+  echo "== cuda_draws" | tee -a "$OUT/engine.txt"
+  "$bin/cuda_draws" --test-threads=1 --nocapture 2>&1 | tail -20 | tee -a "$OUT/engine.txt"
   ;;
 bench)
   unpack
@@ -126,6 +128,14 @@ ab)
       [ "$sched" = chain0 ] && continue  # the decode alone: the host's share is largest there
       env "${env_[@]}" timeout 60 "$f" bench latency "${common[@]}" \
         --configs high_concurrency
+    done
+    # Session 21's draws with penalties and logprobs on the device (chained) against their
+    # rows sampled on the host (not chained), every request with both.
+    for extras in on 0; do
+      echo "== FERRITE_DRAW_EXTRAS=$extras (default model decode, frequency penalty, 5 logprobs)"
+      FERRITE_DRAW_EXTRAS=$extras timeout 60 "$f" bench decode --device cuda \
+        --model smollm2-135m --batch-sizes 1,64 --prompt-tokens 128 --new-tokens 128 --runs 3 \
+        --frequency-penalty 0.5 --logprobs 5
     done
     for rows in 16 0; do
       echo "== FERRITE_GEMV_ROWS=$rows (fp16 interactive)"

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 
 cargo build --release -p ferrite-cli
 # The test targets whose CUDA halves must run there (cargo prints each one's executable).
-wanted="nvrtc ops ops_linear attention sampling wq_ops wq_mma wq_mins gated_gemv w8a8_ops fp8_ops cuda_engine cuda_tensor_parallel"
+wanted="nvrtc ops ops_linear attention sampling wq_ops wq_mma wq_mins gated_gemv w8a8_ops fp8_ops cuda_engine cuda_draws cuda_tensor_parallel"
 cargo test --release --no-run -p ferrite-kernels -p ferrite-engine --message-format=json \
   2>/dev/null | python3 -c '
 import json, sys

@@ -1,6 +1,7 @@
 //! Launch wrappers for sampling on the GPU (`sampling.cu`): greedy argmax, and temperature /
-//! top-k / top-p / min-p with a counter-based random stream, over f32 logits. The only host
-//! sync a step needs is reading the sampled ids back.
+//! top-k / top-p / min-p with a counter-based random stream, over f32 logits, and the same draws
+//! with penalties and logprobs (`sample_extras_f32`). The only host sync a step needs is
+//! reading the sampled ids (and logprobs) back.
 
 use super::CudaError;
 use super::gpu::{Arg, DevPtr, Gpu};
@@ -23,6 +24,32 @@ pub struct SamplingArrays {
     pub steps: DevPtr,
 }
 
+/// The most top logprobs a draw gives (`sampling.cu`'s `MAX_LOGPROBS`).
+pub const MAX_LOGPROBS: usize = 20;
+/// u32 words of one row's logprobs out of [`Gpu::sample_extras`]: the drawn token's logprob,
+/// then (id, logprob) for each top token.
+pub const LP_WORDS: usize = 1 + 2 * MAX_LOGPROBS;
+/// Bytes of one row's extras (`sampling.cu`'s `DrawExtra`): repetition, presence and frequency
+/// penalties (f32), the first of its (token, output count) pairs and their number, the index
+/// of a pending token in the step's input ids (-1: none), the top logprobs wanted (-1: none),
+/// and 4 unused bytes.
+pub const DRAW_EXTRA_BYTES: usize = 32;
+
+/// Where [`Gpu::sample_extras`]' own arrays lie.
+#[derive(Debug, Clone, Copy)]
+pub struct ExtrasArrays {
+    /// i32, `n_seqs`: each row's index among `extras`, -1 for a plain draw.
+    pub extra_of_row: DevPtr,
+    /// [`DRAW_EXTRA_BYTES`] each.
+    pub extras: DevPtr,
+    /// i32 (token, times in the output) pairs, each row's tokens distinct.
+    pub seen: DevPtr,
+    /// The step's input ids (i32), for the pending tokens.
+    pub ids: DevPtr,
+    /// [`LP_WORDS`] u32 per extra: the logprobs out.
+    pub logprobs: DevPtr,
+}
+
 #[allow(unsafe_code)]
 impl Gpu {
     /// One token id per row of `logits` (`[n_seqs, vocab]` f32) into `out_ids` (i32).
@@ -38,15 +65,10 @@ impl Gpu {
         vocab: usize,
         params: &SamplingArrays,
     ) -> Result<(), CudaError> {
-        if vocab == 0 || vocab >= 1 << 24 {
-            return Err(CudaError::Driver(format!(
-                "sampling: vocab {vocab} outside 1..2^24"
-            )));
-        }
         let args = [
             out_ids.into(),
             logits.into(),
-            i32_of("vocab", vocab)?,
+            sampled_vocab(vocab)?,
             params.temperature.into(),
             params.top_k.into(),
             params.top_p.into(),
@@ -56,6 +78,42 @@ impl Gpu {
         ];
         let grid = (grid_of(n_seqs)?, 1, 1);
         unsafe { self.launch("sampling", "sample_f32", grid, 1024, 0, &args) }
+    }
+
+    /// [`Self::sample`], with the CPU sampler's steps around the draw for the rows with extras
+    /// (`extras`): no draw (id `i32::MAX`) from a row with no distribution; the logprobs of
+    /// the row as it stands; the penalties, in place; the draw; the drawn token's logprob.
+    ///
+    /// # Safety
+    /// As [`Self::sample`]; `extras`' arrays hold what their fields say, every index in them
+    /// within its array, and `logprobs` [`LP_WORDS`] u32 per extra.
+    pub unsafe fn sample_extras(
+        &self,
+        out_ids: DevPtr,
+        logits: DevPtr,
+        n_seqs: usize,
+        vocab: usize,
+        params: &SamplingArrays,
+        extras: &ExtrasArrays,
+    ) -> Result<(), CudaError> {
+        let args = [
+            out_ids.into(),
+            logits.into(),
+            sampled_vocab(vocab)?,
+            params.temperature.into(),
+            params.top_k.into(),
+            params.top_p.into(),
+            params.min_p.into(),
+            params.seeds.into(),
+            params.steps.into(),
+            extras.extra_of_row.into(),
+            extras.extras.into(),
+            extras.seen.into(),
+            extras.ids.into(),
+            extras.logprobs.into(),
+        ];
+        let grid = (grid_of(n_seqs)?, 1, 1);
+        unsafe { self.launch("sampling", "sample_extras_f32", grid, 1024, 0, &args) }
     }
 
     /// Sets every logit of `n_seqs` rows of `logits` (`[n_seqs, vocab]` f32) that `mask` does
@@ -107,6 +165,16 @@ impl Gpu {
         let grid = (grid_of(n_seqs)?, 1, 1);
         unsafe { self.launch("sampling", "argmax_f32", grid, 1024, 0, &args) }
     }
+}
+
+/// The vocabulary size as the sampling kernels take it: their counts are exact below 2^24.
+fn sampled_vocab(vocab: usize) -> Result<Arg, CudaError> {
+    if vocab == 0 || vocab >= 1 << 24 {
+        return Err(CudaError::Driver(format!(
+            "sampling: vocab {vocab} outside 1..2^24"
+        )));
+    }
+    i32_of("vocab", vocab)
 }
 
 fn grid_of(n_seqs: usize) -> Result<u32, CudaError> {

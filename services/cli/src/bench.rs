@@ -65,6 +65,13 @@ pub struct DecodeArgs {
     /// processes of their own (the cores shared among them), as `serve --tp N` does.
     #[arg(long, default_value_t = 1)]
     tp: u32,
+    /// Every request's frequency penalty (greedy draws all the same: what a step costs when
+    /// its draws count the tokens so far).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+    /// Every request asks for the logprobs of its tokens and of this many most likely ones.
+    #[arg(long)]
+    logprobs: Option<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -96,6 +103,13 @@ fn decode(args: DecodeArgs) -> Result<()> {
     if args.runs == 0 || args.new_tokens < 2 || args.prompt_tokens == 0 {
         bail!("--runs ≥ 1, --new-tokens ≥ 2 and --prompt-tokens ≥ 1 are needed");
     }
+    let params = SamplingParams {
+        ignore_eos: true,
+        frequency_penalty: args.frequency_penalty,
+        logprobs: args.logprobs,
+        ..SamplingParams::greedy(args.new_tokens)
+    };
+    params.validate()?;
     let (mut engine, _ranks, _) = crate::serve_ranks::pool_engine(&args.model, args.tp)?;
     let vocab = engine.config().vocab_size as u64;
     let threads = rayon::current_num_threads();
@@ -123,11 +137,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
                     let prompt = (0..args.prompt_tokens as u64)
                         .map(|i| ((next_id * 7919 + i * 104_729) % vocab) as u32)
                         .collect();
-                    let params = SamplingParams {
-                        ignore_eos: true,
-                        ..SamplingParams::greedy(args.new_tokens)
-                    };
-                    (next_id, prompt, params)
+                    (next_id, prompt, params.clone())
                 })
                 .collect();
             let start = Instant::now();

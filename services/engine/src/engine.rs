@@ -30,10 +30,11 @@ use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Pick, Picks, per_chunk};
 use crate::kv_cache::{BlockHash, KvEvent};
 use crate::model::EngineModel;
-use crate::model::{DeviceSampling, MaskSource};
+use crate::model::MaskSource;
 use crate::plan::{PlanBuilder, StepPlan};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
 use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId, SeqState};
+use draws::{STAND_IN, device_sampling, draw_extras, extras_on_ranks, ranks_draw, wants_extras};
 
 pub use crate::executor::{CudaPlacement, EngineConfig};
 
@@ -135,6 +136,8 @@ struct Request {
     mask: Option<std::result::Result<Vec<u32>, String>>,
     /// The seed of the GPU sampler's stream (the request's, else a random one).
     device_seed: u64,
+    /// Its tokens so far, for the ranks' draws with penalties.
+    seen: draws::SeenSoFar,
     stop_ids: Vec<u32>,
     arrived: Instant,
     scheduled: Option<Instant>,
@@ -162,35 +165,6 @@ pub struct Engine {
     /// Faults the unit tests make a step meet.
     #[cfg(test)]
     pub(crate) faults: tests::Faults,
-}
-
-/// The draw the ranks make for a row sampled on the host, whose id nobody reads: the cheapest.
-const STAND_IN: DeviceSampling = DeviceSampling {
-    temperature: 0.0,
-    top_k: 0,
-    top_p: 1.0,
-    min_p: 0.0,
-    seed: 0,
-    step: 0,
-};
-
-/// `req`'s next draw as the GPU sampler takes it, or `None` when the device cannot make it
-/// alone: penalties need the tokens so far, logprobs the distribution on the host. (A grammar's
-/// mask goes to the device with the step: [`Engine::run_masked`].)
-fn device_sampling(req: &Request, generated: usize) -> Option<DeviceSampling> {
-    let p = req.sampler.params();
-    let plain = p.logprobs.is_none()
-        && p.repetition_penalty == 1.0
-        && p.presence_penalty == 0.0
-        && p.frequency_penalty == 0.0;
-    plain.then(|| DeviceSampling {
-        temperature: p.temperature,
-        top_k: i32::try_from(p.top_k).unwrap_or(i32::MAX),
-        top_p: p.top_p,
-        min_p: p.min_p,
-        seed: req.device_seed,
-        step: generated as u64,
-    })
 }
 
 impl Engine {
@@ -363,6 +337,7 @@ impl Engine {
                 sampler: Sampler::new(params),
                 constraint,
                 mask: None,
+                seen: Default::default(),
                 stop_ids,
                 arrived: Instant::now(),
                 scheduled: None,
@@ -545,9 +520,11 @@ impl Engine {
     /// The plan of `schedule` for the ranks, after checking that every planned sequence is
     /// known to both the scheduler and the request table and writes only blocks of its own.
     pub(crate) fn plan_step(&mut self, schedule: &Schedule) -> Result<StepPlan> {
-        let mut on_device = Vec::new();
+        let (mut on_device, mut extras) = (Vec::new(), Vec::new());
+        let ranks_may_draw = self.exec.samples_on_device() || self.async_scheduling;
         for c in &schedule.chunks {
-            let (Some(seq), Some(req)) = (self.sched.get(c.id), self.requests.get(&c.id)) else {
+            let (Some(seq), Some(req)) = (self.sched.get(c.id), self.requests.get_mut(&c.id))
+            else {
                 return Err(EngineError::Internal(format!(
                     "sequence {} was planned but is not known to both the scheduler and the request table",
                     c.id
@@ -555,7 +532,14 @@ impl Engine {
             };
             if c.samples {
                 let draw = device_sampling(req, seq.output().len());
-                on_device.push(draw.filter(|d| self.ranks_draw(req, d)));
+                let ranks = ranks_may_draw
+                    && ranks_draw(&self.exec, req, &draw)
+                    && (!wants_extras(req) || extras_on_ranks());
+                if ranks {
+                    let row = on_device.len() as u32;
+                    extras.extend(draw_extras(req, seq, c.start + c.len, row));
+                }
+                on_device.push(ranks.then_some(draw));
             }
             // A chunk writes only blocks of its own that no other sequence can read.
             self.sched.check_writes(c).map_err(EngineError::Internal)?;
@@ -564,9 +548,7 @@ impl Engine {
         // The ranks draw the rows they can and bring back ids; the other rows' logits come
         // back too, to be sampled here. A step with no row to draw brings back logits only.
         let draws = on_device.iter().filter(|d| d.is_some()).count();
-        if (self.exec.samples_on_device() || self.async_scheduling)
-            && (draws > 0 || on_device.is_empty())
-        {
+        if ranks_may_draw && (draws > 0 || on_device.is_empty()) {
             plan.host_rows = (on_device.iter().enumerate())
                 .filter(|(_, d)| d.is_none())
                 .map(|(row, _)| row as u32)
@@ -577,16 +559,9 @@ impl Engine {
                     .map(|d| d.unwrap_or(STAND_IN))
                     .collect(),
             );
+            plan.extras = extras;
         }
         Ok(plan)
-    }
-
-    /// Whether the ranks may draw `req`'s next token themselves, as `d` says (the plan then
-    /// samples "on the device"): a GPU makes any draw [`device_sampling`] gives; the CPU only
-    /// greedy picks without a grammar, and only under async scheduling, where a step may then
-    /// take the tokens the one before drew without waiting for the host (`overlap`).
-    fn ranks_draw(&self, req: &Request, d: &DeviceSampling) -> bool {
-        self.exec.samples_on_device() || (d.temperature <= 0.0 && req.constraint.is_none())
     }
 
     /// `picks` split among `schedule`'s chunks ([`per_chunk`]), after the faults a test set.
@@ -734,6 +709,8 @@ fn prefix_cache_seed(exec: &Executor, cfg: &EngineConfig) -> BlockHash {
 
 pub use crate::complete::Generation;
 
+#[path = "draws.rs"]
+mod draws;
 #[path = "pick.rs"]
 mod pick;
 

@@ -38,14 +38,14 @@ impl Faults {
                 l.truncate(l.len().saturating_sub(vocab));
                 Picks::Logits(l)
             }
-            Picks::Ids(mut i) => {
-                i.pop();
-                Picks::Ids(i)
+            Picks::Ids(mut d) => {
+                d.ids.pop();
+                Picks::Ids(d)
             }
-            Picks::Mixed(mut i, mut rows) => {
-                i.pop();
-                rows.retain(|(r, _)| (*r as usize) < i.len());
-                Picks::Mixed(i, rows)
+            Picks::Mixed(mut d, mut rows) => {
+                d.ids.pop();
+                rows.retain(|(r, _)| (*r as usize) < d.ids.len());
+                Picks::Mixed(d, rows)
             }
         })
     }

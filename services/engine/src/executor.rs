@@ -11,7 +11,7 @@
 //! the error, [`EngineError::RankLost`], names the rank and the last step every rank finished.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use ferrite_collective::{Collective, CollectiveError, Solo};
@@ -21,7 +21,9 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
-use crate::model::{EngineModel, LlamaModel, MaskSource, ModelError};
+use crate::model::{
+    DrawExtras, Draws, EngineModel, LlamaModel, MaskSource, ModelError, TokenLogprobs,
+};
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
 use crate::scheduler::Schedule;
 
@@ -94,16 +96,16 @@ enum Backend {
 #[derive(Debug)]
 pub enum Picks {
     Logits(Vec<f32>),
-    Ids(Vec<u32>),
-    Mixed(Vec<u32>, Vec<(u32, Vec<f32>)>),
+    Ids(Draws),
+    Mixed(Draws, Vec<(u32, Vec<f32>)>),
 }
 
 /// One sampling chunk's share of a step's picks.
 pub(crate) enum Pick {
     /// Its row of logits, to sample on the host.
     Row(Vec<f32>),
-    /// The id the device sampled.
-    Id(u32),
+    /// The id the device sampled, with its logprobs where its request asked for them.
+    Id(u32, Option<TokenLogprobs>),
     /// The device found nothing to draw: the row's logits were no distribution (NaN), and it
     /// drew an id outside the vocabulary (this one) to say so.
     Undrawn(u32),
@@ -162,10 +164,11 @@ pub(crate) fn per_chunk(
 }
 
 /// Ids the ranks drew, as picks: one outside the vocabulary says there was nothing to draw.
-fn drawn(ids: Vec<u32>, vocab: usize) -> Vec<Pick> {
-    (ids.into_iter())
-        .map(|i| match i as usize {
-            i if i < vocab => Pick::Id(i as u32),
+fn drawn(draws: Draws, vocab: usize) -> Vec<Pick> {
+    let mut logprobs: HashMap<u32, TokenLogprobs> = draws.logprobs.into_iter().collect();
+    (draws.ids.into_iter().enumerate())
+        .map(|(row, i)| match i as usize {
+            i if i < vocab => Pick::Id(i as u32, logprobs.remove(&(row as u32))),
             _ => Pick::Undrawn(i),
         })
         .collect()
@@ -512,16 +515,18 @@ impl Executor {
             (Backend::Cpu { model, kv, drawn }, sampling) => {
                 let plan = with_carried(plan, drawn, model.config().vocab_size);
                 let chunks = self.tables.chunks(&plan)?;
-                let draws = sampling
-                    .is_some()
-                    .then_some((drawn, plan.host_rows.as_slice()));
+                let draws = sampling.is_some().then_some((drawn, plan.as_ref()));
                 Ok(Started::Done(cpu_step(model, kv, &chunks, draws, comm)))
             }
             (Backend::Cuda(runner), Some(params)) => {
                 let chunks = self.tables.chunks(plan)?;
                 let (graph, carried) = (plan.graph, &plan.carried);
+                let draws = gpu::StepDraws {
+                    params,
+                    extras: &plan.extras,
+                };
                 runner
-                    .launch_sampled(&chunks, params, graph, carried, comm, masks)
+                    .launch_sampled(&chunks, draws, graph, carried, comm, masks)
                     .map(|d| Started::Ids(d, plan.host_rows.clone()))
             }
             (Backend::Cuda(runner), None) => {
@@ -627,36 +632,72 @@ fn with_carried<'a>(
     std::borrow::Cow::Owned(plan)
 }
 
-/// The CPU's forward of `chunks`; with `draws` (`drawn`, `host_rows`), it also draws each
-/// row's greedy pick there (and keeps them in `drawn`, for the next step's carried tokens),
-/// and gives back the logits of `host_rows` as well. A row with no distribution (a NaN or
-/// infinite logit) draws `u32::MAX`, as the GPU's argmax does: the engine fails that request
-/// alone.
+/// The CPU's forward of `chunks`; with `draws` (`drawn`, and `plan`, the step's with its
+/// carried tokens in place), it also draws each row's greedy pick there (with the plan's
+/// extras, [`cpu_draws`]), keeps them in `drawn` for the next step's carried tokens, and
+/// gives back the logits of the plan's host rows as well.
 fn cpu_step(
     model: &LlamaModel,
     kv: &mut KvCache,
     chunks: &[crate::model::SeqChunk<'_>],
-    draws: Option<(&mut Vec<u32>, &[u32])>,
+    draws: Option<(&mut Vec<u32>, &StepPlan)>,
     comm: &mut dyn Collective,
 ) -> std::result::Result<Picks, ModelError> {
-    let logits = model.forward(chunks, kv, comm)?;
-    let Some((drawn, host_rows)) = draws else {
+    let mut logits = model.forward(chunks, kv, comm)?;
+    let Some((drawn, plan)) = draws else {
         return Ok(Picks::Logits(logits));
     };
     let vocab = model.config().vocab_size.max(1);
-    *drawn = (logits.chunks_exact(vocab))
-        .map(|row| crate::sampler::greedy_pick(row).unwrap_or(u32::MAX))
-        .collect();
-    if host_rows.is_empty() {
-        return Ok(Picks::Ids(drawn.clone()));
+    let draws = cpu_draws(&mut logits, vocab, plan);
+    drawn.clone_from(&draws.ids);
+    if plan.host_rows.is_empty() {
+        return Ok(Picks::Ids(draws));
     }
-    let rows = (host_rows.iter())
+    let rows = (plan.host_rows.iter())
         .filter_map(|&r| {
             let at = r as usize * vocab;
             Some((r, logits.get(at..at + vocab)?.to_vec()))
         })
         .collect();
-    Ok(Picks::Mixed(drawn.clone(), rows))
+    Ok(Picks::Mixed(draws, rows))
+}
+
+/// The greedy pick of each row of `logits`, taken as a GPU takes it: with the penalties and
+/// logprobs of `plan`'s extras where the row has them (each chunk's last token, in `plan`,
+/// is the one [`DrawExtras::last_is_output`] counts). A row with no distribution (a NaN or
+/// infinite logit) draws `u32::MAX`: the engine fails that request alone.
+fn cpu_draws(logits: &mut [f32], vocab: usize, plan: &StepPlan) -> Draws {
+    use rayon::prelude::*;
+    let last: Vec<Option<u32>> = (plan.chunks.iter())
+        .filter(|c| c.samples())
+        .map(|c| c.tokens.last().copied())
+        .collect();
+    let extras: HashMap<u32, &DrawExtras> = plan.extras.iter().map(|x| (x.row, x)).collect();
+    // A row with extras is penalized in place: its logits are not among those that come back.
+    let draw = |(row, l): (usize, &mut [f32])| match extras.get(&(row as u32)) {
+        None => (crate::sampler::greedy_pick(l).unwrap_or(u32::MAX), None),
+        Some(x) => {
+            let last = last.get(row).copied().flatten();
+            crate::sampler::greedy_with_extras(l, x, last)
+        }
+    };
+    // Rows with extras in parallel (each a few passes over the row), as the host samples them.
+    let drawn: Vec<(u32, Option<TokenLogprobs>)> = match plan.extras.len() > 1 {
+        true => (logits.par_chunks_exact_mut(vocab).enumerate())
+            .map(draw)
+            .collect(),
+        false => logits
+            .chunks_exact_mut(vocab)
+            .enumerate()
+            .map(draw)
+            .collect(),
+    };
+    let mut draws = Draws::default();
+    for (row, (id, logprobs)) in drawn.into_iter().enumerate() {
+        draws.ids.push(id);
+        draws.logprobs.extend(logprobs.map(|lp| (row as u32, lp)));
+    }
+    draws
 }
 
 impl Drop for Executor {

@@ -32,8 +32,11 @@
 //! computed: its grammar follows the token in 3, and the masks of step n+1 are computed while
 //! its forward runs, as in a step run alone (a device that samples takes them once the forward
 //! is queued). So a step with a grammar, or after one, is not chained. Sampling on the host
-//! (penalties, logprobs) reads the tokens before its own, all known by then; a step that
-//! samples there is chained only after a step that did not.
+//! (a draw the ranks do not make: on the CPU, at a temperature) reads the tokens before its
+//! own, all known by then; a step that samples there is chained only after a step that did
+//! not. Penalties need the tokens so far too: the plan carries all but the newest, which the
+//! ranks count from the step's own input ([`crate::model::DrawExtras`]), so a penalized draw
+//! chains like any other.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;

@@ -1,5 +1,6 @@
 //! Async scheduling gives every request the tokens and the ending that steps run one at a time
-//! give it (greedy, seeded, penalties and logprobs sampled on the host, stop tokens, lengths,
+//! give it (greedy, seeded, penalties and logprobs sampled on the host or drawn by the ranks,
+//! stop tokens, lengths,
 //! chunked prefill, a waiting queue, prefix caching, preemption), leaks no block, drops the
 //! pick of a request that ended (or failed alone) while its next step was in flight, and fails
 //! both steps' requests when the step in flight fails.
@@ -11,7 +12,7 @@ use crate::constraint::Constraint;
 use crate::engine::tests::Closes;
 use crate::engine::{Engine, EngineConfig, FinishReason, Generation};
 use crate::error::EngineError;
-use crate::sampler::SamplingParams;
+use crate::sampler::{MAX_LOGPROBS, SamplingParams};
 use crate::scheduler::SeqId;
 
 fn tiny_dir() -> std::path::PathBuf {
@@ -366,14 +367,17 @@ fn a_request_with_no_draw_fails_alone_after_the_step_chained_behind_it() {
     crate::engine::tests::nan_logits_fail_alone(true, true);
 }
 
-/// A step of greedy requests and one that asks for logprobs: the ranks draw the greedy rows
-/// and only the other row's logits come back (a stand-in draw holds its place); such a step's
-/// tokens are not carried, so the step after it waits for them; every request gets the tokens
-/// (and logprobs) of steps one at a time.
+/// A step of greedy requests and one seeded draw at a temperature with logprobs, which the
+/// CPU's ranks do not make: they draw the greedy rows and only the other row's logits come
+/// back (a stand-in draw holds its place); such a step's tokens are not carried, so the step
+/// after it waits for them; every request gets the tokens (and logprobs) of steps one at a
+/// time.
 #[test]
 fn a_step_draws_the_rows_it_can_and_brings_back_the_others() {
     let logprobs = SamplingParams {
         logprobs: Some(2),
+        temperature: 0.8,
+        seed: Some(3),
         ..greedy(4)
     };
     let reqs = || -> Vec<(SeqId, Vec<u32>, SamplingParams)> {
@@ -405,4 +409,119 @@ fn a_step_draws_the_rows_it_can_and_brings_back_the_others() {
             .iter()
             .all(|t| t.top.len() == 2 && t.logprob.is_finite())
     );
+}
+
+/// Greedy requests with penalties of each kind and logprobs (none, the draw's only, 3, the
+/// most), among plain ones: the ranks draw them all, with their extras (the tokens so far
+/// from the plan, the newest from the step's own input, a chained step's carried draw), so
+/// steps chain throughout; and each request gets the tokens and logprobs it gets sampled on
+/// the host one step at a time, under preemption too (a recomputed chunk ends in a draw).
+#[test]
+fn penalized_draws_with_logprobs_are_made_by_the_ranks_in_chained_steps() {
+    let penalized = |id: u64| SamplingParams {
+        repetition_penalty: [1.0, 1.3, 1.0, 1.2][id as usize % 4],
+        presence_penalty: [0.0, 0.0, 0.7, 0.4][id as usize % 4],
+        frequency_penalty: [0.0, 0.0, 0.9, 0.5][id as usize % 4],
+        logprobs: [Some(3), None, Some(0), Some(MAX_LOGPROBS)][id as usize % 4],
+        ..greedy(24 + id as usize)
+    };
+    let reqs = |penalties: bool| -> Vec<(SeqId, Vec<u32>, SamplingParams)> {
+        (0..6u64)
+            .map(|id| {
+                let prompt = (0..5 + 4 * id)
+                    .map(|i| (i * 13 + id) as u32 % 50 + 3)
+                    .collect();
+                let params = match id < 4 && penalties {
+                    true => penalized(id),
+                    false => greedy(24 + id as usize),
+                };
+                (id, prompt, params)
+            })
+            .collect()
+    };
+    let plain = run(&mut engine(false, None), reqs(false));
+    for blocks in [None, Some(6)] {
+        let want = run(&mut engine(false, blocks), reqs(true));
+        let mut e = engine(true, blocks);
+        let (got, chained) = run_chained(&mut e, reqs(true));
+        for (id, g) in &got {
+            let w = &want[id];
+            assert_eq!(
+                g.token_ids(),
+                w.token_ids(),
+                "request {id} ({blocks:?} blocks)"
+            );
+            let n = penalized(*id).logprobs.filter(|_| *id < 4);
+            for (t, u) in g.tokens.iter().zip(&w.tokens) {
+                match n {
+                    Some(n) => {
+                        assert_eq!(t.top.len(), n, "request {id}");
+                        assert!((t.logprob - u.logprob).abs() <= 1e-4, "{t:?} {u:?}");
+                        for (a, b) in t.top.iter().zip(&u.top) {
+                            assert_eq!(a.0, b.0, "request {id}: {t:?} {u:?}");
+                            assert!((a.1 - b.1).abs() <= 1e-4, "{t:?} {u:?}");
+                        }
+                    }
+                    None => assert!(t.logprob.is_nan() && t.top.is_empty(), "{t:?}"),
+                }
+            }
+        }
+        assert!(chained >= 20, "{chained} steps chained ({blocks:?} blocks)");
+        if blocks.is_some() {
+            assert!(e.stats().preemptions > 0, "{:?}", e.stats());
+        }
+    }
+    // The penalties act: each penalized request draws otherwise than without them.
+    let want = run(&mut engine(false, None), reqs(true));
+    for id in 1..4 {
+        assert_ne!(
+            want[&id].token_ids(),
+            plain[&id].token_ids(),
+            "request {id}"
+        );
+    }
+}
+
+/// A plan gives the ranks each penalized or logprob-asking row's extras: the tokens so far
+/// but the chunk's last where that one is a draw (the ranks count it from their input), and
+/// through the prompt's last where the chunk ends the prompt.
+#[test]
+fn a_plan_gives_the_tokens_so_far_but_the_newest_draw() {
+    let params = SamplingParams {
+        frequency_penalty: 0.5,
+        logprobs: Some(1),
+        ..greedy(8)
+    };
+    let start = || {
+        let mut e = engine(true, None);
+        e.add_request(1, vec![7, 9, 7], params.clone())
+            .expect("add");
+        e.add_request(2, vec![4, 5], greedy(8)).expect("add");
+        e
+    };
+    let mut e = start();
+    let schedule = e.sched.schedule();
+    let plan = e.plan_step(&schedule).expect("plan");
+    assert!(plan.host_rows.is_empty());
+    assert_eq!(plan.extras.len(), 1);
+    let x = &plan.extras[0];
+    assert_eq!((x.row, x.logprobs, x.last_is_output), (0, Some(1), false));
+    assert_eq!(x.seen, [(7, 0), (9, 0)]);
+    // Two steps on, the third is planned with the first draw known and the second in flight,
+    // a placeholder here: the ranks count that one from the step's input.
+    let mut e = start();
+    e.step().expect("step");
+    e.step().expect("step");
+    let schedule = e.sched.schedule();
+    let plan = e.plan_step(&schedule).expect("plan");
+    let first = e.sched.get(1).expect("sequence").tokens[3];
+    let x = &plan.extras[0];
+    assert!(x.last_is_output);
+    let mut want = vec![(7, 0), (9, 0)];
+    match want.iter_mut().find(|(t, _)| *t == first) {
+        Some(seen) => seen.1 = 1,
+        None => want.push((first, 1)),
+    }
+    assert_eq!(x.seen, want);
+    assert_eq!(plan.chunks[0].tokens.len(), 1, "a decode chunk");
 }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::model::{Carried, DeviceSampling};
+use crate::model::{Carried, DeviceSampling, DrawExtras};
 use crate::model::{LogitsWanted, SeqChunk};
 use crate::scheduler::{Schedule, Scheduler, SeqId};
 
@@ -35,9 +35,13 @@ pub struct StepPlan {
     /// under async scheduling), `None` where every row comes back as logits.
     pub device_sampling: Option<Vec<DeviceSampling>>,
     /// With `device_sampling`: the sampling rows the ranks do not draw for (their entry there
-    /// is a stand-in), whose logits come back to be sampled on the host (logprobs,
-    /// penalties, a draw the CPU does not make).
+    /// is a stand-in), whose logits come back to be sampled on the host (a draw the CPU does
+    /// not make; with `FERRITE_DRAW_EXTRAS=0`, logprobs and penalties).
     pub host_rows: Vec<u32>,
+    /// With `device_sampling`: the penalties and logprobs of the rows the ranks draw whose
+    /// requests ask for them.
+    #[serde(default)]
+    pub extras: Vec<DrawExtras>,
     /// On a GPU: the captured decode graph every rank replays for this step, by its batch
     /// size (`None`: eagerly). The leader decides it ([`crate::executor::Executor::lead`]), so
     /// no rank pads a step to another size than its peers.

@@ -8,9 +8,11 @@
 //! Each request owns its random generator; with a seed, the same request yields the same tokens
 //! whatever else is in the batch.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::error::{EngineError, Result};
+use crate::model::{DrawExtras, Penalties, TokenLogprobs};
 
 /// How to pick tokens for one request. Build with [`SamplingParams::greedy`] or a struct
 /// literal, then [`SamplingParams::validate`].
@@ -63,6 +65,15 @@ impl SamplingParams {
     /// too); the message names the field and its limit.
     pub fn validate(&self) -> Result<()> {
         ferrite_proto::sampling::check(&self.to_wire()).map_err(EngineError::InvalidRequest)
+    }
+
+    /// The penalties, as the ranks take them ([`DrawExtras`]).
+    pub fn penalties(&self) -> Penalties {
+        Penalties {
+            repetition: self.repetition_penalty,
+            presence: self.presence_penalty,
+            frequency: self.frequency_penalty,
+        }
     }
 
     /// These parameters as the worker API carries them (counts past `u32` saturate, which
@@ -194,26 +205,115 @@ impl Sampler {
         prompt: &[u32],
         output: &[u32],
     ) -> Result<SampledToken> {
-        let p = &self.params;
-        let raw_lse = log_sum_exp(logits);
-        if !raw_lse.is_finite() {
-            return Err(EngineError::BadLogits(describe_bad_row(logits)));
-        }
-        let raw_top = p.logprobs.map(|n| top_by_logit(logits, n, raw_lse));
-        apply_penalties(logits, p, prompt, output);
-        let id = if p.temperature == 0.0 {
-            argmax(logits)
-        } else {
-            draw(logits, p, &mut self.rng)
+        let Self { params: p, rng } = self;
+        let penalties = p.penalties();
+        let seen = match penalties.any() {
+            true => seen_tokens(prompt, output),
+            false => Vec::new(),
         };
-        // The chosen token's logprob under the raw distribution (penalties undone for it).
-        let logprob = raw_logprob(id, logits, raw_lse, p, prompt, output);
-        Ok(SampledToken {
-            id,
-            logprob,
-            top: raw_top.unwrap_or_default(),
+        sample_around(logits, &penalties, &seen, p.logprobs, |l| {
+            match p.temperature == 0.0 {
+                true => argmax(l),
+                false => draw(l, p, rng),
+            }
         })
     }
+}
+
+/// The steps around a draw from `logits` (modified in place), in the order of
+/// [`Sampler::sample`]: a row with no distribution is refused; the `logprobs` most likely
+/// tokens are taken from the row as it stands; the penalties over `seen` ([`seen_tokens`])
+/// are applied; `draw` picks from the penalized row; the pick's logprob is its logit's with the
+/// penalties undone. The ranks take the same steps for a row with [`DrawExtras`]
+/// ([`greedy_with_extras`] on the CPU; on a GPU, `sampling.cu`'s `sample_extras_f32`).
+fn sample_around(
+    logits: &mut [f32],
+    penalties: &Penalties,
+    seen: &[(u32, u32)],
+    logprobs: Option<usize>,
+    draw: impl FnOnce(&[f32]) -> u32,
+) -> Result<SampledToken> {
+    let raw_lse = log_sum_exp(logits);
+    if !raw_lse.is_finite() {
+        return Err(EngineError::BadLogits(describe_bad_row(logits)));
+    }
+    let raw_top = logprobs.map(|n| top_by_logit(logits, n, raw_lse));
+    apply_penalties(logits, penalties, seen);
+    let id = draw(logits);
+    // The chosen token's logprob under the raw distribution (penalties undone for it).
+    let logprob = raw_logit(id, logits, penalties, seen) - raw_lse;
+    Ok(SampledToken {
+        id,
+        logprob,
+        top: raw_top.unwrap_or_default(),
+    })
+}
+
+/// The greedy pick a rank makes for a row with `x`'s extras, as a GPU's `sample_extras_f32`
+/// makes it: `last` is the chunk's last token (counted where [`DrawExtras::last_is_output`]).
+/// A row with no distribution draws `u32::MAX`, which the engine refuses as bad logits.
+pub fn greedy_with_extras(
+    row: &mut [f32],
+    x: &DrawExtras,
+    last: Option<u32>,
+) -> (u32, Option<TokenLogprobs>) {
+    let seen = match last.filter(|_| x.last_is_output && x.penalties.any()) {
+        Some(t) => Cow::Owned(seen_with(&x.seen, t)),
+        None => Cow::Borrowed(x.seen.as_slice()),
+    };
+    let logprobs = x.logprobs.map(|n| n as usize);
+    match sample_around(row, &x.penalties, &seen, logprobs, argmax) {
+        Ok(t) => (
+            t.id,
+            x.logprobs.map(|_| TokenLogprobs {
+                logprob: t.logprob,
+                top: t.top,
+            }),
+        ),
+        Err(_) => (u32::MAX, None),
+    }
+}
+
+/// Each distinct token of `prompt` and `output` once, in the order first seen, with how often
+/// `output` holds it (0: the prompt alone): what the penalties read.
+pub fn seen_tokens(prompt: &[u32], output: &[u32]) -> Vec<(u32, u32)> {
+    let mut seen = Seen::default();
+    for (i, &t) in prompt.iter().chain(output).enumerate() {
+        seen.add(t, i >= prompt.len());
+    }
+    seen.pairs
+}
+
+/// Tokens seen so far, as [`seen_tokens`] gives them, added one at a time.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pairs: Vec<(u32, u32)>,
+    at: HashMap<u32, usize>,
+}
+
+impl Seen {
+    /// One more `token`, of the output or the prompt.
+    pub fn add(&mut self, token: u32, in_output: bool) {
+        let slot = *self.at.entry(token).or_insert_with(|| {
+            self.pairs.push((token, 0));
+            self.pairs.len() - 1
+        });
+        self.pairs[slot].1 += u32::from(in_output);
+    }
+
+    pub fn pairs(&self) -> &[(u32, u32)] {
+        &self.pairs
+    }
+}
+
+/// `seen` with one more occurrence of `token` in the output.
+fn seen_with(seen: &[(u32, u32)], token: u32) -> Vec<(u32, u32)> {
+    let mut out = seen.to_vec();
+    match out.iter_mut().find(|(t, _)| *t == token) {
+        Some((_, c)) => *c += 1,
+        None => out.push((token, 1)),
+    }
+    out
 }
 
 /// What is wrong with a row of logits whose log-sum-exp is not finite.
@@ -345,58 +445,45 @@ impl Ranked {
     }
 }
 
-fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], output: &[u32]) {
-    if p.repetition_penalty != 1.0 {
-        let mut seen = vec![false; logits.len()];
-        for &t in prompt.iter().chain(output) {
-            if let Some(s) = seen.get_mut(t as usize)
-                && !*s
-            {
-                *s = true;
-                let l = &mut logits[t as usize];
-                *l = if *l > 0.0 {
-                    *l / p.repetition_penalty
-                } else {
-                    *l * p.repetition_penalty
-                };
-            }
+/// The penalties on the tokens `seen` ([`seen_tokens`]): repetition on each, then presence
+/// and frequency on those the output holds.
+fn apply_penalties(logits: &mut [f32], p: &Penalties, seen: &[(u32, u32)]) {
+    let by_count = p.presence != 0.0 || p.frequency != 0.0;
+    for &(t, c) in seen {
+        let Some(l) = logits.get_mut(t as usize) else {
+            continue;
+        };
+        if p.repetition != 1.0 {
+            *l = if *l > 0.0 {
+                *l / p.repetition
+            } else {
+                *l * p.repetition
+            };
         }
-    }
-    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-        let mut counts: HashMap<u32, u32> = HashMap::new();
-        for &t in output {
-            *counts.entry(t).or_default() += 1;
-        }
-        for (t, c) in counts {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l -= p.presence_penalty + p.frequency_penalty * c as f32;
-            }
+        if by_count && c > 0 {
+            *l -= p.presence + p.frequency * c as f32;
         }
     }
 }
 
-/// The raw logprob of `id`. Penalties move a token's logit by a known rule; undo it for `id`.
-fn raw_logprob(
-    id: u32,
-    penalized: &[f32],
-    raw_lse: f32,
-    p: &SamplingParams,
-    prompt: &[u32],
-    output: &[u32],
-) -> f32 {
+/// The logit of `id` before the penalties: they move a token's logit by a known rule; undone
+/// for `id`.
+fn raw_logit(id: u32, penalized: &[f32], p: &Penalties, seen: &[(u32, u32)]) -> f32 {
     let mut l = penalized[id as usize];
-    let count = output.iter().filter(|&&t| t == id).count() as f32;
-    if count > 0.0 {
-        l += p.presence_penalty + p.frequency_penalty * count;
+    let Some(&(_, count)) = seen.iter().find(|(t, _)| *t == id) else {
+        return l;
+    };
+    if count > 0 {
+        l += p.presence + p.frequency * count as f32;
     }
-    if p.repetition_penalty != 1.0 && (count > 0.0 || prompt.contains(&id)) {
+    if p.repetition != 1.0 {
         l = if l > 0.0 {
-            l * p.repetition_penalty
+            l * p.repetition
         } else {
-            l / p.repetition_penalty
+            l / p.repetition
         };
     }
-    l - raw_lse
+    l
 }
 
 fn log_sum_exp(logits: &[f32]) -> f32 {

@@ -115,7 +115,7 @@ fn penalties_follow_their_rules() {
         ..SamplingParams::greedy(1)
     };
     let mut l = vec![1.0f32, -1.0, 1.0, 1.0];
-    apply_penalties(&mut l, &p, &[0, 1], &[2, 2]);
+    apply_penalties(&mut l, &p.penalties(), &seen_tokens(&[0, 1], &[2, 2]));
     assert_eq!(l, vec![0.5, -2.0, 1.0 / 2.0 - 0.5 - 0.5, 1.0]);
 }
 

@@ -634,9 +634,8 @@ fn sampling_on_the_device_matches_greedy_and_repeats_seeded_draws() {
 /// Async scheduling (the host plans step n+1 while the device runs step n; the ids come back
 /// through page-locked memory) gives the tokens of steps run one at a time: greedy and seeded
 /// draws on the device, whose steps chain (step n+1 is launched before step n's ids are back,
-/// and takes them on the device), draws with a penalty, whose logits come back to the host,
-/// and both in one step (the device draws the plain rows, the penalized rows' logits alone
-/// come back).
+/// and takes them on the device), draws with a penalty, which the device makes too (counting
+/// the carried draw from the step's input), and both in one step; all of them chain.
 #[test]
 fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
     let Some(gpu) = gpu("async_scheduling_gives_the_tokens_of_one_step_at_a_time") else {
@@ -680,8 +679,8 @@ fn async_scheduling_gives_the_tokens_of_one_step_at_a_time() {
     for (params, chains) in [
         ([greedy.clone(), greedy.clone()], true),
         ([seeded.clone(), seeded], true),
-        ([penalized.clone(), penalized.clone()], false),
-        ([greedy, penalized], false),
+        ([penalized.clone(), penalized.clone()], true),
+        ([greedy, penalized], true),
     ] {
         let ((want, _), (got, chained)) = (run(false, &params), run(true, &params));
         for i in 0..10u64 {

@@ -44,7 +44,7 @@ use ferrite_model::kv::blocks_for;
 use ferrite_model::{EngineModel, LogitsWanted, RandomShape, SeqChunk};
 
 pub use runner::link::{CollectiveKind, host_all_reduce};
-pub use runner::sampling::Drawn;
+pub use runner::sampling::{Drawn, StepDraws};
 pub use runner::{GpuRunner, StepLimits, kv_bytes_per_token};
 use tensor::gpu_error;
 use weights::GpuWeights;

@@ -404,11 +404,12 @@ impl GpuRunner {
         unsafe { self.meta_staged.queue(g, meta, &plan.meta) }.map_err(gpu_error)
     }
 
-    /// A plan with no sequences, to be padded.
-    fn empty_plan(&self) -> DeviceBatch {
+    /// Where each array of a step's metadata lies: fixed (from the limits) so a captured
+    /// graph's pointers stay valid.
+    pub(super) fn offsets(&self) -> Offsets {
         let l = &self.limits;
         let (t, s) = (l.max_tokens, l.max_seqs);
-        let off = Offsets {
+        Offsets {
             ids: 0,
             positions: t,
             slots: 2 * t,
@@ -416,7 +417,12 @@ impl GpuRunner {
             context: 3 * t + s + 1,
             picks: 3 * t + 2 * s + 1,
             tables: 3 * t + 3 * s + 1,
-        };
+        }
+    }
+
+    /// A plan with no sequences, to be padded.
+    fn empty_plan(&self) -> DeviceBatch {
+        let off = self.offsets();
         DeviceBatch {
             // Up to the block tables; `plan` appends the tables of the step's sequences, so a
             // step copies what it uses, not room for every sequence at full length.
@@ -425,7 +431,7 @@ impl GpuRunner {
             n_tokens: 0,
             n_seqs: 0,
             max_q: 1,
-            max_blocks: l.max_blocks(),
+            max_blocks: self.limits.max_blocks(),
             n_logits: 0,
         }
     }
@@ -467,7 +473,6 @@ impl GpuRunner {
         let mut slots = Vec::with_capacity(n_tokens);
         let mut starts = vec![0i32];
         let mut context = Vec::with_capacity(seqs.len());
-        let mut picks = Vec::new();
         let mut tables = vec![0i32; seqs.len() * max_blocks];
         let mut max_q = 0;
         for (si, s) in seqs.iter().enumerate() {
@@ -492,7 +497,6 @@ impl GpuRunner {
                 }
                 tables[si * max_blocks + i] = b as i32;
             }
-            let row0 = ids.len();
             // Ids are in the vocabulary: the engine admits only such prompts and samples only
             // such ids, so the step does not check them again.
             for (i, &id) in s.tokens.iter().enumerate() {
@@ -502,15 +506,11 @@ impl GpuRunner {
                 let block = s.block_table[pos / l.block_size] as usize;
                 slots.push((block * l.block_size + pos % l.block_size) as i32);
             }
-            match s.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => picks.push((ids.len() - 1) as i32),
-                LogitsWanted::All => picks.extend(row0 as i32..ids.len() as i32),
-            }
             starts.push(ids.len() as i32);
             context.push(end as i32);
             max_q = max_q.max(s.tokens.len());
         }
+        let picks = logits_tokens(seqs);
         if picks.len() > l.max_seqs {
             return Err(ModelError::Internal(format!(
                 "{} rows of logits in one GPU step (at most {})",
@@ -669,9 +669,25 @@ impl GpuRunner {
     }
 }
 
+/// The token each row of logits of `seqs` is taken at, by its index among the step's tokens.
+pub(super) fn logits_tokens(seqs: &[SeqChunk<'_>]) -> Vec<i32> {
+    let mut picks = Vec::new();
+    let mut at = 0;
+    for s in seqs {
+        let end = at + s.tokens.len() as i32;
+        match s.logits {
+            LogitsWanted::None => {}
+            LogitsWanted::Last => picks.push(end - 1),
+            LogitsWanted::All => picks.extend(at..end),
+        }
+        at = end;
+    }
+    picks
+}
+
 /// Where each array sits in the packed metadata (element offsets).
 #[derive(Debug, Clone, Copy)]
-struct Offsets {
+pub(super) struct Offsets {
     ids: usize,
     positions: usize,
     slots: usize,

@@ -46,4 +46,7 @@ pub use load::{
     EngineModel, LoadOptions, LoadedModel, RandomShape, STARTUP_TARGET, WeightFormat,
     device_random_shape, load, load_dummy, load_with, parse_quantize,
 };
-pub use step::{Carried, DeviceSampling, LogitsWanted, MaskSource, SeqChunk};
+pub use step::{
+    Carried, DeviceSampling, DrawExtras, Draws, LogitsWanted, MaskSource, Penalties, SeqChunk,
+    TokenLogprobs,
+};

@@ -44,6 +44,75 @@ pub struct DeviceSampling {
     pub step: u64,
 }
 
+/// A row's penalties, as the CPU sampler applies them: repetition `r` (1: none) on every
+/// token seen before, then `presence + frequency * c` off the logit of a token the output
+/// holds `c > 0` times.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Penalties {
+    pub repetition: f32,
+    pub presence: f32,
+    pub frequency: f32,
+}
+
+impl Penalties {
+    pub const NONE: Self = Self {
+        repetition: 1.0,
+        presence: 0.0,
+        frequency: 0.0,
+    };
+
+    pub fn any(&self) -> bool {
+        *self != Self::NONE
+    }
+}
+
+/// What a row's draw needs beyond its [`DeviceSampling`] where its request asks for penalties
+/// or logprobs: the ranks then take the CPU sampler's steps around the draw themselves (the
+/// logprobs of the row before the penalties, the penalties, the draw, the drawn token's
+/// logprob), so the row's logits need not come back to the host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrawExtras {
+    /// Its sampling row.
+    pub row: u32,
+    pub penalties: Penalties,
+    /// With penalties: each distinct token of the sequence before the chunk's last token
+    /// (through it, where that one is the prompt's), with how often the output holds it (0:
+    /// the prompt alone).
+    pub seen: Vec<(u32, u32)>,
+    /// With penalties: the chunk's last token is one of the output, counted by each rank from
+    /// its own input ids. In a chained step it is the draw the host has not read yet.
+    pub last_is_output: bool,
+    /// The logprob of the draw and of this many most likely tokens (at most the kernels'
+    /// `MAX_LOGPROBS`), under the row before the penalties.
+    pub logprobs: Option<u32>,
+}
+
+/// The logprobs of a drawn token (under the row before penalties and temperature) and of the
+/// most likely tokens, most likely first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What the ranks drew for a step's sampling rows: an id each (one outside the vocabulary
+/// where a row had no distribution), and the logprobs of the rows whose extras asked.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Draws {
+    pub ids: Vec<u32>,
+    /// By sampling row.
+    pub logprobs: Vec<(u32, TokenLogprobs)>,
+}
+
+impl From<Vec<u32>> for Draws {
+    fn from(ids: Vec<u32>) -> Self {
+        Self {
+            ids,
+            logprobs: Vec::new(),
+        }
+    }
+}
+
 /// Where a device that samples gets the step's grammar masks: called once the forward is
 /// queued (so the host computes the masks while the device runs it), it gives one entry per
 /// row that samples, in order: a bitmask over the logits row (bit `i % 32` of word `i / 32`

@@ -84,6 +84,9 @@ inline float __ull2float_rz(unsigned long long v) {
   return (float)v;
 }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 
 // ---- 16-bit conversions (the PTX cvt instructions: round to nearest even).
 inline float emu_f16_to_f32(uint16_t b) {
