@@ -57,28 +57,32 @@ __device__ __forceinline__ float gumbel(u64 state, i32 i) {
 }
 
 // (v, i) beats (bv, bi): larger value, then lower index. NaN never wins.
-__device__ __forceinline__ bool better(float v, i32 i, float bv, i32 bi) {
+template <typename V>
+__device__ __forceinline__ bool better(V v, i32 i, V bv, i32 bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-// Block-wide argmax (largest value, lowest index on ties); every thread gets the index.
-// Threads with nothing pass (NEG_INF, INT_MAX); the result is INT_MAX when every value was NaN.
-__device__ __forceinline__ i32 block_argmax(float v, i32 i, float* sv, i32* si) {
+// Block-wide argmax of (value, index), f32 values or u32 keys: the largest value, the lowest
+// index on ties; every thread gets the index. Threads with nothing pass (`none`, INT_MAX), the
+// lowest value (NEG_INF, or key 0); the result is INT_MAX when no thread had a value (every
+// one NaN).
+template <typename V>
+__device__ __forceinline__ i32 block_argmax(V v, i32 i, V* sv, i32* si, V none) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const V ov = __shfl_xor_sync(0xffffffffu, v, o);
     const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
     if (better(ov, oi, v, i)) v = ov, i = oi;
   }
   __syncthreads();  // the scratch may still be read by a previous reduction
   if (lane == 0) sv[warp] = v, si[warp] = i;
   __syncthreads();
-  v = lane < warps ? sv[lane] : NEG_INF;
+  v = lane < warps ? sv[lane] : none;
   i = lane < warps ? si[lane] : 0x7fffffff;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const V ov = __shfl_xor_sync(0xffffffffu, v, o);
     const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
     if (better(ov, oi, v, i)) v = ov, i = oi;
   }
@@ -122,7 +126,7 @@ __device__ __forceinline__ i32 row_argmax(const float* row, i32 vocab, float* sv
   for_each_logit(row, vocab, [&](float l, i32 i) {
     if (better(l, i, bv, bi)) bv = l, bi = i;
   });
-  const i32 best = block_argmax(bv, bi, sv, si);
+  const i32 best = block_argmax(bv, bi, sv, si, NEG_INF);
   const float first = vocab > 0 ? row[0] : 0.0f;
   max_out = best < vocab ? row[best] : NEG_INF;
   return (best >= vocab || first != first) ? 0 : best;
@@ -246,7 +250,7 @@ __device__ void sample_row(i32* out_ids, const float* logits, i32 vocab,
     const float v = s + gumbel(state, i);
     if (better(v, i, bv, bi)) bv = v, bi = i;
   });
-  const i32 drawn = block_argmax(bv, bi, red, red_i);
+  const i32 drawn = block_argmax(bv, bi, red, red_i, NEG_INF);
   // The best token always survives (s = 0, exp(0) = 1 >= any valid min_p); a min_p > 1 from a
   // host that skipped validation leaves nothing, and then the argmax is the answer.
   if (threadIdx.x == 0) out_ids[seq] = drawn < vocab ? drawn : greedy;
@@ -285,30 +289,6 @@ struct DrawExtra {
   i32 unused;
 };
 
-// Block-wide argmax of (key, index): the largest key, the lowest index on ties; every thread
-// gets the index (MAX_ID when no thread had one).
-__device__ __forceinline__ i32 block_argmax_key(u32 k, i32 i, u32* sk, i32* si) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const u32 ok = __shfl_xor_sync(0xffffffffu, k, o);
-    const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ok > k || (ok == k && oi < i)) k = ok, i = oi;
-  }
-  __syncthreads();
-  if (lane == 0) sk[warp] = k, si[warp] = i;
-  __syncthreads();
-  k = lane < warps ? sk[lane] : 0u;
-  i = lane < warps ? si[lane] : MAX_ID;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const u32 ok = __shfl_xor_sync(0xffffffffu, k, o);
-    const i32 oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (ok > k || (ok == k && oi < i)) k = ok, i = oi;
-  }
-  return i;
-}
-
 // The row's log-sum-exp, or +inf where it has no distribution (step 1).
 __device__ float row_lse(const float* row, i32 vocab, float* red) {
   float m = NEG_INF, bad = 0.0f;
@@ -336,9 +316,9 @@ __device__ void top_logprobs(const float* row, i32 vocab, i32 n, float lse, u32*
     for_each_logit(row, vocab, [&](float l, i32 i) {
       const u32 k = order_key(l);
       const bool after = k < last_k || (k == last_k && i > last_i);
-      if (after && (k > bk || (k == bk && i < bi))) bk = k, bi = i;
+      if (after && better(k, i, bk, bi)) bk = k, bi = i;
     });
-    const i32 best = block_argmax_key(bk, bi, sk, si);
+    const i32 best = block_argmax(bk, bi, sk, si, 0u);
     if (best >= vocab) return;  // fewer than n tokens
     last_k = order_key(row[best]);
     last_i = best;

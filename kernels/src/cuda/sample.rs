@@ -65,17 +65,7 @@ impl Gpu {
         vocab: usize,
         params: &SamplingArrays,
     ) -> Result<(), CudaError> {
-        let args = [
-            out_ids.into(),
-            logits.into(),
-            sampled_vocab(vocab)?,
-            params.temperature.into(),
-            params.top_k.into(),
-            params.top_p.into(),
-            params.min_p.into(),
-            params.seeds.into(),
-            params.steps.into(),
-        ];
+        let args = draw_args(out_ids, logits, vocab, params)?;
         let grid = (grid_of(n_seqs)?, 1, 1);
         unsafe { self.launch("sampling", "sample_f32", grid, 1024, 0, &args) }
     }
@@ -96,22 +86,14 @@ impl Gpu {
         params: &SamplingArrays,
         extras: &ExtrasArrays,
     ) -> Result<(), CudaError> {
-        let args = [
-            out_ids.into(),
-            logits.into(),
-            sampled_vocab(vocab)?,
-            params.temperature.into(),
-            params.top_k.into(),
-            params.top_p.into(),
-            params.min_p.into(),
-            params.seeds.into(),
-            params.steps.into(),
+        let mut args = draw_args(out_ids, logits, vocab, params)?.to_vec();
+        args.extend::<[Arg; 5]>([
             extras.extra_of_row.into(),
             extras.extras.into(),
             extras.seen.into(),
             extras.ids.into(),
             extras.logprobs.into(),
-        ];
+        ]);
         let grid = (grid_of(n_seqs)?, 1, 1);
         unsafe { self.launch("sampling", "sample_extras_f32", grid, 1024, 0, &args) }
     }
@@ -167,14 +149,30 @@ impl Gpu {
     }
 }
 
-/// The vocabulary size as the sampling kernels take it: their counts are exact below 2^24.
-fn sampled_vocab(vocab: usize) -> Result<Arg, CudaError> {
+/// The arguments `sample_f32` takes, and `sample_extras_f32` first. The vocabulary must be
+/// under 2^24, where the kernels' counts are exact.
+fn draw_args(
+    out_ids: DevPtr,
+    logits: DevPtr,
+    vocab: usize,
+    params: &SamplingArrays,
+) -> Result<[Arg; 9], CudaError> {
     if vocab == 0 || vocab >= 1 << 24 {
         return Err(CudaError::Driver(format!(
             "sampling: vocab {vocab} outside 1..2^24"
         )));
     }
-    i32_of("vocab", vocab)
+    Ok([
+        out_ids.into(),
+        logits.into(),
+        i32_of("vocab", vocab)?,
+        params.temperature.into(),
+        params.top_k.into(),
+        params.top_p.into(),
+        params.min_p.into(),
+        params.seeds.into(),
+        params.steps.into(),
+    ])
 }
 
 fn grid_of(n_seqs: usize) -> Result<u32, CudaError> {
