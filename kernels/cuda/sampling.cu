@@ -265,13 +265,14 @@ __device__ void sample_row(i32* out_ids, const float* logits, i32 vocab,
 //   2. lse = m + log(sum exp(l - m)) over the row as it stands (after a grammar's mask, before
 //      the penalties); the top `logprobs` tokens, larger logit first, ties to the smaller id
 //      (the CPU's total order: +0 above -0), each with l - lse;
-//   3. the penalties, on each distinct token of the prompt and output so far: repetition r
-//      (l > 0: l / r, else l * r) on every one, then presence and frequency on those the
-//      output holds c > 0 times: l - (presence + frequency * c), each operation rounded as the
-//      CPU rounds it (no fused multiply-add);
-//   4. the draw (greedy or sampled, exactly `sample_row`), from the penalized row;
-//   5. the drawn token's logprob under the row of 2, its penalties undone as the CPU undoes
-//      them (l + (presence + frequency * c), then l * r or l / r).
+//   3. the logit bias (l + b on each token it names), then the penalties, on each distinct
+//      token of the prompt and output so far: repetition r (l > 0: l / r, else l * r) on
+//      every one, then presence and frequency on those the output holds c > 0 times:
+//      l - (presence + frequency * c), each operation rounded as the CPU rounds it (no fused
+//      multiply-add);
+//   4. the draw (greedy or sampled, exactly `sample_row`), from the adjusted row;
+//   5. the drawn token's logprob under the row of 2, its adjustments undone as the CPU undoes
+//      them (l + (presence + frequency * c), then l * r or l / r, then l - b).
 // The distinct tokens come as (token, times in the output) pairs; `pending` names a token of
 // the output the pairs leave out (the step's own input, which the host may not have read yet:
 // a chained step's carried draw), counted once more here.
@@ -280,13 +281,14 @@ __device__ void sample_row(i32* out_ids, const float* logits, i32 vocab,
 #define LP_WORDS (1 + 2 * MAX_LOGPROBS)
 #define MAX_ID 0x7fffffff
 
-// One row's extras, 32 bytes (services/gpu/src/sampling.rs packs them).
+// One row's extras, 48 bytes (services/gpu/src/sampling.rs packs them).
 struct DrawExtra {
   float repetition, presence, frequency;  // 1, 0, 0: none
   i32 seen_at, seen_len;                  // its pairs: seen[2 * seen_at ..][2 * seen_len]
   i32 pending;                            // index of a token in `ids` the pairs leave out; -1
   i32 logprobs;                           // -1: none; else the draw's logprob and this many top
-  i32 unused;
+  i32 bias_at, bias_len;                  // its biases, (token, f32 bits) pairs in `seen` too
+  i32 unused[3];
 };
 
 // The row's log-sum-exp, or +inf where it has no distribution (step 1).
@@ -338,14 +340,20 @@ __device__ __forceinline__ float penalized(float l, const DrawExtra& x, i32 coun
   return l;
 }
 
-// The penalties on the row (step 3); returns the pending token (-1: none). `flag`: an i32 of
-// shared memory. Synchronizes before it writes the row, and after.
-__device__ i32 penalize(float* row, i32 vocab, const DrawExtra& x, const i32* seen,
-                        const i32* ids, i32* flag) {
+// The bias and the penalties on the row (step 3); returns the pending token (-1: none).
+// `flag`: an i32 of shared memory. Synchronizes before it writes the row, and after.
+__device__ i32 adjust(float* row, i32 vocab, const DrawExtra& x, const i32* seen, const i32* ids,
+                      i32* flag) {
   const i32 pending = x.pending >= 0 ? ids[x.pending] : -1;
   const i32* pairs = seen + 2 * (i64)x.seen_at;
+  const i32* bias = seen + 2 * (i64)x.bias_at;
   if (threadIdx.x == 0) *flag = 0;
   __syncthreads();  // and every thread is done reading the row as it was
+  for (i32 j = threadIdx.x; j < x.bias_len; j += blockDim.x) {
+    const i32 t = bias[2 * j];
+    if (t >= 0 && t < vocab) row[t] = __fadd_rn(row[t], __int_as_float(bias[2 * j + 1]));
+  }
+  __syncthreads();  // a biased token may be penalized by another thread
   for (i32 j = threadIdx.x; j < x.seen_len; j += blockDim.x)
     if (pairs[2 * j] == pending) *flag = 1;
   __syncthreads();
@@ -359,30 +367,36 @@ __device__ i32 penalize(float* row, i32 vocab, const DrawExtra& x, const i32* se
   return pending;
 }
 
-// Token id's logit before the penalties, from the penalized row (step 5): how often the
-// output holds it and whether it was seen at all, from the pairs and the pending token.
-__device__ float unpenalized(const float* row, i32 id, const DrawExtra& x, const i32* seen,
-                             i32 pending, float* red) {
+// Token id's logit before the adjustments, from the adjusted row (step 5): how often the
+// output holds it and whether it was seen at all, from the pairs and the pending token, and
+// its bias.
+__device__ float raw_logit(const float* row, i32 id, const DrawExtra& x, const i32* seen,
+                           i32 pending, float* red) {
   const i32* pairs = seen + 2 * (i64)x.seen_at;
-  float count = 0.0f, seen_it = 0.0f;
+  const i32* bias = seen + 2 * (i64)x.bias_at;
+  float count = 0.0f, seen_it = 0.0f, b = 0.0f, biased = 0.0f;
   for (i32 j = threadIdx.x; j < x.seen_len; j += blockDim.x)
     if (pairs[2 * j] == id) count += (float)pairs[2 * j + 1], seen_it = 1.0f;
+  for (i32 j = threadIdx.x; j < x.bias_len; j += blockDim.x)
+    if (bias[2 * j] == id) b = __int_as_float(bias[2 * j + 1]), biased = 1.0f;
   count = block_sum(count, red) + (id == pending ? 1.0f : 0.0f);
   seen_it = block_sum(seen_it, red) + (id == pending ? 1.0f : 0.0f);
+  b = block_sum(b, red);  // one term at most: exact
+  biased = block_sum(biased, red);
   float l = row[id];
   if (count > 0.0f) l = __fadd_rn(l, __fadd_rn(x.presence, __fmul_rn(x.frequency, count)));
   if (x.repetition != 1.0f && seen_it > 0.0f)
     l = l > 0.0f ? __fmul_rn(l, x.repetition) : __fdiv_rn(l, x.repetition);
-  return l;
+  return biased > 0.0f ? __fsub_rn(l, b) : l;
 }
 
 // Launch: grid n_seqs (exactly: block b draws row b), block 1024 (a multiple of 32 up to
 // 1024), no dynamic shared memory. As `sample_f32` (same arguments first, same draws), and:
 // extra_of_row[b]: the index of row b's DrawExtra in `extras`, or -1 for a plain draw (as
-// `sample_f32`'s); seen: the extras' (token, output count) pairs, i32, each row's tokens
-// distinct; ids: the step's input ids (for `pending`); lp_out: LP_WORDS u32 per extra, the
+// `sample_f32`'s); seen: the extras' (token, output count) pairs and (token, bias bits) pairs,
+// i32, each row's tokens distinct in each; ids: the step's input ids (for `pending`); lp_out: LP_WORDS u32 per extra, the
 // drawn token's logprob (f32 bits) then the top `logprobs` (id, f32 logprob bits) pairs, for
-// extras asking for logprobs. The logits of extra rows are penalized in place. A row with
+// extras asking for logprobs. The logits of extra rows are adjusted in place. A row with
 // extras and no distribution draws MAX_ID and writes no logprobs.
 extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
     sample_extras_f32(i32* out_ids, float* logits, i32 vocab, const float* temperature,
@@ -408,12 +422,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
   }
   if (x.logprobs > 0)
     top_logprobs(row, vocab, min(x.logprobs, MAX_LOGPROBS), lse, out + 1, sk, si);
-  const i32 pending = penalize(row, vocab, x, seen, ids, &found);
+  const i32 pending = adjust(row, vocab, x, seen, ids, &found);
   sample_row(out_ids, logits, vocab, temperature, top_k, top_p, min_p, seeds, steps);
   __syncthreads();  // the draw thread 0 wrote, and the row every thread read
   const i32 id = out_ids[blockIdx.x];
   if (x.logprobs >= 0 && id >= 0 && id < vocab) {
-    const float l = unpenalized(row, id, x, seen, pending, red);
+    const float l = raw_logit(row, id, x, seen, pending, red);
     if (threadIdx.x == 0) out[0] = __float_as_uint(l - lse);
   }
 }

@@ -6,6 +6,8 @@ use crate::worker::v1::SamplingParams;
 
 /// The most alternatives a token's logprobs may list.
 pub const MAX_LOGPROBS: u32 = 20;
+/// The most tokens a request's logit bias may name.
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// Why `p` would be refused, naming the field and its range.
 pub fn check(p: &SamplingParams) -> Result<(), String> {
@@ -39,6 +41,30 @@ pub fn check(p: &SamplingParams) -> Result<(), String> {
         && n > MAX_LOGPROBS
     {
         return Err(format!("logprobs {n} is above the maximum {MAX_LOGPROBS}"));
+    }
+    check_logit_bias(&p.logit_bias)
+}
+
+/// A logit bias names each token once, at most [`MAX_LOGIT_BIAS`] of them, with biases in
+/// [-100, 100] (the vocabulary is the engine's to check).
+fn check_logit_bias(bias: &[crate::v1::LogitBias]) -> Result<(), String> {
+    if bias.len() > MAX_LOGIT_BIAS {
+        return Err(format!(
+            "logit_bias names {} tokens, above the maximum {MAX_LOGIT_BIAS}",
+            bias.len()
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for b in bias {
+        if !(-100.0..=100.0).contains(&b.bias) {
+            return Err(format!(
+                "logit_bias {} for token {} is outside [-100, 100]",
+                b.bias, b.token
+            ));
+        }
+        if !seen.insert(b.token) {
+            return Err(format!("logit_bias names token {} twice", b.token));
+        }
     }
     Ok(())
 }
@@ -111,7 +137,10 @@ mod tests {
     #[test]
     fn every_field_out_of_range_is_named() {
         assert_eq!(check(&ok()), Ok(()));
-        let cases: [(&str, SetSampling); 9] = [
+        fn bias(token: u32, bias: f32) -> crate::v1::LogitBias {
+            crate::v1::LogitBias { token, bias }
+        }
+        let cases: [(&str, SetSampling); 13] = [
             ("max_tokens", |p| p.max_tokens = 0),
             ("temperature", |p| p.temperature = f32::NAN),
             ("temperature", |p| p.temperature = -0.5),
@@ -121,7 +150,18 @@ mod tests {
             ("presence_penalty", |p| p.presence_penalty = 2.5),
             ("frequency_penalty", |p| p.frequency_penalty = -3.0),
             ("logprobs", |p| p.logprobs = Some(MAX_LOGPROBS + 1)),
+            ("logit_bias", |p| p.logit_bias = vec![bias(3, 100.5)]),
+            ("logit_bias", |p| p.logit_bias = vec![bias(3, f32::NAN)]),
+            ("logit_bias", |p| {
+                p.logit_bias = vec![bias(3, 1.0), bias(3, -1.0)]
+            }),
+            ("logit_bias", |p| {
+                p.logit_bias = (0..=MAX_LOGIT_BIAS as u32).map(|t| bias(t, 1.0)).collect();
+            }),
         ];
+        let mut fine = ok();
+        fine.logit_bias = vec![bias(3, 100.0), bias(4, -100.0), bias(5, 0.5)];
+        assert_eq!(check(&fine), Ok(()));
         for (field, break_it) in cases {
             let mut p = ok();
             break_it(&mut p);

@@ -7,7 +7,7 @@ Run by tests/tests/api.rs (`cargo test`), or by hand against a running gateway:
 
 Calls models.list, completions (stream and not), chat.completions (stream and not, with and
 without stream_options.include_usage), a completion for an unknown model, and requests with
-fields ferrite refuses (the legacy functions, logit_bias, n > 1), and prints one JSON object with what came back; the Rust test
+fields ferrite refuses (the legacy functions, echo, n > 1), and prints one JSON object with what came back; the Rust test
 compares it with the gRPC API's answers. Greedy throughout (temperature 0); completions also
 set ignore_eos so they produce exactly --max-tokens tokens.
 """
@@ -35,7 +35,7 @@ def refusals(client, model, messages):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     cases = {
         "functions": {"functions": [tool["function"]]},
-        "logit_bias": {"logit_bias": {"1": -100}},
+        "echo": {"extra_body": {"echo": True}},
         "n": {"n": 2},
     }
     out = {}

@@ -7,8 +7,8 @@ Run by tests/tests/structured.rs, or by hand against a running gateway:
 
 Calls `chat.completions.parse` with a Pydantic model, a choice list (vLLM's `structured_outputs`)
 with chat logprobs, a regex on the legacy completions endpoint with its logprobs, a streamed
-JSON schema, a Lark grammar, tool calls (auto, required, named, streamed, a round trip), and
-every kind of bad constraint; prints one JSON object with what
+JSON schema, a Lark grammar, tool calls (auto, required, named, streamed, a round trip), a
+logit bias, and every kind of bad constraint or bias; prints one JSON object with what
 came back (the Rust test judges it). Greedy throughout (temperature 0).
 """
 
@@ -166,6 +166,19 @@ def tools(client, model):
     return out
 
 
+def logit_bias(client, model):
+    """A bias of +100 on token 28 (","): every token is that one, and each logprob is the
+    model's own, before the bias."""
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}], temperature=0,
+        max_tokens=6, logprobs=True, top_logprobs=1, logit_bias={"28": 100})
+    c = r.choices[0]
+    content = c.logprobs.content
+    return {"content": c.message.content, "finish": c.finish_reason,
+            "tokens": [t.token for t in content], "logprobs": [t.logprob for t in content],
+            "top": [t.top_logprobs[0].token for t in content]}
+
+
 def refusals(client, model):
     """Status and message of each bad constraint, then a plain request (served on)."""
     user = [{"role": "user", "content": "hi"}]
@@ -187,6 +200,9 @@ def refusals(client, model):
         "missing_function": {"tools": TOOLS,
                              "tool_choice": {"type": "function", "function": {"name": "nope"}}},
         "bad_tool_name": {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+        "logit_bias_key": {"logit_bias": {"the": 1}},
+        "logit_bias_range": {"logit_bias": {"28": 101}},
+        "logit_bias_vocabulary": {"logit_bias": {"999999": 5}},
     }
     out = {}
     for name, extra in cases.items():
@@ -214,6 +230,7 @@ def main():
     out = {"parsed": parsed(client, args.model), "choice": choice(client, args.model),
            "regex": regex(client, args.model), "stream": streamed_schema(client, args.model),
            "lark": lark(client, args.model), "tools": tools(client, args.model),
+           "logit_bias": logit_bias(client, args.model),
            "refused": refusals(client, args.model)}
     print(json.dumps(out))
 

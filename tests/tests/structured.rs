@@ -1,7 +1,7 @@
 //! Structured outputs, tool calls and log-probabilities on both APIs of `ferrite serve`: the
 //! official `openai` client (`tests/clients/structured_client.py`: a Pydantic `parse`, a choice
-//! list, a regex, a streamed JSON schema, a Lark grammar, tool calls, logprobs, and every kind of
-//! bad constraint), and `ferrite.v1.Inference` with a JSON schema.
+//! list, a regex, a streamed JSON schema, a Lark grammar, tool calls, logprobs, a logit bias,
+//! and every kind of bad constraint or bias), and `ferrite.v1.Inference` with a JSON schema.
 
 use std::time::Duration;
 
@@ -174,6 +174,19 @@ fn check_openai(out: &Value) -> Result<()> {
 
     check_tools(&out["tools"])?;
 
+    let bias = &out["logit_bias"];
+    anyhow::ensure!(
+        bias["content"] == ",,,,,," && bias["finish"] == "length",
+        "{bias}"
+    );
+    // The first comma is far from the model's choice (it says "Hello"): its logprob is the
+    // model's, not the biased distribution's ≈ 0.
+    anyhow::ensure!(
+        bias["logprobs"][0].as_f64().is_some_and(|l| l < -1.0),
+        "{bias}"
+    );
+    anyhow::ensure!(bias["top"][0] != ",", "{bias}");
+
     let refused = &out["refused"];
     let fields = [
         ("schema_not_compiled", "response_format"),
@@ -189,10 +202,19 @@ fn check_openai(out: &Value) -> Result<()> {
         ("top_logprobs_alone", "top_logprobs"),
         ("missing_function", "tool_choice"),
         ("bad_tool_name", "tools"),
+        ("logit_bias_key", "logit_bias"),
     ];
     for (case, field) in fields {
         let r = &refused[case];
         anyhow::ensure!(r["status"] == 400 && r["param"] == field, "{case}: {r}");
+    }
+    // Ranges and the vocabulary are checked past the parsing: the message names the field.
+    for case in ["logit_bias_range", "logit_bias_vocabulary"] {
+        let r = &refused[case];
+        let named = r["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("logit_bias"));
+        anyhow::ensure!(r["status"] == 400 && named, "{case}: {r}");
     }
     // llguidance's own reasons reach the client.
     let reason = refused["regex"]["message"].as_str().unwrap_or_default();

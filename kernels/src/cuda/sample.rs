@@ -32,8 +32,8 @@ pub const LP_WORDS: usize = 1 + 2 * MAX_LOGPROBS;
 /// Bytes of one row's extras (`sampling.cu`'s `DrawExtra`): repetition, presence and frequency
 /// penalties (f32), the first of its (token, output count) pairs and their number, the index
 /// of a pending token in the step's input ids (-1: none), the top logprobs wanted (-1: none),
-/// and 4 unused bytes.
-pub const DRAW_EXTRA_BYTES: usize = 32;
+/// the first of its (token, f32 bias bits) pairs and their number, and 12 unused bytes.
+pub const DRAW_EXTRA_BYTES: usize = 48;
 
 /// Where [`Gpu::sample_extras`]' own arrays lie.
 #[derive(Debug, Clone, Copy)]
@@ -42,7 +42,8 @@ pub struct ExtrasArrays {
     pub extra_of_row: DevPtr,
     /// [`DRAW_EXTRA_BYTES`] each.
     pub extras: DevPtr,
-    /// i32 (token, times in the output) pairs, each row's tokens distinct.
+    /// i32 (token, times in the output) pairs and (token, bias bits) pairs, each row's tokens
+    /// distinct in each.
     pub seen: DevPtr,
     /// The step's input ids (i32), for the pending tokens.
     pub ids: DevPtr,

@@ -51,6 +51,9 @@ pub struct GenerateArgs {
     /// Stop after this token id (repeatable).
     #[arg(long)]
     stop_token_id: Vec<u32>,
+    /// Add BIAS to token ID's logit before sampling, as ID=BIAS (repeatable; -100 bans it).
+    #[arg(long, value_parser = parse_logit_bias)]
+    logit_bias: Vec<(u32, f32)>,
     /// Keep generating past EOS.
     #[arg(long)]
     ignore_eos: bool,
@@ -60,6 +63,20 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+}
+
+/// `ID=BIAS`, as `--logit-bias` takes it.
+fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let (id, bias) = s.split_once('=').ok_or("expected ID=BIAS")?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{id}` is not a token id"))?;
+    let bias = bias
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{bias}` is not a number"))?;
+    Ok((id, bias))
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
@@ -79,6 +96,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         stop_token_ids: args.stop_token_id.clone(),
         ignore_eos: args.ignore_eos,
         logprobs: args.logprobs,
+        logit_bias: args.logit_bias.clone(),
     };
     params.validate()?;
     let (mut engine, tokenizer) = loading::engine(&args.model)?;

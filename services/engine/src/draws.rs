@@ -44,7 +44,7 @@ pub(crate) fn ranks_draw(exec: &Executor, req: &Request, d: &DeviceSampling) -> 
 /// Whether `req`'s draws need [`DrawExtras`]: penalties or logprobs.
 pub(crate) fn wants_extras(req: &Request) -> bool {
     let p = req.sampler.params();
-    p.penalties().any() || p.logprobs.is_some()
+    p.penalties().any() || p.logprobs.is_some() || !p.logit_bias.is_empty()
 }
 
 /// The extras of `req`'s draw as sampling row `row`, of the token at `index` of `seq` (the
@@ -63,8 +63,11 @@ pub(crate) fn draw_extras(
     if !wants_extras(req) {
         return None;
     }
-    let p = req.sampler.params();
-    let (penalties, logprobs) = (p.penalties(), p.logprobs.map(|n| n as u32));
+    let (penalties, logprobs, bias) = {
+        let p = req.sampler.params();
+        let logprobs = p.logprobs.map(|n| n as u32);
+        (p.penalties(), logprobs, p.logit_bias.clone())
+    };
     let last_is_output = penalties.any() && index > seq.prompt_len;
     let seen = match penalties.any() {
         true => req
@@ -79,6 +82,7 @@ pub(crate) fn draw_extras(
         seen,
         last_is_output,
         logprobs,
+        bias,
     })
 }
 

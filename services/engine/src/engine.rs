@@ -296,6 +296,11 @@ impl Engine {
                 "token id {bad} is outside the vocabulary (size {vocab})"
             )));
         }
+        if let Some((bad, _)) = params.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "logit_bias names token {bad}, outside the vocabulary (size {vocab})"
+            )));
+        }
         self.sched
             .check_fits(prompt.len())
             .map_err(EngineError::DoesNotFit)

@@ -411,8 +411,8 @@ fn a_step_draws_the_rows_it_can_and_brings_back_the_others() {
     );
 }
 
-/// Greedy requests with penalties of each kind and logprobs (none, the draw's only, 3, the
-/// most), among plain ones: the ranks draw them all, with their extras (the tokens so far
+/// Greedy requests with penalties of each kind, logprobs (none, the draw's only, 3, the most)
+/// and a logit bias, among plain ones: the ranks draw them all, with their extras (the tokens so far
 /// from the plan, the newest from the step's own input, a chained step's carried draw), so
 /// steps chain throughout; and each request gets the tokens and logprobs it gets sampled on
 /// the host one step at a time, under preemption too (a recomputed chunk ends in a draw).
@@ -423,6 +423,11 @@ fn penalized_draws_with_logprobs_are_made_by_the_ranks_in_chained_steps() {
         presence_penalty: [0.0, 0.0, 0.7, 0.4][id as usize % 4],
         frequency_penalty: [0.0, 0.0, 0.9, 0.5][id as usize % 4],
         logprobs: [Some(3), None, Some(0), Some(MAX_LOGPROBS)][id as usize % 4],
+        // Request 3 also biases two tokens, one it would draw, one it would not.
+        logit_bias: match id {
+            3 => vec![(4, -100.0), (17, 2.5)],
+            _ => Vec::new(),
+        },
         ..greedy(24 + id as usize)
     };
     let reqs = |penalties: bool| -> Vec<(SeqId, Vec<u32>, SamplingParams)> {
@@ -471,7 +476,7 @@ fn penalized_draws_with_logprobs_are_made_by_the_ranks_in_chained_steps() {
             assert!(e.stats().preemptions > 0, "{:?}", e.stats());
         }
     }
-    // The penalties act: each penalized request draws otherwise than without them.
+    // The penalties (and the bias) act: each request draws otherwise than without them.
     let want = run(&mut engine(false, None), reqs(true));
     for id in 1..4 {
         assert_ne!(

@@ -1,6 +1,7 @@
 //! Turning a row of logits into the next token.
 //!
-//! Order, as Hugging Face and vLLM apply them: repetition / presence / frequency penalties →
+//! Order, as Hugging Face and vLLM apply them: logit bias → repetition / presence / frequency
+//! penalties →
 //! temperature (0 = greedy) → top-k → top-p → min-p → draw from the renormalized distribution.
 //! Logprobs are reported from the raw model distribution (before penalties and temperature), as
 //! vLLM does by default.
@@ -37,6 +38,9 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Return this many top alternatives (with their logprobs) per token.
     pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before the penalties (OpenAI's `logit_bias`): each token
+    /// once, in the vocabulary.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 use ferrite_proto::worker::v1 as pb;
@@ -58,6 +62,7 @@ impl SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -93,6 +98,9 @@ impl SamplingParams {
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             logprobs: self.logprobs.map(n),
+            logit_bias: (self.logit_bias.iter())
+                .map(|&(token, bias)| ferrite_proto::v1::LogitBias { token, bias })
+                .collect(),
         }
     }
 }
@@ -112,6 +120,7 @@ impl From<pb::SamplingParams> for SamplingParams {
             stop_token_ids: p.stop_token_ids,
             ignore_eos: p.ignore_eos,
             logprobs: p.logprobs.map(|n| n as usize),
+            logit_bias: p.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
         }
     }
 }
@@ -211,7 +220,12 @@ impl Sampler {
             true => seen_tokens(prompt, output),
             false => Vec::new(),
         };
-        sample_around(logits, &penalties, &seen, p.logprobs, |l| {
+        let adjust = Adjustments {
+            bias: &p.logit_bias,
+            penalties: &penalties,
+            seen: &seen,
+        };
+        sample_around(logits, &adjust, p.logprobs, |l| {
             match p.temperature == 0.0 {
                 true => argmax(l),
                 false => draw(l, p, rng),
@@ -220,16 +234,23 @@ impl Sampler {
     }
 }
 
+/// What moves a row's logits before the draw: the logit bias, then the penalties over the
+/// tokens `seen` ([`seen_tokens`]).
+struct Adjustments<'a> {
+    bias: &'a [(u32, f32)],
+    penalties: &'a Penalties,
+    seen: &'a [(u32, u32)],
+}
+
 /// The steps around a draw from `logits` (modified in place), in the order of
 /// [`Sampler::sample`]: a row with no distribution is refused; the `logprobs` most likely
-/// tokens are taken from the row as it stands; the penalties over `seen` ([`seen_tokens`])
-/// are applied; `draw` picks from the penalized row; the pick's logprob is its logit's with the
-/// penalties undone. The ranks take the same steps for a row with [`DrawExtras`]
+/// tokens are taken from the row as it stands; the bias and the penalties are applied
+/// (`adjust`); `draw` picks from the adjusted row; the pick's logprob is its logit's with the
+/// adjustments undone. The ranks take the same steps for a row with [`DrawExtras`]
 /// ([`greedy_with_extras`] on the CPU; on a GPU, `sampling.cu`'s `sample_extras_f32`).
 fn sample_around(
     logits: &mut [f32],
-    penalties: &Penalties,
-    seen: &[(u32, u32)],
+    adjust: &Adjustments<'_>,
     logprobs: Option<usize>,
     draw: impl FnOnce(&[f32]) -> u32,
 ) -> Result<SampledToken> {
@@ -238,10 +259,10 @@ fn sample_around(
         return Err(EngineError::BadLogits(describe_bad_row(logits)));
     }
     let raw_top = logprobs.map(|n| top_by_logit(logits, n, raw_lse));
-    apply_penalties(logits, penalties, seen);
+    adjust.apply(logits);
     let id = draw(logits);
-    // The chosen token's logprob under the raw distribution (penalties undone for it).
-    let logprob = raw_logit(id, logits, penalties, seen) - raw_lse;
+    // The chosen token's logprob under the raw distribution (adjustments undone for it).
+    let logprob = adjust.raw_logit(id, logits) - raw_lse;
     Ok(SampledToken {
         id,
         logprob,
@@ -262,7 +283,12 @@ pub fn greedy_with_extras(
         None => Cow::Borrowed(x.seen.as_slice()),
     };
     let logprobs = x.logprobs.map(|n| n as usize);
-    match sample_around(row, &x.penalties, &seen, logprobs, argmax) {
+    let adjust = Adjustments {
+        bias: &x.bias,
+        penalties: &x.penalties,
+        seen: &seen,
+    };
+    match sample_around(row, &adjust, logprobs, argmax) {
         Ok(t) => (
             t.id,
             x.logprobs.map(|_| TokenLogprobs {
@@ -445,45 +471,55 @@ impl Ranked {
     }
 }
 
-/// The penalties on the tokens `seen` ([`seen_tokens`]): repetition on each, then presence
-/// and frequency on those the output holds.
-fn apply_penalties(logits: &mut [f32], p: &Penalties, seen: &[(u32, u32)]) {
-    let by_count = p.presence != 0.0 || p.frequency != 0.0;
-    for &(t, c) in seen {
-        let Some(l) = logits.get_mut(t as usize) else {
-            continue;
-        };
-        if p.repetition != 1.0 {
-            *l = if *l > 0.0 {
-                *l / p.repetition
-            } else {
-                *l * p.repetition
+impl Adjustments<'_> {
+    /// The bias, then the penalties: repetition on each token seen, then presence and
+    /// frequency on those the output holds.
+    fn apply(&self, logits: &mut [f32]) {
+        for &(t, b) in self.bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        let p = self.penalties;
+        let by_count = p.presence != 0.0 || p.frequency != 0.0;
+        for &(t, c) in self.seen {
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
             };
-        }
-        if by_count && c > 0 {
-            *l -= p.presence + p.frequency * c as f32;
+            if p.repetition != 1.0 {
+                *l = if *l > 0.0 {
+                    *l / p.repetition
+                } else {
+                    *l * p.repetition
+                };
+            }
+            if by_count && c > 0 {
+                *l -= p.presence + p.frequency * c as f32;
+            }
         }
     }
-}
 
-/// The logit of `id` before the penalties: they move a token's logit by a known rule; undone
-/// for `id`.
-fn raw_logit(id: u32, penalized: &[f32], p: &Penalties, seen: &[(u32, u32)]) -> f32 {
-    let mut l = penalized[id as usize];
-    let Some(&(_, count)) = seen.iter().find(|(t, _)| *t == id) else {
-        return l;
-    };
-    if count > 0 {
-        l += p.presence + p.frequency * count as f32;
+    /// The logit of `id` before the adjustments: each moves a token's logit by a known rule,
+    /// undone for `id` in the reverse order.
+    fn raw_logit(&self, id: u32, adjusted: &[f32]) -> f32 {
+        let (p, mut l) = (self.penalties, adjusted[id as usize]);
+        if let Some(&(_, count)) = self.seen.iter().find(|(t, _)| *t == id) {
+            if count > 0 {
+                l += p.presence + p.frequency * count as f32;
+            }
+            if p.repetition != 1.0 {
+                l = if l > 0.0 {
+                    l * p.repetition
+                } else {
+                    l / p.repetition
+                };
+            }
+        }
+        match self.bias.iter().find(|(t, _)| *t == id) {
+            Some(&(_, b)) => l - b,
+            None => l,
+        }
     }
-    if p.repetition != 1.0 {
-        l = if l > 0.0 {
-            l * p.repetition
-        } else {
-            l / p.repetition
-        };
-    }
-    l
 }
 
 fn log_sum_exp(logits: &[f32]) -> f32 {

@@ -115,8 +115,43 @@ fn penalties_follow_their_rules() {
         ..SamplingParams::greedy(1)
     };
     let mut l = vec![1.0f32, -1.0, 1.0, 1.0];
-    apply_penalties(&mut l, &p.penalties(), &seen_tokens(&[0, 1], &[2, 2]));
+    let seen = seen_tokens(&[0, 1], &[2, 2]);
+    let adjust = Adjustments {
+        bias: &[],
+        penalties: &p.penalties(),
+        seen: &seen,
+    };
+    adjust.apply(&mut l);
     assert_eq!(l, vec![0.5, -2.0, 1.0 / 2.0 - 0.5 - 0.5, 1.0]);
+}
+
+/// A bias of -100 bans the best token, a large one forces another; the logprobs stay those of
+/// the model's distribution, the drawn token's with its bias (and penalty) undone.
+#[test]
+fn a_logit_bias_moves_the_draw_not_the_logprobs() {
+    let raw = logits();
+    let best = argmax(&raw);
+    let params = |logit_bias| SamplingParams {
+        logit_bias,
+        logprobs: Some(2),
+        ..SamplingParams::greedy(1)
+    };
+    let lse = log_sum_exp(&raw);
+    let banned = Sampler::new(params(vec![(best, -100.0)]))
+        .sample(&mut raw.clone(), &[], &[])
+        .expect("finite");
+    assert_ne!(banned.id, best);
+    assert_eq!(banned.top[0].0, best, "the top logprobs are the model's");
+    assert!((banned.logprob - (raw[banned.id as usize] - lse)).abs() < 1e-5);
+    let forced = SamplingParams {
+        repetition_penalty: 1.5,
+        ..params(vec![(7, 30.0), (best, -100.0)])
+    };
+    let out = Sampler::new(forced)
+        .sample(&mut raw.clone(), &[7], &[])
+        .expect("finite");
+    assert_eq!(out.id, 7);
+    assert!((out.logprob - (raw[7] - lse)).abs() < 1e-5, "{out:?}");
 }
 
 #[test]

@@ -144,6 +144,18 @@ fn bad_requests_are_refused_with_the_limit_named() {
         .add_request(4, vec![1], SamplingParams { top_p: 1.5, ..p() })
         .expect_err("top_p");
     assert!(e.to_string().contains("top_p"), "{e}");
+    let bias = |logit_bias| SamplingParams { logit_bias, ..p() };
+    let e = engine
+        .add_request(4, vec![1], bias(vec![(256, 1.0)]))
+        .expect_err("bias outside vocab");
+    assert!(
+        e.to_string().contains("logit_bias") && e.to_string().contains("256"),
+        "{e}"
+    );
+    let e = engine
+        .add_request(4, vec![1], bias(vec![(3, -101.0)]))
+        .expect_err("bias out of range");
+    assert!(e.to_string().contains("logit_bias"), "{e}");
     engine.add_request(5, vec![1, 2], p()).expect("valid");
     let e = engine
         .add_request(5, vec![1, 2], p())

@@ -1,7 +1,8 @@
 //! Draws with penalties and logprobs on a CUDA device (`sampling.cu`'s `sample_extras_f32`)
 //! against the host sampler's steps on the same logits: the default model's GPU runner takes
 //! one step of ten prompts and gives its logits back, then takes it again drawing on the
-//! device with extras (penalties of each kind over tokens seen in the prompt and the output,
+//! device with extras (logit biases, penalties of each kind over tokens seen in the prompt and
+//! the output,
 //! the chunk's last token counted from the step's input ids, logprobs from none to the most);
 //! the host's `greedy_with_extras` on the first step's logits must give the same ids, the same
 //! top tokens and logprobs within f32 summation, and the device's rows with no extras the
@@ -49,6 +50,11 @@ fn extras(i: usize, prompt: &[u32]) -> DrawExtras {
         seen,
         last_is_output: penalties.any() && i % 2 == 1,
         logprobs: [None, Some(0), Some(5), Some(MAX_LOGPROBS as u32)][(i / 2) % 4],
+        // Every third row: a bias that lifts one of its prompt's tokens, another that sinks.
+        bias: match i % 3 {
+            0 => vec![(prompt[0], 7.5), (prompt[1], -100.0)],
+            _ => Vec::new(),
+        },
     }
 }
 

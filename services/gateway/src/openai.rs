@@ -127,9 +127,6 @@ impl CommonParams {
                 return unsupported(param, "send `tools` and `tool_choice` instead");
             }
         }
-        if set(&self.logit_bias) {
-            return unsupported("logit_bias", "no logit bias");
-        }
         if self.echo == Some(true) {
             return unsupported("echo", "the prompt is not echoed");
         }
@@ -157,7 +154,33 @@ impl CommonParams {
             stop_token_ids: Vec::new(),
             logprobs: self.logprobs()?,
             ignore_eos: self.ignore_eos,
+            logit_bias: self.logit_bias()?,
         })
+    }
+
+    /// OpenAI's `logit_bias`: token ids (as strings) to biases; their ranges are checked by
+    /// validation, as for gRPC requests.
+    fn logit_bias(&self) -> Result<Vec<api::LogitBias>, ApiError> {
+        let bad = |m: String| Err(ApiError::invalid(m, Some("logit_bias")));
+        let map = match &self.logit_bias {
+            None | Some(Value::Null) => return Ok(Vec::new()),
+            Some(Value::Object(map)) => map,
+            Some(_) => return bad("logit_bias must map token ids to biases".into()),
+        };
+        let mut out = Vec::with_capacity(map.len());
+        for (key, value) in map {
+            let Ok(token) = key.trim().parse::<u32>() else {
+                return bad(format!("logit_bias key `{key}` is not a token id"));
+            };
+            let Some(bias) = value.as_f64() else {
+                return bad(format!("logit_bias for token {token} is not a number"));
+            };
+            out.push(api::LogitBias {
+                token,
+                bias: bias as f32,
+            });
+        }
+        Ok(out)
     }
 
     /// The alternatives to return per token, if logprobs are asked for: chat's `logprobs:
@@ -503,7 +526,6 @@ mod tests {
             (json!({ "best_of": 3 }), "best_of"),
             (json!({ "function_call": { "name": "f" } }), "function_call"),
             (json!({ "functions": [{}] }), "functions"),
-            (json!({ "logit_bias": { "50256": -100 } }), "logit_bias"),
             (json!({ "echo": true }), "echo"),
             (json!({ "suffix": "x" }), "suffix"),
         ];
@@ -524,6 +546,26 @@ mod tests {
         let s = p.sampling().expect("accepted");
         assert_eq!(s.logprobs, None);
         assert!(!params(json!({})).include_usage());
+    }
+
+    /// `logit_bias` maps token ids, as strings, to biases; anything else is refused naming it.
+    #[test]
+    fn logit_bias_maps_token_ids_to_biases() {
+        let p = params(json!({ "logit_bias": { "50256": -100, " 7": 2.5 } }));
+        let mut got: Vec<(u32, f32)> = (p.sampling().expect("accepted").logit_bias.iter())
+            .map(|b| (b.token, b.bias))
+            .collect();
+        got.sort_by_key(|b| b.0);
+        assert_eq!(got, [(7, 2.5), (50256, -100.0)]);
+        for bad in [
+            json!({ "logit_bias": { "the": 1 } }),
+            json!({ "logit_bias": { "-3": 1 } }),
+            json!({ "logit_bias": { "3": "1" } }),
+            json!({ "logit_bias": [[3, 1]] }),
+        ] {
+            let e = params(bad.clone()).sampling().expect_err("refused");
+            assert_eq!(e.param(), Some("logit_bias"), "{bad}");
+        }
     }
 
     #[test]

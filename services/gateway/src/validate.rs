@@ -259,6 +259,7 @@ pub fn validate(
         stop_token_ids: s.stop_token_ids,
         ignore_eos: s.ignore_eos,
         logprobs: s.logprobs,
+        logit_bias: s.logit_bias,
     };
     // The same ranges the engine admits: a bad value is refused here, not by a worker.
     ferrite_proto::sampling::check(&sampling).map_err(GatewayError::InvalidArgument)?;

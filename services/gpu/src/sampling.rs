@@ -159,7 +159,7 @@ const RECORD_WORDS: usize = ferrite_kernels::cuda::sample::DRAW_EXTRA_BYTES / 4;
 
 /// `sample_extras_f32`'s arrays in one block of i32 words, so a step copies them at once: each
 /// of the `rows` sampling rows' index among `extras` (-1: none), then each extra's record
-/// (`DrawExtra`), then their (token, output count) pairs. `tokens[r]`: the index among the
+/// (`DrawExtra`), then their (token, output count) pairs and (token, bias bits) pairs. `tokens[r]`: the index among the
 /// step's input ids of row r's last token (where its `last_is_output` token is read). Returns
 /// the block and where the records and the pairs start (in words).
 fn packed_extras(
@@ -169,7 +169,7 @@ fn packed_extras(
 ) -> Result<(Vec<i32>, usize, usize)> {
     let records = rows;
     let pairs = records + extras.len() * RECORD_WORDS;
-    let n_pairs: usize = extras.iter().map(|x| x.seen.len()).sum();
+    let n_pairs: usize = extras.iter().map(|x| x.seen.len() + x.bias.len()).sum();
     let mut b = vec![-1i32; pairs];
     b.reserve(2 * n_pairs);
     let word = |n: usize| i32::try_from(n).map_err(|_| internal(format!("{n} words of extras")));
@@ -187,6 +187,7 @@ fn packed_extras(
         b[row] = word(e)?;
         let top = x.logprobs.map_or(-1, |n| n.min(MAX_LOGPROBS as u32) as i32);
         let (at, first) = (records + e * RECORD_WORDS, (b.len() - pairs) / 2);
+        let first_bias = first + x.seen.len();
         b[at..at + RECORD_WORDS].copy_from_slice(&[
             x.penalties.repetition.to_bits() as i32,
             x.penalties.presence.to_bits() as i32,
@@ -195,15 +196,17 @@ fn packed_extras(
             word(x.seen.len())?,
             if x.last_is_output { token } else { -1 },
             top,
+            word(first_bias)?,
+            word(x.bias.len())?,
+            0,
+            0,
             0,
         ]);
         // A token past i32 is outside every vocabulary, which the kernel skips.
-        b.extend(x.seen.iter().flat_map(|&(t, c)| {
-            [
-                i32::try_from(t).unwrap_or(-1),
-                i32::try_from(c).unwrap_or(i32::MAX),
-            ]
-        }));
+        let id = |t: u32| i32::try_from(t).unwrap_or(-1);
+        let count = |c: u32| i32::try_from(c).unwrap_or(i32::MAX);
+        b.extend((x.seen.iter()).flat_map(|&(t, c)| [id(t), count(c)]));
+        b.extend((x.bias.iter()).flat_map(|&(t, v)| [id(t), v.to_bits() as i32]));
     }
     Ok((b, records, pairs))
 }
@@ -604,12 +607,17 @@ mod tests {
             seen,
             last_is_output,
             logprobs,
+            bias: match row {
+                0 => vec![(8, -100.0), (2, 0.5)],
+                _ => Vec::new(),
+            },
         }
     }
 
     /// Each row names its record or -1; each record holds its penalties' bits, where its
     /// pairs start and how many, the input index of its last token where that one is a draw,
-    /// and its top count (at most the kernel's); the pairs follow, row after row.
+    /// its top count (at most the kernel's), and where its biases start and how many; the
+    /// pairs follow, row after row, each row's biases after its tokens seen.
     #[test]
     fn the_extras_block_holds_each_rows_record_and_pairs() {
         let extras = [
@@ -623,16 +631,28 @@ mod tests {
         assert_eq!(b[..4], [1, -1, 0, 2]);
         let record = |e: usize| &b[records + e * RECORD_WORDS..records + (e + 1) * RECORD_WORDS];
         let bits = |f: f32| f.to_bits() as i32;
-        assert_eq!(
-            record(0),
-            [bits(1.5), bits(0.25), bits(2.0), 0, 2, 15, 3, 0]
-        );
-        assert_eq!(
-            record(1),
-            [bits(1.5), bits(0.25), bits(0.0), 2, 1, -1, -1, 0]
-        );
-        assert_eq!(record(2)[3..7], [3, 0, -1, MAX_LOGPROBS as i32]);
-        assert_eq!(b[pairs..], [7, 0, 9, 2, 4, 1]);
+        // Row 2's record: penalties, pairs 0..2, its last token at input 15, 3 top, no bias.
+        let want = [bits(1.5), bits(0.25), bits(2.0), 0, 2, 15, 3, 2, 0, 0, 0, 0];
+        assert_eq!(record(0), want);
+        // Row 0's: pair 2, no pending token, no logprobs, two biases from pair 3.
+        let want = [
+            bits(1.5),
+            bits(0.25),
+            bits(0.0),
+            2,
+            1,
+            -1,
+            -1,
+            3,
+            2,
+            0,
+            0,
+            0,
+        ];
+        assert_eq!(record(1), want);
+        assert_eq!(record(2)[3..9], [5, 0, -1, MAX_LOGPROBS as i32, 5, 0]);
+        let bias = [8, bits(-100.0), 2, bits(0.5)];
+        assert_eq!(b[pairs..], [&[7, 0, 9, 2][..], &[4, 1], &bias].concat());
         // A row twice, or past the step's rows, is refused.
         let twice = [extras[0].clone(), extras[0].clone()];
         assert!(packed_extras(&twice, 4, &tokens).is_err());

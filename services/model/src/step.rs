@@ -83,8 +83,11 @@ pub struct DrawExtras {
     /// its own input ids. In a chained step it is the draw the host has not read yet.
     pub last_is_output: bool,
     /// The logprob of the draw and of this many most likely tokens (at most the kernels'
-    /// `MAX_LOGPROBS`), under the row before the penalties.
+    /// `MAX_LOGPROBS`), under the row before the bias and the penalties.
     pub logprobs: Option<u32>,
+    /// Added to these tokens' logits before the penalties (each token once).
+    #[serde(default)]
+    pub bias: Vec<(u32, f32)>,
 }
 
 /// The logprobs of a drawn token (under the row before penalties and temperature) and of the

@@ -1,13 +1,15 @@
 // sampling.cu's sample_extras_f32 under the CPU emulation (emu.h), against a reference of the
 // CPU sampler's `Sampler::sample` (services/engine/src/sampler.rs) written here: a row with a
 // NaN, a +inf or nothing above -inf draws MAX_ID and is left alone; otherwise the raw row's
-// log-sum-exp and top logprobs (total order: +0 above -0, ties to the smaller id), the
-// repetition / presence / frequency penalties over the (token, output count) pairs and the
-// pending token, in place and bit for bit, the draw from the penalized row (greedy: first
-// maximum; sampled: what sample_f32 draws from the reference's penalized row), and the drawn
-// token's logprob with its penalties undone. Rows without extras draw what sample_f32 draws and
+// log-sum-exp and top logprobs (total order: +0 above -0, ties to the smaller id), then the
+// logit bias (l + b, tokens outside the vocabulary skipped) and after it the repetition /
+// presence / frequency penalties over the (token, output count) pairs and the pending token,
+// in place and bit for bit, the draw from the adjusted row (greedy: first maximum; sampled:
+// what sample_f32 draws from the reference's adjusted row), and the drawn token's logprob with
+// its penalties, then its bias, undone. Rows without extras draw what sample_f32 draws and
 // keep their logits. Launches mix plain and extra rows, over vocabularies of 1000 (the float4
-// path), 1001 and 7 (the scalar one), with the records packed out of row order.
+// path), 1001 and 7 (the scalar one), with the records packed out of row order and the bias
+// pairs after the seen pairs, after decoy pairs, or before them (bias_at its own index).
 #include "sampling.cu"
 
 #include <algorithm>
@@ -16,12 +18,12 @@
 
 #include "check.h"
 
-static_assert(sizeof(DrawExtra) == 32, "DrawExtra is 32 bytes");
+static_assert(sizeof(DrawExtra) == 48, "DrawExtra is 48 bytes");
 
 namespace {
 
 constexpr u32 SENTINEL = 0xDEADBEEFu;
-constexpr int kMaxTop = 20, kWords = 1 + 2 * kMaxTop;
+constexpr int kMaxTop = 20, kWords = 1 + 2 * kMaxTop, kRecordWords = 12;
 
 struct Row {
   std::string what;
@@ -34,6 +36,10 @@ struct Row {
   std::vector<std::pair<i32, i32>> pairs;  // (token, output count) as the host packs them
   int pending = -1;                        // index into the launch's ids
   int logprobs = -1;
+  std::vector<std::pair<i32, float>> bias;  // (token, bias), added before the penalties
+  int gap = 0;              // decoy pairs between its seen pairs and its biases
+  bool bias_first = false;  // its biases packed before its seen pairs
+  int built_for = -1;       // the draw the case is built around (-1: none), the reference's
 };
 
 float bits_f(u32 b) {
@@ -98,7 +104,16 @@ std::vector<std::pair<u32, u32>> seen_of(const Row& r, const std::vector<i32>& i
   return seen;
 }
 
-// apply_penalties, one f32 rounding per operation.
+// Adjustments::apply's bias: l + b on each token in the vocabulary (the CPU's tokens are u32:
+// a negative one is past every vocabulary).
+void bias_ref(std::vector<float>& l, const Row& r) {
+  for (auto [t, b] : r.bias) {
+    if (t < 0 || (size_t)t >= l.size()) continue;
+    l[t] = l[t] + b;
+  }
+}
+
+// Adjustments::apply's penalties, one f32 rounding per operation.
 void penalize_ref(std::vector<float>& l, const Row& r, const std::vector<std::pair<u32, u32>>& seen) {
   const bool by_count = r.pres != 0.0f || r.freq != 0.0f;
   for (auto [t, c] : seen) {
@@ -120,24 +135,27 @@ void penalize_ref(std::vector<float>& l, const Row& r, const std::vector<std::pa
   }
 }
 
-// raw_logit: the penalties undone for `id`.
-float raw_logit_ref(u32 id, const std::vector<float>& pen, const Row& r,
+// Adjustments::raw_logit: the penalties undone for `id`, then its bias.
+float raw_logit_ref(u32 id, const std::vector<float>& adj, const Row& r,
                     const std::vector<std::pair<u32, u32>>& seen) {
-  float v = pen[id];
+  float v = adj[id];
   auto it = std::find_if(seen.begin(), seen.end(), [&](auto& p) { return p.first == id; });
-  if (it == seen.end()) return v;
-  if (it->second > 0) {
-    const float fc = r.freq * (float)it->second;
-    const float add = r.pres + fc;
-    v = v + add;
-  }
-  if (r.rep != 1.0f) {
-    if (v > 0.0f) {
-      v = v * r.rep;
-    } else {
-      v = v / r.rep;
+  if (it != seen.end()) {
+    if (it->second > 0) {
+      const float fc = r.freq * (float)it->second;
+      const float add = r.pres + fc;
+      v = v + add;
+    }
+    if (r.rep != 1.0f) {
+      if (v > 0.0f) {
+        v = v * r.rep;
+      } else {
+        v = v / r.rep;
+      }
     }
   }
+  auto b = std::find_if(r.bias.begin(), r.bias.end(), [&](auto& p) { return (u32)p.first == id; });
+  if (b != r.bias.end()) v = v - b->second;
   return v;
 }
 
@@ -156,25 +174,44 @@ bool close_lp(float got, double want) {
 
 void run(const char* name, int vocab, std::vector<Row> rows, const std::vector<i32>& ids) {
   const int n = (int)rows.size();
-  // Records in reverse row order, pairs in record order, so neither index is the row's.
+  // Records in reverse row order, pairs in record order, so neither index is the row's. Each
+  // record's biases follow its seen pairs (as the host packs them), or follow `gap` decoy
+  // pairs (a +64 bias on its first biased token: read by mistake, it moves the row), or come
+  // before them.
   std::vector<int> extra_rows;
   for (int r = n - 1; r >= 0; --r)
     if (rows[r].extra) extra_rows.push_back(r);
   const int n_extras = (int)extra_rows.size();
   std::vector<i32> extra_of_row(n, -1), seen;
-  std::vector<u32> records(8 * std::max(n_extras, 1), 0);
+  std::vector<u32> records(kRecordWords * std::max(n_extras, 1), 0);
   seen.push_back(-7), seen.push_back(3);  // a pair of nobody's, before the first record's
   for (int e = 0; e < n_extras; ++e) {
     const Row& r = rows[extra_rows[e]];
     extra_of_row[extra_rows[e]] = e;
-    u32* w = &records[8 * e];
+    const auto at = [&] { return (u32)(seen.size() / 2); };
+    const auto push_seen = [&] {
+      for (auto [t, c] : r.pairs) seen.push_back(t), seen.push_back(c);
+    };
+    const auto push_bias = [&] {
+      for (auto [t, b] : r.bias) seen.push_back(t), seen.push_back((i32)f_bits(b));
+    };
+    u32 seen_at, bias_at;
+    if (r.bias_first) {
+      bias_at = at(), push_bias(), seen_at = at(), push_seen();
+    } else {
+      seen_at = at(), push_seen();
+      for (int g = 0; g < r.gap; ++g)
+        seen.push_back(r.bias.empty() ? 0 : r.bias[0].first), seen.push_back((i32)f_bits(64.0f));
+      bias_at = at(), push_bias();
+    }
+    u32* w = &records[kRecordWords * e];
     w[0] = f_bits(r.rep), w[1] = f_bits(r.pres), w[2] = f_bits(r.freq);
-    w[3] = (u32)(seen.size() / 2), w[4] = (u32)r.pairs.size();
-    w[5] = (u32)r.pending, w[6] = (u32)r.logprobs, w[7] = 0;
-    for (auto [t, c] : r.pairs) seen.push_back(t), seen.push_back(c);
+    w[3] = seen_at, w[4] = (u32)r.pairs.size();
+    w[5] = (u32)r.pending, w[6] = (u32)r.logprobs;
+    w[7] = bias_at, w[8] = (u32)r.bias.size(), w[9] = w[10] = w[11] = 0;
   }
   std::vector<DrawExtra> extras(std::max(n_extras, 1));
-  std::memcpy(extras.data(), records.data(), 32 * extras.size());
+  std::memcpy(extras.data(), records.data(), sizeof(DrawExtra) * extras.size());
 
   std::vector<float> logits(n * vocab), temp(n), top_p(n), min_p(n);
   std::vector<i32> top_k(n), got(n, -1), plain(n, -1);
@@ -195,9 +232,10 @@ void run(const char* name, int vocab, std::vector<Row> rows, const std::vector<i
     bad[r] = no_distribution(rows[r].logits);
     if (bad[r]) continue;
     seen_ref[r] = seen_of(rows[r], ids);
-    std::vector<float> pen = rows[r].logits;
-    penalize_ref(pen, rows[r], seen_ref[r]);
-    std::copy(pen.begin(), pen.end(), want_logits.begin() + r * vocab);
+    std::vector<float> adj = rows[r].logits;
+    bias_ref(adj, rows[r]);
+    penalize_ref(adj, rows[r], seen_ref[r]);
+    std::copy(adj.begin(), adj.end(), want_logits.begin() + r * vocab);
   }
   emu_launch({(unsigned)n, 1, 1}, 1024, [&] {
     sample_f32(plain.data(), want_logits.data(), vocab, temp.data(), top_k.data(), top_p.data(),
@@ -218,7 +256,7 @@ void run(const char* name, int vocab, std::vector<Row> rows, const std::vector<i
                                   want_logits.begin() + (r + 1) * vocab);
     for (int i = 0; i < vocab; ++i)
       c.expect(f_bits(logits[r * vocab + i]) == f_bits(want[i]),
-               row.extra && !bad[r] ? "penalized logit" : "logit untouched", r, i);
+               row.extra && !bad[r] ? "adjusted logit" : "logit untouched", r, i);
     if (!row.extra) {
       c.expect(got[r] == plain[r], "plain row: sample_f32's draw", r, got[r]);
       if (!(row.temp > 0.0f) && !no_distribution(row.logits))
@@ -232,7 +270,10 @@ void run(const char* name, int vocab, std::vector<Row> rows, const std::vector<i
       continue;
     }
     const int want_id = row.temp > 0.0f ? plain[r] : first_max(want);
-    c.expect(got[r] == want_id, "draw from the penalized row", r, got[r]);
+    c.expect(got[r] == want_id, "draw from the adjusted row", r, got[r]);
+    if (row.built_for >= 0)
+      c.expect(want_id == row.built_for, "the reference draws what the case is built for", r,
+               want_id);
     if (row.temp > 0.0f) c.expect(plain[r] >= 0 && plain[r] < vocab, "a draw at all", r, plain[r]);
     const double lse = lse_of(row.logits);
     const int n_top = row.logprobs > 0 ? std::min({row.logprobs, kMaxTop, vocab}) : 0;
@@ -267,11 +308,12 @@ std::vector<float> uniform(Rng& rng, int vocab, float lo, float hi) {
 
 int main() {
   Rng rng(23);
+  Rng rb(29);  // the rows with biases: the other rows' logits as they were
   // Launch A: vocab 1000 (float4 path). ids: the step's input ids, for the pending tokens.
   {
     const int V = 1000;
     const std::vector<i32> ids = {5, 17, 999, 78, 4, 40000, 250};
-    std::vector<Row> rows(13);
+    std::vector<Row> rows(20);
 
     rows[0].what = "plain greedy";
     rows[0].logits = uniform(rng, V, -5, 5);
@@ -360,13 +402,79 @@ int main() {
     h.extra = true, h.rep = 1.2f, h.pres = 0.5f, h.freq = 0.5f, h.logprobs = 5;
     h.pairs = {{123, 2}, {124, 0}};
 
+    // 6 + 3 = 9 ties the argmax at 10 (which the first maximum would keep) and passes 20's 8.5:
+    // without the ban the draw is 10, without the +3 it is 20. Its logprob: 6 - lse.
+    Row& o = rows[13];
+    o.what = "bias only (no penalties, no pairs): +3 lifts 300 to the argmax's 9, -100 bans the "
+             "argmax, logprobs 5, greedy, biases after a decoy";
+    o.logits = uniform(rb, V, -5, 5);
+    o.logits[10] = 9.0f, o.logits[20] = 8.5f, o.logits[300] = 6.0f;
+    o.extra = true, o.logprobs = 5, o.gap = 1, o.built_for = 300;
+    o.bias = {{10, -100.0f}, {300, 3.0f}};
+
+    Row& x = rows[14];  // the top list is the raw row's: 10 still leads it
+    x.what = "a -100 bias bans the argmax, no penalties, pending with nothing to do, logprobs 20, "
+             "greedy";
+    x.logits = uniform(rb, V, -5, 5);
+    x.logits[10] = 9.0f, x.logits[20] = 8.5f;
+    x.extra = true, x.logprobs = 20, x.pending = 4, x.built_for = 20;
+    x.bias = {{10, -100.0f}};
+
+    // The bias first: -1 + 3 = 2, / 1.5 = 1.33 < 1.4, 60 drawn; the repetition first:
+    // -1 * 1.5 + 3 = 1.5 > 1.4, 50 drawn.
+    Row& y = rows[15];
+    y.what = "bias then repetition on one token (a negative logit made positive: divided), "
+             "greedy, logprobs 5, biases after two decoys";
+    y.logits = uniform(rb, V, -5, 1);
+    y.logits[50] = -1.0f, y.logits[60] = 1.4f;
+    y.extra = true, y.rep = 1.5f, y.logprobs = 5, y.gap = 2, y.built_for = 60;
+    y.pairs = {{50, 0}, {70, 2}, {80, 1}};
+    y.bias = {{50, 3.0f}, {70, -0.5f}};
+
+    // 123: -0.5 + 6 = 5.5, / 1.25 = 4.4, - (0.5 + 0.25 * 3) = 3.15 above the rest (< 3): drawn,
+    // each step undone in reverse for its logprob. 1000, -1 and the others: outside (ignored;
+    // 1000 would be the next row's first logit). 124: -inf stays -inf.
+    Row& z = rows[16];
+    z.what = "bias, repetition, presence and frequency on the drawn token, pending among the "
+             "pairs and biased, biases outside the vocabulary and on -inf, logprobs 5, greedy";
+    z.logits = uniform(rb, V, -5, 3);
+    z.logits[123] = -0.5f, z.logits[78] = -3.0f, z.logits[124] = -INFINITY;
+    z.extra = true, z.rep = 1.25f, z.pres = 0.5f, z.freq = 0.25f, z.logprobs = 5, z.pending = 3;
+    z.pairs = {{123, 3}, {78, 0}, {400, 1}}, z.built_for = 123;
+    z.bias = {{-1, 50.0f}, {1000, 50.0f}, {123, 6.0f}, {INT_MIN, 50.0f}, {78, 2.0f},
+              {INT_MAX, 50.0f}, {124, 5.0f}, {1024, 50.0f}};
+
+    // 777: -4 + 16 = 12, / 1.2 = 10, far above the rest (< 5): the likely draw; 900 and 901
+    // banned; 33: -1 + 2.5 = 1.5, / 1.2, - (0.3 + 0.2).
+    Row& q = rows[17];
+    q.what = "biases with all three, sampled (T 0.9, k 30, p 0.9), logprobs 3, biases before "
+             "the pairs";
+    q.logits = uniform(rb, V, -5, 5);
+    q.logits[777] = -4.0f, q.logits[900] = 6.0f, q.logits[901] = 5.9f, q.logits[33] = -1.0f;
+    q.extra = true, q.rep = 1.2f, q.pres = 0.3f, q.freq = 0.2f, q.logprobs = 3;
+    q.temp = 0.9f, q.top_k = 30, q.top_p = 0.9f, q.seed = 4242, q.step = 17;
+    q.pairs = {{33, 1}, {777, 0}, {5, 2}};
+    q.bias = {{900, -100.0f}, {777, 16.0f}, {901, -100.0f}, {33, 2.5f}};
+    q.bias_first = true, q.built_for = 777;
+
+    rows[18].what = "plain sampled (T 1.1)";
+    rows[18].logits = uniform(rb, V, -5, 5);
+    rows[18].temp = 1.1f, rows[18].seed = 6, rows[18].step = 2;
+
+    Row& nb = rows[19];
+    nb.what = "a NaN with biases and penalties: no distribution, nothing biased, logprobs 5";
+    nb.logits = uniform(rb, V, -5, 5);
+    nb.logits[4] = NAN;
+    nb.extra = true, nb.rep = 1.3f, nb.logprobs = 5, nb.pairs = {{7, 1}}, nb.gap = 1;
+    nb.bias = {{4, 1.0f}, {7, 2.0f}};
+
     run("vocab 1000", V, rows, ids);
   }
   // Launch B: vocab 7 (the scalar path), fewer tokens than 20 logprobs.
   {
     const int V = 7;
     const std::vector<i32> ids = {4, 2, 6};
-    std::vector<Row> rows(4);
+    std::vector<Row> rows(6);
     Row& t = rows[0];
     t.what = "ties, +0/-0 and -inf in a top list longer than the row, all three, pending new";
     t.logits = {1.0f, -INFINITY, 1.0f, -0.0f, 0.0f, 3.0f, -INFINITY};
@@ -387,13 +495,30 @@ int main() {
     rows[3].logits.assign(V, -INFINITY);
     rows[3].extra = true, rows[3].logprobs = 20, rows[3].pending = 2;
 
+    // 4 (pending, new): -0.5 + 2 = 1.5, / 1.5 = 1, - 0.5 = 0.5 above 2's 0.3 / 1.5: drawn.
+    // 7: the vocabulary's end (the next row's first logit); 6: a -0 bias.
+    Row& v = rows[4];
+    v.what = "bias, repetition and presence on the pending token (new), biases outside the "
+             "vocabulary, logprobs 20, greedy, biases after a decoy";
+    v.logits = {-1.0f, -2.0f, 0.3f, -INFINITY, -0.5f, -3.0f, 0.2f};
+    v.extra = true, v.rep = 1.5f, v.pres = 0.5f, v.logprobs = 20, v.pending = 0, v.gap = 1;
+    v.pairs = {{2, 0}, {5, 1}}, v.built_for = 4;
+    v.bias = {{4, 2.0f}, {7, 9.0f}, {6, -0.0f}, {-3, 9.0f}};
+
+    Row& w = rows[5];  // 3: -inf + 4 stays -inf
+    w.what = "biases only, sampled (T 1), logprobs 3: -100 on the argmax, +3 on 1, +4 on -inf";
+    w.logits = uniform(rb, V, -2, 2);
+    w.logits[0] = 2.5f, w.logits[3] = -INFINITY;
+    w.extra = true, w.logprobs = 3, w.temp = 1.0f, w.seed = 31, w.step = 5;
+    w.bias = {{0, -100.0f}, {1, 3.0f}, {3, 4.0f}}, w.built_for = 1;
+
     run("vocab 7", V, rows, ids);
   }
   // Launch C: vocab 1001 (the scalar path).
   {
     const int V = 1001;
     const std::vector<i32> ids = {600, 601, 5000, 1000};
-    std::vector<Row> rows(5);
+    std::vector<Row> rows(7);
     Row& a = rows[0];
     a.what = "all three, sampled (T 0.9, k 20, min-p 0.05), logprobs 5, pending among the pairs";
     a.logits = uniform(rng, V, -6, 4);
@@ -425,6 +550,21 @@ int main() {
     e.extra = true, e.rep = 1.4f, e.logprobs = 0, e.pending = 2;
     e.temp = 1.2f, e.seed = 8, e.step = 2;
     e.pairs = {{500, 1}, {501, 0}, {502, 3}};
+
+    // 1000 (pending, among the pairs): -2 + 5 = 3, / 1.3, - (0.2 + 0.1 * 2); 3: + 1.5, * or /
+    // 1.3 as the bias leaves it; 1001: outside (the next row's first logit).
+    Row& f = rows[5];
+    f.what = "biases with all three, sampled (T 0.8, min-p 0.1), pending among the pairs and "
+             "biased, logprobs 5, biases after the pairs";
+    f.logits = uniform(rb, V, -4, 4);
+    f.logits[1000] = -2.0f;
+    f.extra = true, f.rep = 1.3f, f.pres = 0.2f, f.freq = 0.1f, f.logprobs = 5, f.pending = 3;
+    f.temp = 0.8f, f.min_p = 0.1f, f.seed = 555, f.step = 40;
+    f.pairs = {{1000, 1}, {3, 0}};
+    f.bias = {{1000, 5.0f}, {3, 1.5f}, {1001, 40.0f}};
+
+    rows[6].what = "plain greedy";
+    rows[6].logits = uniform(rb, V, -5, 5);
 
     run("vocab 1001", V, rows, ids);
   }

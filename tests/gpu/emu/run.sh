@@ -3,7 +3,7 @@
 # the GEMVs, the one-launch decode attention and FP8 against f64 references, W8A8 against the
 # CPU's bits, the fused launches (rope + cache, norm + int8, the GEMVs reading gate|up) against
 # the launches they replace, bit for bit, a chained step's input ids taken from the draws of
-# the step before (carry_ids), and the draws with penalties and logprobs (sample_extras_f32)
+# the step before (carry_ids), and the draws with bias, penalties and logprobs (sample_extras_f32)
 # against a reference of the CPU sampler's steps. Usage: run.sh [DIR]
 # (the prepared sources and binaries go there; a temporary directory otherwise). Exits non-zero
 # when a check fails. kernels/tests/emulated.rs runs it with the workspace's tests.
