@@ -73,7 +73,8 @@ impl Gpu {
 
     /// [`Self::sample`], with the CPU sampler's steps around the draw for the rows with extras
     /// (`extras`): no draw (id `i32::MAX`) from a row with no distribution; the logprobs of
-    /// the row as it stands; the penalties, in place; the draw; the drawn token's logprob.
+    /// the row as it stands; the bias and the penalties, in place; the draw; the drawn
+    /// token's logprob.
     ///
     /// # Safety
     /// As [`Self::sample`]; `extras`' arrays hold what their fields say, every index in them

@@ -1,6 +1,6 @@
 //! What the ranks draw for a step's sampling rows ([`crate::plan::StepPlan::device_sampling`]):
 //! each request's parameters as the device's sampler takes them, and the extras of a request
-//! with penalties or logprobs, which the ranks take around the draw as the host's sampler
+//! with penalties, logprobs or a logit bias, which the ranks take around the draw as the host's sampler
 //! does.
 
 use super::Request;
@@ -41,7 +41,7 @@ pub(crate) fn ranks_draw(exec: &Executor, req: &Request, d: &DeviceSampling) -> 
     exec.samples_on_device() || (d.temperature <= 0.0 && req.constraint.is_none())
 }
 
-/// Whether `req`'s draws need [`DrawExtras`]: penalties or logprobs.
+/// Whether `req`'s draws need [`DrawExtras`]: penalties, logprobs or a logit bias.
 pub(crate) fn wants_extras(req: &Request) -> bool {
     let p = req.sampler.params();
     p.penalties().any() || p.logprobs.is_some() || !p.logit_bias.is_empty()

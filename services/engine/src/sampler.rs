@@ -1,10 +1,9 @@
 //! Turning a row of logits into the next token.
 //!
 //! Order, as Hugging Face and vLLM apply them: logit bias → repetition / presence / frequency
-//! penalties →
-//! temperature (0 = greedy) → top-k → top-p → min-p → draw from the renormalized distribution.
-//! Logprobs are reported from the raw model distribution (before penalties and temperature), as
-//! vLLM does by default.
+//! penalties → temperature (0 = greedy) → top-k → top-p → min-p → draw from the renormalized
+//! distribution. Logprobs are reported from the raw model distribution (before the bias, the
+//! penalties and the temperature), as vLLM does by default.
 //!
 //! Each request owns its random generator; with a seed, the same request yields the same tokens
 //! whatever else is in the batch.

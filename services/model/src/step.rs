@@ -66,10 +66,10 @@ impl Penalties {
     }
 }
 
-/// What a row's draw needs beyond its [`DeviceSampling`] where its request asks for penalties
-/// or logprobs: the ranks then take the CPU sampler's steps around the draw themselves (the
-/// logprobs of the row before the penalties, the penalties, the draw, the drawn token's
-/// logprob), so the row's logits need not come back to the host.
+/// What a row's draw needs beyond its [`DeviceSampling`] where its request asks for penalties,
+/// logprobs or a logit bias: the ranks then take the CPU sampler's steps around the draw
+/// themselves (the logprobs of the row as it stands, the bias and the penalties, the draw, the
+/// drawn token's logprob), so the row's logits need not come back to the host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DrawExtras {
     /// Its sampling row.
