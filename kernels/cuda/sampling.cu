@@ -263,8 +263,8 @@ __device__ void sample_row(i32* out_ids, const float* logits, i32 vocab,
 //   1. no distribution (a NaN or +inf logit, or none above -inf): id MAX_ID, nothing else
 //      (the CPU refuses the row as bad logits);
 //   2. lse = m + log(sum exp(l - m)) over the row as it stands (after a grammar's mask, before
-//      the penalties); the top `logprobs` tokens, larger logit first, ties to the smaller id
-//      (the CPU's total order: +0 above -0), each with l - lse;
+//      the bias and the penalties); the top `logprobs` tokens, larger logit first, ties to
+//      the smaller id (the CPU's total order: +0 above -0), each with l - lse;
 //   3. the logit bias (l + b on each token it names), then the penalties, on each distinct
 //      token of the prompt and output so far: repetition r (l > 0: l / r, else l * r) on
 //      every one, then presence and frequency on those the output holds c > 0 times:
@@ -394,10 +394,11 @@ __device__ float raw_logit(const float* row, i32 id, const DrawExtra& x, const i
 // 1024), no dynamic shared memory. As `sample_f32` (same arguments first, same draws), and:
 // extra_of_row[b]: the index of row b's DrawExtra in `extras`, or -1 for a plain draw (as
 // `sample_f32`'s); seen: the extras' (token, output count) pairs and (token, bias bits) pairs,
-// i32, each row's tokens distinct in each; ids: the step's input ids (for `pending`); lp_out: LP_WORDS u32 per extra, the
-// drawn token's logprob (f32 bits) then the top `logprobs` (id, f32 logprob bits) pairs, for
-// extras asking for logprobs. The logits of extra rows are adjusted in place. A row with
-// extras and no distribution draws MAX_ID and writes no logprobs.
+// i32, each row's tokens distinct in each; ids: the step's input ids (for `pending`); lp_out:
+// LP_WORDS u32 per extra, the drawn token's logprob (f32 bits) then the top `logprobs` (id,
+// f32 logprob bits) pairs, for extras asking for logprobs. The logits of extra rows are
+// adjusted in place. A row with extras and no distribution draws MAX_ID and writes no
+// logprobs.
 extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
     sample_extras_f32(i32* out_ids, float* logits, i32 vocab, const float* temperature,
                       const i32* top_k, const float* top_p, const float* min_p,

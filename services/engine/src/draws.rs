@@ -1,7 +1,7 @@
 //! What the ranks draw for a step's sampling rows ([`crate::plan::StepPlan::device_sampling`]):
 //! each request's parameters as the device's sampler takes them, and the extras of a request
-//! with penalties, logprobs or a logit bias, which the ranks take around the draw as the host's sampler
-//! does.
+//! with penalties, logprobs or a logit bias, which the ranks take around the draw as the host's
+//! sampler does.
 
 use super::Request;
 use crate::executor::Executor;

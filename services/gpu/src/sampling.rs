@@ -159,9 +159,10 @@ const RECORD_WORDS: usize = ferrite_kernels::cuda::sample::DRAW_EXTRA_BYTES / 4;
 
 /// `sample_extras_f32`'s arrays in one block of i32 words, so a step copies them at once: each
 /// of the `rows` sampling rows' index among `extras` (-1: none), then each extra's record
-/// (`DrawExtra`), then their (token, output count) pairs and (token, bias bits) pairs. `tokens[r]`: the index among the
-/// step's input ids of row r's last token (where its `last_is_output` token is read). Returns
-/// the block and where the records and the pairs start (in words).
+/// (`DrawExtra`), then their (token, output count) pairs and (token, bias bits) pairs.
+/// `tokens[r]`: the index among the step's input ids of row r's last token (where its
+/// `last_is_output` token is read). Returns the block and where the records and the pairs
+/// start (in words).
 fn packed_extras(
     extras: &[DrawExtras],
     rows: usize,
