@@ -107,15 +107,10 @@ impl SeenSoFar {
     }
 }
 
-/// Whether the ranks draw for requests with penalties or logprobs (on unless
+/// Whether the ranks draw for requests with penalties, logprobs or a logit bias (on unless
 /// `FERRITE_DRAW_EXTRAS=0`, read once; off, their rows are sampled on the host): the off
 /// switch is for A/B runs on one machine (tests/gpu/host.sh's `ab` stage).
 pub(crate) fn extras_on_ranks() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("FERRITE_DRAW_EXTRAS").as_deref(),
-            Ok("0" | "off")
-        )
-    })
+    *ON.get_or_init(|| !super::switched_off("FERRITE_DRAW_EXTRAS"))
 }

@@ -714,6 +714,12 @@ fn prefix_cache_seed(exec: &Executor, cfg: &EngineConfig) -> BlockHash {
 
 pub use crate::complete::Generation;
 
+/// Whether the environment turns the switch `var` off (`0` or `off`): the A/B switches of the
+/// runbook's `ab` stage, each read once by its caller.
+pub(crate) fn switched_off(var: &str) -> bool {
+    matches!(std::env::var(var).as_deref(), Ok("0" | "off"))
+}
+
 #[path = "draws.rs"]
 mod draws;
 #[path = "pick.rs"]

@@ -253,12 +253,7 @@ impl Engine {
 /// for A/B runs on one machine (tests/gpu/host.sh's `ab` stage).
 fn chaining() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        !matches!(
-            std::env::var("FERRITE_CHAIN_STEPS").as_deref(),
-            Ok("0" | "off")
-        )
-    })
+    *ON.get_or_init(|| !crate::engine::switched_off("FERRITE_CHAIN_STEPS"))
 }
 
 /// Where `plan`'s chunks hold the placeholders of the tokens `prev` (the step before it)

@@ -348,13 +348,9 @@ impl GpuRunner {
             #[allow(unsafe_code)]
             unsafe { g.argmax(ids, self.logits_ptr, n, vocab) }.map_err(gpu_error)?;
         } else {
-            let b = &mut self.sampling;
-            let (block, arrays) = packed(params, b.params.ptr);
-            // SAFETY: the block holds n ≤ max_seqs sequences' parameters, PACKED_BYTES each:
-            // within the buffer.
-            #[allow(unsafe_code)]
-            unsafe { b.staged_params.queue(&g, b.params.ptr, &block) }.map_err(gpu_error)?;
-            // SAFETY: as above; every parameter array holds the n elements just written.
+            let arrays = self.queue_params(&g, params)?;
+            // SAFETY: every parameter array holds the n elements just queued; `ids` holds
+            // max_seqs ≥ n.
             #[allow(unsafe_code)]
             unsafe { g.sample(ids, self.logits_ptr, n, vocab, &arrays) }.map_err(gpu_error)?;
         }
@@ -394,8 +390,8 @@ impl GpuRunner {
         let (block, records, pairs) = packed_extras(draws.extras, n, &logits_tokens(seqs))?;
         self.extras_room_for(g, block.len())?;
         let input_ids = self.meta_ptr.offset::<i32>(self.offsets().ids);
+        let arrays = self.queue_params(g, draws.params)?;
         let b = &mut self.sampling;
-        let (params, arrays) = packed(draws.params, b.params.ptr);
         let base = b.extras.ptr;
         let at = ExtrasArrays {
             extra_of_row: base,
@@ -404,14 +400,11 @@ impl GpuRunner {
             ids: input_ids,
             logprobs: g.ptr(&b.logprobs),
         };
-        // SAFETY: the blocks fit their buffers (params: n ≤ max_seqs sequences; the extras:
-        // grown to fit above), and `packed_extras` checked every row and record index; the
-        // input ids are the step's metadata, copied before the forward.
+        // SAFETY: the block fits its buffer (grown to fit above), and `packed_extras` checked
+        // every row and record index; the parameters are queued; the input ids are the step's
+        // metadata, copied before the forward.
         #[allow(unsafe_code)]
         unsafe {
-            b.staged_params
-                .queue(g, b.params.ptr, &params)
-                .map_err(gpu_error)?;
             b.staged_extras.queue(g, base, &block).map_err(gpu_error)?;
             g.sample_extras(g.ptr(&b.ids), self.logits_ptr, n, vocab, &arrays, &at)
                 .map_err(gpu_error)?;
@@ -429,6 +422,29 @@ impl GpuRunner {
                 })
             })
             .collect())
+    }
+
+    /// Queues the copy of the draws' parameters `params` (one per row, at most max_seqs) and
+    /// returns where each array lies once copied.
+    fn queue_params(
+        &mut self,
+        g: &ferrite_kernels::cuda::Gpu,
+        params: &[DeviceSampling],
+    ) -> Result<SamplingArrays> {
+        if params.len() > self.limits.max_seqs {
+            return Err(ModelError::Internal(format!(
+                "{} sampling parameter sets for room for {}",
+                params.len(),
+                self.limits.max_seqs
+            )));
+        }
+        let b = &mut self.sampling;
+        let (block, arrays) = packed(params, b.params.ptr);
+        // SAFETY: the block holds at most max_seqs sequences' parameters, PACKED_BYTES each:
+        // within the buffer.
+        #[allow(unsafe_code)]
+        unsafe { b.staged_params.queue(g, b.params.ptr, &block) }.map_err(gpu_error)?;
+        Ok(arrays)
     }
 
     /// Room for `words` of extras, grown (after the work in flight, which may read the
