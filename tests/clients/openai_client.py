@@ -7,9 +7,10 @@ Run by tests/tests/api.rs (`cargo test`), or by hand against a running gateway:
 
 Calls models.list, completions (stream and not), chat.completions (stream and not, with and
 without stream_options.include_usage), a completion for an unknown model, and requests with
-fields ferrite refuses (the legacy functions, echo, n > 1), and prints one JSON object with what came back; the Rust test
-compares it with the gRPC API's answers. Greedy throughout (temperature 0); completions also
-set ignore_eos so they produce exactly --max-tokens tokens.
+fields ferrite refuses (the legacy functions, echo, n out of range), requests for several
+choices (n), and prints one JSON object with what came back; the Rust test compares it with the
+gRPC API's answers. Greedy (temperature 0) but for the choices' seeded draws; completions also
+set ignore_eos so they produce exactly their max_tokens.
 """
 
 import argparse
@@ -36,7 +37,8 @@ def refusals(client, model, messages):
     cases = {
         "functions": {"functions": [tool["function"]]},
         "echo": {"extra_body": {"echo": True}},
-        "n": {"n": 2},
+        "n=0": {"n": 0},
+        "n=129": {"n": 129},
     }
     out = {}
     for name, fields in cases.items():
@@ -46,6 +48,49 @@ def refusals(client, model, messages):
         except openai.APIStatusError as e:
             body = e.body if isinstance(e.body, dict) else {}
             out[name] = {"status_code": e.status_code, "param": body.get("param"), "message": body.get("message")}
+    return out
+
+
+def several_choices(client, model, prompt, messages):
+    """Requests for n choices: whole and streamed, seeded and greedy, and each seeded choice's
+    own request (choice i of a request with seed s is drawn with seed s + i)."""
+    seeded = {"temperature": 1.0, "max_tokens": 6, "seed": 7, "extra_body": {"ignore_eos": True}}
+    out = {}
+    whole = client.completions.create(model=model, prompt=prompt, n=3, **seeded)
+    out["indexes"] = [c.index for c in whole.choices]
+    out["texts"] = [c.text for c in whole.choices]
+    out["finishes"] = [c.finish_reason for c in whole.choices]
+    out["usage"] = whole.usage.model_dump()
+    alone = []
+    for i in range(3):
+        one = client.completions.create(model=model, prompt=prompt, **{**seeded, "seed": 7 + i})
+        alone.append(one.choices[0].text)
+    out["alone"] = alone
+
+    texts, finishes, usages = {}, {}, []
+    stream = client.completions.create(
+        model=model, prompt=prompt, n=3, stream=True, stream_options={"include_usage": True}, **seeded
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usages.append({"choices": len(chunk.choices), "usage": chunk.usage.model_dump()})
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.text or "")
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    out["stream"] = {"texts": [texts.get(i) for i in range(3)], "finishes": [finishes.get(i) for i in range(3)],
+                     "usage_chunks": usages}
+
+    greedy = {"temperature": 0.0, "max_tokens": 8}
+    chat = client.chat.completions.create(model=model, messages=messages, n=2, **greedy)
+    out["chat"] = [{"index": c.index, "content": c.message.content} for c in chat.choices]
+    contents, roles = {}, {}
+    for chunk in client.chat.completions.create(model=model, messages=messages, n=2, stream=True, **greedy):
+        for c in chunk.choices:
+            contents[c.index] = contents.get(c.index, "") + (c.delta.content or "")
+            if c.delta.role:
+                roles[c.index] = roles.get(c.index, 0) + 1
+    out["chat_stream"] = {"contents": [contents.get(i) for i in range(2)], "roles": [roles.get(i) for i in range(2)]}
     return out
 
 
@@ -107,6 +152,7 @@ def main():
     out["usage_chunks_unasked"] = usage_chunks(client, args.model, messages, greedy, None)
     out["usage_chunks_asked"] = usage_chunks(client, args.model, messages, greedy, {"include_usage": True})
     out["refused"] = refusals(client, args.model, messages)
+    out["choices"] = several_choices(client, args.model, args.prompt, messages)
 
     try:
         client.completions.create(model="no-such-model", prompt=args.prompt, max_tokens=4)

@@ -10,6 +10,7 @@
 //! - [`grpc`]: request builders and a stream collector over the public `ferrite.v1` API, and
 //!   `raw_call` (curl as a gRPC client that, unlike tonic's, leaves deadlines to the server).
 //! - [`http`]: a minimal HTTP/1.1 client for the OpenAI-compatible endpoint (no extra crates).
+//! - [`metrics`]: `/metrics` scraped and parsed.
 //! - [`python`]: runs the Python clients under `tests/clients/`.
 //! - [`reference`]: `ferrite generate --json`, the single-process answer to compare with.
 //! - [`wait`]: wait-until-a-condition-holds with a deadline (no fixed sleeps in the tests).
@@ -23,6 +24,7 @@
 pub mod cluster;
 pub mod grpc;
 pub mod http;
+pub mod metrics;
 pub mod process;
 pub mod python;
 pub mod reference;

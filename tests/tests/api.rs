@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ferrite_cluster_tests::grpc::{self, greedy_chat, greedy_text};
-use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, python, reference, serial};
+use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, metrics, python, reference, serial};
 use ferrite_proto::v1::tokenize_request::Input;
 use ferrite_proto::v1::{
     ChatMessage, ChatMessages, DetokenizeRequest, FinishReason, ListModelsRequest, TokenizeRequest,
@@ -345,10 +345,63 @@ async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
     assert_eq!(asked[0]["choices"], 0, "{show}");
     assert_eq!(asked[0]["usage"]["completion_tokens"], MAX_TOKENS, "{show}");
     // Fields ferrite does not serve are refused by name, not ignored.
-    for param in ["functions", "echo", "n"] {
-        let r = &out["refused"][param];
-        assert_eq!(r["status_code"], 400, "{param}: {show}");
+    for (case, param) in [
+        ("functions", "functions"),
+        ("echo", "echo"),
+        ("n=0", "n"),
+        ("n=129", "n"),
+    ] {
+        let r = &out["refused"][case];
+        assert_eq!(r["status_code"], 400, "{case}: {show}");
         assert_eq!(r["param"], param, "{show}");
     }
+    check_choices(&out["choices"]).with_context(|| show.clone())?;
+    // Every later choice went to the pool its first choice was prefilled on (of two).
+    let m = metrics::scrape(cluster.gateway.http).await?;
+    let siblings = metrics::sample(
+        &m,
+        "ferrite_gateway_route_decisions_total{policy=kv,reason=sibling}",
+    );
+    assert_eq!(siblings, 2.0 + 2.0 + 1.0 + 1.0, "{m:?}");
+    Ok(())
+}
+
+/// `n`: three seeded completions (whole and streamed) and two greedy chats (whole and
+/// streamed), from `openai_client.py`.
+fn check_choices(c: &serde_json::Value) -> Result<()> {
+    use serde_json::json;
+    assert_eq!(c["indexes"], json!([0, 1, 2]));
+    assert_eq!(c["finishes"], json!(["length", "length", "length"]));
+    assert_eq!(c["usage"]["completion_tokens"], 18, "3 choices of 6 tokens");
+    assert!(c["usage"]["prompt_tokens"].as_u64() > Some(0));
+    // Choice i of the request seeded 7 is the request seeded 7 + i.
+    assert_eq!(c["texts"], c["alone"]);
+    let texts: std::collections::HashSet<&str> = c["texts"]
+        .as_array()
+        .context("texts")?
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    assert!(texts.len() >= 2, "seeded choices differ");
+    // Streamed, each choice's chunks add up to its text; the usage comes once, at the end.
+    assert_eq!(c["stream"]["texts"], c["texts"]);
+    assert_eq!(c["stream"]["finishes"], c["finishes"]);
+    let usage_chunks = c["stream"]["usage_chunks"].as_array().context("usage")?;
+    assert_eq!(usage_chunks.len(), 1);
+    assert_eq!(usage_chunks[0]["choices"], 0);
+    for count in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(
+            usage_chunks[0]["usage"][count], c["usage"][count],
+            "{count}"
+        );
+    }
+    // Greedy choices are alike; a streamed chat names the role once per choice.
+    let chat = &c["chat"];
+    assert_eq!(chat[0]["index"], 0);
+    assert_eq!(chat[1]["index"], 1);
+    assert_eq!(chat[0]["content"], chat[1]["content"]);
+    let contents = json!([chat[0]["content"], chat[1]["content"]]);
+    assert_eq!(c["chat_stream"]["contents"], contents);
+    assert_eq!(c["chat_stream"]["roles"], json!([1, 1]));
     Ok(())
 }

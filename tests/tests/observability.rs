@@ -2,8 +2,6 @@
 //! protocol definitions, `opentelemetry-proto`), and `/metrics` is parsed by the Prometheus
 //! Python client's parser.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -11,7 +9,7 @@ use ferrite_cluster_tests::cluster::{
     PREFIX, ServeProc, WORKER_READY_TIMEOUT, addr_after, channel,
 };
 use ferrite_cluster_tests::grpc::{self, greedy_text};
-use ferrite_cluster_tests::python::run_client;
+use ferrite_cluster_tests::metrics::{sample, scrape};
 use ferrite_cluster_tests::{MODEL, Proc, ferrite_bin, http, serial};
 use ferrite_placement::testing::EtcdServer;
 use ferrite_proto::v1::inference_client::InferenceClient;
@@ -261,35 +259,6 @@ fn check_request(
     Ok(())
 }
 
-/// Parses `/metrics` at `addr` with prometheus_client; returns sample name+labels → value.
-async fn scrape(addr: SocketAddr) -> Result<BTreeMap<String, f64>> {
-    let parsed = run_client(
-        "metrics_parse.py",
-        &[format!("http://{addr}/metrics")],
-        Duration::from_secs(30),
-    )
-    .await?;
-    let mut out = BTreeMap::new();
-    for s in parsed["samples"].as_array().context("samples")? {
-        let labels = s[1].as_object().context("labels")?;
-        let mut key = s[0].as_str().context("name")?.to_owned();
-        let mut pairs: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-            .collect();
-        pairs.sort();
-        if !pairs.is_empty() {
-            key.push_str(&format!("{{{}}}", pairs.join(",")));
-        }
-        out.insert(key, s[2].as_f64().context("value")?);
-    }
-    Ok(out)
-}
-
-fn sample(m: &BTreeMap<String, f64>, key: &str) -> f64 {
-    m.get(key).copied().unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()> {
     let _turn = serial().await;
@@ -414,7 +383,59 @@ async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()>
         &format!("ferrite_kv_cache_usage_perc{{model_name={MODEL}}}"),
     );
     ensure!((0.0..=1.0).contains(&usage), "KV usage {usage}");
+
+    // Two choices of one request: one request span, an upstream call and worker request each.
+    let (parent, trace_id, _) = client_context(4);
+    let body = json!({"model": MODEL, "prompt": "Once upon a time", "n": 2, "max_tokens": 3,
+        "temperature": 1, "ignore_eos": true});
+    let r = http::post_json_with_headers(
+        http_addr,
+        "/v1/completions",
+        &body,
+        &[("traceparent", &parent)],
+    )
+    .await?;
+    ensure!(r.status == 200, "{r:?}");
+    let spans = wait_spans(&receiver, "decode", 5, named("decode")).await?;
+    check_choices_trace(&spans, &trace_id)?;
     serve.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// The trace of a request for two choices of 3 tokens each.
+fn check_choices_trace(spans: &[ReceivedSpan], trace_id: &str) -> Result<()> {
+    let trace: Vec<ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.trace_id == trace_id)
+        .cloned()
+        .collect();
+    let name = format!("text_completion {MODEL}");
+    let gw = one(&trace, &name, |s| s.name == name)?;
+    let attrs = &gw.attributes;
+    ensure!(
+        int(gw, "gen_ai.request.choice.count") == Some(2),
+        "{attrs:?}"
+    );
+    ensure!(
+        int(gw, "gen_ai.usage.output_tokens") == Some(6),
+        "{attrs:?}"
+    );
+    let reasons = gw
+        .attr("gen_ai.response.finish_reasons")
+        .map(|r| r.to_string());
+    let both = reasons.is_some_and(|r| r.matches("length").count() == 2);
+    ensure!(both, "{attrs:?}");
+    let upstreams: Vec<&ReceivedSpan> = children(&trace, gw)
+        .into_iter()
+        .filter(|s| s.name == "upstream")
+        .collect();
+    ensure!(upstreams.len() == 2, "{trace:#?}");
+    for up in upstreams {
+        let worker = one(&trace, "worker span of an upstream", |s| {
+            s.name == "worker.generate" && s.parent_span_id.as_deref() == Some(&up.span_id)
+        })?;
+        ensure!(int(worker, "gen_ai.usage.output_tokens") == Some(3));
+    }
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ferrite_cluster_tests::cluster::{ServeProc, WORKER_READY_TIMEOUT, addr_after, channel};
 use ferrite_cluster_tests::grpc::{self, greedy_text};
-use ferrite_cluster_tests::{MODEL, Proc, ferrite_bin, http, serial, wait};
+use ferrite_cluster_tests::{MODEL, Proc, ferrite_bin, http, metrics, serial, wait};
 use ferrite_proto::v1::inference_client::InferenceClient;
 use ferrite_proto::v1::{FinishReason, ListModelsRequest};
 use serde_json::json;
@@ -182,5 +182,41 @@ async fn the_readme_curl_names_paris_and_a_requests_own_temperature_wins() -> Re
     assert_eq!(defaults["top_p"], json!(0.5f32), "{models}");
 
     serve.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// `n` prefills the prompt once: the later choices go out after the first has its first
+/// token, when the prompt's full blocks are in the prefix cache, so each of them finds them
+/// there. (Sent together, all four would prefill it in one step, and none would find it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_prefill_their_prompt_once() -> Result<()> {
+    let _turn = serial().await;
+    let serve = ServeProc::start().await?;
+    // 100 prompt tokens that no other request sends: 6 full blocks of 16.
+    let prompt: Vec<u32> = (0..100).map(|i| 1000 + 37 * i).collect();
+    let hits = format!("ferrite_prefix_cache_hits_total{{model_name={MODEL}}}");
+    let before = metrics::sample(&metrics::scrape(serve.http).await?, &hits);
+    let body = json!({"model": MODEL, "prompt": prompt, "n": 4, "max_tokens": 3,
+        "temperature": 1, "ignore_eos": true});
+    let r = http::post_json(serve.http, "/v1/completions", &body).await?;
+    let reply = r.json()?;
+    assert_eq!(r.status, 200, "{reply}");
+    assert_eq!(
+        reply["choices"].as_array().map(Vec::len),
+        Some(4),
+        "{reply}"
+    );
+    assert_eq!(reply["usage"]["prompt_tokens"], 100, "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 12, "{reply}");
+    assert_eq!(
+        reply["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "choice 0 prefilled it: {reply}"
+    );
+    let after = metrics::sample(&metrics::scrape(serve.http).await?, &hits);
+    assert_eq!(
+        after - before,
+        3.0 * 96.0,
+        "the later choices' cached tokens"
+    );
     Ok(())
 }

@@ -200,8 +200,9 @@ impl api::inference_server::Inference for InferenceService {
             started,
             api: trace::Api::Grpc,
             caller,
+            choices: 1,
         };
-        let events = self.gateway.generate(args, span).await?;
+        let events = self.gateway.generate(args, span).await?.first;
         Ok(Response::new(Box::pin(
             events.map(|r| r.map(to_proto).map_err(Status::from)),
         )))

@@ -20,7 +20,8 @@
 //! - [`trace`]: each request's GenAI span and metrics.
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
 //!   request bodies [`openai`] reads (refusing what is not served) and whose log-probabilities
-//!   [`logprobs`] writes, and whose errors [`api_error`] shapes as OpenAI's.
+//!   [`logprobs`] writes, whose answers [`reply`] builds from the events of every choice, and
+//!   whose errors [`api_error`] shapes as OpenAI's.
 //! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
 //!
 //! The gateway owns text; workers own tokens.
@@ -38,6 +39,7 @@ pub mod models;
 pub mod openai;
 pub mod outlier;
 pub mod pools;
+pub mod reply;
 pub mod route;
 pub mod stream;
 pub mod tool_stream;
@@ -45,12 +47,13 @@ pub mod tools;
 pub mod trace;
 pub mod validate;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_placement::{KeySchema, Store};
 use ferrite_proto::v1 as api;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tracing::Instrument;
 
 pub use auth::ApiKeys;
@@ -209,14 +212,19 @@ impl Gateway {
         Some(text.sampling_defaults.clone())
     }
 
-    /// Validates, routes and streams one completion. `span` is the request's span
-    /// ([`trace::request_span`], parented to the client's context); it ends with the stream.
+    /// Validates, routes and streams one completion request, for `request.choices`
+    /// completions. `span` is the request's span ([`trace::request_span`], parented to the
+    /// client's context); it ends with the last stream.
+    ///
+    /// Returns once the first choice has its first token. The others start when their streams
+    /// are first polled: on the first choice's pool, whose prefix cache holds the prompt once
+    /// it has a token, so the prompt is prefilled once. A caller's limits count the request
+    /// once, with every choice's `max_tokens`.
     pub async fn generate(
         &self,
         request: GenerateArgs<'_>,
         span: tracing::Span,
-    ) -> Result<impl Stream<Item = Result<GenerateEvent, GatewayError>> + Send + use<>, GatewayError>
-    {
+    ) -> Result<Choices, GatewayError> {
         let GenerateArgs {
             model,
             prompt,
@@ -227,8 +235,10 @@ impl Gateway {
             started,
             api,
             caller,
+            choices,
         } = request;
-        let mut trace = trace::RequestTrace::new(span.clone(), model, api, started);
+        let mut trace = trace::RequestTrace::new(span.clone(), model, api, started)
+            .with_choices(choices as usize);
         let opened = async {
             // A caller over its request limit is refused before its prompt costs anything.
             self.limiter.check_requests(caller, Instant::now())?;
@@ -247,27 +257,87 @@ impl Gateway {
             .instrument(tracing::info_span!("validate"))
             .await?;
             trace.validated(&validated);
-            let tokens = validated.prompt_ids().len() + validated.sampling().max_tokens as usize;
+            let outputs = validated.sampling().max_tokens as usize * choices.max(1) as usize;
+            let tokens = validated.prompt_ids().len() + outputs;
             self.limiter.admit(caller, tokens, Instant::now())?;
-            let upstream =
-                route::open(&self.pools, &validated, deadline, self.routing, self.limits).await?;
+            let upstream = route::open(&self.pools, &validated, deadline, self.routes(), None);
+            let upstream = upstream.await?;
             Ok((validated, upstream))
         }
         .instrument(span)
         .await;
-        match opened {
-            Ok((req, upstream)) => Ok(stream::events(
-                &req,
-                upstream,
-                trace,
-                deadline,
-                self.limits.idle,
-            )),
+        let (req, upstream) = match opened {
+            Ok(opened) => opened,
             Err(e) => {
                 trace.failed(&e);
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        let others = (1..choices.max(1))
+            .map(|i| self.later_choice(req.for_choice(i), &upstream.pool, trace.clone(), deadline))
+            .collect();
+        let idle = self.limits.idle;
+        let first = stream::events(&req, upstream, trace, deadline, idle);
+        Ok(Choices {
+            first: Box::pin(first),
+            others,
+        })
+    }
+
+    fn routes(&self) -> (route::Routing, route::UpstreamLimits) {
+        (self.routing, self.limits)
+    }
+
+    /// The stream of a later choice `req` of a request whose first choice is on `pool`: it is
+    /// routed (to `pool` first) when first polled.
+    fn later_choice(
+        &self,
+        req: validate::ValidatedRequest,
+        pool: &str,
+        mut trace: trace::RequestTrace,
+        deadline: Option<Instant>,
+    ) -> EventStream {
+        let (view, routes, pool) = (self.pools.clone(), self.routes(), pool.to_owned());
+        let span = trace.span().clone();
+        let opened = async move {
+            let upstream = route::open(&view, &req, deadline, routes, Some(&pool));
+            match upstream.instrument(span).await {
+                Ok(up) => stream::events(&req, up, trace, deadline, routes.1.idle).boxed(),
+                Err(e) => {
+                    trace.failed(&e);
+                    futures::stream::once(async { Err(e) }).boxed()
+                }
+            }
+        };
+        Box::pin(futures::stream::once(opened).flatten())
+    }
+}
+
+/// The events of one choice of a completion.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateEvent, GatewayError>> + Send>>;
+
+/// The streams of a request's choices, index 0 first.
+pub struct Choices {
+    /// Choice 0, which has its first token.
+    pub first: EventStream,
+    /// Choices 1.., routed when first polled.
+    pub others: Vec<EventStream>,
+}
+
+impl std::fmt::Debug for Choices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Choices")
+            .field("others", &self.others.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Choices {
+    /// Every choice's stream, by index.
+    pub fn into_streams(self) -> Vec<EventStream> {
+        let mut all = vec![self.first];
+        all.extend(self.others);
+        all
     }
 }
 
@@ -287,6 +357,8 @@ pub struct GenerateArgs<'a> {
     pub api: trace::Api,
     /// Whose rate limits the request counts against.
     pub caller: auth::Caller,
+    /// How many completions of the prompt to make (OpenAI's `n`; 1 on gRPC).
+    pub choices: u32,
 }
 
 pub use listen::{GatewayAddrs, serve};

@@ -1,6 +1,6 @@
 //! The OpenAI request bodies: what ferrite reads from them, and a clear refusal (400, naming the
-//! field) of every field it would otherwise ignore while the client counts on it: tools, logit
-//! bias, several choices.
+//! field) of every field it would otherwise ignore while the client counts on it (an echoed
+//! prompt, a suffix, candidates beyond the choices returned, the legacy functions).
 //!
 //! Structured outputs come as OpenAI's `response_format` (`json_object`, `json_schema`) or as
 //! vLLM's `structured_outputs` extension (`json`, `regex`, `choice`, `grammar` in Lark).
@@ -13,6 +13,9 @@ use serde_json::Value;
 use crate::api_error::ApiError;
 use crate::tools::{self, Function, PastCall, ToolChoice, Tools};
 use crate::validate::{Constraint, Prompt};
+
+/// The most choices one request may ask for (OpenAI's own bound on `n`).
+pub const MAX_CHOICES: u32 = 128;
 
 /// Fields shared by both completion endpoints.
 #[derive(Debug, Deserialize)]
@@ -102,6 +105,18 @@ impl CommonParams {
             .is_some_and(|o| o.include_usage)
     }
 
+    /// How many choices to make (`n`, 1 to [`MAX_CHOICES`]; 1 unset).
+    pub fn choices(&self) -> Result<u32, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n @ 1..=MAX_CHOICES) => Ok(n),
+            Some(n) => Err(ApiError::invalid(
+                format!("`n` must be from 1 to {MAX_CHOICES}, not {n}"),
+                Some("n"),
+            )),
+        }
+    }
+
     /// Refuses every field that ferrite does not serve, rather than ignoring it.
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
         let unsupported = |param: &'static str, what: &str| {
@@ -110,11 +125,9 @@ impl CommonParams {
                 Some(param),
             ))
         };
-        if self.n.is_some_and(|n| n != 1) {
-            return unsupported("n", "one choice per request (n = 1)");
-        }
-        if self.best_of.is_some_and(|n| n != 1) {
-            return unsupported("best_of", "one candidate per request");
+        // best_of = n draws no more candidates than are returned: nothing to choose among.
+        if self.best_of.is_some_and(|b| b != 1 && Some(b) != self.n) {
+            return unsupported("best_of", "no candidates beyond the `n` choices returned");
         }
         let legacy = [
             ("functions", &self.functions),
@@ -522,8 +535,8 @@ mod tests {
     #[test]
     fn unsupported_fields_are_refused_by_name() {
         let cases = [
-            (json!({ "n": 2 }), "n"),
             (json!({ "best_of": 3 }), "best_of"),
+            (json!({ "n": 2, "best_of": 3 }), "best_of"),
             (json!({ "function_call": { "name": "f" } }), "function_call"),
             (json!({ "functions": [{}] }), "functions"),
             (json!({ "echo": true }), "echo"),

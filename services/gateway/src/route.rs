@@ -389,20 +389,32 @@ async fn call(
 }
 
 /// Sends `req` to a ready pool of its model and waits for the first token, trying other
-/// pools while the failure is one another pool may not have (see the module doc).
+/// pools while the failure is one another pool may not have (see the module doc). The pool
+/// named `prefer` is tried first while it is a candidate: a request's later choices go where
+/// its first one was prefilled, whose prefix cache holds their prompt by then.
 pub async fn open(
     view: &PoolView,
     req: &ValidatedRequest,
     deadline: Option<Instant>,
-    routing: Routing,
-    limits: UpstreamLimits,
+    (routing, limits): (Routing, UpstreamLimits),
+    prefer: Option<&str>,
 ) -> Result<Upstream, GatewayError> {
     let model = &req.model().name;
     let mut tried: HashSet<String> = HashSet::new();
     let mut last_err = None;
     loop {
         let candidates = candidates(view, req, &tried);
-        let Some((pool, uncached)) = choose(view, req, &candidates, routing) else {
+        let preferred = prefer
+            .filter(|_| tried.is_empty())
+            .and_then(|name| candidates.iter().find(|p| p.name == name));
+        let chosen = match preferred {
+            Some(p) => {
+                ferrite_telemetry::metrics::route_decision(routing.as_str(), "sibling");
+                Some((p.clone(), None))
+            }
+            None => choose(view, req, &candidates, routing),
+        };
+        let Some((pool, uncached)) = chosen else {
             return Err(last_err.unwrap_or_else(|| {
                 GatewayError::Unavailable(format!(
                     "no ready pool serves `{model}` with a context of {} tokens",

@@ -5,6 +5,7 @@
 //! (rendering, tokenization, checks) and one `upstream` per pool tried (kind client), whose
 //! context goes to the worker in the call's metadata; the worker's spans hang below it.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use ferrite_telemetry::metrics::GatewayRequestMetrics;
@@ -47,28 +48,61 @@ pub fn request_span(model: &str, prompt: &Prompt) -> tracing::Span {
     span
 }
 
-/// One request's span and metrics, from the gateway's point of view.
-#[derive(Debug)]
+/// One request's span and metrics, from the gateway's point of view. A request with several
+/// choices (OpenAI's `n`) has one trace, cloned into each choice's stream: the first delta of
+/// any choice is the request's first token, the deltas of all count, and it finishes when the
+/// last choice does.
+#[derive(Debug, Clone)]
 pub struct RequestTrace {
     span: tracing::Span,
-    metrics: Option<GatewayRequestMetrics>,
     started: Instant,
+    /// This choice's last delta (the gap between deltas is per choice).
+    last_delta: Option<Instant>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// What the choices of one request count together.
+#[derive(Debug)]
+struct Shared {
+    metrics: Option<GatewayRequestMetrics>,
     /// Seconds from arrival to the first delta, once it went out.
     time_to_first_token: Option<f64>,
-    last_delta: Option<Instant>,
     prompt_tokens: u64,
+    choices: usize,
+    finish_reasons: Vec<&'static str>,
+    output_tokens: u32,
 }
 
 impl RequestTrace {
     pub fn new(span: tracing::Span, model: &str, api: Api, started: Instant) -> Self {
+        let shared = Shared {
+            metrics: Some(GatewayRequestMetrics::start(model, api.as_str())),
+            time_to_first_token: None,
+            prompt_tokens: 0,
+            choices: 1,
+            finish_reasons: Vec::new(),
+            output_tokens: 0,
+        };
         Self {
             span,
-            metrics: Some(GatewayRequestMetrics::start(model, api.as_str())),
             started,
-            time_to_first_token: None,
             last_delta: None,
-            prompt_tokens: 0,
+            shared: Arc::new(Mutex::new(shared)),
         }
+    }
+
+    /// The trace of a request for `n` choices (before it is cloned into their streams).
+    pub fn with_choices(self, n: usize) -> Self {
+        if n != 1 {
+            self.span
+                .set_attribute(genai::REQUEST_CHOICE_COUNT, n as i64);
+        }
+        self.lock().choices = n.max(1);
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn span(&self) -> &tracing::Span {
@@ -77,10 +111,11 @@ impl RequestTrace {
 
     /// The request passed validation.
     pub fn validated(&mut self, req: &ValidatedRequest) {
-        self.prompt_tokens = req.prompt_ids().len() as u64;
+        let prompt_tokens = req.prompt_ids().len() as u64;
+        self.lock().prompt_tokens = prompt_tokens;
         let s = req.sampling();
         let span = &self.span;
-        span.set_attribute(genai::USAGE_INPUT_TOKENS, self.prompt_tokens as i64);
+        span.set_attribute(genai::USAGE_INPUT_TOKENS, prompt_tokens as i64);
         span.set_attribute(genai::REQUEST_MAX_TOKENS, i64::from(s.max_tokens));
         span.set_attribute(genai::REQUEST_TEMPERATURE, f64::from(s.temperature));
         span.set_attribute(genai::REQUEST_TOP_P, f64::from(s.top_p));
@@ -96,48 +131,50 @@ impl RequestTrace {
     /// token, in seconds.
     pub fn delta(&mut self, tokens: usize) -> f64 {
         let now = Instant::now();
-        let ttft = match self.time_to_first_token {
+        let gap = self.last_delta.map(|p| now.duration_since(p).as_secs_f64());
+        self.last_delta = Some(now);
+        let mut shared = self.lock();
+        let ttft = match shared.time_to_first_token {
             Some(t) => t,
             None => {
                 let t = now.duration_since(self.started).as_secs_f64();
-                self.time_to_first_token = Some(t);
+                shared.time_to_first_token = Some(t);
                 self.span.set_attribute(genai::TIME_TO_FIRST_TOKEN, t);
-                if let Some(m) = &self.metrics {
+                if let Some(m) = &shared.metrics {
                     m.first_token(t);
                 }
                 t
             }
         };
-        if let Some(m) = &self.metrics {
-            m.delta(
-                tokens as u64,
-                self.last_delta.map(|p| now.duration_since(p).as_secs_f64()),
-            );
+        if let Some(m) = &shared.metrics {
+            m.delta(tokens as u64, gap);
         }
-        self.last_delta = Some(now);
         ttft
     }
 
-    /// The request finished normally.
+    /// This choice finished normally; the request does with its last choice.
     pub fn finished(&mut self, finish_reason: &'static str, output_tokens: u32) {
-        self.span
-            .set_attribute(genai::USAGE_OUTPUT_TOKENS, i64::from(output_tokens));
-        self.span
-            .set_attribute(genai::RESPONSE_FINISH_REASONS, finish_reason);
-        if let Some(m) = self.metrics.take() {
-            m.finish(
-                "ok",
-                self.started.elapsed().as_secs_f64(),
-                self.prompt_tokens,
-            );
+        let mut shared = self.lock();
+        shared.finish_reasons.push(finish_reason);
+        shared.output_tokens = shared.output_tokens.saturating_add(output_tokens);
+        if shared.finish_reasons.len() < shared.choices {
+            return;
+        }
+        let span = &self.span;
+        span.set_attribute(genai::USAGE_OUTPUT_TOKENS, i64::from(shared.output_tokens));
+        let reasons = genai::string_array(&shared.finish_reasons);
+        span.set_attribute(genai::RESPONSE_FINISH_REASONS, reasons);
+        let prompt_tokens = shared.prompt_tokens;
+        if let Some(m) = shared.metrics.take() {
+            m.finish("ok", self.started.elapsed().as_secs_f64(), prompt_tokens);
         }
     }
 
-    /// The request failed (before or while streaming).
+    /// The request failed (before or while streaming), in this choice or another.
     pub fn failed(&mut self, e: &GatewayError) {
         self.span.set_attribute(genai::ERROR_TYPE, e.kind());
         self.span.record("otel.status_code", "ERROR");
-        if let Some(m) = self.metrics.take() {
+        if let Some(m) = self.lock().metrics.take() {
             m.fail(e.kind());
         }
     }

@@ -68,6 +68,17 @@ impl ValidatedRequest {
         self.prompt_ids.len() + self.sampling.max_tokens as usize
     }
 
+    /// Choice `index` of a request for several (OpenAI's `n`): the same request, whose seed, if
+    /// it has one, is the request's plus `index`, so that seeded choices differ from one another
+    /// and each is reproduced by the same request.
+    pub fn for_choice(&self, index: u32) -> Self {
+        let mut choice = self.clone();
+        if let Some(seed) = choice.sampling.seed.as_mut() {
+            *seed = seed.wrapping_add(u64::from(index));
+        }
+        choice
+    }
+
     pub fn worker_request(&self) -> pb::GenerateRequest {
         pb::GenerateRequest {
             prompt_token_ids: self.prompt_ids.clone(),

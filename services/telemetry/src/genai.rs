@@ -11,6 +11,8 @@ pub const REQUEST_TEMPERATURE: &str = "gen_ai.request.temperature";
 pub const REQUEST_TOP_P: &str = "gen_ai.request.top_p";
 pub const REQUEST_TOP_K: &str = "gen_ai.request.top_k";
 pub const REQUEST_SEED: &str = "gen_ai.request.seed";
+/// Set only when a request asks for more than one choice (OpenAI's `n`).
+pub const REQUEST_CHOICE_COUNT: &str = "gen_ai.request.choice.count";
 pub const RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
 pub const USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
 pub const USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
@@ -26,3 +28,9 @@ pub const PROVIDER: &str = "ferrite";
 pub const OP_CHAT: &str = "chat";
 /// `gen_ai.operation.name` of a plain-text completion.
 pub const OP_TEXT_COMPLETION: &str = "text_completion";
+
+/// A string-array attribute value (`gen_ai.response.finish_reasons` has one reason per choice).
+pub fn string_array(items: &[&'static str]) -> opentelemetry::Value {
+    let items = items.iter().map(|s| opentelemetry::StringValue::from(*s));
+    opentelemetry::Value::Array(opentelemetry::Array::String(items.collect()))
+}

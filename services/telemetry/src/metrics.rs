@@ -61,7 +61,8 @@ pub mod names {
     /// Routing decisions by policy and reason: `p2c` (always reason `p2c`), or `kv` with
     /// `prefix` (a pool's cached prefix won), `cold` (no pool holds any of it: power of two
     /// choices) or `tie` (pools within one block of each other: power of two choices among
-    /// them).
+    /// them); either policy with `sibling` (a request's later choice, sent where its first
+    /// was prefilled).
     pub const GATEWAY_ROUTE_DECISIONS: &str = "ferrite_gateway_route_decisions_total";
     /// KV blocks the gateway's index says each pool holds (from the pool's KV events; 0 while
     /// the pool's stream is down).

@@ -1,0 +1,168 @@
+use super::*;
+use crate::EventStream;
+
+fn reply(kind: Kind, include_usage: bool) -> Reply {
+    Reply {
+        kind,
+        id: "x".into(),
+        created: 1,
+        model: "m".into(),
+        include_usage,
+        logprobs: false,
+    }
+}
+
+fn writer(kind: Kind, include_usage: bool) -> ChunkWriter {
+    ChunkWriter::new(reply(kind, include_usage), 1)
+}
+
+fn delta(text: &str) -> Result<GenerateEvent, GatewayError> {
+    Ok(GenerateEvent::Delta {
+        text: text.into(),
+        token_ids: vec![1],
+        logprobs: Vec::new(),
+        calls: Vec::new(),
+    })
+}
+
+fn finish_of(completion_tokens: u32, cached_tokens: u32) -> Result<GenerateEvent, GatewayError> {
+    Ok(GenerateEvent::Finish {
+        reason: api::FinishReason::Length,
+        tool_calls: Vec::new(),
+        streamed_calls: 0,
+        prompt_tokens: 3,
+        cached_tokens,
+        completion_tokens,
+        time_to_first_token_ms: 1.0,
+    })
+}
+
+fn finish() -> Result<GenerateEvent, GatewayError> {
+    finish_of(2, 2)
+}
+
+#[test]
+fn usage_is_streamed_only_when_asked_for() {
+    let mut w = writer(Kind::Chat, false);
+    let chunks: Vec<Value> = [delta("a"), delta("b"), finish()]
+        .into_iter()
+        .flat_map(|e| w.on_event(0, e))
+        .collect();
+    assert_eq!(chunks.len(), 3);
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "{chunks:?}"
+    );
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks[1]["choices"][0]["delta"].get("role").is_none());
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+
+    let mut w = writer(Kind::Completion, true);
+    let chunks: Vec<Value> = [delta("a"), finish()]
+        .into_iter()
+        .flat_map(|e| w.on_event(0, e))
+        .collect();
+    assert_eq!(chunks.len(), 3, "the usage chunk comes last, on its own");
+    assert!(chunks[..2].iter().all(|c| c["usage"].is_null()));
+    let last = &chunks[2];
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["total_tokens"], 5);
+    assert_eq!(last["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+}
+
+#[test]
+fn an_error_is_a_server_error_chunk() {
+    let mut w = writer(Kind::Chat, false);
+    let err = w.on_event(0, Err(GatewayError::Internal("boom".into())));
+    assert_eq!(err[0]["error"]["type"], "server_error");
+}
+
+/// Interleaved choices: each chat choice names its role in its own first delta, every chunk
+/// carries its choice's index, and the usage (the prompt once, every choice's tokens, choice
+/// 0's cached tokens) follows the last finish, whichever choice that is.
+#[test]
+fn each_choice_streams_under_its_index_and_the_usage_follows_the_last_finish() {
+    let mut w = ChunkWriter::new(reply(Kind::Chat, true), 3);
+    let events = [
+        (0, delta("a")),
+        (2, delta("b")),
+        (0, delta("c")),
+        (0, finish_of(2, 16)),
+        (1, delta("d")),
+        (2, finish_of(4, 0)),
+        (1, finish_of(1, 0)),
+    ];
+    let chunks: Vec<Value> = events
+        .into_iter()
+        .flat_map(|(i, e)| w.on_event(i, e))
+        .collect();
+    assert_eq!(chunks.len(), 8, "{chunks:#?}");
+    let index = |c: &Value| c["choices"][0]["index"].as_u64();
+    let indexes: Vec<_> = chunks[..7].iter().map(index).collect();
+    let want = [0, 2, 0, 0, 1, 2, 1].map(Some);
+    assert_eq!(indexes, want);
+    let roles: Vec<bool> = chunks[..7]
+        .iter()
+        .map(|c| c["choices"][0]["delta"].get("role").is_some())
+        .collect();
+    assert_eq!(roles, [true, true, false, false, true, false, false]);
+    assert!(chunks[..7].iter().all(|c| c["usage"].is_null()));
+    let usage = &chunks[7]["usage"];
+    assert_eq!(usage["prompt_tokens"], 3);
+    assert_eq!(usage["completion_tokens"], 7);
+    assert_eq!(usage["total_tokens"], 10);
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 16);
+}
+
+fn stream_of(events: Vec<Result<GenerateEvent, GatewayError>>) -> EventStream {
+    Box::pin(futures::stream::iter(events))
+}
+
+/// A body holds every choice by index, whatever order they finished in.
+#[tokio::test]
+async fn a_body_holds_every_choice_in_order_of_index() {
+    let choices = Choices {
+        first: stream_of(vec![delta("a"), delta("b"), finish_of(2, 3)]),
+        others: vec![
+            stream_of(vec![delta("c"), finish_of(1, 0)]),
+            stream_of(vec![finish_of(0, 0)]),
+        ],
+    };
+    let body = body(merge(choices), &reply(Kind::Completion, false), 3)
+        .await
+        .expect("a body");
+    let texts: Vec<_> = body["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(|c| (c["index"].as_u64(), c["text"].as_str().map(str::to_owned)))
+        .collect();
+    let want = [(0, "ab"), (1, "c"), (2, "")].map(|(i, t)| (Some(i), Some(t.to_owned())));
+    assert_eq!(texts, want);
+    assert_eq!(body["usage"]["completion_tokens"], 3);
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
+}
+
+/// An error in any choice fails the request, and the merged stream ends with it: the other
+/// choices are not read any further.
+#[tokio::test]
+async fn an_error_in_one_choice_ends_the_request() {
+    let endless = Box::pin(futures::stream::iter([delta("a")]).chain(futures::stream::pending()));
+    let choices = Choices {
+        first: endless,
+        others: vec![stream_of(vec![Err(GatewayError::Unavailable(
+            "gone".into(),
+        ))])],
+    };
+    let merged: Vec<Indexed> = merge(choices).collect().await;
+    assert_eq!(merged.len(), 2, "{merged:?}");
+    assert!(merged[1].1.is_err());
+    let choices = Choices {
+        first: stream_of(vec![delta("a"), finish()]),
+        others: vec![stream_of(vec![Err(GatewayError::Internal("boom".into()))])],
+    };
+    let e = body(merge(choices), &reply(Kind::Chat, false), 2)
+        .await
+        .expect_err("failed");
+    assert_eq!(e.status(), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+}
