@@ -91,6 +91,19 @@ def several_choices(client, model, prompt, messages):
             if c.delta.role:
                 roles[c.index] = roles.get(c.index, 0) + 1
     out["chat_stream"] = {"contents": [contents.get(i) for i in range(2)], "roles": [roles.get(i) for i in range(2)]}
+
+    # A batch of two prompts, two choices each, and each prompt alone.
+    short = {"temperature": 0.0, "max_tokens": 4, "extra_body": {"ignore_eos": True}}
+    prompts = [prompt, messages[0]["content"]]
+    batch = client.completions.create(model=model, prompt=prompts, n=2, **short)
+    alone = [client.completions.create(model=model, prompt=p, **short) for p in prompts]
+    out["batch"] = {
+        "indexes": [c.index for c in batch.choices],
+        "texts": [c.text for c in batch.choices],
+        "usage": batch.usage.model_dump(),
+        "alone_texts": [a.choices[0].text for a in alone],
+        "alone_prompt_tokens": [a.usage.prompt_tokens for a in alone],
+    }
     return out
 
 

@@ -356,13 +356,12 @@ async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
         assert_eq!(r["param"], param, "{show}");
     }
     check_choices(&out["choices"]).with_context(|| show.clone())?;
-    // Every later choice went to the pool its first choice was prefilled on (of two).
+    // Every later choice went to the pool its first choice was prefilled on (of two): the
+    // seeded n = 3 whole and streamed, the chats' n = 2, the batch's two prompts' n = 2.
     let m = metrics::scrape(cluster.gateway.http).await?;
-    let siblings = metrics::sample(
-        &m,
-        "ferrite_gateway_route_decisions_total{policy=kv,reason=sibling}",
-    );
-    assert_eq!(siblings, 2.0 + 2.0 + 1.0 + 1.0, "{m:?}");
+    let key = "ferrite_gateway_route_decisions_total{policy=kv,reason=sibling}";
+    let siblings = metrics::sample(&m, key);
+    assert_eq!(siblings, (2 + 2 + 1 + 1 + 1 + 1) as f64, "{key}");
     Ok(())
 }
 
@@ -403,5 +402,19 @@ fn check_choices(c: &serde_json::Value) -> Result<()> {
     let contents = json!([chat[0]["content"], chat[1]["content"]]);
     assert_eq!(c["chat_stream"]["contents"], contents);
     assert_eq!(c["chat_stream"]["roles"], json!([1, 1]));
+    // A batch of two prompts: choice j of prompt i has index 2i + j; each prompt counts once.
+    let b = &c["batch"];
+    assert_eq!(b["indexes"], json!([0, 1, 2, 3]));
+    let alone = &b["alone_texts"];
+    assert_eq!(b["texts"], json!([alone[0], alone[0], alone[1], alone[1]]));
+    assert_ne!(alone[0], alone[1]);
+    let prompt_tokens: u64 = b["alone_prompt_tokens"]
+        .as_array()
+        .context("prompt tokens")?
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .sum();
+    assert_eq!(b["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(b["usage"]["completion_tokens"], 16);
     Ok(())
 }

@@ -17,11 +17,11 @@ use serde_json::{Value, json};
 use crate::api_error::ApiError;
 use crate::auth::Caller;
 use crate::openai::{
-    ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompt,
+    ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompts,
 };
 use crate::reply::{self, ChunkWriter, Kind, Reply};
 use crate::validate::Prompt;
-use crate::{Gateway, GenerateArgs, trace};
+use crate::{Choices, Gateway, GenerateArgs, trace};
 
 pub fn router(gateway: Gateway) -> Router {
     let api = Router::new()
@@ -134,9 +134,16 @@ async fn completions(
     body: Result<Json<CompletionRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
-    let prompt = completion_prompt(&req.prompt)?;
+    let prompts = completion_prompts(&req.prompt)?;
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
-    run(gw, &headers, caller, Kind::Completion, (req.common, prompt)).await
+    run(
+        gw,
+        &headers,
+        caller,
+        Kind::Completion,
+        (req.common, prompts),
+    )
+    .await
 }
 
 async fn chat_completions(
@@ -152,16 +159,19 @@ async fn chat_completions(
         .map(chat_message)
         .collect::<Result<Vec<_>, ApiError>>()?;
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
-    let request = (req.common, Prompt::Chat(messages));
+    let request = (req.common, vec![Prompt::Chat(messages)]);
     run(gw, &headers, caller, Kind::Chat, request).await
 }
 
+/// Answers a request for `common.n` choices of each of `prompts` (one, but for a batch of
+/// completion prompts): choice `j` of prompt `i` has index `i * n + j`. Each prompt is a
+/// request of its own to the gateway (its span, its limits), all opened at once.
 async fn run(
     gw: Gateway,
     headers: &HeaderMap,
     caller: Caller,
     kind: Kind,
-    (common, prompt): (CommonParams, Prompt),
+    (common, prompts): (CommonParams, Vec<Prompt>),
 ) -> Result<Response, ApiError> {
     let sampling = common.sampling()?;
     let constraint = common.constraint()?;
@@ -181,23 +191,32 @@ async fn run(
         model: common.model.clone(),
         include_usage: common.include_usage(),
         logprobs: sampling.logprobs.is_some(),
+        per_prompt: choices as usize,
     };
-    let span = trace::request_span(&common.model, &prompt);
-    ferrite_telemetry::propagation::set_parent_from_headers(&span, headers);
-    let args = GenerateArgs {
-        model: &common.model,
-        prompt: &prompt,
-        sampling: Some(sampling),
-        constraint,
-        tools,
-        deadline: None,
-        started,
-        api: trace::Api::Http,
-        caller,
-        choices,
-    };
-    let events = reply::merge(gw.generate(args, span).await?);
-    let n = choices as usize;
+    let opened = prompts.iter().map(|prompt| {
+        let span = trace::request_span(&common.model, prompt);
+        ferrite_telemetry::propagation::set_parent_from_headers(&span, headers);
+        let args = GenerateArgs {
+            model: &common.model,
+            prompt,
+            sampling: Some(sampling.clone()),
+            constraint: constraint.clone(),
+            tools: tools.clone(),
+            deadline: None,
+            started,
+            api: trace::Api::Http,
+            caller,
+            choices,
+        };
+        gw.generate(args, span)
+    });
+    let streams: Vec<_> = futures::future::try_join_all(opened)
+        .await?
+        .into_iter()
+        .flat_map(Choices::into_streams)
+        .collect();
+    let n = streams.len();
+    let events = reply::merge(streams);
     if common.stream {
         let stream = reply::sse(events, ChunkWriter::new(reply, n));
         return Ok(Sse::new(stream)

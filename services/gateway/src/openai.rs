@@ -400,35 +400,60 @@ fn stop_strings(stop: &Option<Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
-/// A completion's `prompt`: a string, a list of one string, or a list of token ids (each a
-/// 32-bit id: a larger number is refused, not truncated).
-pub fn completion_prompt(prompt: &Value) -> Result<Prompt, ApiError> {
+/// The most prompts one completion request may carry.
+pub const MAX_PROMPTS: usize = 128;
+
+/// A completion's `prompt`: a string, a list of token ids, or a batch of them (a list of
+/// strings or of lists of token ids, at most [`MAX_PROMPTS`]), whose choices come in its order.
+/// A token id past 32 bits is refused, not truncated.
+pub fn completion_prompts(prompt: &Value) -> Result<Vec<Prompt>, ApiError> {
     let shape = || {
         ApiError::invalid(
-            "prompt must be a string, a list of one string or a list of token ids",
+            "prompt must be a string, a list of token ids, or a list of strings or of lists of \
+             token ids",
             Some("prompt"),
         )
     };
-    match prompt {
-        Value::String(s) => Ok(Prompt::Text(s.clone())),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
-            Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_owned()))
+    let batch = match prompt {
+        Value::String(s) => return Ok(vec![Prompt::Text(s.clone())]),
+        // An empty list is one empty prompt, which validation refuses as such.
+        Value::Array(a) if a.first().is_none_or(Value::is_number) => {
+            return Ok(vec![Prompt::TokenIds(token_ids(a, shape)?)]);
         }
-        Value::Array(a) => a
-            .iter()
-            .map(|v| {
-                let n = v.as_u64().ok_or_else(shape)?;
-                u32::try_from(n).map_err(|_| {
-                    ApiError::invalid(
-                        format!("token id {n} is not a 32-bit token id"),
-                        Some("prompt"),
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()
-            .map(Prompt::TokenIds),
-        _ => Err(shape()),
+        Value::Array(a) => a,
+        _ => return Err(shape()),
+    };
+    if batch.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid(
+            format!(
+                "at most {MAX_PROMPTS} prompts per request, not {}",
+                batch.len()
+            ),
+            Some("prompt"),
+        ));
     }
+    batch
+        .iter()
+        .map(|p| match p {
+            Value::String(s) => Ok(Prompt::Text(s.clone())),
+            Value::Array(ids) => token_ids(ids, shape).map(Prompt::TokenIds),
+            _ => Err(shape()),
+        })
+        .collect()
+}
+
+fn token_ids(ids: &[Value], shape: impl Fn() -> ApiError) -> Result<Vec<u32>, ApiError> {
+    ids.iter()
+        .map(|v| {
+            let n = v.as_u64().ok_or_else(&shape)?;
+            u32::try_from(n).map_err(|_| {
+                ApiError::invalid(
+                    format!("token id {n} is not a 32-bit token id"),
+                    Some("prompt"),
+                )
+            })
+        })
+        .collect()
 }
 
 /// A chat message as the template renders it (see [`crate::tools::chat_message`]); what is
@@ -502,26 +527,52 @@ mod tests {
 
     #[test]
     fn prompts_of_every_shape() {
-        let text = completion_prompt(&json!("hi")).expect("text");
-        assert!(matches!(text, Prompt::Text(t) if t == "hi"));
-        let one = completion_prompt(&json!(["hi"])).expect("one string");
-        assert!(matches!(one, Prompt::Text(t) if t == "hi"));
+        let one = |v: Value| {
+            let mut all = completion_prompts(&v).expect("a prompt");
+            assert_eq!(all.len(), 1, "{v}");
+            all.remove(0)
+        };
+        assert!(matches!(one(json!("hi")), Prompt::Text(t) if t == "hi"));
+        assert!(matches!(one(json!(["hi"])), Prompt::Text(t) if t == "hi"));
         let max = u64::from(u32::MAX);
-        assert_eq!(
-            ids(completion_prompt(&json!([1, 2, max])).expect("ids")),
-            [1, 2, u32::MAX]
+        assert_eq!(ids(one(json!([1, 2, max]))), [1, 2, u32::MAX]);
+        assert_eq!(ids(one(json!([[7, 8]]))), [7, 8]);
+        assert_eq!(ids(one(json!([]))), Vec::<u32>::new());
+        let batch = completion_prompts(&json!(["a", [5], "b"])).expect("a batch");
+        assert!(
+            matches!(&batch[..], [Prompt::Text(a), Prompt::TokenIds(ids), Prompt::Text(b)]
+            if a == "a" && ids == &[5] && b == "b")
         );
-        for bad in [json!(3), json!(["a", "b"]), json!([1, -2]), json!([1.5])] {
-            let e = completion_prompt(&bad).expect_err("bad shape");
+        let bad = [
+            json!(3),
+            json!([1, -2]),
+            json!([1.5]),
+            json!([1, "a"]),
+            json!(["a", 1]),
+            json!([["a"]]),
+            json!([{}]),
+        ];
+        for bad in bad {
+            let e = completion_prompts(&bad).expect_err("bad shape");
             assert_eq!(e.param(), Some("prompt"), "{bad}");
         }
+        let many = Value::Array(vec![json!("x"); MAX_PROMPTS + 1]);
+        let e = completion_prompts(&many).expect_err("too many");
+        assert!(
+            e.message().contains("at most 128 prompts"),
+            "{}",
+            e.message()
+        );
+        assert!(completion_prompts(&Value::Array(vec![json!("x"); MAX_PROMPTS])).is_ok());
     }
 
     #[test]
     fn a_token_id_past_32_bits_is_refused_not_truncated() {
         // 4294967301 = 2^32 + 5: truncation would run token 5.
-        let e = completion_prompt(&json!([4_294_967_301u64])).expect_err("too large");
-        assert!(e.message().contains("4294967301"), "{}", e.message());
+        for p in [json!([4_294_967_301u64]), json!([[4_294_967_301u64]])] {
+            let e = completion_prompts(&p).expect_err("too large");
+            assert!(e.message().contains("4294967301"), "{}", e.message());
+        }
     }
 
     fn params(extra: Value) -> CommonParams {

@@ -14,7 +14,7 @@ use crate::api_error::ApiError;
 use crate::logprobs::LogprobsWriter;
 use crate::stream::{CallDelta, GenerateEvent};
 use crate::tools::ToolCall;
-use crate::{Choices, GatewayError};
+use crate::{EventStream, GatewayError};
 
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
@@ -34,6 +34,8 @@ pub struct Reply {
     pub include_usage: bool,
     /// Set when the request asked for logprobs.
     pub logprobs: bool,
+    /// Choices per prompt (`n`): choice `i` is of prompt `i / per_prompt`.
+    pub per_prompt: usize,
 }
 
 impl Reply {
@@ -46,12 +48,11 @@ impl Reply {
 /// One choice's event, with the choice's index.
 pub type Indexed = (usize, Result<GenerateEvent, GatewayError>);
 
-/// Every choice's events as they come, each with its choice's index. The stream ends after the
-/// first error, which fails the whole request: the other choices' streams are dropped, which
-/// cancels their requests.
-pub fn merge(choices: Choices) -> impl Stream<Item = Indexed> + Send {
+/// Every choice's events as they come, each with its choice's index (its place in `choices`).
+/// The stream ends after the first error, which fails the whole request: the other choices'
+/// streams are dropped, which cancels their requests.
+pub fn merge(choices: Vec<EventStream>) -> impl Stream<Item = Indexed> + Send {
     let tagged = choices
-        .into_streams()
         .into_iter()
         .enumerate()
         .map(|(i, s)| s.map(move |ev| (i, ev)));
@@ -86,9 +87,10 @@ fn tool_calls_json(calls: &[ToolCall]) -> Value {
     Value::Array(calls)
 }
 
-/// OpenAI's usage object of the choices finished so far: the prompt once, every choice's
+/// OpenAI's usage object of the choices finished so far: each prompt once, every choice's
 /// completion tokens; `prompt_tokens_details.cached_tokens` counts the prompt tokens the pool's
-/// prefix cache served to choice 0 (the later choices are sent where the prompt is cached).
+/// prefix cache served to each prompt's first choice (its later choices are sent where the
+/// prompt is cached).
 #[derive(Debug, Default)]
 struct Usage {
     prompt: u32,
@@ -97,7 +99,8 @@ struct Usage {
 }
 
 impl Usage {
-    fn add(&mut self, index: usize, finish: &GenerateEvent) {
+    /// Counts the finish of choice `index` of a reply with `per_prompt` choices per prompt.
+    fn add(&mut self, index: usize, per_prompt: usize, finish: &GenerateEvent) {
         if let GenerateEvent::Finish {
             prompt_tokens,
             cached_tokens,
@@ -105,9 +108,9 @@ impl Usage {
             ..
         } = finish
         {
-            self.prompt = *prompt_tokens;
-            if index == 0 {
-                self.cached = *cached_tokens;
+            if index.is_multiple_of(per_prompt.max(1)) {
+                self.prompt = self.prompt.saturating_add(*prompt_tokens);
+                self.cached = self.cached.saturating_add(*cached_tokens);
             }
             self.completion = self.completion.saturating_add(*completion_tokens);
         }
@@ -158,8 +161,8 @@ impl ChoiceBody {
     }
 }
 
-/// The whole response body of `n` choices, once every one has finished; the first error
-/// fails the request.
+/// The whole response body of `n` choices (of every prompt), once every one has finished; the
+/// first error fails the request.
 pub async fn body(
     events: impl Stream<Item = Indexed>,
     reply: &Reply,
@@ -177,7 +180,7 @@ pub async fn body(
     futures::pin_mut!(events);
     while let Some((i, ev)) = events.next().await {
         let ev = ev?;
-        usage.add(i, &ev);
+        usage.add(i, reply.per_prompt, &ev);
         let Some(choice) = choices.get_mut(i) else {
             continue;
         };
@@ -345,7 +348,7 @@ impl ChunkWriter {
                 ];
             }
         };
-        self.usage.add(index, &ev);
+        self.usage.add(index, self.reply.per_prompt, &ev);
         match ev {
             GenerateEvent::Delta {
                 text,

@@ -9,6 +9,7 @@ fn reply(kind: Kind, include_usage: bool) -> Reply {
         model: "m".into(),
         include_usage,
         logprobs: false,
+        per_prompt: 1,
     }
 }
 
@@ -82,7 +83,13 @@ fn an_error_is_a_server_error_chunk() {
 /// 0's cached tokens) follows the last finish, whichever choice that is.
 #[test]
 fn each_choice_streams_under_its_index_and_the_usage_follows_the_last_finish() {
-    let mut w = ChunkWriter::new(reply(Kind::Chat, true), 3);
+    let mut w = ChunkWriter::new(
+        Reply {
+            per_prompt: 3,
+            ..reply(Kind::Chat, true)
+        },
+        3,
+    );
     let events = [
         (0, delta("a")),
         (2, delta("b")),
@@ -118,19 +125,47 @@ fn stream_of(events: Vec<Result<GenerateEvent, GatewayError>>) -> EventStream {
     Box::pin(futures::stream::iter(events))
 }
 
+/// Two prompts of two choices each: each prompt is counted once, with its first choice's
+/// cached tokens.
+#[test]
+fn the_usage_counts_each_prompt_of_a_batch_once() {
+    let mut usage = Usage::default();
+    let finish = |prompt_tokens, cached_tokens| GenerateEvent::Finish {
+        reason: api::FinishReason::Stop,
+        tool_calls: Vec::new(),
+        streamed_calls: 0,
+        prompt_tokens,
+        cached_tokens,
+        completion_tokens: 5,
+        time_to_first_token_ms: 1.0,
+    };
+    for (i, ev) in [
+        (3, finish(7, 7)),
+        (0, finish(10, 0)),
+        (1, finish(10, 10)),
+        (2, finish(7, 0)),
+    ] {
+        usage.add(i, 2, &ev);
+    }
+    let u = usage.json();
+    assert_eq!(u["prompt_tokens"], 17);
+    assert_eq!(u["completion_tokens"], 20);
+    assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
 /// A body holds every choice by index, whatever order they finished in.
 #[tokio::test]
 async fn a_body_holds_every_choice_in_order_of_index() {
-    let choices = Choices {
-        first: stream_of(vec![delta("a"), delta("b"), finish_of(2, 3)]),
-        others: vec![
-            stream_of(vec![delta("c"), finish_of(1, 0)]),
-            stream_of(vec![finish_of(0, 0)]),
-        ],
+    let choices = vec![
+        stream_of(vec![delta("a"), delta("b"), finish_of(2, 3)]),
+        stream_of(vec![delta("c"), finish_of(1, 0)]),
+        stream_of(vec![finish_of(0, 0)]),
+    ];
+    let reply = Reply {
+        per_prompt: 3,
+        ..reply(Kind::Completion, false)
     };
-    let body = body(merge(choices), &reply(Kind::Completion, false), 3)
-        .await
-        .expect("a body");
+    let body = body(merge(choices), &reply, 3).await.expect("a body");
     let texts: Vec<_> = body["choices"]
         .as_array()
         .expect("choices")
@@ -147,20 +182,17 @@ async fn a_body_holds_every_choice_in_order_of_index() {
 /// choices are not read any further.
 #[tokio::test]
 async fn an_error_in_one_choice_ends_the_request() {
-    let endless = Box::pin(futures::stream::iter([delta("a")]).chain(futures::stream::pending()));
-    let choices = Choices {
-        first: endless,
-        others: vec![stream_of(vec![Err(GatewayError::Unavailable(
-            "gone".into(),
-        ))])],
-    };
+    let endless: EventStream =
+        Box::pin(futures::stream::iter([delta("a")]).chain(futures::stream::pending()));
+    let gone = stream_of(vec![Err(GatewayError::Unavailable("gone".into()))]);
+    let choices = vec![endless, gone];
     let merged: Vec<Indexed> = merge(choices).collect().await;
     assert_eq!(merged.len(), 2, "{merged:?}");
     assert!(merged[1].1.is_err());
-    let choices = Choices {
-        first: stream_of(vec![delta("a"), finish()]),
-        others: vec![stream_of(vec![Err(GatewayError::Internal("boom".into()))])],
-    };
+    let choices = vec![
+        stream_of(vec![delta("a"), finish()]),
+        stream_of(vec![Err(GatewayError::Internal("boom".into()))]),
+    ];
     let e = body(merge(choices), &reply(Kind::Chat, false), 2)
         .await
         .expect_err("failed");

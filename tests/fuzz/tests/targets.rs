@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ferrite_fuzz::{Target, fuzz};
 use ferrite_gateway::grpc::{constraint_of, tools_of};
 use ferrite_gateway::models::ModelText;
-use ferrite_gateway::openai::{ChatRequest, CompletionRequest, chat_message, completion_prompt};
+use ferrite_gateway::openai::{ChatRequest, CompletionRequest, chat_message, completion_prompts};
 use ferrite_gateway::validate::{Prompt, validate};
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
@@ -175,7 +175,7 @@ fn openai_bodies_parse_or_fail_cleanly() {
         },
         |input| {
             if let Ok(req) = serde_json::from_slice::<CompletionRequest>(input) {
-                let _ = completion_prompt(&req.prompt);
+                let _ = completion_prompts(&req.prompt);
                 let _ = req.common.sampling();
                 let _ = req.common.constraint();
             }
