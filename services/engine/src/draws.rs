@@ -86,9 +86,10 @@ pub(crate) fn draw_extras(
     })
 }
 
-/// A request's tokens so far as its draws' extras carry them, kept from step to step: a step
-/// adds only the tokens that came since the last (a request with penalties and a long context
-/// would otherwise take each of its tokens through a hash map every step).
+/// A request's tokens so far as its penalties read them (in its draws' extras, or on the host),
+/// kept from step to step: a step adds only the tokens that came since the last (a request
+/// with penalties and a long context would otherwise take each of its tokens through a hash
+/// map every step).
 #[derive(Debug, Default)]
 pub(crate) struct SeenSoFar {
     seen: Seen,
@@ -96,9 +97,10 @@ pub(crate) struct SeenSoFar {
 }
 
 impl SeenSoFar {
-    /// The tokens of `seq` before `known` (which only grows from step to step: the known
-    /// tokens end before the newest draw, and never hold a placeholder).
-    fn through(&mut self, seq: &SeqState, known: usize) -> &[(u32, u32)] {
+    /// The tokens of `seq` before `known`, which only grows from step to step and never
+    /// reaches a placeholder: the ranks' extras ask for the tokens before the newest draw, the
+    /// host's sampler for those before the token it draws.
+    pub(crate) fn through(&mut self, seq: &SeqState, known: usize) -> &[(u32, u32)] {
         for (i, &t) in seq.tokens.iter().enumerate().take(known).skip(self.upto) {
             self.seen.add(t, i >= seq.prompt_len);
         }

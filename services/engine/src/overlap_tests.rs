@@ -411,6 +411,48 @@ fn a_step_draws_the_rows_it_can_and_brings_back_the_others() {
     );
 }
 
+/// A repetition penalty counts the prompt and the output alike, so a penalized request drawn on
+/// the host, whose list of tokens so far is kept from step to step, must draw what requests of
+/// one token draw, each with the tokens so far as its prompt (a list made from scratch): with
+/// every step one at a time, and under preemption.
+#[test]
+fn a_penalized_request_sampled_on_the_host_draws_what_one_token_requests_draw() {
+    let penalized = |n: usize| SamplingParams {
+        repetition_penalty: 1.6,
+        ..greedy(n)
+    };
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 5) % 7 + 3).collect();
+    let mut want = prompt.clone();
+    let mut e = engine(false, None);
+    for id in 0..20 {
+        let one = run(&mut e, vec![(id, want.clone(), penalized(1))]);
+        want.extend(one[&id].token_ids());
+    }
+    let unpenalized = run(&mut e, vec![(99, prompt.clone(), greedy(20))]);
+    assert_ne!(
+        unpenalized[&99].token_ids(),
+        want[prompt.len()..],
+        "the penalty changes nothing here"
+    );
+    for blocks in [None, Some(6)] {
+        let mut e = engine(false, blocks);
+        let others = (1..4).map(|id| (id, vec![3 + id as u32; 20], greedy(20)));
+        let reqs = std::iter::once((0, prompt.clone(), penalized(20)));
+        let got = run(&mut e, reqs.chain(others).collect());
+        assert_eq!(
+            got[&0].token_ids(),
+            want[prompt.len()..],
+            "{blocks:?} blocks"
+        );
+        assert_eq!(
+            blocks.is_some(),
+            e.stats().preemptions > 0,
+            "{:?}",
+            e.stats()
+        );
+    }
+}
+
 /// Greedy requests with penalties of each kind, logprobs (none, the draw's only, 3, the most)
 /// and a logit bias, among plain ones: the ranks draw them all, with their extras (the tokens so far
 /// from the plan, the newest from the step's own input, a chained step's carried draw), so

@@ -93,8 +93,12 @@ fn pick_one(req: &mut Request, seq: &SeqState, pick: Pick, index: usize) -> Resu
                     .and_then(|m| apply_mask(&mut row, &m))
                     .map_err(EngineError::Grammar)?;
             }
-            let output = &seq.tokens[seq.prompt_len..index];
-            req.sampler.sample(&mut row, seq.prompt(), output)?
+            // The tokens before this one, kept from step to step (as the ranks' extras are).
+            let seen = match req.sampler.params().penalties().any() {
+                true => req.seen.through(seq, index),
+                false => &[],
+            };
+            req.sampler.sample(&mut row, seen)?
         }
         Pick::Undrawn(id) => {
             return Err(EngineError::BadLogits(format!(
@@ -124,7 +128,7 @@ mod tests {
 
     use super::*;
     use crate::engine::EngineConfig;
-    use crate::sampler::{Rng, Sampler, SamplingParams};
+    use crate::sampler::{Rng, Sampler, SamplingParams, seen_tokens};
     use crate::scheduler::ScheduledChunk;
 
     /// Six requests with seeds and cuts of their own sample their rows of one step together
@@ -175,7 +179,7 @@ mod tests {
                 .collect();
             let want: Vec<u32> = (alone.iter_mut().zip(rows).enumerate())
                 .map(|(i, (s, mut row))| {
-                    s.sample(&mut row, &prompt(i as u64), &[])
+                    s.sample(&mut row, &seen_tokens(&prompt(i as u64), &[]))
                         .expect("sampled")
                         .id
                 })

@@ -201,28 +201,24 @@ impl Sampler {
         &self.params
     }
 
-    /// Picks the next token from `logits` (modified in place). `prompt` and `output` are the
-    /// request's tokens so far (for the penalties).
+    /// Picks the next token from `logits` (modified in place). `seen` is the request's tokens
+    /// so far with their counts in the output ([`seen_tokens`], or a [`Seen`] kept from step
+    /// to step), read only where penalties apply.
     ///
     /// A row with a NaN or an infinite logit (or none above -inf) has no distribution to draw
     /// from: that is the model's fault (broken weights, an overflow), reported as
     /// [`EngineError::BadLogits`] for this request alone, never a panic.
-    pub fn sample(
-        &mut self,
-        logits: &mut [f32],
-        prompt: &[u32],
-        output: &[u32],
-    ) -> Result<SampledToken> {
+    pub fn sample(&mut self, logits: &mut [f32], seen: &[(u32, u32)]) -> Result<SampledToken> {
         let Self { params: p, rng } = self;
         let penalties = p.penalties();
         let seen = match penalties.any() {
-            true => seen_tokens(prompt, output),
-            false => Vec::new(),
+            true => seen,
+            false => &[],
         };
         let adjust = Adjustments {
             bias: &p.logit_bias,
             penalties: &penalties,
-            seen: &seen,
+            seen,
         };
         sample_around(logits, &adjust, p.logprobs, |l| {
             match p.temperature == 0.0 {

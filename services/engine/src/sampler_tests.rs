@@ -15,7 +15,7 @@ fn params(temperature: f32) -> SamplingParams {
 fn draws(p: SamplingParams, n: usize) -> Vec<u32> {
     let mut s = Sampler::new(p);
     (0..n)
-        .map(|_| s.sample(&mut logits(), &[], &[]).expect("finite").id)
+        .map(|_| s.sample(&mut logits(), &[]).expect("finite").id)
         .collect()
 }
 
@@ -138,7 +138,7 @@ fn a_logit_bias_moves_the_draw_not_the_logprobs() {
     };
     let lse = log_sum_exp(&raw);
     let banned = Sampler::new(params(vec![(best, -100.0)]))
-        .sample(&mut raw.clone(), &[], &[])
+        .sample(&mut raw.clone(), &[])
         .expect("finite");
     assert_ne!(banned.id, best);
     assert_eq!(banned.top[0].0, best, "the top logprobs are the model's");
@@ -148,7 +148,7 @@ fn a_logit_bias_moves_the_draw_not_the_logprobs() {
         ..params(vec![(7, 30.0), (best, -100.0)])
     };
     let out = Sampler::new(forced)
-        .sample(&mut raw.clone(), &[7], &[])
+        .sample(&mut raw.clone(), &seen_tokens(&[7], &[]))
         .expect("finite");
     assert_eq!(out.id, 7);
     assert!((out.logprob - (raw[7] - lse)).abs() < 1e-5, "{out:?}");
@@ -163,7 +163,7 @@ fn logprobs_are_raw_and_sorted() {
     });
     let raw = logits();
     let mut l = raw.clone();
-    let out = s.sample(&mut l, &[3], &[]).expect("finite");
+    let out = s.sample(&mut l, &seen_tokens(&[3], &[])).expect("finite");
     let lse = log_sum_exp(&raw);
     assert_eq!(out.top.len(), 3);
     assert!(out.top.windows(2).all(|w| w[0].1 >= w[1].1));
@@ -243,7 +243,7 @@ fn a_row_without_a_distribution_is_the_models_fault_not_a_panic() {
                 ..params(temperature)
             };
             let err = Sampler::new(p)
-                .sample(&mut row.clone(), &[1], &[2])
+                .sample(&mut row.clone(), &seen_tokens(&[1], &[2]))
                 .expect_err("no distribution");
             assert_eq!(err.kind(), "bad_logits", "row {i} at {temperature}: {err}");
         }
