@@ -374,20 +374,21 @@ __device__ float raw_logit(const float* row, i32 id, const DrawExtra& x, const i
                            i32 pending, float* red) {
   const i32* pairs = seen + 2 * (i64)x.seen_at;
   const i32* bias = seen + 2 * (i64)x.bias_at;
-  float count = 0.0f, seen_it = 0.0f, b = 0.0f, biased = 0.0f;
+  // at: 1 + the index of id's bias pair (0: none). Its index, not its value, is summed over
+  // the block: a sum with the others' zeros would turn a -0 bias into +0.
+  float count = 0.0f, seen_it = 0.0f, at = 0.0f;
   for (i32 j = threadIdx.x; j < x.seen_len; j += blockDim.x)
     if (pairs[2 * j] == id) count += (float)pairs[2 * j + 1], seen_it = 1.0f;
   for (i32 j = threadIdx.x; j < x.bias_len; j += blockDim.x)
-    if (bias[2 * j] == id) b = __int_as_float(bias[2 * j + 1]), biased = 1.0f;
+    if (bias[2 * j] == id) at = (float)(j + 1);
   count = block_sum(count, red) + (id == pending ? 1.0f : 0.0f);
   seen_it = block_sum(seen_it, red) + (id == pending ? 1.0f : 0.0f);
-  b = block_sum(b, red);  // one term at most: exact
-  biased = block_sum(biased, red);
+  at = block_sum(at, red);  // one term at most, below 2^24: exact
   float l = row[id];
   if (count > 0.0f) l = __fadd_rn(l, __fadd_rn(x.presence, __fmul_rn(x.frequency, count)));
   if (x.repetition != 1.0f && seen_it > 0.0f)
     l = l > 0.0f ? __fmul_rn(l, x.repetition) : __fdiv_rn(l, x.repetition);
-  return biased > 0.0f ? __fsub_rn(l, b) : l;
+  return at > 0.0f ? __fsub_rn(l, __int_as_float(bias[2 * ((i32)at - 1) + 1])) : l;
 }
 
 // Launch: grid n_seqs (exactly: block b draws row b), block 1024 (a multiple of 32 up to

@@ -283,6 +283,9 @@ void run(const char* name, int vocab, std::vector<Row> rows, const std::vector<i
       c.expect(close_lp(bits_f(w[0]), (double)raw - lse), "the draw's logprob", r, want_id);
       if (!close_lp(bits_f(w[0]), (double)raw - lse))
         std::printf("    got %.8g want %.8g\n", bits_f(w[0]), (double)raw - lse);
+      // The CPU's difference of two equal numbers is +0, whatever their signs.
+      if ((double)raw - lse == 0.0)
+        c.expect(w[0] == f_bits(0.0f), "a zero logprob is +0, as the CPU's", r, want_id);
     }
     const std::vector<u32> top = top_ids(row.logits, n_top);
     for (int j = 0; j < n_top; ++j) {
@@ -474,7 +477,7 @@ int main() {
   {
     const int V = 7;
     const std::vector<i32> ids = {4, 2, 6};
-    std::vector<Row> rows(6);
+    std::vector<Row> rows(7);
     Row& t = rows[0];
     t.what = "ties, +0/-0 and -inf in a top list longer than the row, all three, pending new";
     t.logits = {1.0f, -INFINITY, 1.0f, -0.0f, 0.0f, 3.0f, -INFINITY};
@@ -511,6 +514,12 @@ int main() {
     w.logits[0] = 2.5f, w.logits[3] = -INFINITY;
     w.extra = true, w.logprobs = 3, w.temp = 1.0f, w.seed = 31, w.step = 5;
     w.bias = {{0, -100.0f}, {1, 3.0f}, {3, 4.0f}}, w.built_for = 1;
+
+    Row& z = rows[6];
+    z.what = "a -0 bias on the one finite logit, -0, drawn: its logprob is +0, as the CPU's";
+    z.logits.assign(V, -INFINITY);
+    z.logits[2] = -0.0f;
+    z.extra = true, z.logprobs = 1, z.bias = {{2, -0.0f}}, z.built_for = 2;
 
     run("vocab 7", V, rows, ids);
   }
