@@ -8,6 +8,17 @@ use crate::worker::v1::SamplingParams;
 pub const MAX_LOGPROBS: u32 = 20;
 /// The most tokens a request's logit bias may name.
 pub const MAX_LOGIT_BIAS: usize = 1024;
+/// The most choices (completions of its prompt) one request may ask for: OpenAI's bound on `n`.
+pub const MAX_CHOICES: u32 = 128;
+
+/// How many choices a request for `n` makes (`None`: 1), or why `n` is refused.
+pub fn choices(n: Option<u32>) -> Result<u32, String> {
+    match n {
+        None => Ok(1),
+        Some(n @ 1..=MAX_CHOICES) => Ok(n),
+        Some(n) => Err(format!("n must be from 1 to {MAX_CHOICES}, not {n}")),
+    }
+}
 
 /// Why `p` would be refused, naming the field and its range.
 pub fn check(p: &SamplingParams) -> Result<(), String> {

@@ -112,6 +112,26 @@ pub async fn generate(
     collect(stream).await
 }
 
+/// Calls Generate for `req.n` completions and reads the whole stream: each completion by its
+/// index.
+pub async fn generate_choices(
+    client: &mut InferenceClient<Channel>,
+    req: GenerateRequest,
+) -> Result<Vec<Completion>, Status> {
+    let mut out = vec![Completion::default(); req.n.max(1) as usize];
+    let mut stream = client.generate(req).await?.into_inner();
+    while let Some(msg) = stream.next().await {
+        let msg = msg?;
+        let c = out.get_mut(msg.index as usize);
+        let c = c.ok_or_else(|| Status::internal(format!("index {} past n", msg.index)))?;
+        c.push(msg).map_err(Status::internal)?;
+    }
+    if out.iter().any(|c| c.finish.is_none()) {
+        return Err(Status::internal("a completion ended without a Finish"));
+    }
+    Ok(out)
+}
+
 /// Greedy generation straight from a worker (bypassing the gateway): the token ids it streams.
 pub async fn worker_greedy(
     client: &mut WorkerClient<Channel>,

@@ -356,12 +356,25 @@ async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
         assert_eq!(r["param"], param, "{show}");
     }
     check_choices(&out["choices"]).with_context(|| show.clone())?;
+    // gRPC's n: the same seeded choices, each under its index.
+    let mut req = greedy_text(prompt, 6);
+    req.n = 3;
+    if let Some(s) = req.sampling.as_mut() {
+        (s.temperature, s.seed) = (Some(1.0), Some(7));
+    }
+    let got = grpc::generate_choices(&mut client, req.clone()).await?;
+    let texts: Vec<&str> = got.iter().map(|c| c.text.as_str()).collect();
+    assert_eq!(serde_json::json!(texts), out["choices"]["texts"], "{show}");
+    req.n = 129;
+    let e = grpc::generate(&mut client, req).await.expect_err("n = 129");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     // Every later choice went to the pool its first choice was prefilled on (of two): the
-    // seeded n = 3 whole and streamed, the chats' n = 2, the batch's two prompts' n = 2.
+    // seeded n = 3 whole and streamed, the chats' n = 2, the batch's two prompts' n = 2, and
+    // gRPC's n = 3.
     let m = metrics::scrape(cluster.gateway.http).await?;
     let key = "ferrite_gateway_route_decisions_total{policy=kv,reason=sibling}";
     let siblings = metrics::sample(&m, key);
-    assert_eq!(siblings, (2 + 2 + 1 + 1 + 1 + 1) as f64, "{key}");
+    assert_eq!(siblings, (2 + 2 + 1 + 1 + 1 + 1 + 2) as f64, "{key}");
     Ok(())
 }
 

@@ -25,7 +25,8 @@ impl InferenceService {
     }
 }
 
-fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
+/// Choice `index`'s event as the API sends it.
+fn to_proto(index: usize, ev: GenerateEvent) -> api::GenerateResponse {
     use api::generate_response::Event;
     let event = match ev {
         // gRPC sends a request's calls whole, with its finish.
@@ -65,7 +66,10 @@ fn to_proto(ev: GenerateEvent) -> api::GenerateResponse {
             time_to_first_token_ms,
         }),
     };
-    api::GenerateResponse { event: Some(event) }
+    api::GenerateResponse {
+        event: Some(event),
+        index: u32::try_from(index).unwrap_or(u32::MAX),
+    }
 }
 
 /// The interceptor that lets in only calls bearing one of `keys` (`authorization` metadata).
@@ -188,6 +192,8 @@ impl api::inference_server::Inference for InferenceService {
         let prompt = Prompt::from_proto(req.prompt)?;
         let constraint = req.constraint.map(constraint_of).transpose()?;
         let tools = tools_of(req.tools, &req.tool_choice, req.parallel_tool_calls)?;
+        let choices = ferrite_proto::sampling::choices(Some(req.n.max(1)))
+            .map_err(GatewayError::InvalidArgument)?;
         let span = trace::request_span(&req.model, &prompt);
         ferrite_telemetry::propagation::set_parent_from_metadata(&span, &metadata);
         let args = GenerateArgs {
@@ -200,12 +206,13 @@ impl api::inference_server::Inference for InferenceService {
             started,
             api: trace::Api::Grpc,
             caller,
-            choices: 1,
+            choices,
         };
-        let events = self.gateway.generate(args, span).await?.first;
-        Ok(Response::new(Box::pin(
-            events.map(|r| r.map(to_proto).map_err(Status::from)),
-        )))
+        let choices = self.gateway.generate(args, span).await?;
+        let events = crate::stream::merge(choices.into_streams());
+        Ok(Response::new(Box::pin(events.map(|(i, r)| {
+            r.map(|ev| to_proto(i, ev)).map_err(Status::from)
+        }))))
     }
 
     async fn tokenize(

@@ -216,7 +216,7 @@ async fn run(
         .flat_map(Choices::into_streams)
         .collect();
     let n = streams.len();
-    let events = reply::merge(streams);
+    let events = crate::stream::merge(streams);
     if common.stream {
         let stream = reply::sse(events, ChunkWriter::new(reply, n));
         return Ok(Sse::new(stream)

@@ -357,7 +357,7 @@ pub struct GenerateArgs<'a> {
     pub api: trace::Api,
     /// Whose rate limits the request counts against.
     pub caller: auth::Caller,
-    /// How many completions of the prompt to make (OpenAI's `n`; 1 on gRPC).
+    /// How many completions of the prompt to make (`n`).
     pub choices: u32,
 }
 

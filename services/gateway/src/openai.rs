@@ -14,9 +14,6 @@ use crate::api_error::ApiError;
 use crate::tools::{self, Function, PastCall, ToolChoice, Tools};
 use crate::validate::{Constraint, Prompt};
 
-/// The most choices one request may ask for (OpenAI's own bound on `n`).
-pub const MAX_CHOICES: u32 = 128;
-
 /// Fields shared by both completion endpoints.
 #[derive(Debug, Deserialize)]
 pub struct CommonParams {
@@ -105,16 +102,9 @@ impl CommonParams {
             .is_some_and(|o| o.include_usage)
     }
 
-    /// How many choices to make (`n`, 1 to [`MAX_CHOICES`]; 1 unset).
+    /// How many choices to make (`n`; 1 unset).
     pub fn choices(&self) -> Result<u32, ApiError> {
-        match self.n {
-            None => Ok(1),
-            Some(n @ 1..=MAX_CHOICES) => Ok(n),
-            Some(n) => Err(ApiError::invalid(
-                format!("`n` must be from 1 to {MAX_CHOICES}, not {n}"),
-                Some("n"),
-            )),
-        }
+        ferrite_proto::sampling::choices(self.n).map_err(|e| ApiError::invalid(e, Some("n")))
     }
 
     /// Refuses every field that ferrite does not serve, rather than ignoring it.

@@ -10,11 +10,11 @@ use ferrite_proto::v1 as api;
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
+use crate::GatewayError;
 use crate::api_error::ApiError;
 use crate::logprobs::LogprobsWriter;
-use crate::stream::{CallDelta, GenerateEvent};
+use crate::stream::{CallDelta, GenerateEvent, Indexed};
 use crate::tools::ToolCall;
-use crate::{EventStream, GatewayError};
 
 #[derive(Debug, Clone, Copy)]
 pub enum Kind {
@@ -43,28 +43,6 @@ impl Reply {
         self.logprobs
             .then(|| LogprobsWriter::new(matches!(self.kind, Kind::Chat)))
     }
-}
-
-/// One choice's event, with the choice's index.
-pub type Indexed = (usize, Result<GenerateEvent, GatewayError>);
-
-/// Every choice's events as they come, each with its choice's index (its place in `choices`).
-/// The stream ends after the first error, which fails the whole request: the other choices'
-/// streams are dropped, which cancels their requests.
-pub fn merge(choices: Vec<EventStream>) -> impl Stream<Item = Indexed> + Send {
-    let tagged = choices
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| s.map(move |ev| (i, ev)));
-    let all = futures::stream::select_all(tagged);
-    futures::stream::unfold((all, false), |(mut all, failed)| async move {
-        if failed {
-            return None;
-        }
-        let (i, ev) = all.next().await?;
-        let failed = ev.is_err();
-        Some(((i, ev), (all, failed)))
-    })
 }
 
 pub fn finish_str(r: api::FinishReason) -> &'static str {

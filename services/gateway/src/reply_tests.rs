@@ -1,5 +1,6 @@
 use super::*;
 use crate::EventStream;
+use crate::stream::merge;
 
 fn reply(kind: Kind, include_usage: bool) -> Reply {
     Reply {

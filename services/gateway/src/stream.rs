@@ -9,6 +9,7 @@ use ferrite_text::{TextError, TextStream};
 use futures::{Stream, StreamExt};
 use tracing::Instrument;
 
+use crate::EventStream;
 use crate::error::GatewayError;
 use crate::models::ModelText;
 use crate::route::Upstream;
@@ -39,6 +40,28 @@ pub enum GenerateEvent {
         completion_tokens: u32,
         time_to_first_token_ms: f64,
     },
+}
+
+/// One choice's event, with the choice's index.
+pub type Indexed = (usize, Result<GenerateEvent, GatewayError>);
+
+/// Every choice's events as they come, each with its choice's index (its place in `choices`).
+/// The stream ends after the first error, which fails the whole request: the other choices'
+/// streams are dropped, which cancels their requests.
+pub fn merge(choices: Vec<EventStream>) -> impl Stream<Item = Indexed> + Send {
+    let tagged = choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| s.map(move |ev| (i, ev)));
+    let all = futures::stream::select_all(tagged);
+    futures::stream::unfold((all, false), |(mut all, failed)| async move {
+        if failed {
+            return None;
+        }
+        let (i, ev) = all.next().await?;
+        let failed = ev.is_err();
+        Some(((i, ev), (all, failed)))
+    })
 }
 
 /// A piece of call `index`: its id and name first (`head`), then pieces of its arguments.
