@@ -179,6 +179,12 @@ fn client_context(seed: u64) -> (String, String, String) {
     (format!("00-{trace_id}-{span_id}-01"), trace_id, span_id)
 }
 
+/// The spans of trace `trace_id`.
+fn trace_of(spans: &[ReceivedSpan], trace_id: &str) -> Vec<ReceivedSpan> {
+    let of_it = spans.iter().filter(|s| s.trace_id == trace_id);
+    of_it.cloned().collect()
+}
+
 /// Checks one request's trace: gateway span (child of the client's span) named
 /// `{operation} {model}` with GenAI attributes, `validate` and `upstream` children, the
 /// worker's span under `upstream`, and `queue`/`prefill`/`decode` under the worker's span.
@@ -189,11 +195,7 @@ fn check_request(
     operation: &str,
     output_tokens: i64,
 ) -> Result<()> {
-    let trace: Vec<ReceivedSpan> = spans
-        .iter()
-        .filter(|s| s.trace_id == trace_id)
-        .cloned()
-        .collect();
+    let trace = trace_of(spans, trace_id);
     let name = format!("{operation} {MODEL}");
     let gw = one(&trace, &name, |s| s.name == name)?;
     ensure!(
@@ -404,11 +406,7 @@ async fn serve_exports_phase_and_request_traces_and_metrics_move() -> Result<()>
 
 /// The trace of a request for two choices of 3 tokens each.
 fn check_choices_trace(spans: &[ReceivedSpan], trace_id: &str) -> Result<()> {
-    let trace: Vec<ReceivedSpan> = spans
-        .iter()
-        .filter(|s| s.trace_id == trace_id)
-        .cloned()
-        .collect();
+    let trace = trace_of(spans, trace_id);
     let name = format!("text_completion {MODEL}");
     let gw = one(&trace, &name, |s| s.name == name)?;
     let attrs = &gw.attributes;

@@ -136,6 +136,20 @@ pub struct ModelConfig {
     pub attention_window: Vec<Option<usize>>,
 }
 
+/// The most layers a config may declare: far above any released model (Llama 3.1 405B has
+/// 126), and low enough that a corrupt count is refused before anything is sized by it.
+const MAX_LAYERS: usize = 4096;
+
+/// `n` as a layer count, or why not.
+fn layer_count(n: usize) -> Result<usize> {
+    match n {
+        1..=MAX_LAYERS => Ok(n),
+        _ => Err(ModelError::BadConfig(format!(
+            "{n} layers: a model has 1 to {MAX_LAYERS}"
+        ))),
+    }
+}
+
 impl ModelConfig {
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
@@ -249,7 +263,7 @@ impl ModelConfig {
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma2 => RopeStyle::Neox,
         };
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
-        let num_layers = req("block_count")?;
+        let num_layers = layer_count(req("block_count")?)?;
         let mut cfg = ModelConfig {
             architecture,
             vocab_size,
@@ -389,7 +403,7 @@ impl ModelConfig {
                 })?
                 .parse()?,
         };
-        let num_layers = req("num_hidden_layers")?;
+        let num_layers = layer_count(req("num_hidden_layers")?)?;
         let mut model = ModelConfig {
             architecture,
             vocab_size: req("vocab_size")?,
