@@ -48,10 +48,15 @@ pub fn check(p: &SamplingParams) -> Result<(), String> {
             return Err(format!("{name} {v} is outside [-2, 2]"));
         }
     }
-    if let Some(n) = p.logprobs
-        && n > MAX_LOGPROBS
-    {
-        return Err(format!("logprobs {n} is above the maximum {MAX_LOGPROBS}"));
+    for (name, n) in [
+        ("logprobs", p.logprobs),
+        ("prompt_logprobs", p.prompt_logprobs),
+    ] {
+        if let Some(n) = n
+            && n > MAX_LOGPROBS
+        {
+            return Err(format!("{name} {n} is above the maximum {MAX_LOGPROBS}"));
+        }
     }
     check_logit_bias(&p.logit_bias)
 }

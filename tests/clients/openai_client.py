@@ -107,6 +107,31 @@ def several_choices(client, model, prompt, messages):
     return out
 
 
+def echo(client, model, prompt):
+    """Scoring with echo, as lm-eval's local-completions asks for loglikelihoods: the prompt
+    alone (max_tokens 0), then with 3 tokens after it, whole and streamed."""
+    scored = {"echo": True, "logprobs": 1, "temperature": 0.0}
+    out = {}
+    alone = client.completions.create(model=model, prompt=prompt, max_tokens=0, **scored)
+    c = alone.choices[0]
+    out["alone"] = {"text": c.text, "finish_reason": c.finish_reason, "usage": alone.usage.model_dump(),
+                    "tokens": c.logprobs.tokens, "token_logprobs": c.logprobs.token_logprobs,
+                    "top_logprobs": c.logprobs.top_logprobs}
+    more = {**scored, "max_tokens": 3, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(model=model, prompt=prompt, **more)
+    c = whole.choices[0]
+    out["generated"] = {"text": c.text, "token_logprobs": c.logprobs.token_logprobs,
+                        "usage": whole.usage.model_dump()}
+    texts, first = [], None
+    for chunk in client.completions.create(model=model, prompt=prompt, stream=True, **more):
+        for ch in chunk.choices:
+            texts.append(ch.text or "")
+            if first is None:
+                first = {"text": ch.text, "token_logprobs": ch.logprobs.token_logprobs if ch.logprobs else None}
+    out["stream"] = {"text": "".join(texts), "first": first}
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1 (loopback)")
@@ -166,6 +191,7 @@ def main():
     out["usage_chunks_asked"] = usage_chunks(client, args.model, messages, greedy, {"include_usage": True})
     out["refused"] = refusals(client, args.model, messages)
     out["choices"] = several_choices(client, args.model, args.prompt, messages)
+    out["echo"] = echo(client, args.model, args.prompt)
 
     try:
         client.completions.create(model="no-such-model", prompt=args.prompt, max_tokens=4)

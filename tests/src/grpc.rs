@@ -10,6 +10,7 @@ use ferrite_proto::v1::generate_response::Event;
 use ferrite_proto::v1::inference_client::InferenceClient;
 use ferrite_proto::v1::{
     ChatMessage, ChatMessages, Finish, GenerateRequest, GenerateResponse, SamplingParams, TokenIds,
+    TokenLogprob,
 };
 use ferrite_proto::worker::v1 as pb;
 use ferrite_proto::worker::v1::worker_client::WorkerClient;
@@ -70,6 +71,8 @@ pub struct Completion {
     /// Delta messages received.
     pub deltas: usize,
     pub finish: Option<Finish>,
+    /// The prompt's scores, where the request asked for them (they must come first).
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 impl Completion {
@@ -85,6 +88,12 @@ impl Completion {
                 self.token_ids.extend(d.token_ids);
             }
             Some(Event::Finish(f)) => self.finish = Some(f),
+            Some(Event::PromptLogprobs(p)) => {
+                if self.deltas > 0 || self.prompt_logprobs.is_some() {
+                    return Err(format!("prompt logprobs after the first message: {p:?}"));
+                }
+                self.prompt_logprobs = Some(p.logprobs);
+            }
             None => return Err("a message without an event".into()),
         }
         Ok(())

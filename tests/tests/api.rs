@@ -356,6 +356,7 @@ async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
         assert_eq!(r["param"], param, "{show}");
     }
     check_choices(&out["choices"]).with_context(|| show.clone())?;
+    check_echo(&out["echo"], prompt).with_context(|| show.clone())?;
     // gRPC's n: the same seeded choices, each under its index.
     let mut req = greedy_text(prompt, 6);
     req.n = 3;
@@ -375,6 +376,57 @@ async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
     let key = "ferrite_gateway_route_decisions_total{policy=kv,reason=sibling}";
     let siblings = metrics::sample(&m, key);
     assert_eq!(siblings, (2 + 2 + 1 + 1 + 1 + 1 + 2) as f64, "{key}");
+    Ok(())
+}
+
+/// `echo` with logprobs, from `openai_client.py`: the prompt scored alone (each token's
+/// logprob but the first's, no token generated), then before 3 generated tokens, whole and
+/// streamed, with the same scores.
+fn check_echo(e: &serde_json::Value, prompt: &str) -> Result<()> {
+    let alone = &e["alone"];
+    assert_eq!(alone["text"], prompt);
+    assert_eq!(alone["finish_reason"], "length");
+    assert_eq!(alone["usage"]["completion_tokens"], 0);
+    let scores = alone["token_logprobs"].as_array().context("scores")?;
+    assert_eq!(
+        Some(scores.len() as u64),
+        alone["usage"]["prompt_tokens"].as_u64()
+    );
+    assert!(scores[0].is_null() && alone["top_logprobs"][0].is_null());
+    for (j, s) in scores.iter().enumerate().skip(1) {
+        let s = s.as_f64().context("a logprob")?;
+        let top = alone["top_logprobs"][j].as_object().context("top")?;
+        let best = top
+            .values()
+            .filter_map(serde_json::Value::as_f64)
+            .fold(f64::MIN, f64::max);
+        assert!(
+            s <= 0.0 && s <= best + 1e-6,
+            "position {j}: {s}, most likely {best}"
+        );
+    }
+    let generated = &e["generated"];
+    let text = generated["text"].as_str().context("text")?;
+    assert!(
+        text.starts_with(prompt) && text.len() > prompt.len(),
+        "{text:?}"
+    );
+    let with = generated["token_logprobs"].as_array().context("logprobs")?;
+    assert_eq!(with.len(), scores.len() + 3);
+    for (a, b) in scores[1..].iter().zip(&with[1..]) {
+        let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(0.0));
+        assert!((a - b).abs() < 1e-3, "{a} against {b}");
+    }
+    assert_eq!(generated["usage"]["completion_tokens"], 3);
+    assert_eq!(e["stream"]["text"], generated["text"]);
+    assert_eq!(
+        e["stream"]["first"]["text"], prompt,
+        "the prompt comes first"
+    );
+    let first = e["stream"]["first"]["token_logprobs"]
+        .as_array()
+        .context("first")?;
+    assert_eq!(first.len(), scores.len());
     Ok(())
 }
 

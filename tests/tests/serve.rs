@@ -220,3 +220,122 @@ async fn several_choices_prefill_their_prompt_once() -> Result<()> {
     );
     Ok(())
 }
+
+/// The golden cases of the default model (transformers on its GGUF, `tests/fixtures/golden`).
+fn golden_cases() -> Result<Vec<serde_json::Value>> {
+    let path =
+        ferrite_cluster_tests::workspace_root().join("tests/fixtures/golden/smollm2_q4_1.json");
+    let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    Ok(golden["cases"].as_array().context("cases")?.clone())
+}
+
+fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    (v.as_array().into_iter().flatten())
+        .filter_map(|x| x.as_u64().map(|i| i as u32))
+        .collect()
+}
+
+/// Scoring a prompt, as an evaluation harness asks for loglikelihoods: two golden prompts,
+/// each followed by transformers' 32 greedy tokens, with `max_tokens` 0. Over gRPC every
+/// continuation token is the most likely where it stands (transformers' margins there are
+/// at least 0.3), and at the first, the 5 most likely tokens are transformers' top 5, their
+/// logprobs as far apart as its logits (within 2e-2). OpenAI's completions with `echo`
+/// give the same scores in their shape: the prompt's text, a null first logprob, nothing
+/// generated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scored_prompt_ranks_transformers_greedy_tokens_first() -> Result<()> {
+    let _turn = serial().await;
+    let serve = ServeProc::start().await?;
+    let mut client = InferenceClient::new(channel(serve.grpc).await?);
+    for case in golden_cases()? {
+        let name = case["name"].as_str().unwrap_or("?");
+        if !matches!(name, "question" | "math") {
+            continue;
+        }
+        let (prompt, greedy) = (
+            ids_of(&case["prompt_token_ids"]),
+            ids_of(&case["greedy_token_ids"]),
+        );
+        let ids: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
+        let mut req = grpc::greedy_ids(ids.clone(), 0);
+        if let Some(s) = req.sampling.as_mut() {
+            s.prompt_logprobs = Some(5);
+        }
+        let got = grpc::generate(&mut client, req).await?;
+        let scores = got.prompt_logprobs.context("prompt logprobs")?;
+        assert_eq!(scores.len(), ids.len() - 1, "{name}");
+        assert_eq!(
+            (got.deltas, got.token_ids.len()),
+            (0, 0),
+            "{name}: nothing generated"
+        );
+        let finish = got.finish.context("finish")?;
+        assert_eq!(finish.reason, FinishReason::Length as i32, "{name}");
+        let usage = finish.usage.context("usage")?;
+        assert_eq!(
+            (usage.prompt_tokens, usage.completion_tokens),
+            (ids.len() as u32, 0)
+        );
+        for (j, s) in scores.iter().enumerate().skip(prompt.len() - 1) {
+            assert_eq!(s.token_id, ids[j + 1], "{name}");
+            assert_eq!(
+                s.top[0].token_id,
+                s.token_id,
+                "{name}: position {} is greedy",
+                j + 1
+            );
+            assert!((s.top[0].logprob - s.logprob).abs() < 1e-6, "{name}");
+        }
+        let first = &scores[prompt.len() - 1];
+        let want = case["top5"].as_array().context("top5")?;
+        let logit = |i: usize| want[i]["logit"].as_f64().unwrap_or(f64::NAN);
+        for (i, t) in first.top.iter().enumerate() {
+            assert_eq!(
+                u64::from(t.token_id),
+                want[i]["id"].as_u64().unwrap_or(0),
+                "{name}: top {i}"
+            );
+            let gap = f64::from(t.logprob - first.top[0].logprob);
+            assert!(
+                (gap - (logit(i) - logit(0))).abs() < 2e-2,
+                "{name}: top {i}'s gap {gap}"
+            );
+        }
+        // The same over OpenAI's completions, with echo.
+        let body = json!({"model": MODEL, "prompt": ids, "echo": true, "logprobs": 5,
+            "max_tokens": 0, "temperature": 0});
+        let r = http::post_json(serve.http, "/v1/completions", &body).await?;
+        let reply = r.json()?;
+        assert_eq!(r.status, 200, "{reply}");
+        let choice = &reply["choices"][0];
+        let text = format!(
+            "{}{}",
+            case["prompt"].as_str().unwrap_or(""),
+            case["greedy_text"].as_str().unwrap_or("")
+        );
+        assert_eq!(choice["text"], text.as_str(), "{name}: the prompt, echoed");
+        assert_eq!(choice["finish_reason"], "length");
+        assert_eq!(reply["usage"]["completion_tokens"], 0);
+        let logprobs = choice["logprobs"]["token_logprobs"]
+            .as_array()
+            .context("logprobs")?;
+        assert_eq!(logprobs.len(), ids.len());
+        assert!(logprobs[0].is_null());
+        for (l, s) in logprobs[1..].iter().zip(&scores) {
+            let l = l.as_f64().context("a logprob")?;
+            assert!(
+                (l - f64::from(s.logprob)).abs() < 1e-3,
+                "{name}: {l} against {}",
+                s.logprob
+            );
+        }
+        assert!(choice["logprobs"]["top_logprobs"][0].is_null());
+        assert_eq!(
+            choice["logprobs"]["top_logprobs"][1]
+                .as_object()
+                .map(|o| o.len()),
+            Some(5)
+        );
+    }
+    Ok(())
+}

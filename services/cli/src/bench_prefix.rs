@@ -493,7 +493,7 @@ async fn one(channel: Channel, prompt: Vec<u32>, max_tokens: u32) -> Result<Reco
                     completion_tokens: usage.completion_tokens,
                 });
             }
-            None => {}
+            Some(api::generate_response::Event::PromptLogprobs(_)) | None => {}
         }
     }
     bail!("the stream ended without a finish")

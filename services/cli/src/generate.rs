@@ -97,6 +97,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
         logprobs: args.logprobs,
         logit_bias: args.logit_bias.clone(),
+        prompt_logprobs: None,
     };
     params.validate()?;
     let (mut engine, tokenizer) = loading::engine(&args.model)?;

@@ -70,6 +70,9 @@ pub struct TokenEvent {
     pub timing: Option<RequestTiming>,
     /// On the request's first token: how many of its prompt tokens came from the prefix cache.
     pub cached_tokens: Option<usize>,
+    /// On a scored request's first token ([`SamplingParams::prompt_logprobs`]): each prompt
+    /// token from the second, with its logprob given the tokens before it.
+    pub prompt_logprobs: Vec<SampledToken>,
 }
 
 /// When a request reached each stage, as seen by the engine thread.
@@ -138,6 +141,8 @@ struct Request {
     device_seed: u64,
     /// Its tokens so far, for the ranks' draws with penalties.
     seen: draws::SeenSoFar,
+    /// Its prompt's logprobs so far, where it asked for them (`scoring`).
+    prompt_logprobs: Vec<SampledToken>,
     stop_ids: Vec<u32>,
     arrived: Instant,
     scheduled: Option<Instant>,
@@ -196,6 +201,7 @@ impl Engine {
                 max_model_len: exec.max_model_len(),
                 block_size: cfg.block_size,
                 prefix_cache,
+                max_logits_rows: exec.max_logits_rows(cfg.max_num_seqs),
             },
             num_blocks,
         );
@@ -329,6 +335,7 @@ impl Engine {
             return Err(EngineError::DuplicateRequest(id));
         }
         self.check_request(&prompt, &params)?;
+        let scored = params.prompt_logprobs.is_some();
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
             stop_ids.extend(&self.eos_ids);
@@ -343,6 +350,7 @@ impl Engine {
                 constraint,
                 mask: None,
                 seen: Default::default(),
+                prompt_logprobs: Vec::new(),
                 stop_ids,
                 arrived: Instant::now(),
                 scheduled: None,
@@ -350,7 +358,10 @@ impl Engine {
                 preemptions: 0,
             },
         );
-        self.sched.add(id, prompt);
+        match scored {
+            true => self.sched.add_scored(id, prompt),
+            false => self.sched.add(id, prompt),
+        }
         Ok(())
     }
 
@@ -526,7 +537,9 @@ impl Engine {
     /// known to both the scheduler and the request table and writes only blocks of its own.
     pub(crate) fn plan_step(&mut self, schedule: &Schedule) -> Result<StepPlan> {
         let (mut on_device, mut extras) = (Vec::new(), Vec::new());
-        let ranks_may_draw = self.exec.samples_on_device() || self.async_scheduling;
+        // A scored prompt's rows all come back, with the step's others: the host samples.
+        let ranks_may_draw = (self.exec.samples_on_device() || self.async_scheduling)
+            && !schedule.chunks.iter().any(|c| c.all_logits);
         for c in &schedule.chunks {
             let (Some(seq), Some(req)) = (self.sched.get(c.id), self.requests.get_mut(&c.id))
             else {
@@ -569,12 +582,14 @@ impl Engine {
         Ok(plan)
     }
 
-    /// `picks` split among `schedule`'s chunks ([`per_chunk`]), after the faults a test set.
+    /// `picks` split among `schedule`'s chunks ([`per_chunk`]), after the faults a test set,
+    /// once the rows of scored prompts are taken out and scored.
     pub(crate) fn split_picks(
         &mut self,
-        picks: Picks,
+        mut picks: Picks,
         schedule: &Schedule,
     ) -> Result<Vec<Option<Pick>>> {
+        self.score_prompts(&mut picks, schedule)?;
         #[cfg(test)]
         let picks = self.faults.apply(picks, self.cfg.vocab_size)?;
         per_chunk(picks, schedule, self.cfg.vocab_size)
@@ -666,6 +681,10 @@ impl Engine {
             output_tokens: generated,
             preemptions: req.preemptions,
         });
+        let prompt_logprobs = match is_first {
+            true => std::mem::take(&mut req.prompt_logprobs),
+            false => Vec::new(),
+        };
         if finish.is_some() {
             self.requests.remove(&id);
             self.retire(id);
@@ -677,6 +696,7 @@ impl Engine {
             finish,
             timing,
             cached_tokens: is_first.then_some(cached),
+            prompt_logprobs,
         })
     }
 }
@@ -724,6 +744,8 @@ pub(crate) fn switched_off(var: &str) -> bool {
 mod draws;
 #[path = "pick.rs"]
 mod pick;
+#[path = "scoring.rs"]
+mod scoring;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

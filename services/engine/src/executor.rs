@@ -193,6 +193,10 @@ pub struct Executor {
     drawn_step: Option<u64>,
 }
 
+/// Rows of logits a CPU step may bring back at least: a scored prompt's chunk of 256 tokens
+/// is 128 MB of logits for a vocabulary of 128K.
+pub const CPU_LOGITS_ROWS: usize = 256;
+
 /// Steps launched and not yet collected at once: async scheduling's chained launch queues a
 /// step before the one before it is read back (the engine's `overlap` module).
 const MAX_IN_FLIGHT: usize = 2;
@@ -369,6 +373,15 @@ impl Executor {
     /// when a plan asks it to).
     pub fn samples_on_device(&self) -> bool {
         matches!(self.backend, Backend::Cuda(_))
+    }
+
+    /// Rows of logits one step may bring back, in a pool of `max_num_seqs`: a GPU has room
+    /// for that many; the CPU for at least [`CPU_LOGITS_ROWS`] (a scored prompt's chunks).
+    pub fn max_logits_rows(&self, max_num_seqs: usize) -> usize {
+        match self.backend {
+            Backend::Cuda(_) => max_num_seqs,
+            Backend::Cpu { .. } => max_num_seqs.max(CPU_LOGITS_ROWS),
+        }
     }
 
     /// Every rank calls this once before the first step: the pool schedules the least number

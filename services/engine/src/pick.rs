@@ -161,6 +161,7 @@ mod tests {
                     start: 0,
                     len: 3,
                     samples: true,
+                    all_logits: false,
                 }
             })
             .collect();

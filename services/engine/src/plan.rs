@@ -163,10 +163,10 @@ impl PlanBuilder {
                 id: c.id,
                 start: c.start,
                 tokens: seq.tokens[c.start..c.start + c.len].to_vec(),
-                logits: if c.samples {
-                    LogitsWanted::Last
-                } else {
-                    LogitsWanted::None
+                logits: match (c.all_logits, c.samples) {
+                    (true, _) => LogitsWanted::All,
+                    (false, true) => LogitsWanted::Last,
+                    (false, false) => LogitsWanted::None,
                 },
                 prompt: c.start < seq.prompt_len || c.len > 1,
             });

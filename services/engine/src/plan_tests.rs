@@ -13,6 +13,7 @@ fn sched(blocks: u32) -> Scheduler {
             max_model_len: 64,
             block_size: 4,
             prefix_cache: None,
+            max_logits_rows: 64,
         },
         blocks,
     )
@@ -203,6 +204,7 @@ fn a_table_that_begins_with_shared_cached_blocks_reaches_the_ranks_in_full() -> 
             max_model_len: 64,
             block_size: 4,
             prefix_cache: Some(ferrite_proto::prefix::seed("plan test")),
+            max_logits_rows: 64,
         },
         32,
     );

@@ -40,6 +40,9 @@ pub struct SamplingParams {
     /// Added to these tokens' logits before the penalties (OpenAI's `logit_bias`): each token
     /// once, in the vocabulary.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Score the prompt too: each prompt token's logprob (from the second), with this many
+    /// top alternatives. Its prompt is then computed whole, never taken from the prefix cache.
+    pub prompt_logprobs: Option<usize>,
 }
 
 use ferrite_proto::worker::v1 as pb;
@@ -62,6 +65,7 @@ impl SamplingParams {
             ignore_eos: false,
             logprobs: None,
             logit_bias: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 
@@ -100,6 +104,7 @@ impl SamplingParams {
             logit_bias: (self.logit_bias.iter())
                 .map(|&(token, bias)| ferrite_proto::v1::LogitBias { token, bias })
                 .collect(),
+            prompt_logprobs: self.prompt_logprobs.map(n),
         }
     }
 }
@@ -120,6 +125,7 @@ impl From<pb::SamplingParams> for SamplingParams {
             ignore_eos: p.ignore_eos,
             logprobs: p.logprobs.map(|n| n as usize),
             logit_bias: p.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
+            prompt_logprobs: p.prompt_logprobs.map(|n| n as usize),
         }
     }
 }
@@ -534,6 +540,25 @@ fn log_sum_exp(logits: &[f32]) -> f32 {
 /// The `n` largest logits as (id, logprob), largest first; ties broken by the smaller id.
 pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     top_by_logit(logits, n, log_sum_exp(logits))
+}
+
+/// How `target` scores under the raw distribution of `logits`: its logprob and the `n` most
+/// likely tokens (a scored prompt's token). A row with no distribution gives NaN and none.
+pub fn score_token(logits: &[f32], target: u32, n: usize) -> SampledToken {
+    let lse = log_sum_exp(logits);
+    let logit = logits.get(target as usize).copied().unwrap_or(f32::NAN);
+    SampledToken {
+        id: target,
+        logprob: if lse.is_finite() {
+            logit - lse
+        } else {
+            f32::NAN
+        },
+        top: match lse.is_finite() {
+            true => top_by_logit(logits, n, lse),
+            false => Vec::new(),
+        },
+    }
 }
 
 /// [`top_logprobs`] with the log-sum-exp of `logits` already known.

@@ -11,6 +11,10 @@
 //! tokens it already generated, then continues. No step admits new sequences after it had to
 //! preempt, so a preempted sequence is not starved by newcomers.
 //!
+//! A step brings back at most `max_logits_rows` rows of logits: one per chunk that samples,
+//! and every row of a chunk of a scored prompt (below). Each running sequence keeps a row for
+//! itself, so a scored prompt's chunks are cut to what is left and never crowd out a decode.
+//!
 //! A sequence is never admitted unless it can ever fit: [`Scheduler::check_fits`] refuses
 //! prompts at or over `max_model_len`, and the engine refuses configurations whose pool cannot
 //! hold one `max_model_len` sequence.
@@ -27,6 +31,13 @@
 //! writes only past its computed tokens, so it never writes a shared block
 //! ([`Scheduler::check_writes`] checks it every step). Finished and preempted sequences' blocks
 //! stay cached until the pool needs them (least recently freed first).
+//!
+//! # Scored prompts
+//!
+//! A sequence added by [`Scheduler::add_scored`] wants the logprob of each of its prompt's
+//! tokens: every position of its prompt must be computed, so it takes nothing from the prefix
+//! cache, and each chunk that holds a prompt position followed by another prompt token
+//! brings back a row of logits per token ([`ScheduledChunk::all_logits`]).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -48,6 +59,9 @@ pub struct SchedulerConfig {
     /// With prefix caching on, the seed of the block hashes (a hash of the model's identity:
     /// [`prefix::seed`]); `None`: off.
     pub prefix_cache: Option<BlockHash>,
+    /// Rows of logits one step may bring back (a GPU's room for them; at least
+    /// `max_num_seqs`).
+    pub max_logits_rows: usize,
 }
 
 /// What the scheduler knows of a sequence: its tokens and where its KV is.
@@ -66,6 +80,8 @@ pub struct SeqState {
     num_registered: usize,
     /// Prompt tokens found in the cache when first admitted (`None` until then).
     pub num_cached_tokens: Option<usize>,
+    /// Its prompt is scored ([`Scheduler::add_scored`]).
+    pub scored: bool,
 }
 
 impl SeqState {
@@ -79,6 +95,7 @@ impl SeqState {
             block_hashes: Vec::new(),
             num_registered: 0,
             num_cached_tokens: None,
+            scored: false,
         }
     }
 
@@ -88,6 +105,26 @@ impl SeqState {
 
     pub fn prompt(&self) -> &[u32] {
         &self.tokens[..self.prompt_len]
+    }
+
+    /// Whether a chunk from position `start` brings back every row of its logits: the
+    /// sequence is scored, and position `start` is followed by a prompt token.
+    fn keeps_rows(&self, start: usize) -> bool {
+        self.scored && start + 1 < self.prompt_len
+    }
+
+    /// How many tokens from position `start` one chunk may take within `budget` tokens and
+    /// `rows` rows of logits: a chunk that keeps every row is cut to `rows`, and one that
+    /// samples needs a row. 0: none this step.
+    fn chunk_cap(&self, start: usize, budget: usize, rows: usize) -> usize {
+        let want = self.tokens.len().saturating_sub(start).min(budget);
+        if self.keeps_rows(start) {
+            want.min(rows)
+        } else if start + want == self.tokens.len() && rows == 0 {
+            0
+        } else {
+            want
+        }
     }
 }
 
@@ -99,6 +136,20 @@ pub struct ScheduledChunk {
     pub len: usize,
     /// The chunk reaches the sequence's last token, so the step samples its next token.
     pub samples: bool,
+    /// Every row of the chunk's logits comes back (a scored prompt's): row `i` scores the
+    /// token after position `start + i`; with `samples`, the last row is the sampling row.
+    pub all_logits: bool,
+}
+
+impl ScheduledChunk {
+    /// The rows of logits the chunk brings back.
+    pub fn rows(&self) -> usize {
+        match (self.all_logits, self.samples) {
+            (true, _) => self.len,
+            (false, true) => 1,
+            (false, false) => 0,
+        }
+    }
 }
 
 /// The scheduler's decision for one step (the leader turns it into a
@@ -160,7 +211,19 @@ impl Scheduler {
     /// Queues a sequence. The caller checked [`Self::check_fits`] and that `id` is new. With
     /// prefix caching on, the prompt's full blocks are hashed here, once.
     pub fn add(&mut self, id: SeqId, prompt: Vec<u32>) {
-        let mut seq = SeqState::new(prompt);
+        self.insert(id, SeqState::new(prompt));
+    }
+
+    /// [`Self::add`] for a sequence whose prompt is scored (see the module doc).
+    pub fn add_scored(&mut self, id: SeqId, prompt: Vec<u32>) {
+        let seq = SeqState {
+            scored: true,
+            ..SeqState::new(prompt)
+        };
+        self.insert(id, seq);
+    }
+
+    fn insert(&mut self, id: SeqId, mut seq: SeqState) {
         if let Some(seed) = self.cfg.prefix_cache {
             prefix::extend(
                 &mut seq.block_hashes,
@@ -267,15 +330,20 @@ impl Scheduler {
     pub fn schedule(&mut self) -> Schedule {
         let mut plan = Schedule::default();
         let mut budget = self.cfg.max_num_batched_tokens;
+        let mut rows = self.cfg.max_logits_rows;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let Some(want) = self.chunk_len(id, budget) else {
+            // Every running sequence after this one keeps a row of logits for itself.
+            let later = self.running.len() - i - 1;
+            let Some(want) = self.chunk_len(id, budget, rows.saturating_sub(later)) else {
                 i += 1;
                 continue;
             };
             if self.make_room(id, want, &mut plan) {
-                budget -= self.push_chunk(id, want, &mut plan);
+                let chunk = self.push_chunk(id, want, &mut plan);
+                budget -= chunk.len;
+                rows = rows.saturating_sub(chunk.rows());
                 i += 1;
             }
             // else: `id` itself was preempted and left `running`; `i` now points at the next.
@@ -289,29 +357,34 @@ impl Scheduler {
                     self.waiting.pop_front();
                     continue;
                 }
-                let Some(want) = self.admit(id, budget) else {
+                let Some(want) = self.admit(id, budget, rows) else {
                     break;
                 };
                 self.waiting.pop_front();
                 self.running.push(id);
-                budget -= self.push_chunk(id, want, &mut plan);
+                let chunk = self.push_chunk(id, want, &mut plan);
+                budget -= chunk.len;
+                rows = rows.saturating_sub(chunk.rows());
             }
         }
         plan
     }
 
     /// Gives waiting sequence `id` its table: the cached blocks of its longest cached prefix
-    /// (taken as computed) and new blocks for a first chunk of at most `budget` tokens. Returns
-    /// the chunk's length, or `None` (nothing taken) when the pool has too few free blocks.
-    fn admit(&mut self, id: SeqId, budget: usize) -> Option<usize> {
+    /// (taken as computed) and new blocks for a first chunk of at most `budget` tokens and
+    /// `rows` rows of logits. Returns the chunk's length, or `None` (nothing taken) when the
+    /// pool has too few free blocks, or the step too few rows.
+    fn admit(&mut self, id: SeqId, budget: usize, rows: usize) -> Option<usize> {
         let bs = self.cfg.block_size;
         let seq = self.seqs.get_mut(&id)?;
         // A waiting sequence holds no blocks (it is new, or its blocks went when preempted),
         // so only it can start from cached blocks.
         let fresh = seq.block_table.is_empty();
         let mut hits = Vec::new();
+        // A scored prompt's every position is computed: it takes nothing from the cache.
         if let Some(seed) = self.cfg.prefix_cache
             && fresh
+            && !seq.scored
         {
             prefix::extend(&mut seq.block_hashes, seed, bs, &seq.tokens);
             // The last token is computed in any case: its logits pick the next one.
@@ -328,7 +401,7 @@ impl Scheduler {
         } else {
             seq.num_computed
         };
-        let want = seq.tokens.len().saturating_sub(computed).min(budget);
+        let want = seq.chunk_cap(computed, budget, rows);
         if want == 0 {
             return None;
         }
@@ -349,7 +422,7 @@ impl Scheduler {
             seq.num_computed = computed;
             seq.num_registered = hits.len();
         }
-        if self.cfg.prefix_cache.is_some() {
+        if self.cfg.prefix_cache.is_some() && !seq.scored {
             self.prefix_queries += seq.tokens.len() as u64;
             self.prefix_hits += computed as u64;
         }
@@ -358,11 +431,11 @@ impl Scheduler {
         Some(want)
     }
 
-    /// Tokens of `id` to run this step within `budget`, or None if it has none left to run.
-    fn chunk_len(&self, id: SeqId, budget: usize) -> Option<usize> {
+    /// Tokens of `id` to run this step within `budget` and `rows` rows of logits, or None if
+    /// it has none left to run (or no row to run them with).
+    fn chunk_len(&self, id: SeqId, budget: usize, rows: usize) -> Option<usize> {
         let seq = self.seqs.get(&id)?;
-        let left = seq.tokens.len().saturating_sub(seq.num_computed);
-        (left > 0).then(|| left.min(budget))
+        Some(seq.chunk_cap(seq.num_computed, budget, rows)).filter(|&n| n > 0)
     }
 
     /// Ensures `id` has blocks for `want` more tokens, preempting the newest other running
@@ -400,17 +473,28 @@ impl Scheduler {
         plan.preempted.push(id);
     }
 
-    fn push_chunk(&mut self, id: SeqId, len: usize, plan: &mut Schedule) -> usize {
+    /// Plans `len` tokens of `id` from its first uncomputed one; returns the chunk (of no
+    /// tokens for an unknown sequence, which is not planned).
+    fn push_chunk(&mut self, id: SeqId, len: usize, plan: &mut Schedule) -> ScheduledChunk {
         let Some(seq) = self.seqs.get(&id) else {
-            return 0;
+            return ScheduledChunk {
+                id,
+                start: 0,
+                len: 0,
+                samples: false,
+                all_logits: false,
+            };
         };
-        plan.chunks.push(ScheduledChunk {
+        let start = seq.num_computed;
+        let chunk = ScheduledChunk {
             id,
-            start: seq.num_computed,
+            start,
             len,
-            samples: seq.num_computed + len == seq.tokens.len(),
-        });
-        len
+            samples: start + len == seq.tokens.len(),
+            all_logits: seq.keeps_rows(start),
+        };
+        plan.chunks.push(chunk);
+        chunk
     }
 
     /// Records that a chunk's tokens are now in the cache; with prefix caching on, the blocks

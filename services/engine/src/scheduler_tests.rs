@@ -9,6 +9,7 @@ fn sched(budget: usize, max_seqs: usize, blocks: u32) -> Scheduler {
             max_model_len: 64,
             block_size: 4,
             prefix_cache: None,
+            max_logits_rows: 64,
         },
         blocks,
     )
@@ -38,7 +39,8 @@ fn budget_bounds_every_step_and_prompts_are_chunked() {
             id: 1,
             start: 0,
             len: 8,
-            samples: false
+            samples: false,
+            all_logits: false
         }]
     );
     let p = run_step(&mut s, 9);
@@ -50,13 +52,15 @@ fn budget_bounds_every_step_and_prompts_are_chunked() {
                 id: 1,
                 start: 8,
                 len: 2,
-                samples: true
+                samples: true,
+                all_logits: false
             },
             ScheduledChunk {
                 id: 2,
                 start: 0,
                 len: 3,
-                samples: true
+                samples: true,
+                all_logits: false
             },
         ]
     );
@@ -111,7 +115,8 @@ fn preemption_frees_the_newest_and_it_recomputes_later() {
             id: 1,
             start: 8,
             len: 1,
-            samples: true
+            samples: true,
+            all_logits: false
         }]
     );
     let seq2 = s.get(2).expect("seq 2 kept");
@@ -136,7 +141,8 @@ fn preemption_frees_the_newest_and_it_recomputes_later() {
             id: 2,
             start: 0,
             len: 9,
-            samples: true
+            samples: true,
+            all_logits: false
         }]
     );
 }
@@ -167,6 +173,7 @@ fn cached_sched(budget: usize, blocks: u32) -> Scheduler {
             max_model_len: 64,
             block_size: 4,
             prefix_cache: Some(prefix::seed("test model")),
+            max_logits_rows: 64,
         },
         blocks,
     )
@@ -206,7 +213,8 @@ fn a_new_sequence_starts_after_its_longest_cached_prefix() {
             id: 2,
             start: 8,
             len: 4,
-            samples: true
+            samples: true,
+            all_logits: false
         }]
     );
     let seq = s.get(2).expect("seq 2");
@@ -350,4 +358,47 @@ fn no_sequence_ever_reads_a_slot_written_for_another_prefix() {
         preemptions > 10,
         "the pool was pressed ({preemptions} preemptions)"
     );
+}
+
+/// A scored prompt takes nothing from the prefix cache, and its chunks bring back a row of
+/// logits per token, cut to what the step's room leaves once every running sequence has its
+/// row: a decode beside it is never crowded out.
+#[test]
+fn a_scored_prompt_is_computed_whole_within_the_steps_rows() {
+    let mut s = cached_sched(16, 32);
+    s.cfg.max_logits_rows = 6;
+    let prompt: Vec<u32> = (1..=10).collect();
+    run_alone(&mut s, 1, prompt.clone());
+    assert_eq!(s.blocks_cached(), 2);
+    s.add(2, vec![7; 9]);
+    run_step(&mut s, 100);
+    // 2 decodes (1 row) while 3 is admitted: cut to the 5 rows left.
+    s.add_scored(3, prompt.clone());
+    let p = run_step(&mut s, 100);
+    let chunk = |id, start, len, samples, all_logits| ScheduledChunk {
+        id,
+        start,
+        len,
+        samples,
+        all_logits,
+    };
+    assert_eq!(
+        p.chunks,
+        vec![chunk(2, 9, 1, true, false), chunk(3, 0, 5, false, true)]
+    );
+    assert_eq!(s.get(3).map(|q| q.num_cached_tokens), Some(Some(0)));
+    // 2 keeps its row; 3 takes the other 5, and its last chunk samples.
+    let p = run_step(&mut s, 100);
+    assert_eq!(
+        p.chunks,
+        vec![chunk(2, 10, 1, true, false), chunk(3, 5, 5, true, true)]
+    );
+    assert!(p.chunks.iter().map(ScheduledChunk::rows).sum::<usize>() <= 6);
+    // Its output is not scored: a plain decode.
+    let p = run_step(&mut s, 100);
+    assert_eq!(p.chunks[1], chunk(3, 10, 1, true, false));
+    // A sequence added plainly with the same prompt finds it cached (8 of its 10 tokens).
+    s.add(4, prompt);
+    let p = run_step(&mut s, 100);
+    assert_eq!(p.chunks[2], chunk(4, 8, 2, true, false));
 }

@@ -29,6 +29,9 @@ impl InferenceService {
 fn to_proto(index: usize, ev: GenerateEvent) -> api::GenerateResponse {
     use api::generate_response::Event;
     let event = match ev {
+        GenerateEvent::Prompt { logprobs, .. } => {
+            Event::PromptLogprobs(api::PromptLogprobs { logprobs })
+        }
         // gRPC sends a request's calls whole, with its finish.
         GenerateEvent::Delta {
             text,

@@ -183,6 +183,16 @@ async fn run(
             Some("tools"),
         ));
     }
+    if common.echo() && matches!(kind, Kind::Chat) {
+        return Err(ApiError::invalid(
+            "`echo` is for /v1/completions",
+            Some("echo"),
+        ));
+    }
+    let echo = match common.echo() {
+        true => echo_texts(&gw, &common.model, &prompts).await?,
+        false => Vec::new(),
+    };
     let started = Instant::now();
     let reply = Reply {
         kind,
@@ -192,6 +202,7 @@ async fn run(
         include_usage: common.include_usage(),
         logprobs: sampling.logprobs.is_some(),
         per_prompt: choices as usize,
+        echo,
     };
     let opened = prompts.iter().map(|prompt| {
         let span = trace::request_span(&common.model, prompt);
@@ -224,6 +235,32 @@ async fn run(
             .into_response());
     }
     Ok(Json(reply::body(events, &reply, n).await?).into_response())
+}
+
+/// What `echo` puts before each prompt's choices: a text prompt as it was sent, token ids as
+/// the model's tokenizer reads them.
+async fn echo_texts(
+    gw: &Gateway,
+    model: &str,
+    prompts: &[Prompt],
+) -> Result<Vec<String>, ApiError> {
+    let mut texts = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        texts.push(match p {
+            Prompt::Text(t) => t.clone(),
+            Prompt::TokenIds(ids) => {
+                let (text, _) = gw.model_text(model).await?;
+                text.tokenizer.decode(ids, false).map_err(|e| {
+                    ApiError::invalid(
+                        format!("the prompt's ids do not decode: {e}"),
+                        Some("prompt"),
+                    )
+                })?
+            }
+            Prompt::Chat(_) => String::new(),
+        });
+    }
+    Ok(texts)
 }
 
 fn response_id(kind: Kind, started: Instant) -> String {

@@ -21,6 +21,12 @@ impl LogprobsWriter {
 
     /// The `logprobs` value of a choice holding `tokens`.
     pub fn render(&mut self, tokens: &[api::TokenLogprob]) -> Value {
+        self.render_after(None, tokens)
+    }
+
+    /// [`Self::render`], after an echoed prompt's first token `first` (completions only),
+    /// which has no logprob: its `token_logprobs` and `top_logprobs` are null.
+    pub fn render_after(&mut self, first: Option<&str>, tokens: &[api::TokenLogprob]) -> Value {
         if self.chat {
             let content: Vec<Value> = tokens
                 .iter()
@@ -38,25 +44,28 @@ impl LogprobsWriter {
                 .collect();
             return json!({ "content": content, "refusal": null });
         }
-        let mut offsets = Vec::with_capacity(tokens.len());
+        let (mut texts, mut logprobs, mut top, mut offsets) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        if let Some(first) = first {
+            offsets.push(self.offset);
+            self.offset += first.chars().count();
+            texts.push(first);
+            logprobs.push(Value::Null);
+            top.push(Value::Null);
+        }
         for t in tokens {
             offsets.push(self.offset);
             self.offset += t.token.chars().count();
+            texts.push(&t.token);
+            logprobs.push(json!(t.logprob));
+            let alternatives: Map<String, Value> = (t.top.iter())
+                .map(|x| (x.token.clone(), json!(x.logprob)))
+                .collect();
+            top.push(Value::Object(alternatives));
         }
-        let top: Vec<Value> = tokens
-            .iter()
-            .map(|t| {
-                let alternatives: Map<String, Value> = t
-                    .top
-                    .iter()
-                    .map(|x| (x.token.clone(), json!(x.logprob)))
-                    .collect();
-                Value::Object(alternatives)
-            })
-            .collect();
         json!({
-            "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
-            "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+            "tokens": texts,
+            "token_logprobs": logprobs,
             "top_logprobs": top,
             "text_offset": offsets,
         })
@@ -104,5 +113,12 @@ mod tests {
         assert_eq!(first["top_logprobs"][0], json!({ "Pa": -0.5, "Lo": -1.5 }));
         let next = w.render(&tokens[..1]);
         assert_eq!(next["text_offset"], json!([5]));
+        // An echoed prompt's first token has no logprob; the offsets count it.
+        let echoed = LogprobsWriter::new(false).render_after(Some("The"), &tokens);
+        assert_eq!(echoed["tokens"], json!(["The", "Pa", "ris"]));
+        assert_eq!(echoed["token_logprobs"], json!([null, -0.5, -0.25]));
+        assert_eq!(echoed["top_logprobs"][0], Value::Null);
+        assert_eq!(echoed["top_logprobs"][2], json!({}));
+        assert_eq!(echoed["text_offset"], json!([0, 3, 5]));
     }
 }

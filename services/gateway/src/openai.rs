@@ -1,6 +1,10 @@
 //! The OpenAI request bodies: what ferrite reads from them, and a clear refusal (400, naming the
-//! field) of every field it would otherwise ignore while the client counts on it (an echoed
-//! prompt, a suffix, candidates beyond the choices returned, the legacy functions).
+//! field) of every field it would otherwise ignore while the client counts on it (a suffix,
+//! candidates beyond the choices returned, the legacy functions).
+//!
+//! Completions' `echo` puts the prompt before each choice's text, and with `logprobs` its
+//! tokens' logprobs before the completion's (the first token's null), as an evaluation
+//! harness asks for loglikelihoods; with `max_tokens` 0 nothing is generated.
 //!
 //! Structured outputs come as OpenAI's `response_format` (`json_object`, `json_schema`) or as
 //! vLLM's `structured_outputs` extension (`json`, `regex`, `choice`, `grammar` in Lark).
@@ -130,21 +134,32 @@ impl CommonParams {
                 return unsupported(param, "send `tools` and `tool_choice` instead");
             }
         }
-        if self.echo == Some(true) {
-            return unsupported("echo", "the prompt is not echoed");
-        }
         if set(&self.suffix) {
             return unsupported("suffix", "no insertion after a suffix");
         }
         Ok(())
     }
 
+    /// Whether the prompt comes back before each choice's text (`echo`).
+    pub fn echo(&self) -> bool {
+        self.echo == Some(true)
+    }
+
     /// The sampling parameters of the request, after refusing what is not served. Ranges are
     /// checked by validation, as for gRPC requests.
     pub fn sampling(&self) -> Result<api::SamplingParams, ApiError> {
         self.refuse_unsupported()?;
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens);
+        let logprobs = self.logprobs()?;
+        // An echoed prompt's tokens are scored where logprobs are asked for, and where the
+        // prompt is all that comes back (max_tokens 0 is a scoring request).
+        let prompt_logprobs = match (self.echo(), logprobs, max_tokens) {
+            (true, Some(n), _) => Some(n),
+            (true, None, Some(0)) => Some(0),
+            _ => None,
+        };
         Ok(api::SamplingParams {
-            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            max_tokens,
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -155,9 +170,10 @@ impl CommonParams {
             frequency_penalty: self.frequency_penalty,
             stop: stop_strings(&self.stop)?,
             stop_token_ids: Vec::new(),
-            logprobs: self.logprobs()?,
+            logprobs,
             ignore_eos: self.ignore_eos,
             logit_bias: self.logit_bias()?,
+            prompt_logprobs,
         })
     }
 

@@ -73,7 +73,6 @@ fn unsupported_fields_are_refused_by_name() {
         (json!({ "n": 2, "best_of": 3 }), "best_of"),
         (json!({ "function_call": { "name": "f" } }), "function_call"),
         (json!({ "functions": [{}] }), "functions"),
-        (json!({ "echo": true }), "echo"),
         (json!({ "suffix": "x" }), "suffix"),
     ];
     for (extra, param) in cases {
@@ -93,6 +92,17 @@ fn off_values_of_unsupported_fields_are_accepted() {
     let s = p.sampling().expect("accepted");
     assert_eq!(s.logprobs, None);
     assert!(!params(json!({})).include_usage());
+}
+
+/// `echo` scores the prompt where logprobs are asked for, or where nothing is generated.
+#[test]
+fn echo_scores_the_prompt_with_logprobs_or_max_tokens_0() {
+    let scored = |body| params(body).sampling().expect("accepted").prompt_logprobs;
+    assert_eq!(scored(json!({ "echo": true, "logprobs": 2 })), Some(2));
+    assert_eq!(scored(json!({ "echo": true, "max_tokens": 0 })), Some(0));
+    assert_eq!(scored(json!({ "echo": true, "max_tokens": 5 })), None);
+    assert_eq!(scored(json!({ "logprobs": 2, "max_tokens": 0 })), None);
+    assert!(params(json!({ "echo": true })).echo());
 }
 
 /// `logit_bias` maps token ids, as strings, to biases; anything else is refused naming it.

@@ -1,7 +1,8 @@
 //! OpenAI's answer to a completion request, built from the events of its choices' streams
 //! (several with OpenAI's `n`): one JSON body, or the chunks of a server-sent event stream.
 //! Either way each choice carries its `index`, and the usage counts the prompt once and the
-//! completion tokens of every choice.
+//! completion tokens of every choice. With `echo`, each choice's text begins with its prompt
+//! (a stream's first chunk of the choice is the prompt), and its logprobs with the prompt's.
 
 use std::convert::Infallible;
 
@@ -36,9 +37,18 @@ pub struct Reply {
     pub logprobs: bool,
     /// Choices per prompt (`n`): choice `i` is of prompt `i / per_prompt`.
     pub per_prompt: usize,
+    /// With `echo`, each prompt's text, to put before its choices' (empty without).
+    pub echo: Vec<String>,
 }
 
 impl Reply {
+    /// The text choice `index` begins with (`echo`), if any.
+    fn echo_of(&self, index: usize) -> Option<&str> {
+        self.echo
+            .get(index / self.per_prompt.max(1))
+            .map(String::as_str)
+    }
+
     fn logprobs_writer(&self) -> Option<LogprobsWriter> {
         self.logprobs
             .then(|| LogprobsWriter::new(matches!(self.kind, Kind::Chat)))
@@ -106,6 +116,8 @@ impl Usage {
 struct ChoiceBody {
     text: String,
     finish: &'static str,
+    /// An echoed prompt's first token, whose logprob is null.
+    first: Option<String>,
     logprobs: Vec<api::TokenLogprob>,
     calls: Vec<ToolCall>,
 }
@@ -115,12 +127,13 @@ impl ChoiceBody {
         let ChoiceBody {
             text,
             finish,
+            first,
             logprobs,
             calls,
         } = self;
-        let logprobs = reply
-            .logprobs_writer()
-            .map_or(Value::Null, |mut w| w.render(&logprobs));
+        let logprobs = reply.logprobs_writer().map_or(Value::Null, |mut w| {
+            w.render_after(first.as_deref(), &logprobs)
+        });
         match reply.kind {
             Kind::Completion => {
                 json!({ "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish })
@@ -147,9 +160,10 @@ pub async fn body(
     n: usize,
 ) -> Result<Value, ApiError> {
     let mut choices: Vec<ChoiceBody> = (0..n)
-        .map(|_| ChoiceBody {
-            text: String::new(),
+        .map(|i| ChoiceBody {
+            text: reply.echo_of(i).unwrap_or_default().to_owned(),
             finish: "stop",
+            first: None,
             logprobs: Vec::new(),
             calls: Vec::new(),
         })
@@ -163,6 +177,11 @@ pub async fn body(
             continue;
         };
         match ev {
+            // It comes first: the prompt's logprobs lead the choice's.
+            GenerateEvent::Prompt { first, logprobs } => {
+                choice.first = Some(first);
+                choice.logprobs.extend(logprobs);
+            }
             GenerateEvent::Delta { text, logprobs, .. } => {
                 choice.text.push_str(&text);
                 choice.logprobs.extend(logprobs);
@@ -195,6 +214,8 @@ pub async fn body(
 struct ChoiceChunks {
     /// No chunk of this choice went out yet (a chat's first delta names the role).
     first: bool,
+    /// With `echo`: the prompt's chunk has not gone out yet.
+    echo: bool,
     logprobs: Option<LogprobsWriter>,
 }
 
@@ -211,8 +232,9 @@ pub struct ChunkWriter {
 impl ChunkWriter {
     pub fn new(reply: Reply, n: usize) -> Self {
         let choices = (0..n)
-            .map(|_| ChoiceChunks {
+            .map(|i| ChoiceChunks {
                 first: true,
+                echo: reply.echo_of(i).is_some(),
                 logprobs: reply.logprobs_writer(),
             })
             .collect();
@@ -245,13 +267,19 @@ impl ChunkWriter {
             .is_some_and(|c| std::mem::take(&mut c.first))
     }
 
-    /// The chunk of a delta's text (and its logprobs).
-    fn text_chunk(&mut self, index: usize, text: String, logprobs: &[api::TokenLogprob]) -> Value {
+    /// The chunk of a delta's text (and its logprobs, after an echoed prompt's `first`
+    /// token).
+    fn text_chunk(
+        &mut self,
+        index: usize,
+        text: String,
+        (first, logprobs): (Option<&str>, &[api::TokenLogprob]),
+    ) -> Value {
         let writer = self
             .choices
             .get_mut(index)
             .and_then(|c| c.logprobs.as_mut());
-        let logprobs = writer.map_or(Value::Null, |w| w.render(logprobs));
+        let logprobs = writer.map_or(Value::Null, |w| w.render_after(first, logprobs));
         let choice = match self.reply.kind {
             Kind::Completion => {
                 json!({ "index": index, "text": text, "logprobs": logprobs, "finish_reason": null })
@@ -327,7 +355,26 @@ impl ChunkWriter {
             }
         };
         self.usage.add(index, self.reply.per_prompt, &ev);
+        let mut out = Vec::new();
+        if let Some(c) = self.choices.get_mut(index)
+            && std::mem::take(&mut c.echo)
+        {
+            let echo = self.reply.echo_of(index).unwrap_or_default().to_owned();
+            let (first, logprobs) = match &ev {
+                GenerateEvent::Prompt { first, logprobs } => (Some(first.as_str()), &logprobs[..]),
+                _ => (None, &[][..]),
+            };
+            out.push(self.text_chunk(index, echo, (first, logprobs)));
+        }
+        out.extend(self.event_chunks(index, ev));
+        out
+    }
+
+    /// The chunks of choice `index`'s event (its prompt echoed already, where it is).
+    fn event_chunks(&mut self, index: usize, ev: GenerateEvent) -> Vec<Value> {
         match ev {
+            // Only sent with `echo`, and gone out with the prompt.
+            GenerateEvent::Prompt { .. } => Vec::new(),
             GenerateEvent::Delta {
                 text,
                 logprobs,
@@ -338,7 +385,7 @@ impl ChunkWriter {
                 // comes before the last pieces of calls).
                 let mut out = Vec::new();
                 if calls.is_empty() || !text.is_empty() || !logprobs.is_empty() {
-                    out.push(self.text_chunk(index, text, &logprobs));
+                    out.push(self.text_chunk(index, text, (None, &logprobs)));
                 }
                 out.extend(self.call_chunks(index, &calls));
                 out

@@ -11,6 +11,7 @@ fn reply(kind: Kind, include_usage: bool) -> Reply {
         include_usage,
         logprobs: false,
         per_prompt: 1,
+        echo: Vec::new(),
     }
 }
 
@@ -198,4 +199,83 @@ async fn an_error_in_one_choice_ends_the_request() {
         .await
         .expect_err("failed");
     assert_eq!(e.status(), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+fn scored(text: &str, logprob: f32) -> api::TokenLogprob {
+    api::TokenLogprob {
+        token_id: 0,
+        logprob,
+        top: Vec::new(),
+        token: text.into(),
+        bytes: text.as_bytes().to_vec(),
+    }
+}
+
+/// `echo` with logprobs, two choices of one prompt: each choice's text begins with the prompt
+/// and its logprobs with the prompt's tokens (the first null); a stream sends the prompt as
+/// each choice's first chunk, with the prompt's logprobs, before its own tokens.
+#[tokio::test]
+async fn an_echoed_prompt_leads_each_choice_with_its_logprobs() {
+    let prompt = || {
+        Ok(GenerateEvent::Prompt {
+            first: "The".into(),
+            logprobs: vec![scored(" sky", -2.0)],
+        })
+    };
+    let token = |text: &str| {
+        Ok(GenerateEvent::Delta {
+            text: text.into(),
+            token_ids: vec![1],
+            logprobs: vec![scored(text, -0.5)],
+            calls: Vec::new(),
+        })
+    };
+    let echoed = || Reply {
+        per_prompt: 2,
+        logprobs: true,
+        echo: vec!["The sky".into()],
+        ..reply(Kind::Completion, false)
+    };
+    let choices = vec![
+        stream_of(vec![prompt(), token(" is"), finish_of(1, 0)]),
+        stream_of(vec![prompt(), finish_of(0, 0)]),
+    ];
+    let body = body(merge(choices), &echoed(), 2).await.expect("a body");
+    let first = &body["choices"][0];
+    assert_eq!(first["text"], "The sky is");
+    assert_eq!(first["logprobs"]["tokens"], json!(["The", " sky", " is"]));
+    assert_eq!(
+        first["logprobs"]["token_logprobs"],
+        json!([null, -2.0, -0.5])
+    );
+    assert_eq!(first["logprobs"]["text_offset"], json!([0, 3, 7]));
+    assert_eq!(body["choices"][1]["text"], "The sky");
+
+    let mut w = ChunkWriter::new(echoed(), 2);
+    let chunks: Vec<Value> = [(0, prompt()), (1, prompt()), (0, token(" is"))]
+        .into_iter()
+        .flat_map(|(i, e)| w.on_event(i, e))
+        .collect();
+    assert_eq!(chunks.len(), 3, "{chunks:#?}");
+    let choice = |c: &Value| c["choices"][0].clone();
+    assert_eq!(choice(&chunks[0])["text"], "The sky");
+    assert_eq!(
+        choice(&chunks[0])["logprobs"]["token_logprobs"],
+        json!([null, -2.0])
+    );
+    assert_eq!(choice(&chunks[1])["index"], 1);
+    assert_eq!(choice(&chunks[2])["text"], " is");
+    assert_eq!(choice(&chunks[2])["logprobs"]["text_offset"], json!([7]));
+    // Without logprobs the prompt is echoed all the same, before the first delta.
+    let mut w = ChunkWriter::new(
+        Reply {
+            echo: vec!["The sky".into()],
+            ..reply(Kind::Completion, false)
+        },
+        1,
+    );
+    let chunks = w.on_event(0, delta(" is"));
+    assert_eq!(chunks.len(), 2);
+    assert_eq!(choice(&chunks[0])["text"], "The sky");
+    assert_eq!(choice(&chunks[0])["logprobs"], Value::Null);
 }

@@ -21,6 +21,13 @@ use crate::validate::ValidatedRequest;
 /// One event of a completion, independent of the wire format (gRPC or HTTP/SSE).
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenerateEvent {
+    /// The prompt's scores, first, where the request asked for them (`prompt_logprobs`).
+    Prompt {
+        /// The prompt's first token's text (it has no score).
+        first: String,
+        /// Each prompt token from the second.
+        logprobs: Vec<api::TokenLogprob>,
+    },
     Delta {
         text: String,
         token_ids: Vec<u32>,
@@ -86,6 +93,11 @@ struct State {
     idle: Duration,
     /// The model's text side, when the request asked for logprobs (it names their tokens).
     logprobs_of: Option<Arc<ModelText>>,
+    /// Until the first message, where the request scores its prompt: the model's text side
+    /// and the prompt's first id.
+    scores: Option<(Arc<ModelText>, u32)>,
+    /// The request generates nothing (`max_tokens` 0): the worker's one token is dropped.
+    prompt_only: bool,
     /// With tools: the text, held back until the end, when it is read as calls or content.
     tools: Option<ToolText>,
     done: bool,
@@ -115,6 +127,9 @@ pub fn events(
         deadline,
         idle,
         logprobs_of: req.sampling().logprobs.is_some().then(|| text.clone()),
+        scores: (req.sampling().prompt_logprobs.is_some())
+            .then(|| (text.clone(), req.prompt_ids()[0])),
+        prompt_only: req.prompt_only(),
         tools: req
             .tools()
             .filter(|(t, _)| t.may_call())
@@ -207,30 +222,23 @@ impl State {
         if let Some(c) = msg.cached_tokens {
             self.cached_tokens = c;
         }
-        for t in &msg.tokens {
+        if let Some((text, first)) = self.scores.take() {
+            out.push(Ok(GenerateEvent::Prompt {
+                first: token_text(&text, first).0,
+                logprobs: (msg.prompt_logprobs.iter())
+                    .map(|t| token_logprob(&text, t))
+                    .collect(),
+            }));
+        }
+        let tokens = match self.prompt_only {
+            true => &[][..],
+            false => &msg.tokens[..],
+        };
+        for t in tokens {
             self.completion_tokens += 1;
             token_ids.push(t.id);
             if let Some(text) = &self.logprobs_of {
-                let (token, bytes) = token_text(text, t.id);
-                logprobs.push(api::TokenLogprob {
-                    token_id: t.id,
-                    logprob: t.logprob,
-                    top: t
-                        .top
-                        .iter()
-                        .map(|x| {
-                            let (token, bytes) = token_text(text, x.token_id);
-                            api::TopLogprob {
-                                token_id: x.token_id,
-                                logprob: x.logprob,
-                                token,
-                                bytes,
-                            }
-                        })
-                        .collect(),
-                    token,
-                    bytes,
-                });
+                logprobs.push(token_logprob(text, t));
             }
             match self.text.push(t.id) {
                 Ok(o) => {
@@ -253,6 +261,8 @@ impl State {
             }
         }
         let mut reason = match finish {
+            // max_tokens 0 ends it, whatever the dropped token was.
+            _ if self.prompt_only => api::FinishReason::Length,
             _ if stopped => api::FinishReason::Stop,
             pb::FinishReason::Length => api::FinishReason::Length,
             _ => api::FinishReason::Stop,
@@ -268,12 +278,14 @@ impl State {
                 streamed_calls = t.scanner.streamed();
             }
         }
-        out.push(Ok(GenerateEvent::Delta {
-            text: emit,
-            token_ids,
-            logprobs,
-            calls,
-        }));
+        if !self.prompt_only {
+            out.push(Ok(GenerateEvent::Delta {
+                text: emit,
+                token_ids,
+                logprobs,
+                calls,
+            }));
+        }
         if last || stopped {
             self.done = true;
             // Dropping the upstream cancels the worker's request (stop string case).
@@ -342,6 +354,29 @@ impl ToolText {
             reason
         };
         (out.content, out.calls, reason)
+    }
+}
+
+/// Token `t` and its logprobs, each token named by its text.
+fn token_logprob(text: &ModelText, t: &pb::Token) -> api::TokenLogprob {
+    let (token, bytes) = token_text(text, t.id);
+    let top = (t.top.iter())
+        .map(|x| {
+            let (token, bytes) = token_text(text, x.token_id);
+            api::TopLogprob {
+                token_id: x.token_id,
+                logprob: x.logprob,
+                token,
+                bytes,
+            }
+        })
+        .collect();
+    api::TokenLogprob {
+        token_id: t.id,
+        logprob: t.logprob,
+        top,
+        token,
+        bytes,
     }
 }
 

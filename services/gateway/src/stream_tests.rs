@@ -21,6 +21,7 @@ fn token(id: u32, finish: pb::FinishReason) -> pb::GenerateResponse {
         }],
         finish_reason: finish as i32,
         cached_tokens: None,
+        prompt_logprobs: Vec::new(),
     }
 }
 
@@ -179,4 +180,68 @@ async fn a_pool_silent_past_the_idle_bound_fails_the_stream_as_unavailable() {
         other => panic!("{other:?}"),
     }
     assert!(started.elapsed() >= idle);
+}
+
+/// A request that scores its prompt with `max_tokens` 0: the prompt's scores come first,
+/// named by their tokens' text; the one token the worker was asked for is dropped, and the
+/// finish says `length` with no completion token.
+#[tokio::test]
+async fn a_scored_prompt_comes_first_and_max_tokens_0_drops_the_token() {
+    let sampling = api::SamplingParams {
+        max_tokens: Some(0),
+        prompt_logprobs: Some(1),
+        ..api::SamplingParams::default()
+    };
+    let prompt = Prompt::TokenIds(vec![1, 2, 3]);
+    let req = validate(word_model(), 16, &prompt, Some(sampling), None, None).expect("valid");
+    assert_eq!(req.worker_request().sampling.map(|s| s.max_tokens), Some(1));
+    let score = |id, logprob| pb::Token {
+        id,
+        logprob,
+        top: vec![pb::TopLogprob {
+            token_id: 1,
+            logprob: -0.25,
+        }],
+    };
+    let mut first = token(3, pb::FinishReason::Stop);
+    first.prompt_logprobs = vec![score(2, -1.5), score(3, -2.5)];
+    let trace = RequestTrace::new(
+        tracing::Span::none(),
+        "m",
+        crate::trace::Api::Grpc,
+        Instant::now(),
+    );
+    let upstream = Upstream::canned(first, Vec::new());
+    let evs: Vec<_> = events(&req, upstream, trace, None, Duration::from_secs(30))
+        .collect()
+        .await;
+    let text = |id| crate::stream::token_text(&word_model(), id).0;
+    match &evs[..] {
+        [
+            Ok(GenerateEvent::Prompt { first, logprobs }),
+            Ok(GenerateEvent::Finish {
+                reason,
+                completion_tokens,
+                ..
+            }),
+        ] => {
+            assert_eq!(first, &text(1));
+            let got: Vec<_> = logprobs
+                .iter()
+                .map(|t| (t.token.clone(), t.logprob))
+                .collect();
+            assert_eq!(got, [(text(2), -1.5), (text(3), -2.5)]);
+            assert_eq!(logprobs[0].top[0].token, text(1));
+            assert_eq!(*reason, api::FinishReason::Length);
+            assert_eq!(*completion_tokens, 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Without prompt_logprobs, max_tokens 0 is refused.
+    let plain = api::SamplingParams {
+        max_tokens: Some(0),
+        ..api::SamplingParams::default()
+    };
+    let err = validate(word_model(), 16, &prompt, Some(plain), None, None).expect_err("0");
+    assert!(err.to_string().contains("prompt_logprobs"), "{err}");
 }

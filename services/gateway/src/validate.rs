@@ -27,6 +27,9 @@ pub struct ValidatedRequest {
     grammar: Option<String>,
     /// The tools the model may call, and the format it calls them in.
     tools: Option<(Arc<Tools>, ToolFormat)>,
+    /// `max_tokens` 0 with prompt logprobs: the prompt is scored and nothing generated (the
+    /// worker is asked for one token, which is dropped).
+    prompt_only: bool,
 }
 
 /// What a request's output must follow, and the request field that asked for it (named by
@@ -61,6 +64,11 @@ impl ValidatedRequest {
     /// The tools the model may call, and the format it calls them in.
     pub fn tools(&self) -> Option<&(Arc<Tools>, ToolFormat)> {
         self.tools.as_ref()
+    }
+
+    /// The request scores its prompt and generates nothing (`max_tokens` 0).
+    pub fn prompt_only(&self) -> bool {
+        self.prompt_only
     }
 
     /// The context a pool needs for this request: its prompt and `max_tokens`.
@@ -244,9 +252,12 @@ pub fn validate(
     let max_tokens = s
         .max_tokens
         .unwrap_or(DEFAULT_MAX_TOKENS.min(u32::try_from(room).unwrap_or(u32::MAX)));
+    // 0 scores the prompt alone: the worker makes one token, which is dropped.
+    let prompt_only = max_tokens == 0 && s.prompt_logprobs.is_some();
+    let max_tokens = max_tokens.max(u32::from(prompt_only));
     if max_tokens == 0 || max_tokens as usize > room {
         return bad(format!(
-            "max_tokens {max_tokens} is out of range: it must be between 1 and {room} (the context length {limit} minus the prompt's {} tokens)",
+            "max_tokens {max_tokens} is out of range: it must be between 1 and {room} (the context length {limit} minus the prompt's {} tokens), or 0 to score the prompt alone (with prompt_logprobs, or /v1/completions' echo)",
             prompt_ids.len()
         ));
     }
@@ -271,6 +282,7 @@ pub fn validate(
         ignore_eos: s.ignore_eos,
         logprobs: s.logprobs,
         logit_bias: s.logit_bias,
+        prompt_logprobs: s.prompt_logprobs,
     };
     // The same ranges the engine admits: a bad value is refused here, not by a worker.
     ferrite_proto::sampling::check(&sampling).map_err(GatewayError::InvalidArgument)?;
@@ -303,6 +315,7 @@ pub fn validate(
         stop: s.stop,
         grammar,
         tools,
+        prompt_only,
     })
 }
 

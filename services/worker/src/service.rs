@@ -16,7 +16,7 @@ use ferrite_engine::EngineError;
 use ferrite_engine::engine::{EngineStats, FinishReason, RequestTiming};
 use ferrite_engine::handle::{EngineHandle, KvUpdate, RequestStream};
 use ferrite_engine::kv_cache::BlockHash;
-use ferrite_engine::sampler::SamplingParams;
+use ferrite_engine::sampler::{SampledToken, SamplingParams};
 use ferrite_proto::worker::v1 as pb;
 use ferrite_structured::Vocabulary;
 use ferrite_telemetry::metrics::{Load, RequestOutcome, WorkerMetrics};
@@ -286,20 +286,12 @@ fn responses(tracked: Tracked) -> TokenStream {
                 }
                 let last = ev.finish.is_some();
                 let msg = pb::GenerateResponse {
-                    tokens: vec![pb::Token {
-                        id: ev.token.id,
-                        logprob: ev.token.logprob,
-                        top: ev
-                            .token
-                            .top
-                            .iter()
-                            .map(|&(token_id, logprob)| pb::TopLogprob { token_id, logprob })
-                            .collect(),
-                    }],
+                    tokens: vec![token_of(&ev.token)],
                     finish_reason: finish_to_proto(ev.finish),
                     cached_tokens: ev
                         .cached_tokens
                         .map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+                    prompt_logprobs: ev.prompt_logprobs.iter().map(token_of).collect(),
                 };
                 Some((Ok(msg), (!last).then_some(t)))
             }
@@ -311,6 +303,17 @@ fn responses(tracked: Tracked) -> TokenStream {
             }
         }
     }))
+}
+
+/// A token and its logprobs, as the worker API carries them.
+fn token_of(t: &SampledToken) -> pb::Token {
+    pb::Token {
+        id: t.id,
+        logprob: t.logprob,
+        top: (t.top.iter())
+            .map(|&(token_id, logprob)| pb::TopLogprob { token_id, logprob })
+            .collect(),
+    }
 }
 
 #[tonic::async_trait]

@@ -71,6 +71,7 @@ impl SyntheticEngine {
                     },
                     // No model, no KV cache.
                     cached_tokens: (i == 0).then_some(0),
+                    prompt_logprobs: Vec::new(),
                 };
                 Some((Ok(msg), (i + 1, interval, guard)))
             },
