@@ -561,17 +561,28 @@ pub fn score_token(logits: &[f32], target: u32, n: usize) -> SampledToken {
     }
 }
 
+/// Up to this many most likely tokens are kept in one pass over the row, each candidate
+/// put in its place among them; past it, the row's ids are partly sorted.
+const TOP_IN_ONE_PASS: usize = 32;
+
 /// [`top_logprobs`] with the log-sum-exp of `logits` already known.
 fn top_by_logit(logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
     }
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    // Larger logit first (in `total_cmp`'s order: +0 above -0), ties to the smaller id.
     let cmp = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
             .then(a.cmp(b))
     };
+    if n <= TOP_IN_ONE_PASS {
+        return top_in_one_pass(logits, n, cmp)
+            .into_iter()
+            .map(|i| (i, logits[i as usize] - lse))
+            .collect();
+    }
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let n = n.min(idx.len());
     if n < idx.len() {
         idx.select_nth_unstable_by(n - 1, cmp);
@@ -581,6 +592,30 @@ fn top_by_logit(logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)> {
     idx.into_iter()
         .map(|i| (i, logits[i as usize] - lse))
         .collect()
+}
+
+/// The `n` first ids of `logits` in `cmp`'s order, in one pass: each id that beats the last
+/// kept takes its place and moves up. Ids come in increasing order, so an equal logit never
+/// displaces an earlier id, as `cmp` wants.
+fn top_in_one_pass(
+    logits: &[f32],
+    n: usize,
+    cmp: impl Fn(&u32, &u32) -> std::cmp::Ordering,
+) -> Vec<u32> {
+    let mut kept: Vec<u32> = Vec::with_capacity(n + 1);
+    for i in 0..logits.len() as u32 {
+        if kept.len() == n {
+            match kept.last() {
+                Some(last) if cmp(&i, last).is_lt() => {
+                    kept.pop();
+                }
+                _ => continue,
+            }
+        }
+        let at = kept.partition_point(|k| cmp(k, &i).is_lt());
+        kept.insert(at, i);
+    }
+    kept
 }
 
 /// The index of the largest logit (the first, on ties, as torch.argmax does).

@@ -354,3 +354,29 @@ fn the_draw_picks_what_sorting_every_candidate_picks() {
     }
     assert_eq!(checked, 3 * 3 * 8 * 30);
 }
+
+/// The most likely tokens found in one pass are those a full sort of the row ranks first
+/// (larger logit first, +0 above -0, ties to the smaller id), on rows full of ties, signed
+/// zeros and -inf, for every count up to past the row's length.
+#[test]
+fn the_top_tokens_in_one_pass_are_those_a_full_sort_ranks_first() {
+    let mut rng = Rng::seeded(11);
+    for len in [1usize, 7, 40, 300] {
+        let row: Vec<f32> = (0..len)
+            .map(|_| match rng.next_u64() % 6 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => f32::NEG_INFINITY,
+                3 => 1.5,
+                _ => (rng.next_f64() * 8.0 - 4.0) as f32,
+            })
+            .collect();
+        let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+        let mut sorted: Vec<u32> = (0..len as u32).collect();
+        sorted.sort_by(cmp);
+        for n in 1..=TOP_IN_ONE_PASS.min(len + 2) {
+            let got = top_in_one_pass(&row, n, cmp);
+            assert_eq!(got, sorted[..n.min(len)], "row of {len}, top {n}");
+        }
+    }
+}
