@@ -339,3 +339,84 @@ async fn a_scored_prompt_ranks_transformers_greedy_tokens_first() -> Result<()> 
     }
     Ok(())
 }
+
+/// What lm-eval's `local-completions` sends for loglikelihoods (its payload: a batch of
+/// token-id prompts, `echo`, `logprobs` 1, `max_tokens` 1, temperature 0, a seed) and what it
+/// reads back (`token_logprobs` and `top_logprobs` of the continuation, `[ctxlen:-1]`; greedy
+/// where each token's logprob equals the largest of its alternatives'). The golden `question`
+/// prompt with transformers' greedy continuation is greedy; with its first continuation token
+/// swapped for transformers' runner-up there, it is not; each loglikelihood is the sum of the
+/// same tokens' scores over gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lm_eval_loglikelihoods_parse_as_the_harness_parses_them() -> Result<()> {
+    let _turn = serial().await;
+    let serve = ServeProc::start().await?;
+    let mut client = InferenceClient::new(channel(serve.grpc).await?);
+    let cases = golden_cases()?;
+    let case = cases
+        .iter()
+        .find(|c| c["name"] == "question")
+        .context("question")?;
+    let (context, greedy) = (
+        ids_of(&case["prompt_token_ids"]),
+        ids_of(&case["greedy_token_ids"]),
+    );
+    let mut swapped = greedy.clone();
+    swapped[0] = case["top5"][1]["id"].as_u64().context("runner-up")? as u32;
+    let prompts: Vec<Vec<u32>> = [&greedy, &swapped]
+        .iter()
+        .map(|c| context.iter().chain(c.iter()).copied().collect())
+        .collect();
+    let body = json!({"model": MODEL, "prompt": prompts, "temperature": 0, "max_tokens": 1,
+        "logprobs": 1, "seed": 1234, "echo": true});
+    let r = http::post_json(serve.http, "/v1/completions", &body).await?;
+    let reply = r.json()?;
+    assert_eq!(r.status, 200, "{reply}");
+    let ctxlen = context.len();
+    for (i, ids) in prompts.iter().enumerate() {
+        let choice = &reply["choices"][i];
+        assert_eq!(choice["index"], i);
+        let logprobs = choice["logprobs"]["token_logprobs"]
+            .as_array()
+            .context("logprobs")?;
+        let tops = choice["logprobs"]["top_logprobs"]
+            .as_array()
+            .context("tops")?;
+        assert_eq!(
+            logprobs.len(),
+            ids.len() + 1,
+            "the prompt and the token generated"
+        );
+        let (span, top_span) = (
+            &logprobs[ctxlen..logprobs.len() - 1],
+            &tops[ctxlen..tops.len() - 1],
+        );
+        let sum: f64 = span.iter().filter_map(serde_json::Value::as_f64).sum();
+        let is_greedy = span.iter().zip(top_span).all(|(t, top)| {
+            let best = top
+                .as_object()
+                .into_iter()
+                .flat_map(|o| o.values())
+                .filter_map(serde_json::Value::as_f64);
+            t.as_f64() == best.reduce(f64::max)
+        });
+        assert_eq!(is_greedy, i == 0, "prompt {i}");
+        let mut req = grpc::greedy_ids(ids.clone(), 0);
+        if let Some(s) = req.sampling.as_mut() {
+            s.prompt_logprobs = Some(0);
+        }
+        let scores = grpc::generate(&mut client, req)
+            .await?
+            .prompt_logprobs
+            .context("scores")?;
+        let want: f64 = scores[ctxlen - 1..]
+            .iter()
+            .map(|s| f64::from(s.logprob))
+            .sum();
+        assert!(
+            (sum - want).abs() < 1e-2,
+            "prompt {i}: {sum} against {want}"
+        );
+    }
+    Ok(())
+}

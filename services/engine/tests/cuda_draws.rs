@@ -8,16 +8,21 @@
 //! top tokens and logprobs within f32 summation, and the device's rows with no extras the
 //! plain draw.
 //!
+//! Scored prompts (`prompt_logprobs`) turn the device's draws off for their steps: every row
+//! of their chunks comes back, within the GPU's room for rows, and the host scores them. The
+//! default model's scores on the GPU must be the CPU's (within f16's 0.05).
+//!
 //! Without a CUDA device these tests say so and pass, unless `FERRITE_REQUIRE_CUDA=1`.
 
 mod common;
 
 use common::*;
+use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig};
 use ferrite_engine::gpu::{GpuOptions, StepDraws, StepLimits, build_runner};
 use ferrite_engine::model::{
     self, DeviceSampling, DrawExtras, EngineModel, LogitsWanted, Penalties, SeqChunk,
 };
-use ferrite_engine::sampler::{self, MAX_LOGPROBS};
+use ferrite_engine::sampler::{self, MAX_LOGPROBS, SampledToken, SamplingParams};
 use ferrite_kernels::cuda::ops::Dtype;
 
 /// Row `i`'s extras: penalties of one of four kinds over tokens of its prompt (every third of
@@ -144,4 +149,84 @@ fn device_extras_take_the_host_samplers_steps_on_the_same_logits() {
         (drawn.ids[9] as usize) < vocab,
         "a plain draw at a temperature"
     );
+}
+
+/// Each scored request's prompt scores, from an engine on `cuda` (or the CPU): ten prompts of
+/// 5..50 tokens and one of 300, scored with their 5 most likely tokens beside ten plain
+/// decodes, in a pool of 24 sequences (so the scored chunks are cut to the rows left).
+fn scores(cuda: Option<CudaPlacement>, async_scheduling: bool) -> Vec<Vec<SampledToken>> {
+    let model = model::load(&default_model_path()).expect("load").model;
+    let vocab = model.config().vocab_size as u64;
+    let cfg = EngineConfig {
+        max_model_len: Some(512),
+        max_num_batched_tokens: 128,
+        max_num_seqs: 24,
+        kv_cache_bytes: 128 << 20,
+        cuda,
+        async_scheduling,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(model, vec![], cfg).expect("engine");
+    let prompt = |i: u64, n: u64| -> Vec<u32> {
+        (0..n)
+            .map(|j| ((i * 7919 + j * 104_729 + 11) % vocab) as u32)
+            .collect()
+    };
+    for i in 0..11u64 {
+        let scored = SamplingParams {
+            ignore_eos: true,
+            prompt_logprobs: Some(5),
+            ..SamplingParams::greedy(2)
+        };
+        let n = if i == 10 { 300 } else { 5 + 5 * i };
+        engine.add_request(i, prompt(i, n), scored).expect("add");
+        let plain = SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(8)
+        };
+        engine
+            .add_request(100 + i, prompt(100 + i, 20), plain)
+            .expect("add");
+    }
+    let mut out = vec![Vec::new(); 11];
+    while engine.has_unfinished() {
+        let step = engine.step().expect("step");
+        assert!(step.failed.is_empty(), "{:?}", step.failed);
+        for ev in step.events.into_iter().filter(|e| e.id < 11) {
+            if !ev.prompt_logprobs.is_empty() {
+                out[ev.id as usize] = ev.prompt_logprobs;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn scored_prompts_on_the_gpu_give_the_cpus_scores() {
+    let Some(gpu) = gpu("scored_prompts_on_the_gpu_give_the_cpus_scores") else {
+        return;
+    };
+    let want = scores(None, false);
+    for async_scheduling in [false, true] {
+        let placement = CudaPlacement {
+            gpu: gpu.clone(),
+            opts: GpuOptions {
+                memory_utilization: 0.5,
+                ..GpuOptions::new(Dtype::F16)
+            },
+        };
+        let got = scores(Some(placement), async_scheduling);
+        let (mut positions, mut same_top) = (0, 0);
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!(w.len(), g.len(), "one score per prompt token");
+            for (w, g) in w.iter().zip(g) {
+                assert_eq!(w.id, g.id);
+                assert!((w.logprob - g.logprob).abs() < 0.05, "{w:?} against {g:?}");
+                positions += 1;
+                same_top += usize::from(w.top[0].0 == g.top[0].0);
+            }
+        }
+        // f16 may flip a near tie among the most likely tokens; not many.
+        assert!(same_top * 100 >= positions * 95, "{same_top}/{positions}");
+    }
 }
