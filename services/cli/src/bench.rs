@@ -72,6 +72,10 @@ pub struct DecodeArgs {
     /// Every request asks for the logprobs of its tokens and of this many most likely ones.
     #[arg(long)]
     logprobs: Option<usize>,
+    /// Every request scores its prompt too (each token's logprob and this many most likely
+    /// tokens, as `echo` with `logprobs` asks): the prefill column then counts scored tokens.
+    #[arg(long)]
+    prompt_logprobs: Option<usize>,
     #[arg(long)]
     json: bool,
 }
@@ -107,6 +111,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         ignore_eos: true,
         frequency_penalty: args.frequency_penalty,
         logprobs: args.logprobs,
+        prompt_logprobs: args.prompt_logprobs,
         ..SamplingParams::greedy(args.new_tokens)
     };
     params.validate()?;

@@ -201,7 +201,7 @@ impl Engine {
                 max_model_len: exec.max_model_len(),
                 block_size: cfg.block_size,
                 prefix_cache,
-                max_logits_rows: exec.max_logits_rows(cfg.max_num_seqs),
+                max_logits_rows: exec.max_logits_rows(cfg.max_num_seqs, cfg.max_num_batched_tokens),
             },
             num_blocks,
         );

@@ -193,9 +193,11 @@ pub struct Executor {
     drawn_step: Option<u64>,
 }
 
-/// Rows of logits a CPU step may bring back at least: a scored prompt's chunk of 256 tokens
-/// is 128 MB of logits for a vocabulary of 128K.
-pub const CPU_LOGITS_ROWS: usize = 256;
+/// Rows of logits a CPU step brings back at most (unless it runs more sequences): a scored
+/// prompt's chunk of 1024 tokens is 512 MB of logits for a vocabulary of 128K. Scoring in the
+/// step's whole budget, not half of it, is 13% faster for one 1000-token prompt (the default
+/// model, 2 cores).
+pub const CPU_LOGITS_ROWS: usize = 1024;
 
 /// Steps launched and not yet collected at once: async scheduling's chained launch queues a
 /// step before the one before it is read back (the engine's `overlap` module).
@@ -375,12 +377,15 @@ impl Executor {
         matches!(self.backend, Backend::Cuda(_))
     }
 
-    /// Rows of logits one step may bring back, in a pool of `max_num_seqs`: a GPU has room
-    /// for that many; the CPU for at least [`CPU_LOGITS_ROWS`] (a scored prompt's chunks).
-    pub fn max_logits_rows(&self, max_num_seqs: usize) -> usize {
+    /// Rows of logits one step may bring back, in a pool of `max_num_seqs` running at most
+    /// `max_num_batched_tokens` a step: a GPU has room for `max_num_seqs`; the CPU makes room
+    /// for a whole step's tokens (a scored prompt's chunks), up to [`CPU_LOGITS_ROWS`].
+    pub fn max_logits_rows(&self, max_num_seqs: usize, max_num_batched_tokens: usize) -> usize {
         match self.backend {
             Backend::Cuda(_) => max_num_seqs,
-            Backend::Cpu { .. } => max_num_seqs.max(CPU_LOGITS_ROWS),
+            Backend::Cpu { .. } => max_num_batched_tokens
+                .min(CPU_LOGITS_ROWS)
+                .max(max_num_seqs),
         }
     }
 
