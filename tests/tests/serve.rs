@@ -420,3 +420,87 @@ async fn lm_eval_loglikelihoods_parse_as_the_harness_parses_them() -> Result<()>
     }
     Ok(())
 }
+
+/// vLLM's tokenizer endpoints, which lm-eval looks for before it loads a tokenizer of its own:
+/// the special tokens and the chat template, texts and chats tokenized as the gRPC API
+/// tokenizes them, ids read back; bad input is the client's fault, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tokenizer_endpoints_tokenize_as_the_grpc_api_does() -> Result<()> {
+    use ferrite_proto::v1::tokenize_request::Input;
+    use ferrite_proto::v1::{ChatMessage, ChatMessages, TokenizeRequest};
+    let _turn = serial().await;
+    let serve = ServeProc::start().await?;
+    let client = InferenceClient::new(channel(serve.grpc).await?);
+    let info = http::get(serve.http, "/tokenizer_info").await?.json()?;
+    assert_eq!(info["model"], MODEL, "{info}");
+    assert!(
+        info["eos_token"].as_str().is_some_and(|e| !e.is_empty()),
+        "{info}"
+    );
+    assert!(
+        info["chat_template"]
+            .as_str()
+            .is_some_and(|t| t.contains("messages")),
+        "{info}"
+    );
+    assert!(info["max_model_len"].as_u64() > Some(0), "{info}");
+    let grpc_ids = |input| {
+        let mut client = client.clone();
+        async move {
+            let req = TokenizeRequest {
+                model: MODEL.into(),
+                input: Some(input),
+                add_special_tokens: None,
+            };
+            anyhow::Ok(client.tokenize(req).await?.into_inner().token_ids)
+        }
+    };
+    let text = "Hello, world: 2026-11-28";
+    let r = http::post_json(serve.http, "/tokenize", &json!({ "prompt": text }))
+        .await?
+        .json()?;
+    let want = grpc_ids(Input::Text(text.into())).await?;
+    assert_eq!(r["tokens"], json!(want), "{r}");
+    assert_eq!(r["count"], want.len());
+    let chat = json!({ "model": MODEL, "messages": [{ "role": "user", "content": "Hi" }] });
+    let r = http::post_json(serve.http, "/tokenize", &chat)
+        .await?
+        .json()?;
+    let messages = vec![ChatMessage {
+        role: "user".into(),
+        content: "Hi".into(),
+        ..Default::default()
+    }];
+    let want_chat = grpc_ids(Input::Chat(ChatMessages { messages })).await?;
+    assert_eq!(r["tokens"], json!(want_chat), "{r}");
+    let back = http::post_json(serve.http, "/detokenize", &json!({ "tokens": want })).await?;
+    assert_eq!(back.json()?["prompt"], text);
+    // What lm-eval sends to tell whether the endpoints are there.
+    let probe = json!({ "prompt": "test", "add_special_tokens": false });
+    let r = http::post_json(serve.http, "/tokenize", &probe)
+        .await?
+        .json()?;
+    assert!(r["tokens"].as_array().is_some_and(|t| !t.is_empty()), "{r}");
+    for (path, body, status, param) in [
+        (
+            "/detokenize",
+            json!({ "tokens": [u32::MAX] }),
+            400,
+            Some("tokens"),
+        ),
+        ("/tokenize", json!({}), 400, Some("prompt")),
+        (
+            "/tokenize",
+            json!({ "model": "no-such-model", "prompt": "x" }),
+            404,
+            None,
+        ),
+    ] {
+        let r = http::post_json(serve.http, path, &body).await?;
+        assert_eq!(r.status, status, "{path} {body}: {}", r.body);
+        if let Some(param) = param {
+            assert_eq!(r.json()?["error"]["param"], param, "{}", r.body);
+        }
+    }
+    Ok(())
+}

@@ -28,6 +28,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/v1/models", get(list_models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .merge(crate::tokenizer_http::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             require_key,
@@ -86,7 +87,7 @@ pub const MAX_BODY_BYTES: usize = 2 << 20;
 
 /// A body that did not parse: 400 for bad or mistyped JSON (as OpenAI answers; axum would say
 /// 422 for the latter), 413 past [`MAX_BODY_BYTES`], 415 without a JSON content type.
-fn bad_json(e: axum::extract::rejection::JsonRejection) -> ApiError {
+pub(crate) fn bad_json(e: axum::extract::rejection::JsonRejection) -> ApiError {
     let mut err = ApiError::invalid(format!("bad request body: {}", e.body_text()), None);
     if matches!(
         e.status(),

@@ -21,7 +21,8 @@
 //! - [`grpc`]: the `ferrite.v1.Inference` service; [`http`]: the OpenAI-compatible API, whose
 //!   request bodies [`openai`] reads (refusing what is not served) and whose log-probabilities
 //!   [`logprobs`] writes, whose answers [`reply`] builds from the events of every choice, and
-//!   whose errors [`api_error`] shapes as OpenAI's.
+//!   whose errors [`api_error`] shapes as OpenAI's; [`tokenizer_http`]: vLLM's tokenizer
+//!   endpoints beside it (for evaluation harnesses).
 //! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
 //!
 //! The gateway owns text; workers own tokens.
@@ -42,6 +43,7 @@ pub mod pools;
 pub mod reply;
 pub mod route;
 pub mod stream;
+pub mod tokenizer_http;
 pub mod tool_stream;
 pub mod tools;
 pub mod trace;
