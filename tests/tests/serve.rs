@@ -504,3 +504,36 @@ async fn the_tokenizer_endpoints_tokenize_as_the_grpc_api_does() -> Result<()> {
     }
     Ok(())
 }
+
+/// A scored prompt with `n` = 3: the first choice scores it (computing it whole), and the
+/// later two take its scores and find the prompt in the prefix cache, rather than scoring it
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_share_their_prompts_scores() -> Result<()> {
+    let _turn = serial().await;
+    let serve = ServeProc::start().await?;
+    // 100 prompt tokens no other request sends: 6 full blocks of 16.
+    let prompt: Vec<u32> = (0..100).map(|i| 2000 + 31 * i).collect();
+    let hits = format!("ferrite_prefix_cache_hits_total{{model_name={MODEL}}}");
+    let before = metrics::sample(&metrics::scrape(serve.http).await?, &hits);
+    let body = json!({"model": MODEL, "prompt": prompt, "n": 3, "echo": true, "logprobs": 2,
+        "max_tokens": 2, "temperature": 1, "ignore_eos": true});
+    let r = http::post_json(serve.http, "/v1/completions", &body).await?;
+    let reply = r.json()?;
+    assert_eq!(r.status, 200, "{reply}");
+    let scores = |i: usize| reply["choices"][i]["logprobs"]["token_logprobs"].clone();
+    for i in 0..3 {
+        assert_eq!(scores(i).as_array().map(Vec::len), Some(102), "{reply}");
+        assert_eq!(
+            scores(i).as_array().map(|s| s[..100].to_vec()),
+            scores(0).as_array().map(|s| s[..100].to_vec())
+        );
+    }
+    let after = metrics::sample(&metrics::scrape(serve.http).await?, &hits);
+    assert_eq!(
+        after - before,
+        2.0 * 96.0,
+        "the later choices' cached tokens"
+    );
+    Ok(())
+}

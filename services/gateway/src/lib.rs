@@ -275,8 +275,18 @@ impl Gateway {
                 return Err(e);
             }
         };
+        // The later choices take the first's prompt scores, and find the prompt in the cache.
+        let scores = (req.sampling().prompt_logprobs.is_some())
+            .then(|| stream::shared_prompt_event(&req, &upstream.first));
         let others = (1..choices.max(1))
-            .map(|i| self.later_choice(req.for_choice(i), &upstream.pool, trace.clone(), deadline))
+            .map(|i| {
+                let choice = match scores {
+                    Some(_) => req.for_choice(i).without_prompt_scores(),
+                    None => req.for_choice(i),
+                };
+                let later = (choice, scores.clone());
+                self.later_choice(later, &upstream.pool, trace.clone(), deadline)
+            })
             .collect();
         let idle = self.limits.idle;
         let first = stream::events(&req, upstream, trace, deadline, idle);
@@ -291,10 +301,11 @@ impl Gateway {
     }
 
     /// The stream of a later choice `req` of a request whose first choice is on `pool`: it is
-    /// routed (to `pool` first) when first polled.
+    /// routed (to `pool` first) when first polled; the first choice's prompt scores, where
+    /// there are, come first.
     fn later_choice(
         &self,
-        req: validate::ValidatedRequest,
+        (req, scores): (validate::ValidatedRequest, Option<GenerateEvent>),
         pool: &str,
         mut trace: trace::RequestTrace,
         deadline: Option<Instant>,
@@ -311,7 +322,8 @@ impl Gateway {
                 }
             }
         };
-        Box::pin(futures::stream::once(opened).flatten())
+        let scores = futures::stream::iter(scores.map(Ok));
+        Box::pin(scores.chain(futures::stream::once(opened).flatten()))
     }
 }
 

@@ -223,12 +223,7 @@ impl State {
             self.cached_tokens = c;
         }
         if let Some((text, first)) = self.scores.take() {
-            out.push(Ok(GenerateEvent::Prompt {
-                first: token_text(&text, first).0,
-                logprobs: (msg.prompt_logprobs.iter())
-                    .map(|t| token_logprob(&text, t))
-                    .collect(),
-            }));
+            out.push(Ok(prompt_event(&text, first, &msg.prompt_logprobs)));
         }
         let tokens = match self.prompt_only {
             true => &[][..],
@@ -355,6 +350,20 @@ impl ToolText {
         };
         (out.content, out.calls, reason)
     }
+}
+
+/// The event of a prompt whose first token is `first` and whose next ones scored `scores`.
+fn prompt_event(text: &ModelText, first: u32, scores: &[pb::Token]) -> GenerateEvent {
+    GenerateEvent::Prompt {
+        first: token_text(text, first).0,
+        logprobs: scores.iter().map(|t| token_logprob(text, t)).collect(),
+    }
+}
+
+/// The scores of `req`'s prompt, as its first choice's first message (`first`) brought them,
+/// for its later choices to share (they then do not score it again).
+pub fn shared_prompt_event(req: &ValidatedRequest, first: &pb::GenerateResponse) -> GenerateEvent {
+    prompt_event(req.model(), req.prompt_ids()[0], &first.prompt_logprobs)
 }
 
 /// Token `t` and its logprobs, each token named by its text.

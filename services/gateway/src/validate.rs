@@ -87,6 +87,13 @@ impl ValidatedRequest {
         choice
     }
 
+    /// The same request, not scoring its prompt (a later choice, given its first choice's
+    /// scores); with `max_tokens` 0 it still generates nothing.
+    pub fn without_prompt_scores(mut self) -> Self {
+        self.sampling.prompt_logprobs = None;
+        self
+    }
+
     pub fn worker_request(&self) -> pb::GenerateRequest {
         pb::GenerateRequest {
             prompt_token_ids: self.prompt_ids.clone(),
