@@ -20,7 +20,7 @@
 #   ops      op tests (FERRITE_REQUIRE_CUDA=1: no silent skip); needs no model
 #   engine   the engine's GPU-vs-CPU and GPU-vs-PyTorch tests
 #   bench    bench latency (fp16, W8, W4 g128, W8A8 int8 and FP8; Llama-3-8B shape), bench kernels --mode model,
-#            bench forward
+#            bench forward, and bench decode with and without scored prompts (in bench_forward.md)
 #   ab       session 16's kernel choices against what they replaced, pair by pair in one run
 #            (FERRITE_GEMV_ROWS=16|0|8, FERRITE_W8A8_GEMM=library|mma), and the down projection's
 #            GEMV computing the gated activation against the activation kernel (FERRITE_FUSE_ACT=all|0)
@@ -103,6 +103,14 @@ bench)
   } >"$OUT/bench_latency.md" 2>&1
   timeout 150 "$f" bench kernels --mode model --prefill-tokens 2048 >"$OUT/bench_kernels.md" 2>&1
   timeout 60 "$f" bench forward --device cuda >"$OUT/bench_forward.md" 2>&1
+  # Scored prompts (lm-eval's loglikelihoods) against plain prefill: on a GPU their chunks
+  # are cut to max_num_seqs rows a step (the runner's room for logits).
+  scoring=(--device cuda --load-format dummy --model llama-3-8b --batch-sizes 1,8
+    --prompt-tokens 1000 --new-tokens 2 --runs 3 --max-model-len 1100)
+  {
+    timeout 60 "$f" bench decode "${scoring[@]}"
+    timeout 90 "$f" bench decode "${scoring[@]}" --prompt-logprobs 1
+  } >>"$OUT/bench_forward.md" 2>&1
   ;;
 ab)
   # Session 16's kernel choices against what they replaced, each pair in one run: the dense
