@@ -148,6 +148,12 @@ def main():
     out = {"openai_version": openai.__version__}
 
     out["models"] = [m.id for m in client.models.list().data]
+    out["model"] = client.models.retrieve(args.model).model_dump()
+    try:
+        client.models.retrieve("no-such-model")
+        out["model_unknown"] = {"raised": None}
+    except openai.NotFoundError as e:
+        out["model_unknown"] = {"status_code": e.status_code}
 
     greedy = {"temperature": 0.0, "max_tokens": args.max_tokens}
     completion = client.completions.create(

@@ -280,6 +280,9 @@ async fn openai_python_client_gets_the_grpc_text() -> Result<()> {
     let show = serde_json::to_string_pretty(&out)?;
 
     assert_eq!(out["models"], serde_json::json!([MODEL]), "{show}");
+    assert_eq!(out["model"]["id"], MODEL, "{show}");
+    assert!(out["model"]["max_model_len"].as_u64() > Some(0), "{show}");
+    assert_eq!(out["model_unknown"]["status_code"], 404, "{show}");
 
     assert_eq!(
         out["completion"]["text"].as_str(),

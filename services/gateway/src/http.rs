@@ -26,6 +26,7 @@ use crate::{Choices, Gateway, GenerateArgs, trace};
 pub fn router(gateway: Gateway) -> Router {
     let api = Router::new()
         .route("/v1/models", get(list_models))
+        .route("/v1/models/{model}", get(retrieve_model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .merge(crate::tokenizer_http::routes())
@@ -105,16 +106,33 @@ fn unix_now() -> u64 {
 }
 
 async fn list_models(State(gw): State<Gateway>) -> Json<Value> {
-    let created = unix_now();
     let mut data = Vec::new();
     for (name, max_len, _) in gw.pools().models() {
-        let defaults = gw.sampling_defaults(&name).await.map(|d| defaults_json(&d));
-        data.push(
-            json!({ "id": name, "object": "model", "created": created, "owned_by": "ferrite",
-            "max_model_len": max_len, "sampling_defaults": defaults }),
-        );
+        data.push(model_json(&gw, name, max_len).await);
     }
     Json(json!({ "object": "list", "data": data }))
+}
+
+/// `GET /v1/models/{model}`: one model served now, as the list shows it; else a 404.
+async fn retrieve_model(
+    State(gw): State<Gateway>,
+    axum::extract::Path(model): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let served = gw
+        .pools()
+        .models()
+        .into_iter()
+        .find(|(m, _, _)| *m == model);
+    let (name, max_len, _) =
+        served.ok_or_else(|| crate::GatewayError::ModelNotFound(model.clone()))?;
+    Ok(Json(model_json(&gw, name, max_len).await))
+}
+
+/// A model as `/v1/models` shows it.
+async fn model_json(gw: &Gateway, name: String, max_len: u32) -> Value {
+    let defaults = gw.sampling_defaults(&name).await.map(|d| defaults_json(&d));
+    json!({ "id": name, "object": "model", "created": unix_now(), "owned_by": "ferrite",
+        "max_model_len": max_len, "sampling_defaults": defaults })
 }
 
 /// A model's sampling defaults as `/v1/models` shows them: the fields it recommends, and
