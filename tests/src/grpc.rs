@@ -73,6 +73,8 @@ pub struct Completion {
     pub finish: Option<Finish>,
     /// The prompt's scores, where the request asked for them (they must come first).
     pub prompt_logprobs: Option<Vec<TokenLogprob>>,
+    /// The messages they came in.
+    pub prompt_messages: usize,
 }
 
 impl Completion {
@@ -89,10 +91,13 @@ impl Completion {
             }
             Some(Event::Finish(f)) => self.finish = Some(f),
             Some(Event::PromptLogprobs(p)) => {
-                if self.deltas > 0 || self.prompt_logprobs.is_some() {
-                    return Err(format!("prompt logprobs after the first message: {p:?}"));
+                if self.deltas > 0 {
+                    return Err(format!("prompt logprobs after a delta: {p:?}"));
                 }
-                self.prompt_logprobs = Some(p.logprobs);
+                self.prompt_messages += 1;
+                self.prompt_logprobs
+                    .get_or_insert_default()
+                    .extend(p.logprobs);
             }
             None => return Err("a message without an event".into()),
         }

@@ -537,3 +537,24 @@ async fn several_choices_share_their_prompts_scores() -> Result<()> {
     );
     Ok(())
 }
+
+/// A long scored prompt over gRPC (3000 tokens, 20 alternatives each: about 600 kB of
+/// scores): they come in messages of 1024 tokens, in order, each token's once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompts_scores_come_in_several_messages() -> Result<()> {
+    let _turn = serial().await;
+    let serve = ServeProc::start().await?;
+    let mut client = InferenceClient::new(channel(serve.grpc).await?);
+    let ids: Vec<u32> = (0..3000u32).map(|i| 1000 + (i * 7919) % 40000).collect();
+    let mut req = grpc::greedy_ids(ids.clone(), 0);
+    if let Some(s) = req.sampling.as_mut() {
+        s.prompt_logprobs = Some(20);
+    }
+    let got = grpc::generate(&mut client, req).await?;
+    assert_eq!(got.prompt_messages, 3);
+    let scores = got.prompt_logprobs.context("scores")?;
+    let scored: Vec<u32> = scores.iter().map(|s| s.token_id).collect();
+    assert_eq!(scored, ids[1..]);
+    assert!(scores.iter().all(|s| s.top.len() == 20 && s.logprob <= 0.0));
+    Ok(())
+}

@@ -25,12 +25,30 @@ impl InferenceService {
     }
 }
 
-/// Choice `index`'s event as the API sends it.
-fn to_proto(index: usize, ev: GenerateEvent) -> api::GenerateResponse {
+/// Prompt scores per `PromptLogprobs` message at most: a long prompt's scores with 20
+/// alternatives each would pass a client's 4 MiB message limit in one (200 bytes a token).
+pub const PROMPT_SCORES_PER_MESSAGE: usize = 1024;
+
+/// Choice `index`'s event as the API sends it: one message, or a prompt's scores in several.
+fn to_proto(index: usize, ev: GenerateEvent) -> Vec<api::GenerateResponse> {
     use api::generate_response::Event;
+    let index = u32::try_from(index).unwrap_or(u32::MAX);
+    let message = |event| api::GenerateResponse {
+        event: Some(event),
+        index,
+    };
     let event = match ev {
+        // A prompt of one token has no score: one empty message says so.
+        GenerateEvent::Prompt { logprobs, .. } if logprobs.is_empty() => {
+            Event::PromptLogprobs(api::PromptLogprobs::default())
+        }
         GenerateEvent::Prompt { logprobs, .. } => {
-            Event::PromptLogprobs(api::PromptLogprobs { logprobs })
+            let chunks = logprobs.chunks(PROMPT_SCORES_PER_MESSAGE).map(|c| {
+                Event::PromptLogprobs(api::PromptLogprobs {
+                    logprobs: c.to_vec(),
+                })
+            });
+            return chunks.map(message).collect();
         }
         // gRPC sends a request's calls whole, with its finish.
         GenerateEvent::Delta {
@@ -69,10 +87,7 @@ fn to_proto(index: usize, ev: GenerateEvent) -> api::GenerateResponse {
             time_to_first_token_ms,
         }),
     };
-    api::GenerateResponse {
-        event: Some(event),
-        index: u32::try_from(index).unwrap_or(u32::MAX),
-    }
+    vec![message(event)]
 }
 
 /// The interceptor that lets in only calls bearing one of `keys` (`authorization` metadata).
@@ -213,8 +228,12 @@ impl api::inference_server::Inference for InferenceService {
         };
         let choices = self.gateway.generate(args, span).await?;
         let events = crate::stream::merge(choices.into_streams());
-        Ok(Response::new(Box::pin(events.map(|(i, r)| {
-            r.map(|ev| to_proto(i, ev)).map_err(Status::from)
+        Ok(Response::new(Box::pin(events.flat_map(|(i, r)| {
+            let messages = match r {
+                Ok(ev) => to_proto(i, ev).into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(Status::from(e))],
+            };
+            futures::stream::iter(messages)
         }))))
     }
 

@@ -33,6 +33,16 @@ use crate::outlier::PoolHealth;
 /// How long after its last pool left a model is still answered UNAVAILABLE (not NOT_FOUND).
 pub const MODEL_REMEMBERED_FOR: Duration = Duration::from_secs(600);
 
+/// The largest message a worker may send: a scored prompt's scores come in its first one,
+/// about 200 bytes a token with 20 alternatives each (27 MB for a prompt of 128K tokens),
+/// past gRPC's default of 4 MiB.
+pub const MAX_WORKER_MESSAGE: usize = 256 << 20;
+
+/// A client of the worker at `channel`.
+fn worker_client(channel: Channel) -> WorkerClient<Channel> {
+    WorkerClient::new(channel).max_decoding_message_size(MAX_WORKER_MESSAGE)
+}
+
 /// One pool as the gateway sees it.
 #[derive(Debug, Clone)]
 pub struct Pool {
@@ -175,7 +185,7 @@ impl PoolView {
             for (name, p) in pools.iter_mut() {
                 match self.channel(&p.record.leader_addr) {
                     Ok(channel) => {
-                        p.client = WorkerClient::new(channel);
+                        p.client = worker_client(channel);
                         self.kv.watch(name, p.client.clone());
                     }
                     Err(e) => tracing::warn!(pool = %name, "cannot remake the channel: {e}"),
@@ -317,7 +327,7 @@ impl PoolView {
             }
             match self.channel(&record.leader_addr) {
                 Ok(channel) => {
-                    let client = WorkerClient::new(channel);
+                    let client = worker_client(channel);
                     // A new pool (or one at a new address): follow its prefix cache.
                     self.kv.watch(&name, client.clone());
                     let old = pools.insert(
