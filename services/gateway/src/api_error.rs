@@ -89,3 +89,17 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// A body that did not parse: 400 for bad or mistyped JSON (as OpenAI answers; axum would say
+/// 422 for the latter), 413 past [`crate::http::MAX_BODY_BYTES`], 415 without a JSON content
+/// type.
+pub fn bad_json(e: axum::extract::rejection::JsonRejection) -> ApiError {
+    let mut err = ApiError::invalid(format!("bad request body: {}", e.body_text()), None);
+    if matches!(
+        e.status(),
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE
+    ) {
+        err.status = e.status();
+    }
+    err
+}

@@ -14,7 +14,7 @@ use axum::{Extension, Json, Router};
 use ferrite_proto::v1 as api;
 use serde_json::{Value, json};
 
-use crate::api_error::ApiError;
+use crate::api_error::{ApiError, bad_json};
 use crate::auth::Caller;
 use crate::openai::{
     ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompts,
@@ -85,19 +85,6 @@ async fn require_key(
 
 /// The largest request body accepted (a 413 past it).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
-
-/// A body that did not parse: 400 for bad or mistyped JSON (as OpenAI answers; axum would say
-/// 422 for the latter), 413 past [`MAX_BODY_BYTES`], 415 without a JSON content type.
-pub(crate) fn bad_json(e: axum::extract::rejection::JsonRejection) -> ApiError {
-    let mut err = ApiError::invalid(format!("bad request body: {}", e.body_text()), None);
-    if matches!(
-        e.status(),
-        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE
-    ) {
-        err.status = e.status();
-    }
-    err
-}
 
 fn unix_now() -> u64 {
     SystemTime::now()

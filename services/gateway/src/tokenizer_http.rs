@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Gateway;
-use crate::api_error::ApiError;
+use crate::api_error::{ApiError, bad_json};
 use crate::models::ModelText;
 use crate::openai::{ChatMessageIn, chat_message};
 use crate::validate::{Prompt, tokenize};
@@ -91,7 +91,7 @@ async fn tokenize_text(
     State(gw): State<Gateway>,
     body: Result<Json<TokenizeBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(req) = body.map_err(crate::http::bad_json)?;
+    let Json(req) = body.map_err(bad_json)?;
     let (text, max_len) = model_text(&gw, req.model.as_deref()).await?;
     let ids = match (req.prompt, req.messages) {
         (Some(p), None) => {
@@ -122,7 +122,7 @@ async fn detokenize(
     State(gw): State<Gateway>,
     body: Result<Json<DetokenizeBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(req) = body.map_err(crate::http::bad_json)?;
+    let Json(req) = body.map_err(bad_json)?;
     let (text, _) = model_text(&gw, req.model.as_deref()).await?;
     if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= text.vocab_size) {
         return Err(ApiError::invalid(
