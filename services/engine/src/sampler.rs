@@ -547,17 +547,17 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
 pub fn score_token(logits: &[f32], target: u32, n: usize) -> SampledToken {
     let lse = log_sum_exp(logits);
     let logit = logits.get(target as usize).copied().unwrap_or(f32::NAN);
+    if !lse.is_finite() {
+        return SampledToken {
+            id: target,
+            logprob: f32::NAN,
+            top: Vec::new(),
+        };
+    }
     SampledToken {
         id: target,
-        logprob: if lse.is_finite() {
-            logit - lse
-        } else {
-            f32::NAN
-        },
-        top: match lse.is_finite() {
-            true => top_by_logit(logits, n, lse),
-            false => Vec::new(),
-        },
+        logprob: logit - lse,
+        top: top_by_logit(logits, n, lse),
     }
 }
 

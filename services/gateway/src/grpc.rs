@@ -246,10 +246,8 @@ impl api::inference_server::Inference for InferenceService {
         use api::tokenize_request::Input;
         let prompt = match req.input {
             Some(Input::Text(t)) => {
-                let add = req.add_special_tokens.unwrap_or(text.add_special_tokens);
                 let ids = text
-                    .tokenizer
-                    .encode(&t, add)
+                    .encode_text(&t, req.add_special_tokens)
                     .map_err(|e| Status::invalid_argument(e.to_string()))?;
                 return Ok(Response::new(api::TokenizeResponse {
                     token_ids: ids,

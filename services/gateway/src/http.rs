@@ -251,11 +251,16 @@ async fn echo_texts(
     prompts: &[Prompt],
 ) -> Result<Vec<String>, ApiError> {
     let mut texts = Vec::with_capacity(prompts.len());
+    // Fetched once, for the first prompt of ids.
+    let mut model_text = None;
     for p in prompts {
         texts.push(match p {
             Prompt::Text(t) => t.clone(),
             Prompt::TokenIds(ids) => {
-                let (text, _) = gw.model_text(model).await?;
+                let text = match &model_text {
+                    Some(text) => text,
+                    None => &*model_text.insert(gw.model_text(model).await?.0),
+                };
                 text.tokenizer.decode(ids, false).map_err(|e| {
                     ApiError::invalid(
                         format!("the prompt's ids do not decode: {e}"),

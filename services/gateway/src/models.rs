@@ -38,6 +38,17 @@ pub struct ModelText {
 }
 
 impl ModelText {
+    /// `text`'s ids, with the tokenizer's special tokens (BOS) where `add_special_tokens` says,
+    /// else where the model adds them to text prompts.
+    pub fn encode_text(
+        &self,
+        text: &str,
+        add_special_tokens: Option<bool>,
+    ) -> Result<Vec<u32>, ferrite_text::TextError> {
+        let add = add_special_tokens.unwrap_or(self.add_special_tokens);
+        self.tokenizer.encode(text, add)
+    }
+
     /// Each token's bytes, where the tokenizer's vocabulary can say them.
     pub fn token_bytes(&self) -> Option<&TokenBytes> {
         self.token_bytes

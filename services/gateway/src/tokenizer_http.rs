@@ -94,11 +94,8 @@ async fn tokenize_text(
     let Json(req) = body.map_err(bad_json)?;
     let (text, max_len) = model_text(&gw, req.model.as_deref()).await?;
     let ids = match (req.prompt, req.messages) {
-        (Some(p), None) => {
-            let add = req.add_special_tokens.unwrap_or(text.add_special_tokens);
-            (text.tokenizer.encode(&p, add))
-                .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?
-        }
+        (Some(p), None) => (text.encode_text(&p, req.add_special_tokens))
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         (None, Some(messages)) => {
             let messages = messages
                 .iter()

@@ -166,10 +166,7 @@ pub fn tokenize(
             if t.is_empty() {
                 return Err(bad("the prompt is empty".into()));
             }
-            let ids = text
-                .tokenizer
-                .encode(t, text.add_special_tokens)
-                .map_err(|e| bad(e.to_string()))?;
+            let ids = text.encode_text(t, None).map_err(|e| bad(e.to_string()))?;
             Ok((ids, None))
         }
         Prompt::Chat(messages) => {
