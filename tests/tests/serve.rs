@@ -558,3 +558,51 @@ async fn a_long_prompts_scores_come_in_several_messages() -> Result<()> {
     assert!(scores.iter().all(|s| s.top.len() == 20 && s.logprob <= 0.0));
     Ok(())
 }
+
+/// `ferrite serve --num-speculative-tokens 4` (by its environment variable, with exact f32
+/// activations): golden prompts whose answers repeat themselves ("the last line of the last
+/// line …") get transformers' greedy tokens over the OpenAI API, and the worker's metrics
+/// count the drafts checked and accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_decoding_keeps_transformers_greedy_tokens() -> Result<()> {
+    let _turn = serial().await;
+    let env = [
+        ("FERRITE_NUM_SPECULATIVE_TOKENS", "4"),
+        ("FERRITE_CPU_ACTIVATIONS", "f32"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let serve = ServeProc::start_with_env(&env).await?;
+    for case in golden_cases()? {
+        // Whole characters in 16 tokens (the emoji case's are cut in their bytes).
+        let repeating = ["multiline", "numbers_dates", "list"];
+        if !repeating.contains(&case["name"].as_str().unwrap_or("")) {
+            continue;
+        }
+        let want = ids_of(&case["greedy_token_ids"]);
+        let body = json!({"model": MODEL, "prompt": ids_of(&case["prompt_token_ids"]),
+            "max_tokens": 32, "temperature": 0, "ignore_eos": true});
+        let reply = http::post_json(serve.http, "/v1/completions", &body)
+            .await?
+            .json()?;
+        let prefix = http::post_json(serve.http, "/detokenize", &json!({ "tokens": want[..16] }))
+            .await?
+            .json()?;
+        let text = reply["choices"][0]["text"].as_str().context("text")?;
+        let prefix = prefix["prompt"].as_str().context("detokenized")?;
+        assert!(
+            text.starts_with(prefix),
+            "{}: {text:?} after {prefix:?}",
+            case["name"]
+        );
+        assert_eq!(reply["usage"]["completion_tokens"], 32, "{reply}");
+    }
+    let m = metrics::scrape(serve.http).await?;
+    let count = |name: &str| metrics::sample(&m, &format!("{name}{{model_name={MODEL}}}"));
+    let drafts = count("ferrite_spec_decode_num_draft_tokens_total");
+    let accepted = count("ferrite_spec_decode_num_accepted_tokens_total");
+    assert!(
+        accepted >= 10.0 && drafts > accepted,
+        "{drafts} drafts, {accepted} accepted"
+    );
+    Ok(())
+}

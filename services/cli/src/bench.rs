@@ -38,6 +38,9 @@ pub enum BenchCommand {
     /// What constrained decoding costs: tok/s of concurrent streams under a JSON schema
     /// against unconstrained, mask time per token, schema compile times.
     Structured(crate::bench_structured::StructuredArgs),
+    /// What speculative decoding by n-gram lookup gives: tok/s with each number of draft
+    /// tokens on prompts whose answers copy their context and on open ones, drafts accepted.
+    Speculative(crate::bench_speculative::SpeculativeArgs),
     /// The fault run: etcd, a gateway and pools under load, then etcd loss, gateway loss, a
     /// drain, a stopped worker, a NaN model, an engine panic, a KV burst, mass disconnects and
     /// a rank lost from a tensor-parallel pool; per fault: outcomes, recovery, what is left.
@@ -94,6 +97,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Prefix(args) => crate::bench_prefix::run(args),
         BenchCommand::Chaos(args) => crate::chaos::run(args),
         BenchCommand::Structured(args) => crate::bench_structured::run(args),
+        BenchCommand::Speculative(args) => crate::bench_speculative::run(args),
         BenchCommand::CollectiveRank(args) => crate::bench_collective::rank(args),
     }
 }

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::sync::{Arc, OnceLock};
 
-use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig};
+use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Speculation};
 use ferrite_engine::gpu::{self, GpuOptions};
 use ferrite_engine::model::STARTUP_TARGET;
 use ferrite_engine::model::{self, EngineModel, LoadOptions, LoadQuantize, LoadedModel};
@@ -97,6 +97,19 @@ pub struct ModelArgs {
     /// runs on `cuda:<the r-th>`. Unset: every rank on `--device`. Ignored with `--device cpu`.
     #[arg(long, value_delimiter = ',', env = "FERRITE_DEVICES")]
     pub devices: Vec<usize>,
+    /// Speculative decoding by n-gram lookup (vLLM's `ngram` method): each decoding sequence
+    /// guesses up to this many next tokens from where its last tokens occurred before in its
+    /// context, and a step checks them together, keeping the output that decoding one token at
+    /// a time gives. Pays where outputs repeat their context. 0: off. Not with
+    /// `--async-scheduling on` (`auto` is then off).
+    #[arg(long, default_value_t = 0, env = "FERRITE_NUM_SPECULATIVE_TOKENS")]
+    pub num_speculative_tokens: usize,
+    /// The longest run of a sequence's last tokens looked up in its context (tried first).
+    #[arg(long, default_value_t = 4, env = "FERRITE_PROMPT_LOOKUP_MAX")]
+    pub prompt_lookup_max: usize,
+    /// The shortest run looked up.
+    #[arg(long, default_value_t = 2, env = "FERRITE_PROMPT_LOOKUP_MIN")]
+    pub prompt_lookup_min: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -204,12 +217,14 @@ impl ModelArgs {
                 Some(CudaPlacement { gpu, opts })
             }
         };
+        let speculation = self.speculation()?;
         Ok(EngineConfig {
             async_scheduling: match self.async_scheduling {
-                OnOffAuto::Auto => cuda.is_some(),
+                OnOffAuto::Auto => cuda.is_some() && speculation.is_none(),
                 OnOffAuto::On => true,
                 OnOffAuto::Off => false,
             },
+            speculation,
             max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -219,6 +234,26 @@ impl ModelArgs {
             model_identity: self.identity(),
             ..EngineConfig::default()
         })
+    }
+
+    /// Speculative decoding as the flags ask for it (`None`: off).
+    fn speculation(&self) -> Result<Option<Speculation>> {
+        if self.num_speculative_tokens == 0 {
+            return Ok(None);
+        }
+        if self.async_scheduling == OnOffAuto::On {
+            anyhow::bail!(
+                "--num-speculative-tokens needs the tokens of each step before the next is \
+                 planned: use --async-scheduling off or auto"
+            );
+        }
+        let spec = Speculation {
+            tokens: self.num_speculative_tokens,
+            lookup_max: self.prompt_lookup_max,
+            lookup_min: self.prompt_lookup_min,
+        };
+        spec.check().map_err(anyhow::Error::msg)?;
+        Ok(Some(spec))
     }
 
     /// What makes this model's keys and values what they are, besides the shape the engine

@@ -26,6 +26,7 @@ mod bench_latency;
 mod bench_perplexity;
 mod bench_prefix;
 mod bench_soak;
+mod bench_speculative;
 mod bench_startup;
 mod bench_structured;
 mod chaos;

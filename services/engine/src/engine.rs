@@ -33,7 +33,7 @@ use crate::model::EngineModel;
 use crate::model::MaskSource;
 use crate::plan::{PlanBuilder, StepPlan};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
-use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId, SeqState};
+use crate::scheduler::{Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, SeqState};
 use draws::{STAND_IN, device_sampling, draw_extras, extras_on_ranks, ranks_draw, wants_extras};
 
 pub use crate::executor::{CudaPlacement, EngineConfig};
@@ -128,6 +128,9 @@ pub struct EngineStats {
     /// Prompt tokens looked up in the prefix cache, and those found there, since start.
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Draft tokens checked under speculative decoding, and those accepted, since start.
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
 }
 
 #[derive(Debug)]
@@ -167,6 +170,11 @@ pub struct Engine {
     pub(crate) async_scheduling: bool,
     /// The step launched and not yet collected, under async scheduling.
     pub(crate) inflight: Option<crate::inflight::InFlight>,
+    /// Speculative decoding, when on (`speculate`).
+    speculation: Option<Speculation>,
+    /// Draft tokens checked, and accepted, since start.
+    draft_tokens: u64,
+    accepted_tokens: u64,
     /// Faults the unit tests make a step meet.
     #[cfg(test)]
     pub(crate) faults: tests::Faults,
@@ -215,6 +223,9 @@ impl Engine {
             preemptions: 0,
             async_scheduling: cfg.async_scheduling,
             inflight: None,
+            speculation: cfg.speculation.filter(|_| !cfg.async_scheduling),
+            draft_tokens: 0,
+            accepted_tokens: 0,
             #[cfg(test)]
             faults: tests::Faults::default(),
         })
@@ -403,6 +414,8 @@ impl Engine {
             preemptions: self.preemptions,
             prefix_cache_queries,
             prefix_cache_hits,
+            spec_draft_tokens: self.draft_tokens,
+            spec_accepted_tokens: self.accepted_tokens,
         }
     }
 
@@ -417,6 +430,7 @@ impl Engine {
         if self.async_scheduling {
             return self.step_overlapped();
         }
+        self.propose_drafts();
         let schedule = self.sched.schedule();
         let now = Instant::now();
         let mut out = self.begin_step(&schedule, now);
@@ -431,28 +445,61 @@ impl Engine {
             }
         };
         let tokens = self.pick_all(&schedule.chunks, picks);
-        for (c, token) in schedule.chunks.iter().zip(tokens) {
-            self.sched.mark_computed(c);
-            let Some(token) = token else { continue };
-            let index = c.start + c.len;
-            let token = token.and_then(|t| {
+        for (c, picked) in schedule.chunks.iter().zip(tokens) {
+            // Of its drafts, those its rows agreed with (all its tokens but the last).
+            let accepted = match &picked {
+                Some(Ok(tokens)) => tokens.len().saturating_sub(1),
+                _ => 0,
+            };
+            self.count_drafts(c, accepted);
+            self.sched.mark_computed(c, accepted);
+            let Some(picked) = picked else { continue };
+            if let Err(e) = self.record_tokens(c, picked, now, &mut out) {
+                self.fail(schedule.chunks.iter().map(|c| c.id));
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records the tokens `picked` for chunk `c` (its accepted drafts, already in its
+    /// sequence, then a new one) until one ends its request. A request whose tokens fail
+    /// alone is failed in `out`; any other error is the step's.
+    fn record_tokens(
+        &mut self,
+        c: &ScheduledChunk,
+        picked: Result<Vec<SampledToken>>,
+        now: Instant,
+        out: &mut StepOutput,
+    ) -> Result<()> {
+        let tokens: Vec<Result<SampledToken>> = match picked {
+            Ok(tokens) => tokens.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e)],
+        };
+        let n = tokens.len();
+        for (i, t) in tokens.into_iter().enumerate() {
+            let recorded = t.and_then(|t| {
                 let grammar = self.accept_token(c.id, t.id)?;
-                self.sched.push_token(c.id, t.id);
-                self.record_token(c.id, t, index, now, grammar)
+                if i + 1 == n {
+                    self.sched.push_token(c.id, t.id);
+                }
+                self.record_token(c.id, t, c.first_sampled() + i, now, grammar)
             });
-            match token {
+            match recorded {
+                Ok(ev) if ev.finish.is_some() => {
+                    out.events.push(ev);
+                    break;
+                }
                 Ok(ev) => out.events.push(ev),
                 Err(e) if e.fails_alone() => {
                     self.abort(c.id);
                     out.failed.push((c.id, e));
+                    break;
                 }
-                Err(e) => {
-                    self.fail(schedule.chunks.iter().map(|c| c.id));
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// A step's output before its tokens: counts the preemptions `schedule` made and notes
@@ -746,6 +793,10 @@ mod draws;
 mod pick;
 #[path = "scoring.rs"]
 mod scoring;
+#[path = "speculate.rs"]
+mod speculate;
+
+pub use speculate::Speculation;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

@@ -25,7 +25,7 @@ use crate::model::{
     DrawExtras, Draws, EngineModel, LlamaModel, MaskSource, ModelError, TokenLogprobs,
 };
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
-use crate::scheduler::Schedule;
+use crate::scheduler::{Schedule, ScheduledChunk};
 
 /// Engine limits (the leader's and every rank's executor's). `Default` suits the CPU.
 #[derive(Debug, Clone)]
@@ -49,6 +49,8 @@ pub struct EngineConfig {
     /// scheduling; see the engine's `overlap` module). On for GPUs by the CLI; off by default,
     /// as a CPU forward leaves no time to hide.
     pub async_scheduling: bool,
+    /// Speculative decoding by n-gram lookup (without async scheduling; `None`: off).
+    pub speculation: Option<crate::engine::Speculation>,
 }
 
 /// A GPU for the engine and how the model runs there.
@@ -70,6 +72,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             model_identity: String::new(),
             async_scheduling: false,
+            speculation: None,
         }
     }
 }
@@ -102,7 +105,8 @@ pub enum Picks {
 
 /// One sampling chunk's share of a step's picks.
 pub(crate) enum Pick {
-    /// Its row of logits, to sample on the host.
+    /// Its row of logits, to sample on the host; for a chunk with drafts, its rows
+    /// ([`ScheduledChunk::sampling_rows`]), one after another.
     Row(Vec<f32>),
     /// The id the device sampled, with its logprobs where its request asked for them.
     Id(u32, Option<TokenLogprobs>),
@@ -112,13 +116,15 @@ pub(crate) enum Pick {
 }
 
 /// Splits `picks` among the schedule's chunks, checking there is exactly one per sampling
-/// chunk.
+/// row: a chunk with drafts takes its rows together.
 pub(crate) fn per_chunk(
     picks: Picks,
     schedule: &Schedule,
     vocab: usize,
 ) -> Result<Vec<Option<Pick>>> {
-    let wanted = schedule.chunks.iter().filter(|c| c.samples).count();
+    let wanted: usize = (schedule.chunks.iter())
+        .map(ScheduledChunk::sampling_rows)
+        .sum();
     let vocab = vocab.max(1);
     let picks: Vec<Pick> = match picks {
         Picks::Logits(l) if l.len() % vocab == 0 => l
@@ -151,16 +157,35 @@ pub(crate) fn per_chunk(
     };
     if picks.len() != wanted {
         return Err(EngineError::Internal(format!(
-            "the forward gave {} picks for {wanted} sampling sequences",
+            "the forward gave {} picks for {wanted} sampling rows",
             picks.len()
         )));
     }
     let mut picks = picks.into_iter();
-    Ok(schedule
-        .chunks
-        .iter()
-        .map(|c| if c.samples { picks.next() } else { None })
-        .collect())
+    (schedule.chunks.iter())
+        .map(|c| match c.sampling_rows() {
+            0 => Ok(None),
+            1 => Ok(picks.next()),
+            n => rows_together(picks.by_ref().take(n)).map(Some),
+        })
+        .collect()
+}
+
+/// The rows of a chunk with drafts as one pick: they all come back as logits (a step with
+/// drafts is not drawn on the ranks).
+fn rows_together(picks: impl Iterator<Item = Pick>) -> Result<Pick> {
+    let mut rows = Vec::new();
+    for p in picks {
+        match p {
+            Pick::Row(r) => rows.extend_from_slice(&r),
+            _ => {
+                return Err(EngineError::Internal(
+                    "a chunk with drafts came back with draws, not logits".into(),
+                ));
+            }
+        }
+    }
+    Ok(Pick::Row(rows))
 }
 
 /// Ids the ranks drew, as picks: one outside the vocabulary says there was nothing to draw.

@@ -194,8 +194,12 @@ impl Engine {
                 continue;
             };
             let index = c.start + c.len;
-            // Its grammar follows the token now: the mask of its next step needs it.
-            let token = token.and_then(|token| {
+            // Its grammar follows the token now: the mask of its next step needs it. (No
+            // step has drafts under async scheduling: one token each.)
+            let token = token.and_then(|mut tokens| {
+                let token = tokens.pop().ok_or_else(|| {
+                    crate::EngineError::Internal(format!("no token picked for {}", c.id))
+                })?;
                 let grammar = self.accept_token(c.id, token.id)?;
                 Ok((token, grammar))
             });
@@ -223,7 +227,7 @@ impl Engine {
     /// holds a placeholder for its token.
     fn launched(&mut self, schedule: Schedule, launched: Instant) {
         for c in &schedule.chunks {
-            self.sched.mark_computed(c);
+            self.sched.mark_computed(c, 0);
             if c.samples {
                 self.sched.push_token(c.id, PLACEHOLDER);
             }
@@ -298,4 +302,4 @@ fn put_tokens(plan: &mut StepPlan, resolved: &[Resolved]) {
 
 #[cfg(test)]
 #[path = "overlap_tests.rs"]
-mod tests;
+pub(crate) mod tests;

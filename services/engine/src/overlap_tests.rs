@@ -21,7 +21,7 @@ fn tiny_dir() -> std::path::PathBuf {
 
 /// The tiny model with `blocks` KV blocks of 16 tokens (None: 8 MiB), 16 tokens a step (so
 /// prompts prefill in chunks) and 4 sequences at once (so requests wait).
-fn engine(async_scheduling: bool, blocks: Option<usize>) -> Engine {
+pub(crate) fn engine(async_scheduling: bool, blocks: Option<usize>) -> Engine {
     let kv_cache_bytes = match blocks {
         // Bytes per block: what one layer's K and V of 16 tokens take, in f32.
         Some(n) => n * 16 * 2 * 2 * 2 * 16 * 4,
@@ -50,7 +50,7 @@ fn greedy(n: usize) -> SamplingParams {
 /// Eight requests of every kind the overlap must keep: lengths 1 to 40 tokens, prompts of
 /// 3 to 30 tokens (two sharing a 20-token prefix), seeded draws, penalties with logprobs,
 /// and stop tokens (`stops`, per request).
-fn requests(stops: &HashMap<SeqId, u32>) -> Vec<(SeqId, Vec<u32>, SamplingParams)> {
+pub(crate) fn requests(stops: &HashMap<SeqId, u32>) -> Vec<(SeqId, Vec<u32>, SamplingParams)> {
     let shared: Vec<u32> = (0..20).map(|i| 30 + i).collect();
     let prompt = |id: u64, len: usize| -> Vec<u32> {
         (0..len as u64)
@@ -94,7 +94,10 @@ fn requests(stops: &HashMap<SeqId, u32>) -> Vec<(SeqId, Vec<u32>, SamplingParams
     out
 }
 
-fn run(e: &mut Engine, reqs: Vec<(SeqId, Vec<u32>, SamplingParams)>) -> HashMap<SeqId, Generation> {
+pub(crate) fn run(
+    e: &mut Engine,
+    reqs: Vec<(SeqId, Vec<u32>, SamplingParams)>,
+) -> HashMap<SeqId, Generation> {
     let got = e.run_to_completion(reqs, |_| true).expect("run");
     assert!(!e.has_unfinished());
     assert_eq!(
@@ -106,7 +109,7 @@ fn run(e: &mut Engine, reqs: Vec<(SeqId, Vec<u32>, SamplingParams)>) -> HashMap<
     got
 }
 
-fn assert_same(a: &HashMap<SeqId, Generation>, b: &HashMap<SeqId, Generation>) {
+pub(crate) fn assert_same(a: &HashMap<SeqId, Generation>, b: &HashMap<SeqId, Generation>) {
     assert_eq!(a.len(), b.len());
     for (id, g) in a {
         let h = &b[id];
@@ -129,7 +132,7 @@ fn assert_same(a: &HashMap<SeqId, Generation>, b: &HashMap<SeqId, Generation>) {
 
 /// Stop tokens that end requests 2, 5 and 7 midway: their 4th, 6th and 3rd tokens when they
 /// run to their length (a token that comes earlier too ends them earlier, as it should).
-fn midway_stops() -> HashMap<SeqId, u32> {
+pub(crate) fn midway_stops() -> HashMap<SeqId, u32> {
     let free = run(&mut engine(false, None), requests(&HashMap::new()));
     [(2, 3), (5, 5), (7, 2)]
         .into_iter()

@@ -17,13 +17,15 @@ use crate::sampler::SampledToken;
 use crate::scheduler::{ScheduledChunk, SeqId, SeqState};
 
 impl Engine {
-    /// Each chunk's token from its pick (`None` where it has none): the token after the
-    /// chunk, sampled from its row of logits, or the id the ranks drew for it.
+    /// Each chunk's tokens from its pick (`None` where it has none): the token after the
+    /// chunk, sampled from its row of logits, or the id the ranks drew for it; for a chunk
+    /// with drafts, the drafts its rows agree with, then the token after them
+    /// ([`pick_drafted`]).
     pub(crate) fn pick_all(
         &mut self,
         chunks: &[ScheduledChunk],
         picks: Vec<Option<Pick>>,
-    ) -> Vec<Option<Result<SampledToken>>> {
+    ) -> Vec<Option<Result<Vec<SampledToken>>>> {
         let wanted: HashSet<SeqId> = (chunks.iter().zip(&picks))
             .filter(|(_, p)| p.is_some())
             .map(|(c, _)| c.id)
@@ -38,7 +40,8 @@ impl Engine {
                 pick.map(|pick| Job {
                     id: c.id,
                     pick,
-                    index: c.start + c.len,
+                    index: c.first_sampled(),
+                    drafts: c.drafts,
                     req: requests.remove(&c.id),
                     seq: sched.get(c.id),
                 })
@@ -56,19 +59,24 @@ impl Engine {
     }
 }
 
-/// One sequence's pick, with what taking it needs: the token at `index` of its sequence.
+/// One sequence's pick, with what taking it needs: the token at `index` of its sequence
+/// (and the `drafts` after it).
 struct Job<'a> {
     id: SeqId,
     pick: Pick,
     index: usize,
+    drafts: usize,
     req: Option<&'a mut Request>,
     seq: Option<&'a SeqState>,
 }
 
 impl Job<'_> {
-    fn run(self) -> Result<SampledToken> {
-        match (self.req, self.seq) {
-            (Some(req), Some(seq)) => pick_one(req, seq, self.pick, self.index),
+    fn run(self) -> Result<Vec<SampledToken>> {
+        match (self.req, self.seq, self.pick) {
+            (Some(req), Some(seq), Pick::Row(rows)) if self.drafts > 0 => {
+                pick_drafted(req, seq, rows, self.index, self.drafts)
+            }
+            (Some(req), Some(seq), pick) => Ok(vec![pick_one(req, seq, pick, self.index)?]),
             // The caller checked that `id` is in both tables; nothing removes it since.
             _ => Err(EngineError::Internal(format!(
                 "sequence {} vanished mid-step",
@@ -76,6 +84,52 @@ impl Job<'_> {
             ))),
         }
     }
+}
+
+/// `req`'s tokens from `rows`, the rows of its chunk with drafts, the first predicting the
+/// token at `index` of `seq`: each row is sampled as the row of a step of its own would be
+/// (the same random draw), and the next row is taken only while the token sampled is the
+/// draft in its place. So the tokens are those decoding one at a time would give, and the
+/// last is the first that is not a draft (or the one after the last draft).
+fn pick_drafted(
+    req: &mut Request,
+    seq: &SeqState,
+    mut rows: Vec<f32>,
+    index: usize,
+    drafts: usize,
+) -> Result<Vec<SampledToken>> {
+    if req.constraint.is_some() {
+        return Err(EngineError::Internal(
+            "a request under a grammar had drafts (the engine proposes none for one)".into(),
+        ));
+    }
+    let vocab = (rows.len() / (drafts + 1)).max(1);
+    let mut tokens = Vec::new();
+    for (i, row) in rows.chunks_exact_mut(vocab).enumerate() {
+        let token = sample_row(req, seq, row, index + i)?;
+        let agrees = i < drafts && seq.tokens.get(index + i) == Some(&token.id);
+        tokens.push(token);
+        if !agrees {
+            break;
+        }
+    }
+    Ok(tokens)
+}
+
+/// `req`'s token at `index` of `seq` sampled from `row`, with its penalties over the tokens
+/// before it.
+fn sample_row(
+    req: &mut Request,
+    seq: &SeqState,
+    row: &mut [f32],
+    index: usize,
+) -> Result<SampledToken> {
+    // The tokens before this one, kept from step to step (as the ranks' extras are).
+    let seen = match req.sampler.params().penalties().any() {
+        true => req.seen.through(seq, index),
+        false => &[],
+    };
+    req.sampler.sample(row, seen)
 }
 
 /// `req`'s token at `index` of its sequence `seq`, from `pick`: sampled from its row (under
@@ -93,12 +147,7 @@ fn pick_one(req: &mut Request, seq: &SeqState, pick: Pick, index: usize) -> Resu
                     .and_then(|m| apply_mask(&mut row, &m))
                     .map_err(EngineError::Grammar)?;
             }
-            // The tokens before this one, kept from step to step (as the ranks' extras are).
-            let seen = match req.sampler.params().penalties().any() {
-                true => req.seen.through(seq, index),
-                false => &[],
-            };
-            req.sampler.sample(&mut row, seen)?
+            sample_row(req, seq, &mut row, index)?
         }
         Pick::Undrawn(id) => {
             return Err(EngineError::BadLogits(format!(
@@ -162,6 +211,7 @@ mod tests {
                     len: 3,
                     samples: true,
                     all_logits: false,
+                    drafts: 0,
                 }
             })
             .collect();
@@ -176,7 +226,7 @@ mod tests {
             let rows = rows();
             let picks = rows.iter().map(|r| Some(Pick::Row(r.clone()))).collect();
             let got: Vec<u32> = (e.pick_all(&chunks, picks).into_iter())
-                .map(|t| t.expect("a pick").expect("sampled").id)
+                .map(|t| t.expect("a pick").expect("sampled")[0].id)
                 .collect();
             let want: Vec<u32> = (alone.iter_mut().zip(rows).enumerate())
                 .map(|(i, (s, mut row))| {

@@ -168,7 +168,9 @@ impl PlanBuilder {
                     (false, true) => LogitsWanted::Last,
                     (false, false) => LogitsWanted::None,
                 },
-                prompt: c.start < seq.prompt_len || c.len > 1,
+                // A generated token with drafts after it is a decode's: its rows take the
+                // arithmetic one-token steps take, so the tokens are the ones they give.
+                prompt: c.start < seq.prompt_len || c.len > 1 + c.drafts,
             });
         }
         Ok(plan)

@@ -64,7 +64,7 @@ fn step(
         }
     }
     for c in &schedule.chunks {
-        s.mark_computed(c);
+        s.mark_computed(c, 0);
         if c.samples {
             s.push_token(c.id, 7);
             if s.get(c.id).is_some_and(|q| q.tokens.len() >= len) {

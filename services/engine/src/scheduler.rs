@@ -38,6 +38,16 @@
 //! tokens: every position of its prompt must be computed, so it takes nothing from the prefix
 //! cache, and each chunk that holds a prompt position followed by another prompt token
 //! brings back a row of logits per token ([`ScheduledChunk::all_logits`]).
+//!
+//! # Draft tokens
+//!
+//! Under speculative decoding the engine guesses a decoding sequence's next tokens
+//! ([`Scheduler::set_drafts`]): they follow its last token in `tokens`, and its chunk runs
+//! them with it, bringing back a row of logits per token. They run only whole (a chunk that
+//! the step's tokens, rows or free blocks would cut loses its drafts, and so does a sequence
+//! preempted), and never at another's expense: each later running sequence keeps a token, a
+//! row and a block. Once the step's tokens are known, [`Scheduler::mark_computed`] keeps the
+//! drafts the engine accepted and drops the rest, before any of their blocks is named.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -82,6 +92,8 @@ pub struct SeqState {
     pub num_cached_tokens: Option<usize>,
     /// Its prompt is scored ([`Scheduler::add_scored`]).
     pub scored: bool,
+    /// The trailing tokens of `tokens` that are guesses ([`Scheduler::set_drafts`]).
+    pub drafts: usize,
 }
 
 impl SeqState {
@@ -96,6 +108,7 @@ impl SeqState {
             num_registered: 0,
             num_cached_tokens: None,
             scored: false,
+            drafts: 0,
         }
     }
 
@@ -108,9 +121,20 @@ impl SeqState {
     }
 
     /// Whether a chunk from position `start` brings back every row of its logits: the
-    /// sequence is scored, and position `start` is followed by a prompt token.
+    /// sequence is scored, and position `start` is followed by a prompt token; or it has
+    /// drafts to check.
     fn keeps_rows(&self, start: usize) -> bool {
-        self.scored && start + 1 < self.prompt_len
+        (self.scored && start + 1 < self.prompt_len) || self.drafts > 0
+    }
+
+    /// Whether its next step decodes: every token but the last is computed.
+    pub fn decodes(&self) -> bool {
+        self.num_computed + 1 == self.tokens.len()
+    }
+
+    fn drop_drafts(&mut self) {
+        self.tokens.truncate(self.tokens.len() - self.drafts);
+        self.drafts = 0;
     }
 
     /// How many tokens from position `start` one chunk may take within `budget` tokens and
@@ -136,9 +160,12 @@ pub struct ScheduledChunk {
     pub len: usize,
     /// The chunk reaches the sequence's last token, so the step samples its next token.
     pub samples: bool,
-    /// Every row of the chunk's logits comes back (a scored prompt's): row `i` scores the
-    /// token after position `start + i`; with `samples`, the last row is the sampling row.
+    /// Every row of the chunk's logits comes back (a scored prompt's, or one with drafts):
+    /// row `i` scores the token after position `start + i`; with `samples`, the last
+    /// `1 + drafts` rows are the sampling rows.
     pub all_logits: bool,
+    /// Its last `drafts` tokens are guesses, each checked against the row before it.
+    pub drafts: usize,
 }
 
 impl ScheduledChunk {
@@ -149,6 +176,20 @@ impl ScheduledChunk {
             (false, true) => 1,
             (false, false) => 0,
         }
+    }
+
+    /// The rows its tokens are sampled from: the row after its last token that is not a
+    /// draft, and one per draft (0 for a chunk that does not sample).
+    pub fn sampling_rows(&self) -> usize {
+        match self.samples {
+            true => 1 + self.drafts,
+            false => 0,
+        }
+    }
+
+    /// The position of the first token it samples (the one after its last non-draft).
+    pub fn first_sampled(&self) -> usize {
+        self.start + self.len - self.drafts
     }
 }
 
@@ -264,6 +305,24 @@ impl Scheduler {
         }
     }
 
+    /// Guesses `drafts` as the next tokens of `id`, in place of any it had: a running
+    /// sequence that decodes takes them (see the module doc); others take none.
+    pub fn set_drafts(&mut self, id: SeqId, drafts: &[u32]) {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        seq.drop_drafts();
+        if !drafts.is_empty() && seq.decodes() && self.running.contains(&id) {
+            seq.tokens.extend_from_slice(drafts);
+            seq.drafts = drafts.len();
+        }
+    }
+
+    /// The running sequences, oldest first.
+    pub fn running(&self) -> &[SeqId] {
+        &self.running
+    }
+
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
@@ -336,6 +395,7 @@ impl Scheduler {
             let id = self.running[i];
             // Every running sequence after this one keeps a row of logits for itself.
             let later = self.running.len() - i - 1;
+            self.fit_drafts(id, budget, rows, later);
             let Some(want) = self.chunk_len(id, budget, rows.saturating_sub(later)) else {
                 i += 1;
                 continue;
@@ -368,6 +428,21 @@ impl Scheduler {
             }
         }
         plan
+    }
+
+    /// Drops `id`'s drafts unless its whole chunk fits in `budget` tokens, `rows` rows and the
+    /// free blocks, with one of each left for each of the `later` running sequences.
+    fn fit_drafts(&mut self, id: SeqId, budget: usize, rows: usize, later: usize) {
+        let bs = self.cfg.block_size;
+        let free = self.pool.num_free();
+        let Some(seq) = self.seqs.get_mut(&id).filter(|s| s.drafts > 0) else {
+            return;
+        };
+        let want = seq.tokens.len() - seq.num_computed;
+        let blocks = blocks_for(seq.tokens.len(), bs).saturating_sub(seq.block_table.len());
+        if want + later > budget || want + later > rows || blocks + later > free {
+            seq.drop_drafts();
+        }
     }
 
     /// Gives waiting sequence `id` its table: the cached blocks of its longest cached prefix
@@ -463,6 +538,7 @@ impl Scheduler {
     fn preempt(&mut self, id: SeqId, plan: &mut Schedule) {
         if let Some(seq) = self.seqs.get_mut(&id) {
             self.pool.release(&mut seq.block_table);
+            seq.drop_drafts();
             seq.num_computed = 0;
             seq.num_registered = 0;
             seq.num_preemptions += 1;
@@ -483,27 +559,36 @@ impl Scheduler {
                 len: 0,
                 samples: false,
                 all_logits: false,
+                drafts: 0,
             };
         };
         let start = seq.num_computed;
+        let samples = start + len == seq.tokens.len();
         let chunk = ScheduledChunk {
             id,
             start,
             len,
-            samples: start + len == seq.tokens.len(),
+            samples,
             all_logits: seq.keeps_rows(start),
+            // Drafts run only whole (`fit_drafts`): a chunk with drafts samples.
+            drafts: if samples { seq.drafts } else { 0 },
         };
         plan.chunks.push(chunk);
         chunk
     }
 
-    /// Records that a chunk's tokens are now in the cache; with prefix caching on, the blocks
-    /// it filled are registered for later sequences.
-    pub fn mark_computed(&mut self, chunk: &ScheduledChunk) {
+    /// Records that a chunk's tokens are now in the cache, of its drafts the first `accepted`
+    /// (the others leave the sequence; their keys and values are overwritten later); with
+    /// prefix caching on, the blocks it filled are registered for later sequences.
+    pub fn mark_computed(&mut self, chunk: &ScheduledChunk, accepted: usize) {
         let Some(seq) = self.seqs.get_mut(&chunk.id) else {
             return;
         };
-        seq.num_computed = chunk.start + chunk.len;
+        let rejected = chunk.drafts - accepted.min(chunk.drafts);
+        seq.tokens
+            .truncate(seq.tokens.len() - rejected.min(seq.drafts));
+        seq.drafts = 0;
+        seq.num_computed = chunk.start + chunk.len - rejected;
         let Some(seed) = self.cfg.prefix_cache else {
             return;
         };

@@ -19,7 +19,7 @@ fn sched(budget: usize, max_seqs: usize, blocks: u32) -> Scheduler {
 fn run_step(s: &mut Scheduler, token: u32) -> Schedule {
     let plan = s.schedule();
     for c in &plan.chunks {
-        s.mark_computed(c);
+        s.mark_computed(c, 0);
         if c.samples {
             s.push_token(c.id, token);
         }
@@ -40,7 +40,8 @@ fn budget_bounds_every_step_and_prompts_are_chunked() {
             start: 0,
             len: 8,
             samples: false,
-            all_logits: false
+            all_logits: false,
+            drafts: 0
         }]
     );
     let p = run_step(&mut s, 9);
@@ -53,14 +54,16 @@ fn budget_bounds_every_step_and_prompts_are_chunked() {
                 start: 8,
                 len: 2,
                 samples: true,
-                all_logits: false
+                all_logits: false,
+                drafts: 0
             },
             ScheduledChunk {
                 id: 2,
                 start: 0,
                 len: 3,
                 samples: true,
-                all_logits: false
+                all_logits: false,
+                drafts: 0
             },
         ]
     );
@@ -116,7 +119,8 @@ fn preemption_frees_the_newest_and_it_recomputes_later() {
             start: 8,
             len: 1,
             samples: true,
-            all_logits: false
+            all_logits: false,
+            drafts: 0
         }]
     );
     let seq2 = s.get(2).expect("seq 2 kept");
@@ -142,7 +146,8 @@ fn preemption_frees_the_newest_and_it_recomputes_later() {
             start: 0,
             len: 9,
             samples: true,
-            all_logits: false
+            all_logits: false,
+            drafts: 0
         }]
     );
 }
@@ -214,7 +219,8 @@ fn a_new_sequence_starts_after_its_longest_cached_prefix() {
             start: 8,
             len: 4,
             samples: true,
-            all_logits: false
+            all_logits: false,
+            drafts: 0
         }]
     );
     let seq = s.get(2).expect("seq 2");
@@ -340,7 +346,7 @@ fn no_sequence_ever_reads_a_slot_written_for_another_prefix() {
             }
         }
         for c in &plan.chunks {
-            s.mark_computed(c);
+            s.mark_computed(c, 0);
             if c.samples {
                 s.push_token(c.id, (next() % 4) as u32);
                 let done = s
@@ -381,6 +387,7 @@ fn a_scored_prompt_is_computed_whole_within_the_steps_rows() {
         len,
         samples,
         all_logits,
+        drafts: 0,
     };
     assert_eq!(
         p.chunks,
@@ -401,4 +408,48 @@ fn a_scored_prompt_is_computed_whole_within_the_steps_rows() {
     s.add(4, prompt);
     let p = run_step(&mut s, 100);
     assert_eq!(p.chunks[2], chunk(4, 8, 2, true, false));
+}
+
+/// Drafts run whole with their sequence's last token, a row each; the accepted ones stay and
+/// the rest leave before any block is named; a chunk the step would cut runs without them,
+/// and a sequence that does not decode takes none.
+#[test]
+fn drafts_run_whole_and_only_the_accepted_ones_stay() {
+    let mut s = cached_sched(8, 32);
+    s.add(1, vec![1, 2, 3, 4, 5]);
+    run_step(&mut s, 100);
+    // Waiting, and then mid-prefill: no drafts.
+    s.add(2, vec![6; 12]);
+    s.set_drafts(2, &[9, 9]);
+    assert_eq!(s.get(2).map(|q| q.drafts), Some(0));
+    s.set_drafts(1, &[7, 8, 9]);
+    let p = s.schedule();
+    let c = p.chunks[0];
+    assert_eq!(
+        (c.start, c.len, c.samples, c.all_logits),
+        (5, 4, true, true)
+    );
+    assert_eq!(
+        (c.drafts, c.rows(), c.sampling_rows(), c.first_sampled()),
+        (3, 4, 4, 6)
+    );
+    // 2 takes the other 4 tokens of the budget.
+    assert_eq!((p.chunks[1].id, p.chunks[1].len), (2, 4));
+    // Its rows agreed with 7, not 8: 7 stays and the token sampled in 8's place follows.
+    s.mark_computed(&c, 1);
+    s.mark_computed(&p.chunks[1], 0);
+    s.push_token(1, 50);
+    let q = s.get(1).expect("running");
+    assert_eq!(q.tokens, vec![1, 2, 3, 4, 5, 100, 7, 50]);
+    assert_eq!((q.num_computed, q.drafts), (7, 0));
+    assert!(q.decodes());
+    // The cache names only blocks of accepted tokens: a prompt of them finds its first block
+    // and not the second (which would hold a rejected draft's keys).
+    assert_eq!(q.block_hashes.len(), 1);
+    // 7 drafts and 2 still prefilling: 1 + 7 tokens leave 2 no token of the budget of 8.
+    s.set_drafts(1, &[1; 7]);
+    let p = s.schedule();
+    assert_eq!((p.chunks[0].len, p.chunks[0].drafts), (1, 0));
+    assert_eq!(s.get(1).map(|q| q.tokens.len()), Some(8));
+    assert_eq!(p.chunks[1].id, 2);
 }

@@ -20,7 +20,11 @@ use crate::scheduler::{Schedule, ScheduledChunk};
 impl Engine {
     /// Takes the rows of `schedule`'s scored prompts out of `picks` and scores them.
     pub(crate) fn score_prompts(&mut self, picks: &mut Picks, schedule: &Schedule) -> Result<()> {
-        if !schedule.chunks.iter().any(|c| c.all_logits) {
+        if !schedule
+            .chunks
+            .iter()
+            .any(|c| c.all_logits && c.len > c.sampling_rows())
+        {
             return Ok(());
         }
         let Picks::Logits(logits) = picks else {
@@ -41,9 +45,9 @@ impl Engine {
         for c in &schedule.chunks {
             let chunk = &logits[at * vocab..(at + c.rows()) * vocab];
             at += c.rows();
-            // A scored chunk's last row is its sampling row, where it samples.
+            // A scored chunk's last rows are its sampling rows (one, or one per draft more).
             let scored = match c.all_logits {
-                true => c.len - usize::from(c.samples),
+                true => c.len - c.sampling_rows(),
                 false => 0,
             };
             self.score_rows(c, &chunk[..scored * vocab]);

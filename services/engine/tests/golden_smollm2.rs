@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::*;
-use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::engine::{Engine, EngineConfig, EngineStats, Speculation};
 use ferrite_engine::model::{self, BatchForward, LoadOptions, LoadedModel, LogitsWanted};
 use ferrite_engine::registry;
 use ferrite_engine::sampler::{SamplingParams, top_logprobs};
@@ -139,47 +139,62 @@ fn first_step_top5_logits_match() {
 /// decode): the first 16 greedy tokens of each equal the reference.
 #[test]
 fn greedy_continuations_match_in_one_batch() {
+    let (tokens, _) = golden_in_one_batch(None);
+    let full_matches = (tokens.iter().zip(cases()))
+        .filter(|(got, case)| **got == ids(&case["greedy_token_ids"]))
+        .count();
+    eprintln!(
+        "{full_matches}/{} prompts match all 32 greedy tokens",
+        cases().len()
+    );
+}
+
+/// The same with speculative decoding (4 drafts a step by n-gram lookup): the first 16
+/// greedy tokens of each equal the reference, all 32 are those of decoding one token at a
+/// time (f32 activations: a step of several rows takes a one-token step's arithmetic), and
+/// drafts were accepted (the fixture's outputs repeat: "the last line of the last line").
+#[test]
+fn drafts_keep_the_greedy_continuations() {
+    let (plain, _) = golden_in_one_batch(None);
+    let (drafted, stats) = golden_in_one_batch(Some(Speculation::ngram(4)));
+    for (i, case) in cases().iter().enumerate() {
+        assert_eq!(drafted[i], plain[i], "{}", case["name"]);
+    }
+    assert!(
+        stats.spec_accepted_tokens >= 40 && stats.spec_draft_tokens > stats.spec_accepted_tokens,
+        "{stats:?}"
+    );
+}
+
+/// Every case's 32 greedy tokens through one engine in one batch (checking the first 16
+/// against the reference), with `speculation`; and the engine's figures after.
+fn golden_in_one_batch(speculation: Option<Speculation>) -> (Vec<Vec<u32>>, EngineStats) {
     let loaded = load();
     let cfg = EngineConfig {
         max_model_len: Some(1024),
         max_num_batched_tokens: 96,
         kv_cache_bytes: 256 << 20,
+        speculation,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(loaded.model, vec![], cfg).expect("engine");
-    let requests = cases()
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            (
-                i as u64,
-                ids(&c["prompt_token_ids"]),
-                SamplingParams {
-                    ignore_eos: true,
-                    ..SamplingParams::greedy(32)
-                },
-            )
-        })
-        .collect();
+    let prompts = golden_prompts();
     let out = engine
-        .run_to_completion(requests, |_| true)
+        .run_to_completion(greedy_requests(&prompts, 0), |_| true)
         .expect("generate");
-    let mut full_matches = 0;
-    for (i, case) in cases().iter().enumerate() {
+    let tokens: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| out[&(i as u64)].token_ids())
+        .collect();
+    for (got, case) in tokens.iter().zip(cases()) {
         let want = ids(&case["greedy_token_ids"]);
-        let got = out[&(i as u64)].token_ids();
         assert_eq!(
             got[..16],
             want[..16],
             "{}: first 16 greedy tokens",
             case["name"]
         );
-        full_matches += usize::from(got == want);
     }
-    eprintln!(
-        "{full_matches}/{} prompts match all 32 greedy tokens",
-        cases().len()
-    );
+    (tokens, engine.stats())
 }
 
 fn greedy_requests(prompts: &[Vec<u32>], first_id: u64) -> Vec<(u64, Vec<u32>, SamplingParams)> {

@@ -45,6 +45,10 @@ pub mod names {
     pub const PREFIX_CACHE_QUERIES: &str = "ferrite_prefix_cache_queries_total";
     /// Prompt tokens found in the prefix cache (hits / queries is the hit rate).
     pub const PREFIX_CACHE_HITS: &str = "ferrite_prefix_cache_hits_total";
+    /// Draft tokens checked under speculative decoding (vLLM's `spec_decode_num_draft_tokens`).
+    pub const SPEC_DECODE_DRAFT_TOKENS: &str = "ferrite_spec_decode_num_draft_tokens_total";
+    /// Draft tokens accepted (accepted / draft is the acceptance rate).
+    pub const SPEC_DECODE_ACCEPTED_TOKENS: &str = "ferrite_spec_decode_num_accepted_tokens_total";
     /// Always 1; labels `block_size`, `num_gpu_blocks` (the pool's KV blocks, on any device:
     /// the label name is the Inference Extension's) and `enable_prefix_caching`, as vLLM's
     /// `cache_config_info`, which the endpoint picker's prefix scorer reads.
@@ -365,6 +369,9 @@ pub struct Load {
     /// Prompt tokens looked up in the prefix cache, and found there, since start (totals).
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
+    /// Draft tokens checked under speculative decoding, and accepted, since start (totals).
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
 }
 
 /// How one request went through a worker, for its histograms and counters.
@@ -413,6 +420,8 @@ impl WorkerMetrics {
         counter!(NUM_PREEMPTIONS, &label).absolute(l.preemptions);
         counter!(PREFIX_CACHE_QUERIES, &label).absolute(l.prefix_cache_queries);
         counter!(PREFIX_CACHE_HITS, &label).absolute(l.prefix_cache_hits);
+        counter!(SPEC_DECODE_DRAFT_TOKENS, &label).absolute(l.spec_draft_tokens);
+        counter!(SPEC_DECODE_ACCEPTED_TOKENS, &label).absolute(l.spec_accepted_tokens);
     }
 
     /// Publishes the KV cache's configuration ([`names::CACHE_CONFIG_INFO`]).

@@ -108,6 +108,8 @@ impl WorkerService {
             preemptions: s.preemptions,
             prefix_cache_queries: s.prefix_cache_queries,
             prefix_cache_hits: s.prefix_cache_hits,
+            spec_draft_tokens: s.spec_draft_tokens,
+            spec_accepted_tokens: s.spec_accepted_tokens,
         });
     }
 

@@ -1,0 +1,122 @@
+//! Speculative decoding by n-gram lookup (vLLM's `ngram` method, "prompt lookup decoding"):
+//! before a step, each decoding sequence guesses its next tokens by finding its last few
+//! tokens earlier in its own context and taking what followed them there. The guesses (the
+//! drafts) run in the sequence's chunk with its last token, one row of logits each
+//! ([`crate::scheduler::Scheduler::set_drafts`]), and its tokens are sampled from those rows
+//! in order while each agrees with the draft in its place (`pick`'s `pick_drafted`).
+//!
+//! Each row is sampled exactly as a step of its own would sample it, with the same random
+//! draw, so the output is the one decoding a token at a time gives (greedy or seeded alike;
+//! the rows' arithmetic may differ in the last bits, as a prompt's does): a step makes one
+//! token, plus one per draft accepted. For a draft that is a single guess, taking it when the
+//! sampled token equals it accepts it with its probability, as rejection sampling would.
+//!
+//! Drafts cost rows of the step: they pay where outputs repeat their context (code edits,
+//! extraction, quoting, summaries that copy), and the guess is free. A sequence takes none
+//! under a grammar (its mask would need each draft followed), nor under async scheduling
+//! (the next step is planned before this one's tokens are known).
+
+use super::Engine;
+use crate::scheduler::ScheduledChunk;
+
+/// Speculative decoding by n-gram lookup ([`super::EngineConfig::speculation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    /// Draft tokens a sequence guesses per step, at most.
+    pub tokens: usize,
+    /// The longest run of a sequence's last tokens looked up in its context (tried first).
+    pub lookup_max: usize,
+    /// The shortest.
+    pub lookup_min: usize,
+}
+
+impl Speculation {
+    /// `tokens` drafts per step from the last 4 tokens' match, down to the last 2's.
+    pub fn ngram(tokens: usize) -> Self {
+        Self {
+            tokens,
+            lookup_max: 4,
+            lookup_min: 2,
+        }
+    }
+
+    /// Why this configuration cannot run, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.tokens == 0 || self.lookup_min == 0 || self.lookup_min > self.lookup_max {
+            return Err(format!(
+                "speculative decoding needs at least one draft token and 1 ≤ lookup min ≤ \
+                 lookup max (got {} tokens, lookup {}..{})",
+                self.tokens, self.lookup_min, self.lookup_max
+            ));
+        }
+        Ok(())
+    }
+
+    /// The drafts after `tokens`, at most `n`: what followed the latest earlier occurrence of
+    /// their longest suffix of `lookup_max` down to `lookup_min` tokens. A match near the end
+    /// goes on copying what it proposes (a repeating run is guessed on), as LZ77 copies.
+    pub fn propose(&self, tokens: &[u32], n: usize) -> Vec<u32> {
+        let len = tokens.len();
+        let longest = self.lookup_max.min(len.saturating_sub(1));
+        for k in (self.lookup_min..=longest).rev() {
+            let suffix = &tokens[len - k..];
+            let Some(at) = (0..len - k).rev().find(|&p| &tokens[p..p + k] == suffix) else {
+                continue;
+            };
+            let mut drafts: Vec<u32> = Vec::with_capacity(n);
+            for i in at + k..at + k + n {
+                let t = match tokens.get(i) {
+                    Some(&t) => t,
+                    None => drafts[i - len],
+                };
+                drafts.push(t);
+            }
+            return drafts;
+        }
+        Vec::new()
+    }
+}
+
+impl Engine {
+    /// Guesses the drafts of every running sequence that decodes next (see the module doc),
+    /// in place of those of the step before.
+    pub(crate) fn propose_drafts(&mut self) {
+        let Some(spec) = self.speculation else {
+            return;
+        };
+        for id in self.sched.running().to_vec() {
+            self.sched.set_drafts(id, &[]);
+            let Some(req) = self.requests.get(&id) else {
+                continue;
+            };
+            // The step samples a token after the drafts too: they leave it room.
+            let room = self.tokens_left_of(id).unwrap_or(0).saturating_sub(1);
+            let n = spec.tokens.min(room);
+            let Some(seq) = self.sched.get(id) else {
+                continue;
+            };
+            if n == 0 || req.constraint.is_some() || !seq.decodes() {
+                continue;
+            }
+            let drafts = spec.propose(&seq.tokens, n);
+            self.sched.set_drafts(id, &drafts);
+        }
+    }
+
+    /// Counts chunk `c`'s drafts, of which its rows agreed with `accepted`.
+    pub(crate) fn count_drafts(&mut self, c: &ScheduledChunk, accepted: usize) {
+        self.draft_tokens += c.drafts as u64;
+        self.accepted_tokens += accepted.min(c.drafts) as u64;
+    }
+
+    /// Turns speculative decoding on (or off) for the steps from now on; returns whether it
+    /// is on (not under async scheduling: there it stays off).
+    pub fn set_speculation(&mut self, spec: Option<Speculation>) -> bool {
+        self.speculation = spec.filter(|_| !self.async_scheduling);
+        self.speculation.is_some()
+    }
+}
+
+#[cfg(test)]
+#[path = "speculate_tests.rs"]
+mod tests;
