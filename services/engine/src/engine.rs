@@ -146,6 +146,8 @@ struct Request {
     seen: draws::SeenSoFar,
     /// Its prompt's logprobs so far, where it asked for them (`scoring`).
     prompt_logprobs: Vec<SampledToken>,
+    /// The drafts it may guess next under speculative decoding (`speculate`'s schedule).
+    draft_len: usize,
     stop_ids: Vec<u32>,
     arrived: Instant,
     scheduled: Option<Instant>,
@@ -362,6 +364,7 @@ impl Engine {
                 mask: None,
                 seen: Default::default(),
                 prompt_logprobs: Vec::new(),
+                draft_len: usize::MAX,
                 stop_ids,
                 arrived: Instant::now(),
                 scheduled: None,

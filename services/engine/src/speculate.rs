@@ -12,9 +12,12 @@
 //! sampled token equals it accepts it with its probability, as rejection sampling would.
 //!
 //! Drafts cost rows of the step: they pay where outputs repeat their context (code edits,
-//! extraction, quoting, summaries that copy), and the guess is free. A sequence takes none
-//! under a grammar (its mask would need each draft followed), nor under async scheduling
-//! (the next step is planned before this one's tokens are known).
+//! extraction, quoting, summaries that copy), and the guess is free. So each request guesses
+//! as many as its drafts have been earning, as transformers' assisted generation schedules
+//! them: two more after a step whose drafts were all accepted, one fewer (at least one) after
+//! one where some were not. A sequence takes none under a grammar (its mask would need each
+//! draft followed), nor under async scheduling (the next step is planned before this one's
+//! tokens are known).
 
 use super::Engine;
 use crate::scheduler::ScheduledChunk;
@@ -91,7 +94,7 @@ impl Engine {
             };
             // The step samples a token after the drafts too: they leave it room.
             let room = self.tokens_left_of(id).unwrap_or(0).saturating_sub(1);
-            let n = spec.tokens.min(room);
+            let n = spec.tokens.min(room).min(req.draft_len);
             let Some(seq) = self.sched.get(id) else {
                 continue;
             };
@@ -103,10 +106,22 @@ impl Engine {
         }
     }
 
-    /// Counts chunk `c`'s drafts, of which its rows agreed with `accepted`.
+    /// Counts chunk `c`'s drafts, of which its rows agreed with `accepted`, and sets how many
+    /// its request guesses next (see the module doc).
     pub(crate) fn count_drafts(&mut self, c: &ScheduledChunk, accepted: usize) {
+        let (Some(spec), Some(req)) = (self.speculation, self.requests.get_mut(&c.id)) else {
+            return;
+        };
+        if c.drafts == 0 {
+            return;
+        }
         self.draft_tokens += c.drafts as u64;
         self.accepted_tokens += accepted.min(c.drafts) as u64;
+        let now = req.draft_len.min(spec.tokens);
+        req.draft_len = match accepted >= c.drafts {
+            true => (now + 2).min(spec.tokens),
+            false => now.saturating_sub(1).max(1),
+        };
     }
 
     /// Turns speculative decoding on (or off) for the steps from now on; returns whether it

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use common::*;
 use ferrite_engine::EngineError;
-use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::engine::{Engine, EngineConfig, Speculation};
 use ferrite_engine::executor::Executor;
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::{self, LoadOptions, LogitsWanted, SeqChunk};
@@ -158,7 +158,9 @@ fn engine_cfg() -> EngineConfig {
 
 /// The golden prompts of `tests/fixtures/golden` (transformers on the same GGUF) through a
 /// leader and two followers: chunked prefill mixed with decodes, every rank's step from the
-/// leader's plans; the first 16 greedy tokens of each equal the reference.
+/// leader's plans; the first 16 greedy tokens of each equal the reference. The leader
+/// decodes speculatively (4 drafts by n-gram lookup): its plans carry chunks of several
+/// generated tokens that bring back a row each, and drafts are accepted.
 #[test]
 fn default_model_on_three_ranks_generates_the_golden_tokens() {
     let golden = read_json(&fixtures().join("golden/smollm2_q4_1.json"));
@@ -173,7 +175,11 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
             exec.follow().expect("the leader says stop");
             return None;
         }
-        let mut engine = Engine::from_executor(exec, vec![], &engine_cfg()).expect("leader");
+        let cfg = EngineConfig {
+            speculation: Some(Speculation::ngram(4)),
+            ..engine_cfg()
+        };
+        let mut engine = Engine::from_executor(exec, vec![], &cfg).expect("leader");
         let requests = cases
             .iter()
             .enumerate()
@@ -185,13 +191,12 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
                 (i as u64, ids(&c["prompt_token_ids"]), params)
             })
             .collect();
-        Some(
-            engine
-                .run_to_completion(requests, |_| true)
-                .expect("generate"),
-        )
+        let out = engine
+            .run_to_completion(requests, |_| true)
+            .expect("generate");
+        Some((out, engine.stats()))
     });
-    let out = results[0].as_ref().expect("the leader's tokens");
+    let (out, stats) = results[0].as_ref().expect("the leader's tokens");
     for (i, case) in cases.iter().enumerate() {
         let want = ids(&case["greedy_token_ids"]);
         assert_eq!(
@@ -201,6 +206,7 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
             case["name"]
         );
     }
+    assert!(stats.spec_accepted_tokens > 0, "{stats:?}");
 }
 
 /// The golden prompts on a leader and two followers with prefix caching (blocks of 4 tokens):
