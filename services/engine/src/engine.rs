@@ -33,7 +33,7 @@ use crate::model::EngineModel;
 use crate::model::MaskSource;
 use crate::plan::{PlanBuilder, StepPlan};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
-use crate::scheduler::{Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, SeqState};
+use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId, SeqState};
 use draws::{STAND_IN, device_sampling, draw_extras, extras_on_ranks, ranks_draw, wants_extras};
 
 pub use crate::executor::{CudaPlacement, EngineConfig};
@@ -465,46 +465,6 @@ impl Engine {
         Ok(out)
     }
 
-    /// Records the tokens `picked` for chunk `c` (its accepted drafts, already in its
-    /// sequence, then a new one) until one ends its request. A request whose tokens fail
-    /// alone is failed in `out`; any other error is the step's.
-    fn record_tokens(
-        &mut self,
-        c: &ScheduledChunk,
-        picked: Result<Vec<SampledToken>>,
-        now: Instant,
-        out: &mut StepOutput,
-    ) -> Result<()> {
-        let tokens: Vec<Result<SampledToken>> = match picked {
-            Ok(tokens) => tokens.into_iter().map(Ok).collect(),
-            Err(e) => vec![Err(e)],
-        };
-        let n = tokens.len();
-        for (i, t) in tokens.into_iter().enumerate() {
-            let recorded = t.and_then(|t| {
-                let grammar = self.accept_token(c.id, t.id)?;
-                if i + 1 == n {
-                    self.sched.push_token(c.id, t.id);
-                }
-                self.record_token(c.id, t, c.first_sampled() + i, now, grammar)
-            });
-            match recorded {
-                Ok(ev) if ev.finish.is_some() => {
-                    out.events.push(ev);
-                    break;
-                }
-                Ok(ev) => out.events.push(ev),
-                Err(e) if e.fails_alone() => {
-                    self.abort(c.id);
-                    out.failed.push((c.id, e));
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
     /// A step's output before its tokens: counts the preemptions `schedule` made and notes
     /// when each of its requests was first scheduled.
     pub(crate) fn begin_step(&mut self, schedule: &Schedule, now: Instant) -> StepOutput {
@@ -799,7 +759,7 @@ mod scoring;
 #[path = "speculate.rs"]
 mod speculate;
 
-pub use speculate::Speculation;
+pub use crate::ngram::Speculation;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

@@ -50,7 +50,7 @@ pub struct EngineConfig {
     /// as a CPU forward leaves no time to hide.
     pub async_scheduling: bool,
     /// Speculative decoding by n-gram lookup (without async scheduling; `None`: off).
-    pub speculation: Option<crate::engine::Speculation>,
+    pub speculation: Option<crate::ngram::Speculation>,
 }
 
 /// A GPU for the engine and how the model runs there.

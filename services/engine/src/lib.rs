@@ -47,6 +47,7 @@ pub mod failpoints;
 pub mod handle;
 mod inflight;
 pub mod kv_cache;
+pub mod ngram;
 mod overlap;
 pub mod plan;
 pub mod recommended;

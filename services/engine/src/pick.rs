@@ -1,4 +1,5 @@
-//! A step's tokens from its picks: rows of logits sampled on the host, or ids the ranks drew.
+//! A step's tokens from its picks: rows of logits sampled on the host, or ids the ranks drew;
+//! and their recording, in order, for their requests.
 //!
 //! Rows are sampled in parallel: each with its own request's sampler and random stream, so
 //! the order they run in changes nothing. Every row of a step on the CPU without async
@@ -6,10 +7,11 @@
 //! millisecond.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::{Engine, Request};
+use super::{Engine, Request, StepOutput};
 use crate::constraint::{apply_mask, check_allowed};
 use crate::error::{EngineError, Result};
 use crate::executor::Pick;
@@ -56,6 +58,46 @@ impl Engine {
             true => jobs.into_par_iter().map(run).collect(),
             false => jobs.into_iter().map(run).collect(),
         }
+    }
+
+    /// Records the tokens `picked` for chunk `c` (its accepted drafts, already in its
+    /// sequence, then a new one) until one ends its request. A request whose tokens fail
+    /// alone is failed in `out`; any other error is the step's.
+    pub(crate) fn record_tokens(
+        &mut self,
+        c: &ScheduledChunk,
+        picked: Result<Vec<SampledToken>>,
+        now: Instant,
+        out: &mut StepOutput,
+    ) -> Result<()> {
+        let tokens: Vec<Result<SampledToken>> = match picked {
+            Ok(tokens) => tokens.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e)],
+        };
+        let n = tokens.len();
+        for (i, t) in tokens.into_iter().enumerate() {
+            let recorded = t.and_then(|t| {
+                let grammar = self.accept_token(c.id, t.id)?;
+                if i + 1 == n {
+                    self.sched.push_token(c.id, t.id);
+                }
+                self.record_token(c.id, t, c.first_sampled() + i, now, grammar)
+            });
+            match recorded {
+                Ok(ev) if ev.finish.is_some() => {
+                    out.events.push(ev);
+                    break;
+                }
+                Ok(ev) => out.events.push(ev),
+                Err(e) if e.fails_alone() => {
+                    self.abort(c.id);
+                    out.failed.push((c.id, e));
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -6,9 +6,10 @@
 //! in order while each agrees with the draft in its place (`pick`'s `pick_drafted`).
 //!
 //! Each row is sampled exactly as a step of its own would sample it, with the same random
-//! draw, so the output is the one decoding a token at a time gives (greedy or seeded alike;
-//! the rows' arithmetic may differ in the last bits, as a prompt's does): a step makes one
-//! token, plus one per draft accepted. For a draft that is a single guess, taking it when the
+//! draw, so the output is the one decoding a token at a time gives, greedy or seeded alike: a
+//! step makes one token, plus one per draft accepted. (Its rows take the arithmetic of a
+//! decode step of several rows: exact with f32 activations; under the CPU's int8 ones, that
+//! of a batch, so near-ties may go the other way, as they may beside other requests.) For a draft that is a single guess, taking it when the
 //! sampled token equals it accepts it with its probability, as rejection sampling would.
 //!
 //! Drafts cost rows of the step: they pay where outputs repeat their context (code edits,
@@ -20,65 +21,8 @@
 //! tokens are known).
 
 use super::Engine;
+use crate::ngram::Speculation;
 use crate::scheduler::ScheduledChunk;
-
-/// Speculative decoding by n-gram lookup ([`super::EngineConfig::speculation`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Speculation {
-    /// Draft tokens a sequence guesses per step, at most.
-    pub tokens: usize,
-    /// The longest run of a sequence's last tokens looked up in its context (tried first).
-    pub lookup_max: usize,
-    /// The shortest.
-    pub lookup_min: usize,
-}
-
-impl Speculation {
-    /// `tokens` drafts per step from the last 4 tokens' match, down to the last 2's.
-    pub fn ngram(tokens: usize) -> Self {
-        Self {
-            tokens,
-            lookup_max: 4,
-            lookup_min: 2,
-        }
-    }
-
-    /// Why this configuration cannot run, if it cannot.
-    pub fn check(&self) -> Result<(), String> {
-        if self.tokens == 0 || self.lookup_min == 0 || self.lookup_min > self.lookup_max {
-            return Err(format!(
-                "speculative decoding needs at least one draft token and 1 ≤ lookup min ≤ \
-                 lookup max (got {} tokens, lookup {}..{})",
-                self.tokens, self.lookup_min, self.lookup_max
-            ));
-        }
-        Ok(())
-    }
-
-    /// The drafts after `tokens`, at most `n`: what followed the latest earlier occurrence of
-    /// their longest suffix of `lookup_max` down to `lookup_min` tokens. A match near the end
-    /// goes on copying what it proposes (a repeating run is guessed on), as LZ77 copies.
-    pub fn propose(&self, tokens: &[u32], n: usize) -> Vec<u32> {
-        let len = tokens.len();
-        let longest = self.lookup_max.min(len.saturating_sub(1));
-        for k in (self.lookup_min..=longest).rev() {
-            let suffix = &tokens[len - k..];
-            let Some(at) = (0..len - k).rev().find(|&p| &tokens[p..p + k] == suffix) else {
-                continue;
-            };
-            let mut drafts: Vec<u32> = Vec::with_capacity(n);
-            for i in at + k..at + k + n {
-                let t = match tokens.get(i) {
-                    Some(&t) => t,
-                    None => drafts[i - len],
-                };
-                drafts.push(t);
-            }
-            return drafts;
-        }
-        Vec::new()
-    }
-}
 
 impl Engine {
     /// Guesses the drafts of every running sequence that decodes next (see the module doc),
