@@ -100,7 +100,8 @@ pub struct ModelArgs {
     /// Speculative decoding by n-gram lookup (vLLM's `ngram` method): each decoding sequence
     /// guesses up to this many next tokens from where its last tokens occurred before in its
     /// context, and a step checks them together, keeping the output that decoding one token at
-    /// a time gives. Pays where outputs repeat their context. 0: off. Not with
+    /// a time gives (exactly with `--cpu-activations f32`; under int8 a step of several rows
+    /// rounds as a batch does). Pays where outputs repeat their context. 0: off. Not with
     /// `--async-scheduling on` (`auto` is then off).
     #[arg(long, default_value_t = 0, env = "FERRITE_NUM_SPECULATIVE_TOKENS")]
     pub num_speculative_tokens: usize,

@@ -168,8 +168,8 @@ impl PlanBuilder {
                     (false, true) => LogitsWanted::Last,
                     (false, false) => LogitsWanted::None,
                 },
-                // A generated token with drafts after it is a decode's: its rows take the
-                // arithmetic one-token steps take, so the tokens are the ones they give.
+                // A generated token with drafts after it is a decode's, not a prompt's: its
+                // rows take a decode step's arithmetic (on the CPU, a batch's).
                 prompt: c.start < seq.prompt_len || c.len > 1 + c.drafts,
             });
         }
