@@ -222,3 +222,41 @@ fn check_openai(out: &Value) -> Result<()> {
     anyhow::ensure!(refused["served_on"] == true);
     Ok(())
 }
+
+/// A JSON schema under speculative decoding: `ferrite serve` with 4 drafts a step and one
+/// without (both with exact f32 activations) write the same list of people, greedy, and the
+/// one with drafts accepted some (the objects repeat their keys, which the drafts copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_schema_under_speculative_decoding_gives_the_same_output() -> Result<()> {
+    let _turn = serial().await;
+    let f32 = ("FERRITE_CPU_ACTIVATIONS".to_owned(), "f32".to_owned());
+    let drafts = ("FERRITE_NUM_SPECULATIVE_TOKENS".to_owned(), "4".to_owned());
+    let schema = json!({"type": "array", "minItems": 4, "maxItems": 4, "items": {
+        "type": "object", "additionalProperties": false, "required": ["name", "age", "city"],
+        "properties": {"name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99},
+            "city": {"type": "string", "maxLength": 12}}}});
+    let mut req = greedy_chat(
+        "List four people with their name, age and city, in JSON.",
+        160,
+    );
+    req.constraint = Some(Constraint::JsonSchema(schema.to_string()));
+    let mut texts = Vec::new();
+    for env in [vec![f32.clone()], vec![f32.clone(), drafts.clone()]] {
+        let serve = ServeProc::start_with_env(&env).await?;
+        let mut client = InferenceClient::new(channel(serve.grpc).await?);
+        let c = grpc::generate(&mut client, req.clone()).await?;
+        let people: Value = serde_json::from_str(&c.text).with_context(|| c.text.clone())?;
+        assert_eq!(people.as_array().map(Vec::len), Some(4), "{people}");
+        let m = ferrite_cluster_tests::metrics::scrape(serve.http).await?;
+        let accepted = ferrite_cluster_tests::metrics::sample(
+            &m,
+            &format!("ferrite_spec_decode_num_accepted_tokens_total{{model_name={MODEL}}}"),
+        );
+        texts.push((c.text, accepted));
+    }
+    assert_eq!(texts[0].0, texts[1].0);
+    assert_eq!(texts[0].1, 0.0);
+    assert!(texts[1].1 >= 10.0, "{} drafts accepted", texts[1].1);
+    Ok(())
+}

@@ -148,6 +148,9 @@ struct Request {
     prompt_logprobs: Vec<SampledToken>,
     /// The drafts it may guess next under speculative decoding (`speculate`'s schedule).
     draft_len: usize,
+    /// What its grammar said of the drafts it already followed while they were checked
+    /// (`pick`'s `pick_drafted`), oldest first: [`Engine::accept_token`] takes these.
+    ahead: std::collections::VecDeque<(bool, bool)>,
     stop_ids: Vec<u32>,
     arrived: Instant,
     scheduled: Option<Instant>,
@@ -365,6 +368,7 @@ impl Engine {
                 seen: Default::default(),
                 prompt_logprobs: Vec::new(),
                 draft_len: usize::MAX,
+                ahead: Default::default(),
                 stop_ids,
                 arrived: Instant::now(),
                 scheduled: None,
@@ -634,12 +638,15 @@ impl Engine {
 
     /// Request `id`'s grammar, if it has one, follows `token`: whether that completed it, and
     /// whether by narrowing to the budget (see [`Constraint::cut_short`]).
+    /// A draft it followed already, while its rows were checked, is not followed again.
     pub(crate) fn accept_token(&mut self, id: SeqId, token: u32) -> Result<(bool, bool)> {
-        let constraint = self
-            .requests
-            .get_mut(&id)
-            .and_then(|r| r.constraint.as_mut());
-        Ok(match constraint {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return Ok((false, false));
+        };
+        if let Some(said) = req.ahead.pop_front() {
+            return Ok(said);
+        }
+        Ok(match req.constraint.as_mut() {
             Some(c) => (
                 c.accept(token).map_err(EngineError::Grammar)?,
                 c.cut_short(),
@@ -714,11 +721,13 @@ impl Engine {
 /// Tokens `seq`'s output may still take, the next one included, before `max_tokens` or the
 /// context (`max_model_len`) ends it: the next one is its last at 1.
 fn tokens_left(seq: &SeqState, max_tokens: usize, max_model_len: usize) -> usize {
-    tokens_left_at(seq.prompt_len, seq.tokens.len(), max_tokens, max_model_len)
+    // Its drafts are guesses of tokens still to come.
+    let next = seq.tokens.len() - seq.drafts;
+    tokens_left_at(seq.prompt_len, next, max_tokens, max_model_len)
 }
 
 /// [`tokens_left`] of a sequence whose next token is at `index` (its prompt: `prompt_len`).
-fn tokens_left_at(
+pub(crate) fn tokens_left_at(
     prompt_len: usize,
     index: usize,
     max_tokens: usize,

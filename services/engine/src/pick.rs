@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::{Engine, Request, StepOutput};
+use super::{Engine, Request, StepOutput, tokens_left_at};
 use crate::constraint::{apply_mask, check_allowed};
 use crate::error::{EngineError, Result};
 use crate::executor::Pick;
@@ -37,6 +37,7 @@ impl Engine {
             .map(|(id, r)| (*id, r))
             .collect();
         let sched = &self.sched;
+        let max_model_len = sched.config().max_model_len;
         let jobs: Vec<Option<Job<'_>>> = (chunks.iter().zip(picks))
             .map(|(c, pick)| {
                 pick.map(|pick| Job {
@@ -44,6 +45,7 @@ impl Engine {
                     pick,
                     index: c.first_sampled(),
                     drafts: c.drafts,
+                    max_model_len,
                     req: requests.remove(&c.id),
                     seq: sched.get(c.id),
                 })
@@ -108,6 +110,7 @@ struct Job<'a> {
     pick: Pick,
     index: usize,
     drafts: usize,
+    max_model_len: usize,
     req: Option<&'a mut Request>,
     seq: Option<&'a SeqState>,
 }
@@ -116,7 +119,12 @@ impl Job<'_> {
     fn run(self) -> Result<Vec<SampledToken>> {
         match (self.req, self.seq, self.pick) {
             (Some(req), Some(seq), Pick::Row(rows)) if self.drafts > 0 => {
-                pick_drafted(req, seq, rows, self.index, self.drafts)
+                let at = Drafted {
+                    index: self.index,
+                    drafts: self.drafts,
+                    max_model_len: self.max_model_len,
+                };
+                pick_drafted(req, seq, rows, at)
             }
             (Some(req), Some(seq), pick) => Ok(vec![pick_one(req, seq, pick, self.index)?]),
             // The caller checked that `id` is in both tables; nothing removes it since.
@@ -128,34 +136,77 @@ impl Job<'_> {
     }
 }
 
-/// `req`'s tokens from `rows`, the rows of its chunk with drafts, the first predicting the
-/// token at `index` of `seq`: each row is sampled as the row of a step of its own would be
-/// (the same random draw), and the next row is taken only while the token sampled is the
-/// draft in its place. So the tokens are those decoding one at a time would give, and the
-/// last is the first that is not a draft (or the one after the last draft).
+/// Where a chunk's drafts stand: the first row predicts the token at `index` of its
+/// sequence, and `drafts` tokens from there are guesses.
+struct Drafted {
+    index: usize,
+    drafts: usize,
+    max_model_len: usize,
+}
+
+/// `req`'s tokens from `rows`, the rows of its chunk with drafts (`at`): each row is sampled
+/// as the row of a step of its own would be (the same random draw, under the mask its
+/// grammar gives after the tokens before it), and the next row is taken only while the token
+/// sampled is the draft in its place. So the tokens are those decoding one at a time would
+/// give, and the last is the first that is not a draft (or the one after the last draft).
+///
+/// Under a grammar, each agreeing draft is followed at once (the next row's mask needs it),
+/// and what the grammar said is kept for [`Engine::accept_token`]; a draft that completes
+/// the grammar is the last token.
 fn pick_drafted(
     req: &mut Request,
     seq: &SeqState,
     mut rows: Vec<f32>,
-    index: usize,
-    drafts: usize,
+    at: Drafted,
 ) -> Result<Vec<SampledToken>> {
-    if req.constraint.is_some() {
-        return Err(EngineError::Internal(
-            "a request under a grammar had drafts (the engine proposes none for one)".into(),
-        ));
-    }
-    let vocab = (rows.len() / (drafts + 1)).max(1);
+    let vocab = (rows.len() / (at.drafts + 1)).max(1);
+    let max_tokens = req.sampler.params().max_tokens;
     let mut tokens = Vec::new();
     for (i, row) in rows.chunks_exact_mut(vocab).enumerate() {
-        let token = sample_row(req, seq, row, index + i)?;
-        let agrees = i < drafts && seq.tokens.get(index + i) == Some(&token.id);
+        let index = at.index + i;
+        if i > 0
+            && let Some(c) = req.constraint.as_mut()
+        {
+            let budget = tokens_left_at(seq.prompt_len, index, max_tokens, at.max_model_len);
+            let mut mask = vec![0; vocab.div_ceil(32)];
+            req.mask = Some(c.allowed(&mut mask, budget.max(1)).map(|()| mask));
+        }
+        let token = sample_masked(req, seq, row, index)?;
+        let agrees = i < at.drafts && seq.tokens.get(index) == Some(&token.id);
+        let mut completed = false;
+        if agrees && let Some(c) = req.constraint.as_mut() {
+            completed = c.accept(token.id).map_err(EngineError::Grammar)?;
+            req.ahead.push_back((completed, c.cut_short()));
+        }
         tokens.push(token);
-        if !agrees {
+        if !agrees || completed {
             break;
         }
     }
     Ok(tokens)
+}
+
+/// `req`'s token at `index` of `seq` sampled from `row`, under this step's mask where it has
+/// a grammar.
+fn sample_masked(
+    req: &mut Request,
+    seq: &SeqState,
+    row: &mut [f32],
+    index: usize,
+) -> Result<SampledToken> {
+    if req.constraint.is_some() {
+        take_mask(req)
+            .and_then(|m| apply_mask(row, &m))
+            .map_err(EngineError::Grammar)?;
+    }
+    sample_row(req, seq, row, index)
+}
+
+/// The mask computed for `req`'s row (taken: each row has its own).
+fn take_mask(req: &mut Request) -> std::result::Result<Vec<u32>, String> {
+    req.mask
+        .take()
+        .unwrap_or_else(|| Err("no mask was computed for this step (an engine bug)".into()))
 }
 
 /// `req`'s token at `index` of `seq` sampled from `row`, with its penalties over the tokens
@@ -177,20 +228,8 @@ fn sample_row(
 /// `req`'s token at `index` of its sequence `seq`, from `pick`: sampled from its row (under
 /// its grammar's mask), or the id the ranks drew, checked against the mask.
 fn pick_one(req: &mut Request, seq: &SeqState, pick: Pick, index: usize) -> Result<SampledToken> {
-    let mask = |req: &mut Request| {
-        req.mask
-            .take()
-            .unwrap_or_else(|| Err("no mask was computed for this step (an engine bug)".into()))
-    };
     Ok(match pick {
-        Pick::Row(mut row) => {
-            if req.constraint.is_some() {
-                mask(req)
-                    .and_then(|m| apply_mask(&mut row, &m))
-                    .map_err(EngineError::Grammar)?;
-            }
-            sample_row(req, seq, &mut row, index)?
-        }
+        Pick::Row(mut row) => sample_masked(req, seq, &mut row, index)?,
         Pick::Undrawn(id) => {
             return Err(EngineError::BadLogits(format!(
                 "the device drew no token (it gave id {id}, outside the vocabulary): the \
@@ -203,7 +242,7 @@ fn pick_one(req: &mut Request, seq: &SeqState, pick: Pick, index: usize) -> Resu
             if req.constraint.is_some() {
                 // The device drew under the mask; it can only draw outside it where the mask
                 // allowed nothing, or where computing the mask failed.
-                mask(req)
+                take_mask(req)
                     .and_then(|m| check_allowed(&m, id))
                     .map_err(EngineError::Grammar)?;
             }

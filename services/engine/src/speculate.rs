@@ -16,9 +16,10 @@
 //! extraction, quoting, summaries that copy), and the guess is free. So each request guesses
 //! as many as its drafts have been earning, as transformers' assisted generation schedules
 //! them: two more after a step whose drafts were all accepted, one fewer (at least one) after
-//! one where some were not. A sequence takes none under a grammar (its mask would need each
-//! draft followed), nor under async scheduling (the next step is planned before this one's
-//! tokens are known).
+//! one where some were not. Under a grammar, each draft's row is masked as its own step's would
+//! be: the grammar follows each agreeing draft before the next row is sampled. No sequence
+//! takes drafts under async scheduling (the next step is planned before this one's tokens
+//! are known).
 
 use super::Engine;
 use crate::ngram::Speculation;
@@ -42,7 +43,7 @@ impl Engine {
             let Some(seq) = self.sched.get(id) else {
                 continue;
             };
-            if n == 0 || req.constraint.is_some() || !seq.decodes() {
+            if n == 0 || !seq.decodes() {
                 continue;
             }
             let drafts = spec.propose(&seq.tokens, n);
