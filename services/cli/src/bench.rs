@@ -197,7 +197,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     Ok(())
 }
 
-fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
+pub(crate) fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let v: Vec<f64> = values.collect();
     let n = v.len().max(1) as f64;
     let mean = v.iter().sum::<f64>() / n;

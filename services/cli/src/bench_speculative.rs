@@ -18,6 +18,7 @@ use ferrite_text::ChatMessage;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::bench::mean_std;
 use crate::loading::ModelArgs;
 use crate::table::Table;
 
@@ -107,10 +108,7 @@ pub fn run(args: SpeculativeArgs) -> Result<()> {
                     bail!("no speculative decoding under async scheduling: --async-scheduling off");
                 }
                 let row = measure(&mut engine, ids, batch, args.max_tokens, args.runs)?;
-                let mean = row.tok_s.iter().sum::<f64>() / row.tok_s.len() as f64;
-                let sd = (row.tok_s.iter().map(|x| (x - mean).powi(2)).sum::<f64>()
-                    / row.tok_s.len() as f64)
-                    .sqrt();
+                let (mean, sd) = mean_std(row.tok_s.iter().copied());
                 let (base_tok_s, base_out) =
                     base.get_or_insert_with(|| (mean, row.outputs.clone()));
                 let same = (row.outputs.iter().zip(base_out.iter()))

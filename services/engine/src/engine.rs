@@ -218,7 +218,7 @@ impl Engine {
             },
             num_blocks,
         );
-        Ok(Self {
+        let mut engine = Self {
             cfg: exec.config().clone(),
             exec,
             sched,
@@ -228,12 +228,14 @@ impl Engine {
             preemptions: 0,
             async_scheduling: cfg.async_scheduling,
             inflight: None,
-            speculation: cfg.speculation.filter(|_| !cfg.async_scheduling),
+            speculation: None,
             draft_tokens: 0,
             accepted_tokens: 0,
             #[cfg(test)]
             faults: tests::Faults::default(),
-        })
+        };
+        engine.set_speculation(cfg.speculation);
+        Ok(engine)
     }
 
     /// Which device runs the forward pass (`cpu`, or the CUDA device).
