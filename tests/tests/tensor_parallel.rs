@@ -211,8 +211,8 @@ fn same_logprobs(what: &str, got: &[Token], want: &[Token]) -> Result<()> {
     Ok(())
 }
 
-/// Every tiny architecture (safetensors f32, GGUF f16, GGUF Q4_K/Q6_K, and a GPTQ checkpoint
-/// `ferrite quantize` writes) on 2 rank processes, and on 4 where its shapes allow, gives the
+/// Every tiny architecture (safetensors f32, GGUF f16, GGUF Q4_K/Q6_K, a GPTQ checkpoint
+/// `ferrite quantize` writes, and mixtures of experts) on 2 rank processes, and on 4 where its shapes allow, gives the
 /// greedy tokens and logprobs of one rank. Real processes over the CPU backend, through etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result<()> {
@@ -244,7 +244,7 @@ async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result
         Duration::from_secs(120),
     )
     .await?;
-    let cases: [(&str, std::path::PathBuf, &[u32]); 9] = [
+    let cases: [(&str, std::path::PathBuf, &[u32]); 11] = [
         ("llama31", models.join("llama31"), &[2, 4]),
         ("qwen2", models.join("qwen2"), &[2, 4]),
         ("qwen3", models.join("qwen3"), &[2, 4]),
@@ -258,6 +258,8 @@ async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result
         ("qwen2-gguf-f32", models.join("qwen2/model.gguf"), &[2]),
         ("llama-kquant", models.join("llama_kquant/model.gguf"), &[2]),
         ("llama31-gptq-w4g32", gptq.clone(), &[2]),
+        ("mixtral-gguf-f32", models.join("mixtral/model.gguf"), &[2]),
+        ("qwen3-moe", models.join("qwen3_moe"), &[2, 4]),
     ];
     let endpoint = etcd.endpoint();
     for (name, path, sizes) in &cases {

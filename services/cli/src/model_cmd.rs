@@ -47,7 +47,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                     |e| e.to_string(),
                     |n| format!("{:.2}B params", n as f64 / 1e9),
                 );
-                println!("{:<16} {:<44} {params}", p.name, p.model);
+                println!("{:<18} {:<42} {params}", p.name, p.model);
             }
             Ok(())
         }

@@ -18,7 +18,9 @@ pub enum EngineError {
     BadSafetensors { path: PathBuf, reason: String },
     #[error("bad model config: {0}")]
     BadConfig(String),
-    #[error("unsupported architecture `{0}` (supported: llama, mistral, qwen2, qwen3, gemma2)")]
+    #[error(
+        "unsupported architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2)"
+    )]
     UnsupportedArchitecture(String),
     #[error("unsupported tensor type {0}")]
     UnsupportedTensorType(String),

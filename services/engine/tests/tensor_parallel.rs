@@ -4,7 +4,8 @@
 //!
 //! - Every tiny architecture (Llama with tied embeddings, Llama 3.1, Mistral, Qwen2 with QKV
 //!   bias, Qwen3 with QK norm, Gemma 2 with post norms and soft caps; safetensors and GGUF) split
-//!   2 ways (KV heads split) and 4 ways (KV heads replicated) gives transformers' logits.
+//!   2 ways (KV heads split) and 4 ways (KV heads replicated) gives transformers' logits; so do
+//!   the mixtures of experts (Mixtral, Qwen3-MoE), each expert split as a dense MLP.
 //! - Block-scaled FP8 splits on whole blocks, and is refused where a cut falls inside one.
 //! - The default model (Q4_1 GGUF) on 3 ranks generates transformers' greedy tokens through the
 //!   leader and its followers; split 2 ways it is refused with the sizes that work.
@@ -110,6 +111,15 @@ fn tiny_qwen_and_gemma_split_two_and_four_ways() {
     check_tiny("qwen2", Some("model.gguf"), None);
     check_tiny("qwen3", None, None);
     check_tiny("gemma2", None, None);
+}
+
+/// Mixtures of experts: every rank holds every expert's share of rows, routes the same, and
+/// the MLP's all-reduce sums the parts (safetensors and GGUF's stacked experts).
+#[test]
+fn tiny_mixtures_of_experts_split_two_and_four_ways() {
+    check_tiny("mixtral", None, None);
+    check_tiny("mixtral", Some("model.gguf"), Some("gguf"));
+    check_tiny("qwen3_moe", None, None);
 }
 
 /// Block-scaled FP8 (transformers' format, blocks of 16x32, activations in groups of 32) split

@@ -148,6 +148,24 @@ fn gemma2_gguf() {
     check("gemma2", Some("model.gguf"), Some("gguf"));
 }
 
+/// A mixture of experts: 4 experts, 2 per token, renormalized, each its own tensors.
+#[test]
+fn mixtral_experts_safetensors() {
+    check("mixtral", None, None);
+}
+
+/// llama.cpp's Mixtral: arch `llama` with `expert_count`, the experts stacked in 3-D tensors.
+#[test]
+fn mixtral_gguf_stacked_experts() {
+    check("mixtral", Some("model.gguf"), Some("gguf"));
+}
+
+/// 8 experts, 2 per token, not renormalized, a dense layer between sparse ones, q/k norms.
+#[test]
+fn qwen3_moe_with_a_dense_layer() {
+    check("qwen3_moe", None, None);
+}
+
 /// `--cpu-activations int8` on K-quant weights (the tiny Q4_K/Q6_K/Q8_0 Llama of
 /// `generate_kquant.py`): one-token steps stay within the activations' rounding of the exact
 /// path, and batched steps do not change at all.

@@ -202,16 +202,30 @@ impl TensorMap {
         if let Some(stem) = self.quantized_stem(name) {
             return self.quantized_matrix(stem);
         }
+        self.mapped_matrix(name, None)
+    }
+
+    /// A 3-D tensor `[count, rows, cols]` (GGUF's stacked experts) as one `[count * rows,
+    /// cols]` matrix kept in place: each of its `count` parts is a run of whole rows.
+    pub fn stacked_matrix(&self, name: &str, count: usize) -> Result<Matrix> {
+        self.mapped_matrix(name, Some(count))
+    }
+
+    /// Tensor `name` as a matrix in place: 2-D, or 3-D with `stack` parts laid row after row.
+    fn mapped_matrix(&self, name: &str, stack: Option<usize>) -> Result<Matrix> {
         let e = self
             .entries
             .get(name)
             .ok_or_else(|| FormatError::MissingTensor(name.to_owned()))?;
-        let (rows, cols) = match e.shape.as_slice() {
-            [r, c] => (*r, *c),
-            other => {
+        let (rows, cols) = match (e.shape.as_slice(), stack) {
+            ([r, c], None) => (*r, *c),
+            ([n, r, c], Some(count)) if *n == count => (n * r, *c),
+            (other, _) => {
+                let want =
+                    stack.map_or("2 dimensions".to_owned(), |n| format!("[{n}, rows, cols]"));
                 return Err(FormatError::BadTensor {
                     name: name.to_owned(),
-                    reason: format!("expected 2 dimensions, found shape {other:?}"),
+                    reason: format!("expected {want}, found shape {other:?}"),
                 });
             }
         };

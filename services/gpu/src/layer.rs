@@ -373,6 +373,15 @@ impl LayerOps for DeviceLayers<'_> {
         Ok(())
     }
 
+    /// The runner refuses a mixture of experts at upload (`GpuWeights::upload`).
+    fn sparse(_: &GpuLayer) -> bool {
+        false
+    }
+
+    fn experts(&mut self, _: &GpuLayer) -> Result<()> {
+        Err(ferrite_model::moe::moe_unsupported("the GPU runner"))
+    }
+
     fn ffn_residual(&mut self, l: &GpuLayer) -> Result<()> {
         match &l.post_norms {
             Some([_, post_ffn]) => self.norm_then_add(post_ffn.ptr),

@@ -35,6 +35,11 @@ fn dense(h: &HostMatrix<'_>) -> (&'static str, Vec<f32>) {
 }
 
 /// Rows `rows` of a `cols`-wide row-major matrix, columns `keep`.
+/// A dense layer's MLP (the fixtures here have no experts).
+fn dense_mlp(l: &model::llama::Layer) -> &model::moe::Ffn {
+    l.mlp.dense("these layouts").expect("a dense MLP")
+}
+
 fn cut(m: &[f32], cols: usize, rows: Range<usize>, keep: Range<usize>) -> Vec<f32> {
     rows.flat_map(|r| {
         m[r * cols + keep.start..r * cols + keep.end]
@@ -104,15 +109,16 @@ fn check(path: &Path, world: usize) -> Vec<&'static str> {
                 &[at(&q, &qo), at(&kv, &ko), at(&kv, &vo)],
             ));
             let fo = c.intermediate_size;
+            let (w_ffn, s_ffn) = (dense_mlp(w), dense_mlp(s));
             kinds.push(rows(
-                &[&w.gate, &w.up],
-                &[&s.gate, &s.up],
+                &[&w_ffn.gate, &w_ffn.up],
+                &[&s_ffn.gate, &s_ffn.up],
                 &[ff.clone(), fo + ff.start..fo + ff.end],
             ));
             // Row-parallel: the shard's columns of the whole.
             for (whole_m, shard_m, keep, width) in [
                 (&w.o, &s.o, q.clone(), q_dim),
-                (&w.down, &s.down, ff.clone(), fo),
+                (&w_ffn.down, &s_ffn.down, ff.clone(), fo),
             ] {
                 let (kw, vw) = dense(&HostMatrix::prepare(&[whole_m], arch));
                 let (ks, vs) = dense(&HostMatrix::prepare(&[shard_m], arch));

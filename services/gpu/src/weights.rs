@@ -87,14 +87,15 @@ impl GpuWeights {
             .layers()
             .par_iter()
             .map(|l| {
-                [
+                let f = l.mlp.dense("the GPU runner")?;
+                Ok([
                     HostMatrix::prepare(&[&l.q, &l.k, &l.v], &g.arch),
                     HostMatrix::prepare(&[&l.o], &g.arch),
-                    HostMatrix::prepare(&[&l.gate, &l.up], &g.arch),
-                    HostMatrix::prepare(&[&l.down], &g.arch),
-                ]
+                    HostMatrix::prepare(&[&f.gate, &f.up], &g.arch),
+                    HostMatrix::prepare(&[&f.down], &g.arch),
+                ])
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let vec = |v: &[f32]| DeviceTensor::from_f32(g, dtype, v);
         let mut layers = Vec::with_capacity(model.layers().len());
         for (l, [qkv, o, gate_up, down]) in model.layers().iter().zip(host) {

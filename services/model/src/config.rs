@@ -7,6 +7,7 @@ use ferrite_formats::gguf::GgufFile;
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
+use crate::moe::MoeConfig;
 
 /// The model families ferrite runs. They share one forward ([`crate::llama`]) and differ
 /// in the options of [`ModelConfig`].
@@ -19,6 +20,10 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: RMSNorm on each head of Q and K.
     Qwen3,
+    /// Mixtral: Mistral's layers with a mixture of experts for each MLP ([`crate::moe`]).
+    Mixtral,
+    /// Qwen3-MoE: Qwen3's layers with a mixture of experts for (most) MLPs.
+    Qwen3Moe,
     /// Gemma 2: GeGLU, `1 + w` RMSNorm weights, norms after attention and MLP too, scaled
     /// embeddings, soft-capped attention scores and logits, sliding-window attention on
     /// alternate layers.
@@ -35,6 +40,8 @@ impl FromStr for Architecture {
             "mistral" | "MistralForCausalLM" => Architecture::Mistral,
             "qwen2" | "Qwen2ForCausalLM" => Architecture::Qwen2,
             "qwen3" | "Qwen3ForCausalLM" => Architecture::Qwen3,
+            "mixtral" | "MixtralForCausalLM" => Architecture::Mixtral,
+            "qwen3moe" | "qwen3_moe" | "Qwen3MoeForCausalLM" => Architecture::Qwen3Moe,
             "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         })
@@ -134,6 +141,8 @@ pub struct ModelConfig {
     /// Per layer: how many of the most recent positions (the token's own included) its
     /// attention sees; `None` for all of them. The KV cache still keeps every position.
     pub attention_window: Vec<Option<usize>>,
+    /// The experts of a mixture-of-experts model; `None` for a dense one.
+    pub moe: Option<MoeConfig>,
 }
 
 /// The most layers a config may declare: far above any released model (Llama 3.1 405B has
@@ -204,6 +213,15 @@ impl ModelConfig {
                 self.num_layers
             ));
         }
+        if let Some(moe) = &self.moe
+            && moe.sparse_layers.len() != self.num_layers
+        {
+            return bad(format!(
+                "{} layers marked sparse or dense for {} layers",
+                moe.sparse_layers.len(),
+                self.num_layers
+            ));
+        }
         // Written to also refuse NaN.
         if self.rms_norm_eps.is_nan()
             || self.rms_norm_eps <= 0.0
@@ -221,7 +239,7 @@ impl ModelConfig {
             .get_str("general.architecture")
             .ok_or_else(|| ModelError::BadConfig("GGUF has no general.architecture".into()))?
             .to_owned();
-        let architecture: Architecture = arch_name.parse()?;
+        let mut architecture: Architecture = arch_name.parse()?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> {
             gguf.get_u64(&key(k))
@@ -259,16 +277,27 @@ impl ModelConfig {
         // llama.cpp's converter permutes Q/K of `llama` checkpoints for interleaved RoPE; Qwen
         // and Gemma checkpoints keep the HF layout and use NEOX.
         let rope_style = match architecture {
-            Architecture::Llama | Architecture::Mistral => RopeStyle::Interleaved,
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma2 => RopeStyle::Neox,
+            Architecture::Llama | Architecture::Mistral | Architecture::Mixtral => {
+                RopeStyle::Interleaved
+            }
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen3Moe
+            | Architecture::Gemma2 => RopeStyle::Neox,
         };
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
         let num_layers = layer_count(req("block_count")?)?;
+        let intermediate_size = req("feed_forward_length")?;
+        let moe = MoeConfig::from_gguf(gguf, &key, intermediate_size, num_layers)?;
+        // llama.cpp writes Mixtral as `llama` with experts.
+        if architecture == Architecture::Llama && moe.is_some() {
+            architecture = Architecture::Mixtral;
+        }
         let mut cfg = ModelConfig {
             architecture,
             vocab_size,
             hidden_size,
-            intermediate_size: req("feed_forward_length")?,
+            intermediate_size,
             num_layers,
             num_heads,
             num_kv_heads,
@@ -296,6 +325,7 @@ impl ModelConfig {
             attn_logit_softcap: None,
             final_logit_softcap: None,
             attention_window: vec![None; num_layers],
+            moe,
         };
         if architecture == Architecture::Gemma2 {
             cfg.gemma2_from_gguf(gguf, &key);
@@ -404,6 +434,11 @@ impl ModelConfig {
                 .parse()?,
         };
         let num_layers = layer_count(req("num_hidden_layers")?)?;
+        let moe = match architecture {
+            Architecture::Mixtral => Some(MoeConfig::from_hf(cfg, true, num_layers)?),
+            Architecture::Qwen3Moe => Some(MoeConfig::from_hf(cfg, false, num_layers)?),
+            _ => None,
+        };
         let mut model = ModelConfig {
             architecture,
             vocab_size: req("vocab_size")?,
@@ -427,7 +462,7 @@ impl ModelConfig {
                 .and_then(Value::as_bool)
                 .unwrap_or(gemma2),
             qkv_bias: attention_bias.unwrap_or(architecture == Architecture::Qwen2),
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
             activation,
             embedding_scale: 1.0,
             norm_weight_offset: 0.0,
@@ -436,6 +471,7 @@ impl ModelConfig {
             attn_logit_softcap: None,
             final_logit_softcap: None,
             attention_window: vec![None; num_layers],
+            moe,
         };
         if gemma2 {
             model.gemma2_from_hf(cfg)?;

@@ -34,15 +34,31 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             t.push((p("pre_feedforward_layernorm.weight"), vec![h]));
             t.push((p("post_feedforward_layernorm.weight"), vec![h]));
         }
-        for (n, rows, cols) in [
-            ("self_attn.q_proj", q, h),
-            ("self_attn.k_proj", kv, h),
-            ("self_attn.v_proj", kv, h),
-            ("self_attn.o_proj", h, q),
-            ("mlp.gate_proj", f, h),
-            ("mlp.up_proj", f, h),
-            ("mlp.down_proj", h, f),
-        ] {
+        let mut matrices = vec![
+            ("self_attn.q_proj".to_owned(), q, h),
+            ("self_attn.k_proj".to_owned(), kv, h),
+            ("self_attn.v_proj".to_owned(), kv, h),
+            ("self_attn.o_proj".to_owned(), h, q),
+        ];
+        match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
+            // Qwen3-MoE's names (the loader also takes Mixtral's).
+            Some(m) => {
+                let ef = m.expert_intermediate_size;
+                matrices.push(("mlp.gate".to_owned(), m.num_experts, h));
+                for e in 0..m.num_experts {
+                    let x = |n: &str| format!("mlp.experts.{e}.{n}");
+                    matrices.push((x("gate_proj"), ef, h));
+                    matrices.push((x("up_proj"), ef, h));
+                    matrices.push((x("down_proj"), h, ef));
+                }
+            }
+            None => {
+                matrices.push(("mlp.gate_proj".to_owned(), f, h));
+                matrices.push(("mlp.up_proj".to_owned(), f, h));
+                matrices.push(("mlp.down_proj".to_owned(), h, f));
+            }
+        }
+        for (n, rows, cols) in matrices {
             t.push((p(&format!("{n}.weight")), vec![rows, cols]));
         }
         if c.qkv_bias {

@@ -13,7 +13,9 @@ pub enum ModelError {
     Format(#[from] FormatError),
     #[error("bad model config: {0}")]
     BadConfig(String),
-    #[error("unsupported architecture `{0}` (supported: llama, mistral, qwen2, qwen3, gemma2)")]
+    #[error(
+        "unsupported architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2)"
+    )]
     UnsupportedArchitecture(String),
     /// A preset's name that is not one.
     #[error(

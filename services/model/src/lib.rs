@@ -10,6 +10,8 @@
 //!   made on a device ([`EngineModel::DeviceRandom`]).
 //! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
 //!   face the offline tools drive layer by layer.
+//! - [`moe`]: mixture-of-experts MLPs (Mixtral, Qwen3-MoE): their shape, weights and CPU
+//!   forward.
 //! - [`schedule`]: a decoder layer's steps and tensor parallelism's all-reduce points, the one
 //!   order both backends run ([`schedule::LayerOps`]: the CPU's in `llama_ops.rs`, the GPU
 //!   runner's in `ferrite-gpu`).
@@ -33,6 +35,7 @@ pub mod error;
 pub mod kv;
 pub mod llama;
 mod load;
+pub mod moe;
 pub mod presets;
 pub mod schedule;
 pub mod step;

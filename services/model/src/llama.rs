@@ -30,6 +30,7 @@ use ferrite_formats::{LoadQuantize, Matrix, TensorMap};
 use crate::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
+use crate::moe::{Ffn, Mlp, Moe};
 use crate::schedule::decoder_layer;
 use crate::step::{LogitsWanted, SeqChunk};
 use crate::tp::TpRank;
@@ -81,12 +82,26 @@ pub struct Layer {
     pub post_norms: Option<[Vec<f32>; 2]>,
     /// The RMSNorm before the MLP.
     pub ffn_norm: Vec<f32>,
-    pub gate: Matrix,
-    pub up: Matrix,
-    pub down: Matrix,
+    pub mlp: Mlp,
 }
 
 impl Layer {
+    /// Every matrix the layer multiplies by (a mixture's router included).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = vec![&self.q, &self.k, &self.v, &self.o];
+        all.extend(self.mlp.matrices());
+        all
+    }
+
+    /// The projections (a mixture's router, kept as stored, left out).
+    fn projections(&self) -> Vec<&Matrix> {
+        let mut all = self.matrices();
+        if let Mlp::Sparse(_) = self.mlp {
+            all.pop();
+        }
+        all
+    }
+
     /// Layer `i` of a model of shape `c`, cut to `tp`'s shard (see [`crate::tp`]).
     fn load(t: &TensorMap, n: WeightNaming, i: usize, c: &ModelConfig, tp: TpRank) -> Result<Self> {
         let (h, q_dim, kv_dim, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -181,9 +196,17 @@ impl Layer {
             )?,
             post_norms,
             ffn_norm: norm("ffn_norm.weight", ffn_norm_hf, h)?,
-            gate: rows_of("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h, &ffn_part)?,
-            up: rows_of("ffn_up.weight", "mlp.up_proj.weight", ffn, h, &ffn_part)?,
-            down: cols_of("ffn_down.weight", "mlp.down_proj.weight", h, ffn, &ffn_part)?,
+            mlp: match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
+                Some(moe) => {
+                    let part = tp.part(moe.expert_intermediate_size);
+                    Mlp::Sparse(Moe::load(t, n, i, c, moe, &part)?)
+                }
+                None => Mlp::Dense(Ffn {
+                    gate: rows_of("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h, &ffn_part)?,
+                    up: rows_of("ffn_up.weight", "mlp.up_proj.weight", ffn, h, &ffn_part)?,
+                    down: cols_of("ffn_down.weight", "mlp.down_proj.weight", h, ffn, &ffn_part)?,
+                }),
+            },
         })
     }
 }
@@ -268,17 +291,14 @@ impl LlamaModel {
         self.tp
     }
 
-    /// Bytes of weights this model reads per forward (all matrices, once).
+    /// Bytes of weights this model reads per forward (all matrices, once; every expert of a
+    /// mixture, as a step of many tokens does).
     pub fn weight_bytes(&self) -> usize {
         let per_layer: usize = self
             .layers
             .iter()
-            .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.bytes_len())
-                    .sum::<usize>()
-            })
+            .flat_map(Layer::matrices)
+            .map(Matrix::bytes_len)
             .sum();
         per_layer + self.lm_head.bytes_len()
     }
@@ -290,7 +310,7 @@ impl LlamaModel {
         let layers: usize = self
             .layers
             .iter()
-            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .flat_map(Layer::matrices)
             .map(Matrix::load_pages)
             .sum();
         layers + self.lm_head.load_pages()
@@ -300,16 +320,14 @@ impl LlamaModel {
     /// says; the embeddings and the LM head stay as they are (as in GPTQ checkpoints).
     pub fn quantize_linear(&mut self, format: LoadQuantize) -> Result<()> {
         for (i, l) in self.layers.iter_mut().enumerate() {
-            let named = [
+            let attention = [
                 ("q", &mut l.q),
                 ("k", &mut l.k),
                 ("v", &mut l.v),
                 ("o", &mut l.o),
-                ("gate", &mut l.gate),
-                ("up", &mut l.up),
-                ("down", &mut l.down),
             ];
-            for (name, m) in named {
+            let attention = attention.into_iter().map(|(n, m)| (n.to_owned(), m));
+            for (name, m) in attention.chain(l.mlp.named_mut()) {
                 *m = m.quantize_rtn(&format!("layer {i} {name}"), format)?;
             }
         }
@@ -321,7 +339,7 @@ impl LlamaModel {
         let mut names: Vec<String> = self
             .layers
             .iter()
-            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .flat_map(Layer::projections)
             .map(Matrix::storage_name)
             .collect();
         names.sort();

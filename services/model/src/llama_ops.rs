@@ -11,8 +11,9 @@ use ferrite_kernels::cpu::{
 
 use super::{Layer, LayerAt, LayerBuffers, LlamaModel, Site};
 use crate::config::Activation;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
+use crate::moe::Mlp;
 use crate::schedule::LayerOps;
 
 /// One layer's forward on the CPU: where it runs, over what, and how its matmuls round.
@@ -118,11 +119,12 @@ impl LayerOps for CpuLayer<'_, '_> {
 
     fn gate_up(&mut self, layer: &Layer) -> Result<()> {
         let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        let f = layer.mlp.dense("a dense step")?;
         (self.tap)(Site::GateUp, &b.xn);
         self.mm.many(
             &b.xn,
             n_tok,
-            &[layer.gate.view(), layer.up.view()],
+            &[f.gate.view(), f.up.view()],
             &mut [&mut b.gate, &mut b.up],
         );
         match self.model.cfg.activation {
@@ -134,8 +136,24 @@ impl LayerOps for CpuLayer<'_, '_> {
 
     fn down_proj(&mut self, layer: &Layer) -> Result<()> {
         let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        let f = layer.mlp.dense("a dense step")?;
         (self.tap)(Site::Down, &b.gate);
-        self.mm.one(&b.gate, n_tok, layer.down.view(), &mut b.proj);
+        self.mm.one(&b.gate, n_tok, f.down.view(), &mut b.proj);
+        Ok(())
+    }
+
+    fn sparse(layer: &Layer) -> bool {
+        matches!(layer.mlp, Mlp::Sparse(_))
+    }
+
+    fn experts(&mut self, layer: &Layer) -> Result<()> {
+        let Mlp::Sparse(moe) = &layer.mlp else {
+            return Err(ModelError::Internal("experts of a dense layer".into()));
+        };
+        let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        (self.tap)(Site::GateUp, &b.xn);
+        let act = self.model.cfg.activation;
+        moe.forward(&b.xn, n_tok, self.mm, act, &mut b.proj);
         Ok(())
     }
 

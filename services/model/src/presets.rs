@@ -38,6 +38,18 @@ fn qwen2(h: u64, layers: u64, heads: u64, kv: u64, ffn: u64, vocab: u64, theta: 
         "max_position_embeddings": 32768, "tie_word_embeddings": false})
 }
 
+/// Qwen3-30B-A3B's config.json with `layers` of its 48 layers: 128 experts of 768, 8 a token.
+/// Its `intermediate_size` (6144) is what a dense layer would have: 8 experts' width.
+fn qwen3_30b_a3b(layers: u64) -> Value {
+    json!({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
+        "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151_936,
+        "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "attention_bias": false,
+        "max_position_embeddings": 40960, "tie_word_embeddings": false})
+}
+
 /// The Transformer LMs of seed 002 in Llama-style blocks, vocab 10000. Their feed-forward is
 /// SwiGLU at d_ff = 8/3 d_model (rounded up to 64), the width with the parameters of a plain
 /// 4 d_model MLP, which is what the sizes' names count (2.7B: 2.57B here).
@@ -92,6 +104,30 @@ pub const PRESETS: &[Preset] = &[
                 "head_dim": 128, "intermediate_size": 9728, "vocab_size": 151_936,
                 "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "attention_bias": false,
                 "max_position_embeddings": 40960, "tie_word_embeddings": true})
+        },
+    },
+    Preset {
+        name: "qwen3-30b-a3b",
+        model: "Qwen/Qwen3-30B-A3B",
+        config: || qwen3_30b_a3b(48),
+    },
+    // Its first 4 layers (6 GB in f16, where the whole is 61 GB): the experts' cost per layer
+    // on a machine that cannot hold the model.
+    Preset {
+        name: "qwen3-30b-a3b-4l",
+        model: "Qwen/Qwen3-30B-A3B(4-layers)",
+        config: || qwen3_30b_a3b(4),
+    },
+    // The same 4 layers with a dense MLP as wide as the 8 experts a token goes through (8 x
+    // 768): the bytes a token reads per layer are the same, so at batch 1 a mixture of
+    // experts should decode at its speed.
+    Preset {
+        name: "qwen3-a3b-dense-4l",
+        model: "dense-as-Qwen3-30B-A3B-active(4-layers)",
+        config: || {
+            let mut v = qwen3_30b_a3b(4);
+            v["architectures"] = json!(["Qwen3ForCausalLM"]);
+            v
         },
     },
     Preset {
@@ -156,9 +192,18 @@ pub fn parameter_count(c: &ModelConfig) -> u64 {
     let attn = h * q + 2 * h * kv + q * h + if c.qkv_bias { q + 2 * kv } else { 0 };
     let norms = if c.post_norms { 4 * h } else { 2 * h }
         + if c.qk_norm { 2 * c.head_dim as u64 } else { 0 };
-    let layer = attn + 3 * h * f + norms;
+    let dense = 3 * h * f;
+    let mlps: u64 = (0..c.num_layers)
+        .map(|i| match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
+            Some(m) => {
+                let e = m.num_experts as u64;
+                e * 3 * h * m.expert_intermediate_size as u64 + e * h
+            }
+            None => dense,
+        })
+        .sum();
     let head = if c.tie_word_embeddings { 0 } else { v * h };
-    v * h + head + c.num_layers as u64 * layer + h
+    v * h + head + c.num_layers as u64 * (attn + norms) + mlps + h
 }
 
 #[cfg(test)]
@@ -177,6 +222,7 @@ mod tests {
             ("qwen2.5-32b", 32.76e9),
             ("qwen3-4b", 4.02e9),
             ("gemma-2-9b", 9.24e9),
+            ("qwen3-30b-a3b", 30.53e9),
         ];
         for &(name, want) in published {
             let cfg = preset(name).expect(name).config().expect(name);

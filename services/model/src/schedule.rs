@@ -41,6 +41,12 @@ pub trait LayerOps {
     fn gate_up(&mut self, layer: &Self::Layer) -> Result<()>;
     /// `proj = act · Downᵀ`: under tensor parallelism a partial sum over this rank's rows.
     fn down_proj(&mut self, layer: &Self::Layer) -> Result<()>;
+    /// Whether `layer`'s MLP is a mixture of experts ([`crate::moe`]), which takes
+    /// [`Self::experts`] in place of [`Self::gate_up`] and [`Self::down_proj`].
+    fn sparse(layer: &Self::Layer) -> bool;
+    /// `proj = Σ weight · expert(xn)` over each token's routed experts: under tensor
+    /// parallelism a partial sum over this rank's rows of each.
+    fn experts(&mut self, layer: &Self::Layer) -> Result<()>;
     /// `x += post_ffn_norm(proj)`: the layer's output. A backend may leave the add to the next
     /// norm, which then must do it ([`Self::attn_norm`], or the model's final norm).
     fn ffn_residual(&mut self, layer: &Self::Layer) -> Result<()>;
@@ -55,8 +61,12 @@ pub fn decoder_layer<O: LayerOps>(ops: &mut O, index: usize, layer: &O::Layer) -
     ops.o_proj(layer)?;
     ops.all_reduce()?;
     ops.attn_residual(layer)?;
-    ops.gate_up(layer)?;
-    ops.down_proj(layer)?;
+    if O::sparse(layer) {
+        ops.experts(layer)?;
+    } else {
+        ops.gate_up(layer)?;
+        ops.down_proj(layer)?;
+    }
     ops.all_reduce()?;
     ops.ffn_residual(layer)
 }

@@ -99,7 +99,21 @@ impl ShardAlign {
 
 /// Why `cfg` cannot be split `world` ways with cuts on whole runs of `align`.
 fn split_problem(cfg: &ModelConfig, world: usize, align: ShardAlign) -> Option<String> {
-    let (heads, kv, ffn) = (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size);
+    // A mixture's experts split as the dense MLP does, by their own intermediate size.
+    let experts = cfg.moe.as_ref().map(|m| m.expert_intermediate_size);
+    std::iter::once(cfg.intermediate_size)
+        .chain(experts)
+        .find_map(|ffn| split_problem_with(cfg, ffn, world, align))
+}
+
+/// [`split_problem`] for an MLP of intermediate size `ffn`.
+fn split_problem_with(
+    cfg: &ModelConfig,
+    ffn: usize,
+    world: usize,
+    align: ShardAlign,
+) -> Option<String> {
+    let (heads, kv) = (cfg.num_heads, cfg.num_kv_heads);
     if !heads.is_multiple_of(world) {
         return Some(format!("{heads} attention heads do not divide by {world}"));
     }
@@ -166,6 +180,9 @@ impl ModelConfig {
         c.num_heads = self.num_heads / tp.world;
         c.num_kv_heads = tp.kv_heads(self.num_kv_heads).len();
         c.intermediate_size = self.intermediate_size / tp.world;
+        if let Some(moe) = &mut c.moe {
+            moe.expert_intermediate_size /= tp.world;
+        }
         c
     }
 }

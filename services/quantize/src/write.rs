@@ -18,6 +18,7 @@ use safetensors::tensor::TensorView;
 use ferrite_engine::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 use ferrite_engine::model::LlamaModel;
 use ferrite_engine::model::llama::{Layer, build_rope};
+use ferrite_engine::model::moe::moe_unsupported;
 use ferrite_engine::{EngineError, Result};
 
 use super::OutputFormat;
@@ -112,14 +113,15 @@ fn layer_tensors(
     let qk_order = |heads: usize| gguf_rope.then(|| unpermute_order(heads, c.head_dim));
     let q_order = qk_order(c.num_heads);
     let k_order = qk_order(c.num_kv_heads);
+    let f = l.mlp.dense("ferrite quantize")?;
     for (name, m, order) in [
         ("self_attn.q_proj", &l.q, q_order.as_deref()),
         ("self_attn.k_proj", &l.k, k_order.as_deref()),
         ("self_attn.v_proj", &l.v, None),
         ("self_attn.o_proj", &l.o, None),
-        ("mlp.gate_proj", &l.gate, None),
-        ("mlp.up_proj", &l.up, None),
-        ("mlp.down_proj", &l.down, None),
+        ("mlp.gate_proj", &f.gate, None),
+        ("mlp.up_proj", &f.up, None),
+        ("mlp.down_proj", &f.down, None),
     ] {
         projection(&p(name), m, order, format, out)?;
     }
@@ -134,6 +136,9 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
         Architecture::Mistral => ("MistralForCausalLM", "mistral"),
         Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        Architecture::Mixtral | Architecture::Qwen3Moe => {
+            return Err(moe_unsupported("ferrite quantize").into());
+        }
         Architecture::Gemma2 => {
             return Err(EngineError::BadConfig(
                 "quantizing a Gemma 2 GGUF file is not supported: quantize its Hugging Face \

@@ -39,6 +39,7 @@ use ferrite_kernels::wq::{WqFormat, quantize_rtn};
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::LlamaModel;
 use ferrite_engine::model::llama::{Layer, LayerAt, LayerBuffers, Site};
+use ferrite_engine::model::moe::{Mlp, moe_unsupported};
 use ferrite_engine::{EngineError, Result};
 use ferrite_formats::Matrix;
 use ferrite_kernels::cpu::attention::QueryToken;
@@ -215,20 +216,27 @@ fn site_members(site: Site) -> &'static [usize] {
 
 const SITES: [Site; 4] = [Site::Qkv, Site::O, Site::GateUp, Site::Down];
 
-fn projections(l: &Layer) -> [&Matrix; 7] {
-    [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+/// What the calibration refuses in place of a dense MLP.
+const NOT_MOE: &str = "ferrite quantize";
+
+fn projections(l: &Layer) -> Result<[&Matrix; 7]> {
+    let f = l.mlp.dense(NOT_MOE)?;
+    Ok([&l.q, &l.k, &l.v, &l.o, &f.gate, &f.up, &f.down])
 }
 
-fn projections_mut(l: &mut Layer) -> [&mut Matrix; 7] {
-    [
+fn projections_mut(l: &mut Layer) -> Result<[&mut Matrix; 7]> {
+    let Mlp::Dense(f) = &mut l.mlp else {
+        return Err(moe_unsupported(NOT_MOE).into());
+    };
+    Ok([
         &mut l.q,
         &mut l.k,
         &mut l.v,
         &mut l.o,
-        &mut l.gate,
-        &mut l.up,
-        &mut l.down,
-    ]
+        &mut f.gate,
+        &mut f.up,
+        &mut f.down,
+    ])
 }
 
 /// A layer's projections as f32 `[rows, cols]` matrices, in [`projections`]'s order.
@@ -238,12 +246,12 @@ pub(crate) struct F32Weights {
 }
 
 impl F32Weights {
-    fn of(l: &Layer) -> Self {
-        let ms = projections(l);
-        Self {
+    fn of(l: &Layer) -> Result<Self> {
+        let ms = projections(l)?;
+        Ok(Self {
             w: ms.iter().map(|m| m.to_f32()).collect(),
             shape: ms.iter().map(|m| (m.rows, m.cols)).collect(),
-        }
+        })
     }
 }
 
@@ -271,6 +279,9 @@ pub(crate) fn quantize_layers(
         )));
     }
     check_options(opts)?;
+    if c.moe.is_some() {
+        return Err(moe_unsupported(NOT_MOE).into());
+    }
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
         return Err(EngineError::InvalidRequest(format!(
             "calibration token {bad} is outside the vocabulary"
@@ -335,7 +346,7 @@ pub(crate) fn quantize_layers(
             )?;
         }
         let mut layer = base.clone();
-        let mut wf = F32Weights::of(&layer);
+        let mut wf = F32Weights::of(&layer)?;
         match opts.method {
             Method::SmoothQuant => scales::smooth(c, &mut layer, &mut wf, &mut stats, opts.alpha)?,
             Method::Awq | Method::Rtn | Method::Gptq => {}
@@ -387,7 +398,7 @@ pub(crate) fn quantize_layers(
                     ),
                     (Scheme::F32, _) => Matrix::from_f32(rows, cols, w),
                 };
-                *projections_mut(&mut layer)[p] = m;
+                *projections_mut(&mut layer)?[p] = m;
             }
         }
         if li + 1 < c.num_layers {
