@@ -244,7 +244,7 @@ async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result
         Duration::from_secs(120),
     )
     .await?;
-    let cases: [(&str, std::path::PathBuf, &[u32]); 11] = [
+    let cases: [(&str, std::path::PathBuf, &[u32]); 12] = [
         ("llama31", models.join("llama31"), &[2, 4]),
         ("qwen2", models.join("qwen2"), &[2, 4]),
         ("qwen3", models.join("qwen3"), &[2, 4]),
@@ -260,6 +260,11 @@ async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result
         ("llama31-gptq-w4g32", gptq.clone(), &[2]),
         ("mixtral-gguf-f32", models.join("mixtral/model.gguf"), &[2]),
         ("qwen3-moe", models.join("qwen3_moe"), &[2, 4]),
+        (
+            "qwen2-moe-gguf-f32",
+            models.join("qwen2_moe/model.gguf"),
+            &[2],
+        ),
     ];
     let endpoint = etcd.endpoint();
     for (name, path, sizes) in &cases {

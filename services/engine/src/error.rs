@@ -19,7 +19,7 @@ pub enum EngineError {
     #[error("bad model config: {0}")]
     BadConfig(String),
     #[error(
-        "unsupported architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma2)"
+        "unsupported architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2)"
     )]
     UnsupportedArchitecture(String),
     #[error("unsupported tensor type {0}")]

@@ -5,7 +5,8 @@
 //! - Every tiny architecture (Llama with tied embeddings, Llama 3.1, Mistral, Qwen2 with QKV
 //!   bias, Qwen3 with QK norm, Gemma 2 with post norms and soft caps; safetensors and GGUF) split
 //!   2 ways (KV heads split) and 4 ways (KV heads replicated) gives transformers' logits; so do
-//!   the mixtures of experts (Mixtral, Qwen3-MoE), each expert split as a dense MLP.
+//!   the mixtures of experts (Mixtral, Qwen2-MoE with its shared expert, Qwen3-MoE), each
+//!   expert split as a dense MLP.
 //! - Block-scaled FP8 splits on whole blocks, and is refused where a cut falls inside one.
 //! - The default model (Q4_1 GGUF) on 3 ranks generates transformers' greedy tokens through the
 //!   leader and its followers; split 2 ways it is refused with the sizes that work.
@@ -120,6 +121,8 @@ fn tiny_mixtures_of_experts_split_two_and_four_ways() {
     check_tiny("mixtral", None, None);
     check_tiny("mixtral", Some("model.gguf"), Some("gguf"));
     check_tiny("qwen3_moe", None, None);
+    check_tiny("qwen2_moe", None, None);
+    check_tiny("qwen2_moe", Some("model.gguf"), Some("gguf"));
 }
 
 /// Block-scaled FP8 (transformers' format, blocks of 16x32, activations in groups of 32) split

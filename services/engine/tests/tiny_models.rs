@@ -160,6 +160,19 @@ fn mixtral_gguf_stacked_experts() {
     check("mixtral", Some("model.gguf"), Some("gguf"));
 }
 
+/// 4 experts, 2 per token, not renormalized, plus a shared expert behind a sigmoid gate; QKV
+/// bias.
+#[test]
+fn qwen2_moe_shared_expert_safetensors() {
+    check("qwen2_moe", None, None);
+}
+
+/// llama.cpp's `qwen2moe`: stacked experts, the shared expert's `ffn_*_shexp` tensors.
+#[test]
+fn qwen2_moe_gguf() {
+    check("qwen2_moe", Some("model.gguf"), Some("gguf"));
+}
+
 /// 8 experts, 2 per token, not renormalized, a dense layer between sparse ones, q/k norms.
 #[test]
 fn qwen3_moe_with_a_dense_layer() {

@@ -22,6 +22,8 @@ pub enum Architecture {
     Qwen3,
     /// Mixtral: Mistral's layers with a mixture of experts for each MLP ([`crate::moe`]).
     Mixtral,
+    /// Qwen2-MoE: Qwen2's layers with a mixture of experts and a shared expert for (most) MLPs.
+    Qwen2Moe,
     /// Qwen3-MoE: Qwen3's layers with a mixture of experts for (most) MLPs.
     Qwen3Moe,
     /// Gemma 2: GeGLU, `1 + w` RMSNorm weights, norms after attention and MLP too, scaled
@@ -41,6 +43,7 @@ impl FromStr for Architecture {
             "qwen2" | "Qwen2ForCausalLM" => Architecture::Qwen2,
             "qwen3" | "Qwen3ForCausalLM" => Architecture::Qwen3,
             "mixtral" | "MixtralForCausalLM" => Architecture::Mixtral,
+            "qwen2moe" | "qwen2_moe" | "Qwen2MoeForCausalLM" => Architecture::Qwen2Moe,
             "qwen3moe" | "qwen3_moe" | "Qwen3MoeForCausalLM" => Architecture::Qwen3Moe,
             "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
@@ -281,6 +284,7 @@ impl ModelConfig {
                 RopeStyle::Interleaved
             }
             Architecture::Qwen2
+            | Architecture::Qwen2Moe
             | Architecture::Qwen3
             | Architecture::Qwen3Moe
             | Architecture::Gemma2 => RopeStyle::Neox,
@@ -288,7 +292,7 @@ impl ModelConfig {
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
         let num_layers = layer_count(req("block_count")?)?;
         let intermediate_size = req("feed_forward_length")?;
-        let moe = MoeConfig::from_gguf(gguf, &key, intermediate_size, num_layers)?;
+        let moe = MoeConfig::from_gguf(gguf, &key, architecture, intermediate_size, num_layers)?;
         // llama.cpp writes Mixtral as `llama` with experts.
         if architecture == Architecture::Llama && moe.is_some() {
             architecture = Architecture::Mixtral;
@@ -435,8 +439,9 @@ impl ModelConfig {
         };
         let num_layers = layer_count(req("num_hidden_layers")?)?;
         let moe = match architecture {
-            Architecture::Mixtral => Some(MoeConfig::from_hf(cfg, true, num_layers)?),
-            Architecture::Qwen3Moe => Some(MoeConfig::from_hf(cfg, false, num_layers)?),
+            Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                Some(MoeConfig::from_hf(cfg, architecture, num_layers)?)
+            }
             _ => None,
         };
         let mut model = ModelConfig {
@@ -461,7 +466,13 @@ impl ModelConfig {
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
                 .unwrap_or(gemma2),
-            qkv_bias: attention_bias.unwrap_or(architecture == Architecture::Qwen2),
+            // Qwen2-MoE's config says `qkv_bias` (true unless it says otherwise).
+            qkv_bias: (cfg.get("qkv_bias").and_then(Value::as_bool))
+                .or(attention_bias)
+                .unwrap_or(matches!(
+                    architecture,
+                    Architecture::Qwen2 | Architecture::Qwen2Moe
+                )),
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
             activation,
             embedding_scale: 1.0,

@@ -41,7 +41,7 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             ("self_attn.o_proj".to_owned(), h, q),
         ];
         match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
-            // Qwen3-MoE's names (the loader also takes Mixtral's).
+            // Qwen2/3-MoE's names (the loader also takes Mixtral's).
             Some(m) => {
                 let ef = m.expert_intermediate_size;
                 matrices.push(("mlp.gate".to_owned(), m.num_experts, h));
@@ -50,6 +50,12 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                     matrices.push((x("gate_proj"), ef, h));
                     matrices.push((x("up_proj"), ef, h));
                     matrices.push((x("down_proj"), h, ef));
+                }
+                if let Some(sf) = m.shared_expert_intermediate_size {
+                    matrices.push(("mlp.shared_expert.gate_proj".to_owned(), sf, h));
+                    matrices.push(("mlp.shared_expert.up_proj".to_owned(), sf, h));
+                    matrices.push(("mlp.shared_expert.down_proj".to_owned(), h, sf));
+                    matrices.push(("mlp.shared_expert_gate".to_owned(), 1, h));
                 }
             }
             None => {

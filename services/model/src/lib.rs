@@ -10,8 +10,8 @@
 //!   made on a device ([`EngineModel::DeviceRandom`]).
 //! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
 //!   face the offline tools drive layer by layer.
-//! - [`moe`]: mixture-of-experts MLPs (Mixtral, Qwen3-MoE): their shape, weights and CPU
-//!   forward.
+//! - [`moe`]: mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE): their shape, weights
+//!   and CPU forward.
 //! - [`schedule`]: a decoder layer's steps and tensor parallelism's all-reduce points, the one
 //!   order both backends run ([`schedule::LayerOps`]: the CPU's in `llama_ops.rs`, the GPU
 //!   runner's in `ferrite-gpu`).

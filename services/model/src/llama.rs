@@ -197,10 +197,7 @@ impl Layer {
             post_norms,
             ffn_norm: norm("ffn_norm.weight", ffn_norm_hf, h)?,
             mlp: match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
-                Some(moe) => {
-                    let part = tp.part(moe.expert_intermediate_size);
-                    Mlp::Sparse(Moe::load(t, n, i, c, moe, &part)?)
-                }
+                Some(moe) => Mlp::Sparse(Moe::load(t, n, i, c, moe, tp)?),
                 None => Mlp::Dense(Ffn {
                     gate: rows_of("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h, &ffn_part)?,
                     up: rows_of("ffn_up.weight", "mlp.up_proj.weight", ffn, h, &ffn_part)?,

@@ -1,8 +1,9 @@
-//! Mixture-of-experts MLPs: Mixtral and Qwen3-MoE. A sparse layer's MLP is a router (a small
-//! `[experts, hidden]` matrix) and a set of experts, each an MLP of its own (gate, up, down);
-//! each token goes through the `k` experts the router scores highest, and their outputs are
-//! summed weighted by the router's softmax (renormalized over the chosen `k` where the model
-//! says so).
+//! Mixture-of-experts MLPs: Mixtral, Qwen2-MoE and Qwen3-MoE. A sparse layer's MLP is a router
+//! (a small `[experts, hidden]` matrix) and a set of experts, each an MLP of its own (gate, up,
+//! down); each token goes through the `k` experts the router scores highest, and their outputs
+//! are summed weighted by the router's softmax (renormalized over the chosen `k` where the
+//! model says so). Qwen2-MoE adds a shared expert every token goes through, behind a sigmoid
+//! gate.
 //!
 //! Under tensor parallelism every rank holds every expert, cut as a dense MLP is (gate and up
 //! by rows, down by columns: [`crate::tp`]), and the router whole: each rank routes the same
@@ -20,9 +21,10 @@ use ferrite_kernels::cpu::{gelu_tanh_mul_in_place, silu_mul_in_place};
 use rayon::prelude::*;
 use serde_json::Value;
 
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, Architecture, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::llama::WeightNaming;
+use crate::tp::TpRank;
 
 /// The experts of a mixture-of-experts model (`ModelConfig::moe`).
 #[derive(Debug, Clone, PartialEq)]
@@ -35,15 +37,18 @@ pub struct MoeConfig {
     /// Whether the chosen experts' weights are renormalized to sum to 1 (Mixtral always;
     /// Qwen3-MoE's `norm_topk_prob`).
     pub normalize_top_k: bool,
-    /// Per layer: whether its MLP is sparse (Qwen3-MoE's `mlp_only_layers` and
+    /// Per layer: whether its MLP is sparse (Qwen2/3-MoE's `mlp_only_layers` and
     /// `decoder_sparse_step` keep some dense, with `intermediate_size`).
     pub sparse_layers: Vec<bool>,
+    /// Qwen2-MoE: the intermediate size of the shared expert every token also goes through
+    /// (a rank's share of it in a shard's config).
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 impl MoeConfig {
-    /// From a Hugging Face `config.json` of `arch` (`MixtralForCausalLM` or
-    /// `Qwen3MoeForCausalLM`), transformers' defaults where a key is missing.
-    pub(crate) fn from_hf(cfg: &Value, mixtral: bool, num_layers: usize) -> Result<Self> {
+    /// From a Hugging Face `config.json` of `arch` (Mixtral, Qwen2-MoE or Qwen3-MoE),
+    /// transformers' defaults where a key is missing.
+    pub(crate) fn from_hf(cfg: &Value, arch: Architecture, num_layers: usize) -> Result<Self> {
         let bad = |m: String| ModelError::BadConfig(format!("config.json: {m}"));
         let uint = |k: &str, default: usize| match cfg.get(k) {
             None | Some(Value::Null) => Ok(default),
@@ -52,13 +57,15 @@ impl MoeConfig {
                 .map(|v| v as usize)
                 .ok_or_else(|| bad(format!("`{k}` is not a count: {v}"))),
         };
-        let moe = if mixtral {
+        let qwen2 = arch == Architecture::Qwen2Moe;
+        let moe = if arch == Architecture::Mixtral {
             MoeConfig {
                 num_experts: uint("num_local_experts", 8)?,
                 experts_per_token: uint("num_experts_per_tok", 2)?,
                 expert_intermediate_size: uint("intermediate_size", 14336)?,
                 normalize_top_k: true,
                 sparse_layers: vec![true; num_layers],
+                shared_expert_intermediate_size: None,
             }
         } else {
             let step = uint("decoder_sparse_step", 1)?;
@@ -74,30 +81,38 @@ impl MoeConfig {
             if step == 0 {
                 return Err(bad("`decoder_sparse_step` is 0".into()));
             }
-            // transformers' Qwen3MoeDecoderLayer.
+            // transformers' Qwen2MoeDecoderLayer and Qwen3MoeDecoderLayer.
             let sparse = |i: usize| !dense.contains(&i) && (i + 1).is_multiple_of(step);
             MoeConfig {
                 // The hub's configs say `num_experts`; transformers 5 writes
                 // `num_local_experts`, as Mixtral's.
                 num_experts: match cfg.get("num_experts") {
-                    Some(_) => uint("num_experts", 128)?,
-                    None => uint("num_local_experts", 128)?,
+                    Some(_) => uint("num_experts", if qwen2 { 60 } else { 128 })?,
+                    None => uint("num_local_experts", if qwen2 { 60 } else { 128 })?,
                 },
-                experts_per_token: uint("num_experts_per_tok", 8)?,
-                expert_intermediate_size: uint("moe_intermediate_size", 768)?,
+                experts_per_token: uint("num_experts_per_tok", if qwen2 { 4 } else { 8 })?,
+                expert_intermediate_size: uint(
+                    "moe_intermediate_size",
+                    if qwen2 { 1408 } else { 768 },
+                )?,
                 normalize_top_k: cfg.get("norm_topk_prob").and_then(Value::as_bool) == Some(true),
                 sparse_layers: (0..num_layers).map(sparse).collect(),
+                shared_expert_intermediate_size: match qwen2 {
+                    true => Some(uint("shared_expert_intermediate_size", 5632)?),
+                    false => None,
+                },
             }
         };
         moe.validate()
     }
 
     /// From GGUF metadata, where `{arch}.expert_count` says the model has experts (llama.cpp
-    /// writes Mixtral as `llama` with experts, Qwen3-MoE as `qwen3moe`); every layer is
-    /// sparse, as llama.cpp runs them.
+    /// writes Mixtral as `llama` with experts, Qwen2/3-MoE as `qwen2moe`/`qwen3moe`); every
+    /// layer is sparse, as llama.cpp runs them.
     pub(crate) fn from_gguf(
         gguf: &GgufFile,
         key: &dyn Fn(&str) -> String,
+        arch: Architecture,
         intermediate_size: usize,
         num_layers: usize,
     ) -> Result<Option<Self>> {
@@ -116,12 +131,14 @@ impl MoeConfig {
             experts_per_token,
             expert_intermediate_size: count("expert_feed_forward_length")
                 .unwrap_or(intermediate_size),
-            // llama.cpp renormalizes for both unless the file says otherwise.
+            // llama.cpp renormalizes Mixtral's and Qwen3-MoE's weights, not Qwen2-MoE's,
+            // unless the file says.
             normalize_top_k: gguf
                 .get(&key("expert_weights_norm"))
                 .and_then(|v| v.as_bool())
-                .unwrap_or(true),
+                .unwrap_or(arch != Architecture::Qwen2Moe),
             sparse_layers: vec![true; num_layers],
+            shared_expert_intermediate_size: count("expert_shared_feed_forward_length"),
         };
         moe.validate().map(Some)
     }
@@ -131,6 +148,7 @@ impl MoeConfig {
             || self.experts_per_token == 0
             || self.experts_per_token > self.num_experts
             || self.expert_intermediate_size == 0
+            || self.shared_expert_intermediate_size == Some(0)
         {
             return Err(ModelError::BadConfig(format!(
                 "{} experts, {} per token, intermediate size {}: a mixture of experts needs \
@@ -184,8 +202,9 @@ impl Mlp {
         match self {
             Mlp::Dense(f) => f.matrices().to_vec(),
             Mlp::Sparse(m) => {
+                let shared = m.shared.iter().flat_map(|s| s.ffn.matrices());
                 let experts = m.experts.iter().flat_map(Ffn::matrices);
-                experts.chain([&m.router]).collect()
+                experts.chain(shared).chain([&m.router]).collect()
             }
         }
     }
@@ -199,12 +218,20 @@ impl Mlp {
                 .map(str::to_owned)
                 .zip(f.matrices_mut())
                 .collect(),
-            Mlp::Sparse(m) => (m.experts.iter_mut().enumerate())
-                .flat_map(|(e, f)| {
-                    let names = names.map(|n| format!("expert {e} {n}"));
-                    names.into_iter().zip(f.matrices_mut())
-                })
-                .collect(),
+            Mlp::Sparse(m) => {
+                let shared = m
+                    .shared
+                    .iter_mut()
+                    .map(|s| ("shared expert".to_owned(), &mut s.ffn));
+                (m.experts.iter_mut().enumerate())
+                    .map(|(e, f)| (format!("expert {e}"), f))
+                    .chain(shared)
+                    .flat_map(|(who, f)| {
+                        let names = names.map(|n| format!("{who} {n}"));
+                        names.into_iter().zip(f.matrices_mut())
+                    })
+                    .collect()
+            }
         }
     }
 }
@@ -224,22 +251,33 @@ pub struct Moe {
     pub experts: Vec<Ffn>,
     pub experts_per_token: usize,
     pub normalize_top_k: bool,
+    /// Qwen2-MoE's shared expert (this rank's rows of it).
+    pub shared: Option<SharedExpert>,
+}
+
+/// An expert every token goes through, its output scaled by `sigmoid(gate · x)` (Qwen2-MoE).
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    pub ffn: Ffn,
+    /// `[hidden]`, whole on every rank.
+    pub gate: Vec<f32>,
 }
 
 impl Moe {
-    /// Layer `i`'s experts, cut to `ffn_part` of each expert's intermediate rows. Hugging Face
+    /// Layer `i`'s experts, each cut to `tp`'s part of its intermediate rows. Hugging Face
     /// checkpoints name each expert's matrices (Mixtral `block_sparse_moe.experts.E.w1/w3/w2`,
-    /// Qwen3-MoE `mlp.experts.E.gate_proj/up_proj/down_proj`); GGUF stacks them in 3-D tensors
-    /// (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`).
+    /// Qwen2/3-MoE `mlp.experts.E.gate_proj/up_proj/down_proj`); GGUF stacks them in 3-D
+    /// tensors (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`).
     pub(crate) fn load(
         t: &TensorMap,
         n: WeightNaming,
         i: usize,
         c: &ModelConfig,
         moe: &MoeConfig,
-        ffn_part: &Range<usize>,
+        tp: TpRank,
     ) -> Result<Self> {
         let (h, ffn, count) = (c.hidden_size, moe.expert_intermediate_size, moe.num_experts);
+        let ffn_part = &tp.part(ffn);
         let (router_name, experts) = match n {
             WeightNaming::Gguf => (
                 n.layer(i, "ffn_gate_inp.weight", ""),
@@ -267,11 +305,16 @@ impl Moe {
                 (n.layer(i, "", &format!("{block}.gate.weight")), experts)
             }
         };
+        let shared = match moe.shared_expert_intermediate_size {
+            Some(size) => Some(SharedExpert::load(t, n, i, h, size, &tp.part(size))?),
+            None => None,
+        };
         Ok(Moe {
             router: rows(t, &router_name, count, h)?,
             experts,
             experts_per_token: moe.experts_per_token,
             normalize_top_k: moe.normalize_top_k,
+            shared,
         })
     }
 
@@ -315,6 +358,9 @@ impl Moe {
                     *p += w * y;
                 }
             }
+        }
+        if let Some(shared) = &self.shared {
+            shared.add_to(xn, n_tok, mm, act, proj);
         }
     }
 
@@ -419,6 +465,77 @@ pub(crate) fn top_k(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f3
     chosen
 }
 
+impl SharedExpert {
+    /// Layer `i`'s shared expert of intermediate size `size`, cut to `part` of it: Hugging
+    /// Face's `mlp.shared_expert.*_proj` and `mlp.shared_expert_gate` (`[1, hidden]`), GGUF's
+    /// `ffn_*_shexp` and `ffn_gate_inp_shexp` (`[hidden]`).
+    fn load(
+        t: &TensorMap,
+        n: WeightNaming,
+        i: usize,
+        h: usize,
+        size: usize,
+        part: &Range<usize>,
+    ) -> Result<Self> {
+        let name = |gguf: &str, hf: &str| n.layer(i, gguf, hf);
+        let [g, u, d] = [
+            name(
+                "ffn_gate_shexp.weight",
+                "mlp.shared_expert.gate_proj.weight",
+            ),
+            name("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+            name(
+                "ffn_down_shexp.weight",
+                "mlp.shared_expert.down_proj.weight",
+            ),
+        ];
+        let gate = name("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight");
+        Ok(SharedExpert {
+            ffn: Ffn {
+                gate: rows(t, &g, size, h)?.slice_rows(&g, part.clone())?,
+                up: rows(t, &u, size, h)?.slice_rows(&u, part.clone())?,
+                down: rows(t, &d, h, size)?.slice_cols(&d, part.clone())?,
+            },
+            gate: t.vector_of_len(&gate, h)?,
+        })
+    }
+
+    /// `proj += sigmoid(gate · xn) * ffn(xn)` for each of the `n_tok` tokens.
+    fn add_to(
+        &self,
+        xn: &[f32],
+        n_tok: usize,
+        mm: MatmulOptions,
+        act: Activation,
+        proj: &mut [f32],
+    ) {
+        let h = self.gate.len();
+        let f = &self.ffn;
+        let (mut gate, mut up) = (
+            vec![0f32; n_tok * f.gate.rows],
+            vec![0f32; n_tok * f.up.rows],
+        );
+        mm.many(
+            xn,
+            n_tok,
+            &[f.gate.view(), f.up.view()],
+            &mut [&mut gate, &mut up],
+        );
+        match act {
+            Activation::Silu => silu_mul_in_place(&mut gate, &up),
+            Activation::GeluTanh => gelu_tanh_mul_in_place(&mut gate, &up),
+        }
+        let mut y = vec![0f32; n_tok * h];
+        mm.one(&gate, n_tok, f.down.view(), &mut y);
+        for ((p, y), x) in (proj.chunks_exact_mut(h).zip(y.chunks_exact(h))).zip(xn.chunks_exact(h))
+        {
+            let g: f32 = x.iter().zip(&self.gate).map(|(x, w)| x * w).sum();
+            let scale = 1.0 / (1.0 + (-g).exp());
+            p.iter_mut().zip(y).for_each(|(p, y)| *p += scale * y);
+        }
+    }
+}
+
 /// A 2-D tensor `name` of shape `[rows, cols]`.
 fn rows(t: &TensorMap, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
     Ok(t.matrix(name)?.expect_shape(name, rows, cols)?)
@@ -481,15 +598,15 @@ mod tests {
             "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
             "decoder_sparse_step": 2, "mlp_only_layers": [3], "norm_topk_prob": true,
         });
-        let m = MoeConfig::from_hf(&cfg, false, 6).expect("config");
+        let m = MoeConfig::from_hf(&cfg, Architecture::Qwen3Moe, 6).expect("config");
         assert_eq!(m.sparse_layers, [false, true, false, false, false, true]);
         assert!(m.normalize_top_k);
         assert_eq!((m.num_experts, m.experts_per_token), (8, 2));
         let bad = serde_json::json!({"num_experts": 2, "num_experts_per_tok": 3});
-        let e = MoeConfig::from_hf(&bad, false, 2).expect_err("3 of 2 experts");
+        let e = MoeConfig::from_hf(&bad, Architecture::Qwen3Moe, 2).expect_err("3 of 2 experts");
         assert!(e.to_string().contains("1 to 2 experts per token"), "{e}");
         let mixtral = serde_json::json!({"num_local_experts": 4, "intermediate_size": 96});
-        let m = MoeConfig::from_hf(&mixtral, true, 2).expect("mixtral");
+        let m = MoeConfig::from_hf(&mixtral, Architecture::Mixtral, 2).expect("mixtral");
         assert_eq!(
             (
                 m.num_experts,

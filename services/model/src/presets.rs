@@ -107,6 +107,19 @@ pub const PRESETS: &[Preset] = &[
         },
     },
     Preset {
+        name: "qwen1.5-moe-a2.7b",
+        model: "Qwen/Qwen1.5-MoE-A2.7B",
+        config: || {
+            json!({"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048,
+                "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+                "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+                "num_experts_per_tok": 4, "shared_expert_intermediate_size": 5632,
+                "norm_topk_prob": false, "vocab_size": 151_936, "rope_theta": 1_000_000.0,
+                "rms_norm_eps": 1e-6, "max_position_embeddings": 8192,
+                "tie_word_embeddings": false})
+        },
+    },
+    Preset {
         name: "qwen3-30b-a3b",
         model: "Qwen/Qwen3-30B-A3B",
         config: || qwen3_30b_a3b(48),
@@ -197,7 +210,10 @@ pub fn parameter_count(c: &ModelConfig) -> u64 {
         .map(|i| match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
             Some(m) => {
                 let e = m.num_experts as u64;
-                e * 3 * h * m.expert_intermediate_size as u64 + e * h
+                let shared = m
+                    .shared_expert_intermediate_size
+                    .map_or(0, |s| 3 * h * s as u64 + h);
+                e * 3 * h * m.expert_intermediate_size as u64 + e * h + shared
             }
             None => dense,
         })
@@ -223,6 +239,7 @@ mod tests {
             ("qwen3-4b", 4.02e9),
             ("gemma-2-9b", 9.24e9),
             ("qwen3-30b-a3b", 30.53e9),
+            ("qwen1.5-moe-a2.7b", 14.32e9),
         ];
         for &(name, want) in published {
             let cfg = preset(name).expect(name).config().expect(name);

@@ -101,8 +101,13 @@ impl ShardAlign {
 fn split_problem(cfg: &ModelConfig, world: usize, align: ShardAlign) -> Option<String> {
     // A mixture's experts split as the dense MLP does, by their own intermediate size.
     let experts = cfg.moe.as_ref().map(|m| m.expert_intermediate_size);
+    let shared = cfg
+        .moe
+        .as_ref()
+        .and_then(|m| m.shared_expert_intermediate_size);
     std::iter::once(cfg.intermediate_size)
         .chain(experts)
+        .chain(shared)
         .find_map(|ffn| split_problem_with(cfg, ffn, world, align))
 }
 
@@ -182,6 +187,9 @@ impl ModelConfig {
         c.intermediate_size = self.intermediate_size / tp.world;
         if let Some(moe) = &mut c.moe {
             moe.expert_intermediate_size /= tp.world;
+            if let Some(s) = &mut moe.shared_expert_intermediate_size {
+                *s /= tp.world;
+            }
         }
         c
     }

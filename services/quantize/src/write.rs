@@ -136,7 +136,7 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
         Architecture::Mistral => ("MistralForCausalLM", "mistral"),
         Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
-        Architecture::Mixtral | Architecture::Qwen3Moe => {
+        Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
             return Err(moe_unsupported("ferrite quantize").into());
         }
         Architecture::Gemma2 => {
