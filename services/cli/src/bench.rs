@@ -8,7 +8,7 @@ use ferrite_engine::sampler::SamplingParams;
 use serde_json::json;
 
 use crate::loading::ModelArgs;
-use crate::table::Table;
+use crate::table::{Table, mean_std};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -195,12 +195,4 @@ fn decode(args: DecodeArgs) -> Result<()> {
         print!("{}", table.render());
     }
     Ok(())
-}
-
-pub(crate) fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let v: Vec<f64> = values.collect();
-    let n = v.len().max(1) as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-    (mean, var.sqrt())
 }

@@ -18,9 +18,8 @@ use ferrite_text::ChatMessage;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::bench::mean_std;
 use crate::loading::ModelArgs;
-use crate::table::Table;
+use crate::table::{Table, mean_std};
 
 #[derive(Debug, Args)]
 pub struct SpeculativeArgs {

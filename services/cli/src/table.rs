@@ -134,6 +134,15 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[((sorted.len() as f64 - 1.0) * p).round() as usize])
 }
 
+/// Mean and population standard deviation of a table cell's runs (`± std`; 0 for one run).
+pub(crate) fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let v: Vec<f64> = values.collect();
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

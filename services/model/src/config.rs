@@ -4,10 +4,11 @@
 use std::str::FromStr;
 
 use ferrite_formats::gguf::GgufFile;
+use ferrite_kernels::cpu::{gelu_tanh_mul_in_place, silu_mul_in_place};
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
-use crate::moe::MoeConfig;
+use crate::moe_config::{MoeConfig, MoeFamily};
 
 /// The model families ferrite runs. They share one forward ([`crate::llama`]) and differ
 /// in the options of [`ModelConfig`].
@@ -75,6 +76,16 @@ impl FromStr for Activation {
                 )));
             }
         })
+    }
+}
+
+impl Activation {
+    /// `gate = act(gate) * up`, element by element.
+    pub fn gated_in_place(self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            Activation::Silu => silu_mul_in_place(gate, up),
+            Activation::GeluTanh => gelu_tanh_mul_in_place(gate, up),
+        }
     }
 }
 
@@ -292,7 +303,12 @@ impl ModelConfig {
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
         let num_layers = layer_count(req("block_count")?)?;
         let intermediate_size = req("feed_forward_length")?;
-        let moe = MoeConfig::from_gguf(gguf, &key, architecture, intermediate_size, num_layers)?;
+        let family = match architecture {
+            Architecture::Qwen2Moe => MoeFamily::Qwen2,
+            Architecture::Qwen3Moe => MoeFamily::Qwen3,
+            _ => MoeFamily::Mixtral,
+        };
+        let moe = MoeConfig::from_gguf(gguf, &key, family, intermediate_size, num_layers)?;
         // llama.cpp writes Mixtral as `llama` with experts.
         if architecture == Architecture::Llama && moe.is_some() {
             architecture = Architecture::Mixtral;
@@ -439,9 +455,9 @@ impl ModelConfig {
         };
         let num_layers = layer_count(req("num_hidden_layers")?)?;
         let moe = match architecture {
-            Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-                Some(MoeConfig::from_hf(cfg, architecture, num_layers)?)
-            }
+            Architecture::Mixtral => Some(MoeConfig::from_hf(cfg, MoeFamily::Mixtral, num_layers)?),
+            Architecture::Qwen2Moe => Some(MoeConfig::from_hf(cfg, MoeFamily::Qwen2, num_layers)?),
+            Architecture::Qwen3Moe => Some(MoeConfig::from_hf(cfg, MoeFamily::Qwen3, num_layers)?),
             _ => None,
         };
         let mut model = ModelConfig {

@@ -36,6 +36,8 @@ pub mod kv;
 pub mod llama;
 mod load;
 pub mod moe;
+mod moe_config;
+mod naming;
 pub mod presets;
 pub mod schedule;
 pub mod step;

@@ -31,6 +31,7 @@ use crate::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
 use crate::moe::{Ffn, Mlp, Moe};
+pub use crate::naming::WeightNaming;
 use crate::schedule::decoder_layer;
 use crate::step::{LogitsWanted, SeqChunk};
 use crate::tp::TpRank;
@@ -38,31 +39,6 @@ use crate::tp::TpRank;
 #[path = "llama_ops.rs"]
 mod ops;
 use ops::CpuLayer;
-
-/// Which tensor names a checkpoint uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightNaming {
-    /// llama.cpp names: `blk.0.attn_q.weight`.
-    Gguf,
-    /// Hugging Face names: `model.layers.0.self_attn.q_proj.weight`.
-    HuggingFace,
-}
-
-impl WeightNaming {
-    fn global(self, gguf: &str, hf: &str) -> String {
-        match self {
-            WeightNaming::Gguf => gguf.to_owned(),
-            WeightNaming::HuggingFace => hf.to_owned(),
-        }
-    }
-
-    pub(crate) fn layer(self, i: usize, gguf: &str, hf: &str) -> String {
-        match self {
-            WeightNaming::Gguf => format!("blk.{i}.{gguf}"),
-            WeightNaming::HuggingFace => format!("model.layers.{i}.{hf}"),
-        }
-    }
-}
 
 /// One decoder layer's weights. Public, fields and all, for the offline tools: calibration
 /// quantizes a copy of each layer (its projections rounded, scales folded into its norms and

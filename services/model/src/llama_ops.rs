@@ -5,12 +5,9 @@
 use ferrite_collective::Collective;
 use ferrite_kernels::cpu::attention::{AttentionOptions, paged_attention};
 use ferrite_kernels::cpu::matmul::MatmulOptions;
-use ferrite_kernels::cpu::{
-    add_bias, add_in_place, gelu_tanh_mul_in_place, rms_norm, rms_norm_in_place, silu_mul_in_place,
-};
+use ferrite_kernels::cpu::{add_bias, add_in_place, rms_norm, rms_norm_in_place};
 
 use super::{Layer, LayerAt, LayerBuffers, LlamaModel, Site};
-use crate::config::Activation;
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
 use crate::moe::Mlp;
@@ -127,10 +124,7 @@ impl LayerOps for CpuLayer<'_, '_> {
             &[f.gate.view(), f.up.view()],
             &mut [&mut b.gate, &mut b.up],
         );
-        match self.model.cfg.activation {
-            Activation::Silu => silu_mul_in_place(&mut b.gate, &b.up),
-            Activation::GeluTanh => gelu_tanh_mul_in_place(&mut b.gate, &b.up),
-        }
+        self.model.cfg.activation.gated_in_place(&mut b.gate, &b.up);
         Ok(())
     }
 
