@@ -70,11 +70,9 @@ impl Layer {
     }
 
     /// The projections (a mixture's router, kept as stored, left out).
-    fn projections(&self) -> Vec<&Matrix> {
-        let mut all = self.matrices();
-        if let Mlp::Sparse(_) = self.mlp {
-            all.pop();
-        }
+    pub fn projections(&self) -> Vec<&Matrix> {
+        let mut all = vec![&self.q, &self.k, &self.v, &self.o];
+        all.extend(self.mlp.projections());
         all
     }
 

@@ -58,14 +58,23 @@ impl Mlp {
         }
     }
 
-    /// Every matrix the MLP multiplies by (the router last).
+    /// Every matrix the MLP multiplies by.
     pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut all = self.projections();
+        if let Mlp::Sparse(m) = self {
+            all.push(&m.router);
+        }
+        all
+    }
+
+    /// Its projections: every matrix but a mixture's router (which stays as stored).
+    pub fn projections(&self) -> Vec<&Matrix> {
         match self {
             Mlp::Dense(f) => f.matrices().to_vec(),
             Mlp::Sparse(m) => {
                 let shared = m.shared.iter().flat_map(|s| s.ffn.matrices());
                 let experts = m.experts.iter().flat_map(Ffn::matrices);
-                experts.chain(shared).chain([&m.router]).collect()
+                experts.chain(shared).collect()
             }
         }
     }

@@ -53,6 +53,7 @@ use crate::calib::{CalibOptions, LayerReport, Method, Scheme};
 /// What [`quantize_model`] did.
 #[derive(Debug, Clone)]
 pub struct QuantizeReport {
+    /// Linear layers (projections) quantized.
     pub quantized_layers: usize,
     /// Tensors written in float (embeddings, norms, biases, LM head).
     pub copied_tensors: usize,
@@ -200,7 +201,7 @@ pub fn quantize_model(
     let format = job
         .format
         .unwrap_or_else(|| OutputFormat::default_for(job.opts.scheme));
-    let quantization = format.quantization_config(job.opts.scheme)?;
+    let mut quantization = format.quantization_config(job.opts.scheme)?;
     calib::check_options(&job.opts)?;
     let io = |path: &Path| {
         let path = path.to_owned();
@@ -252,10 +253,25 @@ pub fn quantize_model(
         },
     };
     let quantizer = format!("ferrite {}-{}", job.opts.method_name(), job.opts.scheme);
+    if loaded.model.config().moe.is_some()
+        && let Some(ignore) = quantization
+            .get_mut("ignore")
+            .and_then(|v| v.as_array_mut())
+    {
+        // The routers (and Qwen2-MoE's shared expert gate) stay in float, as llm-compressor's
+        // recipes for these models leave them.
+        for router in [
+            "mlp.gate",
+            "block_sparse_moe.gate",
+            "mlp.shared_expert_gate",
+        ] {
+            ignore.push(format!("re:.*{}$", router.replace('.', "\\.")).into());
+        }
+    }
     let written = write::write_dir(&src, &layers, format, quantization, &quantizer, output)?;
     let used = tokens.len() / job.opts.ctx.max(1) * job.opts.ctx;
     Ok(QuantizeReport {
-        quantized_layers: layers.len() * 7,
+        quantized_layers: layers.iter().map(|l| l.projections().len()).sum(),
         copied_tensors: written.float_tensors,
         bytes_in: loaded.checkpoint_bytes,
         bytes_out: written.bytes_out,

@@ -18,7 +18,7 @@ use safetensors::tensor::TensorView;
 use ferrite_engine::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 use ferrite_engine::model::LlamaModel;
 use ferrite_engine::model::llama::{Layer, build_rope};
-use ferrite_engine::model::moe::moe_unsupported;
+use ferrite_engine::model::moe::{Ffn, Mlp};
 use ferrite_engine::{EngineError, Result};
 
 use super::OutputFormat;
@@ -113,17 +113,53 @@ fn layer_tensors(
     let qk_order = |heads: usize| gguf_rope.then(|| unpermute_order(heads, c.head_dim));
     let q_order = qk_order(c.num_heads);
     let k_order = qk_order(c.num_kv_heads);
-    let f = l.mlp.dense("ferrite quantize")?;
     for (name, m, order) in [
         ("self_attn.q_proj", &l.q, q_order.as_deref()),
         ("self_attn.k_proj", &l.k, k_order.as_deref()),
         ("self_attn.v_proj", &l.v, None),
         ("self_attn.o_proj", &l.o, None),
-        ("mlp.gate_proj", &f.gate, None),
-        ("mlp.up_proj", &f.up, None),
-        ("mlp.down_proj", &f.down, None),
     ] {
         projection(&p(name), m, order, format, out)?;
+    }
+    mlp_tensors(&p, &l.mlp, c.architecture, format, out)
+}
+
+/// The names of a gated MLP's gate, up and down projections.
+const QWEN_FFN: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// The MLP's tensors under the checkpoint's own names (`p` makes a layer's): a dense one's
+/// projections, or a mixture's router (as stored), each expert's projections and a shared
+/// expert's (with its gate, a `[1, hidden]` row).
+fn mlp_tensors(
+    p: &dyn Fn(&str) -> String,
+    mlp: &Mlp,
+    arch: Architecture,
+    format: OutputFormat,
+    out: &mut Vec<Out>,
+) -> Result<()> {
+    let ffn = |stem: &str, f: &Ffn, names: [&str; 3], out: &mut Vec<Out>| {
+        (names.iter().zip(f.matrices()))
+            .try_for_each(|(n, m)| projection(&p(&format!("{stem}.{n}")), m, None, format, out))
+    };
+    let moe = match mlp {
+        Mlp::Dense(f) => return ffn("mlp", f, QWEN_FFN, out),
+        Mlp::Sparse(moe) => moe,
+    };
+    let (block, names) = match arch {
+        Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        _ => ("mlp", QWEN_FFN),
+    };
+    out.push(float_matrix(
+        p(&format!("{block}.gate.weight")),
+        &moe.router,
+    ));
+    for (e, f) in moe.experts.iter().enumerate() {
+        ffn(&format!("{block}.experts.{e}"), f, names, out)?;
+    }
+    if let Some(shared) = &moe.shared {
+        ffn("mlp.shared_expert", &shared.ffn, QWEN_FFN, out)?;
+        let gate = p("mlp.shared_expert_gate.weight");
+        out.push(f32_tensor(gate, vec![1, shared.gate.len()], &shared.gate));
     }
     Ok(())
 }
@@ -137,7 +173,11 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
         Architecture::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
         Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-            return Err(moe_unsupported("ferrite quantize").into());
+            return Err(EngineError::BadConfig(
+                "quantizing a mixture of experts from a GGUF file is not supported: quantize \
+                 its Hugging Face directory"
+                    .into(),
+            ));
         }
         Architecture::Gemma2 => {
             return Err(EngineError::BadConfig(

@@ -159,6 +159,55 @@ fn w8a8_and_fp8_at_load_equal_their_rtn_checkpoints() {
     assert!(model::parse_quantize("fp8").is_err(), "the method is named");
 }
 
+/// Mixtures of experts by round-to-nearest: every expert (and Qwen2-MoE's shared one) is
+/// written quantized under its checkpoint's own names, the routers in float. The GPTQ
+/// checkpoints pass the numpy check (every other tensor copied unchanged) and, like the W8A8
+/// ones (compressed-tensors, routers in `ignore`), compute exactly what quantizing at load
+/// does. Calibrating methods are refused before anything is written, naming `--method rtn`.
+#[test]
+fn mixtures_of_experts_quantize_by_rtn_and_load_back() {
+    let w4: WqFormat = "w4g32".parse().expect("format");
+    // Per layer: q, k, v, o, 4 experts' gate, up and down, and Qwen2-MoE's shared expert.
+    for (dir, projections) in [("mixtral", 2 * (4 + 12)), ("qwen2_moe", 2 * (4 + 12 + 3))] {
+        let src = fixtures().join("models").join(dir);
+        for (scheme, at_load) in [
+            (Scheme::WeightOnly(w4), LoadQuantize::Weights(w4)),
+            (Scheme::W8A8, LoadQuantize::W8A8),
+        ] {
+            let out = tempdir(&format!("moe-{dir}-{scheme}"));
+            let opts = CalibOptions::new(Method::Rtn, scheme);
+            let report = quantize_model(&job(&src, &out, opts), &mut |_| {}).expect("quantize");
+            assert_eq!(report.quantized_layers, projections, "{dir} {scheme}");
+            if scheme == Scheme::W8A8 {
+                let cfg = read_json(&out.join("config.json"));
+                let ignore = cfg["quantization_config"]["ignore"].to_string();
+                assert!(ignore.contains("block_sparse_moe\\\\.gate"), "{ignore}");
+            } else {
+                let check = std::process::Command::new("python3")
+                    .arg(fixtures().join("quant/gptq_check.py"))
+                    .args([&src, &out])
+                    .output()
+                    .expect("python3");
+                let said = String::from_utf8_lossy(&check.stderr);
+                assert!(check.status.success(), "{dir}: gptq_check.py: {said}");
+            }
+            let from_dir = logits(&out, LoadOptions::default(), &PROMPT);
+            let options = LoadOptions {
+                quantize: Some(at_load),
+                ..LoadOptions::default()
+            };
+            let want = logits(&src, options, &PROMPT);
+            assert_eq!(from_dir, want, "{dir} {scheme}: checkpoint vs at load");
+            let _ = std::fs::remove_dir_all(&out);
+        }
+        let out = tempdir(&format!("moe-{dir}-gptq"));
+        let opts = CalibOptions::new(Method::Gptq, Scheme::WeightOnly(w4));
+        let e = quantize_model(&job(&src, &out, opts), &mut |_| {}).expect_err("calibrated");
+        assert!(e.to_string().contains("--method rtn"), "{e}");
+        assert!(!out.exists(), "{dir}: written before refusing");
+    }
+}
+
 /// GPTQ lowers every layer's output error below RTN's on the calibration inputs; AWQ and
 /// SmoothQuant (scales folded into the norms and producers) keep the model's function.
 #[test]

@@ -255,6 +255,65 @@ impl F32Weights {
     }
 }
 
+/// `w` (`[rows, cols]`) rounded to the nearest of `scheme`'s values, as a matrix.
+fn rtn_matrix(scheme: Scheme, w: &[f32], rows: usize, cols: usize) -> Result<Matrix, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    Ok(match scheme {
+        Scheme::WeightOnly(f) => {
+            Matrix::from_wq(quantize_rtn(w, rows, cols, f).map_err(|x| e(&x))?)
+        }
+        Scheme::W8A8 => Matrix::from_i8(quantize_int8_rtn(w, rows, cols).map_err(|x| e(&x))?),
+        Scheme::Fp8(layout) => Matrix::from_fp8(
+            quantize_fp8_rtn(w, rows, cols, layout, layout.dynamic_activations())
+                .map_err(|x| e(&x))?,
+        ),
+        Scheme::F32 => Matrix::from_f32(rows, cols, w),
+    })
+}
+
+/// A mixture of experts' layers by round-to-nearest: every projection (each expert's, and a
+/// shared expert's) rounded on its own; the routers stay as stored. Calibration would need
+/// each expert's own inputs (the tokens routed to it), which is not built: other methods are
+/// refused, naming `--method rtn`.
+fn rtn_experts(
+    model: &LlamaModel,
+    opts: &CalibOptions,
+    progress: &mut dyn FnMut(&LayerReport),
+) -> Result<Vec<Layer>> {
+    if opts.method != Method::Rtn {
+        return Err(EngineError::InvalidRequest(format!(
+            "--method {} calibrates a dense model's layers; a mixture of experts is quantized \
+             with --method rtn",
+            opts.method_name()
+        )));
+    }
+    let mut out = Vec::with_capacity(model.layers().len());
+    for (li, base) in model.layers().iter().enumerate() {
+        let start = Instant::now();
+        let mut layer = base.clone();
+        let attention = [&mut layer.q, &mut layer.k, &mut layer.v, &mut layer.o];
+        let attention = (["q", "k", "v", "o"].into_iter().map(str::to_owned)).zip(attention);
+        for (name, m) in attention.chain(layer.mlp.named_mut()) {
+            let (rows, cols) = (m.rows, m.cols);
+            *m = rtn_matrix(opts.scheme, &m.to_f32(), rows, cols).map_err(|e| {
+                EngineError::BadTensor {
+                    name: format!("layer {li} {name}"),
+                    reason: format!("cannot quantize to {}: {e}", opts.scheme),
+                }
+            })?;
+        }
+        out.push(layer);
+        progress(&LayerReport {
+            index: li,
+            layers: model.layers().len(),
+            seconds: start.elapsed().as_secs_f64(),
+            gptq_error: 0.0,
+            rtn_error: 0.0,
+        });
+    }
+    Ok(out)
+}
+
 /// Quantizes every decoder layer of `model` (a whole model, not a shard) with `opts`,
 /// calibrating on `tokens` (cut into sequences of `opts.ctx`); `progress` hears of each layer
 /// as it is done. Returns the layers: quantized projections, norms with any folded scales.
@@ -265,6 +324,10 @@ pub(crate) fn quantize_layers(
     progress: &mut dyn FnMut(&LayerReport),
 ) -> Result<Vec<Layer>> {
     let c = model.config();
+    if c.moe.is_some() {
+        check_options(opts)?;
+        return rtn_experts(model, opts, progress);
+    }
     let calibrate = opts.method != Method::Rtn;
     let ctx = opts.ctx.clamp(4, c.max_position_embeddings);
     let seqs: Vec<&[u32]> = if calibrate {
@@ -279,9 +342,6 @@ pub(crate) fn quantize_layers(
         )));
     }
     check_options(opts)?;
-    if c.moe.is_some() {
-        return Err(moe_unsupported(NOT_MOE).into());
-    }
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
         return Err(EngineError::InvalidRequest(format!(
             "calibration token {bad} is outside the vocabulary"
@@ -369,6 +429,9 @@ pub(crate) fn quantize_layers(
                 let hessian = stats[si].hessian.as_deref().filter(|_| opts.uses_gptq());
                 let w = &wf.w[p];
                 let m = match (opts.scheme, hessian) {
+                    (scheme, None) | (scheme @ (Scheme::Fp8(_) | Scheme::F32), _) => {
+                        rtn_matrix(scheme, w, rows, cols).map_err(bad)?
+                    }
                     (Scheme::WeightOnly(f), Some(hm)) => {
                         let (q, st) = quantize_gptq(w, rows, cols, hm, f, opts.gptq)
                             .map_err(|e| bad(e.to_string()))?;
@@ -377,9 +440,6 @@ pub(crate) fn quantize_layers(
                         rtn_error += output_error(w, &rtn, hm);
                         Matrix::from_wq(q)
                     }
-                    (Scheme::WeightOnly(f), None) => Matrix::from_wq(
-                        quantize_rtn(w, rows, cols, f).map_err(|e| bad(e.to_string()))?,
-                    ),
                     (Scheme::W8A8, Some(hm)) => {
                         let (q, st) = quantize_int8_gptq(w, rows, cols, hm, opts.gptq)
                             .map_err(|e| bad(e.to_string()))?;
@@ -389,14 +449,6 @@ pub(crate) fn quantize_layers(
                         rtn_error += output_error_of(w, &rtn.dequantize(), rows, cols, hm);
                         Matrix::from_i8(q)
                     }
-                    (Scheme::W8A8, None) => Matrix::from_i8(
-                        quantize_int8_rtn(w, rows, cols).map_err(|e| bad(e.to_string()))?,
-                    ),
-                    (Scheme::Fp8(layout), _) => Matrix::from_fp8(
-                        quantize_fp8_rtn(w, rows, cols, layout, layout.dynamic_activations())
-                            .map_err(|e| bad(e.to_string()))?,
-                    ),
-                    (Scheme::F32, _) => Matrix::from_f32(rows, cols, w),
                 };
                 *projections_mut(&mut layer)?[p] = m;
             }
