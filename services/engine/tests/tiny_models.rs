@@ -119,6 +119,12 @@ fn mistral_safetensors() {
     check("mistral", None, None);
 }
 
+/// Mistral-7B-v0.1's sliding window (8 here): prefill, per-position and decode logits past it.
+#[test]
+fn mistral_sliding_window_safetensors() {
+    check("mistral_swa", None, None);
+}
+
 #[test]
 fn qwen2_qkv_bias_safetensors() {
     check("qwen2", None, None);

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::moe_config::{MoeConfig, MoeFamily};
+use crate::window;
 
 /// The model families ferrite runs. They share one forward ([`crate::llama`]) and differ
 /// in the options of [`ModelConfig`].
@@ -497,7 +498,7 @@ impl ModelConfig {
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             attn_logit_softcap: None,
             final_logit_softcap: None,
-            attention_window: vec![None; num_layers],
+            attention_window: window::windows(cfg, architecture, num_layers)?,
             moe,
         };
         if gemma2 {
@@ -538,37 +539,8 @@ impl ModelConfig {
         self.attention_scale = scalar.powf(-0.5) as f32;
         self.attn_logit_softcap = number("attn_logit_softcapping", 50.0)?.map(|c| c as f32);
         self.final_logit_softcap = number("final_logit_softcapping", 30.0)?.map(|c| c as f32);
-        let sliding: Vec<bool> = match cfg.get("layer_types") {
-            None | Some(Value::Null) => (0..self.num_layers).map(gemma2_slides).collect(),
-            Some(Value::Array(types)) => types
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("sliding_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(bad(format!(
-                        "layer type {t} is not supported (supported: sliding_attention, full_attention)"
-                    ))),
-                })
-                .collect::<Result<_>>()?,
-            Some(other) => return Err(bad(format!("`layer_types` is not a list: {other}"))),
-        };
-        if sliding.len() != self.num_layers {
-            return Err(bad(format!(
-                "{} layer types for {} layers",
-                sliding.len(),
-                self.num_layers
-            )));
-        }
-        let window = match cfg.get("sliding_window") {
-            None => Some(4096),
-            Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .filter(|&w| w > 0)
-                    .ok_or_else(|| bad(format!("`sliding_window` {v} is not a positive integer")))?
-                    as usize,
-            ),
-        };
+        let sliding = window::layer_types(cfg, self.num_layers, gemma2_slides)?;
+        let window = window::window_size(cfg, Some(4096))?;
         if window.is_none() && sliding.contains(&true) {
             return Err(bad(
                 "sliding-window layers but `sliding_window` is null".into()

@@ -42,6 +42,7 @@ pub mod presets;
 pub mod schedule;
 pub mod step;
 pub mod tp;
+mod window;
 
 pub use batch::BatchForward;
 pub use error::ModelError;
