@@ -100,21 +100,21 @@ impl ShardAlign {
 /// Why `cfg` cannot be split `world` ways with cuts on whole runs of `align`.
 fn split_problem(cfg: &ModelConfig, world: usize, align: ShardAlign) -> Option<String> {
     // A mixture's experts split as the dense MLP does, by their own intermediate size.
-    let experts = cfg.moe.as_ref().map(|m| m.expert_intermediate_size);
-    let shared = cfg
-        .moe
-        .as_ref()
-        .and_then(|m| m.shared_expert_intermediate_size);
-    std::iter::once(cfg.intermediate_size)
-        .chain(experts)
-        .chain(shared)
-        .find_map(|ffn| split_problem_with(cfg, ffn, world, align))
+    let moe = cfg.moe.as_ref();
+    let experts = moe.map(|m| ("the experts'", m.expert_intermediate_size));
+    let shared = moe.and_then(|m| m.shared_expert_intermediate_size);
+    let shared = shared.map(|s| ("the shared expert's", s));
+    // A mixture with no dense layer has no dense MLP to split.
+    let dense = (moe.is_none_or(|m| m.sparse_layers.contains(&false)))
+        .then_some(("the", cfg.intermediate_size));
+    (dense.into_iter().chain(experts).chain(shared))
+        .find_map(|mlp| split_problem_with(cfg, mlp, world, align))
 }
 
-/// [`split_problem`] for an MLP of intermediate size `ffn`.
+/// [`split_problem`] for an MLP of intermediate size `ffn` (`whose` names it in the error).
 fn split_problem_with(
     cfg: &ModelConfig,
-    ffn: usize,
+    (whose, ffn): (&str, usize),
     world: usize,
     align: ShardAlign,
 ) -> Option<String> {
@@ -129,7 +129,7 @@ fn split_problem_with(
     }
     if !ffn.is_multiple_of(world) {
         return Some(format!(
-            "the intermediate size {ffn} does not divide by {world}"
+            "{whose} intermediate size {ffn} does not divide by {world}"
         ));
     }
     if world == 1 {
@@ -139,8 +139,8 @@ fn split_problem_with(
     let (q_cols, ffn_cols) = (cfg.q_dim() / world, ffn / world);
     if !(whole(q_cols, align.cols) && whole(ffn_cols, align.cols)) {
         return Some(format!(
-            "the attention output and down projections would be cut into {q_cols} and \
-             {ffn_cols} columns per rank, not whole blocks of {} of their stored format",
+            "the attention output and {whose} down projections would be cut into {q_cols} \
+             and {ffn_cols} columns per rank, not whole blocks of {} of their stored format",
             align.cols
         ));
     }
@@ -151,8 +151,8 @@ fn split_problem_with(
         .all(|&n| whole(n, align.rows))
     {
         return Some(format!(
-            "the Q, K/V and gate/up projections would be cut into {q_cols}, {kv_rows} and \
-             {ffn_cols} rows per rank, not whole blocks of {} rows of their stored format",
+            "the Q, K/V and {whose} gate/up projections would be cut into {q_cols}, {kv_rows} \
+             and {ffn_cols} rows per rank, not whole blocks of {} rows of their stored format",
             align.rows
         ));
     }
@@ -271,6 +271,28 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("sizes that work: [1, 3]"), "{msg}");
+    }
+
+    /// Qwen3-30B-A3B in GGUF's Q4_K (blocks of 256): each expert's 768 columns of down split
+    /// into whole blocks 3 ways only, which its 32 heads do not: one rank, and the error
+    /// names the experts. Its dense `intermediate_size` (6144), which no layer uses, is not
+    /// asked to split.
+    #[test]
+    fn a_mixtures_experts_split_on_their_own_size() {
+        let c = presets::preset("qwen3-30b-a3b")
+            .and_then(|p| p.config())
+            .expect("preset");
+        assert_eq!(valid_sizes(&c, ShardAlign::cols(256)), vec![1]);
+        let e = check_split(&c, 2, ShardAlign::cols(256)).expect_err("384 columns");
+        assert!(
+            e.to_string().contains("the experts' down projections"),
+            "{e}"
+        );
+        let any = vec![1, 2, 4, 8, 16, 32];
+        assert_eq!(valid_sizes(&c, ShardAlign::cols(1)), any);
+        let mut odd = c.clone();
+        odd.intermediate_size = 6143;
+        assert_eq!(valid_sizes(&odd, ShardAlign::cols(1)), any);
     }
 
     #[test]
