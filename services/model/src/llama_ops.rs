@@ -34,6 +34,16 @@ impl CpuLayer<'_, '_> {
     }
 }
 
+/// `layer`'s dense MLP: the schedule asks a sparse layer for its experts instead.
+fn dense(layer: &Layer) -> Result<&crate::moe::Ffn> {
+    match &layer.mlp {
+        Mlp::Dense(f) => Ok(f),
+        Mlp::Sparse(_) => Err(ModelError::Internal(
+            "a dense step of a sparse layer".into(),
+        )),
+    }
+}
+
 impl LayerOps for CpuLayer<'_, '_> {
     type Layer = Layer;
 
@@ -116,7 +126,7 @@ impl LayerOps for CpuLayer<'_, '_> {
 
     fn gate_up(&mut self, layer: &Layer) -> Result<()> {
         let (n_tok, b) = (self.n_tok(), &mut *self.b);
-        let f = layer.mlp.dense("a dense step")?;
+        let f = dense(layer)?;
         (self.tap)(Site::GateUp, &b.xn);
         self.mm.many(
             &b.xn,
@@ -130,7 +140,7 @@ impl LayerOps for CpuLayer<'_, '_> {
 
     fn down_proj(&mut self, layer: &Layer) -> Result<()> {
         let (n_tok, b) = (self.n_tok(), &mut *self.b);
-        let f = layer.mlp.dense("a dense step")?;
+        let f = dense(layer)?;
         (self.tap)(Site::Down, &b.gate);
         self.mm.one(&b.gate, n_tok, f.down.view(), &mut b.proj);
         Ok(())
