@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::moe_config::{MoeConfig, MoeFamily};
-use crate::window;
+use crate::window::{self, WindowRule};
 
 /// The model families ferrite runs. They share one forward ([`crate::llama`]) and differ
 /// in the options of [`ModelConfig`].
@@ -498,7 +498,7 @@ impl ModelConfig {
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             attn_logit_softcap: None,
             final_logit_softcap: None,
-            attention_window: window::windows(cfg, architecture, num_layers)?,
+            attention_window: window::windows(cfg, window_rule(architecture), num_layers)?,
             moe,
         };
         if gemma2 {
@@ -548,6 +548,19 @@ impl ModelConfig {
         }
         self.attention_window = sliding.iter().map(|&s| window.filter(|_| s)).collect();
         Ok(())
+    }
+}
+
+/// Which rule sets `arch`'s windows from its `config.json` (Gemma 2 sets its own).
+fn window_rule(arch: Architecture) -> WindowRule {
+    match arch {
+        Architecture::Mistral => WindowRule::Mistral,
+        Architecture::Mixtral => WindowRule::Mixtral,
+        Architecture::Qwen2
+        | Architecture::Qwen2Moe
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe => WindowRule::Qwen,
+        Architecture::Llama | Architecture::Gemma2 => WindowRule::None,
     }
 }
 

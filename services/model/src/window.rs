@@ -5,14 +5,24 @@
 
 use serde_json::Value;
 
-use crate::config::Architecture;
 use crate::error::{ModelError, Result};
+
+/// Which family's rule a config's window follows (Gemma 2's options are its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WindowRule {
+    Mistral,
+    Mixtral,
+    /// Qwen2/3 and their mixtures.
+    Qwen,
+    /// Llama: no window.
+    None,
+}
 
 fn bad(m: String) -> ModelError {
     ModelError::BadConfig(format!("config.json: {m}"))
 }
 
-/// Each layer's window for a family other than Gemma 2 (whose options are its own):
+/// Each layer's window under `rule`:
 /// - Mistral: every layer slides by `sliding_window` (4096 where the key is missing, as
 ///   transformers' `MistralConfig`; null: none). Mistral-7B-v0.1 says 4096, later ones null.
 /// - Mixtral: the same, with no window where the key is missing.
@@ -22,16 +32,13 @@ fn bad(m: String) -> ModelError {
 /// - Llama: none.
 pub(crate) fn windows(
     cfg: &Value,
-    arch: Architecture,
+    rule: WindowRule,
     num_layers: usize,
 ) -> Result<Vec<Option<usize>>> {
-    let (window, default_slides): (Option<usize>, Box<dyn Fn(usize) -> bool>) = match arch {
-        Architecture::Mistral => (window_size(cfg, Some(4096))?, Box::new(|_| true)),
-        Architecture::Mixtral => (window_size(cfg, None)?, Box::new(|_| true)),
-        Architecture::Qwen2
-        | Architecture::Qwen2Moe
-        | Architecture::Qwen3
-        | Architecture::Qwen3Moe => {
+    let (window, default_slides): (Option<usize>, Box<dyn Fn(usize) -> bool>) = match rule {
+        WindowRule::Mistral => (window_size(cfg, Some(4096))?, Box::new(|_| true)),
+        WindowRule::Mixtral => (window_size(cfg, None)?, Box::new(|_| true)),
+        WindowRule::Qwen => {
             if cfg.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok(vec![None; num_layers]);
             }
@@ -44,7 +51,7 @@ pub(crate) fn windows(
             };
             (window_size(cfg, Some(4096))?, Box::new(move |i| i >= from))
         }
-        Architecture::Llama | Architecture::Gemma2 => return Ok(vec![None; num_layers]),
+        WindowRule::None => return Ok(vec![None; num_layers]),
     };
     let sliding = layer_types(cfg, num_layers, default_slides)?;
     Ok(sliding.iter().map(|&s| window.filter(|_| s)).collect())
@@ -105,35 +112,26 @@ mod tests {
         let w = |cfg: Value, arch| windows(&cfg, arch, 4).expect("windows");
         let all = |x| vec![x; 4];
         // Mistral: 4096 where missing (v0.1's value), none where null.
-        assert_eq!(w(json!({}), Architecture::Mistral), all(Some(4096)));
+        assert_eq!(w(json!({}), WindowRule::Mistral), all(Some(4096)));
         let null = json!({"sliding_window": null});
-        assert_eq!(w(null.clone(), Architecture::Mistral), all(None));
+        assert_eq!(w(null.clone(), WindowRule::Mistral), all(None));
         assert_eq!(
-            w(json!({"sliding_window": 8}), Architecture::Mistral),
+            w(json!({"sliding_window": 8}), WindowRule::Mistral),
             all(Some(8))
         );
-        assert_eq!(w(json!({}), Architecture::Mixtral), all(None));
+        assert_eq!(w(json!({}), WindowRule::Mixtral), all(None));
         // Qwen: only with use_sliding_window, from max_window_layers on.
         let qwen = json!({"sliding_window": 0, "use_sliding_window": false});
-        assert_eq!(w(qwen, Architecture::Qwen2), all(None));
+        assert_eq!(w(qwen, WindowRule::Qwen), all(None));
         let qwen =
             json!({"sliding_window": 16, "use_sliding_window": true, "max_window_layers": 2});
-        assert_eq!(
-            w(qwen, Architecture::Qwen3Moe),
-            [None, None, Some(16), Some(16)]
-        );
+        assert_eq!(w(qwen, WindowRule::Qwen), [None, None, Some(16), Some(16)]);
         let typed = json!({"sliding_window": 16, "use_sliding_window": true,
             "layer_types": ["sliding_attention", "full_attention", "full_attention",
                             "sliding_attention"]});
-        assert_eq!(
-            w(typed, Architecture::Qwen2),
-            [Some(16), None, None, Some(16)]
-        );
-        assert_eq!(
-            w(json!({"sliding_window": 8}), Architecture::Llama),
-            all(None)
-        );
-        let e = windows(&json!({"sliding_window": 0}), Architecture::Mistral, 4);
+        assert_eq!(w(typed, WindowRule::Qwen), [Some(16), None, None, Some(16)]);
+        assert_eq!(w(json!({"sliding_window": 8}), WindowRule::None), all(None));
+        let e = windows(&json!({"sliding_window": 0}), WindowRule::Mistral, 4);
         assert!(e.is_err(), "a window of 0");
     }
 }
