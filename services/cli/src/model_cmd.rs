@@ -42,11 +42,22 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             }
             println!("\nshapes for --load-format dummy (random weights):");
             for p in presets::PRESETS {
-                let params = p.config().map(|c| presets::parameter_count(&c));
-                let params = params.map_or_else(
-                    |e| e.to_string(),
-                    |n| format!("{:.2}B params", n as f64 / 1e9),
-                );
+                let billions = |n: u64| n as f64 / 1e9;
+                let params = p.config().map(|c| {
+                    let (all, active) = (
+                        presets::parameter_count(&c),
+                        presets::active_parameter_count(&c),
+                    );
+                    match all == active {
+                        true => format!("{:.2}B params", billions(all)),
+                        false => format!(
+                            "{:.2}B params, {:.2}B active",
+                            billions(all),
+                            billions(active)
+                        ),
+                    }
+                });
+                let params = params.unwrap_or_else(|e| e.to_string());
                 println!("{:<18} {:<42} {params}", p.name, p.model);
             }
             Ok(())

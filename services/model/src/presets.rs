@@ -196,6 +196,16 @@ pub fn preset(name: &str) -> Result<&'static Preset> {
 
 /// Parameters of a model of this shape (embeddings, LM head unless tied, layers, norms).
 pub fn parameter_count(c: &ModelConfig) -> u64 {
+    count_parameters(c, false)
+}
+
+/// The parameters a token goes through: [`parameter_count`] with each mixture's experts counted
+/// `experts_per_token` times instead of `num_experts` (the same for a dense model).
+pub fn active_parameter_count(c: &ModelConfig) -> u64 {
+    count_parameters(c, true)
+}
+
+fn count_parameters(c: &ModelConfig, active: bool) -> u64 {
     let (h, f, v) = (
         c.hidden_size as u64,
         c.intermediate_size as u64,
@@ -210,10 +220,15 @@ pub fn parameter_count(c: &ModelConfig) -> u64 {
         .map(|i| match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
             Some(m) => {
                 let e = m.num_experts as u64;
+                let used = if active {
+                    m.experts_per_token as u64
+                } else {
+                    e
+                };
                 let shared = m
                     .shared_expert_intermediate_size
                     .map_or(0, |s| 3 * h * s as u64 + h);
-                e * 3 * h * m.expert_intermediate_size as u64 + e * h + shared
+                used * 3 * h * m.expert_intermediate_size as u64 + e * h + shared
             }
             None => dense,
         })
@@ -252,6 +267,18 @@ mod tests {
         for p in PRESETS {
             p.config().unwrap_or_else(|e| panic!("{}: {e}", p.name));
         }
+        // The "A3B" and "A2.7B" of their names: 3.3B and 2.7B parameters a token goes through
+        // (the model cards' counts, within 2%).
+        for (name, want) in [("qwen3-30b-a3b", 3.3e9), ("qwen1.5-moe-a2.7b", 2.7e9)] {
+            let cfg = preset(name).expect(name).config().expect(name);
+            let got = active_parameter_count(&cfg) as f64;
+            assert!((got / want - 1.0).abs() < 0.02, "{name}: {got:.3e} active");
+        }
+        let dense = preset("llama-3-8b")
+            .expect("preset")
+            .config()
+            .expect("config");
+        assert_eq!(active_parameter_count(&dense), parameter_count(&dense));
         assert!(preset("no-such-model").is_err());
     }
 }
