@@ -37,7 +37,7 @@ fn dense(h: &HostMatrix<'_>) -> (&'static str, Vec<f32>) {
 /// Rows `rows` of a `cols`-wide row-major matrix, columns `keep`.
 /// A dense layer's MLP (the fixtures here have no experts).
 fn dense_mlp(l: &model::llama::Layer) -> &model::moe::Ffn {
-    l.mlp.dense("these layouts").expect("a dense MLP")
+    l.mlp.dense().expect("a dense MLP")
 }
 
 fn cut(m: &[f32], cols: usize, rows: Range<usize>, keep: Range<usize>) -> Vec<f32> {

@@ -25,6 +25,7 @@ use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
 use ferrite_model::config::ModelConfig;
 use ferrite_model::error::Result;
+use ferrite_model::moe::moe_unsupported;
 use ferrite_model::tp::TpRank;
 use ferrite_model::{EngineModel, LlamaModel};
 use rayon::prelude::*;
@@ -87,7 +88,10 @@ impl GpuWeights {
             .layers()
             .par_iter()
             .map(|l| {
-                let f = l.mlp.dense("the GPU runner")?;
+                let f = l
+                    .mlp
+                    .dense()
+                    .ok_or_else(|| moe_unsupported("the GPU runner"))?;
                 Ok([
                     HostMatrix::prepare(&[&l.q, &l.k, &l.v], &g.arch),
                     HostMatrix::prepare(&[&l.o], &g.arch),

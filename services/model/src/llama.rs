@@ -76,6 +76,14 @@ impl Layer {
         all
     }
 
+    /// The projections, each with its name in errors (`q`, …, `expert 3 down`), to be
+    /// replaced by quantized copies (a mixture's router stays as stored).
+    pub fn projections_mut(&mut self) -> Vec<(String, &mut Matrix)> {
+        let attention = [&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        let attention = (["q", "k", "v", "o"].into_iter().map(str::to_owned)).zip(attention);
+        attention.chain(self.mlp.named_mut()).collect()
+    }
+
     /// Layer `i` of a model of shape `c`, cut to `tp`'s shard (see [`crate::tp`]).
     fn load(t: &TensorMap, n: WeightNaming, i: usize, c: &ModelConfig, tp: TpRank) -> Result<Self> {
         let (h, q_dim, kv_dim, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -291,14 +299,7 @@ impl LlamaModel {
     /// says; the embeddings and the LM head stay as they are (as in GPTQ checkpoints).
     pub fn quantize_linear(&mut self, format: LoadQuantize) -> Result<()> {
         for (i, l) in self.layers.iter_mut().enumerate() {
-            let attention = [
-                ("q", &mut l.q),
-                ("k", &mut l.k),
-                ("v", &mut l.v),
-                ("o", &mut l.o),
-            ];
-            let attention = attention.into_iter().map(|(n, m)| (n.to_owned(), m));
-            for (name, m) in attention.chain(l.mlp.named_mut()) {
+            for (name, m) in l.projections_mut() {
                 *m = m.quantize_rtn(&format!("layer {i} {name}"), format)?;
             }
         }

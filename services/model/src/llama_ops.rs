@@ -36,12 +36,7 @@ impl CpuLayer<'_, '_> {
 
 /// `layer`'s dense MLP: the schedule asks a sparse layer for its experts instead.
 fn dense(layer: &Layer) -> Result<&crate::moe::Ffn> {
-    match &layer.mlp {
-        Mlp::Dense(f) => Ok(f),
-        Mlp::Sparse(_) => Err(ModelError::Internal(
-            "a dense step of a sparse layer".into(),
-        )),
-    }
+    (layer.mlp.dense()).ok_or_else(|| ModelError::Internal("a dense step of a sparse layer".into()))
 }
 
 impl LayerOps for CpuLayer<'_, '_> {

@@ -50,11 +50,11 @@ pub enum Mlp {
 }
 
 impl Mlp {
-    /// The dense MLP, or an error naming `what` cannot take a mixture of experts.
-    pub fn dense(&self, what: &str) -> Result<&Ffn> {
+    /// The dense MLP (`None` for a mixture: the caller says what that means to it).
+    pub fn dense(&self) -> Option<&Ffn> {
         match self {
-            Mlp::Dense(f) => Ok(f),
-            Mlp::Sparse(_) => Err(moe_unsupported(what)),
+            Mlp::Dense(f) => Some(f),
+            Mlp::Sparse(_) => None,
         }
     }
 

@@ -220,7 +220,7 @@ const SITES: [Site; 4] = [Site::Qkv, Site::O, Site::GateUp, Site::Down];
 const NOT_MOE: &str = "ferrite quantize";
 
 fn projections(l: &Layer) -> Result<[&Matrix; 7]> {
-    let f = l.mlp.dense(NOT_MOE)?;
+    let f = l.mlp.dense().ok_or_else(|| moe_unsupported(NOT_MOE))?;
     Ok([&l.q, &l.k, &l.v, &l.o, &f.gate, &f.up, &f.down])
 }
 
@@ -291,9 +291,7 @@ fn rtn_experts(
     for (li, base) in model.layers().iter().enumerate() {
         let start = Instant::now();
         let mut layer = base.clone();
-        let attention = [&mut layer.q, &mut layer.k, &mut layer.v, &mut layer.o];
-        let attention = (["q", "k", "v", "o"].into_iter().map(str::to_owned)).zip(attention);
-        for (name, m) in attention.chain(layer.mlp.named_mut()) {
+        for (name, m) in layer.projections_mut() {
             let (rows, cols) = (m.rows, m.cols);
             *m = rtn_matrix(opts.scheme, &m.to_f32(), rows, cols).map_err(|e| {
                 EngineError::BadTensor {
