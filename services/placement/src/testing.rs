@@ -236,13 +236,26 @@ fn health_ok(port: u16) -> bool {
     response.contains(r#""health":"true""#)
 }
 
-/// Three distinct ports the OS considers free right now (all listeners are held
-/// until all are chosen). Another process could take one before etcd binds it;
-/// on loopback in a test run that is rare enough.
+/// Three distinct free ports below the kernel's ephemeral range (all listeners are
+/// held until all are chosen). Below it, because `restart` binds the same ports again
+/// after etcd dies: a port from the ephemeral range can meanwhile become the source
+/// port of any outgoing connection (another test's client), and then etcd cannot bind
+/// it ("address already in use", seen in CI). Below the range only an explicit bind
+/// can take it. Each process starts at its own offset and walks on from there.
 fn free_ports() -> [u16; 3] {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (low, high) = (10_000u32, ephemeral_low().max(10_100));
+    let span = high - low;
+    let start = std::process::id().wrapping_mul(7_919) % span;
     let bind = || {
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"))
+        for _ in 0..span {
+            let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            let port = u16::try_from(low + offset).unwrap_or(u16::MAX);
+            if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                return listener;
+            }
+        }
+        panic!("no free loopback port in {low}..{high}")
     };
     let listeners = [bind(), bind(), bind()];
     listeners.map(|l| {
@@ -250,6 +263,14 @@ fn free_ports() -> [u16; 3] {
             .map(|a| a.port())
             .unwrap_or_else(|e| panic!("no local address: {e}"))
     })
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default 32768 elsewhere).
+fn ephemeral_low() -> u32 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 fn unique_temp_dir() -> PathBuf {
