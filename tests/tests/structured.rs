@@ -2,6 +2,7 @@
 //! official `openai` client (`tests/clients/structured_client.py`: a Pydantic `parse`, a choice
 //! list, a regex, a streamed JSON schema, a Lark grammar, tool calls, logprobs, a logit bias,
 //! and every kind of bad constraint or bias), and `ferrite.v1.Inference` with a JSON schema.
+//! And the same through OpenAI's Responses API (`tests/clients/responses_client.py`).
 
 use std::time::Duration;
 
@@ -258,5 +259,126 @@ async fn a_json_schema_under_speculative_decoding_gives_the_same_output() -> Res
     assert_eq!(texts[0].0, texts[1].0);
     assert_eq!(texts[0].1, 0.0);
     assert!(texts[1].1 >= 10.0, "{} drafts accepted", texts[1].1);
+    Ok(())
+}
+
+/// The Responses API through the official `openai` client (`tests/clients/responses_client.py`):
+/// the chat endpoint's greedy text for the same messages (instructions and a developer
+/// message as system messages), an answer cut by `max_output_tokens` as incomplete, the typed
+/// stream in order, logprobs, `responses.parse`, function calls (required, streamed, a round
+/// trip with their outputs), and what is not served refused by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_responses_api_answers_the_official_client_as_the_chat_endpoint_does() -> Result<()> {
+    let _turn = serial().await;
+    let serve = ServeProc::start().await?;
+    let base = format!("http://{}/v1", serve.http);
+    let args = ["--base-url", &base, "--model", MODEL].map(String::from);
+    let out = run_client("responses_client.py", &args, Duration::from_secs(240)).await?;
+    let show = serde_json::to_string_pretty(&out)?;
+    check_responses(&out).with_context(|| show.clone())
+}
+
+fn check_responses(out: &Value) -> Result<()> {
+    let t = &out["texts"];
+    anyhow::ensure!(t["text"] == t["chat"] && t["text"].as_str().is_some_and(|s| !s.is_empty()));
+    anyhow::ensure!(t["instructed"] == t["instructed_chat"] && t["status"] == "completed");
+    anyhow::ensure!(t["id"].as_str().is_some_and(|i| i.starts_with("resp_")));
+    let usage = &t["usage"];
+    anyhow::ensure!(usage["input_tokens"].as_u64().is_some_and(|n| n > 0));
+    anyhow::ensure!(
+        usage["total_tokens"].as_u64()
+            == Some(
+                usage["input_tokens"].as_u64().unwrap_or(0)
+                    + usage["output_tokens"].as_u64().unwrap_or(0)
+            )
+    );
+    anyhow::ensure!(
+        t["cut"]
+            == json!({"status": "incomplete", "reason": "max_output_tokens", "output_tokens": 3})
+    );
+
+    let s = &out["stream"];
+    let types: Vec<&str> = s["types"]
+        .as_array()
+        .context("types")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let (head, tail) = (&types[..4], &types[types.len() - 4..]);
+    anyhow::ensure!(
+        head == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added"
+        ]
+    );
+    anyhow::ensure!(
+        tail == [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let sequence: Vec<u64> = s["sequence"]
+        .as_array()
+        .context("sequence")?
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    anyhow::ensure!(sequence == (0..types.len() as u64).collect::<Vec<_>>());
+    anyhow::ensure!(s["deltas"].as_u64().is_some_and(|n| n >= 2) && s["joined"] == s["final_text"]);
+
+    let l = &out["logprobs"];
+    anyhow::ensure!(l["tokens"] == l["text"] && l["all_negative"] == true);
+    let counts = l["top_counts"].as_array().context("counts")?;
+    anyhow::ensure!(!counts.is_empty() && counts.iter().all(|c| c == 2));
+
+    let p = &out["parsed"];
+    anyhow::ensure!(p["status"] == "completed" && p["parsed"]["name"].is_string());
+    anyhow::ensure!(p["parsed"]["population"].is_i64());
+
+    let c = &out["calls"];
+    let calls = c["calls"].as_array().context("calls")?;
+    anyhow::ensure!(!calls.is_empty());
+    for call in calls {
+        anyhow::ensure!(call["name"] == "get_weather" && call["arguments"]["city"].is_string());
+        anyhow::ensure!(
+            call["call_id"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("call_"))
+        );
+    }
+    // The tool's output reached the model: its answer is text, and uses it.
+    anyhow::ensure!(c["answer_types"] == json!(["message"]));
+    anyhow::ensure!(c["answer"].as_str().is_some_and(|a| a.contains("22")));
+    let streamed: Vec<&str> = c["stream_types"]
+        .as_array()
+        .context("stream types")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let added = streamed
+        .iter()
+        .position(|t| *t == "response.output_item.added");
+    let delta = streamed
+        .iter()
+        .position(|t| *t == "response.function_call_arguments.delta");
+    anyhow::ensure!(
+        added.is_some() && added < delta,
+        "the call's item before its arguments"
+    );
+    anyhow::ensure!(c["argument_pieces"].as_u64().is_some_and(|n| n >= 2));
+    anyhow::ensure!(c["joined"] == c["final_arguments"]);
+
+    for (case, param) in [
+        ("previous_response_id", "previous_response_id"),
+        ("hosted_tool", "tools"),
+        ("image", "input"),
+    ] {
+        let r = &out["refused"][case];
+        anyhow::ensure!(r["status"] == 400 && r["param"] == param, "{case}: {r}");
+    }
     Ok(())
 }

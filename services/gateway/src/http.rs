@@ -1,5 +1,5 @@
 //! OpenAI-compatible HTTP: `GET /v1/models`, `POST /v1/completions`,
-//! `POST /v1/chat/completions`, streamed as server-sent events or not, errors in OpenAI's JSON
+//! `POST /v1/chat/completions` and `POST /v1/responses` ([`crate::responses`]), streamed as server-sent events or not, errors in OpenAI's JSON
 //! shape (`{"error": {"message", "type", "param", "code"}}`).
 
 use std::sync::Arc;
@@ -20,7 +20,9 @@ use crate::openai::{
     ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompts,
 };
 use crate::reply::{self, ChunkWriter, Kind, Reply};
-use crate::validate::Prompt;
+use crate::stream::Indexed;
+use crate::tools::Tools;
+use crate::validate::{Constraint, Prompt};
 use crate::{Choices, Gateway, GenerateArgs, trace};
 
 pub fn router(gateway: Gateway) -> Router {
@@ -29,6 +31,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/v1/models/{model}", get(retrieve_model))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(crate::responses::create))
         .merge(crate::tokenizer_http::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
@@ -86,7 +89,7 @@ async fn require_key(
 /// The largest request body accepted (a 413 past it).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -210,20 +213,58 @@ async fn run(
         per_prompt: choices as usize,
         echo,
     };
+    let asked = Asked {
+        model: common.model.clone(),
+        sampling,
+        constraint,
+        tools,
+        choices,
+    };
+    let (events, n) = open(&gw, headers, caller, &asked, &prompts, started).await?;
+    if common.stream {
+        let stream = reply::sse(events, ChunkWriter::new(reply, n));
+        return Ok(Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    Ok(Json(reply::body(events, &reply, n).await?).into_response())
+}
+
+/// What a request asks of the pools, whichever endpoint it came by.
+pub(crate) struct Asked {
+    pub model: String,
+    pub sampling: api::SamplingParams,
+    pub constraint: Option<Constraint>,
+    pub tools: Option<Arc<Tools>>,
+    /// Choices per prompt (`n`).
+    pub choices: u32,
+}
+
+/// Opens `asked.choices` choices of each of `prompts`, each prompt a request of its own to the
+/// gateway (its span, its limits), all at once; gives their events merged, and how many
+/// choices there are (choice `j` of prompt `i` has index `i * choices + j`).
+pub(crate) async fn open(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    caller: Caller,
+    asked: &Asked,
+    prompts: &[Prompt],
+    started: Instant,
+) -> Result<(impl futures::Stream<Item = Indexed> + Send + 'static, usize), ApiError> {
     let opened = prompts.iter().map(|prompt| {
-        let span = trace::request_span(&common.model, prompt);
+        let span = trace::request_span(&asked.model, prompt);
         ferrite_telemetry::propagation::set_parent_from_headers(&span, headers);
         let args = GenerateArgs {
-            model: &common.model,
+            model: &asked.model,
             prompt,
-            sampling: Some(sampling.clone()),
-            constraint: constraint.clone(),
-            tools: tools.clone(),
+            sampling: Some(asked.sampling.clone()),
+            constraint: asked.constraint.clone(),
+            tools: asked.tools.clone(),
             deadline: None,
             started,
             api: trace::Api::Http,
             caller,
-            choices,
+            choices: asked.choices,
         };
         gw.generate(args, span)
     });
@@ -233,14 +274,7 @@ async fn run(
         .flat_map(Choices::into_streams)
         .collect();
     let n = streams.len();
-    let events = crate::stream::merge(streams);
-    if common.stream {
-        let stream = reply::sse(events, ChunkWriter::new(reply, n));
-        return Ok(Sse::new(stream)
-            .keep_alive(KeepAlive::default())
-            .into_response());
-    }
-    Ok(Json(reply::body(events, &reply, n).await?).into_response())
+    Ok((crate::stream::merge(streams), n))
 }
 
 /// What `echo` puts before each prompt's choices: a text prompt as it was sent, token ids as

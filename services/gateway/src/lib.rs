@@ -41,6 +41,8 @@ pub mod openai;
 pub mod outlier;
 pub mod pools;
 pub mod reply;
+pub mod responses;
+pub mod responses_reply;
 pub mod route;
 pub mod stream;
 pub mod tokenizer_http;

@@ -1,0 +1,424 @@
+//! OpenAI's Responses API, `POST /v1/responses`: what the official SDKs' `responses.create`
+//! and `responses.parse` send (and agent frameworks built on them). A request is one chat: its
+//! `instructions` and `input` items become the chat's messages, `text.format` its structured
+//! output, `tools` its function tools; the answer's text and calls come back as output items,
+//! whole or as the API's typed stream of events ([`crate::responses_reply`]).
+//!
+//! ferrite keeps no responses: a request that needs a stored one (`previous_response_id`,
+//! `conversation`, an `item_reference`) is refused, and every answer says `"store": false`.
+//! So are the hosted tools (web or file search, computer use...), images and files, reasoning,
+//! and `truncation: auto`: a 400 naming the field, never a silent difference.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use ferrite_proto::v1 as api;
+use ferrite_structured::Spec;
+use ferrite_text::ChatMessage;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::Gateway;
+use crate::api_error::{ApiError, bad_json};
+use crate::auth::Caller;
+use crate::http::{Asked, open, unix_now};
+use crate::responses_reply::{self, ResponseWriter};
+use crate::tools::{self, Function, PastCall, ToolChoice, Tools};
+use crate::validate::{Constraint, Prompt};
+
+/// `POST /v1/responses`.
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    model: String,
+    input: Value,
+    instructions: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    max_output_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    text: Option<Value>,
+    top_logprobs: Option<u32>,
+    include: Option<Vec<String>>,
+    metadata: Option<Value>,
+    /// vLLM's extensions, as on the chat endpoint.
+    #[serde(flatten)]
+    extra: Extensions,
+    /// Refused when set (see the module's note).
+    previous_response_id: Option<Value>,
+    conversation: Option<Value>,
+    background: Option<bool>,
+    reasoning: Option<Value>,
+    truncation: Option<String>,
+    prompt: Option<Value>,
+}
+
+/// The sampling fields vLLM takes beside the Responses API's own.
+#[derive(Debug, Default, Deserialize)]
+struct Extensions {
+    top_k: Option<u32>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+/// What `include` may ask for.
+const LOGPROBS_INCLUDE: &str = "message.output_text.logprobs";
+
+/// `POST /v1/responses`: one chat, answered as a response object or its stream of events.
+pub async fn create(
+    State(gw): State<Gateway>,
+    caller: Option<Extension<Caller>>,
+    headers: HeaderMap,
+    body: Result<Json<ResponsesRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body.map_err(bad_json)?;
+    req.refuse_unsupported()?;
+    let messages = req.messages()?;
+    let asked = Asked {
+        model: req.model.clone(),
+        sampling: req.sampling()?,
+        constraint: text_format(req.text.as_ref())?,
+        tools: req.tools()?.map(Arc::new),
+        choices: 1,
+    };
+    let started = Instant::now();
+    let writer = ResponseWriter::new(req.echo(&asked), asked.sampling.logprobs.is_some());
+    let caller = caller.map(|Extension(c)| c).unwrap_or_default();
+    let prompts = [Prompt::Chat(messages)];
+    let (events, _) = open(&gw, &headers, caller, &asked, &prompts, started).await?;
+    if req.stream {
+        let stream = responses_reply::sse(events, writer);
+        return Ok(Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    Ok(Json(responses_reply::body(events, writer).await?).into_response())
+}
+
+impl ResponsesRequest {
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        let refuse = |param: &'static str, why: &str| {
+            Err(ApiError::invalid(
+                format!("`{param}` is not supported: {why}"),
+                Some(param),
+            ))
+        };
+        let stored = "ferrite keeps no responses; send the whole conversation as `input`";
+        if is_set(&self.previous_response_id) {
+            return refuse("previous_response_id", stored);
+        }
+        if is_set(&self.conversation) {
+            return refuse("conversation", stored);
+        }
+        if self.background == Some(true) {
+            return refuse(
+                "background",
+                "responses are answered while the request waits",
+            );
+        }
+        if is_set(&self.reasoning) {
+            return refuse(
+                "reasoning",
+                "ferrite's models are not run as reasoning models",
+            );
+        }
+        if self.truncation.as_deref().is_some_and(|t| t != "disabled") {
+            return refuse(
+                "truncation",
+                "only `disabled`: a conversation longer than the context is refused",
+            );
+        }
+        if is_set(&self.prompt) {
+            return refuse("prompt", "no stored prompt templates");
+        }
+        for item in self.include.iter().flatten() {
+            if item != LOGPROBS_INCLUDE {
+                return Err(ApiError::invalid(
+                    format!("`include`: `{item}` is not served (only `{LOGPROBS_INCLUDE}`)"),
+                    Some("include"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn sampling(&self) -> Result<api::SamplingParams, ApiError> {
+        let asked = self.include.iter().flatten().any(|i| i == LOGPROBS_INCLUDE);
+        let logprobs = (asked || self.top_logprobs.is_some_and(|n| n > 0))
+            .then(|| self.top_logprobs.unwrap_or(0));
+        let x = &self.extra;
+        Ok(api::SamplingParams {
+            max_tokens: self.max_output_tokens,
+            temperature: self.temperature,
+            top_k: x.top_k,
+            top_p: self.top_p,
+            min_p: x.min_p,
+            seed: x.seed,
+            repetition_penalty: x.repetition_penalty,
+            presence_penalty: x.presence_penalty,
+            frequency_penalty: x.frequency_penalty,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            logprobs,
+            ignore_eos: x.ignore_eos,
+            logit_bias: Vec::new(),
+            prompt_logprobs: None,
+        })
+    }
+
+    /// The chat: `instructions` as its system message, then the `input` (a text is one user
+    /// message).
+    fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        let mut out = Vec::new();
+        if let Some(text) = &self.instructions {
+            out.push(ChatMessage::new("system", text.clone()));
+        }
+        match &self.input {
+            Value::String(text) => out.push(ChatMessage::new("user", text.clone())),
+            Value::Array(items) => out.extend(input_messages(items).map_err(bad_input)?),
+            _ => return Err(bad_input("must be a text or a list of items".into())),
+        }
+        Ok(out)
+    }
+
+    /// The request's function tools, unless it has none.
+    fn tools(&self) -> Result<Option<Tools>, ApiError> {
+        let functions: Vec<Function> = match &self.tools {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(i, t)| function(i, t))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(ApiError::invalid("`tools` must be a list", Some("tools"))),
+        };
+        let bad = |m: String| ApiError::invalid(format!("`tool_choice`: {m}"), Some("tool_choice"));
+        let choice = match &self.tool_choice {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => ToolChoice::None,
+                "auto" => ToolChoice::Auto,
+                "required" => ToolChoice::Required,
+                other => return Err(bad(format!("`{other}` is not none, auto or required"))),
+            },
+            Some(v) => match (v["type"].as_str(), v["name"].as_str()) {
+                (Some("function"), Some(name)) => ToolChoice::Named(name.to_owned()),
+                _ => {
+                    return Err(bad(
+                        "a named choice is {\"type\": \"function\", \"name\": ...}".into(),
+                    ));
+                }
+            },
+        };
+        let parallel = self.parallel_tool_calls.unwrap_or(true);
+        Tools::new(functions, choice, parallel).map_err(bad)
+    }
+
+    /// The request's settings as the response object repeats them.
+    fn echo(&self, asked: &Asked) -> responses_reply::Head {
+        let format = self
+            .text
+            .as_ref()
+            .and_then(|t| t.get("format"))
+            .cloned()
+            .unwrap_or_else(|| json!({ "type": "text" }));
+        let settings = json!({
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            // Unset, the model's recommended sampling applies (as `/v1/models` shows it).
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_logprobs": self.top_logprobs.unwrap_or(0),
+            "tools": self.tools.clone().unwrap_or_else(|| json!([])),
+            "tool_choice": self.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+            "parallel_tool_calls": self.parallel_tool_calls.unwrap_or(true),
+            "text": { "format": format },
+            "metadata": self.metadata.clone().unwrap_or_else(|| json!({})),
+            "truncation": "disabled",
+            "store": false,
+            "background": false,
+            "previous_response_id": null,
+            "reasoning": null,
+        });
+        responses_reply::Head {
+            id: response_id(),
+            created_at: unix_now(),
+            model: asked.model.clone(),
+            settings,
+        }
+    }
+}
+
+/// Whether a field that may be sent as null is set.
+fn is_set(v: &Option<Value>) -> bool {
+    v.as_ref().is_some_and(|v| !v.is_null())
+}
+
+fn bad_input(m: String) -> ApiError {
+    ApiError::invalid(format!("`input`: {m}"), Some("input"))
+}
+
+/// A `resp_` id, unique enough within a gateway's life.
+fn response_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("resp_{:x}{n:06x}", unix_now())
+}
+
+/// Tool `i` of a request: `{"type": "function", "name", "description", "parameters"}` (the
+/// Responses API's flat form; `strict` is how ferrite holds every call anyway).
+fn function(i: usize, tool: &Value) -> Result<Function, ApiError> {
+    let bad = |m: String| ApiError::invalid(format!("`tools[{i}]`: {m}"), Some("tools"));
+    match tool["type"].as_str() {
+        Some("function") => {}
+        Some(other) => {
+            return Err(bad(format!(
+                "type `{other}` is not served: only function tools"
+            )));
+        }
+        None => return Err(bad("needs a `type`".into())),
+    }
+    let name = tool["name"]
+        .as_str()
+        .ok_or_else(|| bad("no `name`".into()))?;
+    let description = tool["description"].as_str().map(str::to_owned);
+    Function::new(name, description, tool.get("parameters").cloned()).map_err(bad)
+}
+
+/// `text.format`: `text` (no constraint), `json_object`, or `json_schema` with its `schema`
+/// and `strict` (the Responses API's flat form of chat's `response_format`).
+fn text_format(text: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
+    const FIELD: &str = "text.format";
+    let Some(format) = text.and_then(|t| t.get("format")).filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |m: String| Err(ApiError::invalid(format!("`{FIELD}`: {m}"), Some(FIELD)));
+    let spec = match format.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => Spec::JsonObject,
+        Some("json_schema") => Spec::JsonSchema {
+            schema: format.get("schema").cloned().unwrap_or_else(|| json!({})),
+            strict: format
+                .get("strict")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        },
+        Some(other) => {
+            return bad(format!(
+                "type `{other}` is not one of text, json_object, json_schema"
+            ));
+        }
+        None => return bad("needs a `type` (text, json_object or json_schema)".into()),
+    };
+    Ok(Some(Constraint { spec, field: FIELD }))
+}
+
+/// A chat message being gathered from input items: an assistant's text and the calls that
+/// follow it are one message.
+struct Pending {
+    role: String,
+    content: String,
+    calls: Vec<PastCall>,
+    tool_call_id: Option<String>,
+}
+
+impl Pending {
+    fn message(self) -> Result<ChatMessage, String> {
+        tools::chat_message(&self.role, self.content, self.calls, self.tool_call_id)
+    }
+}
+
+/// The chat messages of `input` items: messages (`role` and `content`), the model's past
+/// `function_call`s (joined to the assistant message before them) and their
+/// `function_call_output`s.
+fn input_messages(items: &[Value]) -> Result<Vec<ChatMessage>, String> {
+    let mut pending: Vec<Pending> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let kind = item["type"].as_str().unwrap_or("message");
+        let at = |m: String| format!("item {i}: {m}");
+        let text = |key: &str| item[key].as_str().map(str::to_owned);
+        match kind {
+            "message" => pending.push(Pending {
+                role: text("role").ok_or_else(|| at("a message needs a `role`".into()))?,
+                content: content_text(&item["content"]).map_err(at)?,
+                calls: Vec::new(),
+                tool_call_id: None,
+            }),
+            "function_call" => {
+                let (Some(id), Some(name)) = (text("call_id"), text("name")) else {
+                    return Err(at("a function_call needs `call_id` and `name`".into()));
+                };
+                let args = text("arguments").unwrap_or_default();
+                let call = PastCall::new(id, name, &args).map_err(at)?;
+                match pending.last_mut() {
+                    Some(last) if last.role == "assistant" => last.calls.push(call),
+                    _ => pending.push(Pending {
+                        role: "assistant".into(),
+                        content: String::new(),
+                        calls: vec![call],
+                        tool_call_id: None,
+                    }),
+                }
+            }
+            "function_call_output" => pending.push(Pending {
+                role: "tool".into(),
+                content: content_text(&item["output"]).map_err(at)?,
+                calls: Vec::new(),
+                tool_call_id: Some(
+                    text("call_id")
+                        .ok_or_else(|| at("a function_call_output needs `call_id`".into()))?,
+                ),
+            }),
+            other => {
+                return Err(at(format!(
+                    "type `{other}` is not served (messages, function_call and function_call_output are)"
+                )));
+            }
+        }
+    }
+    pending
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.message()
+                .map_err(|m| format!("message {i} of the chat: {m}"))
+        })
+        .collect()
+}
+
+/// A message's `content` (or a call output's `output`): a text, or parts of text
+/// (`input_text`, `output_text`).
+fn content_text(content: &Value) -> Result<String, String> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| match (p["type"].as_str(), p["text"].as_str()) {
+                (Some("input_text" | "output_text" | "text"), Some(t)) => Ok(t.to_owned()),
+                (kind, _) => Err(format!(
+                    "content part `{}` is not served (text parts are)",
+                    kind.unwrap_or("without a type")
+                )),
+            })
+            .collect(),
+        _ => Err("content must be a text or a list of parts".into()),
+    }
+}
+
+#[cfg(test)]
+#[path = "responses_tests.rs"]
+mod tests;
