@@ -346,10 +346,15 @@ impl ServeProc {
 
     /// [`ServeProc::start`] with `env` added to its environment.
     pub async fn start_with_env(env: &[(String, String)]) -> Result<Self> {
+        Self::start_model(MODEL, env).await
+    }
+
+    /// [`ServeProc::start_with_env`] of `--model model`.
+    pub async fn start_model(model: &str, env: &[(String, String)]) -> Result<Self> {
         let args = [
             "serve",
             "--model",
-            MODEL,
+            model,
             "--grpc-listen",
             "127.0.0.1:0",
             "--http-listen",

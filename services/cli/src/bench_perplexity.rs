@@ -71,8 +71,8 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if formats.is_empty() {
         bail!("--formats is empty");
     }
-    let path = registry::resolve(&args.model, |m| {
-        eprintln!("ferrite: pulling {} ...", m.name);
+    let path = registry::resolve(&args.model, |what| {
+        eprintln!("ferrite: {what} ...");
     })?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;

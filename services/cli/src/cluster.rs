@@ -309,8 +309,13 @@ fn served_name(args: &WorkerArgs) -> String {
     if let Some(n) = &args.served_model_name {
         return n.clone();
     }
-    if registry::known(&args.model.model).is_some() {
-        return args.model.model.clone();
+    // A known name, or a Hub repository (`Qwen/Qwen2.5-0.5B-Instruct`, as vLLM serves it),
+    // is the model's name as given.
+    let name = &args.model.model;
+    if registry::known(name).is_some()
+        || (!Path::new(name).exists() && ferrite_hub::RepoRef::parse(name).is_some())
+    {
+        return name.clone();
     }
     let p = Path::new(&args.model.model);
     p.file_stem().map_or_else(

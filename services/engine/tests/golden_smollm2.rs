@@ -23,8 +23,8 @@ fn model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRITE_TEST_GGUF") {
         return PathBuf::from(p);
     }
-    registry::resolve(registry::DEFAULT_MODEL, |m| {
-        eprintln!("pulling {} for the golden tests", m.name)
+    registry::resolve(registry::DEFAULT_MODEL, |what| {
+        eprintln!("{what} for the golden tests")
     })
     .expect("the default model (set FERRITE_TEST_GGUF or let the test pull it)")
 }

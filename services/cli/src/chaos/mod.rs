@@ -101,7 +101,7 @@ impl Cluster {
             bail!("bench chaos runs a real etcd: put `etcd` on the PATH (Debian: etcd-server)");
         }
         let model_file =
-            ferrite_engine::registry::resolve(&args.model, |m| eprintln!("pulling {}", m.name))
+            ferrite_engine::registry::resolve(&args.model, |what| eprintln!("ferrite: {what} ..."))
                 .with_context(|| format!("resolving --model {}", args.model))?;
         let dir = procs::run_dir()?;
         let etcd = tokio::task::spawn_blocking(EtcdServer::start).await?;

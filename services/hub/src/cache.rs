@@ -1,0 +1,192 @@
+//! The Hub's cache, in `huggingface_hub`'s layout, which both read and write:
+//!
+//! ```text
+//! models--{org}--{name}/
+//!   blobs/{etag}                      file contents: the sha256 of an LFS file, else its git blob id
+//!   refs/{revision}                   the commit a branch or tag pointed to when last fetched
+//!   snapshots/{commit}/{path}         a relative symlink to ../../blobs/{etag}
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::select::{Wanted, choose};
+use crate::{HubError, Result};
+
+/// `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
+/// `~/.cache/huggingface/hub` (`huggingface_hub`'s order).
+pub fn hub_cache() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = var("HF_HUB_CACHE") {
+        return d;
+    }
+    hf_home().join("hub")
+}
+
+/// `$HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
+pub(crate) fn hf_home() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = var("HF_HOME") {
+        return d;
+    }
+    let cache = var("XDG_CACHE_HOME")
+        .or_else(|| var("HOME").map(|h| h.join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("huggingface")
+}
+
+pub(crate) fn repo_dir(cache: &Path, repo: &str) -> PathBuf {
+    cache.join(format!("models--{}", repo.replace('/', "--")))
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HubError + '_ {
+    move |source| HubError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+pub(crate) fn is_commit(revision: &str) -> bool {
+    revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+/// The commit `revision` names in the cache: itself, or what its ref last pointed to.
+fn cached_commit(repo_dir: &Path, revision: &str) -> Option<String> {
+    if is_commit(revision) {
+        return Some(revision.to_owned());
+    }
+    let text = std::fs::read_to_string(repo_dir.join("refs").join(revision)).ok()?;
+    Some(text.trim().to_owned()).filter(|c| is_commit(c))
+}
+
+pub(crate) fn snapshot(repo_dir: &Path, commit: &str) -> PathBuf {
+    repo_dir.join("snapshots").join(commit)
+}
+
+/// The path to serve from the cached snapshot of `revision`, if it holds all of `wanted`:
+/// for a safetensors model its config, a tokenizer and every weight file its index lists.
+pub(crate) fn find(repo_dir: &Path, revision: &str, wanted: &Wanted) -> Result<Option<PathBuf>> {
+    let Some(commit) = cached_commit(repo_dir, revision) else {
+        return Ok(None);
+    };
+    let snap = snapshot(repo_dir, &commit);
+    if !snap.is_dir() {
+        return Ok(None);
+    }
+    let files = list(&snap)?;
+    let Ok(chosen) = choose(&files, wanted) else {
+        return Ok(None);
+    };
+    if chosen.iter().any(|f| f.ends_with(".gguf")) {
+        return Ok(chosen.first().map(|f| snap.join(f)));
+    }
+    let has = |f: &str| files.iter().any(|x| x == f);
+    let tokenizer = has("tokenizer.json") || has("tokenizer.model");
+    let complete = has("config.json") && tokenizer && index_complete(&snap, &files);
+    Ok(complete.then_some(snap))
+}
+
+/// Whether every shard `model.safetensors.index.json` names is there (true without one).
+fn index_complete(snap: &Path, files: &[String]) -> bool {
+    let Ok(text) = std::fs::read_to_string(snap.join("model.safetensors.index.json")) else {
+        return true;
+    };
+    let Ok(index) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return false;
+    };
+    let map = index["weight_map"].as_object();
+    map.is_some_and(|m| {
+        m.values()
+            .filter_map(|v| v.as_str())
+            .all(|shard| files.iter().any(|f| f == shard))
+    })
+}
+
+/// The files under `dir` (a snapshot), as repository paths; links to blobs that are not
+/// there are left out.
+fn list(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(io(&d))? {
+            let path = entry.map_err(io(&d))?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.is_file()
+                && let Ok(rel) = path.strip_prefix(dir)
+            {
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Records that `revision` is `commit` (`refs/{revision}`), as `huggingface_hub` does.
+pub(crate) fn write_ref(repo_dir: &Path, revision: &str, commit: &str) -> Result<()> {
+    if is_commit(revision) {
+        return Ok(());
+    }
+    let path = repo_dir.join("refs").join(revision);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    write_atomic(&path, commit.as_bytes())
+}
+
+/// Writes `bytes` beside `path`, then renames it there: a reader sees all or nothing.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_beside(path);
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// A file name beside `path` no other process or thread writes to.
+pub(crate) fn temp_beside(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.{}.{n}.incomplete", std::process::id()))
+}
+
+pub(crate) fn blob(repo_dir: &Path, etag: &str) -> PathBuf {
+    repo_dir.join("blobs").join(etag)
+}
+
+/// Links `snapshots/{commit}/{file}` to `blobs/{etag}` with a relative path, as
+/// `huggingface_hub` does (so the cache can move).
+#[cfg(unix)]
+pub(crate) fn link(repo_dir: &Path, commit: &str, file: &str, etag: &str) -> Result<()> {
+    let path = snapshot(repo_dir, commit).join(file);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let depth = file.matches('/').count() + 2;
+    let target = PathBuf::from("../".repeat(depth)).join("blobs").join(etag);
+    let tmp = temp_beside(&path);
+    std::os::unix::fs::symlink(&target, &tmp).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))
+}
+
+/// Where symlinks are not to be had, the snapshot holds a copy (as `huggingface_hub` falls
+/// back to).
+#[cfg(not(unix))]
+pub(crate) fn link(repo_dir: &Path, commit: &str, file: &str, etag: &str) -> Result<()> {
+    let path = snapshot(repo_dir, commit).join(file);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let from = blob(repo_dir, etag);
+    std::fs::copy(&from, &path).map(|_| ()).map_err(io(&path))
+}

@@ -1,0 +1,277 @@
+//! Models named by their Hugging Face Hub repository. huggingface.co cannot be reached from
+//! CI, so a local server speaks the Hub's protocol (`tests/clients/hub_server.py`: the
+//! revision and tree APIs, `resolve` with LFS files redirected to another host), and the
+//! official `huggingface_hub` client is the reference (`tests/clients/hub_interop.py`): it
+//! downloads from the same server, and ferrite's cache must be the tree it makes, readable by
+//! it offline; a GGUF file it downloaded is served by ferrite by `repo:quant` with the network
+//! forbidden; and every way a download goes wrong says what to do.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use ferrite_cluster_tests::cluster::ServeProc;
+use ferrite_cluster_tests::python::client_script;
+use ferrite_cluster_tests::{Proc, ferrite_bin, http, serial, workspace_root};
+use serde_json::{Value, json};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const GGUF_REPO: &str = "ferrite-test/SmolLM2-135M-Instruct-GGUF";
+
+/// The repositories the server holds, under `root/{org}/{name}`.
+fn make_repos(root: &Path, default_model: &Path) -> Result<()> {
+    let fixtures = workspace_root().join("tests/fixtures");
+    let llama = fixtures.join("models/llama31");
+    let tok = fixtures.join("quant/interop/ct_gptq_w4a16");
+    let put = |repo: &str, name: &str, from: Result<PathBuf, &[u8]>| -> Result<()> {
+        let path = root.join(repo).join(name);
+        std::fs::create_dir_all(path.parent().context("a parent")?)?;
+        match from {
+            Ok(src) => std::fs::copy(&src, &path).map(|_| ()),
+            Err(bytes) => std::fs::write(&path, bytes),
+        }
+        .with_context(|| format!("writing {}", path.display()))
+    };
+    let sharded = "tiny/llama31-sharded";
+    for f in ["config.json", "model.safetensors.index.json"]
+        .into_iter()
+        .chain((1..=3).map(|i| match i {
+            1 => "model-00001-of-00003.safetensors",
+            2 => "model-00002-of-00003.safetensors",
+            _ => "model-00003-of-00003.safetensors",
+        }))
+    {
+        put(sharded, f, Ok(llama.join(f)))?;
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        put(sharded, f, Ok(tok.join(f)))?;
+    }
+    // Files ferrite does not read: never downloaded.
+    put(sharded, "README.md", Err(b"# tiny\n"))?;
+    put(sharded, "pytorch_model.bin", Err(&[7u8; 1000]))?;
+    put(sharded, "onnx/model.onnx", Err(b"onnx"))?;
+    for repo in ["gated/tiny", "corrupt/tiny"] {
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            put(repo, f, Ok(tok.join(f)))?;
+        }
+    }
+    put(
+        GGUF_REPO,
+        "SmolLM2-135M-Instruct-Q4_1.gguf",
+        Ok(default_model.to_owned()),
+    )?;
+    let other = fixtures.join("models/qwen2/model.gguf");
+    put(GGUF_REPO, "SmolLM2-135M-Instruct-Q8_0.gguf", Ok(other))?;
+    put(GGUF_REPO, "README.md", Err(b"# gguf\n"))
+}
+
+/// The Hub's stand-in on a free port.
+async fn start_hub(root: &Path) -> Result<(Proc, String)> {
+    let script = client_script("hub_server.py")
+        .to_string_lossy()
+        .into_owned();
+    let args = [script, "--root".into(), root.to_string_lossy().into_owned()];
+    let mut proc = Proc::spawn("hub_server", Path::new("python3"), &args)?;
+    for _ in 0..100 {
+        if let Some(port) = proc.stdout().iter().find_map(|l| l.strip_prefix("port ")) {
+            return Ok((proc, format!("http://127.0.0.1:{}", port.trim())));
+        }
+        if !proc.is_running() {
+            bail!("hub_server exited: {}", proc.stderr_report().await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("hub_server printed no port")
+}
+
+/// `(key, value)` pairs as a process's environment takes them.
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).into(), (*v).into()))
+        .collect()
+}
+
+/// `ferrite model ARGS` with `env`: whether it succeeded, its stdout and its stderr.
+async fn ferrite(args: &[&str], env: &[(String, String)]) -> Result<(bool, String, String)> {
+    let args: Vec<String> = ["model"]
+        .iter()
+        .chain(args)
+        .map(|s| (*s).to_owned())
+        .collect();
+    let mut proc = Proc::spawn_with_env("ferrite model", &ferrite_bin()?, &args, env)?;
+    let status = proc.wait_exit(TIMEOUT).await?;
+    let _ = proc.stderr_report().await; // lets the pipes drain
+    Ok((status.success(), proc.stdout().join("\n"), proc.stderr()))
+}
+
+/// A cache's model directories as (path, link target or "file") pairs: what `huggingface_hub`
+/// keeps beside them (`.locks`, `CACHEDIR.TAG`, its `trees/` listings) left out.
+fn tree(cache: &Path) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let mut stack = vec![cache.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            let rel = path.strip_prefix(cache)?.to_string_lossy().into_owned();
+            if !rel.starts_with("models--") || rel.contains("/trees") {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path)?;
+            if meta.is_symlink() {
+                out.push((
+                    rel,
+                    std::fs::read_link(&path)?.to_string_lossy().into_owned(),
+                ));
+            } else if meta.is_dir() {
+                stack.push(path);
+            } else {
+                out.push((rel, "file".into()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `hub_interop.py ARGS` against `endpoint`: what it printed.
+async fn interop(args: &[&str], endpoint: &str) -> Result<Value> {
+    let mut full = vec![
+        client_script("hub_interop.py")
+            .to_string_lossy()
+            .into_owned(),
+    ];
+    full.extend(args.iter().map(|s| (*s).to_owned()));
+    let env = env(&[("HF_ENDPOINT", endpoint)]);
+    let mut proc = Proc::spawn_with_env("hub_interop", Path::new("python3"), &full, &env)?;
+    let status = proc.wait_exit(TIMEOUT).await?;
+    let report = proc.stderr_report().await;
+    anyhow::ensure!(status.success(), "hub_interop {full:?} failed\n{report}");
+    let last = proc.stdout().pop().context("no output")?;
+    serde_json::from_str(&last).with_context(|| last.clone())
+}
+
+/// An endpoint where nothing listens: what resolves with it used no network.
+const NOWHERE: &str = "http://127.0.0.1:9";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_models_share_huggingface_hubs_cache_and_serve_from_it_offline() -> Result<()> {
+    let _turn = serial().await;
+    let work = std::env::temp_dir().join(format!("ferrite-hub-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let path_args = ["model", "path"].map(String::from);
+    let default_model = Proc::output("model path", &ferrite_bin()?, &path_args, TIMEOUT).await?;
+    make_repos(&work.join("repos"), Path::new(default_model.trim()))?;
+    let (_hub, endpoint) = start_hub(&work.join("repos")).await?;
+    let cache = |c: &str| work.join(c).to_string_lossy().into_owned();
+    shares_the_cache(&endpoint, &cache("a"), &cache("b")).await?;
+    serves_offline(&endpoint, &cache("c")).await?;
+    failures_say_what_to_do(&endpoint, &cache("d")).await?;
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// ferrite downloads the model's files and no others into cache `a`; huggingface_hub
+/// downloads the same files into `b`: the two trees are the same, huggingface_hub reads
+/// ferrite's without the network, and so does ferrite.
+async fn shares_the_cache(endpoint: &str, a: &str, b: &str) -> Result<()> {
+    let online = env(&[("HF_ENDPOINT", endpoint), ("HF_HUB_CACHE", a)]);
+    let (ok, path, err) = ferrite(&["pull", "tiny/llama31-sharded"], &online).await?;
+    anyhow::ensure!(ok, "pull failed: {err}");
+    let mut files: Vec<String> = std::fs::read_dir(&path)?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    files.sort();
+    let shards = (1..=3).map(|i| format!("model-0000{i}-of-00003.safetensors"));
+    let mut want: Vec<String> = [
+        "config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain(shards)
+    .collect();
+    want.sort();
+    assert_eq!(files, want);
+    let mut download = vec!["download", "tiny/llama31-sharded", "--cache", b, "--allow"];
+    download.extend(files.iter().map(String::as_str));
+    interop(&download, endpoint).await?;
+    assert_eq!(tree(Path::new(a))?, tree(Path::new(b))?);
+    let read = interop(&["read", "tiny/llama31-sharded", "--cache", a], NOWHERE).await?;
+    assert_eq!(read["path"], json!(path.trim()), "{read}");
+    assert!(
+        read["config"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("config.json")),
+        "{read}"
+    );
+    let cached = env(&[("HF_ENDPOINT", NOWHERE), ("HF_HUB_CACHE", a)]);
+    let (ok, again, err) = ferrite(&["path", "tiny/llama31-sharded"], &cached).await?;
+    anyhow::ensure!(ok && again == path, "{again} {err}");
+    Ok(())
+}
+
+/// huggingface_hub downloads one GGUF file of a repository of two; ferrite serves it by
+/// `repo:quant`, the network forbidden, under that name.
+async fn serves_offline(endpoint: &str, c: &str) -> Result<()> {
+    let file = "SmolLM2-135M-Instruct-Q4_1.gguf";
+    interop(
+        &["download", GGUF_REPO, "--cache", c, "--file", file],
+        endpoint,
+    )
+    .await?;
+    let name = format!("{GGUF_REPO}:Q4_1");
+    let offline = env(&[
+        ("HF_HUB_CACHE", c),
+        ("HF_HUB_OFFLINE", "1"),
+        ("HF_ENDPOINT", NOWHERE),
+    ]);
+    let serve = ServeProc::start_model(&name, &offline).await?;
+    let models = http::get(serve.http, "/v1/models").await?.json()?;
+    assert_eq!(models["data"][0]["id"], json!(name), "{models}");
+    let body = json!({"model": name, "temperature": 0, "max_tokens": 16,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}]});
+    let answer = http::post_json(serve.http, "/v1/chat/completions", &body)
+        .await?
+        .json()?;
+    let text = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    anyhow::ensure!(text.contains("Paris"), "{answer}");
+    Ok(())
+}
+
+/// What goes wrong says what to do, and leaves no file behind as if it were good.
+async fn failures_say_what_to_do(endpoint: &str, d: &str) -> Result<()> {
+    let online = [("HF_ENDPOINT", endpoint), ("HF_HUB_CACHE", d)];
+    let offline = Some(("HF_HUB_OFFLINE", "1"));
+    let cases = [
+        ("gated/tiny", None, "HF_TOKEN"),
+        ("corrupt/tiny", None, "arrived corrupt"),
+        (GGUF_REPO, None, "SmolLM2-135M-Instruct-Q8_0.gguf"),
+        ("tiny/llama31-sharded@v2", None, "revision v2"),
+        ("tiny/llama31-sharded", offline, "HF_HUB_OFFLINE"),
+    ];
+    for (repo, extra, says) in cases {
+        let pairs: Vec<(&str, &str)> = online.iter().copied().chain(extra).collect();
+        let (ok, _, err) = ferrite(&["path", repo], &env(&pairs)).await?;
+        anyhow::ensure!(!ok && err.contains(says), "{repo}: {err}");
+    }
+    // The corrupt weights were not kept (their blob would be named by their sha256).
+    let blobs = Path::new(d).join("models--corrupt--tiny/blobs");
+    let names: Vec<String> = std::fs::read_dir(&blobs)?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    anyhow::ensure!(names.iter().all(|b| b.len() == 40), "{names:?}");
+    let token = [online[0], online[1], ("HF_TOKEN", "hf_test_token")];
+    let (ok, _, err) = ferrite(&["path", "gated/tiny"], &env(&token)).await?;
+    anyhow::ensure!(ok, "with the token: {err}");
+    Ok(())
+}
