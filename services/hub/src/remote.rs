@@ -4,6 +4,8 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -13,6 +15,9 @@ use ureq::config::RedirectAuthHeaders;
 use crate::cache::{self, blob, link, snapshot, temp_beside, write_ref};
 use crate::select::{Wanted, choose};
 use crate::{HubError, RepoRef, Result};
+
+/// Files downloaded at once.
+const PARALLEL: usize = 4;
 
 /// A file of a revision, as the API lists it.
 #[derive(Debug, Clone)]
@@ -162,14 +167,47 @@ impl Hub {
             &commit[..12],
             repo_dir.display()
         ));
-        for s in missing {
-            self.download(r, repo_dir, &commit, s)?;
-        }
+        self.download_all(r, repo_dir, &commit, &missing)?;
         write_ref(repo_dir, &r.revision, &commit)?;
         Ok(match r.wanted() {
             Wanted::Model if !chosen.iter().any(|f| f.ends_with(".gguf")) => snap,
             _ => chosen.first().map_or(snap.clone(), |f| snap.join(f)),
         })
+    }
+
+    /// `files`, [`PARALLEL`] at a time (a model's shards come faster from the CDN side by
+    /// side); the first failure stops the others from starting new files.
+    fn download_all(
+        &self,
+        r: &RepoRef,
+        repo_dir: &Path,
+        commit: &str,
+        files: &[&Sibling],
+    ) -> Result<()> {
+        let next = AtomicUsize::new(0);
+        let failed: Mutex<Option<HubError>> = Mutex::new(None);
+        let failed_yet = || failed.lock().map_or(true, |f| f.is_some());
+        std::thread::scope(|scope| {
+            for _ in 0..PARALLEL.min(files.len()) {
+                scope.spawn(|| {
+                    while !failed_yet() {
+                        let Some(s) = files.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            return;
+                        };
+                        if let Err(e) = self.download(r, repo_dir, commit, s) {
+                            if let Ok(mut f) = failed.lock() {
+                                f.get_or_insert(e);
+                            }
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner() {
+            Ok(Some(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// One file into `blobs/`, checked against the Hub's sha256 where it has one, then linked
@@ -185,7 +223,14 @@ impl Hub {
             source,
         })?;
         let tmp = temp_beside(&blobs.join(s.path.replace('/', "_")));
-        let written = copy_hashing(resp.body_mut().as_reader(), &tmp).map_err(|e| match e {
+        let progress = Progress {
+            file: &s.path,
+            total: s.size,
+            started,
+            last: started,
+        };
+        let reader = resp.body_mut().as_reader();
+        let written = copy_hashing(reader, &tmp, progress).map_err(|e| match e {
             Copy::Read(message) => HubError::Http {
                 url: url.clone(),
                 message,
@@ -254,8 +299,42 @@ enum Copy {
     Write(std::io::Error),
 }
 
+/// A line on stderr every [`PROGRESS_EVERY`] while a file downloads: a model's shard takes
+/// minutes, and a start-up that prints nothing for that long looks hung.
+struct Progress<'a> {
+    file: &'a str,
+    total: Option<u64>,
+    started: Instant,
+    last: Instant,
+}
+
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+impl Progress<'_> {
+    fn update(&mut self, done: u64) {
+        if self.last.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        let mb = |b: u64| b as f64 / 1e6;
+        let rate = mb(done) / self.started.elapsed().as_secs_f64().max(1e-3);
+        let of = self
+            .total
+            .map_or_else(String::new, |t| format!(" of {:.0}", mb(t)));
+        eprintln!(
+            "ferrite: {} {:.0}{of} MB ({rate:.1} MB/s)",
+            self.file,
+            mb(done)
+        );
+    }
+}
+
 /// Copies `from` into a new file `to`; gives its size and sha256 (hex).
-fn copy_hashing(mut from: impl Read, to: &Path) -> std::result::Result<(u64, String), Copy> {
+fn copy_hashing(
+    mut from: impl Read,
+    to: &Path,
+    mut progress: Progress,
+) -> std::result::Result<(u64, String), Copy> {
     let mut file = std::fs::File::create(to).map_err(Copy::Write)?;
     let mut hash = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -268,6 +347,7 @@ fn copy_hashing(mut from: impl Read, to: &Path) -> std::result::Result<(u64, Str
         hash.update(&buf[..n]);
         file.write_all(&buf[..n]).map_err(Copy::Write)?;
         size += n as u64;
+        progress.update(size);
     }
     file.sync_all().map_err(Copy::Write)?;
     let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
