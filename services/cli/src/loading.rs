@@ -200,20 +200,17 @@ impl ModelArgs {
     /// The engine's limits, and its GPU when `--device` names one (opened on first use, in
     /// the `kernel_compile` phase). `model` picks the automatic dtype.
     pub fn engine_config(&self, model: &EngineModel) -> Result<EngineConfig> {
-        let moe = model.config().moe.is_some();
-        let cuda = match device::select(self.device)? {
-            (Device::Cpu, _) => None,
-            // The GPU runner has no experts' kernels yet: `auto` runs such a model where it
-            // can, and `cuda` is refused before anything is uploaded.
-            (Device::Cuda(_), _) if moe && self.device == DeviceRequest::Auto => {
-                let note = "a mixture-of-experts model runs on the CPU only for now";
-                ferrite_telemetry::notice("info", &format!("ferrite: {note}; running on the CPU"));
+        let gpu_check = model.config().gpu_check();
+        let cuda = match (device::select(self.device)?, gpu_check) {
+            ((Device::Cpu, _), _) => None,
+            // What the GPU runner lacks kernels for: `auto` runs such a model where it can,
+            // and `cuda` is refused before anything is uploaded.
+            ((Device::Cuda(_), _), Err(e)) if self.device == DeviceRequest::Auto => {
+                ferrite_telemetry::notice("info", &format!("ferrite: {e}; running on the CPU"));
                 None
             }
-            (Device::Cuda(_), _) if moe => {
-                return Err(ferrite_engine::model::moe::moe_unsupported("the GPU runner").into());
-            }
-            (Device::Cuda(d), _) => {
+            ((Device::Cuda(_), _), Err(e)) => return Err(e.into()),
+            ((Device::Cuda(d), _), Ok(())) => {
                 let gpu = open_gpu(d.ordinal)?;
                 let dtype = match self.dtype {
                     DtypeArg::Auto => gpu::default_dtype(model),

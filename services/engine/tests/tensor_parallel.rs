@@ -112,6 +112,8 @@ fn tiny_qwen_and_gemma_split_two_and_four_ways() {
     check_tiny("qwen2", Some("model.gguf"), None);
     check_tiny("qwen3", None, None);
     check_tiny("gemma2", None, None);
+    check_tiny("gemma3", None, None);
+    check_tiny("gemma3", Some("model.gguf"), Some("gguf"));
 }
 
 /// Mixtures of experts: every rank holds every expert's share of rows, routes the same, and

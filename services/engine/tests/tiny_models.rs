@@ -1,6 +1,6 @@
 //! Every supported architecture against Hugging Face transformers, on tiny random-weight
 //! checkpoints made by `tests/fixtures/models/generate.py` (fp32 reference; the script also
-//! writes three of them as GGUF).
+//! writes some of them as GGUF).
 
 mod common;
 
@@ -152,6 +152,21 @@ fn gemma2_safetensors() {
 #[test]
 fn gemma2_gguf() {
     check("gemma2", Some("model.gguf"), Some("gguf"));
+}
+
+/// Gemma 3: Gemma 2's layers without the soft caps, RMSNorm on each head of Q and K, five
+/// sliding layers (window 8) to one full, the full layer rotating with base 100000 scaled
+/// linearly by 2 and the sliding ones with their own base 10000; decode steps past the window.
+#[test]
+fn gemma3_safetensors() {
+    check("gemma3", None, None);
+}
+
+/// llama.cpp's Gemma 3 layout: F16 weights, every norm stored as `1 + w`, the full layers'
+/// rope in the metadata and the sliding layers' base llama.cpp's own.
+#[test]
+fn gemma3_gguf() {
+    check("gemma3", Some("model.gguf"), Some("gguf"));
 }
 
 /// A mixture of experts: 4 experts, 2 per token, renormalized, each its own tensors.

@@ -82,6 +82,7 @@ impl GpuWeights {
     /// `Gpu::upload_jobs` before the weights are used.
     pub fn upload(gpu: Arc<Gpu>, dtype: Dtype, model: &LlamaModel) -> Result<(Self, Jobs<'_>)> {
         let cfg = model.config().clone();
+        cfg.gpu_check()?;
         let g = gpu.as_ref();
         let mut jobs = Vec::new();
         let host: Vec<[HostMatrix<'_>; 4]> = model

@@ -1,5 +1,5 @@
 //! The shape of a model, read from GGUF metadata or a Hugging Face `config.json`: the Llama
-//! family, and Gemma 2 as a set of options on the same forward.
+//! family, and Gemma 2 and 3 as sets of options on the same forward ([`crate::gemma`]).
 
 use std::str::FromStr;
 
@@ -8,6 +8,7 @@ use ferrite_kernels::cpu::{gelu_tanh_mul_in_place, silu_mul_in_place};
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
+use crate::gemma::{self, Gemma, GemmaOptions};
 use crate::moe_config::{MoeConfig, MoeFamily};
 use crate::window::{self, WindowRule};
 
@@ -32,6 +33,9 @@ pub enum Architecture {
     /// embeddings, soft-capped attention scores and logits, sliding-window attention on
     /// alternate layers.
     Gemma2,
+    /// Gemma 3 (text): Gemma 2 without the soft caps, with an RMSNorm on each head of Q and K,
+    /// five sliding layers to one full, and a rotary base of their own for the sliding ones.
+    Gemma3,
 }
 
 impl FromStr for Architecture {
@@ -48,6 +52,7 @@ impl FromStr for Architecture {
             "qwen2moe" | "qwen2_moe" | "Qwen2MoeForCausalLM" => Architecture::Qwen2Moe,
             "qwen3moe" | "qwen3_moe" | "Qwen3MoeForCausalLM" => Architecture::Qwen3Moe,
             "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
+            "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Architecture::Gemma3,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         })
     }
@@ -158,6 +163,9 @@ pub struct ModelConfig {
     pub attention_window: Vec<Option<usize>>,
     /// The experts of a mixture-of-experts model; `None` for a dense one.
     pub moe: Option<MoeConfig>,
+    /// Gemma 3: the sliding-window layers rotate with this base, unscaled (the full layers
+    /// with `rope_theta` and `rope_scaling`); `None`: every layer with `rope_theta`.
+    pub local_rope_theta: Option<f32>,
 }
 
 /// The most layers a config may declare: far above any released model (Llama 3.1 405B has
@@ -181,6 +189,21 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// Whether the GPU runner runs this model; if not (it runs on the CPU), why: it has no
+    /// kernels yet for a mixture's experts, nor for Gemma 3's second rotary base.
+    pub fn gpu_check(&self) -> Result<()> {
+        let what = if self.moe.is_some() {
+            "mixture-of-experts models"
+        } else if self.local_rope_theta.is_some() {
+            "Gemma 3 (two rotary bases)"
+        } else {
+            return Ok(());
+        };
+        Err(ModelError::BadConfig(format!(
+            "the GPU runner does not take {what} yet (they run on the CPU: --device cpu)"
+        )))
     }
 
     fn validate(self) -> Result<Self> {
@@ -242,6 +265,7 @@ impl ModelConfig {
             || self.rms_norm_eps <= 0.0
             || self.rope_theta.is_nan()
             || self.rope_theta <= 0.0
+            || self.local_rope_theta.is_some_and(|t| !positive(t))
         {
             return bad("rms_norm_eps and rope_theta must be positive".into());
         }
@@ -299,7 +323,8 @@ impl ModelConfig {
             | Architecture::Qwen2Moe
             | Architecture::Qwen3
             | Architecture::Qwen3Moe
-            | Architecture::Gemma2 => RopeStyle::Neox,
+            | Architecture::Gemma2
+            | Architecture::Gemma3 => RopeStyle::Neox,
         };
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
         let num_layers = layer_count(req("block_count")?)?;
@@ -347,36 +372,36 @@ impl ModelConfig {
             final_logit_softcap: None,
             attention_window: vec![None; num_layers],
             moe,
+            local_rope_theta: None,
         };
-        if architecture == Architecture::Gemma2 {
-            cfg.gemma2_from_gguf(gguf, &key);
+        if let Some(g) = gemma_of(architecture) {
+            cfg.activation = Activation::GeluTanh;
+            cfg.set_gemma(gemma::from_gguf(gguf, &key, g, cfg.gemma_shape()));
         }
         cfg.validate()
     }
 
-    /// Gemma 2 as llama.cpp reads it (`llm_arch` `gemma2`): its converter already added 1 to
-    /// the norm weights, and its defaults are those of the released models.
-    fn gemma2_from_gguf(&mut self, gguf: &GgufFile, key: &dyn Fn(&str) -> String) {
-        let float = |k: &str, default: f64| gguf.get_f64(&key(k)).unwrap_or(default) as f32;
-        self.activation = Activation::GeluTanh;
-        self.embedding_scale = (self.hidden_size as f64).sqrt() as f32;
+    fn gemma_shape(&self) -> gemma::Shape {
+        gemma::Shape {
+            hidden_size: self.hidden_size,
+            num_heads: self.num_heads,
+            num_layers: self.num_layers,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// A Gemma's options over the Llama family's.
+    fn set_gemma(&mut self, o: GemmaOptions) {
+        self.qkv_bias = false;
         self.post_norms = true;
-        // GGUF has no query_pre_attn_scalar: llama.cpp uses head_dim, except for the 46-layer
-        // 27B model, whose scalar is hidden_size / num_heads (144, not its head_dim of 128).
-        let scale_dim = if self.num_layers == 46 && self.num_heads > 0 {
-            self.hidden_size / self.num_heads
-        } else {
-            self.head_dim
-        };
-        self.attention_scale = 1.0 / (scale_dim as f32).sqrt();
-        self.attn_logit_softcap = Some(float("attn_logit_softcapping", 50.0));
-        self.final_logit_softcap = Some(float("final_logit_softcapping", 30.0));
-        let window = gguf
-            .get_u64(&key("attention.sliding_window"))
-            .map_or(4096, |v| v as usize);
-        self.attention_window = (0..self.num_layers)
-            .map(|i| gemma2_slides(i).then_some(window))
-            .collect();
+        self.qk_norm |= o.qk_norm;
+        self.embedding_scale = o.embedding_scale;
+        self.norm_weight_offset = o.norm_weight_offset;
+        self.attention_scale = o.attention_scale;
+        self.attn_logit_softcap = o.attn_logit_softcap;
+        self.final_logit_softcap = o.final_logit_softcap;
+        self.attention_window = o.attention_window;
+        self.local_rope_theta = o.local_rope_theta;
     }
 
     /// From a Hugging Face `config.json` (transformers 4.x `rope_theta`/`rope_scaling` or 5.x
@@ -403,10 +428,13 @@ impl ModelConfig {
             None if num_heads > 0 => hidden_size / num_heads,
             None => 0,
         };
+        // Gemma 3 in transformers 5 gives parameters per layer type: the global ones are the
+        // full-attention layers' (the sliding layers' are `local_rope_theta`).
         let rope = cfg
             .get("rope_parameters")
             .or_else(|| cfg.get("rope_scaling"))
-            .filter(|v| !v.is_null());
+            .filter(|v| !v.is_null())
+            .map(|r| r.get("full_attention").unwrap_or(r));
         let float = |v: Option<&Value>, k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_f64);
         let rope_theta = cfg
             .get("rope_theta")
@@ -436,16 +464,16 @@ impl ModelConfig {
             }
         };
         let attention_bias = cfg.get("attention_bias").and_then(Value::as_bool);
-        let gemma2 = architecture == Architecture::Gemma2;
-        // Gemma 2 reads `hidden_activation` (its configs carry a `hidden_act` that transformers
+        let gemma = gemma_of(architecture);
+        // Gemma reads `hidden_activation` (its configs carry a `hidden_act` that transformers
         // ignores); the others `hidden_act`.
-        let act_key = if gemma2 {
+        let act_key = if gemma.is_some() {
             "hidden_activation"
         } else {
             "hidden_act"
         };
         let activation = match cfg.get(act_key) {
-            None | Some(Value::Null) if gemma2 => Activation::GeluTanh,
+            None | Some(Value::Null) if gemma.is_some() => Activation::GeluTanh,
             None | Some(Value::Null) => Activation::Silu,
             Some(v) => v
                 .as_str()
@@ -482,7 +510,7 @@ impl ModelConfig {
             tie_word_embeddings: cfg
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
-                .unwrap_or(gemma2),
+                .unwrap_or(gemma.is_some()),
             // Qwen2-MoE's config says `qkv_bias` (true unless it says otherwise).
             qkv_bias: (cfg.get("qkv_bias").and_then(Value::as_bool))
                 .or(attention_bias)
@@ -500,54 +528,13 @@ impl ModelConfig {
             final_logit_softcap: None,
             attention_window: window::windows(cfg, window_rule(architecture), num_layers)?,
             moe,
+            local_rope_theta: None,
         };
-        if gemma2 {
-            model.gemma2_from_hf(cfg)?;
+        if let Some(g) = gemma {
+            let options = gemma::from_hf(cfg, g, model.gemma_shape())?;
+            model.set_gemma(options);
         }
         model.validate()
-    }
-
-    /// Gemma 2 as transformers 5.x reads `config.json`; a missing key takes transformers'
-    /// default (`Gemma2Config`), a null soft cap turns the cap off.
-    fn gemma2_from_hf(&mut self, cfg: &Value) -> Result<()> {
-        let bad = |m: String| ModelError::BadConfig(format!("config.json: {m}"));
-        let number = |k: &str, default: f64| -> Result<Option<f64>> {
-            match cfg.get(k) {
-                None => Ok(Some(default)),
-                Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| bad(format!("`{k}` is not a number: {v}"))),
-            }
-        };
-        let flag = |k: &str| cfg.get(k).and_then(Value::as_bool) == Some(true);
-        if flag("attention_bias") {
-            // It would also put a bias on the output projection, which this forward lacks.
-            return Err(bad("Gemma 2 with `attention_bias` is not supported".into()));
-        }
-        if flag("use_bidirectional_attention") {
-            return Err(bad("bidirectional attention is not supported".into()));
-        }
-        self.qkv_bias = false;
-        self.embedding_scale = (self.hidden_size as f64).sqrt() as f32;
-        self.norm_weight_offset = 1.0;
-        self.post_norms = true;
-        let scalar = number("query_pre_attn_scalar", 256.0)?
-            .ok_or_else(|| bad("`query_pre_attn_scalar` is null".into()))?;
-        // transformers computes `scalar ** -0.5` in f64; PyTorch multiplies by it in f32.
-        self.attention_scale = scalar.powf(-0.5) as f32;
-        self.attn_logit_softcap = number("attn_logit_softcapping", 50.0)?.map(|c| c as f32);
-        self.final_logit_softcap = number("final_logit_softcapping", 30.0)?.map(|c| c as f32);
-        let sliding = window::layer_types(cfg, self.num_layers, gemma2_slides)?;
-        let window = window::window_size(cfg, Some(4096))?;
-        if window.is_none() && sliding.contains(&true) {
-            return Err(bad(
-                "sliding-window layers but `sliding_window` is null".into()
-            ));
-        }
-        self.attention_window = sliding.iter().map(|&s| window.filter(|_| s)).collect();
-        Ok(())
     }
 }
 
@@ -560,14 +547,17 @@ fn window_rule(arch: Architecture) -> WindowRule {
         | Architecture::Qwen2Moe
         | Architecture::Qwen3
         | Architecture::Qwen3Moe => WindowRule::Qwen,
-        Architecture::Llama | Architecture::Gemma2 => WindowRule::None,
+        Architecture::Llama | Architecture::Gemma2 | Architecture::Gemma3 => WindowRule::None,
     }
 }
 
-/// Whether Gemma 2's layer `i` slides when the config does not say: even layers do, odd ones
-/// see everything (transformers' default `layer_types`, llama.cpp's `set_swa_pattern(2)`).
-fn gemma2_slides(layer: usize) -> bool {
-    layer.is_multiple_of(2)
+/// Which Gemma `arch` is, if one.
+fn gemma_of(arch: Architecture) -> Option<Gemma> {
+    match arch {
+        Architecture::Gemma2 => Some(Gemma::Two),
+        Architecture::Gemma3 => Some(Gemma::Three),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -657,6 +647,49 @@ mod tests {
         // All full-attention layers need no window.
         let full = json!({"sliding_window": null, "layer_types": vec!["full_attention"; 4]});
         assert!(gemma2(full).is_ok());
+    }
+
+    fn gemma3(extra: Value) -> Result<ModelConfig> {
+        let mut extra = extra;
+        extra["architectures"] = json!(["Gemma3ForCausalLM"]);
+        extra["num_hidden_layers"] = json!(7);
+        gemma2(extra)
+    }
+
+    /// Gemma 3 as transformers reads a hub config without optional keys, in 4.x's layout and
+    /// 5.x's (rope parameters per layer type).
+    #[test]
+    fn gemma3_defaults_and_both_rope_layouts() {
+        let c = gemma3(json!({})).expect("config");
+        assert_eq!(c.architecture, Architecture::Gemma3);
+        assert!(c.qk_norm && c.post_norms && c.tie_word_embeddings);
+        assert_eq!((c.attn_logit_softcap, c.final_logit_softcap), (None, None));
+        let w = Some(4096);
+        assert_eq!(c.attention_window, [w, w, w, w, w, None, w]);
+        assert_eq!(
+            (c.rope_theta, c.local_rope_theta),
+            (10_000.0, Some(10_000.0))
+        );
+        let classic = gemma3(json!({"rope_theta": 1e6, "rope_local_base_freq": 1e4,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "sliding_window_pattern": 2, "sliding_window": 512}))
+        .expect("config");
+        let nested = gemma3(json!({"rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+            "sliding_window_pattern": 2, "sliding_window": 512}))
+        .expect("config");
+        for c in [classic, nested] {
+            assert_eq!((c.rope_theta, c.local_rope_theta), (1e6, Some(1e4)));
+            assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+            let w = Some(512);
+            assert_eq!(c.attention_window, [w, None, w, None, w, None, w]);
+            assert!(c.gpu_check().is_err());
+        }
+        let scaled_local = json!({"rope_parameters": {
+            "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}});
+        bad_config(gemma3(scaled_local.clone()), &scaled_local);
+        assert!(gemma2(json!({})).expect("config").gpu_check().is_ok());
     }
 
     /// The Llama family keeps its forward: SiLU, plain norms, no caps or windows.

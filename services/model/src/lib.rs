@@ -32,6 +32,7 @@ mod batch;
 pub mod config;
 mod dummy;
 pub mod error;
+mod gemma;
 pub mod kv;
 pub mod llama;
 mod load;

@@ -202,6 +202,8 @@ pub struct LlamaModel {
     pub(crate) norm: Vec<f32>,
     pub(crate) lm_head: Matrix,
     pub(crate) rope: Rope,
+    /// Gemma 3's sliding layers' rotary embedding ([`ModelConfig::local_rope_theta`]).
+    pub(crate) local_rope: Option<Box<Rope>>,
     /// How this model's matmuls run on the CPU (set after loading, from [`LoadOptions`]).
     ///
     /// [`LoadOptions`]: crate::load::LoadOptions
@@ -249,6 +251,14 @@ impl LlamaModel {
             None
         };
         let rope = build_rope(&cfg, freq_factors.as_deref());
+        let local_rope = cfg.local_rope_theta.map(|theta| {
+            let local = ModelConfig {
+                rope_theta: theta,
+                rope_scaling: RopeScaling::None,
+                ..cfg.clone()
+            };
+            Box::new(build_rope(&local, None))
+        });
         Ok(Self {
             cfg: cfg.shard(tp),
             tp,
@@ -257,6 +267,7 @@ impl LlamaModel {
             norm,
             lm_head,
             rope,
+            local_rope,
             matmul: MatmulOptions::default(),
         })
     }
@@ -539,9 +550,18 @@ impl LlamaModel {
         &self.lm_head
     }
 
-    /// The rotary embedding the layers apply.
+    /// The rotary embedding the layers apply (the full-attention layers, where the
+    /// sliding ones have their own: [`Self::rope_of`]).
     pub fn rope(&self) -> &Rope {
         &self.rope
+    }
+
+    /// The rotary embedding of layer `index`.
+    pub fn rope_of(&self, index: usize) -> &Rope {
+        match (&self.local_rope, self.cfg.attention_window.get(index)) {
+            (Some(local), Some(Some(_))) => local,
+            _ => &self.rope,
+        }
     }
 }
 

@@ -71,12 +71,9 @@ impl LayerOps for CpuLayer<'_, '_> {
     fn rope_and_cache(&mut self, index: usize) -> Result<()> {
         let (c, b) = (&self.model.cfg, &mut *self.b);
         let kv_dim = c.kv_dim();
-        self.model
-            .rope
-            .apply(&mut b.q, self.at.positions, c.num_heads);
-        self.model
-            .rope
-            .apply(&mut b.k, self.at.positions, c.num_kv_heads);
+        let rope = self.model.rope_of(index);
+        rope.apply(&mut b.q, self.at.positions, c.num_heads);
+        rope.apply(&mut b.k, self.at.positions, c.num_kv_heads);
         for (t, qt) in self.at.query_tokens.iter().enumerate() {
             let rows = t * kv_dim..(t + 1) * kv_dim;
             let (k, v) = (&b.k[rows.clone()], &b.v[rows]);

@@ -157,6 +157,19 @@ pub const PRESETS: &[Preset] = &[
         },
     },
     Preset {
+        name: "gemma-3-1b",
+        model: "google/gemma-3-1b-it",
+        config: || {
+            json!({"architectures": ["Gemma3ForCausalLM"], "hidden_size": 1152,
+                "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+                "head_dim": 256, "intermediate_size": 6912, "vocab_size": 262_144,
+                "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+                "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 512,
+                "sliding_window_pattern": 6, "hidden_activation": "gelu_pytorch_tanh",
+                "max_position_embeddings": 32_768, "tie_word_embeddings": true})
+        },
+    },
+    Preset {
         name: "small",
         model: "seed002/small-d768",
         config: || seed_lm(768, 12, 12),
@@ -253,6 +266,7 @@ mod tests {
             ("qwen2.5-32b", 32.76e9),
             ("qwen3-4b", 4.02e9),
             ("gemma-2-9b", 9.24e9),
+            ("gemma-3-1b", 0.9999e9),
             ("qwen3-30b-a3b", 30.53e9),
             ("qwen1.5-moe-a2.7b", 14.32e9),
         ];

@@ -179,9 +179,9 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
                     .into(),
             ));
         }
-        Architecture::Gemma2 => {
+        Architecture::Gemma2 | Architecture::Gemma3 => {
             return Err(EngineError::BadConfig(
-                "quantizing a Gemma 2 GGUF file is not supported: quantize its Hugging Face \
+                "quantizing a Gemma GGUF file is not supported: quantize its Hugging Face \
                  directory"
                     .into(),
             ));
