@@ -104,6 +104,8 @@ fn tiny_llama_family_split_two_and_four_ways() {
     check_tiny("llama2_tied", Some("model.gguf"), Some("gguf"));
     check_tiny("llama31", None, None);
     check_tiny("mistral", None, None);
+    check_tiny("phi3", None, None);
+    check_tiny("phi3", Some("model.gguf"), Some("gguf"));
 }
 
 #[test]

@@ -154,6 +154,19 @@ fn gemma2_gguf() {
     check("gemma2", Some("model.gguf"), Some("gguf"));
 }
 
+/// Phi-3 / Phi-4: Q|K|V and gate|up stored fused and cut apart at load; half of each head
+/// rotates (`partial_rotary_factor` 0.5).
+#[test]
+fn phi3_fused_projections_partial_rotary_safetensors() {
+    check("phi3", None, None);
+}
+
+/// llama.cpp's Phi-3 layout: `attn_qkv`, and `ffn_up` holding gate then up.
+#[test]
+fn phi3_gguf() {
+    check("phi3", Some("model.gguf"), Some("gguf"));
+}
+
 /// Gemma 3: Gemma 2's layers without the soft caps, RMSNorm on each head of Q and K, five
 /// sliding layers (window 8) to one full, the full layer rotating with base 100000 scaled
 /// linearly by 2 and the sliding ones with their own base 10000; decode steps past the window.

@@ -33,6 +33,9 @@ pub enum Architecture {
     /// embeddings, soft-capped attention scores and logits, sliding-window attention on
     /// alternate layers.
     Gemma2,
+    /// Phi-3 / Phi-4: Q, K and V stored as one matrix, gate and up as one (cut apart at load);
+    /// part of each head may rotate.
+    Phi3,
     /// Gemma 3 (text): Gemma 2 without the soft caps, with an RMSNorm on each head of Q and K,
     /// five sliding layers to one full, and a rotary base of their own for the sliding ones.
     Gemma3,
@@ -53,6 +56,7 @@ impl FromStr for Architecture {
             "qwen3moe" | "qwen3_moe" | "Qwen3MoeForCausalLM" => Architecture::Qwen3Moe,
             "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Architecture::Gemma3,
+            "phi3" | "Phi3ForCausalLM" => Architecture::Phi3,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         })
     }
@@ -324,8 +328,16 @@ impl ModelConfig {
             | Architecture::Qwen3
             | Architecture::Qwen3Moe
             | Architecture::Gemma2
-            | Architecture::Gemma3 => RopeStyle::Neox,
+            | Architecture::Gemma3
+            | Architecture::Phi3 => RopeStyle::Neox,
         };
+        if gguf.tensors.contains("rope_factors_short.weight") {
+            // Phi-3.5 and Phi-4-mini rotate by per-pair factors that change with the
+            // sequence's length (and scale the attention), which this forward lacks.
+            return Err(ModelError::BadConfig(
+                "LongRoPE (rope_factors_short/long: Phi-3.5, Phi-4-mini) is not supported".into(),
+            ));
+        }
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
         let num_layers = layer_count(req("block_count")?)?;
         let intermediate_size = req("feed_forward_length")?;
@@ -505,7 +517,7 @@ impl ModelConfig {
             rope_theta,
             rope_style: RopeStyle::Neox,
             rope_scaling,
-            rope_dim: head_dim,
+            rope_dim: rope_dim(cfg, rope, head_dim)?,
             max_position_embeddings: uint("max_position_embeddings").unwrap_or(4096),
             tie_word_embeddings: cfg
                 .get("tie_word_embeddings")
@@ -542,12 +554,32 @@ impl ModelConfig {
 fn window_rule(arch: Architecture) -> WindowRule {
     match arch {
         Architecture::Mistral => WindowRule::Mistral,
-        Architecture::Mixtral => WindowRule::Mixtral,
         Architecture::Qwen2
         | Architecture::Qwen2Moe
         | Architecture::Qwen3
         | Architecture::Qwen3Moe => WindowRule::Qwen,
+        // transformers' Phi-3 attention slides where `sliding_window` is set (Phi-3-mini-4k's
+        // 2047), on every layer, as Mixtral's.
+        Architecture::Mixtral | Architecture::Phi3 => WindowRule::Mixtral,
         Architecture::Llama | Architecture::Gemma2 | Architecture::Gemma3 => WindowRule::None,
+    }
+}
+
+/// The dimensions of each head that rotate: `partial_rotary_factor` of them (top-level, or in
+/// transformers 5's `rope_parameters`; all where neither says), as transformers rounds them.
+fn rope_dim(cfg: &Value, rope: Option<&Value>, head_dim: usize) -> Result<usize> {
+    let factor = cfg
+        .get("partial_rotary_factor")
+        .or_else(|| rope.and_then(|r| r.get("partial_rotary_factor")))
+        .filter(|v| !v.is_null());
+    let Some(factor) = factor else {
+        return Ok(head_dim);
+    };
+    match factor.as_f64() {
+        Some(f) if f > 0.0 && f <= 1.0 => Ok((head_dim as f64 * f) as usize),
+        _ => Err(ModelError::BadConfig(format!(
+            "config.json: `partial_rotary_factor` {factor} is not in (0, 1]"
+        ))),
     }
 }
 
@@ -690,6 +722,42 @@ mod tests {
             "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}});
         bad_config(gemma3(scaled_local.clone()), &scaled_local);
         assert!(gemma2(json!({})).expect("config").gpu_check().is_ok());
+    }
+
+    /// Phi-3's part of each head that rotates, top-level or in `rope_parameters`, and its
+    /// window on every layer where `sliding_window` is set.
+    #[test]
+    fn phi3_partial_rotary_and_window() {
+        let phi3 = |extra: Value| {
+            let mut cfg = json!({"architectures": ["Phi3ForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "vocab_size": 256});
+            for (k, v) in extra.as_object().expect("object") {
+                cfg[k] = v.clone();
+            }
+            ModelConfig::from_hf_config(&cfg)
+        };
+        let c =
+            phi3(json!({"partial_rotary_factor": 0.75, "sliding_window": 2047})).expect("config");
+        assert_eq!(
+            (c.architecture, c.head_dim, c.rope_dim),
+            (Architecture::Phi3, 16, 12)
+        );
+        assert_eq!(c.attention_window, [Some(2047), Some(2047)]);
+        let nested = json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+            "partial_rotary_factor": 0.5}});
+        let c = phi3(nested).expect("config");
+        assert_eq!(
+            (c.rope_dim, c.attention_window.clone()),
+            (8, vec![None, None])
+        );
+        for bad in [
+            json!({"partial_rotary_factor": 0.0}),
+            json!({"partial_rotary_factor": 2}),
+            json!({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0]}}),
+        ] {
+            bad_config(phi3(bad.clone()), &bad);
+        }
     }
 
     /// The Llama family keeps its forward: SiLU, plain norms, no caps or windows.

@@ -14,7 +14,7 @@ pub enum ModelError {
     #[error("bad model config: {0}")]
     BadConfig(String),
     #[error(
-        "unsupported architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3)"
+        "unsupported architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma2, gemma3, phi3)"
     )]
     UnsupportedArchitecture(String),
     /// A preset's name that is not one.

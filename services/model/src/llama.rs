@@ -106,6 +106,13 @@ impl Layer {
             let (name, m) = full(gguf, hf, rows, cols)?;
             m.slice_cols(&name, part.clone())
         };
+        // Phi-3's fused projections (Q|K|V in one matrix, gate|up in another): each part is
+        // cut out, then to this rank's rows, as if it were stored alone.
+        let has = |gguf: &str, hf: &str| t.contains(&n.layer(i, gguf, hf));
+        let part_of = |(gguf, hf): (&str, &str), rows, at: usize, part: &Range<usize>| {
+            let (name, m) = full(gguf, hf, rows, h)?;
+            m.slice_rows(&name, at + part.start..at + part.end)
+        };
         let vec = |gguf: &str, hf: &str, len| t.vector_of_len(&n.layer(i, gguf, hf), len);
         let norm = |gguf: &str, hf: &str, len| vec(gguf, hf, len).map(|w| offset_norm(w, c));
         let qkv_bias = if c.qkv_bias {
@@ -144,29 +151,48 @@ impl Layer {
         } else {
             ("post_attention_layernorm.weight", None)
         };
+        let qkv = ("attn_qkv.weight", "self_attn.qkv_proj.weight");
+        let (q, k, v) = if has(qkv.0, qkv.1) {
+            let all = q_dim + 2 * kv_dim;
+            (
+                part_of(qkv, all, 0, &q_rows)?,
+                part_of(qkv, all, q_dim, &kv_rows)?,
+                part_of(qkv, all, q_dim + kv_dim, &kv_rows)?,
+            )
+        } else {
+            (
+                rows_of(
+                    "attn_q.weight",
+                    "self_attn.q_proj.weight",
+                    q_dim,
+                    h,
+                    &q_rows,
+                )?,
+                rows_of(
+                    "attn_k.weight",
+                    "self_attn.k_proj.weight",
+                    kv_dim,
+                    h,
+                    &kv_rows,
+                )?,
+                rows_of(
+                    "attn_v.weight",
+                    "self_attn.v_proj.weight",
+                    kv_dim,
+                    h,
+                    &kv_rows,
+                )?,
+            )
+        };
+        // GGUF's fused gate|up is `ffn_up` with no `ffn_gate` beside it.
+        let gate_up = ("ffn_up.weight", "mlp.gate_up_proj.weight");
+        let fused_mlp =
+            !has("ffn_gate.weight", "mlp.gate_proj.weight") && has(gate_up.0, gate_up.1);
         Ok(Layer {
             attn_norm: norm("attn_norm.weight", "input_layernorm.weight", h)?,
-            q: rows_of(
-                "attn_q.weight",
-                "self_attn.q_proj.weight",
-                q_dim,
-                h,
-                &q_rows,
-            )?,
-            k: rows_of(
-                "attn_k.weight",
-                "self_attn.k_proj.weight",
-                kv_dim,
-                h,
-                &kv_rows,
-            )?,
-            v: rows_of(
-                "attn_v.weight",
-                "self_attn.v_proj.weight",
-                kv_dim,
-                h,
-                &kv_rows,
-            )?,
+            q,
+            k,
+            v,
             qkv_bias,
             qk_norm,
             o: cols_of(
@@ -180,6 +206,11 @@ impl Layer {
             ffn_norm: norm("ffn_norm.weight", ffn_norm_hf, h)?,
             mlp: match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
                 Some(moe) => Mlp::Sparse(Moe::load(t, n, i, c, moe, tp)?),
+                None if fused_mlp => Mlp::Dense(Ffn {
+                    gate: part_of(gate_up, 2 * ffn, 0, &ffn_part)?,
+                    up: part_of(gate_up, 2 * ffn, ffn, &ffn_part)?,
+                    down: cols_of("ffn_down.weight", "mlp.down_proj.weight", h, ffn, &ffn_part)?,
+                }),
                 None => Mlp::Dense(Ffn {
                     gate: rows_of("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h, &ffn_part)?,
                     up: rows_of("ffn_up.weight", "mlp.up_proj.weight", ffn, h, &ffn_part)?,

@@ -157,6 +157,17 @@ pub const PRESETS: &[Preset] = &[
         },
     },
     Preset {
+        name: "phi-4",
+        model: "microsoft/phi-4",
+        config: || {
+            json!({"architectures": ["Phi3ForCausalLM"], "hidden_size": 5120,
+                "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 10,
+                "intermediate_size": 17_920, "vocab_size": 100_352, "rope_theta": 250_000.0,
+                "rms_norm_eps": 1e-5, "max_position_embeddings": 16_384,
+                "tie_word_embeddings": false, "sliding_window": null})
+        },
+    },
+    Preset {
         name: "gemma-3-1b",
         model: "google/gemma-3-1b-it",
         config: || {
@@ -267,6 +278,7 @@ mod tests {
             ("qwen3-4b", 4.02e9),
             ("gemma-2-9b", 9.24e9),
             ("gemma-3-1b", 0.9999e9),
+            ("phi-4", 14.7e9),
             ("qwen3-30b-a3b", 30.53e9),
             ("qwen1.5-moe-a2.7b", 14.32e9),
         ];

@@ -164,6 +164,15 @@ fn mlp_tensors(
     Ok(())
 }
 
+/// Phi-3 checkpoints keep Q|K|V and gate|up fused, which the writers here do not pack yet.
+fn phi3_unsupported() -> EngineError {
+    EngineError::BadConfig(
+        "writing a quantized Phi-3 checkpoint is not supported yet (its projections are \
+         fused); quantize it at load instead (--quantize)"
+            .into(),
+    )
+}
+
 /// `config.json` for a model loaded from GGUF (the fields ferrite and transformers read).
 fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_json::Value> {
     let c = m.config();
@@ -179,6 +188,7 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
                     .into(),
             ));
         }
+        Architecture::Phi3 => return Err(phi3_unsupported()),
         Architecture::Gemma2 | Architecture::Gemma3 => {
             return Err(EngineError::BadConfig(
                 "quantizing a Gemma GGUF file is not supported: quantize its Hugging Face \
@@ -262,6 +272,9 @@ pub(super) fn write_dir(
     };
     let m = src.model;
     let c = m.config();
+    if c.architecture == Architecture::Phi3 {
+        return Err(phi3_unsupported());
+    }
     let mut cfg = match &src.hf {
         Some((_, cfg)) => cfg.clone(),
         None => config_from_gguf(m, src.tokenizer)?,
