@@ -3,7 +3,7 @@
 //! shape (`{"error": {"message", "type", "param", "code"}}`).
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -14,16 +14,15 @@ use axum::{Extension, Json, Router};
 use ferrite_proto::v1 as api;
 use serde_json::{Value, json};
 
+use crate::Gateway;
 use crate::api_error::{ApiError, bad_json};
+use crate::asked::{Asked, open, unix_now};
 use crate::auth::Caller;
 use crate::openai::{
     ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompts,
 };
 use crate::reply::{self, ChunkWriter, Kind, Reply};
-use crate::stream::Indexed;
-use crate::tools::Tools;
-use crate::validate::{Constraint, Prompt};
-use crate::{Choices, Gateway, GenerateArgs, trace};
+use crate::validate::Prompt;
 
 pub fn router(gateway: Gateway) -> Router {
     let api = Router::new()
@@ -88,12 +87,6 @@ async fn require_key(
 
 /// The largest request body accepted (a 413 past it).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 async fn list_models(State(gw): State<Gateway>) -> Json<Value> {
     let mut data = Vec::new();
@@ -228,53 +221,6 @@ async fn run(
             .into_response());
     }
     Ok(Json(reply::body(events, &reply, n).await?).into_response())
-}
-
-/// What a request asks of the pools, whichever endpoint it came by.
-pub(crate) struct Asked {
-    pub model: String,
-    pub sampling: api::SamplingParams,
-    pub constraint: Option<Constraint>,
-    pub tools: Option<Arc<Tools>>,
-    /// Choices per prompt (`n`).
-    pub choices: u32,
-}
-
-/// Opens `asked.choices` choices of each of `prompts`, each prompt a request of its own to the
-/// gateway (its span, its limits), all at once; gives their events merged, and how many
-/// choices there are (choice `j` of prompt `i` has index `i * choices + j`).
-pub(crate) async fn open(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    caller: Caller,
-    asked: &Asked,
-    prompts: &[Prompt],
-    started: Instant,
-) -> Result<(impl futures::Stream<Item = Indexed> + Send + 'static, usize), ApiError> {
-    let opened = prompts.iter().map(|prompt| {
-        let span = trace::request_span(&asked.model, prompt);
-        ferrite_telemetry::propagation::set_parent_from_headers(&span, headers);
-        let args = GenerateArgs {
-            model: &asked.model,
-            prompt,
-            sampling: Some(asked.sampling.clone()),
-            constraint: asked.constraint.clone(),
-            tools: asked.tools.clone(),
-            deadline: None,
-            started,
-            api: trace::Api::Http,
-            caller,
-            choices: asked.choices,
-        };
-        gw.generate(args, span)
-    });
-    let streams: Vec<_> = futures::future::try_join_all(opened)
-        .await?
-        .into_iter()
-        .flat_map(Choices::into_streams)
-        .collect();
-    let n = streams.len();
-    Ok((crate::stream::merge(streams), n))
 }
 
 /// What `echo` puts before each prompt's choices: a text prompt as it was sent, token ids as

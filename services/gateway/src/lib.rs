@@ -28,6 +28,7 @@
 //! The gateway owns text; workers own tokens.
 
 pub mod api_error;
+mod asked;
 pub mod auth;
 pub mod error;
 pub mod grpc;

@@ -236,42 +236,16 @@ impl CommonParams {
 
     /// The request's tools, unless it has none.
     pub fn tools(&self) -> Result<Option<Tools>, ApiError> {
-        let functions: Vec<Function> = match &self.tools {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(list)) => list
-                .iter()
-                .enumerate()
-                .map(|(i, t)| function(i, t))
-                .collect::<Result<_, _>>()?,
-            Some(_) => {
-                return Err(ApiError::invalid("`tools` must be a list", Some("tools")));
-            }
+        let named = ToolNaming {
+            read: |v| v["function"]["name"].as_str(),
+            shape: "{\"type\": \"function\", \"function\": {\"name\": ...}}",
         };
-        let bad = |m: String| ApiError::invalid(m, Some("tool_choice"));
-        let choice = match &self.tool_choice {
-            None | Some(Value::Null) => ToolChoice::Auto,
-            Some(Value::String(s)) => match s.as_str() {
-                "none" => ToolChoice::None,
-                "auto" => ToolChoice::Auto,
-                "required" => ToolChoice::Required,
-                other => {
-                    return Err(bad(format!(
-                        "`{other}` is not none, auto, required or a function"
-                    )));
-                }
-            },
-            Some(v) => match v["function"]["name"].as_str() {
-                Some(name) => ToolChoice::Named(name.to_owned()),
-                None => {
-                    return Err(bad(
-                        "a named choice is {\"type\": \"function\", \"function\": {\"name\": ...}}"
-                            .into(),
-                    ));
-                }
-            },
-        };
-        let parallel = self.parallel_tool_calls.unwrap_or(true);
-        Tools::new(functions, choice, parallel).map_err(bad)
+        tools_of(
+            (self.tools.as_ref(), self.tool_choice.as_ref()),
+            self.parallel_tool_calls,
+            function,
+            named,
+        )
     }
 
     /// What the output must follow: `response_format` or `structured_outputs` (not both).
@@ -288,34 +262,98 @@ impl CommonParams {
     }
 }
 
+/// How a `tool_choice` object names its function: where the name is, and the shape to say
+/// when it is not there.
+pub(crate) struct ToolNaming {
+    pub read: fn(&Value) -> Option<&str>,
+    pub shape: &'static str,
+}
+
+/// A request's tools (each read by `function`) and its `tool_choice` among them: `none`,
+/// `auto` (the default), `required`, or an object naming one function.
+pub(crate) fn tools_of(
+    (tools, choice): (Option<&Value>, Option<&Value>),
+    parallel: Option<bool>,
+    function: fn(usize, &Value) -> Result<Function, ApiError>,
+    named: ToolNaming,
+) -> Result<Option<Tools>, ApiError> {
+    let functions: Vec<Function> = match tools {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, t)| function(i, t))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(ApiError::invalid("`tools` must be a list", Some("tools"))),
+    };
+    let bad = |m: String| ApiError::invalid(format!("`tool_choice`: {m}"), Some("tool_choice"));
+    let choice = match choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(bad(format!(
+                    "`{other}` is not none, auto, required or a function"
+                )));
+            }
+        },
+        Some(v) => match (named.read)(v) {
+            Some(name) => ToolChoice::Named(name.to_owned()),
+            None => return Err(bad(format!("a named choice is {}", named.shape))),
+        },
+    };
+    Tools::new(functions, choice, parallel.unwrap_or(true)).map_err(bad)
+}
+
 /// Tool `i` of a request: `{"type": "function", "function": {"name", "description",
 /// "parameters"}}`.
 fn function(i: usize, tool: &Value) -> Result<Function, ApiError> {
-    let bad = |m: String| ApiError::invalid(format!("`tools[{i}]`: {m}"), Some("tools"));
     if tool["type"] != "function" {
-        return Err(bad("`type` must be \"function\"".into()));
+        return Err(tool_error(i, "`type` must be \"function\"".into()));
     }
-    let f = &tool["function"];
-    let name = f["name"]
-        .as_str()
-        .ok_or_else(|| bad("no `function.name`".into()))?;
-    let description = f["description"].as_str().map(str::to_owned);
-    Function::new(name, description, f.get("parameters").cloned()).map_err(bad)
+    function_fields(i, &tool["function"], "function.name")
 }
 
-/// OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema` with
-/// its `schema` (default: any JSON value) and `strict`.
+/// `tools[i]`'s error.
+pub(crate) fn tool_error(i: usize, m: String) -> ApiError {
+    ApiError::invalid(format!("`tools[{i}]`: {m}"), Some("tools"))
+}
+
+/// A function tool's `name`, `description` and `parameters`: chat's `function` object, or
+/// the Responses API's flat tool; `name_field` is what a missing name is called.
+pub(crate) fn function_fields(i: usize, f: &Value, name_field: &str) -> Result<Function, ApiError> {
+    let name = f["name"]
+        .as_str()
+        .ok_or_else(|| tool_error(i, format!("no `{name_field}`")))?;
+    let description = f["description"].as_str().map(str::to_owned);
+    Function::new(name, description, f.get("parameters").cloned()).map_err(|m| tool_error(i, m))
+}
+
+/// OpenAI's `response_format`: `text` (no constraint), `json_object`, or `json_schema` with its
+/// `schema` (default: any JSON value) and `strict`.
 fn response_format(v: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
-    const FIELD: &str = "response_format";
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
-    let bad = |m: String| Err(ApiError::invalid(format!("`{FIELD}`: {m}"), Some(FIELD)));
-    let spec = match v.get("type").and_then(Value::as_str) {
+    output_format(v, v.get("json_schema"), "response_format")
+}
+
+/// An output format of type `text` (no constraint), `json_object`, or `json_schema`, whose
+/// `schema` and `strict` are in `schema_of` (chat's `json_schema` object; the Responses API's
+/// format itself); refused naming `field`.
+pub(crate) fn output_format(
+    format: &Value,
+    schema_of: Option<&Value>,
+    field: &'static str,
+) -> Result<Option<Constraint>, ApiError> {
+    let bad = |m: String| Err(ApiError::invalid(format!("`{field}`: {m}"), Some(field)));
+    let spec = match format.get("type").and_then(Value::as_str) {
         Some("text") => return Ok(None),
         Some("json_object") => Spec::JsonObject,
         Some("json_schema") => {
-            let Some(js) = v.get("json_schema").filter(|j| j.is_object()) else {
+            let Some(js) = schema_of.filter(|j| j.is_object()) else {
                 return bad("type json_schema needs a `json_schema` object".into());
             };
             Spec::JsonSchema {
@@ -330,7 +368,7 @@ fn response_format(v: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
         }
         None => return bad("needs a `type` (text, json_object or json_schema)".into()),
     };
-    Ok(Some(Constraint { spec, field: FIELD }))
+    Ok(Some(Constraint { spec, field }))
 }
 
 /// vLLM's `structured_outputs`: exactly one of `json` (a schema, or its JSON text), `regex`,

@@ -18,17 +18,17 @@ use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use ferrite_proto::v1 as api;
-use ferrite_structured::Spec;
 use ferrite_text::ChatMessage;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Gateway;
 use crate::api_error::{ApiError, bad_json};
+use crate::asked::{Asked, open, unix_now};
 use crate::auth::Caller;
-use crate::http::{Asked, open, unix_now};
+use crate::openai::{ToolNaming, function_fields, output_format, tool_error, tools_of};
 use crate::responses_reply::{self, ResponseWriter};
-use crate::tools::{self, Function, PastCall, ToolChoice, Tools};
+use crate::tools::{self, Function, PastCall, Tools};
 use crate::validate::{Constraint, Prompt};
 
 /// `POST /v1/responses`.
@@ -196,35 +196,19 @@ impl ResponsesRequest {
 
     /// The request's function tools, unless it has none.
     fn tools(&self) -> Result<Option<Tools>, ApiError> {
-        let functions: Vec<Function> = match &self.tools {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(list)) => list
-                .iter()
-                .enumerate()
-                .map(|(i, t)| function(i, t))
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(ApiError::invalid("`tools` must be a list", Some("tools"))),
-        };
-        let bad = |m: String| ApiError::invalid(format!("`tool_choice`: {m}"), Some("tool_choice"));
-        let choice = match &self.tool_choice {
-            None | Some(Value::Null) => ToolChoice::Auto,
-            Some(Value::String(s)) => match s.as_str() {
-                "none" => ToolChoice::None,
-                "auto" => ToolChoice::Auto,
-                "required" => ToolChoice::Required,
-                other => return Err(bad(format!("`{other}` is not none, auto or required"))),
+        let named = ToolNaming {
+            read: |v| match v["type"].as_str() {
+                Some("function") => v["name"].as_str(),
+                _ => None,
             },
-            Some(v) => match (v["type"].as_str(), v["name"].as_str()) {
-                (Some("function"), Some(name)) => ToolChoice::Named(name.to_owned()),
-                _ => {
-                    return Err(bad(
-                        "a named choice is {\"type\": \"function\", \"name\": ...}".into(),
-                    ));
-                }
-            },
+            shape: "{\"type\": \"function\", \"name\": ...}",
         };
-        let parallel = self.parallel_tool_calls.unwrap_or(true);
-        Tools::new(functions, choice, parallel).map_err(bad)
+        tools_of(
+            (self.tools.as_ref(), self.tool_choice.as_ref()),
+            self.parallel_tool_calls,
+            function,
+            named,
+        )
     }
 
     /// The request's settings as the response object repeats them.
@@ -282,49 +266,23 @@ fn response_id() -> String {
 /// Tool `i` of a request: `{"type": "function", "name", "description", "parameters"}` (the
 /// Responses API's flat form; `strict` is how ferrite holds every call anyway).
 fn function(i: usize, tool: &Value) -> Result<Function, ApiError> {
-    let bad = |m: String| ApiError::invalid(format!("`tools[{i}]`: {m}"), Some("tools"));
     match tool["type"].as_str() {
-        Some("function") => {}
-        Some(other) => {
-            return Err(bad(format!(
-                "type `{other}` is not served: only function tools"
-            )));
-        }
-        None => return Err(bad("needs a `type`".into())),
+        Some("function") => function_fields(i, tool, "name"),
+        Some(other) => Err(tool_error(
+            i,
+            format!("type `{other}` is not served: only function tools"),
+        )),
+        None => Err(tool_error(i, "needs a `type`".into())),
     }
-    let name = tool["name"]
-        .as_str()
-        .ok_or_else(|| bad("no `name`".into()))?;
-    let description = tool["description"].as_str().map(str::to_owned);
-    Function::new(name, description, tool.get("parameters").cloned()).map_err(bad)
 }
 
-/// `text.format`: `text` (no constraint), `json_object`, or `json_schema` with its `schema`
-/// and `strict` (the Responses API's flat form of chat's `response_format`).
+/// `text.format`: chat's `response_format` in the Responses API's flat form (`schema` and
+/// `strict` beside the `type`).
 fn text_format(text: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
-    const FIELD: &str = "text.format";
-    let Some(format) = text.and_then(|t| t.get("format")).filter(|f| !f.is_null()) else {
-        return Ok(None);
-    };
-    let bad = |m: String| Err(ApiError::invalid(format!("`{FIELD}`: {m}"), Some(FIELD)));
-    let spec = match format.get("type").and_then(Value::as_str) {
-        Some("text") => return Ok(None),
-        Some("json_object") => Spec::JsonObject,
-        Some("json_schema") => Spec::JsonSchema {
-            schema: format.get("schema").cloned().unwrap_or_else(|| json!({})),
-            strict: format
-                .get("strict")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-        },
-        Some(other) => {
-            return bad(format!(
-                "type `{other}` is not one of text, json_object, json_schema"
-            ));
-        }
-        None => return bad("needs a `type` (text, json_object or json_schema)".into()),
-    };
-    Ok(Some(Constraint { spec, field: FIELD }))
+    match text.and_then(|t| t.get("format")).filter(|f| !f.is_null()) {
+        Some(format) => output_format(format, Some(format), "text.format"),
+        None => Ok(None),
+    }
 }
 
 /// A chat message being gathered from input items: an assistant's text and the calls that

@@ -2,7 +2,8 @@ use super::*;
 use crate::GatewayError;
 use crate::responses_reply::{Head, ResponseEvent};
 use crate::stream::{CallDelta, GenerateEvent};
-use crate::tools::ToolCall;
+use crate::tools::{ToolCall, ToolChoice};
+use ferrite_structured::Spec;
 
 fn request(body: Value) -> ResponsesRequest {
     let mut full = json!({ "model": "m", "input": "hi" });

@@ -15,31 +15,24 @@ use crate::{HubError, Result};
 /// `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
 /// `~/.cache/huggingface/hub` (`huggingface_hub`'s order).
 pub fn hub_cache() -> PathBuf {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = var("HF_HUB_CACHE") {
-        return d;
-    }
-    hf_home().join("hub")
+    env_path("HF_HUB_CACHE").unwrap_or_else(|| hf_home().join("hub"))
 }
 
 /// `$HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
 pub(crate) fn hf_home() -> PathBuf {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = var("HF_HOME") {
-        return d;
-    }
-    let cache = var("XDG_CACHE_HOME")
-        .or_else(|| var("HOME").map(|h| h.join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    cache.join("huggingface")
+    env_path("HF_HOME").unwrap_or_else(|| {
+        let cache = env_path("XDG_CACHE_HOME")
+            .or_else(|| env_path("HOME").map(|h| h.join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        cache.join("huggingface")
+    })
+}
+
+/// A path from the environment variable `key`, unless it is unset or empty.
+fn env_path(key: &str) -> Option<PathBuf> {
+    std::env::var_os(key)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 pub(crate) fn repo_dir(cache: &Path, repo: &str) -> PathBuf {
