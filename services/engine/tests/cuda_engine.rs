@@ -417,13 +417,19 @@ fn prefix_cache_hits_on_the_gpu_give_its_cold_tokens() {
     }
 }
 
-/// Gemma 2 and Qwen3 (f16, graphs): the first token's top-5 log-probabilities.
+/// Gemma 2 and 3, Qwen3 and Phi-3 (f16, graphs): the first token's top-5 log-probabilities
+/// (Gemma 3's sliding layers rotate by a base of their own; Phi-3 rotates half of a head).
 #[test]
 fn tiny_models_match_the_cpu() {
     let Some(gpu) = gpu("tiny_models_match_the_cpu") else {
         return;
     };
-    for dir in ["models/gemma2", "models/qwen3"] {
+    for dir in [
+        "models/gemma2",
+        "models/gemma3",
+        "models/qwen3",
+        "models/phi3",
+    ] {
         let path = fixtures().join(dir);
         let want = generate(model::load(&path).expect("tiny model").model, None);
         let loaded = model::load(&path).expect("tiny model");

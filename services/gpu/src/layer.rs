@@ -252,6 +252,7 @@ impl LayerOps for DeviceLayers<'_> {
         let qkv_w = c.q_dim() + 2 * c.kv_dim();
         let k = qkv.offset::<u16>(c.q_dim());
         let v = qkv.offset::<u16>(c.q_dim() + c.kv_dim());
+        let freqs = r.w.rope_of(index);
         let rope = RopeShape {
             tokens: p.n_tokens,
             q_stride: qkv_w,
@@ -260,7 +261,7 @@ impl LayerOps for DeviceLayers<'_> {
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             rope_dim: c.rope_dim,
-            position_scale: r.w.position_scale,
+            position_scale: freqs.position_scale,
             adjacent: r.w.adjacent_rope,
         };
         let cache = CacheWrite {
@@ -272,7 +273,7 @@ impl LayerOps for DeviceLayers<'_> {
         };
         let positions = self.meta(p.off.positions);
         // SAFETY: as in `qkv`; the slots address this layer's cache.
-        unsafe { g.rope_then_cache(dt, qkv, k, positions, r.w.inv_freq_ptr, rope, Some(cache))? };
+        unsafe { g.rope_then_cache(dt, qkv, k, positions, freqs.inv_freq_ptr, rope, Some(cache))? };
         Ok(())
     }
 

@@ -69,14 +69,41 @@ pub(crate) struct GpuWeights {
     pub head_rows: usize,
     pub norm: DeviceTensor,
     pub layers: Vec<GpuLayer>,
-    /// Keeps the RoPE frequencies alive; kernels get `inv_freq_ptr`.
-    pub _inv_freq: CudaSlice<f32>,
-    pub inv_freq_ptr: DevPtr,
-    pub position_scale: f32,
+    /// The layers' rotary frequencies; Gemma 3's sliding layers have their own.
+    pub rope: DeviceRope,
+    pub local_rope: Option<DeviceRope>,
     pub adjacent_rope: bool,
 }
 
+/// A rotary embedding's frequencies on the device (kept alive here; kernels get
+/// `inv_freq_ptr`) and its position scale.
+#[derive(Debug)]
+pub struct DeviceRope {
+    _inv_freq: CudaSlice<f32>,
+    pub inv_freq_ptr: DevPtr,
+    pub position_scale: f32,
+}
+
+impl DeviceRope {
+    fn upload(gpu: &Gpu, rope: &Rope) -> Result<Self> {
+        let inv_freq = gpu.upload(&rope.inv_freq).map_err(gpu_error)?;
+        Ok(Self {
+            inv_freq_ptr: gpu.ptr(&inv_freq),
+            _inv_freq: inv_freq,
+            position_scale: rope.position_scale,
+        })
+    }
+}
+
 impl GpuWeights {
+    /// The rotary embedding of layer `index`: the sliding layers' own where there is one.
+    pub fn rope_of(&self, index: usize) -> &DeviceRope {
+        match (&self.local_rope, self.cfg.attention_window.get(index)) {
+            (Some(local), Some(Some(_))) => local,
+            _ => &self.rope,
+        }
+    }
+
     /// `model`'s weights on `gpu` as `dtype`: every buffer allocated (the small vectors
     /// already copied), and the jobs that copy the matrices, to be run by
     /// `Gpu::upload_jobs` before the weights are used.
@@ -143,7 +170,7 @@ impl GpuWeights {
             gpu,
             dtype,
             cfg,
-            model.rope(),
+            (model.rope(), model.local_rope()),
             [embed, norm],
             lm_head,
             layers,
@@ -211,40 +238,40 @@ impl GpuWeights {
             )?)
         };
         let rope = ferrite_model::llama::build_rope(cfg, None);
+        let local = ferrite_model::llama::build_local_rope(cfg);
         let final_norm = norm(seed())?;
         Self::assemble(
             gpu,
             dtype,
             cfg.clone(),
-            &rope,
+            (&rope, local.as_ref()),
             [embed, final_norm],
             lm_head,
             layers,
         )
     }
 
-    /// The weights from their parts (`[embedding table, final norm]`), with `rope`'s
-    /// frequencies copied to the device.
+    /// The weights from their parts (`[embedding table, final norm]`), with the rotary
+    /// frequencies (and the sliding layers' own, if any) copied to the device.
     fn assemble(
         gpu: Arc<Gpu>,
         dtype: Dtype,
         cfg: ModelConfig,
-        rope: &Rope,
+        (rope, local): (&Rope, Option<&Rope>),
         [embed, norm]: [DeviceTensor; 2],
         lm_head: Option<DeviceTensor>,
         layers: Vec<GpuLayer>,
     ) -> Result<Self> {
-        let inv_freq = gpu.upload(&rope.inv_freq).map_err(gpu_error)?;
+        let local_rope = local.map(|l| DeviceRope::upload(&gpu, l)).transpose()?;
         Ok(Self {
+            rope: DeviceRope::upload(&gpu, rope)?,
+            local_rope,
             tp: TpRank::SOLO,
             head_rows: cfg.vocab_size,
             embed,
             lm_head,
             norm,
             layers,
-            inv_freq_ptr: gpu.ptr(&inv_freq),
-            _inv_freq: inv_freq,
-            position_scale: rope.position_scale,
             adjacent_rope: rope.pairing == RopePairing::Adjacent,
             cfg,
             dtype,

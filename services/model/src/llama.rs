@@ -282,14 +282,7 @@ impl LlamaModel {
             None
         };
         let rope = build_rope(&cfg, freq_factors.as_deref());
-        let local_rope = cfg.local_rope_theta.map(|theta| {
-            let local = ModelConfig {
-                rope_theta: theta,
-                rope_scaling: RopeScaling::None,
-                ..cfg.clone()
-            };
-            Box::new(build_rope(&local, None))
-        });
+        let local_rope = build_local_rope(&cfg).map(Box::new);
         Ok(Self {
             cfg: cfg.shard(tp),
             tp,
@@ -587,6 +580,11 @@ impl LlamaModel {
         &self.rope
     }
 
+    /// Gemma 3's sliding layers' rotary embedding, if the model has one.
+    pub fn local_rope(&self) -> Option<&Rope> {
+        self.local_rope.as_deref()
+    }
+
     /// The rotary embedding of layer `index`.
     pub fn rope_of(&self, index: usize) -> &Rope {
         match (&self.local_rope, self.cfg.attention_window.get(index)) {
@@ -644,6 +642,18 @@ fn offset_norm(mut w: Vec<f32>, cfg: &ModelConfig) -> Vec<f32> {
         }
     }
     w
+}
+
+/// Gemma 3's sliding layers' rotary embedding: `cfg`'s with their own base, unscaled.
+pub fn build_local_rope(cfg: &ModelConfig) -> Option<Rope> {
+    cfg.local_rope_theta.map(|theta| {
+        let local = ModelConfig {
+            rope_theta: theta,
+            rope_scaling: RopeScaling::None,
+            ..cfg.clone()
+        };
+        build_rope(&local, None)
+    })
 }
 
 /// The rotary embedding of `cfg`, with Llama 3.1 / linear scaling folded into the frequencies.
