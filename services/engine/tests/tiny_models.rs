@@ -154,6 +154,14 @@ fn gemma2_gguf() {
     check("gemma2", Some("model.gguf"), Some("gguf"));
 }
 
+/// Gemma 3's multimodal checkpoints (4B and up): the text model under
+/// `language_model.model.*` beside a vision tower, its `text_config` naming only what differs
+/// from transformers' defaults; text prompts get the text model's logits.
+#[test]
+fn gemma3_multimodal_checkpoint_text_model() {
+    check("gemma3_mm", None, None);
+}
+
 /// Phi-3 / Phi-4: Q|K|V and gate|up stored fused and cut apart at load; half of each head
 /// rotates (`partial_rotary_factor` 0.5).
 #[test]

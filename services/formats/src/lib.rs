@@ -109,6 +109,21 @@ impl TensorMap {
         self.ints.insert(name, entry);
     }
 
+    /// Renames every tensor whose name starts with `from` to start with `to` instead (a
+    /// multimodal checkpoint's text model under its own prefix read as a text-only one's).
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
+        fn renamed<T>(map: HashMap<String, T>, from: &str, to: &str) -> HashMap<String, T> {
+            map.into_iter()
+                .map(|(k, v)| match k.strip_prefix(from) {
+                    Some(rest) => (format!("{to}{rest}"), v),
+                    None => (k, v),
+                })
+                .collect()
+        }
+        self.entries = renamed(std::mem::take(&mut self.entries), from, to);
+        self.ints = renamed(std::mem::take(&mut self.ints), from, to);
+    }
+
     /// Whether a tensor (or, in a quantized checkpoint, a quantized linear layer) has this name.
     pub fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name) || self.quantized_stem(name).is_some()

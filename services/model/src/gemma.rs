@@ -63,6 +63,28 @@ impl Gemma {
     }
 }
 
+/// A multimodal Gemma 3's `text_config` as a text-only `Gemma3ForCausalLM` config: the hub's
+/// name only what differs from transformers' `Gemma3TextConfig`, whose defaults fill the rest.
+pub(crate) fn text_config(cfg: &Value) -> Result<Value> {
+    let Some(Value::Object(text)) = cfg.get("text_config") else {
+        return Err(bad(
+            "a Gemma3ForConditionalGeneration config without `text_config`".into(),
+        ));
+    };
+    let mut out = serde_json::json!({
+        "architectures": ["Gemma3ForCausalLM"], "vocab_size": 262_208, "hidden_size": 2304,
+        "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
+        "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0, "max_position_embeddings": 131_072,
+        "hidden_activation": "gelu_pytorch_tanh",
+    });
+    for (k, v) in text {
+        out[k.as_str()] = v.clone();
+    }
+    out["architectures"] = serde_json::json!(["Gemma3ForCausalLM"]);
+    Ok(out)
+}
+
 fn bad(m: String) -> ModelError {
     ModelError::BadConfig(format!("config.json: {m}"))
 }
