@@ -215,6 +215,13 @@ async fn shares_the_cache(endpoint: &str, a: &str, b: &str) -> Result<()> {
     let cached = env(&[("HF_ENDPOINT", NOWHERE), ("HF_HUB_CACHE", a)]);
     let (ok, again, err) = ferrite(&["path", "tiny/llama31-sharded"], &cached).await?;
     anyhow::ensure!(ok && again == path, "{again} {err}");
+    // `ferrite model list` shows what the cache holds, and its ref.
+    let (ok, list, err) = ferrite(&["list"], &cached).await?;
+    let row = list.lines().find(|l| l.contains("tiny/llama31-sharded"));
+    anyhow::ensure!(
+        ok && row.is_some_and(|r| r.contains("safetensors") && r.contains("[main ")),
+        "{list}\n{err}"
+    );
     Ok(())
 }
 
@@ -233,6 +240,8 @@ async fn serves_offline(endpoint: &str, c: &str) -> Result<()> {
         ("HF_HUB_OFFLINE", "1"),
         ("HF_ENDPOINT", NOWHERE),
     ]);
+    let (_, list, _) = ferrite(&["list"], &offline).await?;
+    anyhow::ensure!(list.contains(&format!("GGUF: {file}")), "{list}");
     let serve = ServeProc::start_model(&name, &offline).await?;
     let models = http::get(serve.http, "/v1/models").await?.json()?;
     assert_eq!(models["data"][0]["id"], json!(name), "{models}");

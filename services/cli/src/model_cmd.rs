@@ -8,7 +8,7 @@ use ferrite_engine::registry;
 
 #[derive(Debug, Subcommand)]
 pub enum ModelCommand {
-    /// The models ferrite can fetch by name, and whether they are cached.
+    /// The models ferrite can fetch by name and whether they are cached, the Hugging Face Hub cache's models, and the shapes for dummy weights.
     List,
     /// Print a model's path (a known name, or a Hugging Face Hub repository `org/name[@revision][:quant]`), pulling it first if it is not cached.
     Path {
@@ -40,6 +40,7 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
                 );
                 println!("{:<16} sampling defaults: {}", "", defaults_of(m, &path));
             }
+            hub_listing();
             println!("\nshapes for --load-format dummy (random weights):");
             for p in presets::PRESETS {
                 let billions = |n: u64| n as f64 / 1e9;
@@ -84,6 +85,40 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+    }
+}
+
+/// The Hugging Face Hub cache's models (`--model org/name` serves them without the network):
+/// each with its refs, size, and what `--model` takes of it.
+fn hub_listing() {
+    let cache = ferrite_hub::hub_cache();
+    println!("\nHugging Face Hub cache {}:", cache.display());
+    let repos = ferrite_hub::cached_repos(&cache);
+    if repos.is_empty() {
+        println!("  (no models)");
+    }
+    for r in repos {
+        let refs: Vec<String> = r
+            .refs
+            .iter()
+            .map(|(name, commit)| format!("{name} {}", commit.get(..12).unwrap_or(commit)))
+            .collect();
+        let ggufs: Vec<&str> = r
+            .files
+            .iter()
+            .filter(|f| f.ends_with(".gguf"))
+            .map(String::as_str)
+            .collect();
+        let what = match ggufs.as_slice() {
+            [] => "safetensors".to_owned(),
+            files => format!("GGUF: {}", files.join(", ")),
+        };
+        let mb = r.bytes as f64 / 1e6;
+        println!(
+            "  {:<44} {mb:>9.1} MB  {what}  [{}]",
+            r.repo,
+            refs.join(", ")
+        );
     }
 }
 

@@ -183,3 +183,65 @@ pub(crate) fn link(repo_dir: &Path, commit: &str, file: &str, etag: &str) -> Res
     let from = blob(repo_dir, etag);
     std::fs::copy(&from, &path).map(|_| ()).map_err(io(&path))
 }
+
+/// A model repository in the cache, as `ferrite model list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedRepo {
+    /// `org/name`.
+    pub repo: String,
+    /// Each ref with the commit it names (`main` → `0123abcd…`).
+    pub refs: Vec<(String, String)>,
+    /// The snapshots' files' paths, across its commits.
+    pub files: Vec<String>,
+    /// Bytes of its blobs.
+    pub bytes: u64,
+}
+
+/// The model repositories in the Hub cache `cache`, by name.
+pub fn cached_repos(cache: &Path) -> Vec<CachedRepo> {
+    let Ok(dirs) = std::fs::read_dir(cache) else {
+        return Vec::new();
+    };
+    let mut out: Vec<CachedRepo> = dirs
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (org, model) = name.strip_prefix("models--")?.split_once("--")?;
+            Some(describe(&e.path(), format!("{org}/{model}")))
+        })
+        .collect();
+    out.sort_by(|a, b| a.repo.cmp(&b.repo));
+    out
+}
+
+fn describe(dir: &Path, repo: String) -> CachedRepo {
+    let files_in = |d: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .map(|r| r.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let refs = files_in(&dir.join("refs"))
+        .into_iter()
+        .filter_map(|p| {
+            let name = p.file_name()?.to_string_lossy().into_owned();
+            Some((name, std::fs::read_to_string(&p).ok()?.trim().to_owned()))
+        })
+        .collect();
+    let mut files: Vec<String> = files_in(&dir.join("snapshots"))
+        .iter()
+        .flat_map(|snap| list(snap).unwrap_or_default())
+        .collect();
+    files.sort();
+    files.dedup();
+    let bytes = files_in(&dir.join("blobs"))
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    CachedRepo {
+        repo,
+        refs,
+        files,
+        bytes,
+    }
+}

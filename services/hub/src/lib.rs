@@ -18,7 +18,7 @@ mod select;
 
 use std::path::PathBuf;
 
-pub use cache::hub_cache;
+pub use cache::{CachedRepo, cached_repos, hub_cache};
 pub use select::Wanted;
 
 /// A model on the Hub, as `--model` names it.
