@@ -58,8 +58,9 @@ impl Hub {
             .http_status_as_error(false)
             .redirect_auth_headers(RedirectAuthHeaders::SameHost)
             .timeout_connect(Some(Duration::from_secs(30)))
-            // A stalled transfer fails rather than hanging the start-up forever.
-            .timeout_recv_body(Some(Duration::from_secs(120)))
+            // A stalled transfer fails rather than hanging the start-up forever; a slow one
+            // does not (a shard of several GB takes minutes), so the bound is on each read.
+            .timeout_per_read(Some(Duration::from_secs(60)))
             .user_agent(concat!("ferrite/", env!("CARGO_PKG_VERSION")))
             .build();
         Self {
@@ -159,14 +160,16 @@ impl Hub {
             .filter(|s| chosen.contains(&s.path) && !snap.join(&s.path).is_file())
             .collect();
         let bytes: u64 = missing.iter().filter_map(|s| s.size).sum();
-        on_download(&format!(
-            "{} file(s), {:.1} MB, of {} at commit {} into {}",
-            missing.len(),
-            bytes as f64 / 1e6,
-            r.repo,
-            &commit[..12],
-            repo_dir.display()
-        ));
+        if !missing.is_empty() {
+            on_download(&format!(
+                "{} file(s), {:.1} MB, of {} at commit {} into {}",
+                missing.len(),
+                bytes as f64 / 1e6,
+                r.repo,
+                &commit[..12],
+                repo_dir.display()
+            ));
+        }
         self.download_all(r, repo_dir, &commit, &missing)?;
         write_ref(repo_dir, &r.revision, &commit)?;
         Ok(match r.wanted() {

@@ -24,11 +24,18 @@ pub fn choose(files: &[String], wanted: &Wanted) -> Result<Vec<String>, String> 
         .filter(top)
         .filter(|f| f.ends_with(".safetensors"))
         .collect();
+    // Mistral's repositories hold their weights twice: Hugging Face's shards and Mistral's
+    // own `consolidated.safetensors`, which ferrite does not read. Only the shards, then.
+    let consolidated = |f: &String| f.starts_with("consolidated");
+    let only_consolidated = weights.iter().all(|f| consolidated(f));
     match wanted {
         Wanted::Model if !weights.is_empty() => Ok(files
             .iter()
             .filter(top)
-            .filter(|f| f.ends_with(".safetensors") || BESIDE.iter().any(|x| f.ends_with(x)))
+            .filter(|f| {
+                let weight = f.ends_with(".safetensors") && (only_consolidated || !consolidated(f));
+                weight || BESIDE.iter().any(|x| f.ends_with(x))
+            })
             .cloned()
             .collect()),
         Wanted::Model => match ggufs(files).as_slice() {
@@ -147,6 +154,8 @@ mod tests {
             "merges.txt",
             "onnx/model.onnx",
             "original/consolidated.safetensors",
+            "consolidated.safetensors",
+            "params.json",
             "model-q4.gguf",
         ]);
         let got = choose(&repo, &Wanted::Model).expect("a model");
@@ -162,6 +171,7 @@ mod tests {
                 "tokenizer_config.json",
                 "chat_template.jinja",
                 "merges.txt",
+                "params.json",
             ])
         );
     }
