@@ -242,6 +242,7 @@ pub fn quantize_model(
         },
     )?;
     check_fp8_blocks(job.opts.scheme, loaded.model.config())?;
+    write::check_writable(loaded.model.config(), hf_config.as_ref())?;
     let tokens = calibration_tokens(job, loaded.tokenizer.as_ref())?;
     let layers = calib::quantize_layers(&loaded.model, &tokens, &job.opts, progress)?;
     let src = write::Source {

@@ -164,6 +164,23 @@ fn mlp_tensors(
     Ok(())
 }
 
+/// Refuses, before any calibration, a model whose checkpoint the writers here cannot make:
+/// Phi-3's (fused projections) and a multimodal one's (its vision tower would be dropped).
+pub(super) fn check_writable(c: &ModelConfig, hf: Option<&serde_json::Value>) -> Result<()> {
+    if c.architecture == Architecture::Phi3 {
+        return Err(phi3_unsupported());
+    }
+    let arch = hf.and_then(|cfg| cfg["architectures"][0].as_str());
+    if arch == Some("Gemma3ForConditionalGeneration") {
+        return Err(EngineError::BadConfig(
+            "writing a quantized multimodal checkpoint is not supported (its vision tower \
+             would be lost); quantize it at load instead (--quantize)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Phi-3 checkpoints keep Q|K|V and gate|up fused, which the writers here do not pack yet.
 fn phi3_unsupported() -> EngineError {
     EngineError::BadConfig(
@@ -272,9 +289,6 @@ pub(super) fn write_dir(
     };
     let m = src.model;
     let c = m.config();
-    if c.architecture == Architecture::Phi3 {
-        return Err(phi3_unsupported());
-    }
     let mut cfg = match &src.hf {
         Some((_, cfg)) => cfg.clone(),
         None => config_from_gguf(m, src.tokenizer)?,

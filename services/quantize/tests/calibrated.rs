@@ -208,6 +208,23 @@ fn mixtures_of_experts_quantize_by_rtn_and_load_back() {
     }
 }
 
+/// Checkpoints the writers cannot make are refused before any layer is quantized: Phi-3's
+/// (fused projections) and a multimodal Gemma 3's (its vision tower would be lost).
+#[test]
+fn phi3_and_multimodal_checkpoints_are_refused_before_quantizing() {
+    let w4: WqFormat = "w4g32".parse().expect("format");
+    for (dir, says) in [("phi3", "fused"), ("gemma3_mm", "multimodal")] {
+        let src = fixtures().join("models").join(dir);
+        let out = tempdir(&format!("refused-{dir}"));
+        let opts = CalibOptions::new(Method::Rtn, Scheme::WeightOnly(w4));
+        let mut layers = 0;
+        let e = quantize_model(&job(&src, &out, opts), &mut |_| layers += 1).expect_err(dir);
+        assert!(e.to_string().contains(says), "{dir}: {e}");
+        assert_eq!(layers, 0, "{dir}: layers quantized before refusing");
+        assert!(!out.exists(), "{dir}: written before refusing");
+    }
+}
+
 /// GPTQ lowers every layer's output error below RTN's on the calibration inputs; AWQ and
 /// SmoothQuant (scales folded into the norms and producers) keep the model's function.
 #[test]
