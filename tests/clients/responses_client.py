@@ -8,7 +8,8 @@ Run by tests/tests/structured.rs, or by hand against a running gateway:
 Asks `responses.create` for text (set beside the chat endpoint's answer to the same messages),
 with instructions and a developer message, cut short by `max_output_tokens`, streamed, with
 logprobs; `responses.parse` with a Pydantic model; function calls (required, streamed, and a
-round trip with their outputs); and what is not served. Prints one JSON object with what came
+round trip with their outputs); a response continued by `previous_response_id`, retrieved and
+deleted; and what is not served. Prints one JSON object with what came
 back (the Rust test judges it). Greedy throughout (temperature 0).
 """
 
@@ -111,9 +112,38 @@ def calls(client, model):
             "final_arguments": first_call.arguments if first_call else None}
 
 
+def kept(client, model):
+    """A response continued by previous_response_id gives the chat endpoint's answer to the
+    whole conversation; kept responses are retrieved and deleted; store=False keeps none."""
+    first = "My name is Ada. Say hello to me."
+    r1 = client.responses.create(model=model, input=first, temperature=0, max_output_tokens=24)
+    r2 = client.responses.create(model=model, previous_response_id=r1.id,
+                                 input="What is my name?", temperature=0, max_output_tokens=24)
+    chat = chat_text(client, model, [{"role": "user", "content": first},
+                                     {"role": "assistant", "content": r1.output_text},
+                                     {"role": "user", "content": "What is my name?"}], 24)
+    got = client.responses.retrieve(r1.id)
+    client.responses.delete(r1.id)
+
+    def status_of(call):
+        try:
+            call()
+            return 200
+        except openai.APIStatusError as e:
+            return e.status_code
+
+    unkept = client.responses.create(model=model, input=first, temperature=0,
+                                     max_output_tokens=4, store=False)
+    return {"continued": r2.output_text, "chat": chat, "previous": r2.previous_response_id,
+            "r1": r1.id, "retrieved": got.output_text == r1.output_text,
+            "after_delete": status_of(lambda: client.responses.retrieve(r1.id)),
+            "unkept_store": unkept.store,
+            "unkept": status_of(lambda: client.responses.retrieve(unkept.id))}
+
+
 def refusals(client, model):
     cases = {
-        "previous_response_id": {"previous_response_id": "resp_1"},
+        "previous_response_id": {"previous_response_id": "resp_nowhere"},
         "hosted_tool": {"tools": [{"type": "web_search"}]},
         "image": {"input": [{"role": "user", "content": [
             {"type": "input_image", "image_url": "https://example.com/a.png"}]}]},
@@ -141,7 +171,8 @@ def main():
     client = openai.OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=120)
     out = {"texts": texts(client, args.model), "stream": streamed(client, args.model),
            "logprobs": logprobs(client, args.model), "parsed": parsed(client, args.model),
-           "calls": calls(client, args.model), "refused": refusals(client, args.model)}
+           "calls": calls(client, args.model), "kept": kept(client, args.model),
+           "refused": refusals(client, args.model)}
     print(json.dumps(out))
 
 

@@ -266,7 +266,8 @@ async fn a_json_schema_under_speculative_decoding_gives_the_same_output() -> Res
 /// the chat endpoint's greedy text for the same messages (instructions and a developer
 /// message as system messages), an answer cut by `max_output_tokens` as incomplete, the typed
 /// stream in order, logprobs, `responses.parse`, function calls (required, streamed, a round
-/// trip with their outputs), and what is not served refused by field.
+/// trip with their outputs), a response continued by `previous_response_id`, retrieved and
+/// deleted, and what is not served refused by field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_responses_api_answers_the_official_client_as_the_chat_endpoint_does() -> Result<()> {
     let _turn = serial().await;
@@ -372,13 +373,19 @@ fn check_responses(out: &Value) -> Result<()> {
     anyhow::ensure!(c["argument_pieces"].as_u64().is_some_and(|n| n >= 2));
     anyhow::ensure!(c["joined"] == c["final_arguments"]);
 
-    for (case, param) in [
-        ("previous_response_id", "previous_response_id"),
-        ("hosted_tool", "tools"),
-        ("image", "input"),
+    for (case, status, param) in [
+        ("previous_response_id", 404, "previous_response_id"),
+        ("hosted_tool", 400, "tools"),
+        ("image", 400, "input"),
     ] {
         let r = &out["refused"][case];
-        anyhow::ensure!(r["status"] == 400 && r["param"] == param, "{case}: {r}");
+        anyhow::ensure!(r["status"] == status && r["param"] == param, "{case}: {r}");
     }
+    // Continued by `previous_response_id`: the chat endpoint's answer to the whole
+    // conversation; kept until deleted; none kept with `store: false`.
+    let k = &out["kept"];
+    anyhow::ensure!(k["continued"] == k["chat"] && k["previous"] == k["r1"], "{k}");
+    anyhow::ensure!(k["retrieved"] == true && k["after_delete"] == 404, "{k}");
+    anyhow::ensure!(k["unkept_store"] == false && k["unkept"] == 404, "{k}");
     Ok(())
 }

@@ -31,6 +31,10 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(crate::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(crate::responses::retrieve).delete(crate::responses::delete),
+        )
         .merge(crate::tokenizer_http::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             gateway.clone(),

@@ -44,6 +44,7 @@ pub mod pools;
 pub mod reply;
 pub mod responses;
 pub mod responses_reply;
+pub mod responses_store;
 pub mod route;
 pub mod stream;
 pub mod tokenizer_http;
@@ -81,6 +82,8 @@ pub struct Gateway {
     tls: Option<ferrite_tls::TlsFiles>,
     routing: route::Routing,
     limits: route::UpstreamLimits,
+    /// The Responses API's kept responses.
+    responses: Arc<responses_store::ResponseStore>,
     /// Sets the KV index gauges when `/metrics` is scraped (removed with the last clone).
     _index_gauges: Arc<ferrite_telemetry::metrics::ScrapeHook>,
 }
@@ -126,6 +129,7 @@ impl Gateway {
             tls: None,
             routing: route::Routing::default(),
             limits: route::UpstreamLimits::default(),
+            responses: Arc::default(),
             _index_gauges: Arc::new(index_gauges),
         }
     }
@@ -169,6 +173,11 @@ impl Gateway {
     pub fn with_api_keys(mut self, keys: ApiKeys) -> Self {
         self.keys = Arc::new(keys);
         self
+    }
+
+    /// The responses kept for the Responses API.
+    pub fn stored_responses(&self) -> &Arc<responses_store::ResponseStore> {
+        &self.responses
     }
 
     pub fn api_keys(&self) -> &ApiKeys {

@@ -4,9 +4,11 @@
 //! output, `tools` its function tools; the answer's text and calls come back as output items,
 //! whole or as the API's typed stream of events ([`crate::responses_reply`]).
 //!
-//! ferrite keeps no responses: a request that needs a stored one (`previous_response_id`,
-//! `conversation`, an `item_reference`) is refused, and every answer says `"store": false`.
-//! So are the hosted tools (web or file search, computer use...), images and files, reasoning,
+//! A gateway keeps the last responses in memory ([`crate::responses_store`]; unless a request
+//! says `store: false`): a later request continues one by `previous_response_id` (its
+//! conversation's items come before the new input; its `instructions` do not carry over, as
+//! OpenAI's), and `GET`/`DELETE /v1/responses/{id}` show or drop one. `conversation` objects
+//! and `item_reference` items are refused. So are the hosted tools (web or file search, computer use...), images and files, reasoning,
 //! and `truncation: auto`: a 400 naming the field, never a silent difference.
 
 use std::sync::Arc;
@@ -27,7 +29,8 @@ use crate::api_error::{ApiError, bad_json};
 use crate::asked::{Asked, open, unix_now};
 use crate::auth::Caller;
 use crate::openai::{ToolNaming, function_fields, output_format, tool_error, tools_of};
-use crate::responses_reply::{self, ResponseWriter};
+use crate::responses_reply::{self, Keep, ResponseWriter};
+use crate::responses_store::{CAPACITY, Stored};
 use crate::tools::{self, Function, PastCall, Tools};
 use crate::validate::{Constraint, Prompt};
 
@@ -52,8 +55,9 @@ pub struct ResponsesRequest {
     /// vLLM's extensions, as on the chat endpoint.
     #[serde(flatten)]
     extra: Extensions,
+    store: Option<bool>,
+    previous_response_id: Option<String>,
     /// Refused when set (see the module's note).
-    previous_response_id: Option<Value>,
     conversation: Option<Value>,
     background: Option<bool>,
     reasoning: Option<Value>,
@@ -86,7 +90,9 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
     req.refuse_unsupported()?;
-    let messages = req.messages()?;
+    let previous = req.previous(&gw)?;
+    let items = req.conversation_items(previous)?;
+    let messages = req.messages(&items)?;
     let asked = Asked {
         model: req.model.clone(),
         sampling: req.sampling()?,
@@ -95,7 +101,11 @@ pub async fn create(
         choices: 1,
     };
     let started = Instant::now();
-    let writer = ResponseWriter::new(req.echo(&asked), asked.sampling.logprobs.is_some());
+    let keep = (req.store != Some(false)).then(|| Keep {
+        store: gw.stored_responses().clone(),
+        items,
+    });
+    let writer = ResponseWriter::new(req.echo(&asked), asked.sampling.logprobs.is_some(), keep);
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
     let prompts = [Prompt::Chat(messages)];
     let (events, _) = open(&gw, &headers, caller, &asked, &prompts, started).await?;
@@ -108,6 +118,44 @@ pub async fn create(
     Ok(Json(responses_reply::body(events, writer).await?).into_response())
 }
 
+/// `GET /v1/responses/{id}`: a response this gateway keeps.
+pub async fn retrieve(
+    State(gw): State<Gateway>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let kept = gw.stored_responses().get(&id);
+    kept.map(|k| Json(k.response))
+        .ok_or_else(|| not_kept(&id, None))
+}
+
+/// `DELETE /v1/responses/{id}`: forgets a kept response.
+pub async fn delete(
+    State(gw): State<Gateway>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match gw.stored_responses().remove(&id) {
+        true => Ok(Json(
+            json!({ "id": id, "object": "response.deleted", "deleted": true }),
+        )),
+        false => Err(not_kept(&id, None)),
+    }
+}
+
+/// A 404 for a response this gateway does not keep, saying why it may not.
+fn not_kept(id: &str, param: Option<&'static str>) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::NOT_FOUND,
+        message: format!(
+            "no response `{id}` here: a gateway keeps the last {CAPACITY} responses in its \
+             memory (not those of another replica, nor across a restart)"
+        ),
+        kind: "invalid_request_error",
+        code: "not_found",
+        param,
+        retry_after_s: None,
+    }
+}
+
 impl ResponsesRequest {
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
         let refuse = |param: &'static str, why: &str| {
@@ -116,12 +164,12 @@ impl ResponsesRequest {
                 Some(param),
             ))
         };
-        let stored = "ferrite keeps no responses; send the whole conversation as `input`";
-        if is_set(&self.previous_response_id) {
-            return refuse("previous_response_id", stored);
-        }
         if is_set(&self.conversation) {
-            return refuse("conversation", stored);
+            return refuse(
+                "conversation",
+                "no conversation objects; continue a response by `previous_response_id`, or \
+                 send the whole conversation as `input`",
+            );
         }
         if self.background == Some(true) {
             return refuse(
@@ -179,18 +227,35 @@ impl ResponsesRequest {
         })
     }
 
-    /// The chat: `instructions` as its system message, then the `input` (a text is one user
-    /// message).
-    fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+    /// The response `previous_response_id` continues, if any: kept by this gateway.
+    fn previous(&self, gw: &Gateway) -> Result<Option<Stored>, ApiError> {
+        let Some(id) = &self.previous_response_id else {
+            return Ok(None);
+        };
+        let kept = gw.stored_responses().get(id);
+        kept.map(Some)
+            .ok_or_else(|| not_kept(id, Some("previous_response_id")))
+    }
+
+    /// The conversation as input items: the previous response's (its input and output), then
+    /// this request's `input` (a text is one user message).
+    fn conversation_items(&self, previous: Option<Stored>) -> Result<Vec<Value>, ApiError> {
+        let mut items = previous.map(|p| p.items).unwrap_or_default();
+        match &self.input {
+            Value::String(text) => items.push(json!({ "role": "user", "content": text })),
+            Value::Array(input) => items.extend(input.iter().cloned()),
+            _ => return Err(bad_input("must be a text or a list of items".into())),
+        }
+        Ok(items)
+    }
+
+    /// The chat: `instructions` as its system message, then the conversation's items.
+    fn messages(&self, items: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
         let mut out = Vec::new();
         if let Some(text) = &self.instructions {
             out.push(ChatMessage::new("system", text.clone()));
         }
-        match &self.input {
-            Value::String(text) => out.push(ChatMessage::new("user", text.clone())),
-            Value::Array(items) => out.extend(input_messages(items).map_err(bad_input)?),
-            _ => return Err(bad_input("must be a text or a list of items".into())),
-        }
+        out.extend(input_messages(items).map_err(bad_input)?);
         Ok(out)
     }
 
@@ -232,9 +297,9 @@ impl ResponsesRequest {
             "text": { "format": format },
             "metadata": self.metadata.clone().unwrap_or_else(|| json!({})),
             "truncation": "disabled",
-            "store": false,
+            "store": self.store != Some(false),
             "background": false,
-            "previous_response_id": null,
+            "previous_response_id": self.previous_response_id,
             "reasoning": null,
         });
         responses_reply::Head {

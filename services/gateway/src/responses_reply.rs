@@ -6,6 +6,7 @@
 //! the last event's response: one writer makes both.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::response::sse::Event;
 use ferrite_proto::v1 as api;
@@ -15,6 +16,7 @@ use serde_json::{Value, json};
 use crate::GatewayError;
 use crate::api_error::ApiError;
 use crate::logprobs::LogprobsWriter;
+use crate::responses_store::{ResponseStore, Stored};
 use crate::stream::{CallDelta, GenerateEvent, Indexed};
 use crate::tools::ToolCall;
 
@@ -44,6 +46,14 @@ enum Open {
     },
 }
 
+/// Where a finished response is kept, with the conversation that led to it (as input items;
+/// its output items are added).
+#[derive(Debug)]
+pub struct Keep {
+    pub store: Arc<ResponseStore>,
+    pub items: Vec<Value>,
+}
+
 /// One streamed event: its type and its data (which repeats the type).
 pub type ResponseEvent = (&'static str, Value);
 
@@ -63,10 +73,11 @@ pub struct ResponseWriter {
     usage: Value,
     /// Items get ids of their own: `msg_`/`fc_` + the response's id + their output index.
     items: usize,
+    keep: Option<Keep>,
 }
 
 impl ResponseWriter {
-    pub fn new(head: Head, logprobs: bool) -> Self {
+    pub fn new(head: Head, logprobs: bool, keep: Option<Keep>) -> Self {
         Self {
             head,
             output: Vec::new(),
@@ -78,6 +89,7 @@ impl ResponseWriter {
             error: Value::Null,
             usage: Value::Null,
             items: 0,
+            keep,
         }
     }
 
@@ -313,6 +325,15 @@ impl ResponseWriter {
             }
         };
         let response = self.response();
+        // Kept before the last event goes out: a client may continue it at once.
+        if let Some(Keep { store, mut items }) = self.keep.take() {
+            items.extend(self.output.iter().cloned());
+            let stored = Stored {
+                items,
+                response: response.clone(),
+            };
+            store.put(self.head.id.clone(), stored);
+        }
         out.push(self.event(kind, json!({ "response": response })));
         out
     }

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::*;
 use crate::GatewayError;
 use crate::responses_reply::{Head, ResponseEvent};
@@ -13,11 +15,16 @@ fn request(body: Value) -> ResponsesRequest {
     serde_json::from_value(full).expect("a request body")
 }
 
+/// The chat of a request continuing nothing.
+fn chat(req: &ResponsesRequest) -> Result<Vec<ChatMessage>, ApiError> {
+    req.messages(&req.conversation_items(None)?)
+}
+
 fn refusal(body: Value) -> ApiError {
     let req = request(body);
     let checks = [
         req.refuse_unsupported().err(),
-        req.messages().err(),
+        chat(&req).err(),
         req.tools().err(),
         text_format(req.text.as_ref()).err(),
     ];
@@ -39,7 +46,7 @@ fn input_items_become_the_chats_messages() {
         { "type": "function_call_output", "call_id": "call_1", "output": "sunny" },
         { "type": "function_call", "call_id": "call_3", "name": "time", "arguments": "" },
     ]}));
-    let m = req.messages().expect("messages");
+    let m = chat(&req).expect("messages");
     let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
     assert_eq!(
         roles,
@@ -62,19 +69,13 @@ fn input_items_become_the_chats_messages() {
     assert_eq!(m[4].content, "sunny");
     assert_eq!(m[5].content, "");
     // A text is one user message.
-    let m = request(json!({ "input": "Hello" }))
-        .messages()
-        .expect("messages");
+    let m = chat(&request(json!({ "input": "Hello" }))).expect("messages");
     assert_eq!((m.len(), m[0].role.as_str()), (1, "user"));
 }
 
 #[test]
 fn what_is_not_served_is_refused_naming_its_field() {
     let cases = [
-        (
-            json!({ "previous_response_id": "resp_1" }),
-            "previous_response_id",
-        ),
         (json!({ "conversation": "conv_1" }), "conversation"),
         (json!({ "background": true }), "background"),
         (json!({ "reasoning": { "effort": "high" } }), "reasoning"),
@@ -162,7 +163,7 @@ fn writer(logprobs: bool) -> ResponseWriter {
         model: "m".into(),
         settings: json!({ "store": false, "tools": [] }),
     };
-    ResponseWriter::new(head, logprobs)
+    ResponseWriter::new(head, logprobs, None)
 }
 
 fn delta(text: &str, calls: Vec<CallDelta>) -> Result<GenerateEvent, GatewayError> {
@@ -319,5 +320,48 @@ fn a_fault_mid_stream_is_an_error_event_then_a_failed_response() {
             .as_str()
             .is_some_and(|m| m.contains("pool gone")),
         "{r}"
+    );
+}
+
+/// A kept response holds its conversation (input, then output items) before its last event
+/// goes out, and a request continuing it puts that conversation before its own input, without
+/// the earlier instructions.
+#[test]
+fn a_kept_response_continues_its_conversation() {
+    let store = Arc::new(crate::responses_store::ResponseStore::default());
+    let first = request(json!({ "instructions": "Be brief.", "input": "Hi" }));
+    let items = first.conversation_items(None).expect("items");
+    let head = Head {
+        id: "resp_1".into(),
+        created_at: 1,
+        model: "m".into(),
+        settings: json!({}),
+    };
+    let keep = crate::responses_reply::Keep {
+        store: store.clone(),
+        items,
+    };
+    let mut w = ResponseWriter::new(head, false, Some(keep));
+    let events = run(
+        &mut w,
+        vec![
+            delta("Hello!", vec![]),
+            finish(api::FinishReason::Stop, vec![], 0),
+        ],
+    );
+    assert_eq!(events.last().map(|(k, _)| *k), Some("response.completed"));
+    let kept = store.get("resp_1").expect("kept");
+    assert_eq!(kept.response, w.response());
+    let second = request(json!({ "previous_response_id": "resp_1", "input": "Again?" }));
+    let m = second
+        .messages(&second.conversation_items(Some(kept)).expect("items"))
+        .expect("chat");
+    let turns: Vec<(&str, &str)> = m
+        .iter()
+        .map(|m| (m.role.as_str(), m.content.as_str()))
+        .collect();
+    assert_eq!(
+        turns,
+        [("user", "Hi"), ("assistant", "Hello!"), ("user", "Again?")]
     );
 }
