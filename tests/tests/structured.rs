@@ -384,7 +384,10 @@ fn check_responses(out: &Value) -> Result<()> {
     // Continued by `previous_response_id`: the chat endpoint's answer to the whole
     // conversation; kept until deleted; none kept with `store: false`.
     let k = &out["kept"];
-    anyhow::ensure!(k["continued"] == k["chat"] && k["previous"] == k["r1"], "{k}");
+    anyhow::ensure!(
+        k["continued"] == k["chat"] && k["previous"] == k["r1"],
+        "{k}"
+    );
     anyhow::ensure!(k["retrieved"] == true && k["after_delete"] == 404, "{k}");
     anyhow::ensure!(k["unkept_store"] == false && k["unkept"] == 404, "{k}");
     Ok(())
