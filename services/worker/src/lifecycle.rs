@@ -201,14 +201,13 @@ impl RunningWorker {
         let info = model_info(&cfg, tokenizer.as_ref(), vocab_size, max_model_len)?;
         let (handle, thread) =
             EngineHandle::spawn(engine, cfg.max_waiting).map_err(WorkerError::Thread)?;
-        let vocabulary = match tokenizer {
-            Some(t) => crate::guide::vocabulary(&info, t),
+        let for_vocabulary = info.clone();
+        let build = move || match tokenizer {
+            Some(t) => crate::guide::vocabulary(&for_vocabulary, t),
             None => Err("the model has no tokenizer".into()),
         };
-        if let Err(why) = &vocabulary {
-            tracing::warn!("structured outputs are off for this model: {why}");
-        }
-        let service = WorkerService::new(Backend::Engine(handle), info).with_vocabulary(vocabulary);
+        let service =
+            WorkerService::new(Backend::Engine(handle), info).with_vocabulary_built_by(build);
         let mut worker = Self::serve(service, max_model_len, cfg, store, schema).await?;
         worker.comm_record = comm_record;
         worker.engine_thread = Some(thread);
