@@ -94,14 +94,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send(status, json.dumps({"error": message}).encode(),
                   {"X-Error-Message": message})
 
-    def repo_at(self, parts):
-        """(repo, info) for `org/name/rest...`, checking the revision and the token."""
-        if len(parts) < 2 or f"{parts[0]}/{parts[1]}" not in self.repos.repos:
-            return None, "Repository not found"
-        repo = f"{parts[0]}/{parts[1]}"
-        if parts[0] == "gated" and self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return None, 401
-        return repo, self.repos.repos[repo]
+    def open_repo(self, name, revision):
+        """(repo, info) for `org/name` at `revision`, checking the token; None once the error
+        is answered (401 for an unknown repository or a missing token, as the Hub does; 404
+        for an unknown revision)."""
+        repo = "/".join(name)
+        info = self.repos.repos.get(repo)
+        unauthorized = name[0] == "gated" and \
+            self.headers.get("Authorization") != f"Bearer {TOKEN}"
+        if info is None or unauthorized:
+            return self.error(401, "Invalid credentials in Authorization header")
+        if revision not in ("main", info["sha"]):
+            return self.error(404, "Revision Not Found")
+        return repo, info
 
     def do_HEAD(self):
         self.do_GET()
@@ -119,26 +124,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.cdn(f"{parts[1]}/{parts[2]}", parts[3])
         self.error(404, "Not found")
 
-    def revision_ok(self, info, revision):
-        return revision in ("main", info["sha"])
-
     def api(self, name, revision):
-        repo, info = self.repo_at(name)
-        if info == 401 or repo is None:
-            return self.error(401, "Invalid credentials in Authorization header")
-        if not self.revision_ok(info, revision):
-            return self.error(404, "Revision Not Found")
+        opened = self.open_repo(name, revision)
+        if opened is None:
+            return
+        repo, info = opened
         body = {"id": repo, "modelId": repo, "sha": info["sha"], "private": False,
                 "siblings": self.repos.siblings(repo)}
         self.send(200, json.dumps(body).encode())
 
     def tree(self, name, revision):
         """The tree API (`huggingface_hub`'s `list_repo_tree`, recursive, one page)."""
-        repo, info = self.repo_at(name)
-        if info == 401 or repo is None:
-            return self.error(401, "Invalid credentials in Authorization header")
-        if not self.revision_ok(info, revision):
-            return self.error(404, "Revision Not Found")
+        opened = self.open_repo(name, revision)
+        if opened is None:
+            return
+        _, info = opened
         entries, dirs = [], set()
         for rel, f in sorted(info["files"].items()):
             parent = rel.rsplit("/", 1)[0] if "/" in rel else None
@@ -152,11 +152,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send(200, json.dumps(entries).encode())
 
     def resolve(self, name, revision, rel):
-        repo, info = self.repo_at(name)
-        if info == 401 or repo is None:
-            return self.error(401, "Invalid credentials in Authorization header")
+        opened = self.open_repo(name, revision)
+        if opened is None:
+            return
+        repo, info = opened
         f = info["files"].get(rel)
-        if not self.revision_ok(info, revision) or f is None:
+        if f is None:
             return self.error(404, "Entry not found")
         common = {"X-Repo-Commit": info["sha"]}
         if f["lfs"]:

@@ -98,8 +98,8 @@ impl DeviceRope {
 impl GpuWeights {
     /// The rotary embedding of layer `index`: the sliding layers' own where there is one.
     pub fn rope_of(&self, index: usize) -> &DeviceRope {
-        match (&self.local_rope, self.cfg.attention_window.get(index)) {
-            (Some(local), Some(Some(_))) => local,
+        match &self.local_rope {
+            Some(local) if self.cfg.local_rope_at(index) => local,
             _ => &self.rope,
         }
     }

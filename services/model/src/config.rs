@@ -195,6 +195,12 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
+    /// Whether layer `index` rotates with the sliding layers' own base (Gemma 3's sliding
+    /// layers) rather than `rope_theta`.
+    pub fn local_rope_at(&self, index: usize) -> bool {
+        self.local_rope_theta.is_some() && matches!(self.attention_window.get(index), Some(Some(_)))
+    }
+
     /// Whether the GPU runner runs this model; if not (it runs on the CPU), why: it has no
     /// kernels yet for a mixture's experts.
     pub fn gpu_check(&self) -> Result<()> {

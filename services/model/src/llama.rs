@@ -587,8 +587,8 @@ impl LlamaModel {
 
     /// The rotary embedding of layer `index`.
     pub fn rope_of(&self, index: usize) -> &Rope {
-        match (&self.local_rope, self.cfg.attention_window.get(index)) {
-            (Some(local), Some(Some(_))) => local,
+        match &self.local_rope {
+            Some(local) if self.cfg.local_rope_at(index) => local,
             _ => &self.rope,
         }
     }
