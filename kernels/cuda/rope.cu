@@ -2,6 +2,8 @@
 //
 // Matches Rope::apply (kernels/src/cpu/rope.rs): for pair i < rope_dim/2,
 //   angle = ((float)pos * position_scale) * inv_freq[i]   (two f32 roundings, in this order)
+//   cos = cosf(angle) * scale, sin = sinf(angle) * scale  (YaRN's and LongRoPE's attention
+//                                                          factor; 1 elsewhere, exact)
 //   x0' = x0*cos - x1*sin,  x1' = x0*sin + x1*cos
 // with pairs (i, i + rope_dim/2) (HF rotate_half) or (2i, 2i+1) (adjacent). The products are
 // rounded separately (__fmul_rn) so the f32 result is the CPU's bit for bit up to sincosf's
@@ -55,7 +57,8 @@ template <typename T>
 __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
                                      const i32* positions, const float* inv_freq, i32 n_tokens,
                                      i32 n_heads, i32 n_kv_heads, i32 head_dim, i32 rope_dim,
-                                     float position_scale, i32 adjacent, CacheDest<T> cache) {
+                                     float position_scale, float scale, i32 adjacent,
+                                     CacheDest<T> cache) {
   __shared__ float cos_t[ROPE_MAX_DIM / 2];
   __shared__ float sin_t[ROPE_MAX_DIM / 2];
   const i32 half = rope_dim / 2;
@@ -67,7 +70,10 @@ __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
     __syncthreads();  // the previous token's table is no longer read
     for (i32 i = threadIdx.x; i < half; i += blockDim.x) {
       const float angle = p * inv_freq[i];
-      sincosf(angle, &sin_t[i], &cos_t[i]);
+      float s, c;
+      sincosf(angle, &s, &c);
+      sin_t[i] = __fmul_rn(s, scale);
+      cos_t[i] = __fmul_rn(c, scale);
     }
     __syncthreads();
     for (i32 j = threadIdx.x; j < pairs; j += blockDim.x) {
@@ -92,8 +98,8 @@ __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
 // q: n_tokens rows at stride q_stride, each holding n_heads heads of head_dim; k likewise with
 // n_kv_heads heads at stride k_stride (k may be null when n_kv_heads == 0). Q and K may be
 // column ranges of one fused QKV buffer but must not overlap each other.
-// positions: [n_tokens] >= 0. inv_freq: [rope_dim / 2]. rope_dim even, 2 <= rope_dim <=
-// head_dim, rope_dim <= 1024. adjacent: 0 = pairs (i, i + rope_dim/2), else (2i, 2i+1).
+// positions: [n_tokens] >= 0. inv_freq: [rope_dim / 2]. scale multiplies cos and sin. rope_dim
+// even, 2 <= rope_dim <= head_dim, rope_dim <= 1024. adjacent: 0 = pairs (i, i + rope_dim/2), else (2i, 2i+1).
 // Elements at index >= rope_dim within each head are left as they are.
 // With k_cache non-null the launch also writes the KV cache, as kv_write_* does: each token's
 // rotated K row and its V row (v, rows v_stride apart) into slot slots[t] of k_cache /
@@ -103,10 +109,10 @@ __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
   extern "C" __global__ void __launch_bounds__(1024) rope_##T(                                  \
       T* q, i32 q_stride, T* k, i32 k_stride, const i32* positions, const float* inv_freq,       \
       i32 n_tokens, i32 n_heads, i32 n_kv_heads, i32 head_dim, i32 rope_dim,                     \
-      float position_scale, i32 adjacent, T* k_cache, T* v_cache, const T* v, i32 v_stride,      \
-      const i32* slots) {                                                                       \
+      float position_scale, float scale, i32 adjacent, T* k_cache, T* v_cache, const T* v,       \
+      i32 v_stride, const i32* slots) {                                                         \
     rope(q, q_stride, k, k_stride, positions, inv_freq, n_tokens, n_heads, n_kv_heads,         \
-         head_dim, rope_dim, position_scale, adjacent,                                          \
+         head_dim, rope_dim, position_scale, scale, adjacent,                                   \
          CacheDest<T>{k_cache, v_cache, v, v_stride, slots});                                   \
   }
 ROPE(f16)

@@ -309,6 +309,7 @@ fn rope_on(
                 head_dim: rope.head_dim,
                 rope_dim: 2 * rope.inv_freq.len(),
                 position_scale: rope.position_scale,
+                scale: rope.scale,
                 adjacent: rope.pairing == RopePairing::Adjacent,
             };
             let mut m = Buffers::new(gpu);
@@ -340,6 +341,7 @@ fn fixture_rope(case: &Value, head_dim: usize) -> Rope {
     Rope {
         inv_freq,
         position_scale: num(&case["position_scale"]),
+        scale: 1.0,
         pairing,
         head_dim,
     }
@@ -392,20 +394,24 @@ fn rope_at_model_sizes_matches_the_cpu(b: &Backend) {
     let positions = [0, 1, 17, 4095, 131_071];
     let qkv = random(positions.len() * (heads.0 + 2 * heads.1) * head_dim, 5, 2.0);
     for dtype in DTYPES {
-        for (pairing, rope_dim) in [
-            (RopePairing::Half, 128),
-            (RopePairing::Adjacent, 128),
-            (RopePairing::Half, 64),
+        // 1.1547: LongRoPE's attention factor at 32 times a 4096-token original (YaRN's are
+        // alike), which multiplies cos and sin.
+        for (pairing, rope_dim, scale) in [
+            (RopePairing::Half, 128, 1.0),
+            (RopePairing::Adjacent, 128, 1.0),
+            (RopePairing::Half, 64, 1.0),
+            (RopePairing::Half, 96, 1.1547),
         ] {
             let rope = Rope {
                 inv_freq: Rope::base_inv_freq(500_000.0, rope_dim),
                 position_scale: 0.5,
+                scale,
                 pairing,
                 head_dim,
             };
             let got = rope_on(b, dtype, &qkv, &positions, &rope, heads);
             let want = rope_on(&Backend::Cpu, dtype, &qkv, &positions, &rope, heads);
-            let what = format!("rope {pairing:?} dim {rope_dim} on {}", b.name());
+            let what = format!("rope {pairing:?} dim {rope_dim} × {scale} on {}", b.name());
             assert_close(&what, dtype, &got, &want, 2.0);
         }
     }
@@ -548,6 +554,7 @@ fn rope_then_cache_writes_what_rope_and_kv_write_write() {
     let rope = Rope {
         inv_freq: Rope::base_inv_freq(500_000.0, 48),
         position_scale: 1.0,
+        scale: 1.0,
         pairing: RopePairing::Half,
         head_dim,
     };
@@ -565,6 +572,7 @@ fn rope_then_cache_writes_what_rope_and_kv_write_write() {
                 head_dim,
                 rope_dim: 48,
                 position_scale: 1.0,
+                scale: 1.0,
                 adjacent: false,
             };
             let (pp, fp, sp) = (m.i32s(&positions), m.f32s(&rope.inv_freq), m.i32s(&slots));

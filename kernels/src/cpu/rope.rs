@@ -9,13 +9,17 @@ pub enum RopePairing {
     Adjacent,
 }
 
-/// Per-pair inverse frequencies and the position scale, computed once per model.
+/// Per-pair inverse frequencies, the position scale and the cos/sin scale, computed once per
+/// model.
 #[derive(Debug, Clone)]
 pub struct Rope {
     /// `rope_dim / 2` inverse frequencies.
     pub inv_freq: Vec<f32>,
     /// Positions are multiplied by this (linear scaling: `1 / factor`).
     pub position_scale: f32,
+    /// The rotation's cos and sin are multiplied by this (YaRN's and LongRoPE's attention
+    /// factor; 1 otherwise), in f32 after they are computed, as transformers does.
+    pub scale: f32,
     pub pairing: RopePairing,
     pub head_dim: usize,
 }
@@ -45,8 +49,8 @@ impl Rope {
             let p = pos as f32 * self.position_scale;
             for i in 0..half {
                 let angle = p * self.inv_freq[i];
-                cos[i] = angle.cos();
-                sin[i] = angle.sin();
+                cos[i] = angle.cos() * self.scale;
+                sin[i] = angle.sin() * self.scale;
             }
             for head in row.chunks_exact_mut(hd) {
                 for i in 0..half {
@@ -72,6 +76,7 @@ mod tests {
         let rope = Rope {
             inv_freq: Rope::base_inv_freq(10_000.0, 8),
             position_scale: 1.0,
+            scale: 1.0,
             pairing: RopePairing::Half,
             head_dim: 8,
         };
@@ -91,6 +96,7 @@ mod tests {
         let mk = |pairing| Rope {
             inv_freq: Rope::base_inv_freq(10_000.0, hd),
             position_scale: 1.0,
+            scale: 1.0,
             pairing,
             head_dim: hd,
         };

@@ -118,6 +118,9 @@ pub struct RopeShape {
     pub head_dim: usize,
     pub rope_dim: usize,
     pub position_scale: f32,
+    /// Multiplies the rotation's cos and sin (YaRN's and LongRoPE's attention factor; 1
+    /// otherwise).
+    pub scale: f32,
     /// Pairs `(2i, 2i+1)` (llama.cpp NORM) instead of `(i, i + rope_dim/2)`.
     pub adjacent: bool,
 }
@@ -294,7 +297,8 @@ impl Gpu {
     }
 
     /// Rotates the first `rope_dim` dimensions of every q and k head by its token's position,
-    /// in place. `inv_freq` holds `rope_dim / 2` f32 (scaling already applied).
+    /// in place. `inv_freq` holds `rope_dim / 2` f32 (scaling already applied), and
+    /// `shape.scale` multiplies cos and sin.
     ///
     /// # Safety
     /// `q`/`k` address `tokens` rows at their strides; `positions` `tokens` i32.
@@ -347,6 +351,7 @@ impl Gpu {
             i32_of("head_dim", shape.head_dim)?,
             i32_of("rope_dim", shape.rope_dim)?,
             Arg::F32(shape.position_scale),
+            Arg::F32(shape.scale),
             Arg::I32(shape.adjacent.into()),
             c.k_cache.into(),
             c.v_cache.into(),

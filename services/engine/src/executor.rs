@@ -251,9 +251,7 @@ impl std::fmt::Debug for Executor {
 /// `cfg`'s max model length (default: the model's, at most 8192), checked with the other
 /// limits.
 pub(crate) fn checked_max_model_len(model: &ModelConfig, cfg: &EngineConfig) -> Result<usize> {
-    let max_model_len = cfg
-        .max_model_len
-        .unwrap_or(model.max_position_embeddings.min(8192));
+    let max_model_len = cfg.max_model_len.unwrap_or(model.default_context());
     if max_model_len < 2
         || cfg.block_size == 0
         || cfg.max_num_seqs == 0
@@ -277,11 +275,14 @@ impl Executor {
     /// `comm` to the other ranks. Sizes the KV cache and refuses configurations where one
     /// full-length sequence would not fit.
     pub fn new(
-        model: EngineModel,
+        mut model: EngineModel,
         cfg: &EngineConfig,
         mut comm: Box<dyn Collective>,
     ) -> Result<Self> {
         let max_model_len = checked_max_model_len(model.config(), cfg)?;
+        if let EngineModel::Host(m) = &mut model {
+            m.fit_context(max_model_len);
+        }
         let model_cfg = model.config().clone();
         let backend = match (cfg.cuda.clone(), model) {
             (Some(CudaPlacement { gpu, opts }), model) => {

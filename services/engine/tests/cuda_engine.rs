@@ -418,7 +418,8 @@ fn prefix_cache_hits_on_the_gpu_give_its_cold_tokens() {
 }
 
 /// Gemma 2 and 3, Qwen3 and Phi-3 (f16, graphs): the first token's top-5 log-probabilities
-/// (Gemma 3's sliding layers rotate by a base of their own; Phi-3 rotates half of a head).
+/// (Gemma 3's sliding layers rotate by a base of their own; Phi-3 rotates half of a head;
+/// YaRN and LongRoPE scale cos and sin).
 #[test]
 fn tiny_models_match_the_cpu() {
     let Some(gpu) = gpu("tiny_models_match_the_cpu") else {
@@ -429,6 +430,8 @@ fn tiny_models_match_the_cpu() {
         "models/gemma3",
         "models/qwen3",
         "models/phi3",
+        "models/qwen3_yarn",
+        "models/phi3_longrope",
     ] {
         let path = fixtures().join(dir);
         let want = generate(model::load(&path).expect("tiny model").model, None);

@@ -106,6 +106,7 @@ fn tiny_llama_family_split_two_and_four_ways() {
     check_tiny("mistral", None, None);
     check_tiny("phi3", None, None);
     check_tiny("phi3", Some("model.gguf"), Some("gguf"));
+    check_tiny("phi3_longrope", None, None);
 }
 
 #[test]
@@ -113,6 +114,7 @@ fn tiny_qwen_and_gemma_split_two_and_four_ways() {
     check_tiny("qwen2", None, None);
     check_tiny("qwen2", Some("model.gguf"), None);
     check_tiny("qwen3", None, None);
+    check_tiny("qwen3_yarn", None, None);
     check_tiny("gemma2", None, None);
     check_tiny("gemma3", None, None);
     check_tiny("gemma3", Some("model.gguf"), Some("gguf"));

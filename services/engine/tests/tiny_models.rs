@@ -13,9 +13,18 @@ use ferrite_engine::sampler::SamplingParams;
 const LOGIT_TOLERANCE: f32 = 1e-3;
 
 fn check(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
+    check_at(dir, file, expected_key, None);
+}
+
+/// [`check`] with the model served for contexts of `context` tokens (default: the model's
+/// own), which picks LongRoPE's factors.
+fn check_at(dir: &str, file: Option<&str>, expected_key: Option<&str>, context: Option<usize>) {
     let base = fixtures().join("models").join(dir);
     let path = file.map_or(base.clone(), |f| base.join(f));
-    let loaded = model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut loaded = model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if let Some(context) = context {
+        loaded.model.fit_context(context);
+    }
     let expected = read_json(&base.join("expected.json"));
     let cases = match expected_key {
         Some(k) => expected[k]["cases"]
@@ -65,7 +74,7 @@ fn check(dir: &str, file: Option<&str>, expected_key: Option<&str>) {
     // Greedy continuations, all prompts batched together through the engine with a small
     // step budget so prefills are chunked and mixed with decodes.
     let cfg = EngineConfig {
-        max_model_len: Some(256),
+        max_model_len: Some(context.unwrap_or(256)),
         max_num_batched_tokens: 8,
         kv_cache_bytes: 8 << 20,
         ..EngineConfig::default()
@@ -173,6 +182,36 @@ fn phi3_fused_projections_partial_rotary_safetensors() {
 #[test]
 fn phi3_gguf() {
     check("phi3", Some("model.gguf"), Some("gguf"));
+}
+
+/// Qwen3 past its training length as Qwen's model cards set it: YaRN (factor 4 over an
+/// original 64 here), which blends each frequency by its turns in the original length and
+/// scales cos and sin.
+#[test]
+fn qwen3_yarn_safetensors() {
+    check("qwen3_yarn", None, None);
+}
+
+/// llama.cpp's YaRN keys (type, factor, original context length).
+#[test]
+fn qwen3_yarn_gguf() {
+    check("qwen3_yarn", Some("model.gguf"), Some("gguf"));
+}
+
+/// Phi-3.5 / Phi-4-mini's LongRoPE: per-pair factors and an attention factor. Served past the
+/// original 64 tokens (the default context is the model's 256) it rotates by the long
+/// factors, as transformers does for such sequences; served for 64, by the short ones, as
+/// transformers does for the sequences here.
+#[test]
+fn phi3_longrope_long_and_short_factors() {
+    check("phi3_longrope", None, None);
+    check_at("phi3_longrope", None, Some("short"), Some(64));
+}
+
+/// llama.cpp's LongRoPE: `rope_factors_long`/`_short` tensors and the attention factor key.
+#[test]
+fn phi3_longrope_gguf() {
+    check("phi3_longrope", Some("model.gguf"), Some("gguf"));
 }
 
 /// Gemma 3: Gemma 2's layers without the soft caps, RMSNorm on each head of Q and K, five

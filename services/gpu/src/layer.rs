@@ -262,6 +262,7 @@ impl LayerOps for DeviceLayers<'_> {
             head_dim: c.head_dim,
             rope_dim: c.rope_dim,
             position_scale: freqs.position_scale,
+            scale: freqs.scale,
             adjacent: r.w.adjacent_rope,
         };
         let cache = CacheWrite {

@@ -76,12 +76,13 @@ pub(crate) struct GpuWeights {
 }
 
 /// A rotary embedding's frequencies on the device (kept alive here; kernels get
-/// `inv_freq_ptr`) and its position scale.
+/// `inv_freq_ptr`), its position scale and its cos/sin scale.
 #[derive(Debug)]
 pub struct DeviceRope {
     _inv_freq: CudaSlice<f32>,
     pub inv_freq_ptr: DevPtr,
     pub position_scale: f32,
+    pub scale: f32,
 }
 
 impl DeviceRope {
@@ -91,6 +92,7 @@ impl DeviceRope {
             inv_freq_ptr: gpu.ptr(&inv_freq),
             _inv_freq: inv_freq,
             position_scale: rope.position_scale,
+            scale: rope.scale,
         })
     }
 }
@@ -237,8 +239,8 @@ impl GpuWeights {
                 0.0,
             )?)
         };
-        let rope = ferrite_model::llama::build_rope(cfg, None);
-        let local = ferrite_model::llama::build_local_rope(cfg);
+        let rope = ferrite_model::rope::build_rope(cfg, None, cfg.default_context());
+        let local = ferrite_model::rope::build_local_rope(cfg);
         let final_norm = norm(seed())?;
         Self::assemble(
             gpu,

@@ -10,6 +10,8 @@ use serde_json::Value;
 use crate::error::{ModelError, Result};
 use crate::gemma::{self, Gemma, GemmaOptions};
 use crate::moe_config::{MoeConfig, MoeFamily};
+pub use crate::rope::RopeScaling;
+use crate::rope::{HfRope, yarn_mscale};
 use crate::window::{self, WindowRule};
 
 /// The model families ferrite runs. They share one forward ([`crate::llama`]) and differ
@@ -109,23 +111,6 @@ pub enum RopeStyle {
     Interleaved,
 }
 
-/// Rope frequency scaling.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RopeScaling {
-    None,
-    /// Positions divided by `factor`.
-    Linear {
-        factor: f32,
-    },
-    /// Llama 3.1: long wavelengths divided by `factor`, short kept, smooth in between.
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position: usize,
-    },
-}
-
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub architecture: Architecture,
@@ -187,6 +172,12 @@ fn layer_count(n: usize) -> Result<usize> {
 }
 
 impl ModelConfig {
+    /// The context a model is served with where `--max-model-len` does not say: its own
+    /// length, at most 8192.
+    pub fn default_context(&self) -> usize {
+        self.max_position_embeddings.min(8192)
+    }
+
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }
@@ -277,6 +268,7 @@ impl ModelConfig {
         {
             return bad("rms_norm_eps and rope_theta must be positive".into());
         }
+        self.rope_scaling.validate(self.rope_dim)?;
         Ok(self)
     }
 
@@ -310,17 +302,13 @@ impl ModelConfig {
                 .and_then(|v| v.as_array())
                 .map_or(0, <[_]>::len),
         };
-        let rope_scaling = match gguf.get_str(&key("rope.scaling.type")) {
-            None | Some("none") => RopeScaling::None,
-            Some("linear") => RopeScaling::Linear {
-                factor: gguf.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
-            },
-            Some(other) => {
-                return Err(ModelError::BadConfig(format!(
-                    "rope scaling `{other}` is not supported (supported: none, linear, and Llama 3.1 rope_freqs)"
-                )));
-            }
-        };
+        let rope_dim = gguf
+            .get_u64(&key("rope.dimension_count"))
+            .map_or(head_dim, |v| v as usize);
+        let max_position_embeddings = gguf
+            .get_u64(&key("context_length"))
+            .map_or(4096, |v| v as usize);
+        let rope_scaling = gguf_rope_scaling(gguf, &key, rope_dim, max_position_embeddings)?;
         // llama.cpp's converter permutes Q/K of `llama` checkpoints for interleaved RoPE; Qwen
         // and Gemma checkpoints keep the HF layout and use NEOX.
         let rope_style = match architecture {
@@ -335,13 +323,6 @@ impl ModelConfig {
             | Architecture::Gemma3
             | Architecture::Phi3 => RopeStyle::Neox,
         };
-        if gguf.tensors.contains("rope_factors_short.weight") {
-            // Phi-3.5 and Phi-4-mini rotate by per-pair factors that change with the
-            // sequence's length (and scale the attention), which this forward lacks.
-            return Err(ModelError::BadConfig(
-                "LongRoPE (rope_factors_short/long: Phi-3.5, Phi-4-mini) is not supported".into(),
-            ));
-        }
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
         let num_layers = layer_count(req("block_count")?)?;
         let intermediate_size = req("feed_forward_length")?;
@@ -370,12 +351,8 @@ impl ModelConfig {
             rope_theta: gguf.get_f64(&key("rope.freq_base")).unwrap_or(10_000.0) as f32,
             rope_style,
             rope_scaling,
-            rope_dim: gguf
-                .get_u64(&key("rope.dimension_count"))
-                .map_or(head_dim, |v| v as usize),
-            max_position_embeddings: gguf
-                .get_u64(&key("context_length"))
-                .map_or(4096, |v| v as usize),
+            rope_dim,
+            max_position_embeddings,
             tie_word_embeddings,
             qkv_bias: gguf.tensors.contains("blk.0.attn_q.bias"),
             qk_norm: gguf.tensors.contains("blk.0.attn_q_norm.weight"),
@@ -454,34 +431,23 @@ impl ModelConfig {
             .or_else(|| cfg.get("rope_scaling"))
             .filter(|v| !v.is_null())
             .map(|r| r.get("full_attention").unwrap_or(r));
-        let float = |v: Option<&Value>, k: &str| v.and_then(|v| v.get(k)).and_then(Value::as_f64);
         let rope_theta = cfg
             .get("rope_theta")
             .and_then(Value::as_f64)
-            .or_else(|| float(rope, "rope_theta"))
+            .or_else(|| {
+                rope.and_then(|r| r.get("rope_theta"))
+                    .and_then(Value::as_f64)
+            })
             .unwrap_or(10_000.0) as f32;
-        let rope_type = rope
-            .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let rope_scaling = match rope_type {
-            "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: float(rope, "factor").unwrap_or(1.0) as f32,
-            },
-            "llama3" => RopeScaling::Llama3 {
-                factor: float(rope, "factor").unwrap_or(8.0) as f32,
-                low_freq_factor: float(rope, "low_freq_factor").unwrap_or(1.0) as f32,
-                high_freq_factor: float(rope, "high_freq_factor").unwrap_or(4.0) as f32,
-                original_max_position: float(rope, "original_max_position_embeddings")
-                    .unwrap_or(8192.0) as usize,
-            },
-            other => {
-                return Err(ModelError::BadConfig(format!(
-                    "rope scaling `{other}` is not supported (supported: default, linear, llama3)"
-                )));
-            }
-        };
+        let rope_dim = rope_dim(cfg, rope, head_dim)?;
+        let max_position_embeddings = uint("max_position_embeddings").unwrap_or(4096);
+        let rope_scaling = HfRope {
+            cfg,
+            rope,
+            max_position: max_position_embeddings,
+            rope_dim,
+        }
+        .scaling()?;
         let attention_bias = cfg.get("attention_bias").and_then(Value::as_bool);
         let gemma = gemma_of(architecture);
         // Gemma reads `hidden_activation` (its configs carry a `hidden_act` that transformers
@@ -524,8 +490,8 @@ impl ModelConfig {
             rope_theta,
             rope_style: RopeStyle::Neox,
             rope_scaling,
-            rope_dim: rope_dim(cfg, rope, head_dim)?,
-            max_position_embeddings: uint("max_position_embeddings").unwrap_or(4096),
+            rope_dim,
+            max_position_embeddings,
             tie_word_embeddings: cfg
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
@@ -602,3 +568,60 @@ fn gemma_of(arch: Architecture) -> Option<Gemma> {
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;
+
+/// The scaling of a GGUF file's rotary frequencies: linear or YaRN from its metadata as
+/// llama.cpp reads them, LongRoPE from its `rope_factors_short`/`_long` tensors (Phi-3.5,
+/// Phi-4-mini). Llama 3.1's per-pair divisors (`rope_freqs`) are applied at load.
+fn gguf_rope_scaling(
+    gguf: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    rope_dim: usize,
+    max_position: usize,
+) -> Result<RopeScaling> {
+    let float = |k: &str| gguf.get_f64(&key(k));
+    let original = gguf
+        .get_u64(&key("rope.scaling.original_context_length"))
+        .map_or(max_position, |v| v as usize);
+    let factor = float("rope.scaling.factor");
+    if gguf.tensors.contains("rope_factors_long.weight") {
+        let factors = |name: &str| {
+            gguf.tensors
+                .vector_of_len(name, rope_dim / 2)
+                .map_err(|e| ModelError::BadConfig(format!("LongRoPE: {e}")))
+        };
+        let ratio = max_position as f64 / original as f64;
+        return Ok(RopeScaling::LongRope {
+            short_factor: factors("rope_factors_short.weight")?,
+            long_factor: factors("rope_factors_long.weight")?,
+            original_max_position: original,
+            attention_factor: float("rope.scaling.attn_factor")
+                .unwrap_or_else(|| crate::rope::longrope_attention(ratio, original))
+                as f32,
+        });
+    }
+    Ok(match gguf.get_str(&key("rope.scaling.type")) {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear {
+            factor: factor.unwrap_or(1.0) as f32,
+        },
+        // llama.cpp multiplies its `attn_factor` (1 unless written) by YaRN's own.
+        Some("yarn") => {
+            let factor = factor.unwrap_or(1.0);
+            let attn = float("rope.scaling.attn_factor").unwrap_or(1.0);
+            RopeScaling::Yarn {
+                factor: factor as f32,
+                original_max_position: original,
+                beta_fast: float("rope.scaling.yarn_beta_fast").unwrap_or(32.0) as f32,
+                beta_slow: float("rope.scaling.yarn_beta_slow").unwrap_or(1.0) as f32,
+                truncate: true,
+                attention_factor: (attn * yarn_mscale(factor, 1.0)) as f32,
+            }
+        }
+        Some(other) => {
+            return Err(ModelError::BadConfig(format!(
+                "rope scaling `{other}` is not supported (supported: none, linear, yarn, \
+                 LongRoPE factors, and Llama 3.1 rope_freqs)"
+            )));
+        }
+    })
+}

@@ -40,6 +40,7 @@ pub mod moe;
 mod moe_config;
 mod naming;
 pub mod presets;
+pub mod rope;
 pub mod schedule;
 pub mod step;
 pub mod tp;

@@ -15,11 +15,11 @@
 //! public to be rounded and rescaled), [`LayerAt`] and [`LayerBuffers`] (where and over what it
 //! runs), [`LlamaModel::layer_forward`] with a tap on each [`Site`],
 //! [`LlamaModel::embed_tokens`], the model's parts ([`LlamaModel::layers`] and the rest), and
-//! [`build_rope`]. They are public for those tools alone; serving runs [`LlamaModel::forward`].
+//! [`crate::rope::build_rope`]. They are public for those tools alone; serving runs [`LlamaModel::forward`].
 
 use ferrite_kernels::cpu::attention::QueryToken;
 use ferrite_kernels::cpu::matmul::MatmulOptions;
-use ferrite_kernels::cpu::rope::{Rope, RopePairing};
+use ferrite_kernels::cpu::rope::Rope;
 use ferrite_kernels::cpu::{rms_norm, soft_cap_in_place};
 
 use std::ops::Range;
@@ -27,11 +27,12 @@ use std::ops::Range;
 use ferrite_collective::Collective;
 use ferrite_formats::{LoadQuantize, Matrix, TensorMap};
 
-use crate::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
 use crate::moe::{Ffn, Mlp, Moe};
 pub use crate::naming::WeightNaming;
+use crate::rope::{RopeScaling, build_local_rope, build_rope};
 use crate::schedule::decoder_layer;
 use crate::step::{LogitsWanted, SeqChunk};
 use crate::tp::TpRank;
@@ -281,7 +282,7 @@ impl LlamaModel {
         } else {
             None
         };
-        let rope = build_rope(&cfg, freq_factors.as_deref());
+        let rope = build_rope(&cfg, freq_factors.as_deref(), cfg.default_context());
         let local_rope = build_local_rope(&cfg).map(Box::new);
         Ok(Self {
             cfg: cfg.shard(tp),
@@ -574,6 +575,15 @@ impl LlamaModel {
         &self.lm_head
     }
 
+    /// Fits the rotary embedding to contexts of up to `max_model_len` tokens: LongRoPE's
+    /// factors are the long ones past the original length (the model is loaded for
+    /// [`ModelConfig::default_context`]). Other scalings do not depend on it.
+    pub fn fit_context(&mut self, max_model_len: usize) {
+        if matches!(self.cfg.rope_scaling, RopeScaling::LongRope { .. }) {
+            self.rope = build_rope(&self.cfg, None, max_model_len);
+        }
+    }
+
     /// The rotary embedding the layers apply (the full-attention layers, where the
     /// sliding ones have their own: [`Self::rope_of`]).
     pub fn rope(&self) -> &Rope {
@@ -642,69 +652,4 @@ fn offset_norm(mut w: Vec<f32>, cfg: &ModelConfig) -> Vec<f32> {
         }
     }
     w
-}
-
-/// Gemma 3's sliding layers' rotary embedding: `cfg`'s with their own base, unscaled.
-pub fn build_local_rope(cfg: &ModelConfig) -> Option<Rope> {
-    cfg.local_rope_theta.map(|theta| {
-        let local = ModelConfig {
-            rope_theta: theta,
-            rope_scaling: RopeScaling::None,
-            ..cfg.clone()
-        };
-        build_rope(&local, None)
-    })
-}
-
-/// The rotary embedding of `cfg`, with Llama 3.1 / linear scaling folded into the frequencies.
-/// Public for `ferrite quantize`, which checks that a GGUF model's frequencies are those its
-/// written `config.json` implies.
-pub fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>) -> Rope {
-    let mut inv_freq = Rope::base_inv_freq(cfg.rope_theta, cfg.rope_dim);
-    let mut position_scale = 1.0;
-    match cfg.rope_scaling {
-        RopeScaling::None => {}
-        RopeScaling::Linear { factor } => position_scale = 1.0 / factor,
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position,
-        } => {
-            // transformers' `_compute_llama3_parameters`, in f32 as there.
-            let old = original_max_position as f32;
-            let low_wavelen = old / low_freq_factor;
-            let high_wavelen = old / high_freq_factor;
-            for f in &mut inv_freq {
-                let wavelen = 2.0 * std::f32::consts::PI / *f;
-                let scaled = if wavelen > low_wavelen {
-                    *f / factor
-                } else {
-                    *f
-                };
-                let smooth =
-                    (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
-                let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
-                *f = if medium {
-                    (1.0 - smooth) * scaled / factor + smooth * scaled
-                } else {
-                    scaled
-                };
-            }
-        }
-    }
-    if let Some(factors) = freq_factors {
-        for (f, d) in inv_freq.iter_mut().zip(factors) {
-            *f /= d;
-        }
-    }
-    Rope {
-        inv_freq,
-        position_scale,
-        pairing: match cfg.rope_style {
-            RopeStyle::Neox => RopePairing::Half,
-            RopeStyle::Interleaved => RopePairing::Adjacent,
-        },
-        head_dim: cfg.head_dim,
-    }
 }

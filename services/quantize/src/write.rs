@@ -17,8 +17,9 @@ use safetensors::tensor::TensorView;
 
 use ferrite_engine::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 use ferrite_engine::model::LlamaModel;
-use ferrite_engine::model::llama::{Layer, build_rope};
+use ferrite_engine::model::llama::Layer;
 use ferrite_engine::model::moe::{Ffn, Mlp};
+use ferrite_engine::model::rope::build_rope;
 use ferrite_engine::{EngineError, Result};
 
 use super::OutputFormat;
@@ -214,29 +215,15 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
             ));
         }
     };
-    let rope_scaling = match c.rope_scaling {
-        RopeScaling::None => serde_json::Value::Null,
-        RopeScaling::Linear { factor } => {
-            serde_json::json!({"rope_type": "linear", "factor": factor})
-        }
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position,
-        } => serde_json::json!({
-            "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
-            "high_freq_factor": high_freq_factor,
-            "original_max_position_embeddings": original_max_position,
-        }),
-    };
+    let rope_scaling = hf_rope_scaling(&c.rope_scaling);
     // The config written must give the same rotary frequencies (a GGUF file may carry
     // per-pair factors that no config.json field expresses).
     let neox = ModelConfig {
         rope_style: RopeStyle::Neox,
         ..c.clone()
     };
-    if build_rope(&neox, None).inv_freq != m.rope().inv_freq {
+    let written = build_rope(&neox, None, c.default_context());
+    if written.inv_freq != m.rope().inv_freq || written.scale != m.rope().scale {
         return Err(EngineError::BadConfig(
             "this GGUF file's RoPE frequencies have no config.json equivalent; quantize its \
              Hugging Face directory"
@@ -265,6 +252,47 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
         "bos_token_id": tok.and_then(Tokenizer::bos_id),
         "eos_token_id": tok.and_then(|t| t.eos_ids().first().copied()),
     }))
+}
+
+/// `scaling` as `config.json`'s `rope_scaling` says it, for transformers and ferrite alike.
+fn hf_rope_scaling(scaling: &RopeScaling) -> serde_json::Value {
+    use serde_json::json;
+    match scaling {
+        RopeScaling::None => serde_json::Value::Null,
+        RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => json!({
+            "rope_type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position,
+        }),
+        RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            beta_fast,
+            beta_slow,
+            truncate,
+            attention_factor,
+        } => json!({
+            "rope_type": "yarn", "factor": factor, "beta_fast": beta_fast,
+            "beta_slow": beta_slow, "truncate": truncate, "attention_factor": attention_factor,
+            "original_max_position_embeddings": original_max_position,
+        }),
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position,
+            attention_factor,
+        } => json!({
+            "rope_type": "longrope", "short_factor": short_factor, "long_factor": long_factor,
+            "attention_factor": attention_factor,
+            "original_max_position_embeddings": original_max_position,
+        }),
+    }
 }
 
 /// What [`write_dir`] wrote.
