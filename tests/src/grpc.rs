@@ -176,6 +176,7 @@ pub async fn worker_tokens(
             ..pb::SamplingParams::default()
         }),
         grammar: None,
+        embed: None,
     };
     let mut stream = client.generate(req).await?.into_inner();
     let mut tokens = Vec::new();

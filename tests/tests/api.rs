@@ -486,3 +486,73 @@ fn check_choices(c: &serde_json::Value) -> Result<()> {
     assert_eq!(b["usage"]["completion_tokens"], 16);
     Ok(())
 }
+
+/// `/v1/embeddings` through the official `openai` client, across two pools: a batch in order,
+/// each vector normalized and the model's width, base64 (the client's default) equal to
+/// floats, token ids equal to their text, a Matryoshka cut equal to the renormalized head,
+/// usage counting each input's prompt tokens, and bad requests refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_through_the_openai_client() -> Result<()> {
+    let _turn = serial().await;
+    let cluster = two_pools().await?;
+    let args = [
+        "--base-url".into(),
+        format!("http://{}/v1", cluster.gateway.http),
+        "--model".into(),
+        MODEL.to_string(),
+    ];
+    let out = python::run_client("embeddings_client.py", &args, PYTHON_TIMEOUT).await?;
+    let show = serde_json::to_string_pretty(&out)?;
+    check_embeddings(&out).with_context(|| show)
+}
+
+fn check_embeddings(out: &serde_json::Value) -> Result<()> {
+    use serde_json::json;
+    let close = |v: &serde_json::Value, to: f64, tol: f64| {
+        v.as_f64().is_some_and(|x| (x - to).abs() <= tol)
+    };
+    // SmolLM2-135M's hidden size.
+    anyhow::ensure!(out["object"] == "list" && out["model"] == MODEL);
+    anyhow::ensure!(out["indices"] == json!([0, 1, 2]) && out["dims"] == json!([576, 576, 576]));
+    let norms = out["norms"].as_array().context("norms")?;
+    anyhow::ensure!(norms.iter().all(|n| close(n, 1.0, 1e-4)), "norms");
+    let counts = out["token_counts"].as_array().context("counts")?;
+    let total: u64 = counts.iter().filter_map(serde_json::Value::as_u64).sum();
+    anyhow::ensure!(
+        out["usage"]["prompt_tokens"] == total && out["usage"]["total_tokens"] == total
+    );
+    anyhow::ensure!(out["float_vs_base64"] == 0.0, "base64 and floats differ");
+    anyhow::ensure!(
+        close(&out["ids_vs_text"], 0.0, 1e-6),
+        "token ids and text differ"
+    );
+    let cut = &out["cut"];
+    anyhow::ensure!(cut["dims"] == 32 && close(&cut["norm"], 1.0, 1e-4));
+    anyhow::ensure!(close(&cut["vs_renormed_head"], 0.0, 1e-5), "the cut");
+    anyhow::ensure!(
+        out["distinct"].as_f64() > Some(1e-3),
+        "different texts, one vector"
+    );
+    let r = &out["refused"];
+    for (case, param) in [
+        ("empty_list", "input"),
+        ("empty_text", "input"),
+        ("dimensions_0", "dimensions"),
+        ("encoding", "encoding_format"),
+    ] {
+        anyhow::ensure!(
+            r[case]["status_code"] == 400 && r[case]["param"] == param,
+            "{case}"
+        );
+    }
+    let too_many = r["dimensions_too_many"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    anyhow::ensure!(
+        r["dimensions_too_many"]["status_code"] == 400
+            && too_many.contains("dimensions must be 1 to 576"),
+        "dimensions past the width"
+    );
+    anyhow::ensure!(r["unknown_model"]["status_code"] == 404, "unknown model");
+    Ok(())
+}

@@ -86,6 +86,7 @@ async fn bench(args: GatewayBenchArgs) -> Result<()> {
         metrics_listen: None,
         tls: None,
         sampling_defaults: None,
+        pooling: Default::default(),
     };
     let worker =
         RunningWorker::start_synthetic(args.tokens_per_s, cfg, store.clone(), schema.clone())
@@ -251,6 +252,7 @@ async fn one_direct(channel: Channel, tokens: u32) -> Result<()> {
             ..pb::SamplingParams::default()
         }),
         grammar: None,
+        embed: None,
     };
     let mut stream = client.generate(req).await?.into_inner();
     while stream.message().await?.is_some() {}

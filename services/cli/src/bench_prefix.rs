@@ -359,6 +359,7 @@ async fn start_pools(args: &PrefixBenchArgs, kind: RunKind, store: &Store) -> Re
             metrics_listen: None,
             tls: None,
             sampling_defaults: None,
+            pooling: Default::default(),
         };
         let worker = RunningWorker::start(
             model,

@@ -423,13 +423,14 @@ async fn start_worker(
                 c.opts.collective_timeout = tp.collective_timeout;
             }
             let defaults = model_args.sampling_defaults(generation_config)?;
-            anyhow::Ok((model, tokenizer, engine, defaults))
+            let pooling = model_args.pooling()?;
+            anyhow::Ok((model, tokenizer, engine, (defaults, pooling)))
         })
     })
     .await
     .context("model loading thread")
     .and_then(|r| r);
-    let (model, tokenizer, engine, sampling_defaults) = match loaded {
+    let (model, tokenizer, engine, (sampling_defaults, pooling)) = match loaded {
         Ok(l) => l,
         Err(e) => {
             // Rank 0 published where to join a pool that will not form: take it back now.
@@ -453,6 +454,7 @@ async fn start_worker(
         metrics_listen,
         tls: args.tls.files(),
         sampling_defaults,
+        pooling,
     };
     if tp.rank > 0 {
         let comm = rendezvous::join(store.as_ref(), &schema, &args.pool, &tp).await?;

@@ -98,6 +98,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         logprobs: args.logprobs,
         logit_bias: args.logit_bias.clone(),
         prompt_logprobs: None,
+        embed: None,
     };
     params.validate()?;
     let (mut engine, tokenizer) = loading::engine(&args.model)?;

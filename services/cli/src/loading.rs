@@ -415,6 +415,17 @@ impl ModelArgs {
             .with_context(|| format!("the recommended sampling of {}", path.display()))
     }
 
+    /// How the model's embeddings are pooled, as its checkpoint says (dummy weights: the
+    /// defaults).
+    pub fn pooling(&self) -> Result<ferrite_engine::model::pooling::Pooling> {
+        if self.load_format == LoadFormat::Dummy {
+            return Ok(Default::default());
+        }
+        Ok(ferrite_engine::model::pooling::Pooling::of(
+            &self.resolve()?,
+        ))
+    }
+
     /// Resolves `--model` (pulling a known model on first use, saying so) and loads it into
     /// host memory.
     fn load_on_host(&self, options: LoadOptions) -> Result<LoadedModel> {

@@ -73,6 +73,8 @@ pub struct TokenEvent {
     /// On a scored request's first token ([`SamplingParams::prompt_logprobs`]): each prompt
     /// token from the second, with its logprob given the tokens before it.
     pub prompt_logprobs: Vec<SampledToken>,
+    /// On an embeddings request's token ([`SamplingParams::embed`]): its prompt's embedding.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// When a request reached each stage, as seen by the engine thread.
@@ -156,6 +158,8 @@ struct Request {
     scheduled: Option<Instant>,
     first_token: Option<Instant>,
     preemptions: u32,
+    /// An embeddings request's embedding, pooled when its prompt ended (`embed`).
+    embedding: Option<Vec<f32>>,
 }
 
 /// The leader of a pool: request state, the scheduler and sampling (rank 0 only). Each step it
@@ -311,6 +315,7 @@ impl Engine {
     /// outside the vocabulary, a prompt that can never fit.
     pub fn check_request(&self, prompt: &[u32], params: &SamplingParams) -> Result<()> {
         params.validate()?;
+        self.check_embed(params)?;
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
         }
@@ -376,6 +381,7 @@ impl Engine {
                 scheduled: None,
                 first_token: None,
                 preemptions: 0,
+                embedding: None,
             },
         );
         match scored {
@@ -446,7 +452,11 @@ impl Engine {
         if schedule.chunks.is_empty() {
             return Ok(out);
         }
-        let picks = match self.execute(&schedule) {
+        self.keep_hidden_for(&schedule);
+        let picks = match self.execute(&schedule).and_then(|p| {
+            self.pool_embeddings(&schedule)?;
+            Ok(p)
+        }) {
             Ok(p) => p,
             Err(e) => {
                 self.fail(schedule.chunks.iter().map(|c| c.id));
@@ -704,6 +714,7 @@ impl Engine {
             true => std::mem::take(&mut req.prompt_logprobs),
             false => Vec::new(),
         };
+        let embedding = req.embedding.take();
         if finish.is_some() {
             self.requests.remove(&id);
             self.retire(id);
@@ -716,6 +727,7 @@ impl Engine {
             timing,
             cached_tokens: is_first.then_some(cached),
             prompt_logprobs,
+            embedding,
         })
     }
 }
@@ -763,6 +775,8 @@ pub(crate) fn switched_off(var: &str) -> bool {
 
 #[path = "draws.rs"]
 mod draws;
+#[path = "embed.rs"]
+pub mod embed;
 #[path = "pick.rs"]
 mod pick;
 #[path = "scoring.rs"]
@@ -771,6 +785,7 @@ mod scoring;
 mod speculate;
 
 pub use crate::ngram::Speculation;
+pub use embed::EmbedParams;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

@@ -216,6 +216,9 @@ pub struct Executor {
     /// The last step whose tokens this rank drew (without grammar masks), so that the next
     /// one may take them ([`StepPlan::carried`]).
     drawn_step: Option<u64>,
+    /// The final hidden states of the last CPU step's rows of logits, when asked for
+    /// ([`Self::keep_hidden`]).
+    hidden: Option<Vec<f32>>,
 }
 
 /// Rows of logits a CPU step brings back at most (unless it runs more sequences): a scored
@@ -309,6 +312,7 @@ impl Executor {
             failed: Cell::new(false),
             pending: VecDeque::new(),
             drawn_step: None,
+            hidden: None,
         })
     }
 
@@ -531,6 +535,22 @@ impl Executor {
         }
     }
 
+    /// Whether this rank's steps can keep their final hidden states (the CPU's can).
+    pub fn gives_hidden(&self) -> bool {
+        matches!(self.backend, Backend::Cpu { .. })
+    }
+
+    /// Keeps the final hidden states of the next step's rows of logits, in their order, for
+    /// [`Self::take_hidden`] (an embeddings request's; on the CPU).
+    pub fn keep_hidden(&mut self) {
+        self.hidden = Some(Vec::new());
+    }
+
+    /// What the step after [`Self::keep_hidden`] kept (rows of `hidden_size`).
+    pub fn take_hidden(&mut self) -> Option<Vec<f32>> {
+        self.hidden.take()
+    }
+
     /// Runs `plan` on this rank's shard: applies its table updates, then the forward (sampling
     /// on the device under `masks` where the plan samples there).
     fn run(&mut self, plan: &StepPlan, masks: Option<MaskSource<'_>>) -> Result<Picks> {
@@ -560,7 +580,10 @@ impl Executor {
                 let plan = with_carried(plan, drawn, model.config().vocab_size);
                 let chunks = self.tables.chunks(&plan)?;
                 let draws = sampling.is_some().then_some((drawn, plan.as_ref()));
-                Ok(Started::Done(cpu_step(model, kv, &chunks, draws, comm)))
+                let hidden = self.hidden.as_mut();
+                Ok(Started::Done(cpu_step(
+                    model, kv, &chunks, draws, comm, hidden,
+                )))
             }
             (Backend::Cuda(runner), Some(params)) => {
                 let chunks = self.tables.chunks(plan)?;
@@ -679,15 +702,24 @@ fn with_carried<'a>(
 /// The CPU's forward of `chunks`; with `draws` (`drawn`, and `plan`, the step's with its
 /// carried tokens in place), it also draws each row's greedy pick there (with the plan's
 /// extras, [`cpu_draws`]), keeps them in `drawn` for the next step's carried tokens, and
-/// gives back the logits of the plan's host rows as well.
+/// gives back the logits of the plan's host rows as well. With `hidden`, the rows' final
+/// hidden states are kept there.
 fn cpu_step(
     model: &LlamaModel,
     kv: &mut KvCache,
     chunks: &[crate::model::SeqChunk<'_>],
     draws: Option<(&mut Vec<u32>, &StepPlan)>,
     comm: &mut dyn Collective,
+    hidden: Option<&mut Vec<f32>>,
 ) -> std::result::Result<Picks, ModelError> {
-    let mut logits = model.forward(chunks, kv, comm)?;
+    let mut logits = match hidden {
+        Some(kept) => {
+            let (logits, rows) = model.forward_with_hidden(chunks, kv, comm)?;
+            *kept = rows;
+            logits
+        }
+        None => model.forward(chunks, kv, comm)?,
+    };
     let Some((drawn, plan)) = draws else {
         return Ok(Picks::Logits(logits));
     };

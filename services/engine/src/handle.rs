@@ -42,7 +42,7 @@ enum Command {
     Add {
         id: SeqId,
         prompt: Vec<u32>,
-        params: SamplingParams,
+        params: Box<SamplingParams>,
         constraint: Option<Box<dyn Constraint>>,
         events: tmpsc::UnboundedSender<Result<TokenEvent>>,
         admitted: oneshot::Sender<Result<()>>,
@@ -249,7 +249,7 @@ impl EngineHandle {
             .send(Command::Add {
                 id,
                 prompt,
-                params,
+                params: Box::new(params),
                 constraint,
                 events,
                 admitted,
@@ -472,7 +472,7 @@ fn apply(
             constraint,
             events,
             admitted,
-        } => match engine.add_constrained(id, prompt, params, constraint) {
+        } => match engine.add_constrained(id, prompt, *params, constraint) {
             Ok(()) => {
                 if admitted.send(Ok(())).is_ok() {
                     streams.insert(id, events);

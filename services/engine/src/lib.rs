@@ -23,7 +23,8 @@
 //! - [`engine`]: the leader: request state, scheduler and sampling, on rank 0
 //!   (`schedule → plan → execute → sample`); under async scheduling (`overlap`) it plans
 //!   each step while the device runs the one before; under speculative decoding
-//!   (`speculate`) each decoding sequence runs guesses of its next tokens with its last one.
+//!   (`speculate`) each decoding sequence runs guesses of its next tokens with its last one;
+//!   an embeddings request (`embed`) answers with its prompt's pooled final hidden state.
 //! - [`handle`]: the engine on its own thread; an async handle submits requests and streams tokens.
 //! - [`failpoints`]: faults injected on purpose (`FERRITE_FAILPOINTS`), for the fault tests.
 //! - [`registry`]: models known by name, pulled into the cache on first use.

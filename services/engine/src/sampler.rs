@@ -43,6 +43,9 @@ pub struct SamplingParams {
     /// Score the prompt too: each prompt token's logprob (from the second), with this many
     /// top alternatives. Its prompt is then computed whole, never taken from the prefix cache.
     pub prompt_logprobs: Option<usize>,
+    /// An embeddings request (`max_tokens` 1): its token's event carries the prompt's
+    /// embedding. Not on the wire: the worker sets it from the request.
+    pub embed: Option<crate::engine::EmbedParams>,
 }
 
 use ferrite_proto::worker::v1 as pb;
@@ -66,6 +69,7 @@ impl SamplingParams {
             logprobs: None,
             logit_bias: Vec::new(),
             prompt_logprobs: None,
+            embed: None,
         }
     }
 
@@ -126,6 +130,7 @@ impl From<pb::SamplingParams> for SamplingParams {
             logprobs: p.logprobs.map(|n| n as usize),
             logit_bias: p.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
             prompt_logprobs: p.prompt_logprobs.map(|n| n as usize),
+            embed: None,
         }
     }
 }

@@ -13,6 +13,7 @@
 //! - Prefix caching is the leader's decision: plans whose new sequences' tables begin with
 //!   shared cached blocks (a chunk starting after them) run on the followers as any other, and
 //!   the default model on 3 ranks gives the golden tokens with full and partial hits.
+//! - Embeddings: the leader pools the final hidden state it holds whole (2 ranks).
 //! - A rank that dies fails the leader's next step naming it, and its followers learn the
 //!   leader is gone.
 
@@ -25,7 +26,7 @@ use std::path::Path;
 
 use common::*;
 use ferrite_engine::EngineError;
-use ferrite_engine::engine::{Engine, EngineConfig, Speculation};
+use ferrite_engine::engine::{EmbedParams, Engine, EngineConfig, Speculation};
 use ferrite_engine::executor::Executor;
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::{self, LoadOptions, LogitsWanted, SeqChunk};
@@ -226,6 +227,51 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
         );
     }
     assert!(stats.spec_accepted_tokens > 0, "{stats:?}");
+}
+
+/// Embeddings on a leader and a follower (the tiny Qwen3-Embedding layout split 2 ways): the
+/// leader pools the final hidden state it holds whole after the last all-reduce, and each is
+/// transformers' (as on one rank, `embeddings.rs`).
+#[test]
+fn embeddings_on_two_ranks_are_transformers() {
+    let dir = fixtures().join("models/qwen3_embed");
+    let expected = read_json(&dir.join("expected.json"));
+    let cases = expected["cases"].as_array().expect("cases").clone();
+    let results = on_ranks(2, |tp, comm| {
+        let m = load_shard(&dir, tp).model;
+        let exec = Executor::new(m.into(), &engine_cfg(), comm).expect("executor");
+        if tp.rank > 0 {
+            let mut exec = exec;
+            exec.agree_on_blocks().expect("blocks");
+            exec.follow().expect("the leader says stop");
+            return None;
+        }
+        let mut engine = Engine::from_executor(exec, vec![], &engine_cfg()).expect("leader");
+        let params = SamplingParams {
+            ignore_eos: true,
+            embed: Some(EmbedParams {
+                normalize: true,
+                dimensions: None,
+            }),
+            ..SamplingParams::greedy(1)
+        };
+        let requests = (cases.iter().enumerate())
+            .map(|(i, c)| (i as u64, ids(&c["prompt_token_ids"]), params.clone()))
+            .collect();
+        let mut got = std::collections::HashMap::new();
+        engine
+            .run_to_completion(requests, |ev| {
+                got.insert(ev.id, ev.embedding.clone().expect("an embedding"));
+                true
+            })
+            .expect("embed");
+        Some(got)
+    });
+    let got = results[0].as_ref().expect("the leader's embeddings");
+    for (i, case) in cases.iter().enumerate() {
+        let d = max_abs_diff(&got[&(i as u64)], &floats(&case["embedding"]));
+        assert!(d < 1e-4, "prompt {i} on 2 ranks: differs by {d}");
+    }
 }
 
 /// The golden prompts on a leader and two followers with prefix caching (blocks of 4 tokens):

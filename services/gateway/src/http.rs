@@ -1,6 +1,7 @@
 //! OpenAI-compatible HTTP: `GET /v1/models`, `POST /v1/completions`,
-//! `POST /v1/chat/completions` and `POST /v1/responses` ([`crate::responses`]), streamed as server-sent events or not, errors in OpenAI's JSON
-//! shape (`{"error": {"message", "type", "param", "code"}}`).
+//! `POST /v1/chat/completions`, `POST /v1/responses` ([`crate::responses`]) and
+//! `POST /v1/embeddings` ([`crate::embeddings`]), streamed as server-sent events or not,
+//! errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +32,7 @@ pub fn router(gateway: Gateway) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(crate::responses::create))
+        .route("/v1/embeddings", post(crate::embeddings::create))
         .route(
             "/v1/responses/{id}",
             get(crate::responses::retrieve).delete(crate::responses::delete),

@@ -30,6 +30,7 @@
 pub mod api_error;
 mod asked;
 pub mod auth;
+pub mod embeddings;
 pub mod error;
 pub mod grpc;
 pub mod http;

@@ -444,25 +444,33 @@ fn stop_strings(stop: &Option<Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
-/// The most prompts one completion request may carry.
+/// The most prompts one completion request (or inputs one embeddings request) may carry.
 pub const MAX_PROMPTS: usize = 128;
 
 /// A completion's `prompt`: a string, a list of token ids, or a batch of them (a list of
 /// strings or of lists of token ids, at most [`MAX_PROMPTS`]), whose choices come in its order.
 /// A token id past 32 bits is refused, not truncated.
 pub fn completion_prompts(prompt: &Value) -> Result<Vec<Prompt>, ApiError> {
+    prompts_in(prompt, "prompt")
+}
+
+/// [`completion_prompts`] of the request's field `field` (an embeddings request's `input`),
+/// refused naming it.
+pub fn prompts_in(prompt: &Value, field: &'static str) -> Result<Vec<Prompt>, ApiError> {
     let shape = || {
         ApiError::invalid(
-            "prompt must be a string, a list of token ids, or a list of strings or of lists of \
-             token ids",
-            Some("prompt"),
+            format!(
+                "{field} must be a string, a list of token ids, or a list of strings or of \
+                 lists of token ids"
+            ),
+            Some(field),
         )
     };
     let batch = match prompt {
         Value::String(s) => return Ok(vec![Prompt::Text(s.clone())]),
         // An empty list is one empty prompt, which validation refuses as such.
         Value::Array(a) if a.first().is_none_or(Value::is_number) => {
-            return Ok(vec![Prompt::TokenIds(token_ids(a, shape)?)]);
+            return Ok(vec![Prompt::TokenIds(token_ids(a, shape, field)?)]);
         }
         Value::Array(a) => a,
         _ => return Err(shape()),
@@ -470,30 +478,34 @@ pub fn completion_prompts(prompt: &Value) -> Result<Vec<Prompt>, ApiError> {
     if batch.len() > MAX_PROMPTS {
         return Err(ApiError::invalid(
             format!(
-                "at most {MAX_PROMPTS} prompts per request, not {}",
+                "at most {MAX_PROMPTS} {field}s per request, not {}",
                 batch.len()
             ),
-            Some("prompt"),
+            Some(field),
         ));
     }
     batch
         .iter()
         .map(|p| match p {
             Value::String(s) => Ok(Prompt::Text(s.clone())),
-            Value::Array(ids) => token_ids(ids, shape).map(Prompt::TokenIds),
+            Value::Array(ids) => token_ids(ids, shape, field).map(Prompt::TokenIds),
             _ => Err(shape()),
         })
         .collect()
 }
 
-fn token_ids(ids: &[Value], shape: impl Fn() -> ApiError) -> Result<Vec<u32>, ApiError> {
+fn token_ids(
+    ids: &[Value],
+    shape: impl Fn() -> ApiError,
+    field: &'static str,
+) -> Result<Vec<u32>, ApiError> {
     ids.iter()
         .map(|v| {
             let n = v.as_u64().ok_or_else(&shape)?;
             u32::try_from(n).map_err(|_| {
                 ApiError::invalid(
                     format!("token id {n} is not a 32-bit token id"),
-                    Some("prompt"),
+                    Some(field),
                 )
             })
         })

@@ -22,6 +22,7 @@ fn token(id: u32, finish: pb::FinishReason) -> pb::GenerateResponse {
         finish_reason: finish as i32,
         cached_tokens: None,
         prompt_logprobs: Vec::new(),
+        embedding: Vec::new(),
     }
 }
 

@@ -30,6 +30,8 @@ pub struct ValidatedRequest {
     /// `max_tokens` 0 with prompt logprobs: the prompt is scored and nothing generated (the
     /// worker is asked for one token, which is dropped).
     prompt_only: bool,
+    /// An embeddings request: the worker answers with the prompt's embedding.
+    embed: Option<pb::EmbedOptions>,
 }
 
 /// What a request's output must follow, and the request field that asked for it (named by
@@ -94,11 +96,18 @@ impl ValidatedRequest {
         self
     }
 
+    /// The same request, for the prompt's embedding (its first `dimensions` values; 0: all).
+    pub fn embedding(mut self, dimensions: u32) -> Self {
+        self.embed = Some(pb::EmbedOptions { dimensions });
+        self
+    }
+
     pub fn worker_request(&self) -> pb::GenerateRequest {
         pb::GenerateRequest {
             prompt_token_ids: self.prompt_ids.clone(),
             sampling: Some(self.sampling.clone()),
             grammar: self.grammar.clone(),
+            embed: self.embed,
         }
     }
 }
@@ -320,6 +329,7 @@ pub fn validate(
         grammar,
         tools,
         prompt_only,
+        embed: None,
     })
 }
 

@@ -19,6 +19,7 @@
 //!   [`DeviceSampling`]).
 //! - [`kv`]: the K/V storage the CPU forward writes and reads, block by block.
 //! - [`tp`]: tensor parallelism: which share of the model a rank holds.
+//! - [`pooling`]: how a model's embeddings are pooled, from sentence-transformers' files or GGUF.
 //! - [`presets`] and `dummy.rs`: named shapes with random weights (`--load-format dummy`).
 //! - [`BatchForward`] (`batch.rs`): whole sequences through the model outside any engine.
 //! - [`error`]: what loading or a forward refuses or fails at.
@@ -39,6 +40,7 @@ mod load;
 pub mod moe;
 mod moe_config;
 mod naming;
+pub mod pooling;
 pub mod presets;
 pub mod rope;
 pub mod schedule;

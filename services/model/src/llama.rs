@@ -364,6 +364,18 @@ impl LlamaModel {
         kv: &mut KvCache,
         comm: &mut dyn Collective,
     ) -> Result<Vec<f32>> {
+        Ok(self.forward_with_hidden(seqs, kv, comm)?.0)
+    }
+
+    /// [`Self::forward`], and the final hidden state (after the last norm) of each row of
+    /// logits, in the same order, as rows of `hidden_size`: what an embedding is pooled from.
+    /// Every rank has them whole.
+    pub fn forward_with_hidden(
+        &self,
+        seqs: &[SeqChunk<'_>],
+        kv: &mut KvCache,
+        comm: &mut dyn Collective,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         // The whole step runs on a thread of the pool, so each of its ~5 parallel regions per
         // layer starts from there. Called from outside the pool, every region was injected
         // into it while the caller slept on a latch: two thread wake-ups per region, a large
@@ -379,7 +391,7 @@ impl LlamaModel {
         seqs: &[SeqChunk<'_>],
         kv: &mut KvCache,
         comm: &mut dyn Collective,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let c = &self.cfg;
         let h = c.hidden_size;
         let mut positions = Vec::new();
@@ -439,7 +451,7 @@ impl LlamaModel {
         if let Some(cap) = c.final_logit_softcap {
             soft_cap_in_place(&mut logits, cap);
         }
-        Ok(logits)
+        Ok((logits, normed))
     }
 }
 

@@ -373,16 +373,19 @@ fn gguf_vocab(g: &GgufFile) -> Result<GgufVocab> {
     })
 }
 
-/// A multimodal checkpoint's text model (Gemma 3 4B and up) under the names of a text-only
-/// one: transformers 4.5x wrote it under `language_model.model.`, later releases under
-/// `model.language_model.` (its LM head under `language_model.lm_head.` / `lm_head.`). The
-/// vision tower's tensors stay, unread.
-fn text_model_of_multimodal(tensors: &mut TensorMap) {
+/// The decoder's tensors under a causal LM's names: a multimodal checkpoint's text model
+/// (Gemma 3 4B and up; transformers 4.5x wrote it under `language_model.model.`, later
+/// releases under `model.language_model.`, its LM head under `language_model.lm_head.` /
+/// `lm_head.`; the vision tower's tensors stay, unread), or a base model's.
+fn causal_lm_names(tensors: &mut TensorMap) {
     if tensors.contains("language_model.model.embed_tokens.weight") {
         tensors.rename_prefix("language_model.model.", "model.");
         tensors.rename_prefix("language_model.lm_head.", "lm_head.");
     } else if tensors.contains("model.language_model.embed_tokens.weight") {
         tensors.rename_prefix("model.language_model.", "model.");
+    } else if tensors.contains("embed_tokens.weight") {
+        // A base model saved without its head (`Qwen3Model`: Qwen3-Embedding), tied.
+        tensors.rename_prefix("", "model.");
     }
 }
 
@@ -401,7 +404,7 @@ fn load_hf_dir(
             .map_err(|e| ModelError::BadConfig(format!("config.json: {e}")))?;
         let cfg = ModelConfig::from_hf_config(&cfg_json)?;
         let mut tensors = safetensors::open_dir(dir)?;
-        text_model_of_multimodal(&mut tensors);
+        causal_lm_names(&mut tensors);
         if let Some(q) = QuantConfig::from_hf_config(&cfg_json)? {
             tensors.set_quant(q);
         }

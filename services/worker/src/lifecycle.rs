@@ -52,6 +52,8 @@ pub struct WorkerConfig {
     /// The model's recommended sampling, which gateways apply to requests that leave a field
     /// unset (`None`: the API's neutral defaults).
     pub sampling_defaults: Option<ferrite_proto::v1::SamplingDefaults>,
+    /// How the model's embeddings are pooled (what its checkpoint says).
+    pub pooling: ferrite_engine::model::pooling::Pooling,
 }
 
 /// Why a worker could not start.
@@ -206,8 +208,9 @@ impl RunningWorker {
             Some(t) => crate::guide::vocabulary(&for_vocabulary, t),
             None => Err("the model has no tokenizer".into()),
         };
-        let service =
-            WorkerService::new(Backend::Engine(handle), info).with_vocabulary_built_by(build);
+        let service = WorkerService::new(Backend::Engine(handle), info)
+            .with_vocabulary_built_by(build)
+            .with_pooling(cfg.pooling.clone());
         let mut worker = Self::serve(service, max_model_len, cfg, store, schema).await?;
         worker.comm_record = comm_record;
         worker.engine_thread = Some(thread);

@@ -13,9 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use ferrite_engine::EngineError;
-use ferrite_engine::engine::{EngineStats, FinishReason, RequestTiming};
+use ferrite_engine::engine::{EmbedParams, EngineStats, FinishReason, RequestTiming};
 use ferrite_engine::handle::{EngineHandle, KvUpdate, RequestStream};
 use ferrite_engine::kv_cache::BlockHash;
+use ferrite_engine::model::pooling::Pooling;
 use ferrite_engine::sampler::{SampledToken, SamplingParams};
 use ferrite_proto::worker::v1 as pb;
 use ferrite_structured::Vocabulary;
@@ -76,6 +77,8 @@ pub struct WorkerService {
     /// (the server's graceful stop waits for every open stream).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
     metrics: WorkerMetrics,
+    /// How the model's embeddings are pooled.
+    pooling: Arc<Pooling>,
 }
 
 impl WorkerService {
@@ -92,7 +95,42 @@ impl WorkerService {
             vocabulary: ready_vocabulary(Err("it was started without one".into())),
             draining: Arc::new(AtomicBool::new(false)),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
+            pooling: Arc::new(Pooling::default()),
         }
+    }
+
+    /// This service with the model's pooling of embeddings (the default: last token,
+    /// normalized).
+    pub fn with_pooling(mut self, pooling: Pooling) -> Self {
+        self.pooling = Arc::new(pooling);
+        self
+    }
+
+    /// The engine's parameters of `req`: its sampling, or an embeddings request's (one greedy
+    /// token, the embedding pooled as the model says), refused where the model pools its
+    /// embeddings otherwise.
+    fn params_of(&self, req: &pb::GenerateRequest) -> Result<SamplingParams, Status> {
+        let Some(embed) = &req.embed else {
+            return Ok(SamplingParams::from(
+                req.sampling.clone().unwrap_or_default(),
+            ));
+        };
+        if let Some(why) = &self.pooling.refused {
+            return Err(Status::invalid_argument(why.clone()));
+        }
+        if req.grammar.is_some() {
+            return Err(Status::invalid_argument(
+                "an embeddings request has no output to constrain",
+            ));
+        }
+        Ok(SamplingParams {
+            ignore_eos: true,
+            embed: Some(EmbedParams {
+                normalize: self.pooling.normalize,
+                dimensions: (embed.dimensions > 0).then_some(embed.dimensions as usize),
+            }),
+            ..SamplingParams::greedy(1)
+        })
     }
 
     /// This service with `vocabulary` for constrained requests (or why there is none).
@@ -322,7 +360,12 @@ fn responses(tracked: Tracked) -> TokenStream {
                 }
                 let last = ev.finish.is_some();
                 let msg = pb::GenerateResponse {
-                    tokens: vec![token_of(&ev.token)],
+                    // An embeddings request's token is not its answer.
+                    tokens: match ev.embedding {
+                        Some(_) => vec![],
+                        None => vec![token_of(&ev.token)],
+                    },
+                    embedding: ev.embedding.unwrap_or_default(),
                     finish_reason: finish_to_proto(ev.finish),
                     cached_tokens: ev
                         .cached_tokens
@@ -372,7 +415,7 @@ impl pb::worker_server::Worker for WorkerService {
         };
         span.set_attribute(genai::REQUEST_MODEL, self.info.model.clone());
         span.set_attribute("ferrite.prompt_tokens", req.prompt_token_ids.len() as i64);
-        let params = SamplingParams::from(req.sampling.unwrap_or_default());
+        let params = self.params_of(&req)?;
         let constraint = match &req.grammar {
             Some(g) => {
                 let vocabulary = self.vocabulary.clone().await;
@@ -528,5 +571,39 @@ mod tests {
         for (e, code) in cases {
             assert_eq!(status_of(&e).code(), code, "{e}");
         }
+    }
+
+    /// An embeddings request samples one greedy token with the model's pooling; a model that
+    /// pools otherwise, or a grammar on it, is refused as the request's fault.
+    #[tokio::test]
+    async fn embeddings_requests_take_the_models_pooling() {
+        let service = WorkerService::new(
+            Backend::Synthetic(SyntheticEngine::new(100.0)),
+            pb::ModelInfo::default(),
+        );
+        let req = |dimensions, grammar: Option<&str>| pb::GenerateRequest {
+            prompt_token_ids: vec![1, 2],
+            embed: Some(pb::EmbedOptions { dimensions }),
+            grammar: grammar.map(str::to_owned),
+            ..pb::GenerateRequest::default()
+        };
+        let p = service.params_of(&req(0, None)).expect("params");
+        assert_eq!((p.max_tokens, p.temperature), (1, 0.0));
+        let want = EmbedParams {
+            normalize: true,
+            dimensions: None,
+        };
+        assert_eq!(p.embed, Some(want));
+        let cut = service.params_of(&req(8, None)).expect("params").embed;
+        assert_eq!(cut.and_then(|e| e.dimensions), Some(8));
+        let grammar = service.params_of(&req(0, Some("{}"))).expect_err("grammar");
+        assert_eq!(grammar.code(), Code::InvalidArgument);
+        let mean = service.with_pooling(Pooling {
+            normalize: true,
+            refused: Some("pools by `mean_tokens`".into()),
+        });
+        let refused = mean.params_of(&req(0, None)).expect_err("mean pooling");
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(refused.message().contains("mean_tokens"));
     }
 }

@@ -47,6 +47,11 @@ impl SyntheticEngine {
         if req.prompt_token_ids.is_empty() || n == 0 {
             return Err(Status::invalid_argument("empty prompt or max_tokens 0"));
         }
+        if req.embed.is_some() {
+            return Err(Status::invalid_argument(
+                "a synthetic worker has no model to embed with",
+            ));
+        }
         let guard = RunningGuard::new(self.running.clone());
         let mut interval = tokio::time::interval(self.token_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -72,6 +77,7 @@ impl SyntheticEngine {
                     // No model, no KV cache.
                     cached_tokens: (i == 0).then_some(0),
                     prompt_logprobs: Vec::new(),
+                    embedding: Vec::new(),
                 };
                 Some((Ok(msg), (i + 1, interval, guard)))
             },

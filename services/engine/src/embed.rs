@@ -1,0 +1,114 @@
+//! Embeddings ([`SamplingParams::embed`]): a request whose answer is its prompt's final hidden
+//! state at the last token (last-token pooling, as Qwen3-Embedding, gte-Qwen2, e5-mistral and
+//! SFR-Embedding are pooled, and as vLLM pools a generative model asked for embeddings), cut
+//! to its first `dimensions` where asked (Matryoshka embeddings) and L2-normalized unless the
+//! model says not to.
+//!
+//! Such a request runs as one for a single greedy token: the step that ends its prompt keeps
+//! the final hidden states of its rows of logits (the executor's, on the CPU), its row is
+//! pooled here, and the embedding rides on the token's event, which the caller drops. The
+//! prompt goes through the scheduler, the prefix cache and the batch as any other.
+
+use super::Engine;
+use crate::error::{EngineError, Result};
+use crate::sampler::SamplingParams;
+use crate::scheduler::Schedule;
+
+/// How an embeddings request's vector is made from the hidden state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedParams {
+    /// Divide by the L2 norm (after the cut to `dimensions`).
+    pub normalize: bool,
+    /// Keep only the first this many of the hidden state's values.
+    pub dimensions: Option<usize>,
+}
+
+/// `hidden`, one row of the model's final hidden state, as `p` asks for it.
+pub fn pool(hidden: &[f32], p: EmbedParams) -> Vec<f32> {
+    let keep = p.dimensions.unwrap_or(hidden.len()).min(hidden.len());
+    let mut v = hidden[..keep].to_vec();
+    if p.normalize {
+        // In f64, as `torch.nn.functional.normalize`'s f32 sum would differ only in the last
+        // bits; eps 1e-12 as there.
+        let norm = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let scale = 1.0 / norm.max(1e-12);
+        for x in &mut v {
+            *x = (*x as f64 * scale) as f32;
+        }
+    }
+    v
+}
+
+impl Engine {
+    /// Why an embeddings request with `params` cannot run here, if it cannot.
+    pub(crate) fn check_embed(&self, params: &SamplingParams) -> Result<()> {
+        let Some(e) = params.embed else {
+            return Ok(());
+        };
+        let refuse = |why: String| Err(EngineError::InvalidRequest(why));
+        if params.max_tokens != 1 || params.prompt_logprobs.is_some() {
+            return refuse("an embeddings request samples one token and scores nothing".into());
+        }
+        let hidden = self.config().hidden_size;
+        if e.dimensions.is_some_and(|d| d == 0 || d > hidden) {
+            return refuse(format!(
+                "dimensions must be 1 to {hidden}, the model's hidden size"
+            ));
+        }
+        if !self.exec.gives_hidden() || self.async_scheduling {
+            return refuse(format!(
+                "embeddings are computed by the CPU engine without async scheduling; this \
+                 pool runs on {}{}",
+                self.exec.device_name(),
+                if self.async_scheduling {
+                    " with async scheduling"
+                } else {
+                    ""
+                }
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `schedule`'s step ends an embeddings request's prompt: its hidden states are
+    /// then kept.
+    pub(crate) fn keep_hidden_for(&mut self, schedule: &Schedule) {
+        let embeds = (schedule.chunks.iter()).any(|c| c.samples && self.embeds(c.id));
+        if embeds {
+            self.exec.keep_hidden();
+        }
+    }
+
+    fn embeds(&self, id: u64) -> bool {
+        self.requests
+            .get(&id)
+            .is_some_and(|r| r.sampler.params().embed.is_some())
+    }
+
+    /// Pools the embedding of each embeddings request whose prompt ended in `schedule`'s step,
+    /// from the hidden states the step kept, for its token's event.
+    pub(crate) fn pool_embeddings(&mut self, schedule: &Schedule) -> Result<()> {
+        let Some(hidden) = self.exec.take_hidden() else {
+            return Ok(());
+        };
+        let h = self.config().hidden_size;
+        let mut row = 0;
+        for c in &schedule.chunks {
+            row += c.rows();
+            let Some(req) = self.requests.get_mut(&c.id) else {
+                continue;
+            };
+            let Some(params) = req.sampler.params().embed.filter(|_| c.samples) else {
+                continue;
+            };
+            let last = hidden.get((row - 1) * h..row * h).ok_or_else(|| {
+                EngineError::Internal(format!(
+                    "{} hidden values for {row} rows of {h}",
+                    hidden.len()
+                ))
+            })?;
+            req.embedding = Some(pool(last, params));
+        }
+        Ok(())
+    }
+}
