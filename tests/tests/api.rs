@@ -490,7 +490,8 @@ fn check_choices(c: &serde_json::Value) -> Result<()> {
 /// `/v1/embeddings` through the official `openai` client, across two pools: a batch in order,
 /// each vector normalized and the model's width, base64 (the client's default) equal to
 /// floats, token ids equal to their text, a Matryoshka cut equal to the renormalized head,
-/// usage counting each input's prompt tokens, and bad requests refused naming the field.
+/// usage counting each input's prompt tokens, and bad requests refused naming the field. And
+/// gRPC's `Embed`: the HTTP endpoint's vectors, and no input refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_through_the_openai_client() -> Result<()> {
     let _turn = serial().await;
@@ -503,7 +504,46 @@ async fn embeddings_through_the_openai_client() -> Result<()> {
     ];
     let out = python::run_client("embeddings_client.py", &args, PYTHON_TIMEOUT).await?;
     let show = serde_json::to_string_pretty(&out)?;
-    check_embeddings(&out).with_context(|| show)
+    check_embeddings(&out).with_context(|| show)?;
+
+    use ferrite_proto::v1::{EmbedInput, EmbedRequest, TokenIds, embed_input::Input as Embedded};
+    let mut client = cluster.inference().await?;
+    let text = || EmbedInput {
+        input: Some(Embedded::Text(PROMPTS[0].into())),
+    };
+    let ids = client
+        .tokenize(TokenizeRequest {
+            model: MODEL.into(),
+            input: Some(Input::Text(PROMPTS[0].into())),
+            add_special_tokens: None,
+        })
+        .await?
+        .into_inner()
+        .token_ids;
+    let by_ids = EmbedInput {
+        input: Some(Embedded::TokenIds(TokenIds { ids: ids.clone() })),
+    };
+    let req = |inputs| EmbedRequest {
+        model: MODEL.into(),
+        inputs,
+        dimensions: 0,
+    };
+    let got = client.embed(req(vec![text(), by_ids])).await?.into_inner();
+    let [a, b] = &got.embeddings[..] else {
+        anyhow::bail!("{} embeddings for 2 inputs", got.embeddings.len());
+    };
+    anyhow::ensure!(a.values.len() == 576 && a.prompt_tokens as usize == ids.len());
+    anyhow::ensure!(a.values == b.values, "text and its token ids differ");
+    let body = serde_json::json!({"model": MODEL, "input": PROMPTS[0], "encoding_format": "float"});
+    let r = ferrite_cluster_tests::http::post_json(cluster.gateway.http, "/v1/embeddings", &body)
+        .await?;
+    let http: Vec<f32> = serde_json::from_value(r.json()?["data"][0]["embedding"].clone())?;
+    anyhow::ensure!(http == a.values, "gRPC and HTTP differ");
+    for bad in [vec![], vec![EmbedInput { input: None }]] {
+        let e = client.embed(req(bad)).await.expect_err("refused");
+        anyhow::ensure!(e.code() == tonic::Code::InvalidArgument, "{e:?}");
+    }
+    Ok(())
 }
 
 fn check_embeddings(out: &serde_json::Value) -> Result<()> {

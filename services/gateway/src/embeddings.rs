@@ -98,6 +98,7 @@ pub async fn create(
             dimensions,
             caller,
             started,
+            api: Api::Http,
         };
         gw.embed(args, span)
     });
@@ -121,18 +122,22 @@ pub async fn create(
 /// empty input too).
 fn inputs_of(input: &Value) -> Result<Vec<Prompt>, ApiError> {
     let inputs = prompts_in(input, "input")?;
-    let empty = |p: &Prompt| match p {
-        Prompt::Text(t) => t.is_empty(),
-        Prompt::TokenIds(ids) => ids.is_empty(),
-        Prompt::Chat(m) => m.is_empty(),
-    };
-    match inputs.iter().position(empty) {
+    match first_empty(&inputs) {
         Some(i) => Err(ApiError::invalid(
             format!("input {i} is empty"),
             Some("input"),
         )),
         None => Ok(inputs),
     }
+}
+
+/// The first of `inputs` that is empty, if one is.
+pub(crate) fn first_empty(inputs: &[Prompt]) -> Option<usize> {
+    inputs.iter().position(|p| match p {
+        Prompt::Text(t) => t.is_empty(),
+        Prompt::TokenIds(ids) => ids.is_empty(),
+        Prompt::Chat(m) => m.is_empty(),
+    })
 }
 
 /// `vector` as the response carries it: a list of numbers, or its little-endian f32 bytes in
@@ -148,7 +153,7 @@ fn encode(vector: &[f32], encoding: Encoding) -> Value {
 }
 
 /// An embeddings request's span; set its parent (the client's context) before using it.
-fn embeddings_span(model: &str) -> tracing::Span {
+pub(crate) fn embeddings_span(model: &str) -> tracing::Span {
     let span = tracing::info_span!("gen_ai.request",
         otel.name = %format!("{OP_EMBEDDINGS} {model}"), otel.kind = "server",
         otel.status_code = tracing::field::Empty);
@@ -168,6 +173,7 @@ pub struct EmbedArgs<'a> {
     pub caller: Caller,
     /// When the request arrived.
     pub started: Instant,
+    pub api: Api,
 }
 
 impl Gateway {
@@ -179,7 +185,7 @@ impl Gateway {
         args: EmbedArgs<'_>,
         span: tracing::Span,
     ) -> Result<(Vec<f32>, usize), GatewayError> {
-        let mut trace = RequestTrace::new(span.clone(), args.model, Api::Http, args.started);
+        let mut trace = RequestTrace::new(span.clone(), args.model, args.api, args.started);
         let answered = async {
             self.limiter.check_requests(args.caller, Instant::now())?;
             let (text, context) = self.model_text(args.model).await?;

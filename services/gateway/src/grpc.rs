@@ -130,6 +130,28 @@ fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
     Some(Instant::now() + d.saturating_sub(DEADLINE_MARGIN))
 }
 
+/// An `Embed` request's inputs as prompts: 1 to [`crate::openai::MAX_PROMPTS`], none empty.
+fn embed_inputs(inputs: Vec<api::EmbedInput>) -> Result<Vec<Prompt>, GatewayError> {
+    use api::embed_input::Input;
+    let bad = |m: String| Err(GatewayError::InvalidArgument(m));
+    let max = crate::openai::MAX_PROMPTS;
+    if inputs.is_empty() || inputs.len() > max {
+        return bad(format!("1 to {max} inputs, not {}", inputs.len()));
+    }
+    let prompts: Vec<Prompt> = inputs
+        .into_iter()
+        .map(|i| match i.input {
+            Some(Input::Text(t)) => Prompt::Text(t),
+            Some(Input::TokenIds(ids)) => Prompt::TokenIds(ids.ids),
+            None => Prompt::Text(String::new()),
+        })
+        .collect();
+    match crate::embeddings::first_empty(&prompts) {
+        Some(i) => bad(format!("input {i} is empty")),
+        None => Ok(prompts),
+    }
+}
+
 /// A request's tools, as `ferrite.v1` names them.
 pub fn tools_of(
     tools: Vec<api::Tool>,
@@ -235,6 +257,42 @@ impl api::inference_server::Inference for InferenceService {
             };
             futures::stream::iter(messages)
         }))))
+    }
+
+    async fn embed(
+        &self,
+        request: Request<api::EmbedRequest>,
+    ) -> Result<Response<api::EmbedResponse>, Status> {
+        let started = Instant::now();
+        let caller = request
+            .extensions()
+            .get::<crate::auth::Caller>()
+            .copied()
+            .unwrap_or_default();
+        let (metadata, _, req) = request.into_parts();
+        let inputs = embed_inputs(req.inputs)?;
+        let asked = inputs.iter().map(|input| {
+            let span = crate::embeddings::embeddings_span(&req.model);
+            ferrite_telemetry::propagation::set_parent_from_metadata(&span, &metadata);
+            let args = crate::embeddings::EmbedArgs {
+                model: &req.model,
+                input,
+                dimensions: req.dimensions,
+                caller,
+                started,
+                api: trace::Api::Grpc,
+            };
+            self.gateway.embed(args, span)
+        });
+        let embeddings = futures::future::try_join_all(asked)
+            .await?
+            .into_iter()
+            .map(|(values, n)| api::Embedding {
+                values,
+                prompt_tokens: u32::try_from(n).unwrap_or(u32::MAX),
+            })
+            .collect();
+        Ok(Response::new(api::EmbedResponse { embeddings }))
     }
 
     async fn tokenize(
