@@ -500,7 +500,7 @@ fn kv_write_on(
         Backend::Cpu => {
             // Through the CPU's cache layout (what its attention reads): slot s is position
             // s % 8 of physical block s / 8.
-            let layout = PagedKv {
+            let layout = PagedKv::<f32> {
                 k: &[],
                 v: &[],
                 block_size: 8,

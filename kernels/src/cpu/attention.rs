@@ -3,22 +3,97 @@
 //! One layer's cache is `[num_blocks, block_size, kv_heads, head_dim]` for K and the same for V.
 //! A sequence's block table maps its logical block `p / block_size` to a physical block; token
 //! `p`'s key sits at slot `p % block_size` of that block.
+//!
+//! The cache holds f32 or f16 ([`KvElem`]): f16 halves its memory and what attention reads
+//! (llama.cpp's default), each row widened to f32 as it is loaded, so the arithmetic is the
+//! f32 kernels' on the stored values.
 
 use std::ops::Range;
 
+use half::f16;
 use rayon::prelude::*;
+
+/// What a KV cache's values are stored as.
+#[allow(unsafe_code)]
+pub trait KvElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// Round to nearest, ties to even (as `torch.Tensor.half()`).
+    fn from_f32(x: f32) -> Self;
+    /// 8 values from `p`, widened.
+    ///
+    /// # Safety
+    /// AVX2 and F16C available; `p` points at 8 values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// 16 values from `p`, widened.
+    ///
+    /// # Safety
+    /// AVX-512F available; `p` points at 16 values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+#[allow(unsafe_code)]
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+}
+
+#[allow(unsafe_code)]
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract: 8 f16 (16 bytes) at `p`, F16C present.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract: 16 f16 (32 bytes) at `p`, AVX-512F present.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+}
 
 /// One layer of the paged KV cache, read-only.
 #[derive(Debug, Clone, Copy)]
-pub struct PagedKv<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+pub struct PagedKv<'a, E = f32> {
+    pub k: &'a [E],
+    pub v: &'a [E],
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
 }
 
-impl PagedKv<'_> {
+impl<E> PagedKv<'_, E> {
     /// Offset of (position, kv head) in `k`/`v`, through the block table.
     #[inline]
     pub fn offset(&self, block_table: &[u32], pos: usize, kv_head: usize) -> usize {
@@ -68,11 +143,11 @@ impl AttentionOptions {
 ///
 /// # Panics
 /// If the shapes disagree, a block table is too short for its position, or the window is 0.
-pub fn paged_attention(
+pub fn paged_attention<E: KvElem>(
     q: &[f32],
     tokens: &[QueryToken<'_>],
     n_heads: usize,
-    kv: &PagedKv<'_>,
+    kv: &PagedKv<'_, E>,
     opts: AttentionOptions,
     out: &mut [f32],
 ) {
@@ -121,7 +196,7 @@ pub fn paged_attention(
             if let Some(a) = avx2 {
                 return a.attend(&head, kv, opts, scores, o);
             }
-            attend::<Portable>(&head, kv, opts, scores, o);
+            attend::<Portable, E>(&head, kv, opts, scores, o);
         });
 }
 
@@ -132,19 +207,20 @@ struct Head<'a> {
     kv_head: usize,
 }
 
-/// The two vector operations of attention, as one instruction set implements them.
+/// The two vector operations of attention, as one instruction set implements them, over rows
+/// of the cache (`b`, `v`) stored as `E`.
 trait Lanes {
     /// `a · b` (equal lengths).
-    fn dot(a: &[f32], b: &[f32]) -> f32;
+    fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32;
     /// `acc += w · v` (equal lengths).
-    fn axpy(w: f32, v: &[f32], acc: &mut [f32]);
+    fn axpy<E: KvElem>(w: f32, v: &[E], acc: &mut [f32]);
 }
 
 /// `o = softmax(cap(q · Kᵀ · scale)) · V` for one head; `scores` is reused scratch.
 #[inline(always)]
-fn attend<L: Lanes>(
+fn attend<L: Lanes, E: KvElem>(
     head: &Head<'_>,
-    kv: &PagedKv<'_>,
+    kv: &PagedKv<'_, E>,
     opts: AttentionOptions,
     scores: &mut Vec<f32>,
     o: &mut [f32],
@@ -184,8 +260,8 @@ fn exp_normalizer(scores: &mut [f32]) -> f32 {
 
 /// Calls `f` with the offset of `kv_head`'s row at each of `positions`, in order.
 #[inline]
-fn for_each_row(
-    kv: &PagedKv<'_>,
+fn for_each_row<E>(
+    kv: &PagedKv<'_, E>,
     block_table: &[u32],
     positions: Range<usize>,
     kv_head: usize,
@@ -211,27 +287,27 @@ struct Portable;
 impl Lanes for Portable {
     /// 8 independent lanes, so the compiler vectorizes the sum.
     #[inline(always)]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
+    fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
         let mut acc = [0f32; 8];
         let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
         let tail: f32 = ca
             .remainder()
             .iter()
             .zip(cb.remainder())
-            .map(|(x, y)| x * y)
+            .map(|(x, y)| x * y.to_f32())
             .sum();
         for (x, y) in ca.zip(cb) {
             for l in 0..8 {
-                acc[l] += x[l] * y[l];
+                acc[l] += x[l] * y[l].to_f32();
             }
         }
         acc.iter().sum::<f32>() + tail
     }
 
     #[inline(always)]
-    fn axpy(w: f32, v: &[f32], acc: &mut [f32]) {
+    fn axpy<E: KvElem>(w: f32, v: &[E], acc: &mut [f32]) {
         for (a, &x) in acc.iter_mut().zip(v) {
-            *a += w * x;
+            *a += w * x.to_f32();
         }
     }
 }
@@ -245,39 +321,40 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::exp16::exp16;
-    use super::{AttentionOptions, Head, Lanes, PagedKv, QueryToken, attend, for_each_row};
+    use super::{AttentionOptions, Head, KvElem, Lanes, PagedKv, QueryToken, attend, for_each_row};
     use crate::quant::Avx2;
 
     pub(super) struct Fma;
 
     impl Lanes for Fma {
         #[inline(always)]
-        fn dot(a: &[f32], b: &[f32]) -> f32 {
+        fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
             assert_eq!(a.len(), b.len());
             let n8 = a.len() - a.len() % 8;
-            // SAFETY: used only where AVX2 and FMA were detected (`attend_avx2`, and the unit
-            // test after detection); every load reads 8 f32s at e < n8 <= len of both slices.
+            // SAFETY: used only where AVX2, FMA and F16C were detected (`attend_avx2`, and the
+            // unit test after detection); every load reads 8 values at e < n8 <= len of both.
             unsafe {
                 let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let mut e = 0;
                 while e + 16 <= n8 {
                     let (pa, pb) = (a.as_ptr().add(e), b.as_ptr().add(e));
-                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb), s0);
-                    s1 =
-                        _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8)), s1);
+                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa), E::load8(pb), s0);
+                    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(8)), E::load8(pb.add(8)), s1);
                     e += 16;
                 }
                 if e < n8 {
                     let (pa, pb) = (a.as_ptr().add(e), b.as_ptr().add(e));
-                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb), s0);
+                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa), E::load8(pb), s0);
                 }
-                let tail: f32 = a[n8..].iter().zip(&b[n8..]).map(|(x, y)| x * y).sum();
+                let tail: f32 = (a[n8..].iter().zip(&b[n8..]))
+                    .map(|(x, y)| x * y.to_f32())
+                    .sum();
                 crate::quant::hsum256(_mm256_add_ps(s0, s1)) + tail
             }
         }
 
         #[inline(always)]
-        fn axpy(w: f32, v: &[f32], acc: &mut [f32]) {
+        fn axpy<E: KvElem>(w: f32, v: &[E], acc: &mut [f32]) {
             assert_eq!(v.len(), acc.len());
             let n8 = v.len() - v.len() % 8;
             // SAFETY: as in `dot`; loads and stores stay below n8 <= len of both slices.
@@ -286,13 +363,13 @@ mod x86 {
                 let mut e = 0;
                 while e < n8 {
                     let pa = acc.as_mut_ptr().add(e);
-                    let x = _mm256_loadu_ps(v.as_ptr().add(e));
+                    let x = E::load8(v.as_ptr().add(e));
                     _mm256_storeu_ps(pa, _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(pa)));
                     e += 8;
                 }
             }
             for (a, &x) in acc[n8..].iter_mut().zip(&v[n8..]) {
-                *a += w * x;
+                *a += w * x.to_f32();
             }
         }
     }
@@ -302,14 +379,14 @@ mod x86 {
     /// # Safety
     /// The CPU supports AVX2 and FMA.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend_avx2(
+    unsafe fn attend_avx2<E: KvElem>(
         head: &Head<'_>,
-        kv: &PagedKv<'_>,
+        kv: &PagedKv<'_, E>,
         opts: AttentionOptions,
         scores: &mut Vec<f32>,
         o: &mut [f32],
     ) {
-        attend::<Fma>(head, kv, opts, scores, o);
+        attend::<Fma, E>(head, kv, opts, scores, o);
     }
 
     /// The query heads of one token that read one KV head (contiguous: `q` is `heads × hd`).
@@ -323,10 +400,10 @@ mod x86 {
     /// (64 dims) or 2 (128) heads at a time read each key and value row once, and their
     /// queries and weighted sums of values stay in registers across every position (the AVX2
     /// version reloads the output row at each position, for one head).
-    pub(super) fn attend_heads(
+    pub(super) fn attend_heads<E: KvElem>(
         _proof: crate::quant::Avx512,
         heads: &Heads<'_>,
-        kv: &PagedKv<'_>,
+        kv: &PagedKv<'_, E>,
         opts: AttentionOptions,
         scores: &mut Vec<f32>,
         o: &mut [f32],
@@ -344,12 +421,12 @@ mod x86 {
             // and q and o hold g heads of them.
             unsafe {
                 match (hd, g) {
-                    (64, 4) => wide::<4, 4>(q, heads, kv, opts, scores, o),
-                    (64, 3) => wide::<4, 3>(q, heads, kv, opts, scores, o),
-                    (64, 2) => wide::<4, 2>(q, heads, kv, opts, scores, o),
-                    (64, _) => wide::<4, 1>(q, heads, kv, opts, scores, o),
-                    (_, 2) => wide::<8, 2>(q, heads, kv, opts, scores, o),
-                    _ => wide::<8, 1>(q, heads, kv, opts, scores, o),
+                    (64, 4) => wide::<E, 4, 4>(q, heads, kv, opts, scores, o),
+                    (64, 3) => wide::<E, 4, 3>(q, heads, kv, opts, scores, o),
+                    (64, 2) => wide::<E, 4, 2>(q, heads, kv, opts, scores, o),
+                    (64, _) => wide::<E, 4, 1>(q, heads, kv, opts, scores, o),
+                    (_, 2) => wide::<E, 8, 2>(q, heads, kv, opts, scores, o),
+                    _ => wide::<E, 8, 1>(q, heads, kv, opts, scores, o),
                 }
             }
             h += g;
@@ -362,10 +439,10 @@ mod x86 {
     /// AVX-512F available; `kv.head_dim == 16 * N`; `q` and `o` hold `G` heads.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[allow(clippy::needless_range_loop)] // index loops read clearest over register arrays
-    unsafe fn wide<const N: usize, const G: usize>(
+    unsafe fn wide<E: KvElem, const N: usize, const G: usize>(
         q: &[f32],
         heads: &Heads<'_>,
-        kv: &PagedKv<'_>,
+        kv: &PagedKv<'_, E>,
         opts: AttentionOptions,
         scores: &mut Vec<f32>,
         o: &mut [f32],
@@ -384,9 +461,9 @@ mod x86 {
         scores.resize(G * len, 0.0);
         let mut p = 0;
         for_each_row(kv, table, start..end, heads.kv_head, |off| {
-            // SAFETY: the row at `off` holds hd = 16N f32s of the cache.
+            // SAFETY: the row at `off` holds hd = 16N values of the cache.
             let k: [__m512; N] = std::array::from_fn(|j| unsafe {
-                _mm512_loadu_ps(kv.k[off..off + hd].as_ptr().add(16 * j))
+                E::load16(kv.k[off..off + hd].as_ptr().add(16 * j))
             });
             for g in 0..G {
                 let mut acc = _mm512_mul_ps(qv[g][0], k[0]);
@@ -409,7 +486,7 @@ mod x86 {
         for_each_row(kv, table, start..end, heads.kv_head, |off| {
             // SAFETY: as for the keys.
             let v: [__m512; N] = std::array::from_fn(|j| unsafe {
-                _mm512_loadu_ps(kv.v[off..off + hd].as_ptr().add(16 * j))
+                E::load16(kv.v[off..off + hd].as_ptr().add(16 * j))
             });
             for g in 0..G {
                 let w = _mm512_set1_ps(scores[g * len + p] * inv[g]);
@@ -460,10 +537,10 @@ mod x86 {
 
     impl Avx2 {
         /// [`attend`] on AVX2 + FMA, which this token proves the CPU has.
-        pub(super) fn attend(
+        pub(super) fn attend<E: KvElem>(
             self,
             head: &Head<'_>,
-            kv: &PagedKv<'_>,
+            kv: &PagedKv<'_, E>,
             opts: AttentionOptions,
             scores: &mut Vec<f32>,
             o: &mut [f32],
@@ -489,21 +566,25 @@ mod tests {
     }
 
     /// Runs paged attention over `LEN` tokens whose K/V sit in scattered blocks, and checks it
-    /// against dense attention over the positions each token may see, at several head sizes.
+    /// against dense attention over the positions each token may see, at several head sizes,
+    /// with the cache in f32 and in f16 (against the f16-rounded values).
     fn check_against_dense(opts: AttentionOptions) {
         // 8 runs the generic lanes; 64 and 128 the AVX-512 kernels where the CPU has them.
         for hd in [HD, 64, 128] {
-            check_against_dense_hd(opts, hd);
+            check_against_dense_hd::<f32>(opts, hd);
+            check_against_dense_hd::<f16>(opts, hd);
         }
     }
 
-    fn check_against_dense_hd(opts: AttentionOptions, hd: usize) {
+    fn check_against_dense_hd<E: KvElem>(opts: AttentionOptions, hd: usize) {
+        // What the cache holds of each value.
+        let val = |p, h, d, s| E::from_f32(val(p, h, d, s)).to_f32();
         let num_blocks = 6;
         let blocks: Vec<u32> = vec![4, 1, 5]; // 11 positions need 3 blocks
-        let mut k = vec![0f32; num_blocks * BS * KV_HEADS * hd];
+        let mut k = vec![E::from_f32(0.0); num_blocks * BS * KV_HEADS * hd];
         let mut v = k.clone();
         // Offsets depend only on the layout, so an empty-data view computes them.
-        let layout = PagedKv {
+        let layout = PagedKv::<f32> {
             k: &[],
             v: &[],
             block_size: BS,
@@ -514,8 +595,8 @@ mod tests {
             for h in 0..KV_HEADS {
                 let off = layout.offset(&blocks, p, h);
                 for d in 0..hd {
-                    k[off + d] = val(p, h, d, 0.37);
-                    v[off + d] = val(p, h, d, 0.11);
+                    k[off + d] = E::from_f32(val(p, h, d, 0.37));
+                    v[off + d] = E::from_f32(val(p, h, d, 0.11));
                 }
             }
         }
@@ -596,29 +677,38 @@ mod tests {
     }
 
     /// Each instruction set's `dot` and `axpy` equal f64 sums, at lengths with and without a
-    /// tail of fewer than 8 (the head sizes attention meets are multiples of 8, but need not be).
+    /// tail of fewer than 8 (the head sizes attention meets are multiples of 8, but need not be),
+    /// over rows stored in f32 and in f16.
     #[test]
     fn lanes_match_a_plain_sum_at_every_length() {
-        fn check<L: Lanes>() {
+        fn check<L: Lanes, E: KvElem>() {
             for n in [0, 1, 7, 8, 9, 16, 24, 64, 67, 128] {
                 let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.3).sin()).collect();
-                let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).cos()).collect();
-                let want: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(x * y)).sum();
+                let b: Vec<E> = (0..n)
+                    .map(|i| E::from_f32((i as f32 * 0.7).cos()))
+                    .collect();
+                let bf: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
+                let want: f64 = a.iter().zip(&bf).map(|(x, y)| f64::from(x * y)).sum();
                 assert!(
                     (f64::from(L::dot(&a, &b)) - want).abs() < 1e-5,
                     "dot, n = {n}"
                 );
-                let mut acc = b.clone();
-                L::axpy(0.5, &a, &mut acc);
+                let mut acc = a.clone();
+                L::axpy(0.5, &b, &mut acc);
                 for i in 0..n {
-                    assert!((acc[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6, "axpy, n = {n}");
+                    assert!(
+                        (acc[i] - (a[i] + 0.5 * bf[i])).abs() < 1e-6,
+                        "axpy, n = {n}"
+                    );
                 }
             }
         }
-        check::<Portable>();
+        check::<Portable, f32>();
+        check::<Portable, f16>();
         #[cfg(target_arch = "x86_64")]
         if crate::quant::Avx2::detect().is_some() {
-            check::<x86::Fma>();
+            check::<x86::Fma, f32>();
+            check::<x86::Fma, f16>();
         }
     }
 

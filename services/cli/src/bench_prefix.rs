@@ -339,8 +339,9 @@ async fn start_pools(args: &PrefixBenchArgs, kind: RunKind, store: &Store) -> Re
         let (model, tokenizer) = args.model.load_for_engine()?;
         let c = model.config().clone();
         vocab = u32::try_from(c.vocab_size).unwrap_or(u32::MAX);
-        let per_token = KvCache::bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim);
         let mut engine = args.model.engine_config(&model)?;
+        let dtype = engine.kv_cache_dtype;
+        let per_token = KvCache::bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype);
         engine.max_model_len = Some(slot_tokens);
         engine.block_size = BLOCK_SIZE;
         engine.kv_cache_bytes = cache_prefixes(args) * slot_tokens * per_token;

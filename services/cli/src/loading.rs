@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Speculation};
 use ferrite_engine::gpu::{self, GpuOptions};
 use ferrite_engine::model::STARTUP_TARGET;
+use ferrite_engine::model::kv::KvDtype;
 use ferrite_engine::model::{self, EngineModel, LoadOptions, LoadQuantize, LoadedModel};
 use ferrite_engine::registry;
 use ferrite_engine::tp::TpRank;
@@ -87,6 +88,18 @@ pub struct ModelArgs {
         env = "FERRITE_CPU_ACTIVATIONS"
     )]
     pub cpu_activations: CpuActivations,
+    /// What the KV cache stores: `auto` (f16 on the CPU; on a GPU the weights' 16-bit type),
+    /// `f16` (on the CPU half the memory of f32, so twice the tokens in --kv-cache-mib, and
+    /// half the bytes attention reads, each value rounded once, as llama.cpp's default cache;
+    /// on a GPU with --dtype float16 only), or `f32` (the CPU's exact path: with
+    /// --cpu-activations f32, what the golden tests hold against transformers).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "FERRITE_KV_CACHE_DTYPE"
+    )]
+    pub kv_cache_dtype: KvCacheDtype,
     /// How the ranks of a `--tp` pool on GPUs exchange activations: `auto` (NCCL when every
     /// rank has a GPU of its own, `host` when ranks share one), `nccl`, `host` (through host
     /// memory and the pool's TCP link: slow, eager only, but N ranks may share one GPU), or
@@ -111,6 +124,32 @@ pub struct ModelArgs {
     /// The shortest run looked up.
     #[arg(long, default_value_t = 2, env = "FERRITE_PROMPT_LOOKUP_MIN")]
     pub prompt_lookup_min: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDtype {
+    Auto,
+    F32,
+    F16,
+}
+
+impl KvCacheDtype {
+    /// The CPU cache's dtype; on a GPU (`gpu`: the weights' dtype), a check that the cache
+    /// there holds what was asked.
+    fn resolve(self, gpu: Option<Dtype>) -> Result<KvDtype> {
+        match (self, gpu) {
+            (KvCacheDtype::F32, None) => Ok(KvDtype::F32),
+            (KvCacheDtype::Auto | KvCacheDtype::F16, None) => Ok(KvDtype::F16),
+            (KvCacheDtype::Auto, Some(_)) | (KvCacheDtype::F16, Some(Dtype::F16)) => {
+                Ok(KvDtype::default())
+            }
+            (asked, Some(d)) => anyhow::bail!(
+                "--kv-cache-dtype {}: on a GPU the KV cache holds the weights' type ({d:?}); \
+                 use auto, or f16 with --dtype float16",
+                value_name(asked)
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -227,6 +266,7 @@ impl ModelArgs {
             }
         };
         let speculation = self.speculation()?;
+        let kv_cache_dtype = (self.kv_cache_dtype).resolve(cuda.as_ref().map(|c| c.opts.dtype))?;
         Ok(EngineConfig {
             async_scheduling: match self.async_scheduling {
                 OnOffAuto::Auto => cuda.is_some() && speculation.is_none(),
@@ -238,6 +278,7 @@ impl ModelArgs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             kv_cache_bytes: self.kv_cache_mib << 20,
+            kv_cache_dtype,
             cuda,
             prefix_caching: !self.no_prefix_caching,
             model_identity: self.identity(),
@@ -272,12 +313,13 @@ impl ModelArgs {
         let quantize = self
             .quantize
             .map_or_else(|| "none".to_owned(), |q| format!("rtn-{q}"));
-        // int8 activations change the keys and values computed, not only the speed.
+        // int8 activations and an f16 cache change the keys and values, not only the speed.
         format!(
-            "model={} load_format={} quantize={quantize} cpu_activations={}",
+            "model={} load_format={} quantize={quantize} cpu_activations={} kv_cache_dtype={}",
             self.model,
             value_name(self.load_format),
-            value_name(self.cpu_activations)
+            value_name(self.cpu_activations),
+            value_name(self.kv_cache_dtype)
         )
     }
 
@@ -307,6 +349,7 @@ impl ModelArgs {
         a.extend(["--load-format".into(), value_name(self.load_format)]);
         a.extend(["--dtype".into(), value_name(self.dtype)]);
         a.extend(["--cpu-activations".into(), value_name(self.cpu_activations)]);
+        a.extend(["--kv-cache-dtype".into(), value_name(self.kv_cache_dtype)]);
         if self.enforce_eager {
             a.push("--enforce-eager".into());
         }

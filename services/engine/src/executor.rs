@@ -37,6 +37,8 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// Memory for K and V on the CPU; the pool gets as many blocks as fit.
     pub kv_cache_bytes: usize,
+    /// What the CPU's KV cache stores (a GPU's holds the weights' dtype).
+    pub kv_cache_dtype: crate::model::kv::KvDtype,
     /// Run on this GPU instead of the CPU (the KV cache is then sized from its memory).
     pub cuda: Option<CudaPlacement>,
     /// Reuse the KV blocks of prompt prefixes computed before (automatic prefix caching).
@@ -68,6 +70,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             block_size: 16,
             kv_cache_bytes: 1 << 30,
+            kv_cache_dtype: Default::default(),
             cuda: None,
             prefix_caching: true,
             model_identity: String::new(),
@@ -318,7 +321,9 @@ impl Executor {
 
     fn cpu(model: LlamaModel, cfg: &EngineConfig, max_model_len: usize) -> Result<Backend> {
         let mc = model.config();
-        let per_token = KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim);
+        let dtype = cfg.kv_cache_dtype;
+        let per_token =
+            KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype);
         let num_blocks = cfg.kv_cache_bytes / (per_token * cfg.block_size);
         let needed = blocks_for(max_model_len, cfg.block_size);
         if num_blocks < needed {
@@ -331,18 +336,14 @@ impl Executor {
         }
         let num_blocks = num_blocks.min(u32::MAX as usize - 1);
         let _span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_init",
-            device = "cpu", num_blocks = num_blocks as i64, block_size = cfg.block_size as i64,
+            device = "cpu", dtype = dtype.as_str(), num_blocks = num_blocks as i64,
+            block_size = cfg.block_size as i64,
             bytes = (num_blocks * cfg.block_size * per_token) as i64,
             max_model_len = max_model_len as i64, max_num_seqs = cfg.max_num_seqs as i64,
             max_num_batched_tokens = cfg.max_num_batched_tokens as i64)
         .entered();
-        let kv = KvCache::new(
-            mc.num_layers,
-            num_blocks,
-            cfg.block_size,
-            mc.num_kv_heads,
-            mc.head_dim,
-        );
+        let shape = (num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim);
+        let kv = KvCache::with_dtype(mc.num_layers, shape, dtype);
         Ok(Backend::Cpu {
             model: Box::new(model),
             kv,

@@ -4,19 +4,94 @@
 //! they lie.
 //!
 //! Token `p` of a sequence lives at slot `p % block_size` of its block `p / block_size`.
+//!
+//! The values are stored as f32, or as f16 ([`KvDtype`], `--kv-cache-dtype f16`): half the
+//! memory, so twice the tokens in the same bytes, and half what attention reads at each step;
+//! each K and V value is rounded once, as it is written.
 
-use ferrite_kernels::cpu::attention::PagedKv;
+use std::str::FromStr;
+
+use ferrite_kernels::cpu::attention::{AttentionOptions, KvElem, PagedKv, QueryToken};
+use half::f16;
 
 /// Blocks needed to hold `tokens` tokens.
 pub fn blocks_for(tokens: usize, block_size: usize) -> usize {
     tokens.div_ceil(block_size)
 }
 
-/// K and V storage for every layer: `[layer][block][slot][kv_head][head_dim]`, f32.
+/// What the CPU's KV cache stores its values as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// Exact: the forward's own values (transformers' f32 reference is matched bit for bit
+    /// where the arithmetic allows).
+    #[default]
+    F32,
+    /// Half the memory; each value rounded to nearest once.
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes of one value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+}
+
+impl FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" | "float32" => Ok(KvDtype::F32),
+            "f16" | "float16" | "half" => Ok(KvDtype::F16),
+            other => Err(format!("kv cache dtype `{other}`: f32 or f16")),
+        }
+    }
+}
+
+/// One layer's K or V values.
+#[derive(Debug)]
+enum Values {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Values {
+    fn zeroed(dtype: KvDtype, n: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => Values::F32(vec![0.0; n]),
+            KvDtype::F16 => Values::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    fn write(&mut self, at: usize, row: &[f32]) {
+        fn put<E: KvElem>(dst: &mut [E], row: &[f32]) {
+            for (d, &x) in dst.iter_mut().zip(row) {
+                *d = E::from_f32(x);
+            }
+        }
+        match self {
+            Values::F32(v) => v[at..at + row.len()].copy_from_slice(row),
+            Values::F16(v) => put(&mut v[at..at + row.len()], row),
+        }
+    }
+}
+
+/// K and V storage for every layer: `[layer][block][slot][kv_head][head_dim]`.
 #[derive(Debug)]
 pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Values>,
+    v: Vec<Values>,
+    pub dtype: KvDtype,
     pub block_size: usize,
     pub num_blocks: usize,
     pub kv_heads: usize,
@@ -24,6 +99,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// An f32 cache.
     pub fn new(
         num_layers: usize,
         num_blocks: usize,
@@ -31,10 +107,26 @@ impl KvCache {
         kv_heads: usize,
         head_dim: usize,
     ) -> Self {
+        let shape = (num_blocks, block_size, kv_heads, head_dim);
+        Self::with_dtype(num_layers, shape, KvDtype::F32)
+    }
+
+    /// A cache of `num_layers` layers of `(num_blocks, block_size, kv_heads, head_dim)`
+    /// values stored as `dtype`.
+    pub fn with_dtype(
+        num_layers: usize,
+        (num_blocks, block_size, kv_heads, head_dim): (usize, usize, usize, usize),
+        dtype: KvDtype,
+    ) -> Self {
         let per_layer = num_blocks * block_size * kv_heads * head_dim;
         Self {
-            k: (0..num_layers).map(|_| vec![0f32; per_layer]).collect(),
-            v: (0..num_layers).map(|_| vec![0f32; per_layer]).collect(),
+            k: (0..num_layers)
+                .map(|_| Values::zeroed(dtype, per_layer))
+                .collect(),
+            v: (0..num_layers)
+                .map(|_| Values::zeroed(dtype, per_layer))
+                .collect(),
+            dtype,
             block_size,
             num_blocks,
             kv_heads,
@@ -42,9 +134,14 @@ impl KvCache {
         }
     }
 
-    /// Bytes of K+V storage per token across all layers.
-    pub fn bytes_per_token(num_layers: usize, kv_heads: usize, head_dim: usize) -> usize {
-        2 * num_layers * kv_heads * head_dim * std::mem::size_of::<f32>()
+    /// Bytes of K+V storage per token across all layers, stored as `dtype`.
+    pub fn bytes_per_token(
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> usize {
+        2 * num_layers * kv_heads * head_dim * dtype.bytes()
     }
 
     /// Writes the K and V rows (`kv_heads * head_dim` each) of the token at `pos`.
@@ -52,15 +149,35 @@ impl KvCache {
         let kv_dim = self.kv_heads * self.head_dim;
         let block = block_table[pos / self.block_size] as usize;
         let off = (block * self.block_size + pos % self.block_size) * kv_dim;
-        self.k[layer][off..off + kv_dim].copy_from_slice(k);
-        self.v[layer][off..off + kv_dim].copy_from_slice(v);
+        self.k[layer].write(off, &k[..kv_dim]);
+        self.v[layer].write(off, &v[..kv_dim]);
     }
 
-    /// One layer, for the attention kernel.
-    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
+    /// [`paged_attention`](ferrite_kernels::cpu::attention::paged_attention) of `q` over
+    /// layer `layer`'s keys and values, into `out`.
+    pub fn attend(
+        &self,
+        layer: usize,
+        (q, tokens, n_heads): (&[f32], &[QueryToken<'_>], usize),
+        opts: AttentionOptions,
+        out: &mut [f32],
+    ) {
+        use ferrite_kernels::cpu::attention::paged_attention;
+        match (&self.k[layer], &self.v[layer]) {
+            (Values::F32(k), Values::F32(v)) => {
+                paged_attention(q, tokens, n_heads, &self.view(k, v), opts, out)
+            }
+            (Values::F16(k), Values::F16(v)) => {
+                paged_attention(q, tokens, n_heads, &self.view(k, v), opts, out)
+            }
+            _ => unreachable!("K and V are made with one dtype"),
+        }
+    }
+
+    fn view<'a, E>(&self, k: &'a [E], v: &'a [E]) -> PagedKv<'a, E> {
         PagedKv {
-            k: &self.k[layer],
-            v: &self.v[layer],
+            k,
+            v,
             block_size: self.block_size,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
@@ -71,6 +188,43 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An f16 cache holds each value rounded to nearest: attention over one position gives
+    /// back its V row as stored, and the f32 cache the row itself.
+    #[test]
+    fn an_f16_cache_rounds_each_value_once() {
+        let row: Vec<f32> = (0..16).map(|i| 1.0 + i as f32 * 1e-4).collect();
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut kv = KvCache::with_dtype(1, (2, 4, 1, 16), dtype);
+            let table = [1u32];
+            kv.write(0, &table, 2, &row, &row);
+            let tokens = [QueryToken {
+                block_table: &table,
+                pos: 0,
+            }];
+            // Position 0 was never written (zeros): write it too, then attend from 0 alone.
+            kv.write(0, &table, 0, &row, &row);
+            let mut out = vec![0f32; 16];
+            kv.attend(
+                0,
+                (&row, &tokens, 1),
+                AttentionOptions::causal(0.25),
+                &mut out,
+            );
+            let want: Vec<f32> = match dtype {
+                KvDtype::F32 => row.clone(),
+                KvDtype::F16 => row.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+            };
+            assert_eq!(out, want, "{dtype:?}");
+        }
+        assert_ne!(
+            f16::from_f32(row[1]).to_f32(),
+            row[1],
+            "the row is not f16-exact"
+        );
+        assert_eq!(KvCache::bytes_per_token(2, 3, 64, KvDtype::F16), 1536);
+        assert_eq!("f16".parse::<KvDtype>(), Ok(KvDtype::F16));
+    }
 
     #[test]
     fn blocks_for_rounds_up() {

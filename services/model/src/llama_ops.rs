@@ -3,7 +3,7 @@
 //! projection's input. The order of the steps is [`crate::schedule`]'s.
 
 use ferrite_collective::Collective;
-use ferrite_kernels::cpu::attention::{AttentionOptions, paged_attention};
+use ferrite_kernels::cpu::attention::AttentionOptions;
 use ferrite_kernels::cpu::matmul::MatmulOptions;
 use ferrite_kernels::cpu::{add_bias, add_in_place, rms_norm, rms_norm_in_place};
 
@@ -89,9 +89,9 @@ impl LayerOps for CpuLayer<'_, '_> {
             soft_cap: c.attn_logit_softcap,
             sliding_window: c.attention_window[index],
         };
-        let cache = self.kv.layer(index);
         let (q, attn) = (&self.b.q, &mut self.b.attn);
-        paged_attention(q, self.at.query_tokens, c.num_heads, &cache, options, attn);
+        let queries = (q.as_slice(), self.at.query_tokens, c.num_heads);
+        self.kv.attend(index, queries, options, attn);
         Ok(())
     }
 
