@@ -71,12 +71,10 @@ impl Engine {
     }
 
     /// Whether `schedule`'s step ends an embeddings request's prompt: its hidden states are
-    /// then kept.
+    /// then kept (and not otherwise: nothing is left over from a step that failed).
     pub(crate) fn keep_hidden_for(&mut self, schedule: &Schedule) {
         let embeds = (schedule.chunks.iter()).any(|c| c.samples && self.embeds(c.id));
-        if embeds {
-            self.exec.keep_hidden();
-        }
+        self.exec.keep_hidden(embeds);
     }
 
     fn embeds(&self, id: u64) -> bool {

@@ -541,10 +541,10 @@ impl Executor {
         matches!(self.backend, Backend::Cpu { .. })
     }
 
-    /// Keeps the final hidden states of the next step's rows of logits, in their order, for
-    /// [`Self::take_hidden`] (an embeddings request's; on the CPU).
-    pub fn keep_hidden(&mut self) {
-        self.hidden = Some(Vec::new());
+    /// Whether the next step keeps the final hidden states of its rows of logits, in their
+    /// order, for [`Self::take_hidden`] (an embeddings request's; on the CPU).
+    pub fn keep_hidden(&mut self, keep: bool) {
+        self.hidden = keep.then(Vec::new);
     }
 
     /// What the step after [`Self::keep_hidden`] kept (rows of `hidden_size`).

@@ -73,8 +73,10 @@ impl HfRope<'_> {
         let inner = self
             .rope
             .and_then(|r| r.get("original_max_position_embeddings"));
+        // An integer, though some configs write it as a float (8192.0).
+        let count = |v: &Value| v.as_u64().or_else(|| v.as_f64().map(|f| f as u64));
         top.or(inner)
-            .and_then(Value::as_u64)
+            .and_then(count)
             .map_or(self.max_position, |v| v as usize)
     }
 
