@@ -167,6 +167,16 @@ fn block_fp8_splits_on_whole_blocks_only() {
     assert!(msg.contains("sizes that work: [1, 2]"), "{msg}");
 }
 
+/// The leader's executor; a follower's runs the leader's plans until told to stop (`None`).
+fn leader_or_follow(tp: TpRank, mut exec: Executor) -> Option<Executor> {
+    if tp.rank == 0 {
+        return Some(exec);
+    }
+    exec.agree_on_blocks().expect("blocks");
+    exec.follow().expect("the leader says stop");
+    None
+}
+
 fn engine_cfg() -> EngineConfig {
     EngineConfig {
         max_model_len: Some(1024),
@@ -189,12 +199,7 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
     let results = on_ranks(3, |tp, comm| {
         let m = load_shard(&path, tp).model;
         let exec = Executor::new(m.into(), &engine_cfg(), comm).expect("executor");
-        if tp.rank > 0 {
-            let mut exec = exec;
-            exec.agree_on_blocks().expect("blocks");
-            exec.follow().expect("the leader says stop");
-            return None;
-        }
+        let exec = leader_or_follow(tp, exec)?;
         let cfg = EngineConfig {
             speculation: Some(Speculation::ngram(4)),
             ..engine_cfg()
@@ -240,12 +245,7 @@ fn embeddings_on_two_ranks_are_transformers() {
     let results = on_ranks(2, |tp, comm| {
         let m = load_shard(&dir, tp).model;
         let exec = Executor::new(m.into(), &engine_cfg(), comm).expect("executor");
-        if tp.rank > 0 {
-            let mut exec = exec;
-            exec.agree_on_blocks().expect("blocks");
-            exec.follow().expect("the leader says stop");
-            return None;
-        }
+        let exec = leader_or_follow(tp, exec)?;
         let mut engine = Engine::from_executor(exec, vec![], &engine_cfg()).expect("leader");
         let params = SamplingParams {
             ignore_eos: true,
@@ -293,12 +293,7 @@ fn default_model_on_three_ranks_with_cached_prefixes_generates_the_golden_tokens
     let results = on_ranks(3, |tp, comm| {
         let m = load_shard(&path, tp).model;
         let exec = Executor::new(m.into(), &cfg, comm).expect("executor");
-        if tp.rank > 0 {
-            let mut exec = exec;
-            exec.agree_on_blocks().expect("blocks");
-            exec.follow().expect("the leader says stop");
-            return None;
-        }
+        let exec = leader_or_follow(tp, exec)?;
         let mut engine = Engine::from_executor(exec, vec![], &cfg).expect("leader");
         let round = |engine: &mut Engine, prompts: &[Vec<u32>], base: u64| {
             let requests = prompts

@@ -111,6 +111,13 @@ pub fn key_check(
 /// How much earlier than the client's `grpc-timeout` the gateway gives up.
 const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Whose limits a request counts against (the key check put it there; none: everyone's).
+fn caller_of<T>(req: &Request<T>) -> crate::auth::Caller {
+    (req.extensions().get::<crate::auth::Caller>())
+        .copied()
+        .unwrap_or_default()
+}
+
 /// The deadline the client set with `grpc-timeout`, if any.
 fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
     let raw = req.metadata().get("grpc-timeout")?.to_str().ok()?;
@@ -223,11 +230,7 @@ impl api::inference_server::Inference for InferenceService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let started = Instant::now();
         let deadline = deadline_of(&request);
-        let caller = request
-            .extensions()
-            .get::<crate::auth::Caller>()
-            .copied()
-            .unwrap_or_default();
+        let caller = caller_of(&request);
         let (metadata, _, req) = request.into_parts();
         let prompt = Prompt::from_proto(req.prompt)?;
         let constraint = req.constraint.map(constraint_of).transpose()?;
@@ -264,11 +267,7 @@ impl api::inference_server::Inference for InferenceService {
         request: Request<api::EmbedRequest>,
     ) -> Result<Response<api::EmbedResponse>, Status> {
         let started = Instant::now();
-        let caller = request
-            .extensions()
-            .get::<crate::auth::Caller>()
-            .copied()
-            .unwrap_or_default();
+        let caller = caller_of(&request);
         let (metadata, _, req) = request.into_parts();
         let inputs = embed_inputs(req.inputs)?;
         let asked = inputs.iter().map(|input| {
