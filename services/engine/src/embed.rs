@@ -11,17 +11,8 @@
 
 use super::Engine;
 use crate::error::{EngineError, Result};
-use crate::sampler::SamplingParams;
+use crate::sampler::{EmbedParams, SamplingParams};
 use crate::scheduler::Schedule;
-
-/// How an embeddings request's vector is made from the hidden state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EmbedParams {
-    /// Divide by the L2 norm (after the cut to `dimensions`).
-    pub normalize: bool,
-    /// Keep only the first this many of the hidden state's values.
-    pub dimensions: Option<usize>,
-}
 
 /// `hidden`, one row of the model's final hidden state, as `p` asks for it.
 pub fn pool(hidden: &[f32], p: EmbedParams) -> Vec<f32> {

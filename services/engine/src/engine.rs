@@ -785,7 +785,7 @@ mod scoring;
 mod speculate;
 
 pub use crate::ngram::Speculation;
-pub use embed::EmbedParams;
+pub use crate::sampler::EmbedParams;
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

@@ -45,7 +45,16 @@ pub struct SamplingParams {
     pub prompt_logprobs: Option<usize>,
     /// An embeddings request (`max_tokens` 1): its token's event carries the prompt's
     /// embedding. Not on the wire: the worker sets it from the request.
-    pub embed: Option<crate::engine::EmbedParams>,
+    pub embed: Option<EmbedParams>,
+}
+
+/// How an embeddings request's vector is made from the hidden state (the engine's `embed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedParams {
+    /// Divide by the L2 norm (after the cut to `dimensions`).
+    pub normalize: bool,
+    /// Keep only the first this many of the hidden state's values.
+    pub dimensions: Option<usize>,
 }
 
 use ferrite_proto::worker::v1 as pb;

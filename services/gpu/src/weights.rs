@@ -239,8 +239,8 @@ impl GpuWeights {
                 0.0,
             )?)
         };
-        let rope = ferrite_model::rope::build_rope(cfg, None, cfg.default_context());
-        let local = ferrite_model::rope::build_local_rope(cfg);
+        let rope = cfg.rope(None, cfg.default_context());
+        let local = cfg.local_rope();
         let final_norm = norm(seed())?;
         Self::assemble(
             gpu,

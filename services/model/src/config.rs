@@ -4,6 +4,7 @@
 use std::str::FromStr;
 
 use ferrite_formats::gguf::GgufFile;
+use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cpu::{gelu_tanh_mul_in_place, silu_mul_in_place};
 use serde_json::Value;
 
@@ -176,6 +177,40 @@ impl ModelConfig {
     /// length, at most 8192.
     pub fn default_context(&self) -> usize {
         self.max_position_embeddings.min(8192)
+    }
+
+    /// The rotary embedding of this model served with contexts of `context` tokens (which
+    /// only LongRoPE reads), its scaling folded into the frequencies and `freq_factors` (a
+    /// Llama 3.1 GGUF file's per-pair divisors) applied. Public for `ferrite quantize` too,
+    /// which checks that a GGUF model's frequencies are those its written `config.json` implies.
+    pub fn rope(&self, freq_factors: Option<&[f32]>, context: usize) -> Rope {
+        let f = (self.rope_scaling).frequencies(self.rope_theta, self.rope_dim, context);
+        let mut inv_freq = f.inv_freq;
+        for (x, d) in inv_freq.iter_mut().zip(freq_factors.unwrap_or_default()) {
+            *x /= d;
+        }
+        Rope {
+            inv_freq,
+            position_scale: f.position_scale,
+            scale: f.scale,
+            pairing: match self.rope_style {
+                RopeStyle::Neox => RopePairing::Half,
+                RopeStyle::Interleaved => RopePairing::Adjacent,
+            },
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// Gemma 3's sliding layers' rotary embedding: this model's with their own base, unscaled.
+    pub fn local_rope(&self) -> Option<Rope> {
+        self.local_rope_theta.map(|theta| {
+            let local = ModelConfig {
+                rope_theta: theta,
+                rope_scaling: RopeScaling::None,
+                ..self.clone()
+            };
+            local.rope(None, 0)
+        })
     }
 
     pub fn q_dim(&self) -> usize {
@@ -568,6 +603,10 @@ fn gemma_of(arch: Architecture) -> Option<Gemma> {
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "rope_tests.rs"]
+mod rope_tests;
 
 /// The scaling of a GGUF file's rotary frequencies: linear or YaRN from its metadata as
 /// llama.cpp reads them, LongRoPE from its `rope_factors_short`/`_long` tensors (Phi-3.5,

@@ -15,7 +15,7 @@
 //! public to be rounded and rescaled), [`LayerAt`] and [`LayerBuffers`] (where and over what it
 //! runs), [`LlamaModel::layer_forward`] with a tap on each [`Site`],
 //! [`LlamaModel::embed_tokens`], the model's parts ([`LlamaModel::layers`] and the rest), and
-//! [`crate::rope::build_rope`]. They are public for those tools alone; serving runs [`LlamaModel::forward`].
+//! [`ModelConfig::rope`]. They are public for those tools alone; serving runs [`LlamaModel::forward`].
 
 use ferrite_kernels::cpu::attention::QueryToken;
 use ferrite_kernels::cpu::matmul::MatmulOptions;
@@ -32,7 +32,7 @@ use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
 use crate::moe::{Ffn, Mlp, Moe};
 pub use crate::naming::WeightNaming;
-use crate::rope::{RopeScaling, build_local_rope, build_rope};
+use crate::rope::RopeScaling;
 use crate::schedule::decoder_layer;
 use crate::step::{LogitsWanted, SeqChunk};
 use crate::tp::TpRank;
@@ -282,8 +282,8 @@ impl LlamaModel {
         } else {
             None
         };
-        let rope = build_rope(&cfg, freq_factors.as_deref(), cfg.default_context());
-        let local_rope = build_local_rope(&cfg).map(Box::new);
+        let rope = cfg.rope(freq_factors.as_deref(), cfg.default_context());
+        let local_rope = cfg.local_rope().map(Box::new);
         Ok(Self {
             cfg: cfg.shard(tp),
             tp,
@@ -592,7 +592,7 @@ impl LlamaModel {
     /// [`ModelConfig::default_context`]). Other scalings do not depend on it.
     pub fn fit_context(&mut self, max_model_len: usize) {
         if matches!(self.cfg.rope_scaling, RopeScaling::LongRope { .. }) {
-            self.rope = build_rope(&self.cfg, None, max_model_len);
+            self.rope = self.cfg.rope(None, max_model_len);
         }
     }
 

@@ -5,15 +5,14 @@
 //! YaRN and LongRoPE also multiply the rotation's cos and sin by an attention factor (the
 //! kernels' `Rope::scale`). LongRoPE has two lists of per-pair factors, one for contexts up to
 //! the original length and one beyond; which one a model uses is fixed by the context it is
-//! served with ([`ModelConfig::default_context`], or `--max-model-len` through
+//! served with ([`crate::config::ModelConfig::default_context`], or `--max-model-len` through
 //! [`crate::LlamaModel::fit_context`]), as llama.cpp chooses it, so every position of every
 //! sequence rotates alike and cached keys stay valid. transformers switches per forward, which
 //! gives the same frequencies whenever a sequence fits on one side of the boundary.
 
-use ferrite_kernels::cpu::rope::{Rope, RopePairing};
+use ferrite_kernels::cpu::rope::Rope;
 use serde_json::Value;
 
-use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 
 /// Rope frequency scaling.
@@ -251,65 +250,52 @@ impl RopeScaling {
     }
 }
 
-/// Gemma 3's sliding layers' rotary embedding: `cfg`'s with their own base, unscaled.
-pub fn build_local_rope(cfg: &ModelConfig) -> Option<Rope> {
-    cfg.local_rope_theta.map(|theta| {
-        let local = ModelConfig {
-            rope_theta: theta,
-            rope_scaling: RopeScaling::None,
-            ..cfg.clone()
-        };
-        build_rope(&local, None, 0)
-    })
+/// A rotary embedding's frequencies, scaled: what the kernels' `Rope` is made of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frequencies {
+    /// `rope_dim / 2` inverse frequencies.
+    pub inv_freq: Vec<f32>,
+    /// Positions are multiplied by this (linear scaling).
+    pub position_scale: f32,
+    /// Cos and sin are multiplied by this (YaRN's and LongRoPE's attention factor).
+    pub scale: f32,
 }
 
-/// The rotary embedding of `cfg` served with contexts of `context` tokens (which only
-/// LongRoPE reads), with its scaling folded into the frequencies and `freq_factors` (a Llama
-/// 3.1 GGUF file's per-pair divisors) applied. Public for `ferrite quantize`, which checks
-/// that a GGUF model's frequencies are those its written `config.json` implies.
-pub fn build_rope(cfg: &ModelConfig, freq_factors: Option<&[f32]>, context: usize) -> Rope {
-    let (theta, dim) = (cfg.rope_theta, cfg.rope_dim);
-    let mut inv_freq = Rope::base_inv_freq(theta, dim);
-    let (mut position_scale, mut scale) = (1.0, 1.0);
-    match &cfg.rope_scaling {
-        RopeScaling::None => {}
-        RopeScaling::Linear { factor } => position_scale = 1.0 / factor,
-        RopeScaling::Llama3 { .. } => llama3(&cfg.rope_scaling, &mut inv_freq),
-        RopeScaling::Yarn {
-            attention_factor, ..
-        } => {
-            inv_freq = yarn(&cfg.rope_scaling, theta, dim);
-            scale = *attention_factor;
-        }
-        RopeScaling::LongRope {
-            short_factor,
-            long_factor,
-            attention_factor,
-            ..
-        } => {
-            let long = cfg.rope_scaling.long_factors_for(context);
-            let factors = if long { long_factor } else { short_factor };
-            // transformers: 1 / (factor * base^(2i/dim)), in f32.
-            for (i, (f, ext)) in inv_freq.iter_mut().zip(factors).enumerate() {
-                *f = 1.0 / (ext * theta.powf((2 * i) as f32 / dim as f32));
+impl RopeScaling {
+    /// The frequencies of base `theta` over `dim` rotated dimensions, scaled, for a model
+    /// served with contexts of `context` tokens (which only LongRoPE reads).
+    pub fn frequencies(&self, theta: f32, dim: usize, context: usize) -> Frequencies {
+        let mut f = Frequencies {
+            inv_freq: Rope::base_inv_freq(theta, dim),
+            position_scale: 1.0,
+            scale: 1.0,
+        };
+        match self {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => f.position_scale = 1.0 / factor,
+            RopeScaling::Llama3 { .. } => llama3(self, &mut f.inv_freq),
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => {
+                f.inv_freq = yarn(self, theta, dim);
+                f.scale = *attention_factor;
             }
-            scale = *attention_factor;
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                attention_factor,
+                ..
+            } => {
+                let long = self.long_factors_for(context);
+                let factors = if long { long_factor } else { short_factor };
+                // transformers: 1 / (factor * base^(2i/dim)), in f32.
+                for (i, (x, ext)) in f.inv_freq.iter_mut().zip(factors).enumerate() {
+                    *x = 1.0 / (ext * theta.powf((2 * i) as f32 / dim as f32));
+                }
+                f.scale = *attention_factor;
+            }
         }
-    }
-    if let Some(factors) = freq_factors {
-        for (f, d) in inv_freq.iter_mut().zip(factors) {
-            *f /= d;
-        }
-    }
-    Rope {
-        inv_freq,
-        position_scale,
-        scale,
-        pairing: match cfg.rope_style {
-            RopeStyle::Neox => RopePairing::Half,
-            RopeStyle::Interleaved => RopePairing::Adjacent,
-        },
-        head_dim: cfg.head_dim,
+        f
     }
 }
 
@@ -384,7 +370,3 @@ fn yarn(scaling: &RopeScaling, theta: f32, dim: usize) -> Vec<f32> {
         })
         .collect()
 }
-
-#[cfg(test)]
-#[path = "rope_tests.rs"]
-mod tests;

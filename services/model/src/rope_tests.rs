@@ -1,7 +1,9 @@
 use serde_json::{Value, json};
 
-use super::*;
-use crate::config::{Architecture, ModelConfig};
+use ferrite_kernels::cpu::rope::Rope;
+
+use super::{Architecture, ModelConfig, RopeScaling};
+use crate::error::{ModelError, Result};
 
 /// A config of 128-dimension heads, `extra` over it.
 fn config(arch: &str, extra: Value) -> Result<ModelConfig> {
@@ -37,7 +39,7 @@ fn yarn_as_qwen_sets_it() {
     assert_eq!(original_max_position, 32768);
     assert!((attention_factor - 1.138_629_4).abs() < 1e-6);
     let base = Rope::base_inv_freq(1e6, 128);
-    let rope = build_rope(&c, None, 8192);
+    let rope = c.rope(None, 8192);
     assert_eq!(rope.scale, attention_factor);
     // Bounds: floor(23.6) and ceil(39.6) of the pairs turning 32 and 1 times.
     assert_eq!(rope.inv_freq[..=23], base[..=23], "pairs 0-23 are kept");
@@ -58,7 +60,7 @@ fn yarn_attention_factor_variants() {
             r[k] = v.clone();
         }
         let c = config("LlamaForCausalLM", json!({"rope_scaling": r})).expect("config");
-        build_rope(&c, None, 4096).scale
+        c.rope(None, 4096).scale
     };
     let plain = (0.1 * 40f64.ln() + 1.0) as f32;
     assert_eq!(yarn(json!({})), plain);
@@ -91,7 +93,7 @@ fn longrope_as_phi_writes_it() {
         assert!(!c.rope_scaling.long_factors_for(4096));
         assert!(c.rope_scaling.long_factors_for(4097));
         for (context, factors) in [(4096, &short), (8192, &long)] {
-            let rope = build_rope(&c, None, context);
+            let rope = c.rope(None, context);
             assert_eq!(rope.scale, want_scale);
             for (i, (f, ext)) in rope.inv_freq.iter().zip(factors).enumerate() {
                 let want = 1.0 / (ext * (1e6f32).powf((2 * i) as f32 / 96.0));

@@ -19,7 +19,6 @@ use ferrite_engine::config::{Architecture, ModelConfig, RopeScaling, RopeStyle};
 use ferrite_engine::model::LlamaModel;
 use ferrite_engine::model::llama::Layer;
 use ferrite_engine::model::moe::{Ffn, Mlp};
-use ferrite_engine::model::rope::build_rope;
 use ferrite_engine::{EngineError, Result};
 
 use super::OutputFormat;
@@ -222,7 +221,7 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
         rope_style: RopeStyle::Neox,
         ..c.clone()
     };
-    let written = build_rope(&neox, None, c.default_context());
+    let written = neox.rope(None, c.default_context());
     if written.inv_freq != m.rope().inv_freq || written.scale != m.rope().scale {
         return Err(EngineError::BadConfig(
             "this GGUF file's RoPE frequencies have no config.json equivalent; quantize its \
