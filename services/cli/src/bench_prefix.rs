@@ -336,7 +336,7 @@ async fn start_pools(args: &PrefixBenchArgs, kind: RunKind, store: &Store) -> Re
     let mut workers = Vec::new();
     let mut vocab = 0;
     for i in 0..args.pools {
-        let (model, tokenizer) = args.model.load_for_engine()?;
+        let (model, tokenizer, _) = args.model.load_for_engine()?;
         let c = model.config().clone();
         vocab = u32::try_from(c.vocab_size).unwrap_or(u32::MAX);
         let mut engine = args.model.engine_config(&model)?;

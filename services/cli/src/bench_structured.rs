@@ -83,7 +83,7 @@ pub fn run(args: StructuredArgs) -> Result<()> {
     if args.streams == 0 || args.new_tokens < 2 || args.runs == 0 {
         bail!("--streams ≥ 1, --new-tokens ≥ 2 and --runs ≥ 1 are needed");
     }
-    let (model, tokenizer) = args.model.load_for_engine()?;
+    let (model, tokenizer, _) = args.model.load_for_engine()?;
     let tokenizer = tokenizer.context("the model has no tokenizer")?;
     let cfg = args.model.engine_config(&model)?;
     let mut engine = Engine::new(model, tokenizer.eos_ids().to_vec(), cfg)?;

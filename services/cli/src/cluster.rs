@@ -416,14 +416,13 @@ async fn start_worker(
     // Loading (and opening a GPU, which may compile kernels) blocks: off the runtime.
     let loaded = tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
-            let (model, tokenizer) = model_args.load_shard_for_engine(shard)?;
+            let (model, tokenizer, pooling) = model_args.load_shard_for_engine(shard)?;
             let mut engine = model_args.engine_config(&model)?;
             if let Some(c) = engine.cuda.as_mut() {
                 c.opts.comm_init_timeout = tp.start_timeout;
                 c.opts.collective_timeout = tp.collective_timeout;
             }
             let defaults = model_args.sampling_defaults(generation_config)?;
-            let pooling = model_args.pooling()?;
             anyhow::Ok((model, tokenizer, engine, (defaults, pooling)))
         })
     })

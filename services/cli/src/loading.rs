@@ -8,6 +8,7 @@ use ferrite_engine::engine::{CudaPlacement, Engine, EngineConfig, Speculation};
 use ferrite_engine::gpu::{self, GpuOptions};
 use ferrite_engine::model::STARTUP_TARGET;
 use ferrite_engine::model::kv::KvDtype;
+use ferrite_engine::model::pooling::Pooling;
 use ferrite_engine::model::{self, EngineModel, LoadOptions, LoadQuantize, LoadedModel};
 use ferrite_engine::registry;
 use ferrite_engine::tp::TpRank;
@@ -16,6 +17,10 @@ use ferrite_kernels::cuda::{self, Gpu};
 use ferrite_kernels::device::{self, Device, DeviceRequest};
 use ferrite_kernels::quant::GgmlActivations;
 use tracing::field::Empty;
+
+/// What [`ModelArgs::load_for_engine`] gives: what an engine is built from, the tokenizer,
+/// and how embeddings are pooled.
+pub type ForEngine = (EngineModel, Option<ferrite_text::Tokenizer>, Pooling);
 
 /// Flags every command that runs a model takes.
 #[derive(Debug, Clone, Args)]
@@ -408,23 +413,21 @@ impl ModelArgs {
         Ok(device)
     }
 
-    /// What an engine is built from, and the tokenizer if the model has one: with
-    /// `--load-format dummy` on a GPU, the shape of random weights made there (so models larger
-    /// than host memory run); else the model loaded into host memory.
-    pub fn load_for_engine(&self) -> Result<(EngineModel, Option<ferrite_text::Tokenizer>)> {
+    /// What an engine is built from, the tokenizer if the model has one, and how its
+    /// embeddings are pooled: with `--load-format dummy` on a GPU, the shape of random weights
+    /// made there (so models larger than host memory run); else the model loaded into host
+    /// memory.
+    pub fn load_for_engine(&self) -> Result<ForEngine> {
         self.load_shard_for_engine(TpRank::SOLO)
     }
 
     /// [`Self::load_for_engine`] for rank `tp` of a tensor-parallel pool: its shard only.
-    pub fn load_shard_for_engine(
-        &self,
-        tp: TpRank,
-    ) -> Result<(EngineModel, Option<ferrite_text::Tokenizer>)> {
+    pub fn load_shard_for_engine(&self, tp: TpRank) -> Result<ForEngine> {
         let device = self.init_device()?;
         if self.load_format == LoadFormat::Dummy && matches!(device, Device::Cuda(_)) {
             let shape = model::device_random_shape(&self.model, 0, self.load_options())
                 .with_context(|| format!("dummy weights of shape {}", self.model))?;
-            return Ok((EngineModel::DeviceRandom(shape), None));
+            return Ok((EngineModel::DeviceRandom(shape), None, Pooling::default()));
         }
         // The GPU upload reads every page as it copies: no separate pass over them first.
         let lazy_pages = matches!(device, Device::Cuda(_));
@@ -433,7 +436,7 @@ impl ModelArgs {
             tp,
             ..self.load_options()
         })?;
-        Ok((loaded.model.into(), loaded.tokenizer))
+        Ok((loaded.model.into(), loaded.tokenizer, loaded.pooling))
     }
 
     fn load_options(&self) -> LoadOptions {
@@ -458,17 +461,6 @@ impl ModelArgs {
             .with_context(|| format!("the recommended sampling of {}", path.display()))
     }
 
-    /// How the model's embeddings are pooled, as its checkpoint says (dummy weights: the
-    /// defaults).
-    pub fn pooling(&self) -> Result<ferrite_engine::model::pooling::Pooling> {
-        if self.load_format == LoadFormat::Dummy {
-            return Ok(Default::default());
-        }
-        Ok(ferrite_engine::model::pooling::Pooling::of(
-            &self.resolve()?,
-        ))
-    }
-
     /// Resolves `--model` (pulling a known model on first use, saying so) and loads it into
     /// host memory.
     fn load_on_host(&self, options: LoadOptions) -> Result<LoadedModel> {
@@ -491,7 +483,7 @@ impl ModelArgs {
 
 /// Loads `--model` and builds an engine over it; returns it with the model's tokenizer.
 pub fn engine(args: &ModelArgs) -> Result<(Engine, ferrite_text::Tokenizer)> {
-    let (model, tokenizer) = args.load_for_engine()?;
+    let (model, tokenizer, _) = args.load_for_engine()?;
     let tokenizer = tokenizer.with_context(|| {
         format!(
             "{} has no tokenizer (a checkpoint without tokenizer.json, or dummy weights)",

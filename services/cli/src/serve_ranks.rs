@@ -158,7 +158,7 @@ pub(crate) fn pool_engine(
     tp: u32,
 ) -> Result<(Engine, Option<RankProcesses>, String)> {
     if tp <= 1 {
-        let (model, _) = model_args.load_for_engine()?;
+        let (model, ..) = model_args.load_for_engine()?;
         let storage = model.linear_storage();
         // Token ids only: dummy-weight models have no tokenizer.
         let cfg = model_args.engine_config(&model)?;
@@ -180,7 +180,7 @@ pub(crate) fn pool_engine(
         placement: None,
         otlp_endpoint: None,
     })?;
-    let (model, _) = model_args.load_shard_for_engine(TpRank::new(0, tp as usize)?)?;
+    let (model, ..) = model_args.load_shard_for_engine(TpRank::new(0, tp as usize)?)?;
     let storage = model.linear_storage();
     let cfg = model_args.engine_config(&model)?;
     let comm = leader.accept_now(

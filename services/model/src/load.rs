@@ -16,6 +16,7 @@ use crate::config::ModelConfig;
 use crate::dummy::dummy_tensors;
 use crate::error::{ModelError, Result};
 use crate::llama::{LlamaModel, WeightNaming};
+use crate::pooling::Pooling;
 use crate::presets;
 use crate::tp::{ShardAlign, TpRank};
 
@@ -40,6 +41,8 @@ pub struct LoadedModel {
     /// Bytes of tensor data in the checkpoint.
     pub checkpoint_bytes: usize,
     pub load_seconds: f64,
+    /// How its embeddings are pooled, as the checkpoint says.
+    pub pooling: Pooling,
 }
 
 /// What an engine runs: a model in host memory, or the shape of random weights that are made
@@ -148,6 +151,7 @@ pub fn load_dummy(preset_name: &str, seed: u64, options: LoadOptions) -> Result<
         format: WeightFormat::Dummy,
         checkpoint_bytes: bytes,
         load_seconds: start.elapsed().as_secs_f64(),
+        pooling: Pooling::default(),
     })
 }
 
@@ -173,8 +177,8 @@ pub fn load_with(path: &Path, options: LoadOptions) -> Result<LoadedModel> {
         source,
     };
     let meta = std::fs::metadata(path).map_err(io_err)?;
-    let (model, tokenizer, format, bytes) = if meta.is_dir() {
-        load_hf_dir(path, options)?
+    let ((model, tokenizer, format, bytes), pooling) = if meta.is_dir() {
+        (load_hf_dir(path, options)?, Pooling::of_dir(path))
     } else {
         load_gguf(path, options)?
     };
@@ -185,6 +189,7 @@ pub fn load_with(path: &Path, options: LoadOptions) -> Result<LoadedModel> {
         format,
         checkpoint_bytes: bytes,
         load_seconds: start.elapsed().as_secs_f64(),
+        pooling,
     })
 }
 
@@ -310,10 +315,10 @@ fn shard_align(
     ShardAlign { rows, cols }
 }
 
-fn load_gguf(
-    path: &Path,
-    options: LoadOptions,
-) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
+/// What a checkpoint loads into: the model, its tokenizer, its format and tensor bytes.
+type Loaded = (LlamaModel, Option<Tokenizer>, WeightFormat, usize);
+
+fn load_gguf(path: &Path, options: LoadOptions) -> Result<(Loaded, Pooling)> {
     let (gguf, cfg) = {
         let span = config_span(path, "gguf");
         let _entered = span.enter();
@@ -328,7 +333,8 @@ fn load_gguf(
         Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?
     };
     let (model, bytes) = load_and_init(&gguf.tensors, "gguf", WeightNaming::Gguf, cfg, options)?;
-    Ok((model, Some(tokenizer), WeightFormat::Gguf, bytes))
+    let pooling = Pooling::of_gguf(&gguf);
+    Ok(((model, Some(tokenizer), WeightFormat::Gguf, bytes), pooling))
 }
 
 fn gguf_vocab(g: &GgufFile) -> Result<GgufVocab> {
@@ -389,10 +395,7 @@ fn causal_lm_names(tensors: &mut TensorMap) {
     }
 }
 
-fn load_hf_dir(
-    dir: &Path,
-    options: LoadOptions,
-) -> Result<(LlamaModel, Option<Tokenizer>, WeightFormat, usize)> {
+fn load_hf_dir(dir: &Path, options: LoadOptions) -> Result<Loaded> {
     let read = |name: &str| {
         let p = dir.join(name);
         std::fs::read(&p).map_err(|source| FormatError::Io { path: p, source })

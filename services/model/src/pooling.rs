@@ -29,15 +29,8 @@ impl Default for Pooling {
 }
 
 impl Pooling {
-    /// What the checkpoint at `path` (a directory or a `.gguf` file) says; what cannot be read
-    /// leaves the defaults.
-    pub fn of(path: &Path) -> Self {
-        if path.is_dir() {
-            return Self::of_sentence_transformers(path);
-        }
-        let Ok(gguf) = GgufFile::open(path) else {
-            return Self::default();
-        };
+    /// What a GGUF file's metadata says (read at load, from the file already open).
+    pub fn of_gguf(gguf: &GgufFile) -> Self {
         let arch = gguf.get_str("general.architecture").unwrap_or_default();
         // llama.cpp's LLAMA_POOLING_TYPE: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
         let mode = match gguf.get_u64(&format!("{arch}.pooling_type")) {
@@ -52,7 +45,9 @@ impl Pooling {
         }
     }
 
-    fn of_sentence_transformers(dir: &Path) -> Self {
+    /// What the sentence-transformers files beside a Hugging Face checkpoint in `dir` say;
+    /// what cannot be read leaves the defaults.
+    pub fn of_dir(dir: &Path) -> Self {
         let read = |name: &str| -> Option<Value> {
             serde_json::from_slice(&std::fs::read(dir.join(name)).ok()?).ok()
         };
@@ -122,8 +117,8 @@ mod tests {
         let last = r#"{"word_embedding_dimension": 1024, "pooling_mode_cls_token": false,
             "pooling_mode_mean_tokens": false, "pooling_mode_lasttoken": true}"#;
         let d = dir_with(&[("modules.json", MODULES), ("1_Pooling/config.json", last)]);
-        assert_eq!(Pooling::of(&d), Pooling::default());
-        assert_eq!(Pooling::of(&dir_with(&[])), Pooling::default());
+        assert_eq!(Pooling::of_dir(&d), Pooling::default());
+        assert_eq!(Pooling::of_dir(&dir_with(&[])), Pooling::default());
         let mean = last
             .replace(
                 "\"pooling_mode_mean_tokens\": false",
@@ -134,13 +129,13 @@ mod tests {
                 "\"pooling_mode_lasttoken\": false",
             );
         let d = dir_with(&[("modules.json", MODULES), ("1_Pooling/config.json", &mean)]);
-        let p = Pooling::of(&d);
+        let p = Pooling::of_dir(&d);
         assert!(p.refused.is_some_and(|r| r.contains("`mean_tokens`")));
         let unnormalized = MODULES.replace("Normalize", "Dense");
         let d = dir_with(&[
             ("modules.json", &unnormalized),
             ("1_Pooling/config.json", last),
         ]);
-        assert!(!Pooling::of(&d).normalize);
+        assert!(!Pooling::of_dir(&d).normalize);
     }
 }
