@@ -54,6 +54,16 @@ pub fn seed(identity: &str) -> BlockHash {
     truncated(&h.finalize())
 }
 
+/// The parent of the first block of a sequence that runs with the LoRA adapter `name`, in a
+/// pool whose seed is `base`: its keys and values are not the base model's.
+pub fn adapter_seed(base: BlockHash, name: &str) -> BlockHash {
+    let mut h = Sha256::new();
+    h.update(b"ferrite lora\0");
+    h.update(base.to_bytes());
+    h.update(name.as_bytes());
+    truncated(&h.finalize())
+}
+
 /// The hash of a block holding `tokens` after the block named `parent`.
 pub fn next(parent: BlockHash, tokens: &[u32]) -> BlockHash {
     let mut h = Sha256::new();

@@ -177,6 +177,7 @@ pub async fn worker_tokens(
         }),
         grammar: None,
         embed: None,
+        lora: None,
     };
     let mut stream = client.generate(req).await?.into_inner();
     let mut tokens = Vec::new();

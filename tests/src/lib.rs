@@ -10,6 +10,7 @@
 //! - [`grpc`]: request builders and a stream collector over the public `ferrite.v1` API, and
 //!   `raw_call` (curl as a gRPC client that, unlike tonic's, leaves deadlines to the server).
 //! - [`http`]: a minimal HTTP/1.1 client for the OpenAI-compatible endpoint (no extra crates).
+//! - [`lora`]: LoRA adapters of random factors, written as PEFT saves them.
 //! - [`metrics`]: `/metrics` scraped and parsed.
 //! - [`python`]: runs the Python clients under `tests/clients/`.
 //! - [`reference`]: `ferrite generate --json`, the single-process answer to compare with.
@@ -24,6 +25,7 @@
 pub mod cluster;
 pub mod grpc;
 pub mod http;
+pub mod lora;
 pub mod metrics;
 pub mod process;
 pub mod python;

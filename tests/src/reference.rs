@@ -24,6 +24,13 @@ pub async fn text(prompt: &str, max_tokens: u32) -> Result<Reference> {
     run(&["--prompt", prompt, "--ignore-eos"], max_tokens).await
 }
 
+/// [`text`] with `flags` added to the command line (`--lora-modules`, `--lora`).
+pub async fn text_with(prompt: &str, max_tokens: u32, flags: &[String]) -> Result<Reference> {
+    let mut extra = vec!["--prompt", prompt, "--ignore-eos"];
+    extra.extend(flags.iter().map(String::as_str));
+    run(&extra, max_tokens).await
+}
+
 /// Greedy completion of one user message through the chat template (stops at EOS).
 pub async fn chat(user: &str, max_tokens: u32) -> Result<Reference> {
     run(&["--chat", "--prompt", user], max_tokens).await

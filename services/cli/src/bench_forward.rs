@@ -102,6 +102,7 @@ fn gpu_prefill(runner: &mut gpu::GpuRunner, seqs: &[&[u32]], max_ctx: usize) -> 
             block_table: table,
             logits: LogitsWanted::Last,
             prompt: true,
+            lora: None,
         })
         .collect();
     runner.forward(&chunks, &mut ferrite_collective::Solo)?;

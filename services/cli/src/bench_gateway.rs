@@ -253,6 +253,7 @@ async fn one_direct(channel: Channel, tokens: u32) -> Result<()> {
         }),
         grammar: None,
         embed: None,
+        lora: None,
     };
     let mut stream = client.generate(req).await?.into_inner();
     while stream.message().await?.is_some() {}

@@ -84,6 +84,7 @@ pub(crate) fn rows(
                         block_table: t,
                         logits: LogitsWanted::Last,
                         prompt: stage == "prefill",
+                        lora: None,
                     })
                     .collect();
                 runner.forward(&seqs, &mut ferrite_collective::Solo)?;

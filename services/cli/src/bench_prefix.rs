@@ -451,7 +451,7 @@ async fn wait_for_pools(gw: &Gateway, n: usize) -> Result<()> {
     loop {
         let ready = gw.pools().ready(MODEL);
         let names: Vec<&str> = ready.iter().map(|p| p.name.as_str()).collect();
-        let heard = gw.pools().kv().lookup(&names, &[1, 2]);
+        let heard = gw.pools().kv().lookup(&names, &[1, 2], None);
         if ready.len() == n && heard.iter().all(|p| p.load.is_some()) {
             return Ok(());
         }

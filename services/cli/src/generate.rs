@@ -19,6 +19,9 @@ pub struct GenerateArgs {
     /// The prompt text.
     #[arg(long)]
     prompt: String,
+    /// Run with this LoRA adapter of --lora-modules.
+    #[arg(long)]
+    lora: Option<String>,
     /// Wrap the prompt as one user message and apply the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -83,7 +86,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.prompt.is_empty() {
         bail!("the prompt is empty");
     }
-    let params = SamplingParams {
+    let mut params = SamplingParams {
         max_tokens: args.max_tokens,
         temperature: args.temperature,
         top_k: args.top_k,
@@ -99,9 +102,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         logit_bias: args.logit_bias.clone(),
         prompt_logprobs: None,
         embed: None,
+        lora: None,
     };
     params.validate()?;
     let (mut engine, tokenizer) = loading::engine(&args.model)?;
+    if let Some(name) = &args.lora {
+        let names = engine.lora_names();
+        let i = (names.iter().position(|n| n == name))
+            .with_context(|| format!("--lora {name}: --lora-modules names {names:?}"))?;
+        params.lora = Some(i as u32);
+    }
     let (rendered, prompt_ids) = if args.chat {
         let template = tokenizer
             .chat_template()

@@ -129,6 +129,30 @@ pub struct ModelArgs {
     /// The shortest run looked up.
     #[arg(long, default_value_t = 2, env = "FERRITE_PROMPT_LOOKUP_MIN")]
     pub prompt_lookup_min: usize,
+    /// A LoRA adapter served beside the model, as NAME=DIR (a directory PEFT saved:
+    /// adapter_config.json and adapter_model.safetensors); repeat for more. Requests ask for
+    /// one by giving NAME as their model; every adapter is held in memory and any mix of them
+    /// and the base shares a batch. CPU only for now.
+    #[arg(long = "lora-modules", value_parser = lora_module, num_args = 1..)]
+    pub lora_modules: Vec<LoraModule>,
+}
+
+/// A LoRA adapter of `--lora-modules`: the name requests ask for, and where PEFT saved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    pub name: String,
+    pub dir: std::path::PathBuf,
+}
+
+fn lora_module(s: &str) -> Result<LoraModule, String> {
+    let (name, dir) = s
+        .split_once('=')
+        .filter(|(n, d)| !n.is_empty() && !d.is_empty())
+        .ok_or_else(|| format!("`{s}`: give NAME=DIR"))?;
+    Ok(LoraModule {
+        name: name.to_owned(),
+        dir: dir.into(),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -370,6 +394,12 @@ impl ModelArgs {
             let list: Vec<String> = self.devices.iter().map(usize::to_string).collect();
             a.extend(["--devices".into(), list.join(",")]);
         }
+        for m in &self.lora_modules {
+            a.extend([
+                "--lora-modules".into(),
+                format!("{}={}", m.name, m.dir.display()),
+            ]);
+        }
         a
     }
 
@@ -424,6 +454,11 @@ impl ModelArgs {
     /// [`Self::load_for_engine`] for rank `tp` of a tensor-parallel pool: its shard only.
     pub fn load_shard_for_engine(&self, tp: TpRank) -> Result<ForEngine> {
         let device = self.init_device()?;
+        if !self.lora_modules.is_empty() && matches!(device, Device::Cuda(_)) {
+            anyhow::bail!(
+                "--lora-modules: LoRA adapters run on the CPU only for now (--device cpu)"
+            );
+        }
         if self.load_format == LoadFormat::Dummy && matches!(device, Device::Cuda(_)) {
             let shape = model::device_random_shape(&self.model, 0, self.load_options())
                 .with_context(|| format!("dummy weights of shape {}", self.model))?;
@@ -431,11 +466,15 @@ impl ModelArgs {
         }
         // The GPU upload reads every page as it copies: no separate pass over them first.
         let lazy_pages = matches!(device, Device::Cuda(_));
-        let loaded = self.load_on_host(LoadOptions {
+        let mut loaded = self.load_on_host(LoadOptions {
             lazy_pages,
             tp,
             ..self.load_options()
         })?;
+        for m in &self.lora_modules {
+            (loaded.model.load_lora(&m.name, &m.dir))
+                .with_context(|| format!("--lora-modules {}={}", m.name, m.dir.display()))?;
+        }
         Ok((loaded.model.into(), loaded.tokenizer, loaded.pooling))
     }
 
@@ -555,5 +594,27 @@ mod tests {
             none.for_rank(1, 2).expect("shared").device,
             DeviceRequest::Cuda(0)
         );
+    }
+
+    #[test]
+    fn lora_modules_are_name_dir_pairs_and_reach_the_rank_processes() {
+        let a = args(&[
+            "--lora-modules",
+            "sql=/a/sql",
+            "chat=b",
+            "--lora-modules",
+            "x=c",
+        ]);
+        let names: Vec<&str> = a.lora_modules.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["sql", "chat", "x"]);
+        assert_eq!(a.lora_modules[0].dir, std::path::Path::new("/a/sql"));
+        let again = args(&a.to_args().iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(again.lora_modules, a.lora_modules);
+        for bad in ["sql", "=dir", "sql="] {
+            let Err(e) = Cli::try_parse_from(["ferrite", "--lora-modules", bad]) else {
+                panic!("{bad} parsed");
+            };
+            assert!(e.to_string().contains("NAME=DIR"), "{bad}: {e}");
+        }
     }
 }

@@ -181,6 +181,8 @@ pub struct Engine {
     pub(crate) inflight: Option<crate::inflight::InFlight>,
     /// Speculative decoding, when on (`speculate`).
     speculation: Option<Speculation>,
+    /// The seeds of each LoRA adapter's block hashes, in the executor's order of them.
+    lora_seeds: Vec<BlockHash>,
     /// Draft tokens checked, and accepted, since start.
     draft_tokens: u64,
     accepted_tokens: u64,
@@ -210,7 +212,9 @@ impl Engine {
     ) -> Result<Self> {
         let num_blocks = exec.agree_on_blocks()?;
         let num_blocks = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1);
-        let prefix_cache = cfg.prefix_caching.then(|| prefix_cache_seed(&exec, cfg));
+        let seed = prefix_cache_seed(&exec, cfg);
+        let prefix_cache = cfg.prefix_caching.then_some(seed);
+        let lora_seeds = lora::seeds(seed, exec.lora_names());
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -233,6 +237,7 @@ impl Engine {
             async_scheduling: cfg.async_scheduling,
             inflight: None,
             speculation: None,
+            lora_seeds,
             draft_tokens: 0,
             accepted_tokens: 0,
             #[cfg(test)]
@@ -358,6 +363,7 @@ impl Engine {
             return Err(EngineError::DuplicateRequest(id));
         }
         self.check_request(&prompt, &params)?;
+        let adapter = self.seq_adapter(&params)?;
         let scored = params.prompt_logprobs.is_some();
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
@@ -384,10 +390,7 @@ impl Engine {
                 embedding: None,
             },
         );
-        match scored {
-            true => self.sched.add_scored(id, prompt),
-            false => self.sched.add(id, prompt),
-        }
+        self.sched.add_with(id, prompt, scored, adapter);
         Ok(())
     }
 
@@ -777,6 +780,8 @@ pub(crate) fn switched_off(var: &str) -> bool {
 mod draws;
 #[path = "embed.rs"]
 pub mod embed;
+#[path = "lora.rs"]
+mod lora;
 #[path = "pick.rs"]
 mod pick;
 #[path = "scoring.rs"]

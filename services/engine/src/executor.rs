@@ -25,7 +25,11 @@ use crate::model::{
     DrawExtras, Draws, EngineModel, LlamaModel, MaskSource, ModelError, TokenLogprobs,
 };
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
-use crate::scheduler::{Schedule, ScheduledChunk};
+
+#[path = "executor_picks.rs"]
+mod picks;
+pub use picks::Picks;
+pub(crate) use picks::{Pick, per_chunk};
 
 /// Engine limits (the leader's and every rank's executor's). `Default` suits the CPU.
 #[derive(Debug, Clone)]
@@ -96,112 +100,6 @@ enum Backend {
     Cuda(Box<GpuRunner>),
 }
 
-/// A step's picks: logits rows to sample on the host, or ids sampled on the device, or both
-/// (`Mixed`: an id for every sampling row, and the logits of the rows sampled on the host, by
-/// row, which take their place).
-#[derive(Debug)]
-pub enum Picks {
-    Logits(Vec<f32>),
-    Ids(Draws),
-    Mixed(Draws, Vec<(u32, Vec<f32>)>),
-}
-
-/// One sampling chunk's share of a step's picks.
-pub(crate) enum Pick {
-    /// Its row of logits, to sample on the host; for a chunk with drafts, its rows
-    /// ([`ScheduledChunk::sampling_rows`]), one after another.
-    Row(Vec<f32>),
-    /// The id the device sampled, with its logprobs where its request asked for them.
-    Id(u32, Option<TokenLogprobs>),
-    /// The device found nothing to draw: the row's logits were no distribution (NaN), and it
-    /// drew an id outside the vocabulary (this one) to say so.
-    Undrawn(u32),
-}
-
-/// Splits `picks` among the schedule's chunks, checking there is exactly one per sampling
-/// row: a chunk with drafts takes its rows together.
-pub(crate) fn per_chunk(
-    picks: Picks,
-    schedule: &Schedule,
-    vocab: usize,
-) -> Result<Vec<Option<Pick>>> {
-    let wanted: usize = (schedule.chunks.iter())
-        .map(ScheduledChunk::sampling_rows)
-        .sum();
-    let vocab = vocab.max(1);
-    let picks: Vec<Pick> = match picks {
-        Picks::Logits(l) if l.len() % vocab == 0 => l
-            .chunks_exact(vocab)
-            .map(|r| Pick::Row(r.to_vec()))
-            .collect(),
-        Picks::Logits(l) => {
-            return Err(EngineError::Internal(format!(
-                "{} logits are not whole rows of {vocab}",
-                l.len()
-            )));
-        }
-        Picks::Ids(ids) => drawn(ids, vocab),
-        Picks::Mixed(ids, rows) => {
-            let mut picks = drawn(ids, vocab);
-            for (row, logits) in rows {
-                match picks.get_mut(row as usize) {
-                    Some(p) if logits.len() == vocab => *p = Pick::Row(logits),
-                    _ => {
-                        return Err(EngineError::Internal(format!(
-                            "logits of row {row} ({} values) among {} picks",
-                            logits.len(),
-                            picks.len()
-                        )));
-                    }
-                }
-            }
-            picks
-        }
-    };
-    if picks.len() != wanted {
-        return Err(EngineError::Internal(format!(
-            "the forward gave {} picks for {wanted} sampling rows",
-            picks.len()
-        )));
-    }
-    let mut picks = picks.into_iter();
-    (schedule.chunks.iter())
-        .map(|c| match c.sampling_rows() {
-            0 => Ok(None),
-            1 => Ok(picks.next()),
-            n => rows_together(picks.by_ref().take(n)).map(Some),
-        })
-        .collect()
-}
-
-/// The rows of a chunk with drafts as one pick: they all come back as logits (a step with
-/// drafts is not drawn on the ranks).
-fn rows_together(picks: impl Iterator<Item = Pick>) -> Result<Pick> {
-    let mut rows = Vec::new();
-    for p in picks {
-        match p {
-            Pick::Row(r) => rows.extend_from_slice(&r),
-            _ => {
-                return Err(EngineError::Internal(
-                    "a chunk with drafts came back with draws, not logits".into(),
-                ));
-            }
-        }
-    }
-    Ok(Pick::Row(rows))
-}
-
-/// Ids the ranks drew, as picks: one outside the vocabulary says there was nothing to draw.
-fn drawn(draws: Draws, vocab: usize) -> Vec<Pick> {
-    let mut logprobs: HashMap<u32, TokenLogprobs> = draws.logprobs.into_iter().collect();
-    (draws.ids.into_iter().enumerate())
-        .map(|(row, i)| match i as usize {
-            i if i < vocab => Pick::Id(i as u32, logprobs.remove(&(row as u32))),
-            _ => Pick::Undrawn(i),
-        })
-        .collect()
-}
-
 /// One rank's forward, its block tables and its link to the other ranks.
 pub struct Executor {
     backend: Backend,
@@ -209,6 +107,8 @@ pub struct Executor {
     comm: Box<dyn Collective>,
     /// The model's (not the shard's) shape.
     cfg: ModelConfig,
+    /// The LoRA adapters' names (see [`Self::lora_names`]).
+    lora: Vec<String>,
     max_model_len: usize,
     num_blocks: usize,
     /// A collective failed: the pool is lost, and the links are not to be used again.
@@ -290,6 +190,15 @@ impl Executor {
             m.fit_context(max_model_len);
         }
         let model_cfg = model.config().clone();
+        let lora = match &model {
+            EngineModel::Host(m) => m.lora_names(),
+            EngineModel::DeviceRandom(_) => Vec::new(),
+        };
+        if cfg.cuda.is_some() && !lora.is_empty() {
+            return Err(EngineError::BadConfig(
+                "LoRA adapters run on the CPU only for now (--device cpu)".into(),
+            ));
+        }
         let backend = match (cfg.cuda.clone(), model) {
             (Some(CudaPlacement { gpu, opts }), model) => {
                 Self::cuda(model, gpu, cfg, max_model_len, opts, comm.as_mut())?
@@ -310,6 +219,7 @@ impl Executor {
             tables: BlockTables::default(),
             comm,
             cfg: model_cfg,
+            lora,
             max_model_len,
             num_blocks,
             failed: Cell::new(false),
@@ -383,6 +293,11 @@ impl Executor {
     /// The model's shape (the vocabulary is the whole model's on every rank).
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// The LoRA adapters' names, in the order a plan's chunks number them.
+    pub fn lora_names(&self) -> &[String] {
+        &self.lora
     }
 
     pub fn max_model_len(&self) -> usize {

@@ -69,6 +69,9 @@ pub struct PlannedChunk {
     /// The chunk holds a token of the prompt (or several tokens): see [`SeqChunk::prompt`].
     #[serde(default)]
     pub prompt: bool,
+    /// The LoRA adapter the sequence runs with: see [`SeqChunk::lora`].
+    #[serde(default)]
+    pub lora: Option<u32>,
 }
 
 impl PlannedChunk {
@@ -171,6 +174,7 @@ impl PlanBuilder {
                 // A generated token with drafts after it is a decode's, not a prompt's: its
                 // rows take a decode step's arithmetic (on the CPU, a batch's).
                 prompt: c.start < seq.prompt_len || c.len > 1 + c.drafts,
+                lora: seq.adapter.map(|a| a.index),
             });
         }
         Ok(plan)
@@ -248,6 +252,7 @@ impl BlockTables {
                     block_table: table,
                     logits: c.logits,
                     prompt: c.prompt,
+                    lora: c.lora,
                 })
             })
             .collect()

@@ -182,6 +182,7 @@ fn plans_out_of_order_or_naming_unknown_sequences_are_refused() {
             tokens: vec![1],
             logits: LogitsWanted::Last,
             prompt: true,
+            lora: None,
         }],
         ..StepPlan::default()
     };

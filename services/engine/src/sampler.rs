@@ -46,6 +46,11 @@ pub struct SamplingParams {
     /// An embeddings request (`max_tokens` 1): its token's event carries the prompt's
     /// embedding. Not on the wire: the worker sets it from the request.
     pub embed: Option<EmbedParams>,
+    /// The LoRA adapter the request runs with, by its number in [`Engine::lora_names`]
+    /// (`None`: the base model). Not on the wire: the worker sets it from the adapter's name.
+    ///
+    /// [`Engine::lora_names`]: crate::engine::Engine::lora_names
+    pub lora: Option<u32>,
 }
 
 /// How an embeddings request's vector is made from the hidden state (the engine's `embed`).
@@ -79,6 +84,7 @@ impl SamplingParams {
             logit_bias: Vec::new(),
             prompt_logprobs: None,
             embed: None,
+            lora: None,
         }
     }
 
@@ -140,6 +146,7 @@ impl From<pb::SamplingParams> for SamplingParams {
             logit_bias: p.logit_bias.iter().map(|b| (b.token, b.bias)).collect(),
             prompt_logprobs: p.prompt_logprobs.map(|n| n as usize),
             embed: None,
+            lora: None,
         }
     }
 }

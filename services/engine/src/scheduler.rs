@@ -94,6 +94,17 @@ pub struct SeqState {
     pub scored: bool,
     /// The trailing tokens of `tokens` that are guesses ([`Scheduler::set_drafts`]).
     pub drafts: usize,
+    /// The LoRA adapter it runs with, if any.
+    pub adapter: Option<SeqAdapter>,
+}
+
+/// A sequence's LoRA adapter: its index in the model's list, and the seed of its block
+/// hashes, which are not the base model's ([`ferrite_proto::prefix::adapter_seed`]): keys
+/// and values computed with an adapter are not the base's, nor another adapter's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqAdapter {
+    pub index: u32,
+    pub seed: BlockHash,
 }
 
 impl SeqState {
@@ -109,7 +120,13 @@ impl SeqState {
             num_cached_tokens: None,
             scored: false,
             drafts: 0,
+            adapter: None,
         }
+    }
+
+    /// The seed of its block hashes, with prefix caching on (`base`, the pool's).
+    fn seed(&self, base: Option<BlockHash>) -> Option<BlockHash> {
+        base.map(|b| self.adapter.map_or(b, |a| a.seed))
     }
 
     pub fn output(&self) -> &[u32] {
@@ -257,15 +274,27 @@ impl Scheduler {
 
     /// [`Self::add`] for a sequence whose prompt is scored (see the module doc).
     pub fn add_scored(&mut self, id: SeqId, prompt: Vec<u32>) {
+        self.add_with(id, prompt, true, None);
+    }
+
+    /// [`Self::add`] for a sequence that may be scored and may run with a LoRA adapter.
+    pub fn add_with(
+        &mut self,
+        id: SeqId,
+        prompt: Vec<u32>,
+        scored: bool,
+        adapter: Option<SeqAdapter>,
+    ) {
         let seq = SeqState {
-            scored: true,
+            scored,
+            adapter,
             ..SeqState::new(prompt)
         };
         self.insert(id, seq);
     }
 
     fn insert(&mut self, id: SeqId, mut seq: SeqState) {
-        if let Some(seed) = self.cfg.prefix_cache {
+        if let Some(seed) = seq.seed(self.cfg.prefix_cache) {
             prefix::extend(
                 &mut seq.block_hashes,
                 seed,
@@ -457,7 +486,7 @@ impl Scheduler {
         let fresh = seq.block_table.is_empty();
         let mut hits = Vec::new();
         // A scored prompt's every position is computed: it takes nothing from the cache.
-        if let Some(seed) = self.cfg.prefix_cache
+        if let Some(seed) = seq.seed(self.cfg.prefix_cache)
             && fresh
             && !seq.scored
         {
@@ -589,7 +618,7 @@ impl Scheduler {
             .truncate(seq.tokens.len() - rejected.min(seq.drafts));
         seq.drafts = 0;
         seq.num_computed = chunk.start + chunk.len - rejected;
-        let Some(seed) = self.cfg.prefix_cache else {
+        let Some(seed) = seq.seed(self.cfg.prefix_cache) else {
             return;
         };
         let bs = self.cfg.block_size;

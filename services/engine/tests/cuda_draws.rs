@@ -97,6 +97,7 @@ fn device_extras_take_the_host_samplers_steps_on_the_same_logits() {
             block_table: &tables[i],
             logits: LogitsWanted::Last,
             prompt: true,
+            lora: None,
         })
         .collect();
     let logits = runner.forward(&chunks, solo).expect("GPU step");

@@ -174,6 +174,7 @@ fn teacher_forced(
             block_table: &tables[i],
             logits: LogitsWanted::Last,
             prompt: true,
+            lora: None,
         };
         rows[i].push(Scored::of(&forward(&[chunk]), fed(i, 0)));
     }
@@ -186,6 +187,7 @@ fn teacher_forced(
                 block_table: &tables[i],
                 logits: LogitsWanted::Last,
                 prompt: false,
+                lora: None,
             })
             .collect();
         let logits = forward(&chunks);

@@ -65,6 +65,7 @@ fn prefill_on_ranks(path: &Path, world: usize, prompt: &[u32]) -> Vec<f32> {
             block_table: &table,
             logits: LogitsWanted::Last,
             prompt: true,
+            lora: None,
         };
         m.forward(&[chunk], &mut kv, comm.as_mut())
             .expect("forward")

@@ -73,6 +73,18 @@ pub fn open_dir(dir: &Path) -> Result<TensorMap> {
     Ok(map)
 }
 
+/// Opens one safetensors file (a LoRA adapter's `adapter_model.safetensors`).
+pub fn open_file(path: &Path) -> Result<TensorMap> {
+    let file = MappedFile::open(path).map_err(|source| FormatError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let file = Arc::new(file);
+    let mut map = TensorMap::new(vec![file.clone()]);
+    read_header(path, file.bytes(), 0, &mut map)?;
+    Ok(map)
+}
+
 fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap) -> Result<()> {
     let bad = |reason: String| FormatError::BadSafetensors {
         path: path.to_owned(),

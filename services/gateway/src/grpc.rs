@@ -345,13 +345,14 @@ impl api::inference_server::Inference for InferenceService {
         _: Request<api::ListModelsRequest>,
     ) -> Result<Response<api::ListModelsResponse>, Status> {
         let mut models = Vec::new();
-        for (name, max_model_len, ready_pools) in self.gateway.pools().models() {
-            let sampling_defaults = self.gateway.sampling_defaults(&name).await;
+        for s in self.gateway.pools().models() {
+            let sampling_defaults = self.gateway.sampling_defaults(&s.name).await;
             models.push(api::Model {
-                name,
-                max_model_len,
-                ready_pools,
+                name: s.name,
+                max_model_len: s.max_model_len,
+                ready_pools: s.ready_pools,
                 sampling_defaults,
+                parent: s.parent,
             });
         }
         Ok(Response::new(api::ListModelsResponse { models }))

@@ -96,8 +96,8 @@ pub const MAX_BODY_BYTES: usize = 2 << 20;
 
 async fn list_models(State(gw): State<Gateway>) -> Json<Value> {
     let mut data = Vec::new();
-    for (name, max_len, _) in gw.pools().models() {
-        data.push(model_json(&gw, name, max_len).await);
+    for served in gw.pools().models() {
+        data.push(model_json(&gw, served).await);
     }
     Json(json!({ "object": "list", "data": data }))
 }
@@ -107,21 +107,18 @@ async fn retrieve_model(
     State(gw): State<Gateway>,
     axum::extract::Path(model): axum::extract::Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let served = gw
-        .pools()
-        .models()
-        .into_iter()
-        .find(|(m, _, _)| *m == model);
-    let (name, max_len, _) =
-        served.ok_or_else(|| crate::GatewayError::ModelNotFound(model.clone()))?;
-    Ok(Json(model_json(&gw, name, max_len).await))
+    let served = gw.pools().models().into_iter().find(|s| s.name == model);
+    let served = served.ok_or_else(|| crate::GatewayError::ModelNotFound(model.clone()))?;
+    Ok(Json(model_json(&gw, served).await))
 }
 
-/// A model as `/v1/models` shows it.
-async fn model_json(gw: &Gateway, name: String, max_len: u32) -> Value {
+/// A model (or a LoRA adapter, with its `parent` as vLLM shows one) as `/v1/models` shows it.
+async fn model_json(gw: &Gateway, served: crate::pools::Served) -> Value {
+    let name = served.name;
     let defaults = gw.sampling_defaults(&name).await.map(|d| defaults_json(&d));
     json!({ "id": name, "object": "model", "created": unix_now(), "owned_by": "ferrite",
-        "max_model_len": max_len, "sampling_defaults": defaults })
+        "root": served.parent.as_ref().unwrap_or(&name), "parent": served.parent,
+        "max_model_len": served.max_model_len, "sampling_defaults": defaults })
 }
 
 /// A model's sampling defaults as `/v1/models` shows them: the fields it recommends, and

@@ -283,8 +283,9 @@ impl KvIndex {
 
     /// For each of `pools`: the leading tokens of `prompt` whose blocks it holds, and its load.
     /// At most `(len − 1) / block_size` blocks count, as the engine reuses no more (the last
-    /// token is always computed).
-    pub fn lookup(&self, pools: &[&str], prompt: &[u32]) -> Vec<PoolPrefix> {
+    /// token is always computed). A request that runs with LoRA adapter `lora` looks for the
+    /// blocks of its own chain, which starts from the adapter's seed in each pool.
+    pub fn lookup(&self, pools: &[&str], prompt: &[u32], lora: Option<&str>) -> Vec<PoolPrefix> {
         let st = self.read();
         let mut out: Vec<PoolPrefix> = pools
             .iter()
@@ -309,7 +310,8 @@ impl KvIndex {
         kinds.dedup();
         for (seed, bs) in kinds {
             let usable = &prompt[..prompt.len().saturating_sub(1) / bs * bs];
-            let chain = prefix::chain(seed, bs, usable);
+            let first = lora.map_or(seed, |name| prefix::adapter_seed(seed, name));
+            let chain = prefix::chain(first, bs, usable);
             // (position in `pools`, slot) of the pools naming blocks this way, still matching.
             let mut alive: Vec<(usize, u32)> = pools
                 .iter()
@@ -378,7 +380,7 @@ mod tests {
         let all = hashes(seed, &prompt);
         index.apply("a", snapshot(seed, all[..3].to_vec(), 5));
         index.apply("b", snapshot(seed, vec![all[0].clone(), all[2].clone()], 0));
-        let got = index.lookup(&["a", "b", "c"], &prompt);
+        let got = index.lookup(&["a", "b", "c"], &prompt, None);
         assert_eq!(got[0].cached_tokens, 12);
         assert_eq!(got[1].cached_tokens, 4);
         assert_eq!(got[2], PoolPrefix::default(), "c never reported");
@@ -392,8 +394,29 @@ mod tests {
                 ..pb::KvCacheUpdate::default()
             },
         );
-        assert_eq!(index.lookup(&["a"], &prompt[..16])[0].cached_tokens, 12);
-        assert_eq!(index.lookup(&["a"], &prompt)[0].cached_tokens, 16);
+        assert_eq!(
+            index.lookup(&["a"], &prompt[..16], None)[0].cached_tokens,
+            12
+        );
+        assert_eq!(index.lookup(&["a"], &prompt, None)[0].cached_tokens, 16);
+    }
+
+    #[test]
+    fn a_lora_request_finds_the_blocks_of_its_adapter_only() {
+        let seed = prefix::seed("m");
+        let prompt: Vec<u32> = (1..=9).collect();
+        let index = KvIndex::default();
+        // a's blocks were computed with adapter sql, b's with none.
+        let sql = hashes(prefix::adapter_seed(seed, "sql"), &prompt);
+        index.apply("a", snapshot(seed, sql, 0));
+        index.apply("b", snapshot(seed, hashes(seed, &prompt), 0));
+        let cached = |lora| {
+            let got = index.lookup(&["a", "b"], &prompt, lora);
+            (got[0].cached_tokens, got[1].cached_tokens)
+        };
+        assert_eq!(cached(Some("sql")), (8, 0));
+        assert_eq!(cached(None), (0, 8));
+        assert_eq!(cached(Some("chat")), (0, 0));
     }
 
     #[test]
@@ -411,13 +434,16 @@ mod tests {
                 ..pb::KvCacheUpdate::default()
             },
         );
-        assert_eq!(index.lookup(&["a"], &prompt)[0].cached_tokens, 4);
+        assert_eq!(index.lookup(&["a"], &prompt, None)[0].cached_tokens, 4);
         // A reconnect's snapshot replaces everything known of the pool.
         index.apply("a", snapshot(seed, vec![], 0));
-        assert_eq!(index.lookup(&["a"], &prompt)[0].cached_tokens, 0);
+        assert_eq!(index.lookup(&["a"], &prompt, None)[0].cached_tokens, 0);
         index.apply("a", snapshot(seed, all.clone(), 0));
         index.disconnected("a");
-        assert_eq!(index.lookup(&["a"], &prompt)[0], PoolPrefix::default());
+        assert_eq!(
+            index.lookup(&["a"], &prompt, None)[0],
+            PoolPrefix::default()
+        );
         // Changes before a snapshot are not applied.
         index.apply(
             "b",
@@ -437,7 +463,7 @@ mod tests {
         index.note_routed("a", 100);
         index.note_routed("a", 20);
         index.note_routed("b", 5);
-        let got = index.lookup(&["a", "b"], &[1, 2, 3]);
+        let got = index.lookup(&["a", "b"], &[1, 2, 3], None);
         assert_eq!(got[0].routed_tokens, 120);
         assert_eq!(
             got[1].routed_tokens, 0,
@@ -449,16 +475,16 @@ mod tests {
             ..pb::KvCacheUpdate::default()
         };
         index.apply("a", load_only.clone());
-        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 120);
+        assert_eq!(index.lookup(&["a"], &[1], None)[0].routed_tokens, 120);
         // ... until they are older than the memory and a report came after them.
         std::thread::sleep(PICK_MEMORY);
-        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 120);
+        assert_eq!(index.lookup(&["a"], &[1], None)[0].routed_tokens, 120);
         index.apply("a", load_only);
-        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 0);
+        assert_eq!(index.lookup(&["a"], &[1], None)[0].routed_tokens, 0);
         // A pool that stops reporting keeps paying for every pick.
         index.note_routed("a", 9);
         std::thread::sleep(PICK_MEMORY);
-        assert_eq!(index.lookup(&["a"], &[1])[0].routed_tokens, 9);
+        assert_eq!(index.lookup(&["a"], &[1], None)[0].routed_tokens, 9);
     }
 
     #[test]
@@ -469,7 +495,7 @@ mod tests {
         index.apply("a", snapshot(s1, hashes(s1, &prompt), 0));
         // b says it holds a's hashes but names blocks with another seed.
         index.apply("b", snapshot(s2, hashes(s1, &prompt), 0));
-        let got = index.lookup(&["a", "b"], &prompt);
+        let got = index.lookup(&["a", "b"], &prompt, None);
         assert_eq!((got[0].cached_tokens, got[1].cached_tokens), (8, 0));
         // A pool that caches nothing (block size 0) matches nothing.
         index.apply(
@@ -479,6 +505,6 @@ mod tests {
                 ..pb::KvCacheUpdate::default()
             },
         );
-        assert_eq!(index.lookup(&["c"], &prompt)[0].block_size, 0);
+        assert_eq!(index.lookup(&["c"], &prompt, None)[0].block_size, 0);
     }
 }

@@ -16,7 +16,10 @@ use crate::pools::Pool;
 /// [`crate::pools::PoolView::models`] and routing.)
 #[derive(Debug)]
 pub struct ModelText {
+    /// The name requests ask for it by: a model's, or a LoRA adapter's.
     pub name: String,
+    /// Requests for `name` run with this LoRA adapter of the pool's model.
+    pub lora: Option<String>,
     pub tokenizer: Tokenizer,
     pub vocab_size: usize,
     /// Whether text prompts are encoded with the tokenizer's special tokens (BOS).
@@ -104,6 +107,7 @@ impl ModelText {
                 })?;
         Ok(Self {
             name: info.model,
+            lora: None,
             tokenizer,
             vocab_size: info.vocab_size as usize,
             add_special_tokens: info.add_special_tokens,
@@ -204,8 +208,14 @@ async fn fetch(
         let mut client = pool.client.clone();
         match client.get_model_info(pb::GetModelInfoRequest {}).await {
             Ok(info) => {
-                let text = ModelText::from_info(info.into_inner())?;
+                let info = info.into_inner();
+                // An adapter's requests are tokenized as its model's, and run with it.
+                let lora = (info.model != model && info.lora.iter().any(|l| l == model))
+                    .then(|| model.to_owned());
+                let text = ModelText::from_info(info)?;
                 return Ok(Arc::new(ModelText {
+                    name: model.to_owned(),
+                    lora,
                     json_bounds,
                     ..text
                 }));

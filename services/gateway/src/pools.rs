@@ -30,6 +30,17 @@ use crate::error::GatewayError;
 use crate::kv_index::KvIndex;
 use crate::outlier::PoolHealth;
 
+/// A model or LoRA adapter some ready pool serves ([`PoolView::models`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Served {
+    pub name: String,
+    /// The largest context of its ready pools.
+    pub max_model_len: u32,
+    pub ready_pools: u32,
+    /// For an adapter, the model it adapts.
+    pub parent: Option<String>,
+}
+
 /// How long after its last pool left a model is still answered UNAVAILABLE (not NOT_FOUND).
 pub const MODEL_REMEMBERED_FOR: Duration = Duration::from_secs(600);
 
@@ -214,7 +225,7 @@ impl PoolView {
         let guard = self.pools.read().unwrap_or_else(PoisonError::into_inner);
         guard
             .values()
-            .filter(|p| p.record.model == model && p.record.state == PoolState::Ready)
+            .filter(|p| p.record.serves(model) && p.record.state == PoolState::Ready)
             .cloned()
             .collect()
     }
@@ -232,7 +243,7 @@ impl PoolView {
             let guard = self.pools.read().unwrap_or_else(PoisonError::into_inner);
             guard
                 .values()
-                .filter(|p| p.record.model == model)
+                .filter(|p| p.record.serves(model))
                 .map(|p| p.record.state)
                 .collect()
         };
@@ -258,24 +269,28 @@ impl PoolView {
         GatewayError::ModelNotFound(model.to_owned())
     }
 
-    /// Models with at least one ready pool: (name, the largest context of its ready pools,
-    /// ready pools).
-    pub fn models(&self) -> Vec<(String, u32, u32)> {
+    /// Models and LoRA adapters with at least one ready pool, by name.
+    pub fn models(&self) -> Vec<Served> {
         let guard = self.pools.read().unwrap_or_else(PoisonError::into_inner);
-        let mut by_model: HashMap<&str, (u32, u32)> = HashMap::new();
+        let mut by_name: HashMap<&str, Served> = HashMap::new();
         for p in guard
             .values()
             .filter(|p| p.record.state == PoolState::Ready)
         {
-            let e = by_model.entry(&p.record.model).or_insert((0, 0));
-            e.0 = e.0.max(p.record.max_model_len);
-            e.1 += 1;
+            let r = &p.record;
+            let adapters = r.lora.iter().map(|l| (l, Some(&r.model)));
+            for (name, parent) in std::iter::once((&r.model, None)).chain(adapters) {
+                let e = by_name.entry(name).or_insert_with(|| Served {
+                    name: name.clone(),
+                    parent: parent.cloned(),
+                    ..Served::default()
+                });
+                e.max_model_len = e.max_model_len.max(r.max_model_len);
+                e.ready_pools += 1;
+            }
         }
-        let mut out: Vec<_> = by_model
-            .into_iter()
-            .map(|(m, (len, n))| (m.to_owned(), len, n))
-            .collect();
-        out.sort();
+        let mut out: Vec<Served> = by_name.into_values().collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
 
@@ -284,11 +299,12 @@ impl PoolView {
         f(&mut guard)
     }
 
-    fn saw(&self, model: &str) {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(model.to_owned(), Instant::now());
+    /// Notes that the model of `record`, and its adapters, were served just now.
+    fn saw(&self, record: &PoolRecord) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        for name in std::iter::once(&record.model).chain(&record.lora) {
+            seen.insert(name.clone(), Instant::now());
+        }
     }
 
     /// A channel to `addr` as configured (lazy: it connects on first use, and again after a
@@ -315,7 +331,7 @@ impl PoolView {
     }
 
     fn upsert(&self, name: String, record: PoolRecord) {
-        self.saw(&record.model);
+        self.saw(&record);
         let model = record.model.clone();
         let old_model = self.with_pools(|pools| {
             // Keep the channel, the in-flight count and the health record when only the state
@@ -356,7 +372,7 @@ impl PoolView {
 
     fn remove(&self, name: &str) {
         if let Some(p) = self.with_pools(|pools| pools.remove(name)) {
-            self.saw(&p.record.model);
+            self.saw(&p.record);
             ferrite_telemetry::metrics::gateway_pool_max_model_len(&p.record.model, name, 0);
             self.note_contexts(&p.record.model);
         }
@@ -460,6 +476,7 @@ pub(crate) mod testing {
             state: PoolState::Ready,
             max_model_len: 16,
             text_digest: digest.map(str::to_owned),
+            lora: Vec::new(),
         }
     }
 

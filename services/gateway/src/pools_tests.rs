@@ -128,5 +128,11 @@ async fn a_model_lists_the_largest_context_of_its_ready_pools() {
         &schema(),
         WatchEvent::Resync(vec![put("a", &short), put("b", &long)]),
     );
-    assert_eq!(view.models(), vec![("m".to_owned(), 64, 2)]);
+    let served = Served {
+        name: "m".into(),
+        max_model_len: 64,
+        ready_pools: 2,
+        parent: None,
+    };
+    assert_eq!(view.models(), vec![served]);
 }

@@ -298,7 +298,8 @@ fn choose(
         Routing::Kv => {
             let prompt = req.prompt_ids();
             let names: Vec<&str> = candidates.iter().map(|p| p.name.as_str()).collect();
-            let prefixes = view.kv().lookup(&names, prompt);
+            let lora = req.model().lora.as_deref();
+            let prefixes = view.kv().lookup(&names, prompt, lora);
             let (p, why) = pick_kv(candidates, &prefixes, prompt.len(), random_seed())?;
             ferrite_telemetry::metrics::route_decision(routing.as_str(), why.as_str());
             let cached = names

@@ -53,9 +53,9 @@ async fn model_text(gw: &Gateway, model: Option<&str>) -> Result<(Arc<ModelText>
     let models = gw.pools().models();
     let name = match (model, &models[..]) {
         (Some(m), _) => m.to_owned(),
-        (None, [(only, _, _)]) => only.clone(),
+        (None, [only]) => only.name.clone(),
         (None, _) => {
-            let names: Vec<&str> = models.iter().map(|(m, _, _)| m.as_str()).collect();
+            let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
             return Err(ApiError::invalid(
                 format!("name the `model`: this gateway serves {names:?}"),
                 Some("model"),
@@ -64,8 +64,8 @@ async fn model_text(gw: &Gateway, model: Option<&str>) -> Result<(Arc<ModelText>
     };
     let (text, _) = gw.model_text(&name).await?;
     let max_len = (models.iter())
-        .find(|(m, _, _)| *m == name)
-        .map_or(0, |&(_, len, _)| len);
+        .find(|m| m.name == name)
+        .map_or(0, |m| m.max_model_len);
     Ok((text, max_len))
 }
 

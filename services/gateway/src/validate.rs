@@ -108,6 +108,7 @@ impl ValidatedRequest {
             sampling: Some(self.sampling.clone()),
             grammar: self.grammar.clone(),
             embed: self.embed,
+            lora: self.text.lora.clone(),
         }
     }
 }

@@ -133,6 +133,7 @@ pub fn build_runner(
         block_table: &table,
         logits: LogitsWanted::Last,
         prompt: true,
+        lora: None,
     };
     runner.forward(&[probe], comm)?;
     gpu.synchronize().map_err(gpu_error)?;

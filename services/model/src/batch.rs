@@ -79,6 +79,7 @@ impl<'m> BatchForward<'m> {
             .iter()
             .zip(&self.tables)
             .map(|(tokens, table)| SeqChunk {
+                lora: None,
                 tokens,
                 start_pos,
                 block_table: table,

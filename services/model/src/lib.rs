@@ -19,6 +19,7 @@
 //!   [`DeviceSampling`]).
 //! - [`kv`]: the K/V storage the CPU forward writes and reads, block by block.
 //! - [`tp`]: tensor parallelism: which share of the model a rank holds.
+//! - [`lora`]: LoRA adapters (PEFT's), applied beside the base weights, per request.
 //! - [`pooling`]: how a model's embeddings are pooled, from sentence-transformers' files or GGUF.
 //! - [`presets`] and `dummy.rs`: named shapes with random weights (`--load-format dummy`).
 //! - [`BatchForward`] (`batch.rs`): whole sequences through the model outside any engine.
@@ -37,6 +38,7 @@ mod gemma;
 pub mod kv;
 pub mod llama;
 mod load;
+pub mod lora;
 pub mod moe;
 mod moe_config;
 mod naming;

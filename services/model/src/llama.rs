@@ -30,12 +30,13 @@ use ferrite_formats::{LoadQuantize, Matrix, TensorMap};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
+use crate::lora::{LoraRows, LoraSet};
 use crate::moe::{Ffn, Mlp, Moe};
 pub use crate::naming::WeightNaming;
 use crate::rope::RopeScaling;
 use crate::schedule::decoder_layer;
 use crate::step::{LogitsWanted, SeqChunk};
-use crate::tp::TpRank;
+use crate::tp::{ShardRows, TpRank};
 
 #[path = "llama_ops.rs"]
 mod ops;
@@ -88,10 +89,11 @@ impl Layer {
     /// Layer `i` of a model of shape `c`, cut to `tp`'s shard (see [`crate::tp`]).
     fn load(t: &TensorMap, n: WeightNaming, i: usize, c: &ModelConfig, tp: TpRank) -> Result<Self> {
         let (h, q_dim, kv_dim, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let hd = c.head_dim;
-        let q_rows = scaled(tp.part(c.num_heads), hd);
-        let kv_rows = scaled(tp.kv_heads(c.num_kv_heads), hd);
-        let ffn_part = tp.part(ffn);
+        let ShardRows {
+            q: q_rows,
+            kv: kv_rows,
+            ffn: ffn_part,
+        } = tp.rows(c);
         let full = |gguf: &str, hf: &str, rows, cols| {
             let name = n.layer(i, gguf, hf);
             t.matrix(&name)?
@@ -240,6 +242,9 @@ pub struct LlamaModel {
     ///
     /// [`LoadOptions`]: crate::load::LoadOptions
     pub(crate) matmul: MatmulOptions,
+    /// The LoRA adapters requests may run with ([`SeqChunk::lora`] indexes them). Boxed:
+    /// most models serve none.
+    pub(crate) lora: Box<LoraSet>,
 }
 
 impl LlamaModel {
@@ -294,6 +299,7 @@ impl LlamaModel {
             rope,
             local_rope,
             matmul: MatmulOptions::default(),
+            lora: Box::new(LoraSet::new(cfg)),
         })
     }
 
@@ -419,12 +425,14 @@ impl LlamaModel {
             .collect();
         let mut bufs = LayerBuffers::new(c, x);
         let prompt = seqs.iter().any(|s| s.prompt);
+        let lora = self.lora.runs(seqs)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let at = LayerAt {
                 index: li,
                 positions: &positions,
                 query_tokens: &query_tokens,
                 prompt,
+                lora: &lora,
             };
             self.layer_forward(layer, &at, &mut bufs, kv, comm, &mut |_, _| {})?;
         }
@@ -483,6 +491,8 @@ pub struct LayerAt<'a> {
     /// take the model's setting, alone or batched: llama.cpp's arithmetic for generated
     /// tokens, at half the integer work of two terms.
     pub prompt: bool,
+    /// The runs of tokens that run with a LoRA adapter (the others run with none).
+    pub lora: &'a [LoraRows],
 }
 
 /// The activations of one layer's forward, sized for a number of tokens. Public for the
@@ -561,6 +571,20 @@ impl LlamaModel {
             mm,
         };
         decoder_layer(&mut ops, at.index, layer)
+    }
+}
+
+/// LoRA adapters ([`crate::lora`]).
+impl LlamaModel {
+    /// Loads the adapter saved in `dir` (this model's shard of it), to be asked for as
+    /// adapter number [`Self::lora_names`]`().len()` before it, under `name`.
+    pub fn load_lora(&mut self, name: &str, dir: &std::path::Path) -> Result<()> {
+        self.lora.load(name, dir, self.tp)
+    }
+
+    /// The adapters' names, in the order requests number them.
+    pub fn lora_names(&self) -> Vec<String> {
+        self.lora.names()
     }
 }
 
@@ -649,11 +673,6 @@ impl LlamaModel {
         }
         Ok(crate::tp::gather_logits(self.tp, vocab, &padded, n, comm)?.unwrap_or_default())
     }
-}
-
-/// `range` of heads as a range of rows of `head_dim` each.
-fn scaled(range: Range<usize>, head_dim: usize) -> Range<usize> {
-    range.start * head_dim..range.end * head_dim
 }
 
 /// `w + cfg.norm_weight_offset`: Gemma's `x * (1 + w)` RMSNorm as a plain `x * w'` one.

@@ -10,6 +10,7 @@ use ferrite_kernels::cpu::{add_bias, add_in_place, rms_norm, rms_norm_in_place};
 use super::{Layer, LayerAt, LayerBuffers, LlamaModel, Site};
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
+use crate::lora::Proj;
 use crate::moe::Mlp;
 use crate::schedule::LayerOps;
 
@@ -24,13 +25,44 @@ pub(super) struct CpuLayer<'m, 'a> {
     pub mm: MatmulOptions,
 }
 
-impl CpuLayer<'_, '_> {
+impl<'m, 'a> CpuLayer<'m, 'a> {
     fn n_tok(&self) -> usize {
         self.at.positions.len()
     }
 
     fn eps(&self) -> f32 {
         self.model.cfg.rms_norm_eps
+    }
+
+    /// The step's LoRA adapters, to add their changes to the projections' outputs.
+    fn lora(&self) -> Lora<'m, 'a> {
+        Lora {
+            model: self.model,
+            at: self.at,
+            mm: self.mm.fine(),
+        }
+    }
+}
+
+/// The LoRA adapters of a layer's step ([`LayerAt::lora`]).
+#[derive(Clone, Copy)]
+struct Lora<'m, 'a> {
+    model: &'m LlamaModel,
+    at: &'a LayerAt<'a>,
+    /// Exact activations: the factors are f32, and rounding the small change an adapter
+    /// makes would save nothing worth its error.
+    mm: MatmulOptions,
+}
+
+impl Lora<'_, '_> {
+    /// Adds the adapters' change of `proj` to its output `out`, for its input `x`.
+    fn add(self, proj: Proj, x: &[f32], out: &mut [f32]) {
+        if self.at.lora.is_empty() {
+            return;
+        }
+        let n = self.at.positions.len();
+        let at = (self.at.index, proj);
+        (self.model.lora).add(self.at.lora, at, (x, n), out, self.mm);
     }
 }
 
@@ -48,7 +80,8 @@ impl LayerOps for CpuLayer<'_, '_> {
     }
 
     fn qkv(&mut self, layer: &Layer) -> Result<()> {
-        let (n_tok, eps, b) = (self.n_tok(), self.eps(), &mut *self.b);
+        let (n_tok, eps, lora) = (self.n_tok(), self.eps(), self.lora());
+        let b = &mut *self.b;
         (self.tap)(Site::Qkv, &b.xn);
         self.mm.many(
             &b.xn,
@@ -56,6 +89,9 @@ impl LayerOps for CpuLayer<'_, '_> {
             &[layer.q.view(), layer.k.view(), layer.v.view()],
             &mut [&mut b.q, &mut b.k, &mut b.v],
         );
+        lora.add(Proj::Q, &b.xn, &mut b.q);
+        lora.add(Proj::K, &b.xn, &mut b.k);
+        lora.add(Proj::V, &b.xn, &mut b.v);
         if let Some([bq, bk, bv]) = &layer.qkv_bias {
             add_bias(&mut b.q, bq);
             add_bias(&mut b.k, bk);
@@ -96,9 +132,11 @@ impl LayerOps for CpuLayer<'_, '_> {
     }
 
     fn o_proj(&mut self, layer: &Layer) -> Result<()> {
-        let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        let (n_tok, lora) = (self.n_tok(), self.lora());
+        let b = &mut *self.b;
         (self.tap)(Site::O, &b.attn);
         self.mm.one(&b.attn, n_tok, layer.o.view(), &mut b.proj);
+        lora.add(Proj::O, &b.attn, &mut b.proj);
         Ok(())
     }
 
@@ -117,7 +155,8 @@ impl LayerOps for CpuLayer<'_, '_> {
     }
 
     fn gate_up(&mut self, layer: &Layer) -> Result<()> {
-        let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        let (n_tok, lora) = (self.n_tok(), self.lora());
+        let b = &mut *self.b;
         let f = dense(layer)?;
         (self.tap)(Site::GateUp, &b.xn);
         self.mm.many(
@@ -126,15 +165,19 @@ impl LayerOps for CpuLayer<'_, '_> {
             &[f.gate.view(), f.up.view()],
             &mut [&mut b.gate, &mut b.up],
         );
+        lora.add(Proj::Gate, &b.xn, &mut b.gate);
+        lora.add(Proj::Up, &b.xn, &mut b.up);
         self.model.cfg.activation.gated_in_place(&mut b.gate, &b.up);
         Ok(())
     }
 
     fn down_proj(&mut self, layer: &Layer) -> Result<()> {
-        let (n_tok, b) = (self.n_tok(), &mut *self.b);
+        let (n_tok, lora) = (self.n_tok(), self.lora());
+        let b = &mut *self.b;
         let f = dense(layer)?;
         (self.tap)(Site::Down, &b.gate);
         self.mm.one(&b.gate, n_tok, f.down.view(), &mut b.proj);
+        lora.add(Proj::Down, &b.gate, &mut b.proj);
         Ok(())
     }
 

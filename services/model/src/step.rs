@@ -26,6 +26,8 @@ pub struct SeqChunk<'a> {
     /// hit, included), or several tokens, not one generated token: the step then takes
     /// nearly exact activations on the CPU (see [`crate::llama::LayerAt::prompt`]).
     pub prompt: bool,
+    /// The LoRA adapter the sequence runs with (an index into the model's), if any.
+    pub lora: Option<u32>,
 }
 
 /// One sequence's sampling, as the kernel takes it (and as step plans carry it).

@@ -81,6 +81,27 @@ impl TpRank {
     }
 }
 
+/// The rows of Q, of K and V, and of gate and up (or the columns of O and down) that a rank
+/// holds, in the whole model's numbering: [`TpRank::rows`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardRows {
+    pub q: Range<usize>,
+    pub kv: Range<usize>,
+    pub ffn: Range<usize>,
+}
+
+impl TpRank {
+    /// This rank's rows of the projections of a model of shape `c` (the whole model's).
+    pub fn rows(&self, c: &ModelConfig) -> ShardRows {
+        let heads = |r: Range<usize>| r.start * c.head_dim..r.end * c.head_dim;
+        ShardRows {
+            q: heads(self.part(c.num_heads)),
+            kv: heads(self.kv_heads(c.num_kv_heads)),
+            ffn: self.part(c.intermediate_size),
+        }
+    }
+}
+
 /// The whole runs a shard's cuts must keep, set by the stored formats: columns of the
 /// row-parallel products (a GGUF block, a weight-only group, an FP8 block's width) and rows of
 /// the column-parallel ones (an FP8 block's height).

@@ -170,6 +170,17 @@ pub struct PoolRecord {
     /// tokenized under. Absent in records of older workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_digest: Option<String>,
+    /// The LoRA adapters the pool serves beside `model` (`ModelInfo.lora`): requests for
+    /// these names go to it too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lora: Vec<String>,
+}
+
+impl PoolRecord {
+    /// Whether the pool serves requests for `name`: its model, or one of its adapters.
+    pub fn serves(&self, name: &str) -> bool {
+        self.model == name || self.lora.iter().any(|l| l == name)
+    }
 }
 
 /// Value of `pools/{pool}/ranks/{rank}`, written by that rank under its lease.
@@ -264,6 +275,7 @@ mod tests {
             state: PoolState::Ready,
             max_model_len: 4096,
             text_digest: Some("0123456789abcdef".into()),
+            lora: vec!["sql".into()],
         };
         let json = String::from_utf8(encode(&rec)).expect("utf8");
         assert!(json.contains(r#""state":"ready""#), "{json}");

@@ -22,6 +22,7 @@ fn pool(state: PoolState) -> Vec<u8> {
         state,
         max_model_len: 128,
         text_digest: None,
+        lora: Vec::new(),
     })
 }
 

@@ -18,6 +18,7 @@ fn pool(state: PoolState) -> PoolRecord {
         state,
         max_model_len: 2048,
         text_digest: None,
+        lora: Vec::new(),
     }
 }
 

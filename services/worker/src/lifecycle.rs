@@ -200,7 +200,10 @@ impl RunningWorker {
             }
         };
         let max_model_len = engine.max_model_len();
-        let info = model_info(&cfg, tokenizer.as_ref(), vocab_size, max_model_len)?;
+        let info = pb::ModelInfo {
+            lora: engine.lora_names().to_vec(),
+            ..model_info(&cfg, tokenizer.as_ref(), vocab_size, max_model_len)?
+        };
         let (handle, thread) =
             EngineHandle::spawn(engine, cfg.max_waiting).map_err(WorkerError::Thread)?;
         let for_vocabulary = info.clone();
@@ -327,6 +330,7 @@ impl RunningWorker {
                 state: PoolState::Starting,
                 max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
                 text_digest: Some(service.info().text_digest.clone()),
+                lora: service.info().lora.clone(),
             };
             let rank = RankRecord {
                 addr: leader_addr,

@@ -110,10 +110,12 @@ impl WorkerService {
     /// token, the embedding pooled as the model says), refused where the model pools its
     /// embeddings otherwise.
     fn params_of(&self, req: &pb::GenerateRequest) -> Result<SamplingParams, Status> {
+        let lora = self.lora_of(req)?;
         let Some(embed) = &req.embed else {
-            return Ok(SamplingParams::from(
-                req.sampling.clone().unwrap_or_default(),
-            ));
+            return Ok(SamplingParams {
+                lora,
+                ..SamplingParams::from(req.sampling.clone().unwrap_or_default())
+            });
         };
         if let Some(why) = &self.pooling.refused {
             return Err(Status::invalid_argument(why.clone()));
@@ -129,8 +131,23 @@ impl WorkerService {
                 normalize: self.pooling.normalize,
                 dimensions: (embed.dimensions > 0).then_some(embed.dimensions as usize),
             }),
+            lora,
             ..SamplingParams::greedy(1)
         })
+    }
+
+    /// The engine's number of the LoRA adapter `req` names, if it names one.
+    fn lora_of(&self, req: &pb::GenerateRequest) -> Result<Option<u32>, Status> {
+        let Some(name) = &req.lora else {
+            return Ok(None);
+        };
+        match self.info.lora.iter().position(|n| n == name) {
+            Some(i) => Ok(Some(i as u32)),
+            None => Err(Status::not_found(format!(
+                "this pool serves no LoRA adapter `{name}` (it serves {:?})",
+                self.info.lora
+            ))),
+        }
     }
 
     /// This service with `vocabulary` for constrained requests (or why there is none).

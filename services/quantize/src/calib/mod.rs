@@ -381,6 +381,7 @@ pub(crate) fn quantize_layers(
             positions: &positions,
             query_tokens: &query_tokens,
             prompt: true,
+            lora: &[],
         };
         let base = &model.layers()[li];
         let mut stats: Vec<SiteStats> = SITES
