@@ -157,7 +157,7 @@ fn q6_k(b: &[u8], o: &mut [f32]) {
 /// `Σ a[i] * b[i]` over `min(a.len(), b.len())` elements, with 16 independent partial sums so
 /// LLVM vectorizes it on any target. (No `mul_add`: without hardware FMA that is a libm call.)
 #[inline]
-pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 16;
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);

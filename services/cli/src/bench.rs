@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use ferrite_engine::sampler::SamplingParams;
 use serde_json::json;
@@ -79,6 +79,10 @@ pub struct DecodeArgs {
     /// tokens, as `echo` with `logprobs` asks): the prefill column then counts scored tokens.
     #[arg(long)]
     prompt_logprobs: Option<usize>,
+    /// The requests run with these LoRA adapters of --lora-modules, in turn (`base`: none),
+    /// so a batch mixes them: `--lora a,b,base`. Unset: the base model.
+    #[arg(long, value_delimiter = ',')]
+    lora: Vec<String>,
     #[arg(long)]
     json: bool,
 }
@@ -120,11 +124,21 @@ fn decode(args: DecodeArgs) -> Result<()> {
     };
     params.validate()?;
     let (mut engine, _ranks, _) = crate::serve_ranks::pool_engine(&args.model, args.tp)?;
+    let lora = (args.lora.iter())
+        .map(|n| (n != "base").then(|| engine.lora_number(n)).transpose())
+        .collect::<Result<Vec<Option<u32>>, _>>()
+        .context("--lora")?;
+    let lora_column = if args.lora.is_empty() {
+        "base".to_owned()
+    } else {
+        args.lora.join(",")
+    };
     let vocab = engine.config().vocab_size as u64;
     let threads = rayon::current_num_threads();
     let mut table = Table::new(&[
         "model",
         "tp",
+        "lora",
         "threads",
         "batch",
         "prompt",
@@ -146,7 +160,18 @@ fn decode(args: DecodeArgs) -> Result<()> {
                     let prompt = (0..args.prompt_tokens as u64)
                         .map(|i| ((next_id * 7919 + i * 104_729) % vocab) as u32)
                         .collect();
-                    (next_id, prompt, params.clone())
+                    let lora = lora
+                        .get(next_id as usize % lora.len().max(1))
+                        .copied()
+                        .flatten();
+                    (
+                        next_id,
+                        prompt,
+                        SamplingParams {
+                            lora,
+                            ..params.clone()
+                        },
+                    )
                 })
                 .collect();
             let start = Instant::now();
@@ -173,6 +198,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         table.row(vec![
             args.model.model.clone(),
             args.tp.to_string(),
+            lora_column.clone(),
             threads.to_string(),
             batch.to_string(),
             args.prompt_tokens.to_string(),
@@ -183,7 +209,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
             format!("{:.1}", dc / batch as f64),
         ]);
         rows_json.push(json!({
-            "model": args.model.model, "tp": args.tp, "threads": threads, "batch": batch,
+            "model": args.model.model, "tp": args.tp, "lora": lora_column, "threads": threads,
+            "batch": batch,
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "runs": args.runs,
             "prefill_tok_s": { "mean": pf, "std": pf_sd },
             "decode_tok_s": { "mean": dc, "std": dc_sd },

@@ -107,10 +107,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     params.validate()?;
     let (mut engine, tokenizer) = loading::engine(&args.model)?;
     if let Some(name) = &args.lora {
-        let names = engine.lora_names();
-        let i = (names.iter().position(|n| n == name))
-            .with_context(|| format!("--lora {name}: --lora-modules names {names:?}"))?;
-        params.lora = Some(i as u32);
+        params.lora = Some(engine.lora_number(name).context("--lora")?);
     }
     let (rendered, prompt_ids) = if args.chat {
         let template = tokenizer

@@ -23,6 +23,18 @@ impl Engine {
         self.exec.lora_names()
     }
 
+    /// [`SamplingParams::lora`]'s number of the adapter called `name`; the error lists the
+    /// names there are.
+    pub fn lora_number(&self, name: &str) -> Result<u32> {
+        let names = self.lora_names();
+        match names.iter().position(|n| n == name) {
+            Some(i) => Ok(i as u32),
+            None => Err(EngineError::InvalidRequest(format!(
+                "no LoRA adapter `{name}` (--lora-modules names {names:?})"
+            ))),
+        }
+    }
+
     /// The adapter a request with `params` runs with; refuses a number with no adapter.
     pub(super) fn seq_adapter(&self, params: &SamplingParams) -> Result<Option<SeqAdapter>> {
         let Some(index) = params.lora else {

@@ -39,19 +39,17 @@ impl<'m, 'a> CpuLayer<'m, 'a> {
         Lora {
             model: self.model,
             at: self.at,
-            mm: self.mm.fine(),
         }
     }
 }
 
-/// The LoRA adapters of a layer's step ([`LayerAt::lora`]).
+/// The LoRA adapters of a layer's step ([`LayerAt::lora`]), computed in f32 whatever the
+/// step's activations are: the change an adapter makes is small, and rounding it would save
+/// nothing worth its error.
 #[derive(Clone, Copy)]
 struct Lora<'m, 'a> {
     model: &'m LlamaModel,
     at: &'a LayerAt<'a>,
-    /// Exact activations: the factors are f32, and rounding the small change an adapter
-    /// makes would save nothing worth its error.
-    mm: MatmulOptions,
 }
 
 impl Lora<'_, '_> {
@@ -62,7 +60,7 @@ impl Lora<'_, '_> {
         }
         let n = self.at.positions.len();
         let at = (self.at.index, proj);
-        (self.model.lora).add(self.at.lora, at, (x, n), out, self.mm);
+        (self.model.lora).add(self.at.lora, at, (x, n), out);
     }
 }
 

@@ -21,8 +21,8 @@ use std::ops::Range;
 use std::path::Path;
 
 use ferrite_formats::{Matrix, TensorMap};
-use ferrite_kernels::cpu::add_in_place;
-use ferrite_kernels::cpu::matmul::MatmulOptions;
+use ferrite_kernels::cpu::dot_f32;
+use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::config::ModelConfig;
@@ -83,12 +83,48 @@ impl Proj {
     }
 }
 
-/// One projection's factors, as this rank computes them: `a` `[r, in]`, `b` `[out, r]` with
-/// the adapter's scale folded in.
+/// One projection's factors, as this rank computes them, in f32: `a` `[r, in]`, `b`
+/// `[out, r]` with the adapter's scale folded in.
 #[derive(Debug, Clone)]
 struct Factors {
-    a: Matrix,
-    b: Matrix,
+    r: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+/// Rows of activations above which an adapter's products are split among the thread pool
+/// (a prefill's); below, they run on the calling thread: a decode step's few rows cost a few
+/// microseconds per product, less than a parallel region's start (with the matmul kernels'
+/// regions, 14 per layer, an adapter took a third of the default model's decode step).
+const PARALLEL_ROWS: usize = 32;
+
+impl Factors {
+    /// Adds `B (A x)` to each row of `out` for the same row of `x`.
+    fn add(&self, x: &[f32], out: &mut [f32]) {
+        let (w_in, w_out) = (self.a.len() / self.r, self.b.len() / self.r);
+        let n = x.len() / w_in;
+        if n <= PARALLEL_ROWS {
+            return self.add_rows(x, out);
+        }
+        let each = n.div_ceil(rayon::current_num_threads()).max(8);
+        (x.par_chunks(each * w_in)
+            .zip(out.par_chunks_mut(each * w_out)))
+        .for_each(|(x, out)| self.add_rows(x, out));
+    }
+
+    /// [`Self::add`] on this thread.
+    fn add_rows(&self, x: &[f32], out: &mut [f32]) {
+        let (w_in, w_out) = (self.a.len() / self.r, self.b.len() / self.r);
+        let mut ax = vec![0f32; self.r];
+        for (x, out) in x.chunks_exact(w_in).zip(out.chunks_exact_mut(w_out)) {
+            for (t, a) in ax.iter_mut().zip(self.a.chunks_exact(w_in)) {
+                *t = dot_f32(a, x);
+            }
+            for (o, b) in out.iter_mut().zip(self.b.chunks_exact(self.r)) {
+                *o += dot_f32(b, &ax);
+            }
+        }
+    }
 }
 
 /// A loaded adapter (this rank's shard of it).
@@ -253,28 +289,16 @@ impl LoraAdapter {
         &self.name
     }
 
-    /// Adds this adapter's change of projection `proj` of layer `layer` to `out` (`n` rows of
-    /// the projection's output), for the `n` rows of its input `x`.
-    pub fn add(
-        &self,
-        layer: usize,
-        proj: Proj,
-        (x, n): (&[f32], usize),
-        out: &mut [f32],
-        mm: MatmulOptions,
-    ) {
-        let Some(f) = self
+    /// Adds this adapter's change of projection `proj` of layer `layer` to `out` (rows of
+    /// the projection's output), for the same rows of its input `x`.
+    pub fn add(&self, layer: usize, proj: Proj, x: &[f32], out: &mut [f32]) {
+        if let Some(f) = self
             .layers
             .get(layer)
             .and_then(|l| l[proj as usize].as_ref())
-        else {
-            return;
-        };
-        let mut ax = vec![0f32; n * f.a.rows];
-        mm.one(x, n, f.a.view(), &mut ax);
-        let mut delta = vec![0f32; n * f.b.rows];
-        mm.one(&ax, n, f.b.view(), &mut delta);
-        add_in_place(out, &delta);
+        {
+            f.add(x, out);
+        }
     }
 }
 
@@ -309,8 +333,9 @@ impl Factors {
             Proj::Down => (cut(a.slice_cols(a_name, rows.ffn))?, b),
         };
         Ok(Self {
-            a: Matrix::from_f32(a.rows, a.cols, &f32_rows(&a, 1.0)),
-            b: Matrix::from_f32(b.rows, b.cols, &f32_rows(&b, s.scale)),
+            r: s.r,
+            a: f32_rows(&a, 1.0),
+            b: f32_rows(&b, s.scale),
         })
     }
 }
@@ -384,7 +409,6 @@ impl LoraSet {
         (layer, proj): (usize, Proj),
         (x, n): (&[f32], usize),
         out: &mut [f32],
-        mm: MatmulOptions,
     ) {
         if n == 0 {
             return;
@@ -396,8 +420,7 @@ impl LoraSet {
             };
             let r = &run.rows;
             let x = &x[r.start * w_in..r.end * w_in];
-            let out = &mut out[r.start * w_out..r.end * w_out];
-            a.add(layer, proj, (x, r.len()), out, mm);
+            a.add(layer, proj, x, &mut out[r.start * w_out..r.end * w_out]);
         }
     }
 }
