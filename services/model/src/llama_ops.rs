@@ -39,6 +39,7 @@ impl<'m, 'a> CpuLayer<'m, 'a> {
         Lora {
             model: self.model,
             at: self.at,
+            mm: self.mm.fine(),
         }
     }
 }
@@ -50,6 +51,7 @@ impl<'m, 'a> CpuLayer<'m, 'a> {
 struct Lora<'m, 'a> {
     model: &'m LlamaModel,
     at: &'a LayerAt<'a>,
+    mm: MatmulOptions,
 }
 
 impl Lora<'_, '_> {
@@ -60,7 +62,7 @@ impl Lora<'_, '_> {
         }
         let n = self.at.positions.len();
         let at = (self.at.index, proj);
-        (self.model.lora).add(self.at.lora, at, (x, n), out);
+        (self.model.lora).add(self.at.lora, at, (x, n), out, self.mm);
     }
 }
 

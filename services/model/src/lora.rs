@@ -21,8 +21,9 @@ use std::ops::Range;
 use std::path::Path;
 
 use ferrite_formats::{Matrix, TensorMap};
-use ferrite_kernels::cpu::dot_f32;
-use rayon::prelude::*;
+use ferrite_kernels::cpu::matmul::{MatmulOptions, WeightView};
+use ferrite_kernels::cpu::{add_in_place, dot_f32};
+use ferrite_kernels::quant::GgmlType;
 use serde_json::Value;
 
 use crate::config::ModelConfig;
@@ -92,27 +93,31 @@ struct Factors {
     b: Vec<f32>,
 }
 
-/// Rows of activations above which an adapter's products are split among the thread pool
-/// (a prefill's); below, they run on the calling thread: a decode step's few rows cost a few
-/// microseconds per product, less than a parallel region's start (with the matmul kernels'
-/// regions, 14 per layer, an adapter took a third of the default model's decode step).
-const PARALLEL_ROWS: usize = 32;
+/// Rows up to which an adapter's products run as plain dot products on the calling thread;
+/// more go through the matmul kernels. Measured on the default model with a rank-16 adapter
+/// on every projection (docs/performance.md): the kernels' setup costs a step ~1 ms more at
+/// one row, their SIMD rows ~0.4 ms less per row after it.
+const DOT_ROWS: usize = 3;
 
 impl Factors {
-    /// Adds `B (A x)` to each row of `out` for the same row of `x`.
-    fn add(&self, x: &[f32], out: &mut [f32]) {
-        let (w_in, w_out) = (self.a.len() / self.r, self.b.len() / self.r);
-        let n = x.len() / w_in;
-        if n <= PARALLEL_ROWS {
+    /// Adds `B (A x)` to each of the `n` rows of `out` for the same row of `x`.
+    fn add(&self, (x, n): (&[f32], usize), out: &mut [f32], mm: MatmulOptions) {
+        if n <= DOT_ROWS {
             return self.add_rows(x, out);
         }
-        let each = n.div_ceil(rayon::current_num_threads()).max(8);
-        (x.par_chunks(each * w_in)
-            .zip(out.par_chunks_mut(each * w_out)))
-        .for_each(|(x, out)| self.add_rows(x, out));
+        let mut ax = vec![0f32; n * self.r];
+        mm.one(x, n, f32_weight(&self.a, self.r), &mut ax);
+        let mut delta = vec![0f32; out.len()];
+        mm.one(
+            &ax,
+            n,
+            f32_weight(&self.b, self.b.len() / self.r),
+            &mut delta,
+        );
+        add_in_place(out, &delta);
     }
 
-    /// [`Self::add`] on this thread.
+    /// [`Self::add`] by dot products, row after row.
     fn add_rows(&self, x: &[f32], out: &mut [f32]) {
         let (w_in, w_out) = (self.a.len() / self.r, self.b.len() / self.r);
         let mut ax = vec![0f32; self.r];
@@ -125,6 +130,26 @@ impl Factors {
             }
         }
     }
+}
+
+/// Row-major f32 `w` of `rows` rows as the matmul kernels take a weight.
+fn f32_weight(w: &[f32], rows: usize) -> WeightView<'_> {
+    WeightView {
+        ty: GgmlType::F32,
+        rows,
+        cols: w.len() / rows.max(1),
+        bytes: bytemuck::cast_slice(w),
+    }
+}
+
+/// Every row of `m` as f32, each times `scale`.
+fn f32_rows(m: &Matrix, scale: f32) -> Vec<f32> {
+    let mut out = vec![0f32; m.rows * m.cols];
+    for (i, row) in out.chunks_exact_mut(m.cols.max(1)).enumerate() {
+        m.dequantize_row(i, row);
+        row.iter_mut().for_each(|v| *v *= scale);
+    }
+    out
 }
 
 /// A loaded adapter (this rank's shard of it).
@@ -224,16 +249,6 @@ fn parse_name(name: &str) -> Option<(usize, Proj, bool)> {
     Some((layer.parse().ok()?, proj, is_a))
 }
 
-/// Every row of `m` as f32, each times `scale`.
-fn f32_rows(m: &Matrix, scale: f32) -> Vec<f32> {
-    let mut out = vec![0f32; m.rows * m.cols];
-    for (i, row) in out.chunks_exact_mut(m.cols.max(1)).enumerate() {
-        m.dequantize_row(i, row);
-        row.iter_mut().for_each(|v| *v *= scale);
-    }
-    out
-}
-
 impl LoraAdapter {
     /// The adapter saved in `dir`, called `name`, for `tp`'s shard of a model of shape `c` (the
     /// whole model's).
@@ -289,15 +304,21 @@ impl LoraAdapter {
         &self.name
     }
 
-    /// Adds this adapter's change of projection `proj` of layer `layer` to `out` (rows of
-    /// the projection's output), for the same rows of its input `x`.
-    pub fn add(&self, layer: usize, proj: Proj, x: &[f32], out: &mut [f32]) {
+    /// Adds this adapter's change of projection `proj` of layer `layer` to `out` (`n` rows of
+    /// the projection's output), for the `n` rows of its input `x`.
+    pub fn add(
+        &self,
+        (layer, proj): (usize, Proj),
+        x: (&[f32], usize),
+        out: &mut [f32],
+        mm: MatmulOptions,
+    ) {
         if let Some(f) = self
             .layers
             .get(layer)
             .and_then(|l| l[proj as usize].as_ref())
         {
-            f.add(x, out);
+            f.add(x, out, mm);
         }
     }
 }
@@ -406,9 +427,10 @@ impl LoraSet {
     pub fn add(
         &self,
         runs: &[LoraRows],
-        (layer, proj): (usize, Proj),
+        at: (usize, Proj),
         (x, n): (&[f32], usize),
         out: &mut [f32],
+        mm: MatmulOptions,
     ) {
         if n == 0 {
             return;
@@ -420,7 +442,12 @@ impl LoraSet {
             };
             let r = &run.rows;
             let x = &x[r.start * w_in..r.end * w_in];
-            a.add(layer, proj, x, &mut out[r.start * w_out..r.end * w_out]);
+            a.add(
+                at,
+                (x, r.len()),
+                &mut out[r.start * w_out..r.end * w_out],
+                mm,
+            );
         }
     }
 }
