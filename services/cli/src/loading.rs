@@ -129,10 +129,11 @@ pub struct ModelArgs {
     /// The shortest run looked up.
     #[arg(long, default_value_t = 2, env = "FERRITE_PROMPT_LOOKUP_MIN")]
     pub prompt_lookup_min: usize,
-    /// A LoRA adapter served beside the model, as NAME=DIR (a directory PEFT saved:
-    /// adapter_config.json and adapter_model.safetensors); repeat for more. Requests ask for
-    /// one by giving NAME as their model; every adapter is held in memory and any mix of them
-    /// and the base shares a batch. CPU only for now.
+    /// A LoRA adapter served beside the model, as NAME=PATH: a directory PEFT saved
+    /// (adapter_config.json and adapter_model.safetensors) or a GGUF LoRA file (llama.cpp's
+    /// convert_lora_to_gguf.py writes them); repeat for more. Requests ask for one by giving
+    /// NAME as their model; every adapter is held in memory and any mix of them and the base
+    /// shares a batch. CPU only for now.
     #[arg(long = "lora-modules", value_parser = lora_module, num_args = 1..)]
     pub lora_modules: Vec<LoraModule>,
 }
@@ -148,7 +149,7 @@ fn lora_module(s: &str) -> Result<LoraModule, String> {
     let (name, dir) = s
         .split_once('=')
         .filter(|(n, d)| !n.is_empty() && !d.is_empty())
-        .ok_or_else(|| format!("`{s}`: give NAME=DIR"))?;
+        .ok_or_else(|| format!("`{s}`: give NAME=PATH"))?;
     Ok(LoraModule {
         name: name.to_owned(),
         dir: dir.into(),
@@ -614,7 +615,7 @@ mod tests {
             let Err(e) = Cli::try_parse_from(["ferrite", "--lora-modules", bad]) else {
                 panic!("{bad} parsed");
             };
-            assert!(e.to_string().contains("NAME=DIR"), "{bad}: {e}");
+            assert!(e.to_string().contains("NAME=PATH"), "{bad}: {e}");
         }
     }
 }

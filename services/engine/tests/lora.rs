@@ -258,3 +258,46 @@ fn tempdir_with_config(from: &Path, edit: impl FnOnce(&mut Value)) -> PathBuf {
     std::fs::copy(from.join(weights), dir.join(weights)).expect("weights");
     dir
 }
+
+/// A `llama` GGUF model (its Q/K rows permuted by llama.cpp's converter) takes a PEFT adapter
+/// and the same adapter as a GGUF file (`convert_lora_to_gguf.py`'s layout) alike: both give
+/// PEFT's logits (over the base rounded as the file holds it), and llama.cpp's within its
+/// own rounding. The model in Hugging Face's order takes both alike too.
+#[test]
+fn peft_and_gguf_adapters_agree_on_gguf_and_safetensors_models() {
+    let dir = fixtures().join("models/llama2_lora");
+    let want = read_json(&dir.join("expected.json"));
+    let (peft, gguf) = (dir.join("peft"), dir.join("adapter.gguf"));
+    let base = fixtures().join("models/llama2_tied");
+    let mut solo = ferrite_collective::Solo;
+    for file in ["model.gguf", "model.safetensors"] {
+        let path = if file.ends_with("gguf") {
+            base.join(file)
+        } else {
+            base.clone()
+        };
+        let mut m = model::load(&path).expect("llama2_tied").model;
+        m.load_lora("peft", &peft).expect("PEFT adapter");
+        m.load_lora("gguf", &gguf).expect("GGUF adapter");
+        let cases = want["cases"].as_array().expect("cases");
+        for (k, case) in cases.iter().enumerate() {
+            let prompt = ids(&case["prompt_token_ids"]);
+            let (p, g) = (
+                prefill(&m, &prompt, Some(0), &mut solo),
+                prefill(&m, &prompt, Some(1), &mut solo),
+            );
+            let d = max_abs_diff(&p, &g);
+            assert!(
+                d < 1e-4,
+                "{file} case {k}: PEFT and GGUF adapters differ by {d}"
+            );
+            if file == "model.gguf" {
+                let d = max_abs_diff(&p, &floats(&case["first_logits"]));
+                assert!(d < TOLERANCE, "{file} case {k}: PEFT's logits by {d}");
+                let llamacpp = floats(&want["llamacpp_first_logits"][k]);
+                let d = max_abs_diff(&g, &llamacpp);
+                assert!(d < 0.05, "{file} case {k}: llama.cpp's logits by {d}");
+            }
+        }
+    }
+}

@@ -1,7 +1,8 @@
-//! LoRA adapters, as PEFT saves them: a directory with `adapter_config.json` and
-//! `adapter_model.safetensors`, holding for some projections `W` (`[out, in]`) two factors
-//! `A` (`[r, in]`) and `B` (`[out, r]`). A request served with an adapter computes
-//! `W x + s · B (A x)` for each of them, `s` being `lora_alpha / r` (`/ √r` with rsLoRA).
+//! LoRA adapters: for some projections `W` (`[out, in]`), two factors `A` (`[r, in]`) and `B`
+//! (`[out, r]`). A request served with an adapter computes `W x + s · B (A x)` for each of
+//! them. Read from a directory PEFT saved (`adapter_config.json`, `adapter_model.safetensors`;
+//! `s = lora_alpha / r`, `/ √r` with rsLoRA) or from llama.cpp's GGUF adapter files
+//! (`s = adapter.lora.alpha / r`, as llama.cpp applies them): `lora_load.rs`.
 //!
 //! Adapters are applied beside the base weights, never merged into them: one model serves the
 //! base and any number of adapters in one batch, each row of a step's activations with its own
@@ -20,16 +21,17 @@
 use std::ops::Range;
 use std::path::Path;
 
-use ferrite_formats::{Matrix, TensorMap};
 use ferrite_kernels::cpu::matmul::{MatmulOptions, WeightView};
 use ferrite_kernels::cpu::{add_in_place, dot_f32};
 use ferrite_kernels::quant::GgmlType;
-use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::step::SeqChunk;
 use crate::tp::TpRank;
+
+#[path = "lora_load.rs"]
+mod load;
 
 /// A projection an adapter may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +66,19 @@ impl Proj {
             Proj::Gate => "mlp.gate_proj",
             Proj::Up => "mlp.up_proj",
             Proj::Down => "mlp.down_proj",
+        }
+    }
+
+    /// The projection's name in llama.cpp's files, before `.weight`.
+    fn gguf(self) -> &'static str {
+        match self {
+            Proj::Q => "attn_q",
+            Proj::K => "attn_k",
+            Proj::V => "attn_v",
+            Proj::O => "attn_output",
+            Proj::Gate => "ffn_gate",
+            Proj::Up => "ffn_up",
+            Proj::Down => "ffn_down",
         }
     }
 
@@ -142,16 +157,6 @@ fn f32_weight(w: &[f32], rows: usize) -> WeightView<'_> {
     }
 }
 
-/// Every row of `m` as f32, each times `scale`.
-fn f32_rows(m: &Matrix, scale: f32) -> Vec<f32> {
-    let mut out = vec![0f32; m.rows * m.cols];
-    for (i, row) in out.chunks_exact_mut(m.cols.max(1)).enumerate() {
-        m.dequantize_row(i, row);
-        row.iter_mut().for_each(|v| *v *= scale);
-    }
-    out
-}
-
 /// A loaded adapter (this rank's shard of it).
 #[derive(Debug, Clone)]
 pub struct LoraAdapter {
@@ -168,138 +173,7 @@ pub struct LoraRows {
     pub adapter: usize,
 }
 
-/// What of `adapter_config.json` the forward depends on, checked.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Scaling {
-    r: usize,
-    scale: f32,
-}
-
-fn bad(dir: &Path, why: String) -> ModelError {
-    ModelError::BadConfig(format!("LoRA adapter {}: {why}", dir.display()))
-}
-
-/// The scale of the adapter whose config is `cfg`, refusing what ferrite does not apply.
-fn scaling(dir: &Path, cfg: &Value) -> Result<Scaling> {
-    let refuse = |why: &str| Err(bad(dir, format!("{why}, which ferrite does not apply")));
-    let set = |key: &str| match cfg.get(key) {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-        Some(Value::Object(m)) => !m.is_empty(),
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::String(s)) => s != "none",
-        Some(_) => true,
-    };
-    if cfg
-        .get("peft_type")
-        .and_then(Value::as_str)
-        .unwrap_or("LORA")
-        != "LORA"
-    {
-        return refuse("it is not a LoRA adapter (peft_type)");
-    }
-    for (key, what) in [
-        ("use_dora", "it is a DoRA adapter (use_dora)"),
-        ("bias", "it trains biases (bias)"),
-        ("lora_bias", "it trains biases (lora_bias)"),
-        (
-            "modules_to_save",
-            "it replaces whole modules (modules_to_save)",
-        ),
-        ("rank_pattern", "it sets ranks per module (rank_pattern)"),
-        ("alpha_pattern", "it sets alphas per module (alpha_pattern)"),
-        (
-            "fan_in_fan_out",
-            "its factors are stored transposed (fan_in_fan_out)",
-        ),
-        (
-            "target_parameters",
-            "it adapts parameters, not modules (target_parameters)",
-        ),
-    ] {
-        if set(key) {
-            return refuse(what);
-        }
-    }
-    let number = |key: &str| {
-        cfg.get(key)
-            .and_then(Value::as_f64)
-            .filter(|v| *v > 0.0)
-            .ok_or_else(|| bad(dir, format!("adapter_config.json has no positive `{key}`")))
-    };
-    let (r, alpha) = (number("r")?, number("lora_alpha")?);
-    let rs = cfg.get("use_rslora").and_then(Value::as_bool) == Some(true);
-    let scale = if rs { alpha / r.sqrt() } else { alpha / r };
-    Ok(Scaling {
-        r: r as usize,
-        scale: scale as f32,
-    })
-}
-
-/// `(layer, projection, is A)` of a PEFT tensor name, if it is a projection's factor.
-fn parse_name(name: &str) -> Option<(usize, Proj, bool)> {
-    let rest = name.strip_prefix("base_model.model.model.layers.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let (module, factor) = rest.rsplit_once(".lora_")?;
-    let is_a = match factor {
-        "A.weight" => true,
-        "B.weight" => false,
-        _ => return None,
-    };
-    let proj = Proj::ALL.into_iter().find(|p| p.module() == module)?;
-    Some((layer.parse().ok()?, proj, is_a))
-}
-
 impl LoraAdapter {
-    /// The adapter saved in `dir`, called `name`, for `tp`'s shard of a model of shape `c` (the
-    /// whole model's).
-    pub fn load(name: &str, dir: &Path, c: &ModelConfig, tp: TpRank) -> Result<Self> {
-        let cfg_path = dir.join("adapter_config.json");
-        let raw = std::fs::read(&cfg_path)
-            .map_err(|e| bad(dir, format!("cannot read adapter_config.json: {e}")))?;
-        let cfg: Value = serde_json::from_slice(&raw)
-            .map_err(|e| bad(dir, format!("adapter_config.json: {e}")))?;
-        let scaling = scaling(dir, &cfg)?;
-        let t = ferrite_formats::safetensors::open_file(&dir.join("adapter_model.safetensors"))?;
-        let mut layers = vec![<[Option<Factors>; 7]>::default(); c.num_layers];
-        let mut names: Vec<&str> = t.names().collect();
-        names.sort();
-        for n in names {
-            let Some((layer, proj, true)) = parse_name(n) else {
-                if parse_name(n).is_none() {
-                    return Err(bad(
-                        dir,
-                        format!(
-                            "tensor `{n}`: ferrite applies adapters to the q, k, v, o, gate, up \
-                             and down projections of the decoder layers only"
-                        ),
-                    ));
-                }
-                continue;
-            };
-            if layer >= c.num_layers {
-                return Err(bad(
-                    dir,
-                    format!("tensor `{n}`: the model has {} layers", c.num_layers),
-                ));
-            }
-            if proj.in_mlp() && c.moe.as_ref().is_some_and(|m| m.sparse_layers[layer]) {
-                return Err(bad(
-                    dir,
-                    format!("tensor `{n}`: layer {layer}'s MLP is a mixture of experts"),
-                ));
-            }
-            let f = Factors::load(&t, n, proj, c, tp, scaling).map_err(|e| bad(dir, e))?;
-            layers[layer][proj as usize] = Some(f);
-        }
-        if layers.iter().flatten().all(Option::is_none) {
-            return Err(bad(dir, "it holds no factors".into()));
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            layers,
-        })
-    }
-
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -320,44 +194,6 @@ impl LoraAdapter {
         {
             f.add(x, out, mm);
         }
-    }
-}
-
-impl Factors {
-    /// The factors of `proj` whose A is tensor `a_name`, cut to `tp`'s shard.
-    fn load(
-        t: &TensorMap,
-        a_name: &str,
-        proj: Proj,
-        c: &ModelConfig,
-        tp: TpRank,
-        s: Scaling,
-    ) -> std::result::Result<Self, String> {
-        let b_name = a_name.replace(".lora_A.", ".lora_B.");
-        let (out, inp) = proj.shape(c);
-        let read = |name: &str, rows, cols| {
-            t.matrix(name)
-                .and_then(|m| m.expect_shape(name, rows, cols))
-                .map_err(|e| e.to_string())
-        };
-        let a = read(a_name, s.r, inp)?;
-        let b = read(&b_name, out, s.r)?;
-        let rows = tp.rows(c);
-        let cut = |r: std::result::Result<Matrix, ferrite_formats::error::FormatError>| {
-            r.map_err(|e| e.to_string())
-        };
-        let (a, b) = match proj {
-            Proj::Q => (a, cut(b.slice_rows(&b_name, rows.q))?),
-            Proj::K | Proj::V => (a, cut(b.slice_rows(&b_name, rows.kv))?),
-            Proj::Gate | Proj::Up => (a, cut(b.slice_rows(&b_name, rows.ffn))?),
-            Proj::O => (cut(a.slice_cols(a_name, rows.q))?, b),
-            Proj::Down => (cut(a.slice_cols(a_name, rows.ffn))?, b),
-        };
-        Ok(Self {
-            r: s.r,
-            a: f32_rows(&a, 1.0),
-            b: f32_rows(&b, s.scale),
-        })
     }
 }
 
@@ -449,55 +285,5 @@ impl LoraSet {
                 mm,
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn names_of_peft_factors_parse_and_others_do_not() {
-        let n = "base_model.model.model.layers.12.mlp.down_proj.lora_B.weight";
-        assert_eq!(parse_name(n), Some((12, Proj::Down, false)));
-        let n = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
-        assert_eq!(parse_name(n), Some((0, Proj::Q, true)));
-        for other in [
-            "base_model.model.model.embed_tokens.lora_embedding_A",
-            "base_model.model.lm_head.lora_A.weight",
-            "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight",
-            "base_model.model.model.layers.0.mlp.experts.0.w1.lora_A.weight",
-        ] {
-            assert_eq!(parse_name(other), None, "{other}");
-        }
-    }
-
-    #[test]
-    fn the_scale_is_alpha_over_r_or_its_root_and_the_unsupported_is_named() {
-        let dir = Path::new("a");
-        let s = scaling(dir, &json!({"r": 8, "lora_alpha": 16, "bias": "none"})).expect("accepted");
-        assert_eq!(s, Scaling { r: 8, scale: 2.0 });
-        let s =
-            scaling(dir, &json!({"r": 4, "lora_alpha": 6, "use_rslora": true})).expect("accepted");
-        assert_eq!(s, Scaling { r: 4, scale: 3.0 });
-        let base = json!({"r": 4, "lora_alpha": 8, "modules_to_save": null, "rank_pattern": {}});
-        assert!(scaling(dir, &base).is_ok());
-        for (key, value, named) in [
-            ("use_dora", json!(true), "DoRA"),
-            ("bias", json!("lora_only"), "biases"),
-            ("modules_to_save", json!(["lm_head"]), "modules_to_save"),
-            ("rank_pattern", json!({"q_proj": 16}), "rank_pattern"),
-            ("fan_in_fan_out", json!(true), "fan_in_fan_out"),
-            ("peft_type", json!("IA3"), "not a LoRA"),
-        ] {
-            let mut cfg = base.clone();
-            cfg[key] = value;
-            let err = scaling(dir, &cfg).expect_err("refused").to_string();
-            assert!(err.contains(named), "{key}: {err}");
-        }
-        let no_r = json!({"lora_alpha": 8});
-        let err = scaling(dir, &no_r).expect_err("no r").to_string();
-        assert!(err.contains("`r`"), "{err}");
     }
 }
