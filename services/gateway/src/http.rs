@@ -117,7 +117,7 @@ async fn model_json(gw: &Gateway, served: crate::pools::Served) -> Value {
     let name = served.name;
     let defaults = gw.sampling_defaults(&name).await.map(|d| defaults_json(&d));
     json!({ "id": name, "object": "model", "created": unix_now(), "owned_by": "ferrite",
-        "root": served.parent.as_ref().unwrap_or(&name), "parent": served.parent,
+        "root": name, "parent": served.parent,
         "max_model_len": served.max_model_len, "sampling_defaults": defaults })
 }
 
