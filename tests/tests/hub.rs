@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const GGUF_REPO: &str = "ferrite-test/SmolLM2-135M-Instruct-GGUF";
+const LORA_REPO: &str = "tiny/smollm2-lora";
 
 /// The repositories the server holds, under `root/{org}/{name}`.
 fn make_repos(root: &Path, default_model: &Path) -> Result<()> {
@@ -67,7 +68,11 @@ fn make_repos(root: &Path, default_model: &Path) -> Result<()> {
     )?;
     let other = fixtures.join("models/qwen2/model.gguf");
     put(GGUF_REPO, "SmolLM2-135M-Instruct-Q8_0.gguf", Ok(other))?;
-    put(GGUF_REPO, "README.md", Err(b"# gguf\n"))
+    put(GGUF_REPO, "README.md", Err(b"# gguf\n"))?;
+    // A LoRA adapter of the default model, with files ferrite does not read.
+    ferrite_cluster_tests::lora::write_adapter(&root.join(LORA_REPO), 3, 8, 16.0)?;
+    put(LORA_REPO, "README.md", Err(b"# a LoRA\n"))?;
+    put(LORA_REPO, "training_args.bin", Err(&[0u8; 64]))
 }
 
 /// The Hub's stand-in on a free port.
@@ -172,6 +177,7 @@ async fn hub_models_share_huggingface_hubs_cache_and_serve_from_it_offline() -> 
     shares_the_cache(&endpoint, &cache("a"), &cache("b")).await?;
     serves_offline(&endpoint, &cache("c")).await?;
     failures_say_what_to_do(&endpoint, &cache("d")).await?;
+    adapters_come_from_the_hub(&endpoint, &work.join("repos"), &cache("e")).await?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
 }
@@ -254,6 +260,60 @@ async fn serves_offline(endpoint: &str, c: &str) -> Result<()> {
         .as_str()
         .unwrap_or_default();
     anyhow::ensure!(text.contains("Paris"), "{answer}");
+    Ok(())
+}
+
+/// `ferrite generate --lora` of `--lora-modules a=PATH`, with `env`: its token ids.
+async fn generate_with_adapter(path: &str, env: &[(String, String)]) -> Result<Value> {
+    let args: Vec<String> = [
+        "generate",
+        "--lora-modules",
+        &format!("a={path}"),
+        "--lora",
+        "a",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--json",
+    ]
+    .map(String::from)
+    .into();
+    let mut proc = Proc::spawn_with_env("ferrite generate", &ferrite_bin()?, &args, env)?;
+    let status = proc.wait_exit(TIMEOUT).await?;
+    let report = proc.stderr_report().await;
+    anyhow::ensure!(status.success(), "generate with {path} failed\n{report}");
+    let out = proc.stdout().join("\n");
+    let v: Value = serde_json::from_str(&out).with_context(|| out.clone())?;
+    Ok(v["token_ids"].clone())
+}
+
+/// A LoRA adapter named by its repository is fetched (PEFT's two files, no others) and
+/// generates what the same files do from a directory; then again from the cache offline.
+async fn adapters_come_from_the_hub(endpoint: &str, repos: &Path, e: &str) -> Result<()> {
+    let repo = LORA_REPO;
+    let dir = repos.join(repo);
+    let local = generate_with_adapter(&dir.to_string_lossy(), &[]).await?;
+    let online = env(&[("HF_ENDPOINT", endpoint), ("HF_HUB_CACHE", e)]);
+    assert_eq!(generate_with_adapter(repo, &online).await?, local);
+    let offline = env(&[
+        ("HF_ENDPOINT", NOWHERE),
+        ("HF_HUB_CACHE", e),
+        ("HF_HUB_OFFLINE", "1"),
+    ]);
+    assert_eq!(generate_with_adapter(repo, &offline).await?, local);
+    let snapshots = Path::new(e).join("models--tiny--smollm2-lora/snapshots");
+    let snap = std::fs::read_dir(&snapshots)?
+        .next()
+        .context("a snapshot")??
+        .path();
+    let mut got: Vec<String> = std::fs::read_dir(&snap)?
+        .map(|f| Ok(f?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    got.sort();
+    assert_eq!(got, ["adapter_config.json", "adapter_model.safetensors"]);
     Ok(())
 }
 

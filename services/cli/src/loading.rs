@@ -130,29 +130,31 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 2, env = "FERRITE_PROMPT_LOOKUP_MIN")]
     pub prompt_lookup_min: usize,
     /// A LoRA adapter served beside the model, as NAME=PATH: a directory PEFT saved
-    /// (adapter_config.json and adapter_model.safetensors) or a GGUF LoRA file (llama.cpp's
-    /// convert_lora_to_gguf.py writes them); repeat for more. Requests ask for one by giving
+    /// (adapter_config.json and adapter_model.safetensors), a GGUF LoRA file (llama.cpp's
+    /// convert_lora_to_gguf.py writes them), or a Hugging Face Hub repository of either
+    /// (org/name[@revision][:file.gguf], fetched into the Hub's cache); repeat for more. Requests ask for one by giving
     /// NAME as their model; every adapter is held in memory and any mix of them and the base
     /// shares a batch. CPU only for now.
     #[arg(long = "lora-modules", value_parser = lora_module, num_args = 1..)]
     pub lora_modules: Vec<LoraModule>,
 }
 
-/// A LoRA adapter of `--lora-modules`: the name requests ask for, and where PEFT saved it.
+/// A LoRA adapter of `--lora-modules`: the name requests ask for, and where it is (a path,
+/// or a Hugging Face Hub repository).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoraModule {
     pub name: String,
-    pub dir: std::path::PathBuf,
+    pub path: String,
 }
 
 fn lora_module(s: &str) -> Result<LoraModule, String> {
-    let (name, dir) = s
+    let (name, path) = s
         .split_once('=')
-        .filter(|(n, d)| !n.is_empty() && !d.is_empty())
+        .filter(|(n, p)| !n.is_empty() && !p.is_empty())
         .ok_or_else(|| format!("`{s}`: give NAME=PATH"))?;
     Ok(LoraModule {
         name: name.to_owned(),
-        dir: dir.into(),
+        path: path.to_owned(),
     })
 }
 
@@ -396,10 +398,7 @@ impl ModelArgs {
             a.extend(["--devices".into(), list.join(",")]);
         }
         for m in &self.lora_modules {
-            a.extend([
-                "--lora-modules".into(),
-                format!("{}={}", m.name, m.dir.display()),
-            ]);
+            a.extend(["--lora-modules".into(), format!("{}={}", m.name, m.path)]);
         }
         a
     }
@@ -473,8 +472,12 @@ impl ModelArgs {
             ..self.load_options()
         })?;
         for m in &self.lora_modules {
-            (loaded.model.load_lora(&m.name, &m.dir))
-                .with_context(|| format!("--lora-modules {}={}", m.name, m.dir.display()))?;
+            let what = || format!("--lora-modules {}={}", m.name, m.path);
+            let path = registry::resolve_adapter(&m.path, |what| {
+                ferrite_telemetry::notice("info", &format!("ferrite: {what} ..."));
+            })
+            .with_context(what)?;
+            loaded.model.load_lora(&m.name, &path).with_context(what)?;
         }
         Ok((loaded.model.into(), loaded.tokenizer, loaded.pooling))
     }
@@ -608,7 +611,7 @@ mod tests {
         ]);
         let names: Vec<&str> = a.lora_modules.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["sql", "chat", "x"]);
-        assert_eq!(a.lora_modules[0].dir, std::path::Path::new("/a/sql"));
+        assert_eq!(a.lora_modules[0].path, "/a/sql");
         let again = args(&a.to_args().iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(again.lora_modules, a.lora_modules);
         for bad in ["sql", "=dir", "sql="] {

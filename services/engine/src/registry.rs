@@ -81,16 +81,39 @@ pub fn resolve(name_or_path: &str, on_pull: impl FnOnce(&str)) -> Result<PathBuf
         return Ok(as_path.to_owned());
     }
     if let Some(repo) = ferrite_hub::RepoRef::parse(name_or_path) {
-        return ferrite_hub::resolve(&repo, |what| {
-            on_pull(&format!("pulling {what} from the Hugging Face Hub"))
-        })
-        .map_err(|e| {
-            EngineError::Fetch(format!(
-                "`{name_or_path}` is not a local path, so it was looked up on the Hugging Face \
-                 Hub: {e}"
-            ))
-        });
+        return from_hub(name_or_path, &repo, on_pull);
     }
+    resolve_known(name_or_path, on_pull)
+}
+
+/// A LoRA adapter's path: `path_or_repo` where it exists, else the Hugging Face Hub
+/// repository it names (`org/name[@revision][:file.gguf]`), fetched into the Hub's cache on
+/// first use (PEFT's two files, or the GGUF file named).
+pub fn resolve_adapter(path_or_repo: &str, on_pull: impl FnOnce(&str)) -> Result<PathBuf> {
+    let as_path = Path::new(path_or_repo);
+    match ferrite_hub::RepoRef::adapter(path_or_repo) {
+        Some(repo) if !as_path.exists() => from_hub(path_or_repo, &repo, on_pull),
+        _ => Ok(as_path.to_owned()),
+    }
+}
+
+fn from_hub(
+    asked: &str,
+    repo: &ferrite_hub::RepoRef,
+    on_pull: impl FnOnce(&str),
+) -> Result<PathBuf> {
+    ferrite_hub::resolve(repo, |what| {
+        on_pull(&format!("pulling {what} from the Hugging Face Hub"))
+    })
+    .map_err(|e| {
+        EngineError::Fetch(format!(
+            "`{asked}` is not a local path, so it was looked up on the Hugging Face Hub: {e}"
+        ))
+    })
+}
+
+/// A known model's cached file, pulled on first use.
+fn resolve_known(name_or_path: &str, on_pull: impl FnOnce(&str)) -> Result<PathBuf> {
     let Some(m) = known(name_or_path) else {
         let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
         return Err(EngineError::ModelNotFound(

@@ -80,6 +80,10 @@ pub(crate) fn find(repo_dir: &Path, revision: &str, wanted: &Wanted) -> Result<O
     if chosen.iter().any(|f| f.ends_with(".gguf")) {
         return Ok(chosen.first().map(|f| snap.join(f)));
     }
+    if *wanted == Wanted::Adapter {
+        // `choose` found its files in the snapshot.
+        return Ok(Some(snap));
+    }
     let has = |f: &str| files.iter().any(|x| x == f);
     let tokenizer = has("tokenizer.json") || has("tokenizer.model");
     let complete = has("config.json") && tokenizer && index_complete(&snap, &files);

@@ -30,6 +30,8 @@ pub struct RepoRef {
     pub revision: String,
     /// A GGUF quantization (`Q4_K_M`) or file name, for repositories of GGUF files.
     pub file: Option<String>,
+    /// A LoRA adapter's repository (PEFT's files), not a model's: [`Self::adapter`].
+    pub adapter: bool,
 }
 
 /// What went wrong finding or fetching a model on the Hub.
@@ -99,14 +101,22 @@ impl RepoRef {
             repo: repo.to_owned(),
             revision: revision.to_owned(),
             file,
+            adapter: false,
         })
+    }
+
+    /// [`Self::parse`] for a LoRA adapter's repository: PEFT's `adapter_config.json` and
+    /// `adapter_model.safetensors`, or (`:file`) one GGUF adapter file.
+    pub fn adapter(s: &str) -> Option<Self> {
+        Self::parse(s).map(|r| Self { adapter: true, ..r })
     }
 
     /// What to fetch of the repository.
     pub fn wanted(&self) -> Wanted {
-        match &self.file {
-            None => Wanted::Model,
-            Some(f) => Wanted::Gguf(f.clone()),
+        match (&self.file, self.adapter) {
+            (None, false) => Wanted::Model,
+            (None, true) => Wanted::Adapter,
+            (Some(f), _) => Wanted::Gguf(f.clone()),
         }
     }
 }

@@ -173,7 +173,7 @@ impl Hub {
         self.download_all(r, repo_dir, &commit, &missing)?;
         write_ref(repo_dir, &r.revision, &commit)?;
         Ok(match r.wanted() {
-            Wanted::Model if !chosen.iter().any(|f| f.ends_with(".gguf")) => snap,
+            Wanted::Model | Wanted::Adapter if !chosen.iter().any(|f| f.ends_with(".gguf")) => snap,
             _ => chosen.first().map_or(snap.clone(), |f| snap.join(f)),
         })
     }

@@ -9,7 +9,12 @@ pub enum Wanted {
     Model,
     /// The GGUF file of this quantization (`Q4_K_M`) or name (`x.Q4_K_M.gguf`).
     Gguf(String),
+    /// A LoRA adapter as PEFT saves it: [`ADAPTER_FILES`].
+    Adapter,
 }
+
+/// The files of a PEFT adapter that ferrite reads.
+pub const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safetensors"];
 
 /// Top-level files read beside safetensors weights: config, tokenizer, chat template,
 /// generation config, quantization config (all `.json`), a separate template (`.jinja`), a
@@ -48,6 +53,13 @@ pub fn choose(files: &[String], wanted: &Wanted) -> Result<Vec<String>, String> 
             )),
         },
         Wanted::Gguf(tag) => gguf(files, tag).map(|f| vec![f]),
+        Wanted::Adapter if ADAPTER_FILES.iter().all(|a| files.iter().any(|f| f == a)) => {
+            Ok(ADAPTER_FILES.map(String::from).to_vec())
+        }
+        Wanted::Adapter => Err(format!(
+            "it is not a LoRA adapter as PEFT saves one: {} are not all there",
+            ADAPTER_FILES.join(" and ")
+        )),
     }
 }
 
@@ -213,5 +225,28 @@ mod tests {
         let one = files(&["x.Q4_0.gguf", "mmproj.gguf"]);
         assert_eq!(choose(&one, &Wanted::Model), Ok(files(&["x.Q4_0.gguf"])));
         assert!(choose(&files(&["README.md"]), &Wanted::Model).is_err());
+    }
+
+    #[test]
+    fn an_adapter_is_peft_s_two_files_and_nothing_else() {
+        let repo = files(&[
+            "README.md",
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "training_args.bin",
+            "checkpoint-500/adapter_model.safetensors",
+        ]);
+        let want = files(&["adapter_config.json", "adapter_model.safetensors"]);
+        assert_eq!(choose(&repo, &Wanted::Adapter), Ok(want));
+        let e = choose(
+            &files(&["adapter_config.json", "adapter_model.bin"]),
+            &Wanted::Adapter,
+        )
+        .expect_err("no safetensors");
+        assert!(e.contains("not a LoRA adapter"), "{e}");
+        let r = crate::RepoRef::adapter("org/lora@v2").expect("a repo");
+        assert_eq!((r.wanted(), r.revision.as_str()), (Wanted::Adapter, "v2"));
+        let r = crate::RepoRef::adapter("org/lora-gguf:x.gguf").expect("a file");
+        assert_eq!(r.wanted(), Wanted::Gguf("x.gguf".into()));
     }
 }
