@@ -623,4 +623,28 @@ mod tests {
         assert_eq!(refused.code(), Code::InvalidArgument);
         assert!(refused.message().contains("mean_tokens"));
     }
+
+    /// A request naming a LoRA adapter runs with the engine's number of it (the order of
+    /// `ModelInfo.lora`), embeddings requests too; a name the pool does not serve is NOT_FOUND.
+    #[tokio::test]
+    async fn adapters_are_numbered_as_the_pool_lists_them() {
+        let info = pb::ModelInfo {
+            lora: vec!["sql".into(), "chat".into()],
+            ..pb::ModelInfo::default()
+        };
+        let service = WorkerService::new(Backend::Synthetic(SyntheticEngine::new(100.0)), info);
+        let req = |lora: Option<&str>, embed: bool| pb::GenerateRequest {
+            prompt_token_ids: vec![1, 2],
+            lora: lora.map(str::to_owned),
+            embed: embed.then(pb::EmbedOptions::default),
+            ..pb::GenerateRequest::default()
+        };
+        let lora = |r| service.params_of(&r).map(|p| p.lora);
+        assert_eq!(lora(req(None, false)).expect("base"), None);
+        assert_eq!(lora(req(Some("chat"), false)).expect("chat"), Some(1));
+        assert_eq!(lora(req(Some("sql"), true)).expect("embed"), Some(0));
+        let unknown = lora(req(Some("nope"), false)).expect_err("unknown");
+        assert_eq!(unknown.code(), Code::NotFound);
+        assert!(unknown.message().contains("nope"), "{}", unknown.message());
+    }
 }
