@@ -24,10 +24,12 @@
 //!   (`schedule → plan → execute → sample`); under async scheduling (`overlap`) it plans
 //!   each step while the device runs the one before; under speculative decoding
 //!   (`speculate`) each decoding sequence runs guesses of its next tokens with its last one;
-//!   an embeddings request (`embed`) answers with its prompt's pooled final hidden state.
+//!   an embeddings request (`embed`) answers with its prompt's pooled final hidden state;
+//!   a request with a LoRA adapter (`lora`) runs with it and caches its own prefix blocks.
 //! - [`handle`]: the engine on its own thread; an async handle submits requests and streams tokens.
 //! - [`failpoints`]: faults injected on purpose (`FERRITE_FAILPOINTS`), for the fault tests.
-//! - [`registry`]: models known by name, pulled into the cache on first use.
+//! - [`registry`]: models known by name, pulled into the cache on first use; models and LoRA
+//!   adapters named by their Hub repository.
 //! - [`recommended`]: a model's recommended sampling (generation_config.json, GGUF metadata,
 //!   the registry), for requests that leave a parameter unset.
 //!
