@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::engine::{EmbedParams, Engine, EngineConfig, Speculation};
 use ferrite_engine::error::EngineError;
 use ferrite_engine::kv_cache::KvCache;
 use ferrite_engine::model::{self, LlamaModel, LoadOptions, LogitsWanted, SeqChunk};
@@ -300,4 +300,76 @@ fn peft_and_gguf_adapters_agree_on_gguf_and_safetensors_models() {
             }
         }
     }
+}
+
+/// Embeddings and speculative decoding take an adapter too: each prompt's embedding with
+/// adapter `all` is PEFT's decoder's (its last hidden state, normalized), and with n-gram
+/// drafts checked in the same steps, every request of the base and both adapters generates
+/// what it does one token at a time.
+#[test]
+fn embeddings_and_speculative_decoding_run_with_adapters() {
+    let want = expected();
+    let base_cases = read_json(&fixtures().join("models/qwen3/expected.json"));
+    let cfg = EngineConfig {
+        max_model_len: Some(128),
+        max_num_batched_tokens: 24,
+        kv_cache_bytes: 8 << 20,
+        speculation: Some(Speculation {
+            tokens: 3,
+            lookup_max: 3,
+            lookup_min: 1,
+        }),
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(with_adapters(TpRank::SOLO), vec![], cfg).expect("engine");
+    let embed = SamplingParams {
+        embed: Some(EmbedParams {
+            normalize: true,
+            dimensions: None,
+        }),
+        ..greedy(1, Some(0))
+    };
+    let mut requests = Vec::new();
+    let mut wanted = HashMap::new();
+    for (k, b) in base_cases["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .enumerate()
+    {
+        for (j, lora) in [None, Some(0), Some(1)].into_iter().enumerate() {
+            let case = match lora {
+                None => b,
+                Some(i) => &want["adapters"][ADAPTERS[i as usize]][k],
+            };
+            let id = (10 * k + j) as u64;
+            requests.push((id, ids(&case["prompt_token_ids"]), greedy(16, lora)));
+            wanted.insert(id, clear_tokens(case));
+        }
+        let case = &want["adapters"]["all"][k];
+        requests.push((
+            (10 * k + 9) as u64,
+            ids(&case["prompt_token_ids"]),
+            embed.clone(),
+        ));
+    }
+    let mut embeddings = HashMap::new();
+    let out = engine
+        .run_to_completion(requests, |ev| {
+            if let Some(e) = &ev.embedding {
+                embeddings.insert(ev.id, e.clone());
+            }
+            true
+        })
+        .expect("run");
+    for (id, clear) in &wanted {
+        let tokens = out[id].token_ids();
+        assert_eq!(&tokens[..clear.len()], clear, "request {id}");
+    }
+    for k in 0..3 {
+        let got = &embeddings[&((10 * k + 9) as u64)];
+        let d = max_abs_diff(got, &floats(&want["adapters"]["all"][k]["embedding"]));
+        assert!(d < 1e-4, "embedding {k}: max |Δ| {d}");
+    }
+    assert!(engine.stats().spec_draft_tokens > 0, "no draft was checked");
 }
