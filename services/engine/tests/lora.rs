@@ -130,10 +130,7 @@ fn clear_tokens(case: &Value) -> Vec<u32> {
 }
 
 /// Runs `requests` on `engine`, returning each one's tokens and cached prompt tokens.
-fn run(
-    engine: &mut Engine,
-    requests: Vec<(u64, Vec<u32>, SamplingParams)>,
-) -> HashMap<u64, (Vec<u32>, usize)> {
+fn run(engine: &mut Engine, requests: Vec<Request>) -> HashMap<u64, (Vec<u32>, usize)> {
     let mut cached = HashMap::new();
     let out = engine
         .run_to_completion(requests, |ev| {
@@ -148,32 +145,34 @@ fn run(
         .collect()
 }
 
-/// Requests of the base and of both adapters, in one batch with their prefills chunked, each
-/// generate what PEFT (or transformers, for the base) does; then again, after all of them
-/// left their blocks in the prefix cache: each request reuses only its own adapter's blocks,
-/// and generates the same tokens.
-#[test]
-fn adapters_and_the_base_share_batches_but_not_cached_blocks() {
-    let want = expected();
-    let base_cases = read_json(&fixtures().join("models/qwen3/expected.json"));
+/// An engine over the tiny Qwen3 with both adapters, its prefills chunked.
+fn engine_with(speculation: Option<Speculation>) -> Engine {
     let cfg = EngineConfig {
         max_model_len: Some(128),
         max_num_batched_tokens: 24,
         kv_cache_bytes: 8 << 20,
+        speculation,
         ..EngineConfig::default()
     };
-    let mut engine = Engine::new(with_adapters(TpRank::SOLO), vec![], cfg).expect("engine");
-    assert_eq!(engine.lora_names(), ADAPTERS);
+    Engine::new(with_adapters(TpRank::SOLO), vec![], cfg).expect("engine")
+}
+
+type Request = (u64, Vec<u32>, SamplingParams);
+
+/// For each of the fixtures' prompts (k), 16 greedy tokens with the base, adapter `all` and
+/// adapter `qv` (j = 0, 1, 2), as request `3k + j`; and the tokens each must begin with.
+fn base_and_adapter_requests() -> (Vec<Request>, HashMap<u64, Vec<u32>>) {
+    let want = expected();
+    let base_cases = read_json(&fixtures().join("models/qwen3/expected.json"));
     let mut requests = Vec::new();
     let mut wanted = HashMap::new();
-    let runs = [None, Some(0), Some(1)];
     for (k, b) in base_cases["cases"]
         .as_array()
         .expect("cases")
         .iter()
         .enumerate()
     {
-        for (j, lora) in runs.into_iter().enumerate() {
+        for (j, lora) in [None, Some(0), Some(1)].into_iter().enumerate() {
             let case = match lora {
                 None => b,
                 Some(i) => &want["adapters"][ADAPTERS[i as usize]][k],
@@ -183,6 +182,18 @@ fn adapters_and_the_base_share_batches_but_not_cached_blocks() {
             wanted.insert(id, clear_tokens(case));
         }
     }
+    (requests, wanted)
+}
+
+/// Requests of the base and of both adapters, in one batch with their prefills chunked, each
+/// generate what PEFT (or transformers, for the base) does; then again, after all of them
+/// left their blocks in the prefix cache: each request reuses only its own adapter's blocks,
+/// and generates the same tokens.
+#[test]
+fn adapters_and_the_base_share_batches_but_not_cached_blocks() {
+    let mut engine = engine_with(None);
+    assert_eq!(engine.lora_names(), ADAPTERS);
+    let (mut requests, mut wanted) = base_and_adapter_requests();
     for round in 0..2 {
         let got = run(&mut engine, requests.clone());
         for (id, (tokens, cached)) in &got {
@@ -309,19 +320,11 @@ fn peft_and_gguf_adapters_agree_on_gguf_and_safetensors_models() {
 #[test]
 fn embeddings_and_speculative_decoding_run_with_adapters() {
     let want = expected();
-    let base_cases = read_json(&fixtures().join("models/qwen3/expected.json"));
-    let cfg = EngineConfig {
-        max_model_len: Some(128),
-        max_num_batched_tokens: 24,
-        kv_cache_bytes: 8 << 20,
-        speculation: Some(Speculation {
-            tokens: 3,
-            lookup_max: 3,
-            lookup_min: 1,
-        }),
-        ..EngineConfig::default()
-    };
-    let mut engine = Engine::new(with_adapters(TpRank::SOLO), vec![], cfg).expect("engine");
+    let mut engine = engine_with(Some(Speculation {
+        tokens: 3,
+        lookup_max: 3,
+        lookup_min: 1,
+    }));
     let embed = SamplingParams {
         embed: Some(EmbedParams {
             normalize: true,
@@ -329,26 +332,11 @@ fn embeddings_and_speculative_decoding_run_with_adapters() {
         }),
         ..greedy(1, Some(0))
     };
-    let mut requests = Vec::new();
-    let mut wanted = HashMap::new();
-    for (k, b) in base_cases["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .enumerate()
-    {
-        for (j, lora) in [None, Some(0), Some(1)].into_iter().enumerate() {
-            let case = match lora {
-                None => b,
-                Some(i) => &want["adapters"][ADAPTERS[i as usize]][k],
-            };
-            let id = (10 * k + j) as u64;
-            requests.push((id, ids(&case["prompt_token_ids"]), greedy(16, lora)));
-            wanted.insert(id, clear_tokens(case));
-        }
+    let (mut requests, wanted) = base_and_adapter_requests();
+    for k in 0..3 {
         let case = &want["adapters"]["all"][k];
         requests.push((
-            (10 * k + 9) as u64,
+            100 + k as u64,
             ids(&case["prompt_token_ids"]),
             embed.clone(),
         ));
@@ -367,7 +355,7 @@ fn embeddings_and_speculative_decoding_run_with_adapters() {
         assert_eq!(&tokens[..clear.len()], clear, "request {id}");
     }
     for k in 0..3 {
-        let got = &embeddings[&((10 * k + 9) as u64)];
+        let got = &embeddings[&(100 + k as u64)];
         let d = max_abs_diff(got, &floats(&want["adapters"]["all"][k]["embedding"]));
         assert!(d < 1e-4, "embedding {k}: max |Δ| {d}");
     }
