@@ -34,8 +34,10 @@ pub struct WorkerOptions {
     pub max_num_seqs: Option<usize>,
     pub max_waiting: Option<usize>,
     pub max_model_len: Option<usize>,
-    /// A model file served under [`MODEL`]'s name instead of the default model.
+    /// A model file (or directory) served instead of the default model, under [`MODEL`]'s
+    /// name unless `served_name` says another.
     pub model_file: Option<std::path::PathBuf>,
+    pub served_name: Option<String>,
     /// Added to the worker's environment (`FERRITE_TLS_CERT`, …).
     pub env: Vec<(String, String)>,
     /// Added to the worker's command line.
@@ -51,6 +53,7 @@ impl Default for WorkerOptions {
             max_waiting: None,
             max_model_len: None,
             model_file: None,
+            served_name: None,
             env: Vec::new(),
             extra_args: Vec::new(),
         }
@@ -82,7 +85,8 @@ impl WorkerOptions {
         .into();
         if let Some(file) = &self.model_file {
             args[2] = file.display().to_string();
-            args.extend(["--served-model-name".into(), MODEL.into()]);
+            let name = self.served_name.as_deref().unwrap_or(MODEL);
+            args.extend(["--served-model-name".into(), name.into()]);
         }
         args.extend(["--lease-ttl-s".into(), self.lease_ttl_s.to_string()]);
         // The exact arithmetic: answers compare with `ferrite generate`'s whatever the batch.

@@ -4,6 +4,10 @@
 //! to its first `dimensions` where asked (Matryoshka embeddings) and L2-normalized unless the
 //! model says not to.
 //!
+//! A sequence classifier's request ([`EmbedParams::classify`]) runs the same way, its answer
+//! the classifier's logits of that hidden state ([`crate::model::classify`]): a reranker's
+//! relevance, a classifier's label.
+//!
 //! Such a request runs as one for a single greedy token: the step that ends its prompt keeps
 //! the final hidden states of its rows of logits (the executor's, on the CPU), its row is
 //! pooled here, and the embedding rides on the token's event, which the caller drops. The
@@ -31,14 +35,47 @@ pub fn pool(hidden: &[f32], p: EmbedParams) -> Vec<f32> {
 }
 
 impl Engine {
-    /// Why an embeddings request with `params` cannot run here, if it cannot.
+    /// A sequence classifier's labels, in the order of its logits; `None` for a generative
+    /// model.
+    pub fn labels(&self) -> Option<&[String]> {
+        self.exec.classifier().map(|c| c.labels())
+    }
+
+    /// What [`Engine::warmup`] runs: a prompt and one decode step, or a classifier's request
+    /// (a classifier generates nothing).
+    pub(crate) fn warmup_params(&self) -> SamplingParams {
+        match self.exec.classifier() {
+            Some(_) => SamplingParams::classify(),
+            None => SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(2)
+            },
+        }
+    }
+
+    /// Why an embeddings (or classification) request with `params` cannot run here, if it
+    /// cannot; and a sequence classifier generates nothing.
     pub(crate) fn check_embed(&self, params: &SamplingParams) -> Result<()> {
+        let refuse = |why: String| Err(EngineError::InvalidRequest(why));
         let Some(e) = params.embed else {
+            if self.exec.classifier().is_some() {
+                return refuse(
+                    "this model is a sequence classifier: it scores and classifies \
+                     (/v1/score, /v1/rerank, /classify) and generates no text"
+                        .into(),
+                );
+            }
             return Ok(());
         };
-        let refuse = |why: String| Err(EngineError::InvalidRequest(why));
         if params.max_tokens != 1 || params.prompt_logprobs.is_some() {
             return refuse("an embeddings request samples one token and scores nothing".into());
+        }
+        if e.classify && self.exec.classifier().is_none() {
+            return refuse(format!(
+                "this model ({:?}) is not a sequence classifier: it has no head to score or \
+                 classify with",
+                self.config().architecture
+            ));
         }
         let hidden = self.config().hidden_size;
         if e.dimensions.is_some_and(|d| d == 0 || d > hidden) {
@@ -96,7 +133,10 @@ impl Engine {
                     hidden.len()
                 ))
             })?;
-            req.embedding = Some(pool(last, params));
+            req.embedding = Some(match self.exec.classifier() {
+                Some(head) if params.classify => head.logits(last),
+                _ => pool(last, params),
+            });
         }
         Ok(())
     }

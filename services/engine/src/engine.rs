@@ -265,10 +265,7 @@ impl Engine {
         let _span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "warmup",
             prompt_tokens = prompt_len as i64, decode_steps = 1)
         .entered();
-        let params = SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(2)
-        };
+        let params = self.warmup_params();
         // Any in-vocabulary ids do; the request id is one submitted requests never get.
         let prompt = (0..prompt_len as u32).collect();
         self.run_to_completion(vec![(SeqId::MAX, prompt, params)], |_| true)?;

@@ -21,6 +21,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
 use crate::kv_cache::{KvCache, blocks_for};
+use crate::model::classify::Classifier;
 use crate::model::{
     DrawExtras, Draws, EngineModel, LlamaModel, MaskSource, ModelError, TokenLogprobs,
 };
@@ -109,6 +110,8 @@ pub struct Executor {
     cfg: ModelConfig,
     /// The LoRA adapters' names (see [`Self::lora_names`]).
     lora: Vec<String>,
+    /// A sequence classifier's head (see [`Self::classifier`]).
+    classifier: Option<Classifier>,
     max_model_len: usize,
     num_blocks: usize,
     /// A collective failed: the pool is lost, and the links are not to be used again.
@@ -190,13 +193,19 @@ impl Executor {
             m.fit_context(max_model_len);
         }
         let model_cfg = model.config().clone();
-        let lora = match &model {
-            EngineModel::Host(m) => m.lora_names(),
-            EngineModel::DeviceRandom(_) => Vec::new(),
+        let (lora, classifier) = match &model {
+            EngineModel::Host(m) => (m.lora_names(), m.classifier().cloned()),
+            EngineModel::DeviceRandom(_) => (Vec::new(), None),
         };
         if cfg.cuda.is_some() && !lora.is_empty() {
             return Err(EngineError::BadConfig(
                 "LoRA adapters run on the CPU only for now (--device cpu)".into(),
+            ));
+        }
+        if cfg.cuda.is_some() && classifier.is_some() {
+            // The GPU runner does not bring hidden states back, which a classifier's head reads.
+            return Err(EngineError::BadConfig(
+                "sequence classifiers run on the CPU only for now (--device cpu)".into(),
             ));
         }
         let backend = match (cfg.cuda.clone(), model) {
@@ -220,6 +229,7 @@ impl Executor {
             comm,
             cfg: model_cfg,
             lora,
+            classifier,
             max_model_len,
             num_blocks,
             failed: Cell::new(false),
@@ -298,6 +308,12 @@ impl Executor {
     /// The LoRA adapters' names, in the order a plan's chunks number them.
     pub fn lora_names(&self) -> &[String] {
         &self.lora
+    }
+
+    /// A sequence classifier's head, applied to the hidden states this rank keeps
+    /// ([`Self::take_hidden`]); `None` for a generative model.
+    pub fn classifier(&self) -> Option<&Classifier> {
+        self.classifier.as_ref()
     }
 
     pub fn max_model_len(&self) -> usize {

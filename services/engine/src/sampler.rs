@@ -60,6 +60,11 @@ pub struct EmbedParams {
     pub normalize: bool,
     /// Keep only the first this many of the hidden state's values.
     pub dimensions: Option<usize>,
+    /// The classifier's logits of the hidden state instead (a sequence classifier's
+    /// [`Executor::classifier`]; `normalize` and `dimensions` do not apply).
+    ///
+    /// [`Executor::classifier`]: crate::executor::Executor::classifier
+    pub classify: bool,
 }
 
 use ferrite_proto::worker::v1 as pb;
@@ -85,6 +90,20 @@ impl SamplingParams {
             prompt_logprobs: None,
             embed: None,
             lora: None,
+        }
+    }
+
+    /// A sequence classifier's request: one greedy token, never shown; the classifier's
+    /// logits of the prompt ride on its event.
+    pub fn classify() -> Self {
+        Self {
+            ignore_eos: true,
+            embed: Some(EmbedParams {
+                normalize: false,
+                dimensions: None,
+                classify: true,
+            }),
+            ..Self::greedy(1)
         }
     }
 

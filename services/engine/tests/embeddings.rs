@@ -21,6 +21,7 @@ fn embed(dimensions: Option<usize>) -> SamplingParams {
         embed: Some(EmbedParams {
             normalize: true,
             dimensions,
+            classify: false,
         }),
         ..SamplingParams::greedy(1)
     }

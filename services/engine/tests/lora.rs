@@ -329,6 +329,7 @@ fn embeddings_and_speculative_decoding_run_with_adapters() {
         embed: Some(EmbedParams {
             normalize: true,
             dimensions: None,
+            classify: false,
         }),
         ..greedy(1, Some(0))
     };

@@ -253,6 +253,7 @@ fn embeddings_on_two_ranks_are_transformers() {
             embed: Some(EmbedParams {
                 normalize: true,
                 dimensions: None,
+                classify: false,
             }),
             ..SamplingParams::greedy(1)
         };

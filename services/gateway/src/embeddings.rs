@@ -96,6 +96,7 @@ pub async fn create(
             model: &req.model,
             input,
             dimensions,
+            classify: false,
             caller,
             started,
             api: Api::Http,
@@ -154,10 +155,15 @@ fn encode(vector: &[f32], encoding: Encoding) -> Value {
 
 /// An embeddings request's span; set its parent (the client's context) before using it.
 pub(crate) fn embeddings_span(model: &str) -> tracing::Span {
+    request_span(OP_EMBEDDINGS, model)
+}
+
+/// The span of one input of a pooling request (`op`: embeddings, rerank, score, classify).
+pub(crate) fn request_span(op: &str, model: &str) -> tracing::Span {
     let span = tracing::info_span!("gen_ai.request",
-        otel.name = %format!("{OP_EMBEDDINGS} {model}"), otel.kind = "server",
+        otel.name = %format!("{op} {model}"), otel.kind = "server",
         otel.status_code = tracing::field::Empty);
-    span.set_attribute(genai::OPERATION_NAME, OP_EMBEDDINGS);
+    span.set_attribute(genai::OPERATION_NAME, op.to_owned());
     span.set_attribute(genai::PROVIDER_NAME, genai::PROVIDER);
     span.set_attribute(genai::REQUEST_MODEL, model.to_owned());
     span
@@ -170,6 +176,8 @@ pub struct EmbedArgs<'a> {
     pub input: &'a Prompt,
     /// Keep the first this many values (0: all).
     pub dimensions: u32,
+    /// A sequence classifier's logits instead (`crate::classify`).
+    pub classify: bool,
     pub caller: Caller,
     /// When the request arrived.
     pub started: Instant,
@@ -200,7 +208,7 @@ impl Gateway {
             })
             .await
             .map_err(|e| GatewayError::Internal(format!("the tokenizing thread: {e}")))??
-            .embedding(args.dimensions);
+            .embedding(args.dimensions, args.classify);
             trace.validated(&validated);
             let prompt_tokens = validated.prompt_ids().len();
             self.limiter

@@ -277,6 +277,7 @@ impl api::inference_server::Inference for InferenceService {
                 model: &req.model,
                 input,
                 dimensions: req.dimensions,
+                classify: false,
                 caller,
                 started,
                 api: trace::Api::Grpc,

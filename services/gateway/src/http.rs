@@ -38,6 +38,7 @@ pub fn router(gateway: Gateway) -> Router {
             get(crate::responses::retrieve).delete(crate::responses::delete),
         )
         .merge(crate::tokenizer_http::routes())
+        .merge(crate::classify::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             require_key,

@@ -22,7 +22,8 @@
 //!   request bodies [`openai`] reads (refusing what is not served) and whose log-probabilities
 //!   [`logprobs`] writes, whose answers [`reply`] builds from the events of every choice, and
 //!   whose errors [`api_error`] shapes as OpenAI's; [`tokenizer_http`]: vLLM's tokenizer
-//!   endpoints beside it (for evaluation harnesses).
+//!   endpoints beside it (for evaluation harnesses); [`embeddings`] and [`classify`]: the
+//!   pooling endpoints (embeddings; rerank, score and classify for sequence classifiers).
 //! - [`error`]: [`GatewayError`] and its mapping to gRPC status.
 //!
 //! The gateway owns text; workers own tokens.
@@ -30,6 +31,7 @@
 pub mod api_error;
 mod asked;
 pub mod auth;
+pub mod classify;
 pub mod embeddings;
 pub mod error;
 pub mod grpc;

@@ -29,6 +29,8 @@ pub struct ModelText {
     pub digest: Option<String>,
     /// What requests that leave a sampling field unset get (the model's recommendation).
     pub sampling_defaults: ferrite_proto::v1::SamplingDefaults,
+    /// A sequence classifier's labels (`ModelInfo.labels`); empty for a generative model.
+    pub labels: Vec<String>,
     tokenizer_json: String,
     eos_token_ids: Vec<u32>,
     /// Each token's bytes (for log-probabilities), read on first use.
@@ -113,6 +115,7 @@ impl ModelText {
             add_special_tokens: info.add_special_tokens,
             digest: Some(info.text_digest).filter(|d| !d.is_empty()),
             sampling_defaults: info.sampling_defaults.unwrap_or_default(),
+            labels: info.labels,
             tokenizer_json: info.tokenizer_json,
             eos_token_ids: info.eos_token_ids,
             token_bytes: OnceLock::new(),

@@ -96,9 +96,13 @@ impl ValidatedRequest {
         self
     }
 
-    /// The same request, for the prompt's embedding (its first `dimensions` values; 0: all).
-    pub fn embedding(mut self, dimensions: u32) -> Self {
-        self.embed = Some(pb::EmbedOptions { dimensions });
+    /// The same request, for the prompt's embedding (its first `dimensions` values; 0: all),
+    /// or with `classify` a sequence classifier's logits.
+    pub fn embedding(mut self, dimensions: u32, classify: bool) -> Self {
+        self.embed = Some(pb::EmbedOptions {
+            dimensions,
+            classify,
+        });
         self
     }
 

@@ -156,6 +156,48 @@ pub struct ModelConfig {
     /// Gemma 3: the sliding-window layers rotate with this base, unscaled (the full layers
     /// with `rope_theta` and `rope_scaling`); `None`: every layer with `rope_theta`.
     pub local_rope_theta: Option<f32>,
+    /// A sequence classifier's labels, in the order of its head's rows (Hugging Face
+    /// `*ForSequenceClassification` checkpoints: rerankers, classifiers, reward models). Its
+    /// answer is that head (`score.weight`) applied to the last token's final hidden state,
+    /// not text ([`crate::classify`]). `None` for a generative model.
+    pub labels: Option<Vec<String>>,
+}
+
+const CLASSIFIER: &str = "ForSequenceClassification";
+
+/// The causal LM whose layers a sequence classifier (`LlamaForSequenceClassification`) has.
+fn causal_name(arch: &str) -> String {
+    match arch.strip_suffix(CLASSIFIER) {
+        Some(family) => format!("{family}ForCausalLM"),
+        None => arch.to_owned(),
+    }
+}
+
+/// A sequence classifier's labels: `id2label` in id order, else `num_labels` of transformers'
+/// default names (`LABEL_0`...), else its default two. `None` for another architecture.
+fn classifier_labels(cfg: &Value, arch: &str) -> Option<Vec<String>> {
+    if !arch.ends_with(CLASSIFIER) {
+        return None;
+    }
+    let named = |n: usize| (0..n).map(|i| format!("LABEL_{i}")).collect::<Vec<_>>();
+    let id2label = cfg.get("id2label").and_then(Value::as_object);
+    let n = id2label
+        .map(|m| m.len())
+        .or_else(|| {
+            cfg.get("num_labels")
+                .and_then(Value::as_u64)
+                .map(|n| n as usize)
+        })
+        .unwrap_or(2);
+    let mut labels = named(n);
+    for (id, label) in id2label.into_iter().flatten() {
+        if let (Ok(i), Some(label)) = (id.parse::<usize>(), label.as_str())
+            && i < n
+        {
+            labels[i] = label.to_owned();
+        }
+    }
+    Some(labels)
 }
 
 /// The most layers a config may declare: far above any released model (Llama 3.1 405B has
@@ -244,6 +286,9 @@ impl ModelConfig {
         let bad = |m: String| Err(ModelError::BadConfig(m));
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
             return bad("hidden size, layer count and vocabulary size must be non-zero".into());
+        }
+        if self.labels.as_ref().is_some_and(Vec::is_empty) {
+            return bad("a sequence classifier with no labels (`num_labels` 0)".into());
         }
         if self.num_heads == 0
             || self.num_kv_heads == 0
@@ -401,6 +446,7 @@ impl ModelConfig {
             attention_window: vec![None; num_layers],
             moe,
             local_rope_theta: None,
+            labels: None,
         };
         if let Some(g) = gemma_of(architecture) {
             cfg.activation = Activation::GeluTanh;
@@ -446,7 +492,7 @@ impl ModelConfig {
         if arch_name == "Gemma3ForConditionalGeneration" {
             return Self::from_hf_config(&gemma::text_config(cfg)?);
         }
-        let architecture: Architecture = arch_name.parse()?;
+        let architecture: Architecture = causal_name(arch_name).parse()?;
         let uint = |k: &str| cfg.get(k).and_then(Value::as_u64).map(|v| v as usize);
         let req = |k: &str| {
             uint(k).ok_or_else(|| ModelError::BadConfig(format!("config.json: `{k}` missing")))
@@ -549,6 +595,7 @@ impl ModelConfig {
             attention_window: window::windows(cfg, window_rule(architecture), num_layers)?,
             moe,
             local_rope_theta: None,
+            labels: classifier_labels(cfg, arch_name),
         };
         if let Some(g) = gemma {
             let options = gemma::from_hf(cfg, g, model.gemma_shape())?;

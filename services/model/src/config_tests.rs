@@ -205,3 +205,36 @@ fn llama_options_and_activation() {
     let relu = json!("relu");
     assert!(bad_config(llama(relu.clone()), &relu).contains("relu"));
 }
+
+/// A sequence classifier has its causal LM's shape and its labels: `id2label` in id order,
+/// else `num_labels` of transformers' names, else two; a causal LM has none; no labels at all
+/// is refused.
+#[test]
+fn sequence_classifiers_have_labels() {
+    let config = |arch: &str, extra: Value| {
+        let mut v = json!({"architectures": [arch], "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 256});
+        for (k, x) in extra.as_object().expect("object") {
+            v[k] = x.clone();
+        }
+        ModelConfig::from_hf_config(&v)
+    };
+    let c = config(
+        "Qwen2ForSequenceClassification",
+        json!({"id2label": {"1": "yes", "0": "no"}}),
+    )
+    .expect("config");
+    assert_eq!(c.architecture, Architecture::Qwen2);
+    assert_eq!(c.labels, Some(vec!["no".into(), "yes".into()]));
+    let c = config("LlamaForSequenceClassification", json!({"num_labels": 3}));
+    let labels = c.expect("config").labels.expect("labels");
+    assert_eq!(labels, ["LABEL_0", "LABEL_1", "LABEL_2"]);
+    let c = config("MistralForSequenceClassification", json!({})).expect("config");
+    assert_eq!(c.labels.map(|l| l.len()), Some(2));
+    let causal = config("LlamaForCausalLM", json!({"num_labels": 3})).expect("config");
+    assert_eq!(causal.labels, None);
+    let none = json!({"id2label": {}});
+    let refused = config("LlamaForSequenceClassification", none.clone());
+    assert!(bad_config(refused, &none).contains("no labels"));
+}

@@ -21,6 +21,7 @@
 //! - [`tp`]: tensor parallelism: which share of the model a rank holds.
 //! - [`lora`]: LoRA adapters (PEFT's), applied beside the base weights, per request.
 //! - [`pooling`]: how a model's embeddings are pooled, from sentence-transformers' files or GGUF.
+//! - [`classify`]: sequence classifiers' heads (rerankers, classifiers), over the last token.
 //! - [`presets`] and `dummy.rs`: named shapes with random weights (`--load-format dummy`).
 //! - [`BatchForward`] (`batch.rs`): whole sequences through the model outside any engine.
 //! - [`error`]: what loading or a forward refuses or fails at.
@@ -31,6 +32,7 @@
 //! paths).
 
 mod batch;
+pub mod classify;
 pub mod config;
 mod dummy;
 pub mod error;

@@ -27,6 +27,7 @@ use std::ops::Range;
 use ferrite_collective::Collective;
 use ferrite_formats::{LoadQuantize, Matrix, TensorMap};
 
+use crate::classify::Classifier;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv::KvCache;
@@ -233,7 +234,7 @@ pub struct LlamaModel {
     pub(crate) tp: TpRank,
     pub(crate) embed: Matrix,
     pub(crate) layers: Vec<Layer>,
-    pub(crate) norm: Vec<f32>,
+    pub(crate) norm: Box<[f32]>,
     pub(crate) lm_head: Matrix,
     pub(crate) rope: Rope,
     /// Gemma 3's sliding layers' rotary embedding ([`ModelConfig::local_rope_theta`]).
@@ -245,6 +246,8 @@ pub struct LlamaModel {
     /// The LoRA adapters requests may run with ([`SeqChunk::lora`] indexes them). Boxed:
     /// most models serve none.
     pub(crate) lora: Box<LoraSet>,
+    /// A sequence classifier's head ([`ModelConfig::labels`]); `None` for a generative model.
+    pub(crate) classifier: Option<Box<Classifier>>,
 }
 
 impl LlamaModel {
@@ -266,7 +269,9 @@ impl LlamaModel {
             t.matrix(&embed_name)?
                 .expect_shape(&embed_name, cfg.vocab_size, cfg.hidden_size)?;
         let head_name = n.global("output.weight", "lm_head.weight");
-        let lm_head = if cfg.tie_word_embeddings && !t.contains(&head_name) {
+        // A classifier's checkpoint has no LM head: the embeddings stand in ([`crate::classify`]).
+        let tied = cfg.tie_word_embeddings || cfg.labels.is_some();
+        let lm_head = if tied && !t.contains(&head_name) {
             embed.clone()
         } else {
             t.matrix(&head_name)?
@@ -280,7 +285,7 @@ impl LlamaModel {
             &n.global("output_norm.weight", "model.norm.weight"),
             cfg.hidden_size,
         )?;
-        let norm = offset_norm(norm, &cfg);
+        let norm = offset_norm(norm, &cfg).into_boxed_slice();
         // Llama 3.1 GGUF files carry the scaled frequencies as per-pair divisors.
         let freq_factors = if t.contains("rope_freqs.weight") {
             Some(t.vector_of_len("rope_freqs.weight", cfg.rope_dim / 2)?)
@@ -289,6 +294,7 @@ impl LlamaModel {
         };
         let rope = cfg.rope(freq_factors.as_deref(), cfg.default_context());
         let local_rope = cfg.local_rope().map(Box::new);
+        let classifier = Classifier::load(t, n, &cfg)?.map(Box::new);
         Ok(Self {
             cfg: cfg.shard(tp),
             tp,
@@ -300,6 +306,7 @@ impl LlamaModel {
             local_rope,
             matmul: MatmulOptions::default(),
             lora: Box::new(LoraSet::new(cfg)),
+            classifier,
         })
     }
 
@@ -585,6 +592,11 @@ impl LlamaModel {
     /// The adapters' names, in the order requests number them.
     pub fn lora_names(&self) -> Vec<String> {
         self.lora.names()
+    }
+
+    /// A sequence classifier's head; `None` for a generative model.
+    pub fn classifier(&self) -> Option<&Classifier> {
+        self.classifier.as_deref()
     }
 }
 

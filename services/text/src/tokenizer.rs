@@ -197,6 +197,16 @@ impl Tokenizer {
             .map_err(|e| TextError::Tokenizer(e.to_string()))
     }
 
+    /// A pair of texts → ids, joined as the tokenizer's post-processor joins a pair
+    /// (transformers' `tokenizer(text, text_pair)`: a cross-encoder's query and document,
+    /// with its special tokens around and between them where it has any).
+    pub fn encode_pair(&self, text: &str, pair: &str) -> Result<Vec<u32>, TextError> {
+        self.inner
+            .encode_fast((text, pair), true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TextError::Tokenizer(e.to_string()))
+    }
+
     /// Ids → text. With `skip_special_tokens`, control tokens (BOS, EOS,
     /// chat markers) are left out, as in HF.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {

@@ -202,6 +202,7 @@ impl RunningWorker {
         let max_model_len = engine.max_model_len();
         let info = pb::ModelInfo {
             lora: engine.lora_names().to_vec(),
+            labels: engine.labels().unwrap_or_default().to_vec(),
             ..model_info(&cfg, tokenizer.as_ref(), vocab_size, max_model_len)?
         };
         let (handle, thread) =

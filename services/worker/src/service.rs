@@ -117,19 +117,26 @@ impl WorkerService {
                 ..SamplingParams::from(req.sampling.clone().unwrap_or_default())
             });
         };
-        if let Some(why) = &self.pooling.refused {
-            return Err(Status::invalid_argument(why.clone()));
-        }
         if req.grammar.is_some() {
             return Err(Status::invalid_argument(
                 "an embeddings request has no output to constrain",
             ));
+        }
+        if embed.classify {
+            return Ok(SamplingParams {
+                lora,
+                ..SamplingParams::classify()
+            });
+        }
+        if let Some(why) = &self.pooling.refused {
+            return Err(Status::invalid_argument(why.clone()));
         }
         Ok(SamplingParams {
             ignore_eos: true,
             embed: Some(EmbedParams {
                 normalize: self.pooling.normalize,
                 dimensions: (embed.dimensions > 0).then_some(embed.dimensions as usize),
+                classify: false,
             }),
             lora,
             ..SamplingParams::greedy(1)
@@ -591,7 +598,8 @@ mod tests {
     }
 
     /// An embeddings request samples one greedy token with the model's pooling; a model that
-    /// pools otherwise, or a grammar on it, is refused as the request's fault.
+    /// pools otherwise, or a grammar on it, is refused as the request's fault. A
+    /// classification request takes the classifier's head instead.
     #[tokio::test]
     async fn embeddings_requests_take_the_models_pooling() {
         let service = WorkerService::new(
@@ -600,7 +608,10 @@ mod tests {
         );
         let req = |dimensions, grammar: Option<&str>| pb::GenerateRequest {
             prompt_token_ids: vec![1, 2],
-            embed: Some(pb::EmbedOptions { dimensions }),
+            embed: Some(pb::EmbedOptions {
+                dimensions,
+                classify: false,
+            }),
             grammar: grammar.map(str::to_owned),
             ..pb::GenerateRequest::default()
         };
@@ -609,6 +620,7 @@ mod tests {
         let want = EmbedParams {
             normalize: true,
             dimensions: None,
+            classify: false,
         };
         assert_eq!(p.embed, Some(want));
         let cut = service.params_of(&req(8, None)).expect("params").embed;
@@ -622,6 +634,16 @@ mod tests {
         let refused = mean.params_of(&req(0, None)).expect_err("mean pooling");
         assert_eq!(refused.code(), Code::InvalidArgument);
         assert!(refused.message().contains("mean_tokens"));
+        // A classifier's request reads its head, whatever the embeddings' pooling.
+        let classify = pb::GenerateRequest {
+            embed: Some(pb::EmbedOptions {
+                dimensions: 0,
+                classify: true,
+            }),
+            ..req(0, None)
+        };
+        let p = mean.params_of(&classify).expect("classify params");
+        assert_eq!(p.embed, SamplingParams::classify().embed);
     }
 
     /// A request naming a LoRA adapter runs with the engine's number of it (the order of

@@ -1,0 +1,115 @@
+//! Sequence classifiers ([`SamplingParams::classify`]) against transformers'
+//! `AutoModelForSequenceClassification`, on tiny random models laid out as rerankers and
+//! classifiers are published (`tests/fixtures/models/generate_classify.py`): a Qwen3 reranker
+//! of one label scoring query-document pairs, a Llama classifier of three named labels whose
+//! checkpoint has no LM head.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use ferrite_engine::engine::{Engine, EngineConfig};
+use ferrite_engine::error::EngineError;
+use ferrite_engine::model;
+use ferrite_engine::sampler::SamplingParams;
+
+/// fp32 against fp32: only summation order differs.
+const TOLERANCE: f32 = 1e-4;
+
+/// Each input's logits from one engine, every request sent at once with prefills chunked
+/// (several end in one step), by the engine's request id (the input's index).
+fn logits_of(dir: &str, inputs: &[Vec<u32>]) -> HashMap<u64, Vec<f32>> {
+    let loaded = model::load(&fixtures().join(dir)).expect("classifier");
+    let cfg = EngineConfig {
+        max_model_len: Some(128),
+        max_num_batched_tokens: 40,
+        kv_cache_bytes: 8 << 20,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(loaded.model, vec![], cfg).expect("engine");
+    let requests = (inputs.iter().enumerate())
+        .map(|(i, ids)| (i as u64, ids.clone(), SamplingParams::classify()))
+        .collect();
+    let mut got = HashMap::new();
+    engine
+        .run_to_completion(requests, |ev| {
+            if let Some(e) = &ev.embedding {
+                got.insert(ev.id, e.clone());
+            }
+            true
+        })
+        .expect("run");
+    assert_eq!(got.len(), inputs.len(), "one answer per request");
+    got
+}
+
+/// The reranker's logit of each query-document pair (as the tokenizer joins them) is
+/// transformers'; the classifier's three logits of each text too, and its labels are its
+/// config's `id2label`, in order.
+#[test]
+fn classifiers_match_transformers() {
+    let expected = read_json(&fixtures().join("models/qwen3_rerank/expected.json"));
+    let pairs = expected["pairs"].as_array().expect("pairs");
+    let inputs: Vec<Vec<u32>> = pairs.iter().map(|p| ids(&p["input_ids"])).collect();
+    let got = logits_of("models/qwen3_rerank", &inputs);
+    for (i, p) in pairs.iter().enumerate() {
+        let want = p["logit"].as_f64().expect("logit") as f32;
+        let [logit] = got[&(i as u64)][..] else {
+            panic!("pair {i}: {:?} is not one logit", got[&(i as u64)]);
+        };
+        assert!(
+            (logit - want).abs() < TOLERANCE,
+            "pair {i}: {logit} != {want}"
+        );
+    }
+
+    let dir = fixtures().join("models/llama_classify");
+    let labels = model::load(&dir)
+        .expect("classifier")
+        .model
+        .config()
+        .labels
+        .clone();
+    assert_eq!(
+        labels,
+        Some(vec!["negative".into(), "neutral".into(), "positive".into()])
+    );
+    let expected = read_json(&dir.join("expected.json"));
+    let texts = expected["texts"].as_array().expect("texts");
+    let inputs: Vec<Vec<u32>> = texts.iter().map(|t| ids(&t["input_ids"])).collect();
+    let got = logits_of("models/llama_classify", &inputs);
+    for (i, t) in texts.iter().enumerate() {
+        let d = max_abs_diff(&got[&(i as u64)], &floats(&t["logits"]));
+        assert!(d < TOLERANCE, "text {i}: logits differ by {d}");
+    }
+}
+
+/// A classifier generates nothing, and a generative model classifies nothing: each is
+/// refused before it runs, saying why.
+#[test]
+fn classifiers_and_generators_refuse_each_others_requests() {
+    let load = |dir: &str| {
+        let loaded = model::load(&fixtures().join(dir)).expect("model");
+        Engine::new(loaded.model, vec![], EngineConfig::default()).expect("engine")
+    };
+    let mut classifier = load("models/llama_classify");
+    let mut generator = load("models/qwen3");
+    for (engine, params, says) in [
+        (
+            &mut classifier,
+            SamplingParams::greedy(4),
+            "generates no text",
+        ),
+        (
+            &mut generator,
+            SamplingParams::classify(),
+            "not a sequence classifier",
+        ),
+    ] {
+        match engine.add_request(1, vec![5, 6, 7], params) {
+            Err(EngineError::InvalidRequest(m)) => assert!(m.contains(says), "{m}"),
+            other => panic!("expected a refusal saying {says:?}, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Sequence classifiers served end to end: a worker process serving the tiny reranker and one
+//! serving the tiny classifier (`tests/fixtures/models/generate_classify.py`), beside a pool
+//! of the default model, behind one gateway. `/v1/rerank` (and `/v2/rerank`), `/v1/score`
+//! and `/classify` answer with transformers' scores and labels for texts the gateway
+//! tokenizes (query-document pairs as the tokenizer joins them); what a model cannot do is a
+//! 400 saying so.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, WorkerProc, http, serial, wait};
+use serde_json::{Value, json};
+
+/// fp32 against fp32, through a sigmoid or softmax.
+const TOLERANCE: f64 = 1e-4;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    ferrite_cluster_tests::workspace_root()
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+fn expected(name: &str) -> Result<Value> {
+    let path = fixture(name).join("expected.json");
+    Ok(serde_json::from_slice(
+        &std::fs::read(&path).with_context(|| path.display().to_string())?,
+    )?)
+}
+
+/// A worker serving the fixture `name` under that name, on the CPU's exact path (an f32 KV
+/// cache beside the tests' f32 activations).
+async fn serve(cluster: &Cluster, name: &str) -> Result<WorkerProc> {
+    let options = WorkerOptions {
+        model_file: Some(fixture(name)),
+        served_name: Some(name.to_owned()),
+        kv_cache_mib: 16,
+        extra_args: vec!["--kv-cache-dtype".into(), "f32".into()],
+        ..WorkerOptions::default()
+    };
+    WorkerProc::start(&cluster.etcd.endpoint(), name, &options).await
+}
+
+async fn post(cluster: &Cluster, path: &str, body: Value) -> Result<(u16, Value)> {
+    let r = http::post_json(cluster.gateway.http, path, &body).await?;
+    Ok((r.status, r.json()?))
+}
+
+fn close(got: &Value, want: &Value) -> bool {
+    matches!((got.as_f64(), want.as_f64()), (Some(g), Some(w)) if (g - w).abs() < TOLERANCE)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
+    let _turn = serial().await;
+    let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
+    let (_rerank, _classify) = tokio::try_join!(
+        serve(&cluster, "qwen3_rerank"),
+        serve(&cluster, "llama_classify")
+    )?;
+    wait::until(
+        "both classifiers listed",
+        Duration::from_secs(30),
+        || async {
+            let models = http::get(cluster.gateway.http, "/v1/models").await;
+            let text = models.and_then(|m| m.json()).map(|m| m.to_string());
+            match text {
+                Ok(t) if t.contains("qwen3_rerank") && t.contains("llama_classify") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await?;
+
+    rerank(&cluster).await?;
+    score(&cluster).await?;
+    classify(&cluster).await?;
+    refusals(&cluster).await
+}
+
+/// The documents by relevance, each scored as transformers scores its pair, the first
+/// `top_n`; documents as objects and left out of the answer on `/v2/rerank`.
+async fn rerank(cluster: &Cluster) -> Result<()> {
+    let want = expected("qwen3_rerank")?;
+    let pairs = want["pairs"].as_array().context("pairs")?;
+    let documents: Vec<&Value> = pairs.iter().map(|p| &p["document"]).collect();
+    let body = json!({"model": "qwen3_rerank", "query": want["query"], "documents": documents,
+        "top_n": 3});
+    let (status, got) = post(cluster, "/v1/rerank", body).await?;
+    ensure!(status == 200, "{status} {got}");
+    let results = got["results"].as_array().context("results")?;
+    ensure!(results.len() == 3, "top_n 3: {got}");
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    order.sort_by(|&a, &b| {
+        pairs[b]["score"]
+            .as_f64()
+            .partial_cmp(&pairs[a]["score"].as_f64())
+            .expect("scores")
+    });
+    for (r, &i) in results.iter().zip(&order) {
+        ensure!(r["index"] == json!(i), "order: {got}");
+        ensure!(
+            close(&r["relevance_score"], &pairs[i]["score"]),
+            "pair {i}: {r}"
+        );
+        ensure!(r["document"]["text"] == pairs[i]["document"], "{r}");
+    }
+    let tokens: usize = pairs
+        .iter()
+        .map(|p| p["input_ids"].as_array().map_or(0, Vec::len))
+        .sum();
+    ensure!(got["usage"]["total_tokens"] == json!(tokens), "{got}");
+
+    let objects: Vec<Value> = documents.iter().map(|d| json!({"text": d})).collect();
+    let body = json!({"model": "qwen3_rerank", "query": want["query"], "documents": objects,
+        "return_documents": false});
+    let (status, got) = post(cluster, "/v2/rerank", body).await?;
+    ensure!(status == 200, "{status} {got}");
+    let results = got["results"].as_array().context("results")?;
+    ensure!(results.len() == pairs.len(), "every document: {got}");
+    ensure!(results.iter().all(|r| r.get("document").is_none()), "{got}");
+    ensure!(results[0]["index"] == json!(order[0]), "{got}");
+    Ok(())
+}
+
+/// One query against each document, in the documents' order.
+async fn score(cluster: &Cluster) -> Result<()> {
+    let want = expected("qwen3_rerank")?;
+    let pairs = want["pairs"].as_array().context("pairs")?;
+    let documents: Vec<&Value> = pairs.iter().map(|p| &p["document"]).collect();
+    let body = json!({"model": "qwen3_rerank", "text_1": want["query"], "text_2": documents});
+    let (status, got) = post(cluster, "/v1/score", body).await?;
+    ensure!(status == 200, "{status} {got}");
+    let data = got["data"].as_array().context("data")?;
+    ensure!(data.len() == pairs.len(), "{got}");
+    for (i, (d, p)) in data.iter().zip(pairs).enumerate() {
+        ensure!(
+            d["index"] == json!(i) && close(&d["score"], &p["score"]),
+            "pair {i}: {d}"
+        );
+    }
+    Ok(())
+}
+
+/// Each text's probabilities and label, as transformers gives them.
+async fn classify(cluster: &Cluster) -> Result<()> {
+    let want = expected("llama_classify")?;
+    let texts = want["texts"].as_array().context("texts")?;
+    let inputs: Vec<&Value> = texts.iter().map(|t| &t["text"]).collect();
+    let (status, got) = post(
+        cluster,
+        "/classify",
+        json!({"model": "llama_classify", "input": inputs}),
+    )
+    .await?;
+    ensure!(status == 200, "{status} {got}");
+    let data = got["data"].as_array().context("data")?;
+    ensure!(data.len() == texts.len(), "{got}");
+    for (i, (d, t)) in data.iter().zip(texts).enumerate() {
+        ensure!(
+            d["label"] == t["label"] && d["num_classes"] == json!(3),
+            "text {i}: {d}"
+        );
+        let probs = d["probs"].as_array().context("probs")?;
+        let want = t["probs"].as_array().context("probs")?;
+        ensure!(
+            probs.iter().zip(want).all(|(g, w)| close(g, w)),
+            "text {i}: {d}"
+        );
+    }
+    Ok(())
+}
+
+/// What each model cannot do is the client's 400, saying why; an unknown model a 404.
+async fn refusals(cluster: &Cluster) -> Result<()> {
+    let rerank = |model: &str| json!({"model": model, "query": "q", "documents": ["d"]});
+    for (path, body, status, says) in [
+        ("/v1/rerank", rerank("llama_classify"), 400, "/classify"),
+        (
+            "/v1/rerank",
+            rerank(MODEL),
+            400,
+            "not a sequence classifier",
+        ),
+        (
+            "/classify",
+            json!({"model": MODEL, "input": "x"}),
+            400,
+            "not a sequence classifier",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "qwen3_rerank", "prompt": "x"}),
+            400,
+            "generates no text",
+        ),
+        (
+            "/v1/rerank",
+            json!({"model": "qwen3_rerank", "query": "q", "documents": []}),
+            400,
+            "empty",
+        ),
+        ("/v1/rerank", rerank("nope"), 404, "nope"),
+    ] {
+        let (got, v) = post(cluster, path, body.clone()).await?;
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        ensure!(
+            got == status && message.contains(says),
+            "{path} {body}: {got} {v}"
+        );
+    }
+    Ok(())
+}
