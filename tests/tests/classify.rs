@@ -1,5 +1,6 @@
-//! Sequence classifiers served end to end: a worker process serving the tiny reranker and one
-//! serving the tiny classifier (`tests/fixtures/models/generate_classify.py`), beside a pool
+//! Sequence classifiers served end to end: worker processes serving the tiny reranker, the
+//! tiny classifier and a tiny causal LM made a reranker by two of its tokens
+//! (`--classifier-from-tokens`; `tests/fixtures/models/generate_classify.py`), beside a pool
 //! of the default model, behind one gateway. `/v1/rerank` (and `/v2/rerank`), `/v1/score`
 //! and `/classify` answer with transformers' scores and labels for texts the gateway
 //! tokenizes (query-document pairs as the tokenizer joins them); what a model cannot do is a
@@ -29,12 +30,14 @@ fn expected(name: &str) -> Result<Value> {
 
 /// A worker serving the fixture `name` under that name, on the CPU's exact path (an f32 KV
 /// cache beside the tests' f32 activations).
-async fn serve(cluster: &Cluster, name: &str) -> Result<WorkerProc> {
+async fn serve(cluster: &Cluster, name: &str, flags: &[&str]) -> Result<WorkerProc> {
+    let mut extra_args = vec!["--kv-cache-dtype".to_owned(), "f32".to_owned()];
+    extra_args.extend(flags.iter().map(|f| f.to_string()));
     let options = WorkerOptions {
         model_file: Some(fixture(name)),
         served_name: Some(name.to_owned()),
         kv_cache_mib: 16,
-        extra_args: vec!["--kv-cache-dtype".into(), "f32".into()],
+        extra_args,
         ..WorkerOptions::default()
     };
     WorkerProc::start(&cluster.etcd.endpoint(), name, &options).await
@@ -53,25 +56,24 @@ fn close(got: &Value, want: &Value) -> bool {
 async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     let _turn = serial().await;
     let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
-    let (_rerank, _classify) = tokio::try_join!(
-        serve(&cluster, "qwen3_rerank"),
-        serve(&cluster, "llama_classify")
+    let names = ["qwen3_rerank", "llama_classify", "qwen3_yes_no"];
+    let _workers = tokio::try_join!(
+        serve(&cluster, names[0], &[]),
+        serve(&cluster, names[1], &[]),
+        serve(&cluster, names[2], &["--classifier-from-tokens", "n,y"]),
     )?;
-    wait::until(
-        "both classifiers listed",
-        Duration::from_secs(30),
-        || async {
-            let models = http::get(cluster.gateway.http, "/v1/models").await;
-            let text = models.and_then(|m| m.json()).map(|m| m.to_string());
-            match text {
-                Ok(t) if t.contains("qwen3_rerank") && t.contains("llama_classify") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await?;
+    let listed = || async {
+        let models = http::get(cluster.gateway.http, "/v1/models").await;
+        match models.and_then(|m| m.json()).map(|m| m.to_string()) {
+            Ok(t) if names.iter().all(|n| t.contains(n)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    };
+    wait::until("the classifiers listed", Duration::from_secs(30), listed).await?;
 
-    rerank(&cluster).await?;
+    rerank(&cluster, "qwen3_rerank").await?;
+    // A causal LM asked by two of its tokens: Qwen3-Reranker's model card's scores.
+    rerank(&cluster, "qwen3_yes_no").await?;
     score(&cluster).await?;
     classify(&cluster).await?;
     refusals(&cluster).await
@@ -79,11 +81,11 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
 
 /// The documents by relevance, each scored as transformers scores its pair, the first
 /// `top_n`; documents as objects and left out of the answer on `/v2/rerank`.
-async fn rerank(cluster: &Cluster) -> Result<()> {
-    let want = expected("qwen3_rerank")?;
+async fn rerank(cluster: &Cluster, model: &str) -> Result<()> {
+    let want = expected(model)?;
     let pairs = want["pairs"].as_array().context("pairs")?;
     let documents: Vec<&Value> = pairs.iter().map(|p| &p["document"]).collect();
-    let body = json!({"model": "qwen3_rerank", "query": want["query"], "documents": documents,
+    let body = json!({"model": model, "query": want["query"], "documents": documents,
         "top_n": 3});
     let (status, got) = post(cluster, "/v1/rerank", body).await?;
     ensure!(status == 200, "{status} {got}");
@@ -111,7 +113,7 @@ async fn rerank(cluster: &Cluster) -> Result<()> {
     ensure!(got["usage"]["total_tokens"] == json!(tokens), "{got}");
 
     let objects: Vec<Value> = documents.iter().map(|d| json!({"text": d})).collect();
-    let body = json!({"model": "qwen3_rerank", "query": want["query"], "documents": objects,
+    let body = json!({"model": model, "query": want["query"], "documents": objects,
         "return_documents": false});
     let (status, got) = post(cluster, "/v2/rerank", body).await?;
     ensure!(status == 200, "{status} {got}");

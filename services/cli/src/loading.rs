@@ -137,6 +137,14 @@ pub struct ModelArgs {
     /// shares a batch. CPU only for now.
     #[arg(long = "lora-modules", value_parser = lora_module, num_args = 1..)]
     pub lora_modules: Vec<LoraModule>,
+    /// Serve a causal LM as a sequence classifier whose labels are these tokens, as its
+    /// vocabulary spells them (`--classifier-from-tokens no,yes`; vLLM's
+    /// `classifier_from_token`): its head is the LM head's rows of them. Two tokens make a
+    /// reranker of one label, scoring a pair by the second token's probability over the two
+    /// (Qwen3-Reranker's `no,yes`). Such a pool answers /v1/rerank, /v1/score and /classify,
+    /// and generates no text.
+    #[arg(long, value_delimiter = ',', env = "FERRITE_CLASSIFIER_FROM_TOKENS")]
+    pub classifier_from_tokens: Vec<String>,
 }
 
 /// A LoRA adapter of `--lora-modules`: the name requests ask for, and where it is (a path,
@@ -400,6 +408,10 @@ impl ModelArgs {
         for m in &self.lora_modules {
             a.extend(["--lora-modules".into(), format!("{}={}", m.name, m.path)]);
         }
+        if !self.classifier_from_tokens.is_empty() {
+            let tokens = self.classifier_from_tokens.join(",");
+            a.extend(["--classifier-from-tokens".into(), tokens]);
+        }
         a
     }
 
@@ -486,6 +498,7 @@ impl ModelArgs {
         LoadOptions {
             quantize: self.quantize,
             ggml_activations: self.cpu_activations.into(),
+            classifier_tokens: self.classifier_from_tokens.clone(),
             ..LoadOptions::default()
         }
     }
@@ -620,5 +633,15 @@ mod tests {
             };
             assert!(e.to_string().contains("NAME=PATH"), "{bad}: {e}");
         }
+    }
+
+    /// The classifier's tokens reach the rank processes and the loader, in order.
+    #[test]
+    fn classifier_tokens_reach_the_rank_processes() {
+        let a = args(&["--classifier-from-tokens", "no,yes"]);
+        assert_eq!(a.classifier_from_tokens, ["no", "yes"]);
+        let again = args(&a.to_args().iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(again.classifier_from_tokens, a.classifier_from_tokens);
+        assert_eq!(a.load_options().classifier_tokens, ["no", "yes"]);
     }
 }

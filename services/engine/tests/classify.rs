@@ -2,7 +2,8 @@
 //! `AutoModelForSequenceClassification`, on tiny random models laid out as rerankers and
 //! classifiers are published (`tests/fixtures/models/generate_classify.py`): a Qwen3 reranker
 //! of one label scoring query-document pairs, a Llama classifier of three named labels whose
-//! checkpoint has no LM head.
+//! checkpoint has no LM head, and a causal Qwen3 made a reranker by two of its tokens
+//! (`--classifier-from-tokens`, as Qwen3-Reranker is served).
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::collections::HashMap;
 use common::*;
 use ferrite_engine::engine::{Engine, EngineConfig};
 use ferrite_engine::error::EngineError;
-use ferrite_engine::model;
+use ferrite_engine::model::{self, LoadOptions};
 use ferrite_engine::sampler::SamplingParams;
 
 /// fp32 against fp32: only summation order differs.
@@ -20,7 +21,16 @@ const TOLERANCE: f32 = 1e-4;
 /// Each input's logits from one engine, every request sent at once with prefills chunked
 /// (several end in one step), by the engine's request id (the input's index).
 fn logits_of(dir: &str, inputs: &[Vec<u32>]) -> HashMap<u64, Vec<f32>> {
-    let loaded = model::load(&fixtures().join(dir)).expect("classifier");
+    logits_by_tokens(dir, &[], inputs)
+}
+
+/// [`logits_of`] the model in `dir` made a classifier by its `tokens` (none: as it is).
+fn logits_by_tokens(dir: &str, tokens: &[&str], inputs: &[Vec<u32>]) -> HashMap<u64, Vec<f32>> {
+    let options = LoadOptions {
+        classifier_tokens: tokens.iter().map(|t| t.to_string()).collect(),
+        ..LoadOptions::default()
+    };
+    let loaded = model::load_with(&fixtures().join(dir), options).expect("classifier");
     let cfg = EngineConfig {
         max_model_len: Some(128),
         max_num_batched_tokens: 40,
@@ -82,6 +92,55 @@ fn classifiers_match_transformers() {
     for (i, t) in texts.iter().enumerate() {
         let d = max_abs_diff(&got[&(i as u64)], &floats(&t["logits"]));
         assert!(d < TOLERANCE, "text {i}: logits differ by {d}");
+    }
+}
+
+/// A causal LM made a reranker by two of its tokens scores each pair by the second's logit
+/// minus the first's (Qwen3-Reranker's card: the second's probability over the two is the
+/// sigmoid of that); by three tokens it has their three logits.
+#[test]
+fn causal_lms_classify_by_their_tokens() {
+    let dir = "models/qwen3_yes_no";
+    let expected = read_json(&fixtures().join(dir).join("expected.json"));
+    let pairs = expected["pairs"].as_array().expect("pairs");
+    let inputs: Vec<Vec<u32>> = pairs.iter().map(|p| ids(&p["input_ids"])).collect();
+    let got = logits_by_tokens(dir, &["n", "y"], &inputs);
+    for (i, p) in pairs.iter().enumerate() {
+        let want = p["logit"].as_f64().expect("logit") as f32;
+        let [logit] = got[&(i as u64)][..] else {
+            panic!("pair {i}: {:?} is not one logit", got[&(i as u64)]);
+        };
+        assert!(
+            (logit - want).abs() < TOLERANCE,
+            "pair {i}: {logit} != {want}"
+        );
+        let score = 1.0 / (1.0 + (-logit as f64).exp());
+        let card = p["score"].as_f64().expect("score");
+        assert!((score - card).abs() < 1e-4, "pair {i}: {score} != {card}");
+    }
+    let got = logits_by_tokens(dir, &["a", "b", "c"], &inputs[..1]);
+    let last = floats(&pairs[0]["last_logits"]);
+    let want: Vec<f32> = [b'a', b'b', b'c']
+        .iter()
+        .map(|&b| last[b as usize])
+        .collect();
+    let d = max_abs_diff(&got[&0], &want);
+    assert!(d < TOLERANCE, "three tokens: {:?} != {want:?}", got[&0]);
+
+    for (dir, tokens, says) in [
+        ("models/qwen3_yes_no", vec!["nope"], "`nope` is not a token"),
+        (
+            "models/qwen3_rerank",
+            vec!["n", "y"],
+            "a sequence classifier already",
+        ),
+    ] {
+        let options = LoadOptions {
+            classifier_tokens: tokens.into_iter().map(str::to_owned).collect(),
+            ..LoadOptions::default()
+        };
+        let e = model::load_with(&fixtures().join(dir), options).expect_err("refused");
+        assert!(e.to_string().contains(says), "{e}");
     }
 }
 

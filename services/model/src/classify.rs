@@ -8,8 +8,16 @@
 //! Such a checkpoint has no LM head. The forward still ends in one ([`crate::llama`]): the
 //! embedding table stands in for it, and the token it picks is never shown, so the request
 //! path is an embeddings request's ([`ModelConfig::labels`]).
+//!
+//! A causal LM trained to answer a relevance question with a token (Qwen3-Reranker answers
+//! `yes` or `no`; bge-reranker-v2-gemma `Yes`) is served as a classifier too, as vLLM's
+//! `classifier_from_token` does ([`by_tokens`], `--classifier-from-tokens`): its head is the
+//! LM head's rows of those tokens. Two tokens (`no,yes`) make one label, the second's row
+//! minus the first's, whose sigmoid is the softmax probability of the second token over the
+//! two: what Qwen3-Reranker's model card computes.
 
-use ferrite_formats::TensorMap;
+use ferrite_formats::{Matrix, TensorMap};
+use ferrite_text::Tokenizer;
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -31,18 +39,23 @@ impl Classifier {
         let Some(labels) = &cfg.labels else {
             return Ok(None);
         };
-        let name = naming.global("cls.output.weight", "score.weight");
-        if !t.contains(&name) {
-            return Err(ModelError::BadConfig(format!(
-                "a sequence classifier's checkpoint without its head `{name}`"
-            )));
-        }
-        let head = t
-            .matrix(&name)?
-            .expect_shape(&name, labels.len(), cfg.hidden_size)?;
+        let weight = match &cfg.label_tokens {
+            Some(ids) => token_rows(&lm_head(t, naming, cfg)?, ids),
+            None => {
+                let name = naming.global("cls.output.weight", "score.weight");
+                if !t.contains(&name) {
+                    return Err(ModelError::BadConfig(format!(
+                        "a sequence classifier's checkpoint without its head `{name}`"
+                    )));
+                }
+                let head = t.matrix(&name)?;
+                head.expect_shape(&name, labels.len(), cfg.hidden_size)?
+                    .to_f32()
+            }
+        };
         Ok(Some(Self {
             labels: labels.clone(),
-            weight: head.to_f32(),
+            weight,
             hidden: cfg.hidden_size,
         }))
     }
@@ -64,6 +77,72 @@ impl Classifier {
                 dot as f32
             })
             .collect()
+    }
+}
+
+/// Makes `cfg`, a causal LM's, a classifier's whose head is its LM head's rows of the
+/// tokens named (`--classifier-from-tokens`, as the tokenizer's vocabulary spells them): one
+/// label per token, or for two tokens one label, the second's row minus the first's.
+pub fn by_tokens(
+    cfg: &mut ModelConfig,
+    names: &[String],
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
+    let bad = |m: String| {
+        Err(ModelError::BadConfig(format!(
+            "--classifier-from-tokens: {m}"
+        )))
+    };
+    if cfg.labels.is_some() {
+        return bad("the model is a sequence classifier already".into());
+    }
+    if cfg.final_logit_softcap.is_some() {
+        return bad(
+            "this model's logits are soft-capped, which rows of its head do not give".into(),
+        );
+    }
+    let Some(tokenizer) = tokenizer else {
+        return bad("the model has no tokenizer to find the tokens in".into());
+    };
+    let mut ids = Vec::with_capacity(names.len());
+    for name in names {
+        match tokenizer.token_to_id(name) {
+            Some(id) if (id as usize) < cfg.vocab_size => ids.push(id),
+            _ => return bad(format!("`{name}` is not a token of the model's vocabulary")),
+        }
+    }
+    cfg.labels = Some(match names {
+        [] => return bad("no tokens".into()),
+        [_, yes] => vec![yes.clone()],
+        _ => names.to_vec(),
+    });
+    cfg.label_tokens = Some(ids);
+    Ok(())
+}
+
+/// The whole LM head (the embeddings where tied): a rank's shard holds only its rows.
+fn lm_head(t: &TensorMap, naming: WeightNaming, cfg: &ModelConfig) -> Result<Matrix> {
+    let head = naming.global("output.weight", "lm_head.weight");
+    let name = match t.contains(&head) {
+        true => head,
+        false => naming.global("token_embd.weight", "model.embed_tokens.weight"),
+    };
+    Ok(t.matrix(&name)?
+        .expect_shape(&name, cfg.vocab_size, cfg.hidden_size)?)
+}
+
+/// The rows of `ids` in `head`, or for two ids the second's minus the first's.
+fn token_rows(head: &Matrix, ids: &[u32]) -> Vec<f32> {
+    let row = |id: u32| {
+        let mut r = vec![0.0; head.cols];
+        head.dequantize_row(id as usize, &mut r);
+        r
+    };
+    match ids {
+        [no, yes] => (row(*yes).iter().zip(row(*no)))
+            .map(|(y, n)| y - n)
+            .collect(),
+        _ => ids.iter().flat_map(|&id| row(id)).collect(),
     }
 }
 

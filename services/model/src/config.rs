@@ -161,6 +161,9 @@ pub struct ModelConfig {
     /// answer is that head (`score.weight`) applied to the last token's final hidden state,
     /// not text ([`crate::classify`]). `None` for a generative model.
     pub labels: Option<Vec<String>>,
+    /// A causal LM served as a classifier (`--classifier-from-tokens`): its head is made of
+    /// the LM head's rows of these tokens ([`crate::classify`]) instead of `score.weight`.
+    pub label_tokens: Option<Vec<u32>>,
 }
 
 const CLASSIFIER: &str = "ForSequenceClassification";
@@ -447,6 +450,7 @@ impl ModelConfig {
             moe,
             local_rope_theta: None,
             labels: None,
+            label_tokens: None,
         };
         if let Some(g) = gemma_of(architecture) {
             cfg.activation = Activation::GeluTanh;
@@ -596,6 +600,7 @@ impl ModelConfig {
             moe,
             local_rope_theta: None,
             labels: classifier_labels(cfg, arch_name),
+            label_tokens: None,
         };
         if let Some(g) = gemma {
             let options = gemma::from_hf(cfg, g, model.gemma_shape())?;

@@ -106,7 +106,7 @@ pub fn device_random_shape(
 }
 
 /// What to do to a model while loading it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Quantize the layers' projections by round-to-nearest to this format (`--quantize`).
     pub quantize: Option<LoadQuantize>,
@@ -119,6 +119,9 @@ pub struct LoadOptions {
     pub tp: TpRank,
     /// On the CPU, the activations GGUF block weights take (`--cpu-activations`).
     pub ggml_activations: GgmlActivations,
+    /// Serve a causal LM as a classifier whose head is its LM head's rows of these tokens
+    /// (`--classifier-from-tokens`; [`crate::classify::by_tokens`]); empty: as it is.
+    pub classifier_tokens: Vec<String>,
 }
 
 /// A model of a preset's shape with random weights and no tokenizer (`--load-format dummy`),
@@ -191,6 +194,18 @@ pub fn load_with(path: &Path, options: LoadOptions) -> Result<LoadedModel> {
         load_seconds: start.elapsed().as_secs_f64(),
         pooling,
     })
+}
+
+/// `cfg`, made a classifier by its tokens where `options` name them.
+fn with_token_classifier(
+    mut cfg: ModelConfig,
+    tokenizer: Option<&Tokenizer>,
+    options: &LoadOptions,
+) -> Result<ModelConfig> {
+    if !options.classifier_tokens.is_empty() {
+        crate::classify::by_tokens(&mut cfg, &options.classifier_tokens, tokenizer)?;
+    }
+    Ok(cfg)
 }
 
 /// The `tracing` target of start-up phase spans; equal to `ferrite_telemetry::phases::TARGET`
@@ -332,6 +347,7 @@ fn load_gguf(path: &Path, options: LoadOptions) -> Result<(Loaded, Pooling)> {
             .entered();
         Tokenizer::from_gguf_vocab(gguf_vocab(&gguf)?)?
     };
+    let cfg = with_token_classifier(cfg, Some(&tokenizer), &options)?;
     let (model, bytes) = load_and_init(&gguf.tensors, "gguf", WeightNaming::Gguf, cfg, options)?;
     let pooling = Pooling::of_gguf(&gguf);
     Ok(((model, Some(tokenizer), WeightFormat::Gguf, bytes), pooling))
@@ -432,6 +448,7 @@ fn load_hf_dir(dir: &Path, options: LoadOptions) -> Result<Loaded> {
         Err(_) => None,
     };
     drop(tokenizer_span);
+    let cfg = with_token_classifier(cfg, tokenizer.as_ref(), &options)?;
     let naming = WeightNaming::HuggingFace;
     let (model, bytes) = load_and_init(&tensors, "safetensors", naming, cfg, options)?;
     Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
