@@ -76,6 +76,7 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     rerank(&cluster, "qwen3_yes_no").await?;
     score(&cluster).await?;
     classify(&cluster).await?;
+    grpc(&cluster).await?;
     refusals(&cluster).await
 }
 
@@ -169,6 +170,72 @@ async fn classify(cluster: &Cluster) -> Result<()> {
             "text {i}: {d}"
         );
     }
+    Ok(())
+}
+
+/// gRPC `Classify`: a reranker's pairs and a classifier's texts, as over HTTP; a generative
+/// model's INVALID_ARGUMENT.
+async fn grpc(cluster: &Cluster) -> Result<()> {
+    use ferrite_proto::v1::{ClassifyInput, ClassifyRequest, TextPair, classify_input::Input};
+    let mut client = cluster.inference().await?;
+    let request = |model: &str, inputs: Vec<Input>| ClassifyRequest {
+        model: model.to_owned(),
+        inputs: (inputs.into_iter())
+            .map(|i| ClassifyInput { input: Some(i) })
+            .collect(),
+    };
+    let want = expected("qwen3_rerank")?;
+    let pairs = want["pairs"].as_array().context("pairs")?;
+    let inputs = (pairs.iter())
+        .map(|p| {
+            Input::Pair(TextPair {
+                text: want["query"].as_str().unwrap_or_default().to_owned(),
+                text_pair: p["document"].as_str().unwrap_or_default().to_owned(),
+            })
+        })
+        .collect();
+    let got = client
+        .classify(request("qwen3_rerank", inputs))
+        .await?
+        .into_inner();
+    ensure!(got.labels == ["LABEL_0"] && got.classifications.len() == pairs.len());
+    for (c, p) in got.classifications.iter().zip(pairs) {
+        ensure!(close(&json!(c.logits[0]), &p["logit"]), "{c:?}");
+        ensure!(close(&json!(c.probs[0]), &p["score"]), "{c:?}");
+        ensure!(json!(c.prompt_tokens) == json!(p["input_ids"].as_array().map(Vec::len)));
+    }
+
+    let want = expected("llama_classify")?;
+    let texts = want["texts"].as_array().context("texts")?;
+    let inputs = (texts.iter())
+        .map(|t| Input::Text(t["text"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    let got = client
+        .classify(request("llama_classify", inputs))
+        .await?
+        .into_inner();
+    ensure!(
+        got.labels == ["negative", "neutral", "positive"],
+        "{:?}",
+        got.labels
+    );
+    for (c, t) in got.classifications.iter().zip(texts) {
+        ensure!(json!(c.label) == t["label"], "{c:?}");
+        let logits = t["logits"].as_array().context("logits")?;
+        ensure!(
+            c.logits
+                .iter()
+                .zip(logits)
+                .all(|(g, w)| close(&json!(g), w)),
+            "{c:?}"
+        );
+    }
+
+    let e = (client
+        .classify(request(MODEL, vec![Input::Text("x".into())]))
+        .await)
+        .expect_err("a generative model");
+    ensure!(e.code() == tonic::Code::InvalidArgument, "{e:?}");
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
+use ferrite_proto::v1 as api;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -36,8 +37,8 @@ use crate::validate::Prompt;
 /// Inputs of one request sent to the pools at once: a rerank of a thousand documents does
 /// not fill a pool's queue by itself.
 const IN_FLIGHT: usize = 32;
-/// The most documents (or pairs) one rerank or score request may hold.
-const MAX_PAIRS: usize = 1024;
+/// The most inputs (documents, pairs) one request may hold.
+const MAX_INPUTS: usize = 1024;
 
 pub fn routes() -> Router<Gateway> {
     Router::new()
@@ -102,9 +103,11 @@ async fn rerank(
     let pairs = (req.documents.iter())
         .map(|d| (req.query.clone(), d.text().to_owned()))
         .collect();
-    let ask = Ask::new(&gw, &req.model, "rerank", caller, headers, started);
-    let (logits, tokens) = ask.pairs(pairs).await?;
-    let mut results: Vec<(usize, f32)> = logits.iter().map(|l| sigmoid(l[0])).enumerate().collect();
+    let ask = Ask::http(&gw, &req.model, "rerank", caller, headers, started);
+    let answers = ask.reranked(pairs).await?;
+    let mut results: Vec<(usize, f32)> = (answers.iter().map(|(l, _)| sigmoid(l[0])))
+        .enumerate()
+        .collect();
     results.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let with_documents = req.return_documents.unwrap_or(true);
     let results: Vec<Value> = (results.iter().take(top_n))
@@ -119,7 +122,7 @@ async fn rerank(
     Ok(Json(json!({
         "id": response_id("rerank"),
         "model": req.model,
-        "usage": {"total_tokens": tokens},
+        "usage": {"total_tokens": tokens(&answers)},
         "results": results,
     }))
     .into_response())
@@ -150,10 +153,11 @@ async fn score(
     let started = Instant::now();
     let Json(req) = body.map_err(bad_json)?;
     let pairs = score_pairs(req.text_1, req.text_2)?;
-    let ask = Ask::new(&gw, &req.model, "score", caller, headers, started);
-    let (logits, tokens) = ask.pairs(pairs).await?;
-    let data: Vec<Value> = (logits.iter().enumerate())
-        .map(|(index, l)| json!({"index": index, "object": "score", "score": sigmoid(l[0])}))
+    let ask = Ask::http(&gw, &req.model, "score", caller, headers, started);
+    let answers = ask.reranked(pairs).await?;
+    let tokens = tokens(&answers);
+    let data: Vec<Value> = (answers.iter().enumerate())
+        .map(|(index, (l, _))| json!({"index": index, "object": "score", "score": sigmoid(l[0])}))
         .collect();
     Ok(Json(json!({
         "id": response_id("score"),
@@ -208,15 +212,15 @@ async fn classify(
             Some("input"),
         ));
     }
-    let ask = Ask::new(&gw, &req.model, "classify", caller, headers, started);
+    let ask = Ask::http(&gw, &req.model, "classify", caller, headers, started);
     let labels = ask.labels(None).await?;
-    let (logits, tokens) = ask.all(inputs).await?;
-    let data: Vec<Value> = (logits.iter().enumerate())
-        .map(|(index, l)| {
+    let answers = ask.all(inputs).await?;
+    let tokens = tokens(&answers);
+    let data: Vec<Value> = (answers.iter().enumerate())
+        .map(|(index, (l, _))| {
             let probs = probabilities(l);
-            let best = (0..probs.len()).max_by(|&a, &b| probs[a].total_cmp(&probs[b]));
-            json!({"index": index, "label": best.map(|b| &labels[b]), "probs": probs,
-                "num_classes": probs.len()})
+            json!({"index": index, "label": most_probable(&probs).map(|b| &labels[b]),
+                "probs": probs, "num_classes": probs.len()})
         })
         .collect();
     Ok(Json(json!({
@@ -230,6 +234,47 @@ async fn classify(
     .into_response())
 }
 
+/// `Classify` of the gRPC API: each input's logits, probabilities and label.
+pub async fn grpc(
+    gw: &Gateway,
+    request: tonic::Request<api::ClassifyRequest>,
+) -> Result<api::ClassifyResponse, GatewayError> {
+    let started = Instant::now();
+    let caller = request.extensions().get::<Caller>().copied();
+    let (metadata, _, req) = request.into_parts();
+    let ask = Ask {
+        gw,
+        model: &req.model,
+        op: "classify",
+        caller: caller.unwrap_or_default(),
+        parent: Parent::Grpc(metadata),
+        started,
+    };
+    let labels = ask.labels(None).await?;
+    let inputs = ask.prompts_of(req.inputs).await?;
+    let classifications = (ask.all(inputs).await?.into_iter())
+        .map(|(logits, n)| {
+            let probs = probabilities(&logits);
+            api::Classification {
+                label: most_probable(&probs).map_or_else(String::new, |b| labels[b].clone()),
+                logits,
+                probs,
+                prompt_tokens: u32::try_from(n).unwrap_or(u32::MAX),
+            }
+        })
+        .collect();
+    Ok(api::ClassifyResponse {
+        classifications,
+        labels,
+    })
+}
+
+/// Where a request's trace context comes from.
+enum Parent {
+    Http(HeaderMap),
+    Grpc(tonic::metadata::MetadataMap),
+}
+
 /// One request's inputs on their way to the pools.
 struct Ask<'a> {
     gw: &'a Gateway,
@@ -237,12 +282,12 @@ struct Ask<'a> {
     /// The operation's name, for the spans.
     op: &'static str,
     caller: Caller,
-    headers: HeaderMap,
+    parent: Parent,
     started: Instant,
 }
 
 impl<'a> Ask<'a> {
-    fn new(
+    fn http(
         gw: &'a Gateway,
         model: &'a str,
         op: &'static str,
@@ -250,22 +295,26 @@ impl<'a> Ask<'a> {
         headers: HeaderMap,
         started: Instant,
     ) -> Self {
-        let caller = caller.map(|Extension(c)| c).unwrap_or_default();
         Self {
             gw,
             model,
             op,
-            caller,
-            headers,
+            caller: caller.map(|Extension(c)| c).unwrap_or_default(),
+            parent: Parent::Http(headers),
             started,
         }
     }
 
     /// The model's labels; refused where it is no classifier, or (`count`) has another
     /// number of labels than asked for.
-    async fn labels(&self, count: Option<usize>) -> Result<Vec<String>, ApiError> {
+    async fn labels(&self, count: Option<usize>) -> Result<Vec<String>, GatewayError> {
         let (text, _) = self.gw.model_text(self.model).await?;
-        let refuse = |why: String| Err(ApiError::invalid(why, Some("model")));
+        let refuse = |message: String| {
+            Err(GatewayError::InvalidField {
+                field: "model",
+                message,
+            })
+        };
         match (text.labels.len(), count) {
             (0, _) => refuse(format!(
                 "model `{}` is not a sequence classifier (a reranker or a classifier): it \
@@ -281,35 +330,68 @@ impl<'a> Ask<'a> {
         }
     }
 
-    /// The logits of each (query, document) pair of a reranker, and the tokens of all.
-    async fn pairs(
-        &self,
-        pairs: Vec<(String, String)>,
-    ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
-        if pairs.len() > MAX_PAIRS {
-            return Err(ApiError::invalid(
-                format!("at most {MAX_PAIRS} pairs per request, not {}", pairs.len()),
-                None,
-            ));
-        }
+    /// Each (query, document) pair's logit from a reranker, and its tokens.
+    async fn reranked(&self, pairs: Vec<(String, String)>) -> Result<Answers, GatewayError> {
         self.labels(Some(1)).await?;
+        let inputs = pairs.into_iter().map(|(text, text_pair)| {
+            let pair = api::TextPair { text, text_pair };
+            api::ClassifyInput {
+                input: Some(api::classify_input::Input::Pair(pair)),
+            }
+        });
+        let prompts = self.prompts_of(inputs.collect()).await?;
+        self.all(prompts).await
+    }
+
+    /// `inputs` as prompts, pairs joined by the model's tokenizer (on a blocking thread).
+    async fn prompts_of(
+        &self,
+        inputs: Vec<api::ClassifyInput>,
+    ) -> Result<Vec<Prompt>, GatewayError> {
+        use api::classify_input::Input;
+        if inputs.is_empty() || inputs.len() > MAX_INPUTS {
+            return Err(GatewayError::InvalidArgument(format!(
+                "1 to {MAX_INPUTS} inputs (or documents), not {}",
+                inputs.len()
+            )));
+        }
         let (text, _) = self.gw.model_text(self.model).await?;
-        let joined = tokio::task::spawn_blocking(move || {
-            (pairs.iter())
-                .map(|(a, b)| text.tokenizer.encode_pair(a, b).map(Prompt::TokenIds))
+        let prompts = tokio::task::spawn_blocking(move || {
+            (inputs.into_iter())
+                .map(|i| match i.input {
+                    Some(Input::Text(t)) => Ok(Prompt::Text(t)),
+                    Some(Input::TokenIds(ids)) => Ok(Prompt::TokenIds(ids.ids)),
+                    Some(Input::Pair(p)) => text
+                        .tokenizer
+                        .encode_pair(&p.text, &p.text_pair)
+                        .map(Prompt::TokenIds),
+                    None => Ok(Prompt::Text(String::new())),
+                })
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
         .map_err(|e| GatewayError::Internal(format!("the tokenizing thread: {e}")))?
-        .map_err(|e| ApiError::invalid(e.to_string(), None))?;
-        self.all(joined).await
+        .map_err(|e| GatewayError::InvalidArgument(e.to_string()))?;
+        match first_empty(&prompts) {
+            Some(i) => Err(GatewayError::InvalidArgument(format!("input {i} is empty"))),
+            None => Ok(prompts),
+        }
     }
 
-    /// The logits of each input, in order, and their tokens.
-    async fn all(&self, inputs: Vec<Prompt>) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    /// The logits of each input, in order, with its tokens.
+    async fn all(&self, inputs: Vec<Prompt>) -> Result<Answers, GatewayError> {
         let one = |input: Prompt| async move {
             let span = request_span(self.op, self.model);
-            ferrite_telemetry::propagation::set_parent_from_headers(&span, &self.headers);
+            let api = match &self.parent {
+                Parent::Http(headers) => {
+                    ferrite_telemetry::propagation::set_parent_from_headers(&span, headers);
+                    Api::Http
+                }
+                Parent::Grpc(metadata) => {
+                    ferrite_telemetry::propagation::set_parent_from_metadata(&span, metadata);
+                    Api::Grpc
+                }
+            };
             let args = EmbedArgs {
                 model: self.model,
                 input: &input,
@@ -317,19 +399,29 @@ impl<'a> Ask<'a> {
                 classify: true,
                 caller: self.caller,
                 started: self.started,
-                api: Api::Http,
+                api,
             };
             self.gw.embed(args, span).await
         };
-        let answers: Vec<(Vec<f32>, usize)> = futures::stream::iter(inputs)
+        futures::stream::iter(inputs)
             .map(one)
             .buffered(IN_FLIGHT)
             .try_collect()
-            .await?;
-        let tokens = answers.iter().map(|(_, n)| n).sum();
-        let logits: Vec<Vec<f32>> = answers.into_iter().map(|(l, _)| l).collect();
-        Ok((logits, tokens))
+            .await
     }
+}
+
+/// Each input's logits and its tokens.
+type Answers = Vec<(Vec<f32>, usize)>;
+
+/// The tokens of all the answers.
+fn tokens(answers: &Answers) -> usize {
+    answers.iter().map(|(_, n)| n).sum()
+}
+
+/// The index of the largest probability.
+fn most_probable(probs: &[f32]) -> Option<usize> {
+    (0..probs.len()).max_by(|&a, &b| probs[a].total_cmp(&probs[b]))
 }
 
 fn sigmoid(x: f32) -> f32 {

@@ -295,6 +295,15 @@ impl api::inference_server::Inference for InferenceService {
         Ok(Response::new(api::EmbedResponse { embeddings }))
     }
 
+    async fn classify(
+        &self,
+        request: Request<api::ClassifyRequest>,
+    ) -> Result<Response<api::ClassifyResponse>, Status> {
+        Ok(Response::new(
+            crate::classify::grpc(&self.gateway, request).await?,
+        ))
+    }
+
     async fn tokenize(
         &self,
         request: Request<api::TokenizeRequest>,
