@@ -13,7 +13,8 @@
 //! - Prefix caching is the leader's decision: plans whose new sequences' tables begin with
 //!   shared cached blocks (a chunk starting after them) run on the followers as any other, and
 //!   the default model on 3 ranks gives the golden tokens with full and partial hits.
-//! - Embeddings: the leader pools the final hidden state it holds whole (2 ranks).
+//! - Embeddings and classifiers: the leader pools the final hidden state it holds whole, and
+//!   a classifier's head is whole on it (2 ranks).
 //! - A rank that dies fails the leader's next step naming it, and its followers learn the
 //!   leader is gone.
 
@@ -235,6 +236,39 @@ fn default_model_on_three_ranks_generates_the_golden_tokens() {
     assert!(stats.spec_accepted_tokens > 0, "{stats:?}");
 }
 
+/// What the leader of 2 ranks pools for each of `prompts` under `params` (embeddings or a
+/// classifier's logits), the model in `dir` loaded with `tokens` as its classifier's.
+fn pooled_on_two_ranks(
+    dir: &Path,
+    tokens: &[&str],
+    params: SamplingParams,
+    prompts: Vec<Vec<u32>>,
+) -> std::collections::HashMap<u64, Vec<f32>> {
+    let mut results = on_ranks(2, |tp, comm| {
+        let options = LoadOptions {
+            tp,
+            classifier_tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            ..LoadOptions::default()
+        };
+        let m = model::load_with(dir, options).expect("shard").model;
+        let exec = Executor::new(m.into(), &engine_cfg(), comm).expect("executor");
+        let exec = leader_or_follow(tp, exec)?;
+        let mut engine = Engine::from_executor(exec, vec![], &engine_cfg()).expect("leader");
+        let requests = (prompts.iter().enumerate())
+            .map(|(i, p)| (i as u64, p.clone(), params.clone()))
+            .collect();
+        let mut got = std::collections::HashMap::new();
+        engine
+            .run_to_completion(requests, |ev| {
+                got.insert(ev.id, ev.embedding.clone().expect("an answer"));
+                true
+            })
+            .expect("pooled");
+        Some(got)
+    });
+    results.swap_remove(0).expect("the leader's answers")
+}
+
 /// Embeddings on a leader and a follower (the tiny Qwen3-Embedding layout split 2 ways): the
 /// leader pools the final hidden state it holds whole after the last all-reduce, and each is
 /// transformers' (as on one rank, `embeddings.rs`).
@@ -243,36 +277,47 @@ fn embeddings_on_two_ranks_are_transformers() {
     let dir = fixtures().join("models/qwen3_embed");
     let expected = read_json(&dir.join("expected.json"));
     let cases = expected["cases"].as_array().expect("cases").clone();
-    let results = on_ranks(2, |tp, comm| {
-        let m = load_shard(&dir, tp).model;
-        let exec = Executor::new(m.into(), &engine_cfg(), comm).expect("executor");
-        let exec = leader_or_follow(tp, exec)?;
-        let mut engine = Engine::from_executor(exec, vec![], &engine_cfg()).expect("leader");
-        let params = SamplingParams {
-            ignore_eos: true,
-            embed: Some(EmbedParams {
-                normalize: true,
-                dimensions: None,
-                classify: false,
-            }),
-            ..SamplingParams::greedy(1)
-        };
-        let requests = (cases.iter().enumerate())
-            .map(|(i, c)| (i as u64, ids(&c["prompt_token_ids"]), params.clone()))
-            .collect();
-        let mut got = std::collections::HashMap::new();
-        engine
-            .run_to_completion(requests, |ev| {
-                got.insert(ev.id, ev.embedding.clone().expect("an embedding"));
-                true
-            })
-            .expect("embed");
-        Some(got)
-    });
-    let got = results[0].as_ref().expect("the leader's embeddings");
+    let params = SamplingParams {
+        ignore_eos: true,
+        embed: Some(EmbedParams {
+            normalize: true,
+            dimensions: None,
+            classify: false,
+        }),
+        ..SamplingParams::greedy(1)
+    };
+    let prompts = cases.iter().map(|c| ids(&c["prompt_token_ids"])).collect();
+    let got = pooled_on_two_ranks(&dir, &[], params, prompts);
     for (i, case) in cases.iter().enumerate() {
         let d = max_abs_diff(&got[&(i as u64)], &floats(&case["embedding"]));
         assert!(d < 1e-4, "prompt {i} on 2 ranks: differs by {d}");
+    }
+}
+
+/// Classifiers on a leader and a follower: a classifier whose checkpoint has no LM head, and a
+/// causal LM made a reranker by two tokens (its head made from the whole LM head, not the
+/// leader's rows of it), each transformers' (as on one rank, `classify.rs`).
+#[test]
+fn classifiers_on_two_ranks_are_transformers() {
+    let dir = fixtures().join("models/llama_classify");
+    let texts = read_json(&dir.join("expected.json"))["texts"].clone();
+    let texts = texts.as_array().expect("texts");
+    let prompts = texts.iter().map(|t| ids(&t["input_ids"])).collect();
+    let got = pooled_on_two_ranks(&dir, &[], SamplingParams::classify(), prompts);
+    for (i, t) in texts.iter().enumerate() {
+        let d = max_abs_diff(&got[&(i as u64)], &floats(&t["logits"]));
+        assert!(d < 1e-4, "text {i} on 2 ranks: differs by {d}");
+    }
+    let dir = fixtures().join("models/qwen3_yes_no");
+    let pairs = read_json(&dir.join("expected.json"))["pairs"].clone();
+    let pairs = pairs.as_array().expect("pairs");
+    let prompts = pairs.iter().map(|p| ids(&p["input_ids"])).collect();
+    // `n` in the leader's half of the vocabulary, `</s>` (257) in the follower's.
+    let got = pooled_on_two_ranks(&dir, &["n", "</s>"], SamplingParams::classify(), prompts);
+    for (i, p) in pairs.iter().enumerate() {
+        let last = floats(&p["last_logits"]);
+        let d = max_abs_diff(&got[&(i as u64)], &[last[257] - last[b'n' as usize]]);
+        assert!(d < 1e-4, "pair {i} on 2 ranks: differs by {d}");
     }
 }
 
