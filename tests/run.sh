@@ -25,10 +25,11 @@ fi
 # proto/ at run time, + grpcio-reflection's v1alpha client), the official openai package, and
 # prometheus_client (its exposition-format
 # parser checks /metrics), numpy (checks `ferrite quantize` output independently), and
-# jsonschema (validates structured outputs independently of llguidance), and huggingface_hub
-# (the reference client of the Hub's cache, tests/tests/hub.rs).
-if ! python3 -c 'import grpc, grpc_tools, grpc_reflection, openai, prometheus_client, numpy, jsonschema, huggingface_hub' 2>/dev/null; then
-    packages=(grpcio grpcio-tools grpcio-reflection openai prometheus_client numpy jsonschema huggingface_hub)
+# jsonschema (validates structured outputs independently of llguidance), huggingface_hub
+# (the reference client of the Hub's cache, tests/tests/hub.rs), and cohere (Cohere's official
+# client of the rerank API, tests/tests/classify.rs).
+if ! python3 -c 'import grpc, grpc_tools, grpc_reflection, openai, prometheus_client, numpy, jsonschema, huggingface_hub, cohere' 2>/dev/null; then
+    packages=(grpcio grpcio-tools grpcio-reflection openai prometheus_client numpy jsonschema huggingface_hub cohere)
     echo "tests/run.sh: installing ${packages[*]}"
     python3 -m pip install --quiet "${packages[@]}" 2>/dev/null ||
         python3 -m pip install --quiet --break-system-packages "${packages[@]}"

@@ -30,7 +30,7 @@ pub async fn run_client(
         .await
         .map_err(|e| {
             let hint = if format!("{e}").contains("ModuleNotFoundError") {
-                "\nhint: python3 -m pip install grpcio grpcio-tools openai (tests/run.sh does)"
+                "\nhint: python3 -m pip install grpcio grpcio-tools openai cohere (tests/run.sh does)"
             } else {
                 ""
             };

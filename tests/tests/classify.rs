@@ -3,13 +3,15 @@
 //! (`--classifier-from-tokens`; `tests/fixtures/models/generate_classify.py`), beside a pool
 //! of the default model, behind one gateway. `/v1/rerank` (and `/v2/rerank`), `/v1/score`
 //! and `/classify` answer with transformers' scores and labels for texts the gateway
-//! tokenizes (query-document pairs as the tokenizer joins them); what a model cannot do is a
-//! 400 saying so.
+//! tokenizes (query-document pairs as the tokenizer joins them), through a Rust HTTP client,
+//! gRPC and Cohere's official Python client; what a model cannot do is a 400 saying so.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, WorkerProc, http, serial, wait};
+use ferrite_cluster_tests::{
+    Cluster, MODEL, WorkerOptions, WorkerProc, http, python, serial, wait,
+};
 use serde_json::{Value, json};
 
 /// fp32 against fp32, through a sigmoid or softmax.
@@ -77,6 +79,7 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     score(&cluster).await?;
     classify(&cluster).await?;
     grpc(&cluster).await?;
+    cohere_client(&cluster).await?;
     refusals(&cluster).await
 }
 
@@ -236,6 +239,46 @@ async fn grpc(cluster: &Cluster) -> Result<()> {
         .await)
         .expect_err("a generative model");
     ensure!(e.code() == tonic::Code::InvalidArgument, "{e:?}");
+    Ok(())
+}
+
+/// Cohere's official client, v2 and v1, ranks the documents as transformers scores them;
+/// an unknown model is its 404.
+async fn cohere_client(cluster: &Cluster) -> Result<()> {
+    let want = expected("qwen3_rerank")?;
+    let pairs = want["pairs"].as_array().context("pairs")?;
+    let documents: Vec<&Value> = pairs.iter().map(|p| &p["document"]).collect();
+    let args = [
+        "--base-url".to_owned(),
+        format!("http://{}", cluster.gateway.http),
+        "--model".into(),
+        "qwen3_rerank".into(),
+        "--query".into(),
+        want["query"].as_str().context("query")?.to_owned(),
+        "--documents".into(),
+        serde_json::to_string(&documents)?,
+    ];
+    let got = python::run_client("rerank_client.py", &args, Duration::from_secs(90)).await?;
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    order.sort_by(|&a, &b| {
+        pairs[b]["score"]
+            .as_f64()
+            .partial_cmp(&pairs[a]["score"].as_f64())
+            .expect("scores")
+    });
+    for (client, n) in [("v2", 2), ("v1", pairs.len())] {
+        let results = got[client].as_array().context("results")?;
+        ensure!(results.len() == n, "{client}: {got}");
+        for (r, &i) in results.iter().zip(&order) {
+            ensure!(r["index"] == json!(i), "{client} order: {got}");
+            ensure!(
+                close(&r["relevance_score"], &pairs[i]["score"]),
+                "{client}: {r}"
+            );
+        }
+    }
+    ensure!(got["v1"][0]["text"] == pairs[order[0]]["document"], "{got}");
+    ensure!(got["unknown_model"] == json!(404), "{got}");
     Ok(())
 }
 
