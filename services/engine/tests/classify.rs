@@ -97,7 +97,7 @@ fn classifiers_match_transformers() {
 
 /// A causal LM made a reranker by two of its tokens scores each pair by the second's logit
 /// minus the first's (Qwen3-Reranker's card: the second's probability over the two is the
-/// sigmoid of that); by three tokens it has their three logits.
+/// sigmoid of that), from a GGUF file too; by three tokens it has their three logits.
 #[test]
 fn causal_lms_classify_by_their_tokens() {
     let dir = "models/qwen3_yes_no";
@@ -118,6 +118,19 @@ fn causal_lms_classify_by_their_tokens() {
         let card = p["score"].as_f64().expect("score");
         assert!((score - card).abs() < 1e-4, "pair {i}: {score} != {card}");
     }
+    // A GGUF file's vocabulary and head (the tiny Qwen2's, F32): its last position's logits.
+    let qwen2 = read_json(&fixtures().join("models/qwen2/expected.json"));
+    let case = &qwen2["cases"][0];
+    let prompt = ids(&case["prompt_token_ids"]);
+    let got = logits_by_tokens("models/qwen2/model.gguf", &["n", "y"], &[prompt]);
+    let last = floats(&case["first_logits"]);
+    let want = last[b'y' as usize] - last[b'n' as usize];
+    assert!(
+        (got[&0][0] - want).abs() < TOLERANCE,
+        "GGUF: {:?} != {want}",
+        got[&0]
+    );
+
     let got = logits_by_tokens(dir, &["a", "b", "c"], &inputs[..1]);
     let last = floats(&pairs[0]["last_logits"]);
     let want: Vec<f32> = [b'a', b'b', b'c']
