@@ -1,8 +1,11 @@
 """Sends K concurrent /v1/completions requests of N fresh random token ids each, and waits for
 them: `score` scores each prompt as lm-eval does (echo, logprobs 1, max_tokens 0), `plain`
-prefills it and draws one token. Timed from outside (farm-bench) to compare the two:
+prefills it and draws one token. Timed from outside, the two in turn, to compare them:
 
-    farm-bench -n 7 --vs "python3 scoring_load.py ADDR plain 1000 1" -- python3 scoring_load.py ADDR score 1000 1
+    for i in 1 2 3 4 5 6 7; do
+        /usr/bin/time -f %e python3 scoring_load.py ADDR score 1000 1
+        /usr/bin/time -f %e python3 scoring_load.py ADDR plain 1000 1
+    done
 """
 import json
 import random
