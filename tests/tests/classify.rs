@@ -83,6 +83,14 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     refusals(&cluster).await
 }
 
+/// The pairs' indices, highest `score` first.
+fn by_score(pairs: &[Value]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    let score = |i: usize| pairs[i]["score"].as_f64().unwrap_or(f64::NAN);
+    order.sort_by(|&a, &b| score(b).total_cmp(&score(a)));
+    order
+}
+
 /// The documents by relevance, each scored as transformers scores its pair, the first
 /// `top_n`; documents as objects and left out of the answer on `/v2/rerank`.
 async fn rerank(cluster: &Cluster, model: &str) -> Result<()> {
@@ -95,13 +103,7 @@ async fn rerank(cluster: &Cluster, model: &str) -> Result<()> {
     ensure!(status == 200, "{status} {got}");
     let results = got["results"].as_array().context("results")?;
     ensure!(results.len() == 3, "top_n 3: {got}");
-    let mut order: Vec<usize> = (0..pairs.len()).collect();
-    order.sort_by(|&a, &b| {
-        pairs[b]["score"]
-            .as_f64()
-            .partial_cmp(&pairs[a]["score"].as_f64())
-            .expect("scores")
-    });
+    let order = by_score(pairs);
     for (r, &i) in results.iter().zip(&order) {
         ensure!(r["index"] == json!(i), "order: {got}");
         ensure!(
@@ -259,13 +261,7 @@ async fn cohere_client(cluster: &Cluster) -> Result<()> {
         serde_json::to_string(&documents)?,
     ];
     let got = python::run_client("rerank_client.py", &args, Duration::from_secs(90)).await?;
-    let mut order: Vec<usize> = (0..pairs.len()).collect();
-    order.sort_by(|&a, &b| {
-        pairs[b]["score"]
-            .as_f64()
-            .partial_cmp(&pairs[a]["score"].as_f64())
-            .expect("scores")
-    });
+    let order = by_score(pairs);
     for (client, n) in [("v2", 2), ("v1", pairs.len())] {
         let results = got[client].as_array().context("results")?;
         ensure!(results.len() == n, "{client}: {got}");
