@@ -170,6 +170,13 @@ pub(super) fn check_writable(c: &ModelConfig, hf: Option<&serde_json::Value>) ->
     if c.architecture == Architecture::Phi3 {
         return Err(phi3_unsupported());
     }
+    if c.labels.is_some() {
+        return Err(EngineError::BadConfig(
+            "writing a quantized sequence classifier is not supported (its head, score.weight, \
+             would be lost); quantize it at load instead (--quantize)"
+                .into(),
+        ));
+    }
     let arch = hf.and_then(|cfg| cfg["architectures"][0].as_str());
     if arch == Some("Gemma3ForConditionalGeneration") {
         return Err(EngineError::BadConfig(

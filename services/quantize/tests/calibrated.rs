@@ -209,11 +209,17 @@ fn mixtures_of_experts_quantize_by_rtn_and_load_back() {
 }
 
 /// Checkpoints the writers cannot make are refused before any layer is quantized: Phi-3's
-/// (fused projections) and a multimodal Gemma 3's (its vision tower would be lost).
+/// (fused projections), a multimodal Gemma 3's (its vision tower would be lost) and a
+/// sequence classifier's (its head would be).
 #[test]
-fn phi3_and_multimodal_checkpoints_are_refused_before_quantizing() {
+fn phi3_multimodal_and_classifier_checkpoints_are_refused_before_quantizing() {
     let w4: WqFormat = "w4g32".parse().expect("format");
-    for (dir, says) in [("phi3", "fused"), ("gemma3_mm", "multimodal")] {
+    let refused = [
+        ("phi3", "fused"),
+        ("gemma3_mm", "multimodal"),
+        ("llama_classify", "sequence classifier"),
+    ];
+    for (dir, says) in refused {
         let src = fixtures().join("models").join(dir);
         let out = tempdir(&format!("refused-{dir}"));
         let opts = CalibOptions::new(Method::Rtn, Scheme::WeightOnly(w4));
