@@ -1,6 +1,5 @@
 //! Sequence classifiers: Hugging Face `*ForSequenceClassification` checkpoints (rerankers such
-//! as Qwen3-Reranker-seq-cls and bge-reranker-v2-gemma, sentiment and topic classifiers,
-//! reward models). Their layers are the causal LM's; their head, `score.weight`
+//! as Qwen3-Reranker-seq-cls, sentiment and topic classifiers, reward models). Their layers are the causal LM's; their head, `score.weight`
 //! `[labels, hidden]` with no bias, turns the last token's final hidden state into one logit
 //! per label, as transformers' `*ForSequenceClassification` and vLLM pool them (the last
 //! token: prompts here are never padded).
@@ -10,7 +9,7 @@
 //! path is an embeddings request's ([`ModelConfig::labels`]).
 //!
 //! A causal LM trained to answer a relevance question with a token (Qwen3-Reranker answers
-//! `yes` or `no`; bge-reranker-v2-gemma `Yes`) is served as a classifier too, as vLLM's
+//! `yes` or `no`) is served as a classifier too, as vLLM's
 //! `classifier_from_token` does ([`by_tokens`], `--classifier-from-tokens`): its head is the
 //! LM head's rows of those tokens. Two tokens (`no,yes`) make one label, the second's row
 //! minus the first's, whose sigmoid is the softmax probability of the second token over the
