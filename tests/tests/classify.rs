@@ -307,6 +307,13 @@ async fn refusals(cluster: &Cluster) -> Result<()> {
             400,
             "empty",
         ),
+        (
+            "/v1/rerank",
+            json!({"model": "qwen3_rerank", "query": "q", "documents": ["d"],
+                "max_tokens_per_doc": 8}),
+            400,
+            "max_tokens_per_doc",
+        ),
         ("/v1/rerank", rerank("nope"), 404, "nope"),
     ] {
         let (got, v) = post(cluster, path, body.clone()).await?;

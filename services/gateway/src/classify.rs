@@ -53,9 +53,11 @@ pub fn routes() -> Router<Gateway> {
 
 type Body<T> = Result<Json<T>, axum::extract::rejection::JsonRejection>;
 
-/// A rerank request (Jina's and Cohere's fields; `max_chunks_per_doc` and the like are not
-/// taken, and unknown fields are ignored as those APIs' clients send several).
+/// A rerank request: Jina's and Cohere's fields that ferrite serves. Others (Cohere's
+/// `max_tokens_per_doc`, `rank_fields`, `relevant_spans`...) are refused naming them, never
+/// ignored.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RerankRequest {
     model: String,
     query: String,
@@ -128,8 +130,10 @@ async fn rerank(
     .into_response())
 }
 
-/// vLLM's score request: `text_1` against `text_2`, one against each, or pair by pair.
+/// vLLM's score request: `text_1` against `text_2`, one against each, or pair by pair
+/// (another field is refused, naming it).
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScoreRequest {
     model: String,
     text_1: Texts,
@@ -188,8 +192,10 @@ fn score_pairs(a: Texts, b: Texts) -> Result<Vec<(String, String)>, ApiError> {
     Ok(pairs)
 }
 
-/// vLLM's classification request: a text or token ids, or a batch of either.
+/// vLLM's classification request: a text or token ids, or a batch of either (another field
+/// is refused, naming it).
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClassifyRequest {
     model: String,
     input: Value,
@@ -219,8 +225,8 @@ async fn classify(
     let data: Vec<Value> = (answers.iter().enumerate())
         .map(|(index, (l, _))| {
             let probs = probabilities(l);
-            json!({"index": index, "label": most_probable(&probs).map(|b| &labels[b]),
-                "probs": probs, "num_classes": probs.len()})
+            json!({"index": index, "label": label_of(&labels, &probs), "probs": probs,
+                "num_classes": probs.len()})
         })
         .collect();
     Ok(Json(json!({
@@ -256,7 +262,7 @@ pub async fn grpc(
         .map(|(logits, n)| {
             let probs = probabilities(&logits);
             api::Classification {
-                label: most_probable(&probs).map_or_else(String::new, |b| labels[b].clone()),
+                label: label_of(&labels, &probs).unwrap_or_default(),
                 logits,
                 probs,
                 prompt_tokens: u32::try_from(n).unwrap_or(u32::MAX),
@@ -419,9 +425,11 @@ fn tokens(answers: &Answers) -> usize {
     answers.iter().map(|(_, n)| n).sum()
 }
 
-/// The index of the largest probability.
-fn most_probable(probs: &[f32]) -> Option<usize> {
-    (0..probs.len()).max_by(|&a, &b| probs[a].total_cmp(&probs[b]))
+/// The label of the largest probability (none where a pool answered with more logits than
+/// the model has labels).
+fn label_of(labels: &[String], probs: &[f32]) -> Option<String> {
+    let best = (0..probs.len()).max_by(|&a, &b| probs[a].total_cmp(&probs[b]))?;
+    labels.get(best).cloned()
 }
 
 fn sigmoid(x: f32) -> f32 {
@@ -489,13 +497,18 @@ mod tests {
         assert!((probabilities(&[2.0])[0] - 0.880_797).abs() < 1e-6);
     }
 
-    /// Documents as texts or objects with a text, as the rerank APIs' clients send them.
+    /// Documents as texts or objects with a text, as the rerank APIs' clients send them; a
+    /// field not served is refused by name.
     #[test]
     fn documents_are_texts_or_objects() {
         let r: RerankRequest = serde_json::from_value(json!({"model": "m", "query": "q",
-            "documents": ["a", {"text": "b"}], "top_n": 1, "rank_fields": ["text"]}))
+            "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": false}))
         .expect("request");
         let texts: Vec<&str> = r.documents.iter().map(Document::text).collect();
         assert_eq!(texts, ["a", "b"]);
+        let unserved = json!({"model": "m", "query": "q", "documents": ["a"],
+            "max_tokens_per_doc": 8});
+        let e = serde_json::from_value::<RerankRequest>(unserved).expect_err("refused");
+        assert!(e.to_string().contains("max_tokens_per_doc"), "{e}");
     }
 }
