@@ -1,6 +1,7 @@
 //! Sequence classifiers served end to end: worker processes serving the tiny reranker, the
 //! tiny classifier and a tiny causal LM made a reranker by two of its tokens
-//! (`--classifier-from-tokens`; `tests/fixtures/models/generate_classify.py`), beside a pool
+//! (`--classifier-from-tokens`, its pairs rendered by a `--score-template`;
+//! `tests/fixtures/models/generate_classify.py`), beside a pool
 //! of the default model, behind one gateway. `/v1/rerank` (and `/v2/rerank`), `/v1/score`
 //! and `/classify` answer with transformers' scores and labels for texts the gateway
 //! tokenizes (query-document pairs as the tokenizer joins them), through a Rust HTTP client,
@@ -59,10 +60,18 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     let _turn = serial().await;
     let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
     let names = ["qwen3_rerank", "llama_classify", "qwen3_yes_no"];
+    let template = fixture(names[2]).join("score_template.jinja");
+    let template = template.to_string_lossy().into_owned();
+    let by_tokens = [
+        "--classifier-from-tokens",
+        "n,y",
+        "--score-template",
+        &template,
+    ];
     let _workers = tokio::try_join!(
         serve(&cluster, names[0], &[]),
         serve(&cluster, names[1], &[]),
-        serve(&cluster, names[2], &["--classifier-from-tokens", "n,y"]),
+        serve(&cluster, names[2], &by_tokens),
     )?;
     let listed = || async {
         let models = http::get(cluster.gateway.http, "/v1/models").await;
@@ -73,9 +82,10 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     };
     wait::until("the classifiers listed", Duration::from_secs(30), listed).await?;
 
-    rerank(&cluster, "qwen3_rerank").await?;
-    // A causal LM asked by two of its tokens: Qwen3-Reranker's model card's scores.
-    rerank(&cluster, "qwen3_yes_no").await?;
+    rerank(&cluster, "qwen3_rerank", "pairs").await?;
+    // A causal LM asked by two of its tokens, each pair rendered by its score template:
+    // Qwen3-Reranker's model card's scores of the rendered prompts.
+    rerank(&cluster, "qwen3_yes_no", "templated_pairs").await?;
     score(&cluster).await?;
     classify(&cluster).await?;
     grpc(&cluster).await?;
@@ -93,9 +103,9 @@ fn by_score(pairs: &[Value]) -> Vec<usize> {
 
 /// The documents by relevance, each scored as transformers scores its pair, the first
 /// `top_n`; documents as objects and left out of the answer on `/v2/rerank`.
-async fn rerank(cluster: &Cluster, model: &str) -> Result<()> {
+async fn rerank(cluster: &Cluster, model: &str, pairs: &str) -> Result<()> {
     let want = expected(model)?;
-    let pairs = want["pairs"].as_array().context("pairs")?;
+    let pairs = want[pairs].as_array().context("pairs")?;
     let documents: Vec<&Value> = pairs.iter().map(|p| &p["document"]).collect();
     let body = json!({"model": model, "query": want["query"], "documents": documents,
         "top_n": 3});

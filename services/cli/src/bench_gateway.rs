@@ -87,6 +87,7 @@ async fn bench(args: GatewayBenchArgs) -> Result<()> {
         tls: None,
         sampling_defaults: None,
         pooling: Default::default(),
+        score_template: None,
     };
     let worker =
         RunningWorker::start_synthetic(args.tokens_per_s, cfg, store.clone(), schema.clone())

@@ -361,6 +361,7 @@ async fn start_pools(args: &PrefixBenchArgs, kind: RunKind, store: &Store) -> Re
             tls: None,
             sampling_defaults: None,
             pooling: Default::default(),
+            score_template: None,
         };
         let worker = RunningWorker::start(
             model,

@@ -454,6 +454,7 @@ async fn start_worker(
         tls: args.tls.files(),
         sampling_defaults,
         pooling,
+        score_template: args.model.score_template_source()?,
     };
     if tp.rank > 0 {
         let comm = rendezvous::join(store.as_ref(), &schema, &args.pool, &tp).await?;

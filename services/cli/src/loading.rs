@@ -145,6 +145,12 @@ pub struct ModelArgs {
     /// and generates no text.
     #[arg(long, value_delimiter = ',', env = "FERRITE_CLASSIFIER_FROM_TOKENS")]
     pub classifier_from_tokens: Vec<String>,
+    /// How a reranker's query and document become one prompt: a built-in template
+    /// (`qwen3-reranker`: the prompt Qwen3-Reranker's model card builds) or a Jinja file,
+    /// rendered with two messages of roles `query` and `document` (as vLLM's score
+    /// templates). Unset: the pair is joined as the tokenizer joins a pair.
+    #[arg(long, env = "FERRITE_SCORE_TEMPLATE")]
+    pub score_template: Option<String>,
 }
 
 /// A LoRA adapter of `--lora-modules`: the name requests ask for, and where it is (a path,
@@ -412,6 +418,9 @@ impl ModelArgs {
             let tokens = self.classifier_from_tokens.join(",");
             a.extend(["--classifier-from-tokens".into(), tokens]);
         }
+        if let Some(t) = &self.score_template {
+            a.extend(["--score-template".into(), t.clone()]);
+        }
         a
     }
 
@@ -492,6 +501,22 @@ impl ModelArgs {
             loaded.model.load_lora(&m.name, &path).with_context(what)?;
         }
         Ok((loaded.model.into(), loaded.tokenizer, loaded.pooling))
+    }
+
+    /// `--score-template`'s Jinja source (a built-in's, or the file's), checked to compile.
+    pub fn score_template_source(&self) -> Result<Option<String>> {
+        let Some(spec) = &self.score_template else {
+            return Ok(None);
+        };
+        let source = match ferrite_text::score_template::builtin(spec) {
+            Some(builtin) => builtin.to_owned(),
+            None => std::fs::read_to_string(spec).with_context(|| {
+                format!("--score-template {spec}: neither a built-in (qwen3-reranker) nor a file")
+            })?,
+        };
+        ferrite_text::ScoreTemplate::new(&source, None, None)
+            .with_context(|| format!("--score-template {spec}"))?;
+        Ok(Some(source))
     }
 
     fn load_options(&self) -> LoadOptions {
@@ -643,5 +668,42 @@ mod tests {
         let again = args(&a.to_args().iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(again.classifier_from_tokens, a.classifier_from_tokens);
         assert_eq!(a.load_options().classifier_tokens, ["no", "yes"]);
+    }
+
+    /// A score template is a built-in's name or a file, checked to compile at start-up, and
+    /// reaches the rank processes.
+    #[test]
+    fn score_templates_are_built_ins_or_files() {
+        let builtin = args(&["--score-template", "qwen3-reranker"]);
+        let source = builtin.score_template_source().expect("built in");
+        assert!(source.is_some_and(|s| s.contains("<Document>")));
+        let again = args(
+            &builtin
+                .to_args()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(again.score_template, builtin.score_template);
+        let dir = std::env::temp_dir().join(format!("ferrite-score-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (good, bad) = (dir.join("good.jinja"), dir.join("bad.jinja"));
+        std::fs::write(
+            &good,
+            "{{ messages[0].content }} | {{ messages[1].content }}",
+        )
+        .expect("write");
+        std::fs::write(&bad, "{% if %}").expect("write");
+        let file = args(&["--score-template", &good.to_string_lossy()]);
+        assert!(file.score_template_source().expect("file").is_some());
+        for spec in [
+            bad.to_string_lossy().into_owned(),
+            "no-such-template".into(),
+        ] {
+            let e = args(&["--score-template", &spec]).score_template_source();
+            assert!(e.is_err(), "{spec}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(args(&[]).score_template_source().expect("none"), None);
     }
 }

@@ -3,7 +3,8 @@
 //! steps call) and vLLM's score API (`POST /v1/score`, `/score`); classifiers through
 //! `POST /classify` (`/v1/classify`).
 //!
-//! A reranker has one label: a query-document pair is joined as its tokenizer joins a pair
+//! A reranker has one label: a query-document pair is rendered by the model's score template
+//! where it has one (`--score-template`), else joined as its tokenizer joins a pair
 //! (transformers' `tokenizer(query, document)`), and its relevance is the sigmoid of the
 //! logit, as sentence-transformers' `CrossEncoder` and vLLM score it. A classifier's text is
 //! tokenized as a completion's prompt; its answer is the softmax of its labels' logits (the
@@ -30,6 +31,7 @@ use crate::asked::unix_now;
 use crate::auth::Caller;
 use crate::embeddings::{EmbedArgs, first_empty, request_span};
 use crate::error::GatewayError;
+use crate::models::ModelText;
 use crate::openai::prompts_in;
 use crate::trace::Api;
 use crate::validate::Prompt;
@@ -367,10 +369,7 @@ impl<'a> Ask<'a> {
                 .map(|i| match i.input {
                     Some(Input::Text(t)) => Ok(Prompt::Text(t)),
                     Some(Input::TokenIds(ids)) => Ok(Prompt::TokenIds(ids.ids)),
-                    Some(Input::Pair(p)) => text
-                        .tokenizer
-                        .encode_pair(&p.text, &p.text_pair)
-                        .map(Prompt::TokenIds),
+                    Some(Input::Pair(p)) => joined(&text, &p),
                     None => Ok(Prompt::Text(String::new())),
                 })
                 .collect::<Result<Vec<_>, _>>()
@@ -414,6 +413,17 @@ impl<'a> Ask<'a> {
             .buffered(IN_FLIGHT)
             .try_collect()
             .await
+    }
+}
+
+/// A pair as one prompt: rendered by the model's score template, or joined as its tokenizer
+/// joins a pair.
+fn joined(text: &ModelText, pair: &api::TextPair) -> Result<Prompt, ferrite_text::TextError> {
+    match &text.score_template {
+        Some(t) => t.render(&pair.text, &pair.text_pair).map(Prompt::Text),
+        None => (text.tokenizer)
+            .encode_pair(&pair.text, &pair.text_pair)
+            .map(Prompt::TokenIds),
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferrite_proto::worker::v1 as pb;
 use ferrite_structured::{TokenBytes, Vocabulary};
-use ferrite_text::Tokenizer;
+use ferrite_text::{ScoreTemplate, Tokenizer};
 use tokio::sync::OnceCell;
 
 use crate::error::GatewayError;
@@ -31,6 +31,9 @@ pub struct ModelText {
     pub sampling_defaults: ferrite_proto::v1::SamplingDefaults,
     /// A sequence classifier's labels (`ModelInfo.labels`); empty for a generative model.
     pub labels: Vec<String>,
+    /// How a reranker's (query, document) pair becomes its prompt (`ModelInfo.score_template`);
+    /// `None`: joined as the tokenizer joins a pair.
+    pub score_template: Option<ScoreTemplate>,
     tokenizer_json: String,
     eos_token_ids: Vec<u32>,
     /// Each token's bytes (for log-probabilities), read on first use.
@@ -89,6 +92,15 @@ impl ModelText {
 
 impl ModelText {
     pub fn from_info(info: pb::ModelInfo) -> Result<Self, GatewayError> {
+        let score_template = (info.score_template.as_deref())
+            .map(|t| ScoreTemplate::new(t, info.bos_token.as_deref(), info.eos_token.as_deref()))
+            .transpose()
+            .map_err(|e| {
+                GatewayError::Internal(format!(
+                    "the score template of `{}` from its pool: {e}",
+                    info.model
+                ))
+            })?;
         let mut config = serde_json::Map::new();
         if let Some(b) = info.bos_token {
             config.insert("bos_token".into(), b.into());
@@ -116,6 +128,7 @@ impl ModelText {
             digest: Some(info.text_digest).filter(|d| !d.is_empty()),
             sampling_defaults: info.sampling_defaults.unwrap_or_default(),
             labels: info.labels,
+            score_template,
             tokenizer_json: info.tokenizer_json,
             eos_token_ids: info.eos_token_ids,
             token_bytes: OnceLock::new(),

@@ -17,7 +17,8 @@
 //!   `gpt2`, score-ranked BPE with byte fallback for SentencePiece `llama`).
 //! - `pretok`: llama.cpp's split regexes per `tokenizer.ggml.pre`.
 //! - [`chat`]: [`ChatTemplate`], minijinja configured like HF's jinja2
-//!   environment.
+//!   environment; [`score_template`]: a reranker's query and document as one
+//!   prompt through such a template.
 //! - `strftime`: the date formatting behind the `strftime_now` template global.
 //! - [`stream`]: [`DecodeStream`], token-by-token text deltas.
 //! - [`stop`]: [`StopMatcher`], stop strings across delta boundaries.
@@ -28,6 +29,7 @@ pub mod chat;
 mod error;
 pub mod gguf;
 mod pretok;
+pub mod score_template;
 pub mod stop;
 pub mod stream;
 mod strftime;
@@ -37,6 +39,7 @@ pub mod tokenizer;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::TextError;
 pub use gguf::GgufVocab;
+pub use score_template::ScoreTemplate;
 pub use stop::{StopMatcher, StopOutput};
 pub use stream::DecodeStream;
 pub use text_stream::TextStream;

@@ -54,6 +54,8 @@ pub struct WorkerConfig {
     pub sampling_defaults: Option<ferrite_proto::v1::SamplingDefaults>,
     /// How the model's embeddings are pooled (what its checkpoint says).
     pub pooling: ferrite_engine::model::pooling::Pooling,
+    /// A reranker's score template (`--score-template`), its Jinja source.
+    pub score_template: Option<String>,
 }
 
 /// Why a worker could not start.
@@ -100,6 +102,7 @@ pub fn model_info(
         vocab_size: u32::try_from(vocab_size).unwrap_or(u32::MAX),
         max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
         sampling_defaults: cfg.sampling_defaults.clone(),
+        score_template: cfg.score_template.clone(),
         ..pb::ModelInfo::default()
     };
     if let Some(t) = tokenizer {
