@@ -16,10 +16,13 @@ names and hashes), and prints `port N` once listening. It answers:
 - `GET|HEAD /{org}/{name}/resolve/{main|commit}/{path}`: a small file directly (`ETag` its git
   blob id), an LFS file by a 302 to `http://localhost:{port}/cdn/{org}/{name}/{sha256}`
   (`X-Linked-Etag`, `X-Linked-Size`), as the Hub does; both with `X-Repo-Commit`;
-- `GET|HEAD /cdn/{org}/{name}/{sha256}`: the bytes, with no token asked.
+- `GET|HEAD /cdn/{org}/{name}/{sha256}`: the bytes, with no token asked; from byte N on with
+  `Range: bytes=N-` (206, `Content-Range`; 416 past the end), as the Hub's CDN.
 
 Repositories under the org `gated` answer 401 without `Authorization: Bearer hf_test_token`;
-under `corrupt`, the CDN serves each LFS file with its first byte flipped.
+under `corrupt`, the CDN serves each LFS file with its first byte flipped; under `flaky`, a
+request for a whole LFS file gets its first half and then a closed connection (a transfer that
+breaks), while a range is served whole.
 """
 
 import argparse
@@ -179,7 +182,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
         data = bytearray(open(full, "rb").read())
         if repo.startswith("corrupt/") and data:
             data[0] ^= 0xFF
-        self.send(200, bytes(data), {"ETag": f'"{sha}"'}, "application/octet-stream")
+        etag = {"ETag": f'"{sha}"'}
+        wanted = self.headers.get("Range", "")
+        if wanted.startswith("bytes=") and wanted.endswith("-"):
+            start = int(wanted[len("bytes="):-1])
+            if start >= len(data):
+                return self.send(416, b"", dict(etag, **{"Content-Range": f"bytes */{len(data)}"}))
+            rest = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
+            return self.send(206, bytes(data[start:]), dict(etag, **rest),
+                             "application/octet-stream")
+        if repo.startswith("flaky/") and len(data) > 1 and self.command == "GET":
+            # Announced whole, cut in half: the client's read ends early.
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Type", "application/octet-stream")
+            self.end_headers()
+            self.wfile.write(bytes(data[: len(data) // 2]))
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.send(200, bytes(data), etag, "application/octet-stream")
 
 
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):

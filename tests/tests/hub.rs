@@ -4,7 +4,8 @@
 //! official `huggingface_hub` client is the reference (`tests/clients/hub_interop.py`): it
 //! downloads from the same server, and ferrite's cache must be the tree it makes, readable by
 //! it offline; a GGUF file it downloaded is served by ferrite by `repo:quant` with the network
-//! forbidden; and every way a download goes wrong says what to do.
+//! forbidden; a transfer that breaks resumes, in the same run or the next; and every way a
+//! download goes wrong says what to do.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,7 +52,7 @@ fn make_repos(root: &Path, default_model: &Path) -> Result<()> {
     put(sharded, "README.md", Err(b"# tiny\n"))?;
     put(sharded, "pytorch_model.bin", Err(&[7u8; 1000]))?;
     put(sharded, "onnx/model.onnx", Err(b"onnx"))?;
-    for repo in ["gated/tiny", "corrupt/tiny"] {
+    for repo in ["gated/tiny", "corrupt/tiny", "flaky/tiny"] {
         for f in [
             "config.json",
             "model.safetensors",
@@ -178,6 +179,7 @@ async fn hub_models_share_huggingface_hubs_cache_and_serve_from_it_offline() -> 
     serves_offline(&endpoint, &cache("c")).await?;
     failures_say_what_to_do(&endpoint, &cache("d")).await?;
     adapters_come_from_the_hub(&endpoint, &work.join("repos"), &cache("e")).await?;
+    transfers_resume(&endpoint, &work.join("repos"), &cache("f"), &cache("g")).await?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
 }
@@ -314,6 +316,49 @@ async fn adapters_come_from_the_hub(endpoint: &str, repos: &Path, e: &str) -> Re
         .collect::<Result<_>>()?;
     got.sort();
     assert_eq!(got, ["adapter_config.json", "adapter_model.safetensors"]);
+    Ok(())
+}
+
+/// The sha256 (hex) of `bytes`.
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A transfer that breaks halfway (`flaky/`) is asked again from where it stopped, and the
+/// blob is the file; the half of a file an earlier run left in `blobs/{sha256}.incomplete`
+/// is resumed (its rest asked for by a range), and the blob is the file again.
+async fn transfers_resume(endpoint: &str, repos: &Path, f: &str, g: &str) -> Result<()> {
+    let weights = std::fs::read(repos.join("flaky/tiny/model.safetensors"))?;
+    let online = env(&[("HF_ENDPOINT", endpoint), ("HF_HUB_CACHE", f)]);
+    let (ok, _, err) = ferrite(&["pull", "flaky/tiny"], &online).await?;
+    anyhow::ensure!(ok && err.contains("asking for the rest"), "{err}");
+    let blob = Path::new(f)
+        .join("models--flaky--tiny/blobs")
+        .join(sha256(&weights));
+    anyhow::ensure!(
+        std::fs::read(&blob)? == weights,
+        "flaky/tiny's weights differ"
+    );
+
+    let shard = repos.join("tiny/llama31-sharded/model-00002-of-00003.safetensors");
+    let shard = std::fs::read(&shard)?;
+    let blobs = Path::new(g).join("models--tiny--llama31-sharded/blobs");
+    std::fs::create_dir_all(&blobs)?;
+    let sha = sha256(&shard);
+    let half = &shard[..shard.len() / 2];
+    std::fs::write(blobs.join(format!("{sha}.incomplete")), half)?;
+    let online = env(&[("HF_ENDPOINT", endpoint), ("HF_HUB_CACHE", g)]);
+    let (ok, _, err) = ferrite(&["pull", "tiny/llama31-sharded"], &online).await?;
+    anyhow::ensure!(ok && err.contains("resuming after"), "{err}");
+    anyhow::ensure!(
+        std::fs::read(blobs.join(&sha))? == shard,
+        "the resumed shard differs"
+    );
+    anyhow::ensure!(!blobs.join(format!("{sha}.incomplete")).exists());
     Ok(())
 }
 

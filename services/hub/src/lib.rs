@@ -10,11 +10,14 @@
 //! model is used as it is; otherwise the repository's files are listed and the ones ferrite
 //! reads are downloaded: the safetensors weights with their config, tokenizer and template
 //! files, or the one GGUF file asked for. `HF_ENDPOINT`, `HF_TOKEN` (or the token file that
-//! `hf auth login` writes) and `HF_HUB_OFFLINE` mean what they mean to `huggingface_hub`.
+//! `hf auth login` writes) and `HF_HUB_OFFLINE` mean what they mean to `huggingface_hub`. A
+//! transfer that breaks is asked again from where it stopped, and the bytes so far stay in the
+//! cache for a later run to resume (`transfer.rs`, as `huggingface_hub` resumes them).
 
 mod cache;
 mod remote;
 mod select;
+mod transfer;
 
 use std::path::PathBuf;
 

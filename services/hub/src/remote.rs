@@ -2,19 +2,17 @@
 //! with their blob ids and LFS hashes), and each file's bytes (`/{repo}/resolve/{commit}/
 //! {path}`, which redirects LFS files to a CDN; the token is not sent past the Hub's host).
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use ureq::config::RedirectAuthHeaders;
 
-use crate::cache::{self, blob, link, snapshot, temp_beside, write_ref};
+use crate::cache::{self, blob, link, snapshot, write_ref};
 use crate::select::{Wanted, choose};
-use crate::{HubError, RepoRef, Result};
+use crate::{HubError, RepoRef, Result, transfer};
 
 /// Files downloaded at once.
 const PARALLEL: usize = 4;
@@ -71,9 +69,21 @@ impl Hub {
     }
 
     fn get(&self, url: &str) -> Result<ureq::http::Response<ureq::Body>> {
+        self.get_from(url, 0)
+    }
+
+    /// `url`'s bytes from `from` on (a `Range` request past 0).
+    pub(crate) fn get_from(
+        &self,
+        url: &str,
+        from: u64,
+    ) -> Result<ureq::http::Response<ureq::Body>> {
         let mut req = self.agent.get(url);
         if let Some(t) = &self.token {
             req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if from > 0 {
+            req = req.header("range", format!("bytes={from}-"));
         }
         req.call().map_err(|e| HubError::Http {
             url: url.to_owned(),
@@ -82,7 +92,7 @@ impl Hub {
     }
 
     /// Fails on any status but success, saying what it means for `r`.
-    fn check(
+    pub(crate) fn check(
         &self,
         r: &RepoRef,
         url: &str,
@@ -213,45 +223,31 @@ impl Hub {
         }
     }
 
-    /// One file into `blobs/`, checked against the Hub's sha256 where it has one, then linked
-    /// into the snapshot.
+    /// One file into `blobs/` ([`transfer`]: resumed where a transfer broke), checked against
+    /// the Hub's sha256 where it has one, then linked into the snapshot.
     fn download(&self, r: &RepoRef, repo_dir: &Path, commit: &str, s: &Sibling) -> Result<()> {
         let url = format!("{}/{}/resolve/{commit}/{}", self.endpoint, r.repo, s.path);
-        let started = Instant::now();
-        let mut resp = self.get(&url)?;
-        self.check(r, &url, &mut resp)?;
         let blobs = repo_dir.join("blobs");
         std::fs::create_dir_all(&blobs).map_err(|source| HubError::Io {
             path: blobs.clone(),
             source,
         })?;
-        let tmp = temp_beside(&blobs.join(s.path.replace('/', "_")));
-        let progress = Progress {
+        let want = transfer::Blob {
+            url: &url,
             file: &s.path,
-            total: s.size,
-            started,
-            last: started,
+            size: s.size,
+            etag: s.etag.as_deref(),
         };
-        let reader = resp.body_mut().as_reader();
-        let written = copy_hashing(reader, &tmp, progress).map_err(|e| match e {
-            Copy::Read(message) => HubError::Http {
-                url: url.clone(),
-                message,
-            },
-            Copy::Write(source) => HubError::Io {
-                path: tmp.clone(),
-                source,
-            },
-        });
-        let (size, sha) = match written {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
+        let _lock = transfer::BlobLock::take(repo_dir, want.etag)?;
+        if let Some(etag) = want.etag.filter(|e| blob(repo_dir, e).is_file()) {
+            // Another process brought it while this one waited for the lock.
+            return link(repo_dir, commit, &s.path, etag);
+        }
+        let part = transfer::partial(repo_dir, &want);
+        let started = Instant::now();
+        let (size, sha) = transfer::fetch(self, r, &want, &part)?;
         if let Some(expected) = s.sha256.as_ref().filter(|e| **e != sha) {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&part);
             return Err(HubError::Corrupt {
                 repo: r.repo.clone(),
                 file: s.path.clone(),
@@ -261,7 +257,7 @@ impl Hub {
         }
         let etag = s.etag.clone().unwrap_or(sha);
         let dest = blob(repo_dir, &etag);
-        std::fs::rename(&tmp, &dest).map_err(|source| HubError::Io {
+        std::fs::rename(&part, &dest).map_err(|source| HubError::Io {
             path: dest.clone(),
             source,
         })?;
@@ -295,64 +291,4 @@ fn sibling(v: &Value) -> Option<Sibling> {
         sha256: sha256.filter(hex),
         path,
     })
-}
-
-enum Copy {
-    Read(String),
-    Write(std::io::Error),
-}
-
-/// A line on stderr every [`PROGRESS_EVERY`] while a file downloads: a model's shard takes
-/// minutes, and a start-up that prints nothing for that long looks hung.
-struct Progress<'a> {
-    file: &'a str,
-    total: Option<u64>,
-    started: Instant,
-    last: Instant,
-}
-
-const PROGRESS_EVERY: Duration = Duration::from_secs(10);
-
-impl Progress<'_> {
-    fn update(&mut self, done: u64) {
-        if self.last.elapsed() < PROGRESS_EVERY {
-            return;
-        }
-        self.last = Instant::now();
-        let mb = |b: u64| b as f64 / 1e6;
-        let rate = mb(done) / self.started.elapsed().as_secs_f64().max(1e-3);
-        let of = self
-            .total
-            .map_or_else(String::new, |t| format!(" of {:.0}", mb(t)));
-        eprintln!(
-            "ferrite: {} {:.0}{of} MB ({rate:.1} MB/s)",
-            self.file,
-            mb(done)
-        );
-    }
-}
-
-/// Copies `from` into a new file `to`; gives its size and sha256 (hex).
-fn copy_hashing(
-    mut from: impl Read,
-    to: &Path,
-    mut progress: Progress,
-) -> std::result::Result<(u64, String), Copy> {
-    let mut file = std::fs::File::create(to).map_err(Copy::Write)?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = from.read(&mut buf).map_err(|e| Copy::Read(e.to_string()))?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        file.write_all(&buf[..n]).map_err(Copy::Write)?;
-        size += n as u64;
-        progress.update(size);
-    }
-    file.sync_all().map_err(Copy::Write)?;
-    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok((size, hex))
 }
