@@ -217,6 +217,14 @@ def check_consistency(report, where, objs):
         report.check(svc is not None and any(p["port"] == epp["port"]["number"] for p in svc["spec"]["ports"]),
                      f"{where}: {name_of(ip)}'s endpoint picker {epp['name']}:{epp['port']['number']} is no Service port")
 
+    # A gateway keeps the Responses API's stored responses in its memory: with more than one
+    # replica, a client must keep reaching the one that answered it.
+    gateway = by_kind.get("Service", {}).get("ferrite-gateway")
+    if gateway is not None:
+        report.check(gateway["spec"].get("sessionAffinity") == "ClientIP",
+                     f"{where}: {name_of(gateway)} is not sticky (sessionAffinity: ClientIP), so "
+                     "previous_response_id would miss on another gateway replica")
+
     for hpa in by_kind.get("HorizontalPodAutoscaler", {}).values():
         ref = hpa["spec"]["scaleTargetRef"]
         report.check(ref["name"] in by_kind.get(ref["kind"], {}), f"{where}: {name_of(hpa)} scales a missing {ref['kind']}/{ref['name']}")

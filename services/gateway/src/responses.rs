@@ -147,7 +147,8 @@ fn not_kept(id: &str, param: Option<&'static str>) -> ApiError {
         status: axum::http::StatusCode::NOT_FOUND,
         message: format!(
             "no response `{id}` here: a gateway keeps the last {CAPACITY} responses in its \
-             memory (not those of another replica, nor across a restart)"
+             memory (not those of another replica, nor across a restart; behind several \
+             replicas, keep a client on the one it used)"
         ),
         kind: "invalid_request_error",
         code: "not_found",
