@@ -86,6 +86,7 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     // A causal LM asked by two of its tokens, each pair rendered by its score template:
     // Qwen3-Reranker's model card's scores of the rendered prompts.
     rerank(&cluster, "qwen3_yes_no", "templated_pairs").await?;
+    cut_documents(&cluster).await?;
     score(&cluster).await?;
     classify(&cluster).await?;
     grpc(&cluster).await?;
@@ -137,6 +138,44 @@ async fn rerank(cluster: &Cluster, model: &str, pairs: &str) -> Result<()> {
     ensure!(results.len() == pairs.len(), "every document: {got}");
     ensure!(results.iter().all(|r| r.get("document").is_none()), "{got}");
     ensure!(results[0]["index"] == json!(order[0]), "{got}");
+    Ok(())
+}
+
+/// `max_tokens_per_doc` cuts each document to its first tokens (a byte each, for this
+/// tokenizer): the scores of the documents cut by hand, and not those of the whole ones.
+async fn cut_documents(cluster: &Cluster) -> Result<()> {
+    let want = expected("qwen3_rerank")?;
+    let pairs = want["pairs"].as_array().context("pairs")?;
+    let whole: Vec<&str> = pairs
+        .iter()
+        .filter_map(|p| p["document"].as_str())
+        .collect();
+    let cut: Vec<&str> = whole.iter().map(|d| &d[..12]).collect();
+    let scores = |documents: &[&str], max: Option<usize>| {
+        let mut body = json!({"model": "qwen3_rerank", "query": want["query"],
+            "documents": documents, "return_documents": false});
+        if let Some(n) = max {
+            body["max_tokens_per_doc"] = json!(n);
+        }
+        async move {
+            let (status, got) = post(cluster, "/v1/rerank", body).await?;
+            ensure!(status == 200, "{status} {got}");
+            let mut by_index: Vec<(u64, f64)> = (got["results"].as_array().context("results")?)
+                .iter()
+                .map(|r| {
+                    (
+                        r["index"].as_u64().unwrap_or(0),
+                        r["relevance_score"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect();
+            by_index.sort_by_key(|r| r.0);
+            Ok::<_, anyhow::Error>(by_index)
+        }
+    };
+    let by_flag = scores(&whole, Some(12)).await?;
+    ensure!(by_flag == scores(&cut, None).await?, "{by_flag:?}");
+    ensure!(by_flag != scores(&whole, None).await?, "{by_flag:?}");
     Ok(())
 }
 
@@ -320,9 +359,9 @@ async fn refusals(cluster: &Cluster) -> Result<()> {
         (
             "/v1/rerank",
             json!({"model": "qwen3_rerank", "query": "q", "documents": ["d"],
-                "max_tokens_per_doc": 8}),
+                "rank_fields": ["text"]}),
             400,
-            "max_tokens_per_doc",
+            "rank_fields",
         ),
         ("/v1/rerank", rerank("nope"), 404, "nope"),
     ] {

@@ -480,6 +480,11 @@ impl ModelArgs {
                 "--lora-modules: LoRA adapters run on the CPU only for now (--device cpu)"
             );
         }
+        if !self.classifier_from_tokens.is_empty() && matches!(device, Device::Cuda(_)) {
+            anyhow::bail!(
+                "--classifier-from-tokens: classifiers run on the CPU only for now (--device cpu)"
+            );
+        }
         if self.load_format == LoadFormat::Dummy && matches!(device, Device::Cuda(_)) {
             let shape = model::device_random_shape(&self.model, 0, self.load_options())
                 .with_context(|| format!("dummy weights of shape {}", self.model))?;

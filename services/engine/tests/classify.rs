@@ -139,6 +139,12 @@ fn causal_lms_classify_by_their_tokens() {
     let d = max_abs_diff(&got[&0], &want);
     assert!(d < TOLERANCE, "three tokens: {:?} != {want:?}", got[&0]);
 
+    let tokens = || LoadOptions {
+        classifier_tokens: vec!["n".into(), "y".into()],
+        ..LoadOptions::default()
+    };
+    let e = model::load_dummy("small", 7, tokens()).expect_err("random weights");
+    assert!(e.to_string().contains("no tokenizer"), "{e}");
     for (dir, tokens, says) in [
         ("models/qwen3_yes_no", vec!["nope"], "`nope` is not a token"),
         (

@@ -56,8 +56,7 @@ pub fn routes() -> Router<Gateway> {
 type Body<T> = Result<Json<T>, axum::extract::rejection::JsonRejection>;
 
 /// A rerank request: Jina's and Cohere's fields that ferrite serves. Others (Cohere's
-/// `max_tokens_per_doc`, `rank_fields`, `relevant_spans`...) are refused naming them, never
-/// ignored.
+/// `rank_fields`, `relevant_spans`, `priority`...) are refused naming them, never ignored.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RerankRequest {
@@ -68,6 +67,10 @@ pub struct RerankRequest {
     top_n: Option<usize>,
     #[serde(default)]
     return_documents: Option<bool>,
+    /// Cut each document to its first this many tokens (Cohere's; none by default: a pair
+    /// longer than the model's context is refused).
+    #[serde(default)]
+    max_tokens_per_doc: Option<usize>,
 }
 
 /// A document: its text, or an object holding it (`{"text": ...}`, as Cohere's v1 API and
@@ -108,7 +111,11 @@ async fn rerank(
         .map(|d| (req.query.clone(), d.text().to_owned()))
         .collect();
     let ask = Ask::http(&gw, &req.model, "rerank", caller, headers, started);
-    let answers = ask.reranked(pairs).await?;
+    if req.max_tokens_per_doc == Some(0) {
+        let why = "max_tokens_per_doc must be at least 1";
+        return Err(ApiError::invalid(why, Some("max_tokens_per_doc")));
+    }
+    let answers = ask.reranked(pairs, req.max_tokens_per_doc).await?;
     let mut results: Vec<(usize, f32)> = (answers.iter().map(|(l, _)| sigmoid(l[0])))
         .enumerate()
         .collect();
@@ -160,7 +167,7 @@ async fn score(
     let Json(req) = body.map_err(bad_json)?;
     let pairs = score_pairs(req.text_1, req.text_2)?;
     let ask = Ask::http(&gw, &req.model, "score", caller, headers, started);
-    let answers = ask.reranked(pairs).await?;
+    let answers = ask.reranked(pairs, None).await?;
     let tokens = tokens(&answers);
     let data: Vec<Value> = (answers.iter().enumerate())
         .map(|(index, (l, _))| json!({"index": index, "object": "score", "score": sigmoid(l[0])}))
@@ -259,7 +266,7 @@ pub async fn grpc(
         started,
     };
     let labels = ask.labels(None).await?;
-    let inputs = ask.prompts_of(req.inputs).await?;
+    let inputs = ask.prompts_of(req.inputs, None).await?;
     let classifications = (ask.all(inputs).await?.into_iter())
         .map(|(logits, n)| {
             let probs = probabilities(&logits);
@@ -338,8 +345,13 @@ impl<'a> Ask<'a> {
         }
     }
 
-    /// Each (query, document) pair's logit from a reranker, and its tokens.
-    async fn reranked(&self, pairs: Vec<(String, String)>) -> Result<Answers, GatewayError> {
+    /// Each (query, document) pair's logit from a reranker (each document cut to its first
+    /// `cut` tokens, where given), and its tokens.
+    async fn reranked(
+        &self,
+        pairs: Vec<(String, String)>,
+        cut: Option<usize>,
+    ) -> Result<Answers, GatewayError> {
         self.labels(Some(1)).await?;
         let inputs = pairs.into_iter().map(|(text, text_pair)| {
             let pair = api::TextPair { text, text_pair };
@@ -347,14 +359,16 @@ impl<'a> Ask<'a> {
                 input: Some(api::classify_input::Input::Pair(pair)),
             }
         });
-        let prompts = self.prompts_of(inputs.collect()).await?;
+        let prompts = self.prompts_of(inputs.collect(), cut).await?;
         self.all(prompts).await
     }
 
-    /// `inputs` as prompts, pairs joined by the model's tokenizer (on a blocking thread).
+    /// `inputs` as prompts, pairs joined by the model's tokenizer (their second text cut to
+    /// `cut` tokens, where given; on a blocking thread).
     async fn prompts_of(
         &self,
         inputs: Vec<api::ClassifyInput>,
+        cut: Option<usize>,
     ) -> Result<Vec<Prompt>, GatewayError> {
         use api::classify_input::Input;
         if inputs.is_empty() || inputs.len() > MAX_INPUTS {
@@ -369,7 +383,7 @@ impl<'a> Ask<'a> {
                 .map(|i| match i.input {
                     Some(Input::Text(t)) => Ok(Prompt::Text(t)),
                     Some(Input::TokenIds(ids)) => Ok(Prompt::TokenIds(ids.ids)),
-                    Some(Input::Pair(p)) => joined(&text, &p),
+                    Some(Input::Pair(p)) => joined(&text, p, cut),
                     None => Ok(Prompt::Text(String::new())),
                 })
                 .collect::<Result<Vec<_>, _>>()
@@ -417,8 +431,18 @@ impl<'a> Ask<'a> {
 }
 
 /// A pair as one prompt: rendered by the model's score template, or joined as its tokenizer
-/// joins a pair.
-fn joined(text: &ModelText, pair: &api::TextPair) -> Result<Prompt, ferrite_text::TextError> {
+/// joins a pair; its second text first cut to `cut` tokens (without special tokens).
+fn joined(
+    text: &ModelText,
+    mut pair: api::TextPair,
+    cut: Option<usize>,
+) -> Result<Prompt, ferrite_text::TextError> {
+    if let Some(n) = cut {
+        let ids = text.tokenizer.encode(&pair.text_pair, false)?;
+        if ids.len() > n {
+            pair.text_pair = text.tokenizer.decode(&ids[..n], false)?;
+        }
+    }
     match &text.score_template {
         Some(t) => t.render(&pair.text, &pair.text_pair).map(Prompt::Text),
         None => (text.tokenizer)
@@ -517,8 +541,8 @@ mod tests {
         let texts: Vec<&str> = r.documents.iter().map(Document::text).collect();
         assert_eq!(texts, ["a", "b"]);
         let unserved = json!({"model": "m", "query": "q", "documents": ["a"],
-            "max_tokens_per_doc": 8});
+            "rank_fields": ["text"]});
         let e = serde_json::from_value::<RerankRequest>(unserved).expect_err("refused");
-        assert!(e.to_string().contains("max_tokens_per_doc"), "{e}");
+        assert!(e.to_string().contains("rank_fields"), "{e}");
     }
 }

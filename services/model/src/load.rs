@@ -128,6 +128,12 @@ pub struct LoadOptions {
 /// loaded through the usual phases.
 pub fn load_dummy(preset_name: &str, seed: u64, options: LoadOptions) -> Result<LoadedModel> {
     let start = Instant::now();
+    if !options.classifier_tokens.is_empty() {
+        return Err(ModelError::BadConfig(
+            "--classifier-from-tokens: random weights have no tokenizer to find the tokens in"
+                .into(),
+        ));
+    }
     let preset = presets::preset(preset_name)?;
     let cfg = {
         let span = config_span(Path::new(preset.name), "dummy");
