@@ -245,7 +245,12 @@ impl Hub {
         }
         let part = transfer::partial(repo_dir, &want);
         let started = Instant::now();
-        let (size, sha) = transfer::fetch(self, r, &want, &part)?;
+        let fetched = transfer::fetch(self, r, &want, &part);
+        if fetched.is_err() && want.etag.is_none() {
+            // A file of this process's own, which no later run would resume.
+            let _ = std::fs::remove_file(&part);
+        }
+        let (size, sha) = fetched?;
         if let Some(expected) = s.sha256.as_ref().filter(|e| **e != sha) {
             let _ = std::fs::remove_file(&part);
             return Err(HubError::Corrupt {

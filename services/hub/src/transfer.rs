@@ -90,13 +90,16 @@ pub(crate) fn fetch(hub: &Hub, r: &RepoRef, b: &Blob, part: &Path) -> Result<(u6
             .size
             .map_or_else(String::new, |s| format!(" of {:.1}", mb(s)));
         if attempt == ATTEMPTS {
+            // Without an etag the next run could not find them: the caller removes them.
+            let kept = match b.etag {
+                Some(_) => format!(", kept in {} for the next run to resume", part.display()),
+                None => String::new(),
+            };
             return Err(HubError::Http {
                 url: b.url.to_owned(),
                 message: format!(
-                    "{broke}; gave up after {ATTEMPTS} attempts with {:.1}{of} MB, kept in {} \
-                     for the next run to resume",
-                    mb(done.size),
-                    part.display()
+                    "{broke}; gave up after {ATTEMPTS} attempts with {:.1}{of} MB{kept}",
+                    mb(done.size)
                 ),
             });
         }
