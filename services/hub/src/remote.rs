@@ -12,7 +12,8 @@ use ureq::config::RedirectAuthHeaders;
 
 use crate::cache::{self, blob, link, snapshot, write_ref};
 use crate::select::{Wanted, choose};
-use crate::{HubError, RepoRef, Result, transfer};
+use crate::transfer::{self, Response, Source};
+use crate::{HubError, RepoRef, Result};
 
 /// Files downloaded at once.
 const PARALLEL: usize = 4;
@@ -70,55 +71,6 @@ impl Hub {
 
     fn get(&self, url: &str) -> Result<ureq::http::Response<ureq::Body>> {
         self.get_from(url, 0)
-    }
-
-    /// `url`'s bytes from `from` on (a `Range` request past 0).
-    pub(crate) fn get_from(
-        &self,
-        url: &str,
-        from: u64,
-    ) -> Result<ureq::http::Response<ureq::Body>> {
-        let mut req = self.agent.get(url);
-        if let Some(t) = &self.token {
-            req = req.header("authorization", format!("Bearer {t}"));
-        }
-        if from > 0 {
-            req = req.header("range", format!("bytes={from}-"));
-        }
-        req.call().map_err(|e| HubError::Http {
-            url: url.to_owned(),
-            message: e.to_string(),
-        })
-    }
-
-    /// Fails on any status but success, saying what it means for `r`.
-    pub(crate) fn check(
-        &self,
-        r: &RepoRef,
-        url: &str,
-        resp: &mut ureq::http::Response<ureq::Body>,
-    ) -> Result<()> {
-        let status = resp.status().as_u16();
-        match status {
-            200..=299 => Ok(()),
-            401 | 403 => Err(HubError::Unauthorized {
-                repo: r.repo.clone(),
-                endpoint: self.endpoint.clone(),
-                status,
-            }),
-            404 => Err(HubError::NotFound {
-                repo: r.repo.clone(),
-                revision: r.revision.clone(),
-                endpoint: self.endpoint.clone(),
-            }),
-            _ => {
-                let body = resp.body_mut().with_config().limit(4096).read_to_string();
-                Err(HubError::Http {
-                    url: url.to_owned(),
-                    message: format!("HTTP {status}: {}", body.unwrap_or_default().trim()),
-                })
-            }
-        }
     }
 
     /// The commit `r.revision` is now, and its files.
@@ -275,6 +227,47 @@ impl Hub {
             size as f64 / 1e6 / secs
         );
         Ok(())
+    }
+}
+
+/// The Hub's HTTP client as the source of files' bytes.
+impl Source for Hub {
+    fn get_from(&self, url: &str, from: u64) -> Result<Response> {
+        let mut req = self.agent.get(url);
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if from > 0 {
+            req = req.header("range", format!("bytes={from}-"));
+        }
+        req.call().map_err(|e| HubError::Http {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    fn check(&self, r: &RepoRef, url: &str, resp: &mut Response) -> Result<()> {
+        let status = resp.status().as_u16();
+        match status {
+            200..=299 => Ok(()),
+            401 | 403 => Err(HubError::Unauthorized {
+                repo: r.repo.clone(),
+                endpoint: self.endpoint.clone(),
+                status,
+            }),
+            404 => Err(HubError::NotFound {
+                repo: r.repo.clone(),
+                revision: r.revision.clone(),
+                endpoint: self.endpoint.clone(),
+            }),
+            _ => {
+                let body = resp.body_mut().with_config().limit(4096).read_to_string();
+                Err(HubError::Http {
+                    url: url.to_owned(),
+                    message: format!("HTTP {status}: {}", body.unwrap_or_default().trim()),
+                })
+            }
+        }
     }
 }
 

@@ -13,8 +13,18 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::cache::{blob, temp_beside};
-use crate::remote::Hub;
 use crate::{HubError, RepoRef, Result};
+
+/// A response whose body is the file's bytes (or part of them).
+pub(crate) type Response = ureq::http::Response<ureq::Body>;
+
+/// Where the bytes come from (the Hub's HTTP client).
+pub(crate) trait Source {
+    /// `url`'s bytes from `from` on (a `Range` request past 0).
+    fn get_from(&self, url: &str, from: u64) -> Result<Response>;
+    /// Fails on any status but success, saying what it means for `r`.
+    fn check(&self, r: &RepoRef, url: &str, resp: &mut Response) -> Result<()>;
+}
 
 /// Requests for one file's bytes before giving up (the bytes so far are kept).
 const ATTEMPTS: u32 = 5;
@@ -73,7 +83,12 @@ pub(crate) fn partial(repo_dir: &Path, b: &Blob) -> PathBuf {
 
 /// Brings `b` into `part` (resuming what it holds), asking again from where a broken transfer
 /// stopped; gives the whole file's size and sha256 (hex).
-pub(crate) fn fetch(hub: &Hub, r: &RepoRef, b: &Blob, part: &Path) -> Result<(u64, String)> {
+pub(crate) fn fetch(
+    hub: &impl Source,
+    r: &RepoRef,
+    b: &Blob,
+    part: &Path,
+) -> Result<(u64, String)> {
     let mut done = Done::resume(part)?;
     let started = Instant::now();
     let mut wait = FIRST_WAIT;
@@ -184,10 +199,10 @@ impl Done {
     /// A refusal by the server (401, 404...) is an error, not a break.
     fn append(
         &mut self,
-        hub: &Hub,
+        hub: &impl Source,
         r: &RepoRef,
         b: &Blob,
-        mut resp: ureq::http::Response<ureq::Body>,
+        mut resp: Response,
         started: Instant,
     ) -> Result<Option<String>> {
         match resp.status().as_u16() {
