@@ -110,8 +110,6 @@ pub struct Executor {
     cfg: ModelConfig,
     /// The LoRA adapters' names (see [`Self::lora_names`]).
     lora: Vec<String>,
-    /// A sequence classifier's head (see [`Self::classifier`]).
-    classifier: Option<Classifier>,
     max_model_len: usize,
     num_blocks: usize,
     /// A collective failed: the pool is lost, and the links are not to be used again.
@@ -193,16 +191,16 @@ impl Executor {
             m.fit_context(max_model_len);
         }
         let model_cfg = model.config().clone();
-        let (lora, classifier) = match &model {
-            EngineModel::Host(m) => (m.lora_names(), m.classifier().cloned()),
-            EngineModel::DeviceRandom(_) => (Vec::new(), None),
+        let (lora, classifies) = match &model {
+            EngineModel::Host(m) => (m.lora_names(), m.classifier().is_some()),
+            EngineModel::DeviceRandom(_) => (Vec::new(), false),
         };
         if cfg.cuda.is_some() && !lora.is_empty() {
             return Err(EngineError::BadConfig(
                 "LoRA adapters run on the CPU only for now (--device cpu)".into(),
             ));
         }
-        if cfg.cuda.is_some() && classifier.is_some() {
+        if cfg.cuda.is_some() && classifies {
             // The GPU runner does not bring hidden states back, which a classifier's head reads.
             return Err(EngineError::BadConfig(
                 "sequence classifiers run on the CPU only for now (--device cpu)".into(),
@@ -229,7 +227,6 @@ impl Executor {
             comm,
             cfg: model_cfg,
             lora,
-            classifier,
             max_model_len,
             num_blocks,
             failed: Cell::new(false),
@@ -311,9 +308,13 @@ impl Executor {
     }
 
     /// A sequence classifier's head, applied to the hidden states this rank keeps
-    /// ([`Self::take_hidden`]); `None` for a generative model.
+    /// ([`Self::take_hidden`]); `None` for a generative model (and on a GPU, which refuses
+    /// classifiers at start-up).
     pub fn classifier(&self) -> Option<&Classifier> {
-        self.classifier.as_ref()
+        match &self.backend {
+            Backend::Cpu { model, .. } => model.classifier(),
+            Backend::Cuda(_) => None,
+        }
     }
 
     pub fn max_model_len(&self) -> usize {

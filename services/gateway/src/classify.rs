@@ -107,14 +107,14 @@ async fn rerank(
         Some(0) => return Err(ApiError::invalid("top_n must be at least 1", Some("top_n"))),
         n => n.unwrap_or(usize::MAX).min(req.documents.len()),
     };
-    let pairs = (req.documents.iter())
-        .map(|d| (req.query.clone(), d.text().to_owned()))
-        .collect();
-    let ask = Ask::http(&gw, &req.model, "rerank", caller, headers, started);
     if req.max_tokens_per_doc == Some(0) {
         let why = "max_tokens_per_doc must be at least 1";
         return Err(ApiError::invalid(why, Some("max_tokens_per_doc")));
     }
+    let pairs = (req.documents.iter())
+        .map(|d| (req.query.clone(), d.text().to_owned()))
+        .collect();
+    let ask = Ask::http(&gw, &req.model, "rerank", caller, headers, started);
     let answers = ask.reranked(pairs, req.max_tokens_per_doc).await?;
     let mut results: Vec<(usize, f32)> = (answers.iter().map(|(l, _)| sigmoid(l[0])))
         .enumerate()
@@ -168,19 +168,25 @@ async fn score(
     let pairs = score_pairs(req.text_1, req.text_2)?;
     let ask = Ask::http(&gw, &req.model, "score", caller, headers, started);
     let answers = ask.reranked(pairs, None).await?;
-    let tokens = tokens(&answers);
-    let data: Vec<Value> = (answers.iter().enumerate())
+    let data = (answers.iter().enumerate())
         .map(|(index, (l, _))| json!({"index": index, "object": "score", "score": sigmoid(l[0])}))
         .collect();
-    Ok(Json(json!({
-        "id": response_id("score"),
+    Ok(list_body("score", &req.model, data, &answers))
+}
+
+/// The answer of `/v1/score` and `/classify` (vLLM's shape): `data` with the tokens of
+/// `answers` as the usage.
+fn list_body(kind: &str, model: &str, data: Vec<Value>, answers: &Answers) -> Response {
+    let tokens = tokens(answers);
+    Json(json!({
+        "id": response_id(kind),
         "object": "list",
         "created": unix_now(),
-        "model": req.model,
+        "model": model,
         "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
-    .into_response())
+    .into_response()
 }
 
 /// The pairs a score request asks for: `text_1` one text against each of `text_2`, or two
@@ -230,23 +236,14 @@ async fn classify(
     let ask = Ask::http(&gw, &req.model, "classify", caller, headers, started);
     let labels = ask.labels(None).await?;
     let answers = ask.all(inputs).await?;
-    let tokens = tokens(&answers);
-    let data: Vec<Value> = (answers.iter().enumerate())
+    let data = (answers.iter().enumerate())
         .map(|(index, (l, _))| {
             let probs = probabilities(l);
             json!({"index": index, "label": label_of(&labels, &probs), "probs": probs,
                 "num_classes": probs.len()})
         })
         .collect();
-    Ok(Json(json!({
-        "id": response_id("classify"),
-        "object": "list",
-        "created": unix_now(),
-        "model": req.model,
-        "data": data,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }))
-    .into_response())
+    Ok(list_body("classify", &req.model, data, &answers))
 }
 
 /// `Classify` of the gRPC API: each input's logits, probabilities and label.
