@@ -175,9 +175,7 @@ pub async fn worker_tokens(
             logprobs,
             ..pb::SamplingParams::default()
         }),
-        grammar: None,
-        embed: None,
-        lora: None,
+        ..pb::GenerateRequest::default()
     };
     let mut stream = client.generate(req).await?.into_inner();
     let mut tokens = Vec::new();

@@ -88,6 +88,8 @@ async fn bench(args: GatewayBenchArgs) -> Result<()> {
         sampling_defaults: None,
         pooling: Default::default(),
         score_template: None,
+        reasoning_parser: None,
+        default_chat_template_kwargs: None,
     };
     let worker =
         RunningWorker::start_synthetic(args.tokens_per_s, cfg, store.clone(), schema.clone())
@@ -252,9 +254,7 @@ async fn one_direct(channel: Channel, tokens: u32) -> Result<()> {
             max_tokens: tokens,
             ..pb::SamplingParams::default()
         }),
-        grammar: None,
-        embed: None,
-        lora: None,
+        ..pb::GenerateRequest::default()
     };
     let mut stream = client.generate(req).await?.into_inner();
     while stream.message().await?.is_some() {}

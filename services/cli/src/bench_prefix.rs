@@ -362,6 +362,8 @@ async fn start_pools(args: &PrefixBenchArgs, kind: RunKind, store: &Store) -> Re
             sampling_defaults: None,
             pooling: Default::default(),
             score_template: None,
+            reasoning_parser: None,
+            default_chat_template_kwargs: None,
         };
         let worker = RunningWorker::start(
             model,

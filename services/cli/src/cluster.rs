@@ -455,6 +455,8 @@ async fn start_worker(
         sampling_defaults,
         pooling,
         score_template: args.model.score_template_source()?,
+        reasoning_parser: args.model.reasoning_parser.clone(),
+        default_chat_template_kwargs: args.model.default_chat_template_kwargs.clone(),
     };
     if tp.rank > 0 {
         let comm = rendezvous::join(store.as_ref(), &schema, &args.pool, &tp).await?;

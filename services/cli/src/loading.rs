@@ -151,6 +151,29 @@ pub struct ModelArgs {
     /// templates). Unset: the pair is joined as the tokenizer joins a pair.
     #[arg(long, env = "FERRITE_SCORE_TEMPLATE")]
     pub score_template: Option<String>,
+
+    /// A reasoning model's parser (vLLM's names): its thinking between `<think>` and
+    /// `</think>` comes apart from its answer (`reasoning` beside `content`), and a request's
+    /// grammar holds the answer only. `deepseek_r1` (DeepSeek-R1, QwQ) and `deepseek_v3`
+    /// (DeepSeek-V3.1): the output starts thinking unless the prompt closed the block;
+    /// `qwen3` and `glm45`: thinking only where the output's first token or the prompt opens
+    /// it.
+    #[arg(long, env = "FERRITE_REASONING_PARSER",
+          value_parser = clap::builder::PossibleValuesParser::new(ferrite_text::reasoning::PARSERS))]
+    pub reasoning_parser: Option<String>,
+
+    /// Variables the chat template gets unless a request's `chat_template_kwargs` sets them,
+    /// as a JSON object: `{"enable_thinking": false}` serves Qwen3 without thinking.
+    #[arg(long, env = "FERRITE_DEFAULT_CHAT_TEMPLATE_KWARGS",
+          value_parser = template_kwargs)]
+    pub default_chat_template_kwargs: Option<String>,
+}
+
+/// `--default-chat-template-kwargs`: a JSON object, checked at start-up.
+fn template_kwargs(s: &str) -> std::result::Result<String, String> {
+    ferrite_text::chat::parse_kwargs(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// A LoRA adapter of `--lora-modules`: the name requests ask for, and where it is (a path,
@@ -420,6 +443,12 @@ impl ModelArgs {
         }
         if let Some(t) = &self.score_template {
             a.extend(["--score-template".into(), t.clone()]);
+        }
+        if let Some(p) = &self.reasoning_parser {
+            a.extend(["--reasoning-parser".into(), p.clone()]);
+        }
+        if let Some(k) = &self.default_chat_template_kwargs {
+            a.extend(["--default-chat-template-kwargs".into(), k.clone()]);
         }
         a
     }

@@ -137,7 +137,7 @@ pub(crate) fn first_empty(inputs: &[Prompt]) -> Option<usize> {
     inputs.iter().position(|p| match p {
         Prompt::Text(t) => t.is_empty(),
         Prompt::TokenIds(ids) => ids.is_empty(),
-        Prompt::Chat(m) => m.is_empty(),
+        Prompt::Chat(c) => c.messages.is_empty(),
     })
 }
 

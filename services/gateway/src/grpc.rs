@@ -53,11 +53,13 @@ fn to_proto(index: usize, ev: GenerateEvent) -> Vec<api::GenerateResponse> {
         // gRPC sends a request's calls whole, with its finish.
         GenerateEvent::Delta {
             text,
+            reasoning,
             token_ids,
             logprobs,
             ..
         } => Event::Delta(api::Delta {
             text,
+            reasoning,
             token_ids,
             logprobs,
         }),
@@ -67,6 +69,7 @@ fn to_proto(index: usize, ev: GenerateEvent) -> Vec<api::GenerateResponse> {
             prompt_tokens,
             cached_tokens,
             completion_tokens,
+            reasoning_tokens,
             time_to_first_token_ms,
             ..
         } => Event::Finish(api::Finish {
@@ -83,6 +86,7 @@ fn to_proto(index: usize, ev: GenerateEvent) -> Vec<api::GenerateResponse> {
                 prompt_tokens,
                 completion_tokens,
                 prompt_tokens_details: Some(api::PromptTokensDetails { cached_tokens }),
+                completion_tokens_details: Some(api::CompletionTokensDetails { reasoning_tokens }),
             }),
             time_to_first_token_ms,
         }),
@@ -232,7 +236,7 @@ impl api::inference_server::Inference for InferenceService {
         let deadline = deadline_of(&request);
         let caller = caller_of(&request);
         let (metadata, _, req) = request.into_parts();
-        let prompt = Prompt::from_proto(req.prompt)?;
+        let prompt = Prompt::from_proto(req.prompt, &req.chat_template_kwargs)?;
         let constraint = req.constraint.map(constraint_of).transpose()?;
         let tools = tools_of(req.tools, &req.tool_choice, req.parallel_tool_calls)?;
         let choices = ferrite_proto::sampling::choices(Some(req.n.max(1)))
@@ -322,7 +326,7 @@ impl api::inference_server::Inference for InferenceService {
                 }));
             }
             Some(Input::Chat(c)) => {
-                Prompt::from_proto(Some(api::generate_request::Prompt::Chat(c)))?
+                Prompt::from_proto(Some(api::generate_request::Prompt::Chat(c)), "")?
             }
             None => {
                 return Err(Status::invalid_argument(

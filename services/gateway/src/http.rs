@@ -20,7 +20,7 @@ use crate::api_error::{ApiError, bad_json};
 use crate::asked::{Asked, open, unix_now};
 use crate::auth::Caller;
 use crate::openai::{
-    ChatRequest, CommonParams, CompletionRequest, chat_message, completion_prompts,
+    ChatRequest, CommonParams, CompletionRequest, chat_prompt, completion_prompts, with_effort,
 };
 use crate::reply::{self, ChunkWriter, Kind, Reply};
 use crate::validate::Prompt;
@@ -159,13 +159,10 @@ async fn chat_completions(
     body: Result<Json<ChatRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(bad_json)?;
-    let messages = req
-        .messages
-        .iter()
-        .map(chat_message)
-        .collect::<Result<Vec<_>, ApiError>>()?;
+    let chat = chat_prompt(&req.messages, req.chat_template_kwargs.as_ref())?;
+    let chat = with_effort(chat, req.common.reasoning_effort()?);
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
-    let request = (req.common, vec![Prompt::Chat(messages)]);
+    let request = (req.common, vec![Prompt::Chat(chat)]);
     run(gw, &headers, caller, Kind::Chat, request).await
 }
 
@@ -206,6 +203,7 @@ async fn run(
         created: unix_now(),
         model: common.model.clone(),
         include_usage: common.include_usage(),
+        include_reasoning: common.include_reasoning(),
         logprobs: sampling.logprobs.is_some(),
         per_prompt: choices as usize,
         echo,

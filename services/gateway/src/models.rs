@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use ferrite_proto::worker::v1 as pb;
 use ferrite_structured::{TokenBytes, Vocabulary};
-use ferrite_text::{ScoreTemplate, Tokenizer};
+use ferrite_text::{Reasoning, ScoreTemplate, TemplateKwargs, Tokenizer};
 use tokio::sync::OnceCell;
 
 use crate::error::GatewayError;
@@ -34,6 +34,12 @@ pub struct ModelText {
     /// How a reranker's (query, document) pair becomes its prompt (`ModelInfo.score_template`);
     /// `None`: joined as the tokenizer joins a pair.
     pub score_template: Option<ScoreTemplate>,
+    /// A reasoning model's markers (`ModelInfo.reasoning_parser`): its chats' outputs come
+    /// apart into thinking and answer.
+    pub reasoning: Option<Reasoning>,
+    /// What the chat template gets unless a request sets it (`ModelInfo.
+    /// default_chat_template_kwargs`).
+    pub template_kwargs: TemplateKwargs,
     tokenizer_json: String,
     eos_token_ids: Vec<u32>,
     /// Each token's bytes (for log-probabilities), read on first use.
@@ -119,6 +125,18 @@ impl ModelText {
                         info.model
                     ))
                 })?;
+        let from_pool = |what: &str, e: ferrite_text::TextError| {
+            GatewayError::Internal(format!("the {what} of `{}` from its pool: {e}", info.model))
+        };
+        let reasoning = (info.reasoning_parser.as_deref())
+            .map(|name| Reasoning::new(name, &tokenizer))
+            .transpose()
+            .map_err(|e| from_pool("reasoning parser", e))?;
+        let template_kwargs = (info.default_chat_template_kwargs.as_deref())
+            .map(ferrite_text::chat::parse_kwargs)
+            .transpose()
+            .map_err(|e| from_pool("chat template kwargs", e))?
+            .unwrap_or_default();
         Ok(Self {
             name: info.model,
             lora: None,
@@ -129,6 +147,8 @@ impl ModelText {
             sampling_defaults: info.sampling_defaults.unwrap_or_default(),
             labels: info.labels,
             score_template,
+            reasoning,
+            template_kwargs,
             tokenizer_json: info.tokenizer_json,
             eos_token_ids: info.eos_token_ids,
             token_bytes: OnceLock::new(),
@@ -283,6 +303,45 @@ pub(crate) mod testing {
             max_model_len: 16,
             text_digest: "d1".into(),
             sampling_defaults: Some(defaults),
+            ..pb::ModelInfo::default()
+        };
+        Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+
+    /// A reasoning model: [`word_model`]'s words and `<think>` (8) and `</think>` (9), served
+    /// with reasoning `parser`, and a chat template that closes the block empty where
+    /// `enable_thinking` is false (as Qwen3's does).
+    pub fn think_model(parser: &str) -> Arc<ModelText> {
+        think_model_with(parser, None)
+    }
+
+    /// [`think_model`] whose template variables default to `kwargs` (JSON text).
+    pub fn think_model_with(parser: &str, kwargs: Option<&str>) -> Arc<ModelText> {
+        let added = |id: u32, content: &str| {
+            serde_json::json!({ "id": id, "content": content, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": false })
+        };
+        let tokenizer = serde_json::json!({
+            "version": "1.0",
+            "added_tokens": [added(8, "<think>"), added(9, "</think>")],
+            "normalizer": null,
+            "pre_tokenizer": { "type": "Whitespace" },
+            "post_processor": null,
+            "decoder": null,
+            "model": { "type": "WordLevel", "unk_token": "<unk>",
+                "vocab": { "<unk>": 0, "a": 1, "b": 2, "c": 3, "user": 4, ":": 5, "x": 6,
+                    "y": 7, "<think>": 8, "</think>": 9 } }
+        });
+        let template = "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}\
+            {% if enable_thinking is defined and not enable_thinking %}<think> </think>{% endif %}";
+        let info = pb::ModelInfo {
+            model: "m".into(),
+            tokenizer_json: tokenizer.to_string(),
+            chat_template: Some(template.into()),
+            vocab_size: 10,
+            max_model_len: 16,
+            reasoning_parser: Some(parser.into()),
+            default_chat_template_kwargs: kwargs.map(str::to_owned),
             ..pb::ModelInfo::default()
         };
         Arc::new(ModelText::from_info(info).expect("model text"))

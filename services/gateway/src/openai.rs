@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::api_error::ApiError;
 use crate::tools::{self, Function, PastCall, ToolChoice, Tools};
-use crate::validate::{Constraint, Prompt};
+use crate::validate::{Chat, Constraint, Prompt};
 
 /// Fields shared by both completion endpoints.
 #[derive(Debug, Deserialize)]
@@ -51,6 +51,10 @@ pub struct CommonParams {
     response_format: Option<Value>,
     structured_outputs: Option<Value>,
     echo: Option<bool>,
+    /// A reasoning model's thinking in the answer (vLLM's; default true).
+    include_reasoning: Option<bool>,
+    /// OpenAI's `reasoning_effort`: the chat template's `reasoning_effort` (as vLLM passes it).
+    reasoning_effort: Option<String>,
     suffix: Option<Value>,
     best_of: Option<u32>,
 }
@@ -73,6 +77,8 @@ pub struct CompletionRequest {
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessageIn>,
+    /// More variables for the chat template (vLLM's; Qwen3's `enable_thinking`).
+    pub chat_template_kwargs: Option<Value>,
     #[serde(flatten)]
     pub common: CommonParams,
 }
@@ -86,6 +92,10 @@ pub struct ChatMessageIn {
     tool_calls: Option<Value>,
     /// A tool message's call.
     tool_call_id: Option<String>,
+    /// A past assistant message's thinking (DeepSeek's and vLLM's older name, and vLLM's
+    /// newer one).
+    reasoning_content: Option<String>,
+    reasoning: Option<String>,
 }
 
 /// Whether a field that may be sent as its "off" value is set to something else.
@@ -104,6 +114,16 @@ impl CommonParams {
         self.stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage)
+    }
+
+    /// Whether a reasoning model's thinking comes back (`include_reasoning`, default true).
+    pub fn include_reasoning(&self) -> bool {
+        self.include_reasoning != Some(false)
+    }
+
+    /// `reasoning_effort`, checked, for the chat template.
+    pub fn reasoning_effort(&self) -> Result<Option<&str>, ApiError> {
+        effort(self.reasoning_effort.as_deref(), "reasoning_effort")
     }
 
     /// How many choices to make (`n`; 1 unset).
@@ -538,7 +558,56 @@ pub fn chat_message(m: &ChatMessageIn) -> Result<ferrite_text::ChatMessage, ApiE
         Some(_) => return Err(bad("`tool_calls` must be a list".into())),
     };
     let content = message_text(&m.content)?;
-    tools::chat_message(&m.role, content, calls, m.tool_call_id.clone()).map_err(bad)
+    let mut message =
+        tools::chat_message(&m.role, content, calls, m.tool_call_id.clone()).map_err(bad)?;
+    message.reasoning_content = m.reasoning_content.clone().or_else(|| m.reasoning.clone());
+    Ok(message)
+}
+
+/// The efforts OpenAI names.
+const EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
+
+/// A reasoning effort (`field`'s), one OpenAI names.
+pub fn effort<'a>(
+    effort: Option<&'a str>,
+    field: &'static str,
+) -> Result<Option<&'a str>, ApiError> {
+    match effort {
+        Some(e) if !EFFORTS.contains(&e) => Err(ApiError::invalid(
+            format!("`{field}` must be one of {}", EFFORTS.join(", ")),
+            Some(field),
+        )),
+        e => Ok(e),
+    }
+}
+
+/// A chat's `reasoning_effort` as its template reads it, unless `chat_template_kwargs` set it.
+pub fn with_effort(mut chat: Chat, effort: Option<&str>) -> Chat {
+    if let Some(e) = effort {
+        chat.kwargs
+            .entry("reasoning_effort")
+            .or_insert_with(|| e.into());
+    }
+    chat
+}
+
+/// A chat prompt of `messages`, with `chat_template_kwargs` (an object, or null) for its
+/// template; what is wrong with either is refused naming its field.
+pub fn chat_prompt(messages: &[ChatMessageIn], kwargs: Option<&Value>) -> Result<Chat, ApiError> {
+    let messages = messages
+        .iter()
+        .map(chat_message)
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let bad = |m: String| ApiError::invalid(m, Some("chat_template_kwargs"));
+    let kwargs = match kwargs {
+        None | Some(Value::Null) => Default::default(),
+        Some(Value::Object(map)) => {
+            ferrite_text::chat::check_kwargs(map).map_err(|e| bad(e.to_string()))?;
+            map.clone()
+        }
+        Some(_) => return Err(bad("`chat_template_kwargs` must be an object".into())),
+    };
+    Ok(Chat { messages, kwargs })
 }
 
 /// A chat message's `content`: a string, or the content-parts form with text parts only.

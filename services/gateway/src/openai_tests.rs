@@ -306,3 +306,43 @@ fn content_parts_must_be_text() {
     let image = json!([{ "type": "image_url", "image_url": { "url": "x" } }]);
     assert!(message_text(&image).is_err());
 }
+
+/// `reasoning_effort` reaches the chat template (unless `chat_template_kwargs` set it), and
+/// only the efforts OpenAI names are taken; the kwargs must be an object without the
+/// variables the server sets.
+#[test]
+fn reasoning_effort_and_template_kwargs() {
+    let request = |body: Value| -> ChatRequest { serde_json::from_value(body).expect("a request") };
+    let chat = |body: Value| {
+        let req = request(body);
+        let chat = chat_prompt(&req.messages, req.chat_template_kwargs.as_ref())?;
+        Ok::<_, ApiError>(with_effort(chat, req.common.reasoning_effort()?))
+    };
+    let messages = json!([{ "role": "user", "content": "x" }]);
+    let c = chat(json!({ "model": "m", "messages": messages, "reasoning_effort": "low" }))
+        .expect("an effort");
+    assert_eq!(c.kwargs["reasoning_effort"], "low");
+    let c = chat(
+        json!({ "model": "m", "messages": messages, "reasoning_effort": "low",
+        "chat_template_kwargs": { "reasoning_effort": "high" } }),
+    )
+    .expect("kwargs first");
+    assert_eq!(c.kwargs["reasoning_effort"], "high");
+    for (body, param) in [
+        (json!({ "reasoning_effort": "extreme" }), "reasoning_effort"),
+        (
+            json!({ "chat_template_kwargs": [1] }),
+            "chat_template_kwargs",
+        ),
+        (
+            json!({ "chat_template_kwargs": { "tools": [] } }),
+            "chat_template_kwargs",
+        ),
+    ] {
+        let mut body = body;
+        body["model"] = json!("m");
+        body["messages"] = messages.clone();
+        let e = chat(body.clone()).expect_err("refused");
+        assert_eq!(e.param, Some(param), "{body}: {}", e.message);
+    }
+}

@@ -39,6 +39,8 @@ pub struct Reply {
     pub per_prompt: usize,
     /// With `echo`, each prompt's text, to put before its choices' (empty without).
     pub echo: Vec<String>,
+    /// A reasoning model's thinking goes out (`include_reasoning`, default true).
+    pub include_reasoning: bool,
 }
 
 impl Reply {
@@ -84,6 +86,7 @@ struct Usage {
     prompt: u32,
     cached: u32,
     completion: u32,
+    reasoning: u32,
 }
 
 impl Usage {
@@ -93,6 +96,7 @@ impl Usage {
             prompt_tokens,
             cached_tokens,
             completion_tokens,
+            reasoning_tokens,
             ..
         } = finish
         {
@@ -101,13 +105,15 @@ impl Usage {
                 self.cached = self.cached.saturating_add(*cached_tokens);
             }
             self.completion = self.completion.saturating_add(*completion_tokens);
+            self.reasoning = self.reasoning.saturating_add(*reasoning_tokens);
         }
     }
 
     fn json(&self) -> Value {
         json!({ "prompt_tokens": self.prompt, "completion_tokens": self.completion,
             "total_tokens": self.prompt.saturating_add(self.completion),
-            "prompt_tokens_details": { "cached_tokens": self.cached } })
+            "prompt_tokens_details": { "cached_tokens": self.cached },
+            "completion_tokens_details": { "reasoning_tokens": self.reasoning } })
     }
 }
 
@@ -115,6 +121,8 @@ impl Usage {
 #[derive(Debug)]
 struct ChoiceBody {
     text: String,
+    /// A reasoning model's thinking.
+    reasoning: String,
     finish: &'static str,
     /// An echoed prompt's first token, whose logprob is null.
     first: Option<String>,
@@ -126,6 +134,7 @@ impl ChoiceBody {
     fn json(self, index: usize, reply: &Reply) -> Value {
         let ChoiceBody {
             text,
+            reasoning,
             finish,
             first,
             logprobs,
@@ -140,6 +149,9 @@ impl ChoiceBody {
             }
             Kind::Chat => {
                 let mut message = json!({ "role": "assistant", "content": text });
+                if !reasoning.is_empty() && reply.include_reasoning {
+                    with_reasoning(&mut message, reasoning);
+                }
                 if !calls.is_empty() {
                     message["tool_calls"] = tool_calls_json(&calls);
                     if text.is_empty() {
@@ -152,6 +164,13 @@ impl ChoiceBody {
     }
 }
 
+/// `reasoning` in a chat message or delta, under vLLM's name and DeepSeek's (vLLM's older
+/// one, which most clients read).
+fn with_reasoning(message: &mut Value, reasoning: String) {
+    message["reasoning_content"] = json!(reasoning);
+    message["reasoning"] = json!(reasoning);
+}
+
 /// The whole response body of `n` choices (of every prompt), once every one has finished; the
 /// first error fails the request.
 pub async fn body(
@@ -162,6 +181,7 @@ pub async fn body(
     let mut choices: Vec<ChoiceBody> = (0..n)
         .map(|i| ChoiceBody {
             text: reply.echo_of(i).unwrap_or_default().to_owned(),
+            reasoning: String::new(),
             finish: "stop",
             first: None,
             logprobs: Vec::new(),
@@ -182,8 +202,14 @@ pub async fn body(
                 choice.first = Some(first);
                 choice.logprobs.extend(logprobs);
             }
-            GenerateEvent::Delta { text, logprobs, .. } => {
+            GenerateEvent::Delta {
+                text,
+                reasoning,
+                logprobs,
+                ..
+            } => {
                 choice.text.push_str(&text);
+                choice.reasoning.push_str(&reasoning);
                 choice.logprobs.extend(logprobs);
             }
             GenerateEvent::Finish {
@@ -296,6 +322,28 @@ impl ChunkWriter {
         self.chunk(json!([choice]))
     }
 
+    /// The chunk of a chat's new thinking (and its delta's logprobs, where no text follows).
+    fn reasoning_chunk(
+        &mut self,
+        index: usize,
+        reasoning: String,
+        logprobs: &[api::TokenLogprob],
+    ) -> Value {
+        let writer = self
+            .choices
+            .get_mut(index)
+            .and_then(|c| c.logprobs.as_mut());
+        let logprobs = writer.map_or(Value::Null, |w| w.render_after(None, logprobs));
+        let mut delta = json!({});
+        if self.take_first(index) {
+            delta["role"] = json!("assistant");
+        }
+        with_reasoning(&mut delta, reasoning);
+        let choice =
+            json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null });
+        self.chunk(json!([choice]))
+    }
+
     /// The chunks of pieces of a chat's tool calls, in order: each call's id, type and name
     /// first, then its arguments' text.
     fn call_chunks(&mut self, index: usize, pieces: &[CallDelta]) -> Vec<Value> {
@@ -377,14 +425,23 @@ impl ChunkWriter {
             GenerateEvent::Prompt { .. } => Vec::new(),
             GenerateEvent::Delta {
                 text,
+                reasoning,
                 logprobs,
                 calls,
                 ..
             } => {
+                let mut out = Vec::new();
+                // Thinking comes before any answer; a delta of thinking alone is one chunk,
+                // with the delta's logprobs.
+                let thinking = !reasoning.is_empty() && self.reply.include_reasoning;
+                let alone = thinking && text.is_empty();
+                if thinking {
+                    let logprobs = if alone { &logprobs[..] } else { &[] };
+                    out.push(self.reasoning_chunk(index, reasoning, logprobs));
+                }
                 // A tool request's deltas carry no text until its end (where any content
                 // comes before the last pieces of calls).
-                let mut out = Vec::new();
-                if calls.is_empty() || !text.is_empty() || !logprobs.is_empty() {
+                if !alone && (calls.is_empty() || !text.is_empty() || !logprobs.is_empty()) {
                     out.push(self.text_chunk(index, text, (None, &logprobs)));
                 }
                 out.extend(self.call_chunks(index, &calls));

@@ -12,6 +12,7 @@ fn reply(kind: Kind, include_usage: bool) -> Reply {
         logprobs: false,
         per_prompt: 1,
         echo: Vec::new(),
+        include_reasoning: true,
     }
 }
 
@@ -22,6 +23,7 @@ fn writer(kind: Kind, include_usage: bool) -> ChunkWriter {
 fn delta(text: &str) -> Result<GenerateEvent, GatewayError> {
     Ok(GenerateEvent::Delta {
         text: text.into(),
+        reasoning: String::new(),
         token_ids: vec![1],
         logprobs: Vec::new(),
         calls: Vec::new(),
@@ -36,6 +38,7 @@ fn finish_of(completion_tokens: u32, cached_tokens: u32) -> Result<GenerateEvent
         prompt_tokens: 3,
         cached_tokens,
         completion_tokens,
+        reasoning_tokens: 0,
         time_to_first_token_ms: 1.0,
     })
 }
@@ -139,6 +142,7 @@ fn the_usage_counts_each_prompt_of_a_batch_once() {
         prompt_tokens,
         cached_tokens,
         completion_tokens: 5,
+        reasoning_tokens: 0,
         time_to_first_token_ms: 1.0,
     };
     for (i, ev) in [
@@ -225,6 +229,7 @@ async fn an_echoed_prompt_leads_each_choice_with_its_logprobs() {
     let token = |text: &str| {
         Ok(GenerateEvent::Delta {
             text: text.into(),
+            reasoning: String::new(),
             token_ids: vec![1],
             logprobs: vec![scored(text, -0.5)],
             calls: Vec::new(),
@@ -278,4 +283,98 @@ async fn an_echoed_prompt_leads_each_choice_with_its_logprobs() {
     assert_eq!(chunks.len(), 2);
     assert_eq!(choice(&chunks[0])["text"], "The sky");
     assert_eq!(choice(&chunks[0])["logprobs"], Value::Null);
+}
+
+/// A delta of a reasoning model's chat: thinking and answer.
+fn thinking(reasoning: &str, text: &str) -> Result<GenerateEvent, GatewayError> {
+    Ok(GenerateEvent::Delta {
+        text: text.into(),
+        reasoning: reasoning.into(),
+        token_ids: vec![1],
+        logprobs: Vec::new(),
+        calls: Vec::new(),
+    })
+}
+
+/// A reasoning model's thinking: its own chunks before the answer's (the first naming the
+/// role), beside the content in the body, under both names; its tokens in the usage; left out
+/// with `include_reasoning: false`.
+#[tokio::test]
+async fn thinking_goes_out_beside_the_answer() {
+    let events = || {
+        let finish = Ok(GenerateEvent::Finish {
+            reason: api::FinishReason::Stop,
+            tool_calls: Vec::new(),
+            streamed_calls: 0,
+            prompt_tokens: 3,
+            cached_tokens: 0,
+            completion_tokens: 4,
+            reasoning_tokens: 3,
+            time_to_first_token_ms: 1.0,
+        });
+        vec![
+            thinking("Hm", ""),
+            thinking("!", "O"),
+            thinking("", "K"),
+            finish,
+        ]
+    };
+    let mut w = writer(Kind::Chat, true);
+    let chunks: Vec<Value> = events()
+        .into_iter()
+        .flat_map(|e| w.on_event(0, e))
+        .collect();
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+    assert_eq!(
+        deltas[0],
+        &json!({ "role": "assistant", "reasoning": "Hm", "reasoning_content": "Hm" })
+    );
+    assert_eq!(
+        deltas[1],
+        &json!({ "reasoning": "!", "reasoning_content": "!" })
+    );
+    assert_eq!(deltas[2], &json!({ "content": "O" }));
+    assert_eq!(deltas[3], &json!({ "content": "K" }));
+    let usage = &chunks.last().expect("usage")["usage"];
+    assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], 3);
+
+    let whole = body(
+        merge(vec![stream_of(events())]),
+        &reply(Kind::Chat, false),
+        1,
+    )
+    .await
+    .expect("body");
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        (&message["content"], &message["reasoning_content"]),
+        (&json!("OK"), &json!("Hm!"))
+    );
+    assert_eq!(message["reasoning"], "Hm!");
+    assert_eq!(
+        whole["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        3
+    );
+
+    let hidden = Reply {
+        include_reasoning: false,
+        ..reply(Kind::Chat, false)
+    };
+    let whole = body(merge(vec![stream_of(events())]), &hidden, 1)
+        .await
+        .expect("body");
+    assert!(
+        whole["choices"][0]["message"].get("reasoning").is_none(),
+        "{whole}"
+    );
+    let mut w = ChunkWriter::new(hidden, 1);
+    let chunks: Vec<Value> = events()
+        .into_iter()
+        .flat_map(|e| w.on_event(0, e))
+        .collect();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["choices"][0]["delta"].get("reasoning").is_none())
+    );
 }

@@ -8,8 +8,9 @@
 //! says `store: false`): a later request continues one by `previous_response_id` (its
 //! conversation's items come before the new input; its `instructions` do not carry over, as
 //! OpenAI's), and `GET`/`DELETE /v1/responses/{id}` show or drop one. `conversation` objects
-//! and `item_reference` items are refused. So are the hosted tools (web or file search, computer use...), images and files, reasoning,
-//! and `truncation: auto`: a 400 naming the field, never a silent difference.
+//! and `item_reference` items are refused. So are the hosted tools (web or file search, computer use...), images and files,
+//! and `truncation: auto`: a 400 naming the field, never a silent difference. A reasoning
+//! model's thinking is a `reasoning` item before the message (its text whole: no summaries).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,11 +29,13 @@ use crate::Gateway;
 use crate::api_error::{ApiError, bad_json};
 use crate::asked::{Asked, open, unix_now};
 use crate::auth::Caller;
-use crate::openai::{ToolNaming, function_fields, output_format, tool_error, tools_of};
+use crate::openai::{
+    ToolNaming, function_fields, output_format, tool_error, tools_of, with_effort,
+};
 use crate::responses_reply::{self, Keep, ResponseWriter};
 use crate::responses_store::{CAPACITY, Stored};
 use crate::tools::{self, Function, PastCall, Tools};
-use crate::validate::{Constraint, Prompt};
+use crate::validate::{Chat, Constraint, Prompt};
 
 /// `POST /v1/responses`.
 #[derive(Debug, Deserialize)]
@@ -60,6 +63,8 @@ pub struct ResponsesRequest {
     /// Refused when set (see the module's note).
     conversation: Option<Value>,
     background: Option<bool>,
+    /// `{effort, summary}`: the effort reaches the chat template as `reasoning_effort`; a
+    /// reasoning model's thinking comes back whole, never summarized.
     reasoning: Option<Value>,
     truncation: Option<String>,
     prompt: Option<Value>,
@@ -107,7 +112,10 @@ pub async fn create(
     });
     let writer = ResponseWriter::new(req.echo(&asked), asked.sampling.logprobs.is_some(), keep);
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
-    let prompts = [Prompt::Chat(messages)];
+    let prompts = [Prompt::Chat(with_effort(
+        Chat::new(messages),
+        req.effort()?,
+    ))];
     let (events, _) = open(&gw, &headers, caller, &asked, &prompts, started).await?;
     if req.stream {
         let stream = responses_reply::sse(events, writer);
@@ -158,6 +166,19 @@ fn not_kept(id: &str, param: Option<&'static str>) -> ApiError {
 }
 
 impl ResponsesRequest {
+    /// `reasoning.effort`, checked (the rest of `reasoning` asks for nothing ferrite does).
+    fn effort(&self) -> Result<Option<&str>, ApiError> {
+        let effort = self.reasoning.as_ref().and_then(|r| r.get("effort"));
+        match effort {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(e)) => crate::openai::effort(Some(e), "reasoning"),
+            Some(_) => Err(ApiError::invalid(
+                "`reasoning.effort` must be a string",
+                Some("reasoning"),
+            )),
+        }
+    }
+
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
         let refuse = |param: &'static str, why: &str| {
             Err(ApiError::invalid(
@@ -178,12 +199,7 @@ impl ResponsesRequest {
                 "responses are answered while the request waits",
             );
         }
-        if is_set(&self.reasoning) {
-            return refuse(
-                "reasoning",
-                "ferrite's models are not run as reasoning models",
-            );
-        }
+        self.effort()?;
         if self.truncation.as_deref().is_some_and(|t| t != "disabled") {
             return refuse(
                 "truncation",
@@ -301,7 +317,7 @@ impl ResponsesRequest {
             "store": self.store != Some(false),
             "background": false,
             "previous_response_id": self.previous_response_id,
-            "reasoning": null,
+            "reasoning": self.reasoning.clone().unwrap_or(Value::Null),
         });
         responses_reply::Head {
             id: response_id(),
@@ -358,11 +374,30 @@ struct Pending {
     content: String,
     calls: Vec<PastCall>,
     tool_call_id: Option<String>,
+    /// An assistant's thinking (a `reasoning` item before its message).
+    reasoning: Option<String>,
 }
 
 impl Pending {
+    fn new(role: String, content: String) -> Self {
+        Self {
+            role,
+            content,
+            calls: Vec::new(),
+            tool_call_id: None,
+            reasoning: None,
+        }
+    }
+
     fn message(self) -> Result<ChatMessage, String> {
-        tools::chat_message(&self.role, self.content, self.calls, self.tool_call_id)
+        let mut m = tools::chat_message(&self.role, self.content, self.calls, self.tool_call_id)?;
+        m.reasoning_content = self.reasoning;
+        Ok(m)
+    }
+
+    /// An assistant message begun by a `reasoning` item, still waiting for its text.
+    fn thought_only(&self) -> bool {
+        self.role == "assistant" && self.content.is_empty() && self.calls.is_empty()
     }
 }
 
@@ -376,11 +411,20 @@ fn input_messages(items: &[Value]) -> Result<Vec<ChatMessage>, String> {
         let at = |m: String| format!("item {i}: {m}");
         let text = |key: &str| item[key].as_str().map(str::to_owned);
         match kind {
-            "message" => pending.push(Pending {
-                role: text("role").ok_or_else(|| at("a message needs a `role`".into()))?,
-                content: content_text(&item["content"]).map_err(at)?,
-                calls: Vec::new(),
-                tool_call_id: None,
+            "message" => {
+                let role = text("role").ok_or_else(|| at("a message needs a `role`".into()))?;
+                let content = content_text(&item["content"]).map_err(at)?;
+                match pending.last_mut() {
+                    Some(last) if role == "assistant" && last.thought_only() => {
+                        last.content = content;
+                    }
+                    _ => pending.push(Pending::new(role, content)),
+                }
+            }
+            // The model's thinking: the assistant message it comes before has it.
+            "reasoning" => pending.push(Pending {
+                reasoning: Some(reasoning_text(item)).filter(|r| !r.is_empty()),
+                ..Pending::new("assistant".into(), String::new())
             }),
             "function_call" => {
                 let (Some(id), Some(name)) = (text("call_id"), text("name")) else {
@@ -391,25 +435,21 @@ fn input_messages(items: &[Value]) -> Result<Vec<ChatMessage>, String> {
                 match pending.last_mut() {
                     Some(last) if last.role == "assistant" => last.calls.push(call),
                     _ => pending.push(Pending {
-                        role: "assistant".into(),
-                        content: String::new(),
                         calls: vec![call],
-                        tool_call_id: None,
+                        ..Pending::new("assistant".into(), String::new())
                     }),
                 }
             }
             "function_call_output" => pending.push(Pending {
-                role: "tool".into(),
-                content: content_text(&item["output"]).map_err(at)?,
-                calls: Vec::new(),
                 tool_call_id: Some(
                     text("call_id")
                         .ok_or_else(|| at("a function_call_output needs `call_id`".into()))?,
                 ),
+                ..Pending::new("tool".into(), content_text(&item["output"]).map_err(at)?)
             }),
             other => {
                 return Err(at(format!(
-                    "type `{other}` is not served (messages, function_call and function_call_output are)"
+                    "type `{other}` is not served (messages, reasoning, function_call and function_call_output are)"
                 )));
             }
         }
@@ -422,6 +462,24 @@ fn input_messages(items: &[Value]) -> Result<Vec<ChatMessage>, String> {
                 .map_err(|m| format!("message {i} of the chat: {m}"))
         })
         .collect()
+}
+
+/// A `reasoning` item's text: its `reasoning_text` parts, else its summary's `summary_text`
+/// (none: another server's item that carries only what it encrypted).
+fn reasoning_text(item: &Value) -> String {
+    let parts = |key: &str, kind: &str| -> Option<String> {
+        let list = item[key].as_array().filter(|l| !l.is_empty())?;
+        list.iter()
+            .map(|p| {
+                (p["type"].as_str() == Some(kind))
+                    .then(|| p["text"].as_str())
+                    .flatten()
+            })
+            .collect()
+    };
+    parts("content", "reasoning_text")
+        .or_else(|| parts("summary", "summary_text"))
+        .unwrap_or_default()
 }
 
 /// A message's `content` (or a call output's `output`): a text, or parts of text

@@ -1,5 +1,5 @@
-//! The Responses API's answer, built from one chat's events: output items (the assistant's
-//! message, then or between them its function calls), either whole in one response object or
+//! The Responses API's answer, built from one chat's events: output items (a reasoning
+//! model's thinking, the assistant's message, then or between them its function calls), either whole in one response object or
 //! as the API's typed stream of server-sent events (`response.created`, each item's `added`,
 //! its text or arguments in deltas, its `done`, then `response.completed`, or
 //! `response.incomplete` where `max_output_tokens` cut the answer short). The whole body is
@@ -33,6 +33,8 @@ pub struct Head {
 /// The output item being written.
 #[derive(Debug)]
 enum Open {
+    /// A reasoning model's thinking (`reasoning_text`).
+    Reasoning { id: String, text: String },
     Message {
         id: String,
         text: String,
@@ -128,11 +130,15 @@ impl ResponseWriter {
             Ok(GenerateEvent::Prompt { .. }) => Vec::new(),
             Ok(GenerateEvent::Delta {
                 text,
+                reasoning,
                 logprobs,
                 calls,
                 ..
             }) => {
                 let mut out = Vec::new();
+                if !reasoning.is_empty() {
+                    out.extend(self.reasoning(reasoning));
+                }
                 if !text.is_empty() || !logprobs.is_empty() {
                     out.extend(self.text(text, &logprobs));
                 }
@@ -148,12 +154,13 @@ impl ResponseWriter {
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens,
+                reasoning_tokens,
                 ..
             }) => {
                 self.usage = json!({ "input_tokens": prompt_tokens,
                     "input_tokens_details": { "cached_tokens": cached_tokens },
                     "output_tokens": completion_tokens,
-                    "output_tokens_details": { "reasoning_tokens": 0 },
+                    "output_tokens_details": { "reasoning_tokens": reasoning_tokens },
                     "total_tokens": prompt_tokens.saturating_add(completion_tokens) });
                 self.finish(reason, &tool_calls, streamed_calls)
             }
@@ -185,6 +192,31 @@ impl ResponseWriter {
         let data = json!({ "item_id": id, "output_index": index, "content_index": 0,
             "delta": delta, "logprobs": rendered });
         out.push(self.event("response.output_text.delta", data));
+        out
+    }
+
+    /// A delta of the thinking, opening its item first where it is not.
+    fn reasoning(&mut self, delta: String) -> Vec<ResponseEvent> {
+        let mut out = Vec::new();
+        if !matches!(self.open, Some(Open::Reasoning { .. })) {
+            out.extend(self.close());
+            let id = self.item_id("rs");
+            let item = json!({ "id": id, "type": "reasoning", "summary": [], "content": [] });
+            let data = json!({ "output_index": self.output_index(), "item": item });
+            out.push(self.event("response.output_item.added", data));
+            self.open = Some(Open::Reasoning {
+                id,
+                text: String::new(),
+            });
+        }
+        let index = self.output_index();
+        let Some(Open::Reasoning { id, text }) = self.open.as_mut() else {
+            return out;
+        };
+        text.push_str(&delta);
+        let data = json!({ "item_id": id, "output_index": index, "content_index": 0,
+            "delta": delta });
+        out.push(self.event("response.reasoning_text.delta", data));
         out
     }
 
@@ -259,6 +291,13 @@ impl ResponseWriter {
         };
         let (item, mut out) = match self.open.take() {
             None => return Vec::new(),
+            Some(Open::Reasoning { id, text }) => {
+                let done = json!({ "item_id": id, "output_index": index, "content_index": 0,
+                    "text": text });
+                let item = json!({ "id": id, "type": "reasoning", "summary": [],
+                    "content": [{ "type": "reasoning_text", "text": text }] });
+                (item, vec![self.event("response.reasoning_text.done", done)])
+            }
             Some(Open::Message { id, text, logprobs }) => {
                 let part = json!({ "type": "output_text", "text": text, "annotations": [],
                     "logprobs": logprobs });

@@ -78,7 +78,7 @@ fn what_is_not_served_is_refused_naming_its_field() {
     let cases = [
         (json!({ "conversation": "conv_1" }), "conversation"),
         (json!({ "background": true }), "background"),
-        (json!({ "reasoning": { "effort": "high" } }), "reasoning"),
+        (json!({ "reasoning": { "effort": "extreme" } }), "reasoning"),
         (json!({ "truncation": "auto" }), "truncation"),
         (
             json!({ "include": ["reasoning.encrypted_content"] }),
@@ -125,6 +125,10 @@ fn what_is_not_served_is_refused_naming_its_field() {
         "include": [LOGPROBS_INCLUDE], "top_logprobs": 2, "max_output_tokens": 5 }),
     );
     assert!(req.refuse_unsupported().is_ok());
+    // An effort OpenAI names reaches the template; a summary is never made, and not refused.
+    let effort = request(json!({ "reasoning": { "effort": "high", "summary": "auto" } }));
+    assert!(effort.refuse_unsupported().is_ok());
+    assert_eq!(effort.effort().expect("an effort"), Some("high"));
     let sampling = req.sampling().expect("sampling");
     assert_eq!((sampling.logprobs, sampling.max_tokens), (Some(2), Some(5)));
 }
@@ -169,6 +173,7 @@ fn writer(logprobs: bool) -> ResponseWriter {
 fn delta(text: &str, calls: Vec<CallDelta>) -> Result<GenerateEvent, GatewayError> {
     Ok(GenerateEvent::Delta {
         text: text.into(),
+        reasoning: String::new(),
         token_ids: vec![1],
         logprobs: Vec::new(),
         calls,
@@ -187,6 +192,7 @@ fn finish(
         prompt_tokens: 7,
         cached_tokens: 4,
         completion_tokens: 3,
+        reasoning_tokens: 0,
         time_to_first_token_ms: 1.0,
     })
 }
@@ -364,4 +370,57 @@ fn a_kept_response_continues_its_conversation() {
         turns,
         [("user", "Hi"), ("assistant", "Hello!"), ("user", "Again?")]
     );
+}
+
+/// A reasoning model's thinking is an item of its own before the message (streamed as
+/// `reasoning_text` deltas), counted in the usage; sent back as input, it is the thinking of
+/// the assistant message after it.
+#[test]
+fn thinking_is_a_reasoning_item_and_comes_back_as_input() {
+    let thinking = |reasoning: &str, text: &str| {
+        Ok(GenerateEvent::Delta {
+            text: text.into(),
+            reasoning: reasoning.into(),
+            token_ids: vec![1],
+            logprobs: Vec::new(),
+            calls: Vec::new(),
+        })
+    };
+    let mut w = writer(false);
+    let events = run(
+        &mut w,
+        vec![
+            thinking("Hm", ""),
+            thinking("!", "O"),
+            delta("K", Vec::new()),
+            finish(api::FinishReason::Stop, Vec::new(), 0),
+        ],
+    );
+    let reasoning_events: Vec<_> = kinds(&events)
+        .into_iter()
+        .filter(|k| k.contains("reasoning"))
+        .collect();
+    assert_eq!(
+        reasoning_events,
+        [
+            "response.reasoning_text.delta",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done"
+        ]
+    );
+    let output = w.response()["output"].clone();
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(
+        output[0]["content"],
+        json!([{ "type": "reasoning_text", "text": "Hm!" }])
+    );
+    assert_eq!(output[1]["type"], "message");
+    assert_eq!(output[1]["content"][0]["text"], "OK");
+    let mut items = vec![json!({ "role": "user", "content": "q" })];
+    items.extend(output.as_array().cloned().unwrap_or_default());
+    items.push(json!({ "role": "user", "content": "again" }));
+    let messages = chat(&request(json!({ "model": "m", "input": items }))).expect("a chat");
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    assert_eq!(messages[1].content, "OK");
+    assert_eq!(messages[1].reasoning_content.as_deref(), Some("Hm!"));
 }

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
+use ferrite_text::reasoning::{Part, Split};
 use ferrite_text::{TextError, TextStream};
 use futures::{Stream, StreamExt};
 use tracing::Instrument;
@@ -29,7 +30,10 @@ pub enum GenerateEvent {
         logprobs: Vec<api::TokenLogprob>,
     },
     Delta {
+        /// The answer's new text.
         text: String,
+        /// A reasoning model's new thinking (empty for other models).
+        reasoning: String,
         token_ids: Vec<u32>,
         logprobs: Vec<api::TokenLogprob>,
         /// Requests with tools: the pieces of calls written in this delta (for streaming).
@@ -45,6 +49,8 @@ pub enum GenerateEvent {
         /// Prompt tokens the pool found in its prefix cache.
         cached_tokens: u32,
         completion_tokens: u32,
+        /// Of the completion's tokens, a reasoning model's thinking (its markers included).
+        reasoning_tokens: u32,
         time_to_first_token_ms: f64,
     },
 }
@@ -100,7 +106,31 @@ struct State {
     prompt_only: bool,
     /// With tools: the text, held back until the end, when it is read as calls or content.
     tools: Option<ToolText>,
+    /// A reasoning model's chat: its thinking, told apart from its answer by token.
+    reasoning: Option<Thinking>,
     done: bool,
+}
+
+/// A reasoning model's thinking so far: which part each token is, the thinking's own
+/// detokenizer (no stop strings: they end the answer, not the thinking), and its tokens.
+struct Thinking {
+    split: Split,
+    text: TextStream,
+    tokens: u32,
+}
+
+impl Thinking {
+    /// Takes `token` where it is the thinking's (its text onto `thought`) or a marker: `false`
+    /// where it is the answer's.
+    fn take(&mut self, token: u32, thought: &mut String) -> Result<bool, TextError> {
+        match self.split.on_token(token) {
+            Part::Content => return Ok(false),
+            Part::Marker => {}
+            Part::Reasoning => thought.push_str(&self.text.push(token)?.text),
+        }
+        self.tokens += 1;
+        Ok(true)
+    }
 }
 
 /// The events of one request, from its upstream stream. Dropping the returned stream drops the
@@ -130,6 +160,11 @@ pub fn events(
         scores: (req.sampling().prompt_logprobs.is_some())
             .then(|| (text.clone(), req.prompt_ids()[0])),
         prompt_only: req.prompt_only(),
+        reasoning: req.reasoning_split().map(|split| Thinking {
+            split,
+            text: TextStream::new(text.tokenizer.clone(), Vec::new()),
+            tokens: 0,
+        }),
         tools: req
             .tools()
             .filter(|(t, _)| t.may_call())
@@ -216,6 +251,7 @@ impl State {
     ) -> Vec<Result<GenerateEvent, GatewayError>> {
         let mut out = Vec::new();
         let mut emit = String::new();
+        let mut thought = String::new();
         let mut stopped = false;
         let mut token_ids = Vec::new();
         let mut logprobs = Vec::new();
@@ -235,6 +271,11 @@ impl State {
             if let Some(text) = &self.logprobs_of {
                 logprobs.push(token_logprob(text, t));
             }
+            match self.reasoning.as_mut().map(|r| r.take(t.id, &mut thought)) {
+                Some(Ok(true)) => continue,
+                Some(Err(e)) => return self.fail(e),
+                Some(Ok(false)) | None => {}
+            }
             match self.text.push(t.id) {
                 Ok(o) => {
                     emit.push_str(&o.text);
@@ -246,6 +287,12 @@ impl State {
         let finish =
             pb::FinishReason::try_from(msg.finish_reason).unwrap_or(pb::FinishReason::Unspecified);
         let last = finish != pb::FinishReason::Unspecified;
+        if let Some(r) = self.reasoning.as_mut().filter(|_| last || stopped) {
+            match r.text.finish() {
+                Ok(o) => thought.push_str(&o.text),
+                Err(e) => return self.fail(e),
+            }
+        }
         if last && !stopped {
             match self.text.finish() {
                 Ok(o) => {
@@ -276,6 +323,7 @@ impl State {
         if !self.prompt_only {
             out.push(Ok(GenerateEvent::Delta {
                 text: emit,
+                reasoning: thought,
                 token_ids,
                 logprobs,
                 calls,
@@ -299,6 +347,7 @@ impl State {
                 prompt_tokens: self.prompt_tokens,
                 cached_tokens: self.cached_tokens,
                 completion_tokens: self.completion_tokens,
+                reasoning_tokens: self.reasoning.as_ref().map_or(0, |r| r.tokens),
                 time_to_first_token_ms: ttft_ms,
             }));
         }

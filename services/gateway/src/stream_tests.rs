@@ -9,8 +9,8 @@ use ferrite_proto::worker::v1 as pb;
 use futures::StreamExt;
 
 use super::*;
-use crate::models::testing::word_model;
-use crate::validate::{Prompt, validate};
+use crate::models::testing::{think_model, word_model};
+use crate::validate::{Chat, Prompt, validate};
 
 fn token(id: u32, finish: pb::FinishReason) -> pb::GenerateResponse {
     pb::GenerateResponse {
@@ -33,20 +33,23 @@ async fn events_of(
     end: Result<pb::FinishReason, tonic::Status>,
     stop: &[&str],
 ) -> Vec<Result<GenerateEvent, GatewayError>> {
+    let prompt = Prompt::Text("a".into());
+    events_for((word_model(), &prompt), ids, end, stop).await
+}
+
+/// [`events_of`] for a request of `prompt` to `model`.
+async fn events_for(
+    (model, prompt): (Arc<ModelText>, &Prompt),
+    ids: &[u32],
+    end: Result<pb::FinishReason, tonic::Status>,
+    stop: &[&str],
+) -> Vec<Result<GenerateEvent, GatewayError>> {
     let sampling = api::SamplingParams {
         max_tokens: Some(8),
         stop: stop.iter().map(|s| (*s).to_owned()).collect(),
         ..api::SamplingParams::default()
     };
-    let req = validate(
-        word_model(),
-        16,
-        &Prompt::Text("a".into()),
-        Some(sampling),
-        None,
-        None,
-    )
-    .expect("valid");
+    let req = validate(model, 16, prompt, Some(sampling), None, None).expect("valid");
     let mut msgs: Vec<Result<pb::GenerateResponse, tonic::Status>> = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
         let last = i + 1 == ids.len();
@@ -245,4 +248,82 @@ async fn a_scored_prompt_comes_first_and_max_tokens_0_drops_the_token() {
     };
     let err = validate(word_model(), 16, &prompt, Some(plain), None, None).expect_err("0");
     assert!(err.to_string().contains("prompt_logprobs"), "{err}");
+}
+
+/// The thinking and the answer of events, and the finish's count of thinking tokens.
+fn split_of(events: &[Result<GenerateEvent, GatewayError>]) -> (String, String, u32) {
+    let (mut thought, mut answer, mut tokens) = (String::new(), String::new(), 0);
+    for e in events {
+        match e {
+            Ok(GenerateEvent::Delta {
+                text, reasoning, ..
+            }) => {
+                thought.push_str(reasoning);
+                answer.push_str(text);
+            }
+            Ok(GenerateEvent::Finish {
+                reasoning_tokens, ..
+            }) => tokens = *reasoning_tokens,
+            other => panic!("{other:?}"),
+        }
+    }
+    (thought, answer, tokens)
+}
+
+fn chat(kwargs: serde_json::Value) -> Prompt {
+    Prompt::Chat(Chat {
+        messages: vec![ferrite_text::ChatMessage::new("user", "x")],
+        kwargs: kwargs.as_object().cloned().unwrap_or_default(),
+    })
+}
+
+/// A reasoning model's chat comes apart by its markers' ids; stop strings end the answer, not
+/// the thinking; completions' raw text is not split.
+#[tokio::test]
+async fn a_reasoning_models_thinking_comes_apart_from_its_answer() {
+    let (think, end) = (8, 9);
+    let qwen3 = (think_model("qwen3"), &chat(serde_json::json!({})));
+    let evs = events_for(
+        qwen3.clone(),
+        &[think, 1, 2, end, 3, 1],
+        Ok(pb::FinishReason::Stop),
+        &[],
+    )
+    .await;
+    let (thought, answer, tokens) = split_of(&evs);
+    assert_eq!((thought.trim(), answer.trim(), tokens), ("a b", "c a", 4));
+    // "a" stops the answer only.
+    let evs = events_for(
+        qwen3,
+        &[think, 1, end, 3, 1, 2],
+        Ok(pb::FinishReason::Stop),
+        &["a"],
+    )
+    .await;
+    let (thought, answer, _) = split_of(&evs);
+    assert_eq!((thought.trim(), answer.trim()), ("a", "c"));
+    // DeepSeek-R1 thinks from the first token; a template that closed the block answers.
+    let r1 = (think_model("deepseek_r1"), &chat(serde_json::json!({})));
+    let evs = events_for(r1, &[1, end, 2], Ok(pb::FinishReason::Stop), &[]).await;
+    assert_eq!(split_of(&evs).0.trim(), "a");
+    let off = chat(serde_json::json!({ "enable_thinking": false }));
+    let evs = events_for(
+        (think_model("deepseek_r1"), &off),
+        &[1, end, 2],
+        Ok(pb::FinishReason::Stop),
+        &[],
+    )
+    .await;
+    let (thought, answer, tokens) = split_of(&evs);
+    assert_eq!((thought.as_str(), tokens), ("", 0));
+    assert!(answer.contains('a') && answer.contains('b'), "{answer:?}");
+    let text = Prompt::Text("a".into());
+    let evs = events_for(
+        (think_model("deepseek_r1"), &text),
+        &[1, end, 2],
+        Ok(pb::FinishReason::Stop),
+        &[],
+    )
+    .await;
+    assert_eq!(split_of(&evs).0, "", "completions are not split");
 }

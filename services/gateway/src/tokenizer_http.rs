@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::Gateway;
 use crate::api_error::{ApiError, bad_json};
 use crate::models::ModelText;
-use crate::openai::{ChatMessageIn, chat_message};
+use crate::openai::{ChatMessageIn, chat_prompt};
 use crate::validate::{Prompt, tokenize};
 
 pub fn routes() -> Router<Gateway> {
@@ -35,6 +35,7 @@ struct TokenizeBody {
     model: Option<String>,
     prompt: Option<String>,
     messages: Option<Vec<ChatMessageIn>>,
+    chat_template_kwargs: Option<Value>,
     /// Default: the model's own choice for text prompts (its BOS, where it adds one).
     add_special_tokens: Option<bool>,
 }
@@ -97,11 +98,8 @@ async fn tokenize_text(
         (Some(p), None) => (text.encode_text(&p, req.add_special_tokens))
             .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         (None, Some(messages)) => {
-            let messages = messages
-                .iter()
-                .map(chat_message)
-                .collect::<Result<_, _>>()?;
-            tokenize(&text, &Prompt::Chat(messages), None)?.0
+            let chat = chat_prompt(&messages, req.chat_template_kwargs.as_ref())?;
+            tokenize(&text, &Prompt::Chat(chat), None)?.0
         }
         _ => {
             return Err(ApiError::invalid(

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use ferrite_proto::v1 as api;
 use ferrite_proto::worker::v1 as pb;
 use ferrite_structured::Spec;
-use ferrite_text::ChatMessage;
+use ferrite_text::reasoning::{Reasoning, Split, State};
+use ferrite_text::{ChatMessage, TemplateKwargs};
 
 use crate::error::GatewayError;
 use crate::models::ModelText;
@@ -32,6 +33,8 @@ pub struct ValidatedRequest {
     prompt_only: bool,
     /// An embeddings request: the worker answers with the prompt's embedding.
     embed: Option<pb::EmbedOptions>,
+    /// A reasoning model's chat: its markers, and where the output starts.
+    reasoning: Option<(Reasoning, State)>,
 }
 
 /// What a request's output must follow, and the request field that asked for it (named by
@@ -66,6 +69,11 @@ impl ValidatedRequest {
     /// The tools the model may call, and the format it calls them in.
     pub fn tools(&self) -> Option<&(Arc<Tools>, ToolFormat)> {
         self.tools.as_ref()
+    }
+
+    /// A reasoning model's chat: how its output comes apart into thinking and answer.
+    pub fn reasoning_split(&self) -> Option<Split> {
+        self.reasoning.map(|(r, state)| r.split_from(state))
     }
 
     /// The request scores its prompt and generates nothing (`max_tokens` 0).
@@ -113,7 +121,22 @@ impl ValidatedRequest {
             grammar: self.grammar.clone(),
             embed: self.embed,
             lora: self.text.lora.clone(),
+            // The grammar holds the answer, not the thinking.
+            reasoning: self.reasoning_span().filter(|_| self.grammar.is_some()),
         }
+    }
+
+    /// Where a reasoning model's chat thinks, as the worker API says it.
+    fn reasoning_span(&self) -> Option<pb::ReasoningSpan> {
+        self.reasoning.map(|(r, state)| pb::ReasoningSpan {
+            start_token: r.start,
+            end_token: r.end,
+            start: match state {
+                State::Start => pb::ReasoningStart::MayOpen,
+                State::Thinking => pb::ReasoningStart::Thinking,
+                State::Answering => pb::ReasoningStart::Answering,
+            } as i32,
+        })
     }
 }
 
@@ -121,12 +144,45 @@ impl ValidatedRequest {
 #[derive(Debug, Clone)]
 pub enum Prompt {
     Text(String),
-    Chat(Vec<ChatMessage>),
+    Chat(Chat),
     TokenIds(Vec<u32>),
 }
 
+/// A chat prompt: its messages, and what its template gets besides them
+/// (`chat_template_kwargs`, over the model's defaults).
+#[derive(Debug, Clone, Default)]
+pub struct Chat {
+    pub messages: Vec<ChatMessage>,
+    pub kwargs: TemplateKwargs,
+}
+
+impl Chat {
+    pub fn new(messages: Vec<ChatMessage>) -> Self {
+        Self {
+            messages,
+            kwargs: TemplateKwargs::new(),
+        }
+    }
+
+    /// `chat_template_kwargs` (JSON text, empty for none), checked as it comes.
+    pub fn with_kwargs_json(mut self, json: &str) -> Result<Self, GatewayError> {
+        if !json.trim().is_empty() {
+            self.kwargs =
+                ferrite_text::chat::parse_kwargs(json).map_err(|e| GatewayError::InvalidField {
+                    field: "chat_template_kwargs",
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(self)
+    }
+}
+
 impl Prompt {
-    pub fn from_proto(p: Option<api::generate_request::Prompt>) -> Result<Self, GatewayError> {
+    /// A request's prompt, with its chat's `chat_template_kwargs` (JSON text; empty: none).
+    pub fn from_proto(
+        p: Option<api::generate_request::Prompt>,
+        kwargs: &str,
+    ) -> Result<Self, GatewayError> {
         use api::generate_request::Prompt as P;
         match p {
             Some(P::Text(t)) => Ok(Prompt::Text(t)),
@@ -135,6 +191,8 @@ impl Prompt {
                 .into_iter()
                 .map(chat_message_of)
                 .collect::<Result<_, _>>()
+                .map(Chat::new)?
+                .with_kwargs_json(kwargs)
                 .map(Prompt::Chat),
             Some(P::TokenIds(t)) => Ok(Prompt::TokenIds(t.ids)),
             None => Err(GatewayError::InvalidArgument(
@@ -164,7 +222,9 @@ fn chat_message_of(m: api::ChatMessage) -> Result<ChatMessage, GatewayError> {
         .collect::<Result<_, _>>()
         .map_err(bad)?;
     let id = Some(m.tool_call_id).filter(|id| !id.is_empty());
-    tools::chat_message(&m.role, m.content, calls, id).map_err(bad)
+    let mut message = tools::chat_message(&m.role, m.content, calls, id).map_err(bad)?;
+    message.reasoning_content = Some(m.reasoning).filter(|r| !r.is_empty());
+    Ok(message)
 }
 
 /// Renders and tokenizes `prompt` for `text`'s model, with `tools` for a chat. Returns the
@@ -183,7 +243,7 @@ pub fn tokenize(
             let ids = text.encode_text(t, None).map_err(|e| bad(e.to_string()))?;
             Ok((ids, None))
         }
-        Prompt::Chat(messages) => {
+        Prompt::Chat(Chat { messages, kwargs }) => {
             if messages.is_empty() {
                 return Err(bad("the chat has no messages".into()));
             }
@@ -193,12 +253,17 @@ pub fn tokenize(
                     text.name
                 ))
             })?;
+            // The request's variables over the model's defaults.
+            let mut vars = text.template_kwargs.clone();
+            vars.extend(kwargs.clone());
             let rendered = match tools.map(|t| (t, tool_format(text))) {
-                None => template.render(messages, true),
+                None => template.render_with(messages, None, true, &vars),
                 Some((t, ToolFormat::Generic)) => {
-                    template.render(&t.generic_messages(messages.clone()), true)
+                    template.render_with(&t.generic_messages(messages.clone()), None, true, &vars)
                 }
-                Some((t, _)) => template.render_with_tools(messages, Some(&t.for_template()), true),
+                Some((t, _)) => {
+                    template.render_with(messages, Some(&t.for_template()), true, &vars)
+                }
             }
             .map_err(|e| bad(format!("chat template: {e}")))?;
             let ids = text
@@ -326,6 +391,10 @@ pub fn validate(
         (c, t) => c.or(t.as_ref()),
     };
     let grammar = constraint.map(|c| grammar(&text, c)).transpose()?;
+    // A reasoning model's chats think before they answer (completions' raw text does not).
+    let reasoning = (text.reasoning)
+        .filter(|_| matches!(prompt, Prompt::Chat(_)))
+        .map(|r| (r, r.state_after(&prompt_ids)));
     Ok(ValidatedRequest {
         text,
         prompt_ids,
@@ -335,6 +404,7 @@ pub fn validate(
         tools,
         prompt_only,
         embed: None,
+        reasoning,
     })
 }
 

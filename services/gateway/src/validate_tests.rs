@@ -47,7 +47,7 @@ fn prompts_of_each_form_become_ids() {
     .expect("text");
     assert_eq!(text.prompt_ids(), [1, 2, 3]);
     assert_eq!(text.model().digest.as_deref(), Some("d1"));
-    let chat = Prompt::Chat(vec![ChatMessage::new("user", "x y")]);
+    let chat = Prompt::Chat(Chat::new(vec![ChatMessage::new("user", "x y")]));
     let chat = validate(model(), CONTEXT, &chat, None, None, None).expect("chat");
     assert_eq!(chat.prompt_ids(), [4, 5, 6, 7]);
     let ids = validate(
@@ -78,7 +78,7 @@ fn defaults_fill_the_worker_request() {
 fn prompts_outside_the_model_are_refused() {
     assert!(refused(&Prompt::Text(String::new()), None).contains("empty"));
     assert!(refused(&Prompt::TokenIds(vec![]), None).contains("empty"));
-    assert!(refused(&Prompt::Chat(vec![]), None).contains("no messages"));
+    assert!(refused(&Prompt::Chat(Chat::new(vec![])), None).contains("no messages"));
     assert!(refused(&Prompt::TokenIds(vec![1, 8]), None).contains("token id 8"));
     let long = Prompt::TokenIds(vec![1; 16]);
     assert!(refused(&long, None).contains("context length"));
@@ -156,7 +156,7 @@ fn tools_reach_a_template_that_takes_them_and_the_others_in_a_system_message() {
         choice: ToolChoice::Auto,
         parallel: true,
     });
-    let chat = Prompt::Chat(vec![ChatMessage::new("user", "a")]);
+    let chat = Prompt::Chat(Chat::new(vec![ChatMessage::new("user", "a")]));
     // A Hermes-style template lists the tools itself; under `auto` nothing constrains.
     let hermes = crate::models::testing::word_model_of(
         api::SamplingDefaults::default(),
@@ -179,4 +179,74 @@ fn tools_reach_a_template_that_takes_them_and_the_others_in_a_system_message() {
         rendered.contains("\"lookup\"") && rendered.ends_with("user : a "),
         "{rendered}"
     );
+}
+
+/// `chat_template_kwargs` reach the template, over the model's defaults; one that would
+/// replace a variable the server sets is refused, naming the field.
+#[test]
+fn template_kwargs_reach_the_template() {
+    let think = crate::models::testing::think_model("qwen3");
+    let chat = |kwargs: &str| {
+        Chat::new(vec![ChatMessage::new("user", "x")])
+            .with_kwargs_json(kwargs)
+            .map(Prompt::Chat)
+    };
+    let ids = |p: &Prompt| {
+        validate(think.clone(), CONTEXT, p, None, None, None)
+            .expect("valid")
+            .prompt_ids()
+            .to_vec()
+    };
+    assert_eq!(ids(&chat("").expect("none")), [4, 5, 6]);
+    let off = chat(r#"{"enable_thinking": false}"#).expect("an object");
+    assert_eq!(ids(&off), [4, 5, 6, 8, 9]);
+    // The model's default, and a request's over it.
+    let defaults =
+        crate::models::testing::think_model_with("qwen3", Some(r#"{"enable_thinking": false}"#));
+    let on = chat(r#"{"enable_thinking": true}"#).expect("an object");
+    let with = |p: &Prompt| {
+        validate(defaults.clone(), CONTEXT, p, None, None, None)
+            .expect("valid")
+            .prompt_ids()
+            .len()
+    };
+    assert_eq!((with(&chat("").expect("none")), with(&on)), (5, 3));
+    for bad in [r#"{"messages": []}"#, "[1]", "{"] {
+        match chat(bad) {
+            Err(GatewayError::InvalidField { field, message }) => {
+                assert_eq!(field, "chat_template_kwargs", "{message}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
+
+/// A reasoning model's chat says where its thinking is (for the worker, when a grammar must
+/// hold the answer alone: the cluster tests constrain one); completions and other models'
+/// chats have none, and an unconstrained request sends none.
+#[test]
+fn a_reasoning_chat_says_where_its_thinking_is() {
+    let think = crate::models::testing::think_model("deepseek_r1");
+    let span = |text: &Arc<ModelText>, prompt: &Prompt| {
+        let req = validate(text.clone(), CONTEXT, prompt, None, None, None).expect("valid");
+        assert_eq!(req.worker_request().reasoning, None, "no grammar");
+        req.reasoning_span()
+    };
+    let chat = Prompt::Chat(Chat::new(vec![ChatMessage::new("user", "x")]));
+    let want = pb::ReasoningSpan {
+        start_token: 8,
+        end_token: 9,
+        start: pb::ReasoningStart::Thinking as i32,
+    };
+    assert_eq!(span(&think, &chat), Some(want));
+    // The prompt closed the block: the answer starts with the output.
+    let closed = Prompt::Chat(
+        Chat::new(vec![ChatMessage::new("user", "x")])
+            .with_kwargs_json(r#"{"enable_thinking": false}"#)
+            .expect("kwargs"),
+    );
+    let answering = pb::ReasoningStart::Answering as i32;
+    assert_eq!(span(&think, &closed).map(|s| s.start), Some(answering));
+    assert_eq!(span(&think, &Prompt::Text("a".into())), None);
+    assert_eq!(span(&model(), &chat), None);
 }

@@ -446,13 +446,20 @@ fn load_hf_dir(dir: &Path, options: LoadOptions) -> Result<Loaded> {
         ),
         Err(_) => None,
     };
-    let tokenizer = match read("tokenizer.json") {
+    let mut tokenizer = match read("tokenizer.json") {
         Ok(raw) => Some(Tokenizer::from_tokenizer_json(
             &raw,
             tokenizer_config.as_ref(),
         )?),
         Err(_) => None,
     };
+    // Checkpoints saved by transformers 4.43+ keep the template in its own file, which
+    // transformers prefers to tokenizer_config.json's.
+    if let (Some(t), Ok(raw)) = (tokenizer.as_mut(), read("chat_template.jinja")) {
+        let source = String::from_utf8(raw)
+            .map_err(|e| ModelError::BadConfig(format!("chat_template.jinja: {e}")))?;
+        t.set_chat_template(&source)?;
+    }
     drop(tokenizer_span);
     let cfg = with_token_classifier(cfg, tokenizer.as_ref(), &options)?;
     let naming = WeightNaming::HuggingFace;

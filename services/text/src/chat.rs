@@ -35,6 +35,10 @@ pub struct ChatMessage {
     /// A tool message's answer is to this call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// A past assistant message's thinking (`reasoning_content`, as Qwen3's and DeepSeek's
+    /// templates read it; most leave it out of the history).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -45,6 +49,7 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 }
@@ -136,6 +141,26 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.render_with(
+            messages,
+            tools,
+            add_generation_prompt,
+            &TemplateKwargs::new(),
+        )
+    }
+
+    /// [`ChatTemplate::render_with_tools`] with more variables for the template (HF's
+    /// `apply_chat_template(..., **kwargs)`, vLLM's `chat_template_kwargs`: Qwen3's
+    /// `enable_thinking`, for one). They cannot replace the variables set here
+    /// ([`RESERVED_VARIABLES`]): [`check_kwargs`] refuses them.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &TemplateKwargs,
+    ) -> Result<String, TextError> {
+        check_kwargs(kwargs)?;
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -151,6 +176,9 @@ impl ChatTemplate {
         );
         ctx.insert("documents", Value::from(()));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        for (name, value) in kwargs {
+            ctx.insert(name, Value::from_serialize(value));
+        }
         if let Some(bos) = &self.bos_token {
             ctx.insert("bos_token", Value::from(bos.as_str()));
         }
@@ -160,6 +188,45 @@ impl ChatTemplate {
         template
             .render(ctx)
             .map_err(|e| TextError::TemplateRender(describe(&e)))
+    }
+}
+
+/// Variables a request gives a chat template besides the messages (JSON values by name).
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
+/// The variables every render sets itself, which `chat_template_kwargs` may not replace.
+pub const RESERVED_VARIABLES: [&str; 6] = [
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// Refuses `kwargs` that would replace a variable the render sets ([`RESERVED_VARIABLES`]).
+pub fn check_kwargs(kwargs: &TemplateKwargs) -> Result<(), TextError> {
+    match kwargs
+        .keys()
+        .find(|k| RESERVED_VARIABLES.contains(&k.as_str()))
+    {
+        Some(k) => Err(TextError::TemplateRender(format!(
+            "`{k}` is set by the server, not by chat_template_kwargs"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `chat_template_kwargs` given as JSON text: an object, checked as [`check_kwargs`] does.
+pub fn parse_kwargs(json: &str) -> Result<TemplateKwargs, TextError> {
+    let bad = |why: String| TextError::TemplateRender(format!("chat_template_kwargs: {why}"));
+    match serde_json::from_str(json) {
+        Ok(serde_json::Value::Object(map)) => {
+            check_kwargs(&map)?;
+            Ok(map)
+        }
+        Ok(_) => Err(bad("not a JSON object".into())),
+        Err(e) => Err(bad(e.to_string())),
     }
 }
 

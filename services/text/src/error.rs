@@ -55,6 +55,11 @@ pub enum TextError {
     /// `raise_exception(...)` called by the template itself).
     #[error("chat template render error: {0}")]
     TemplateRender(String),
+
+    /// A reasoning parser this model cannot have (an unknown name, a marker that is not one
+    /// of its tokens).
+    #[error("{0}")]
+    Reasoning(String),
 }
 
 impl TextError {
@@ -69,6 +74,7 @@ impl TextError {
             TextError::UnknownTokenId { .. } => "unknown_token_id",
             TextError::TemplateSyntax(_) => "template_syntax",
             TextError::TemplateRender(_) => "template_render",
+            TextError::Reasoning(_) => "reasoning_parser",
         }
     }
 }

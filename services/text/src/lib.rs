@@ -19,6 +19,7 @@
 //! - [`chat`]: [`ChatTemplate`], minijinja configured like HF's jinja2
 //!   environment; [`score_template`]: a reranker's query and document as one
 //!   prompt through such a template.
+//! - [`reasoning`]: a reasoning model's thinking told apart from its answer, by token.
 //! - `strftime`: the date formatting behind the `strftime_now` template global.
 //! - [`stream`]: [`DecodeStream`], token-by-token text deltas.
 //! - [`stop`]: [`StopMatcher`], stop strings across delta boundaries.
@@ -29,6 +30,7 @@ pub mod chat;
 mod error;
 pub mod gguf;
 mod pretok;
+pub mod reasoning;
 pub mod score_template;
 pub mod stop;
 pub mod stream;
@@ -36,9 +38,10 @@ mod strftime;
 pub mod text_stream;
 pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, TemplateKwargs};
 pub use error::TextError;
 pub use gguf::GgufVocab;
+pub use reasoning::Reasoning;
 pub use score_template::ScoreTemplate;
 pub use stop::{StopMatcher, StopOutput};
 pub use stream::DecodeStream;

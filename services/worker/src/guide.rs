@@ -8,6 +8,7 @@ use ferrite_engine::constraint::Constraint;
 use ferrite_proto::worker::v1 as pb;
 use ferrite_structured::{Grammar, Guide, Vocabulary};
 use ferrite_text::Tokenizer;
+use ferrite_text::reasoning::{Part, Reasoning, Split, State};
 use tonic::Status;
 
 /// The model's vocabulary for grammars, or why it has none (it serves unconstrained requests
@@ -38,6 +39,65 @@ pub async fn compile(
     Ok(Box::new(EngineGuide(guide)))
 }
 
+/// `grammar` held back while a reasoning model thinks (`span`): every token is allowed until
+/// the thinking block closes, and the grammar holds the answer from there (vLLM's structured
+/// outputs with a reasoning parser). Before the first token of an output outside the block,
+/// the grammar's tokens and the opening marker are allowed.
+pub fn after_reasoning(
+    grammar: Box<dyn Constraint>,
+    span: &pb::ReasoningSpan,
+) -> Box<dyn Constraint> {
+    let reasoning = Reasoning {
+        // Unused: where the output starts is `span.start`.
+        open_by_default: false,
+        start: span.start_token,
+        end: span.end_token,
+    };
+    let state = match span.start() {
+        pb::ReasoningStart::MayOpen => State::Start,
+        pb::ReasoningStart::Thinking => State::Thinking,
+        pb::ReasoningStart::Answering => State::Answering,
+    };
+    Box::new(AfterReasoning {
+        split: reasoning.split_from(state),
+        grammar,
+    })
+}
+
+#[derive(Debug)]
+struct AfterReasoning {
+    split: Split,
+    grammar: Box<dyn Constraint>,
+}
+
+impl Constraint for AfterReasoning {
+    fn allowed(&mut self, mask: &mut [u32], budget: usize) -> Result<(), String> {
+        if !self.split.answering() {
+            mask.fill(u32::MAX);
+            return Ok(());
+        }
+        self.grammar.allowed(mask, budget)?;
+        if self.split.may_open() {
+            let t = self.split.start_token() as usize;
+            if let Some(word) = mask.get_mut(t / 32) {
+                *word |= 1 << (t % 32);
+            }
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<bool, String> {
+        match self.split.on_token(token) {
+            Part::Content => self.grammar.accept(token),
+            Part::Reasoning | Part::Marker => Ok(false),
+        }
+    }
+
+    fn cut_short(&self) -> bool {
+        self.grammar.cut_short()
+    }
+}
+
 #[derive(Debug)]
 struct EngineGuide(Guide);
 
@@ -52,5 +112,70 @@ impl Constraint for EngineGuide {
 
     fn cut_short(&self) -> bool {
         self.0.cut_short()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grammar of one token, 5, then done; it records what it was shown.
+    #[derive(Debug, Default)]
+    struct Five(Vec<u32>);
+
+    impl Constraint for Five {
+        fn allowed(&mut self, mask: &mut [u32], _budget: usize) -> Result<(), String> {
+            mask.fill(0);
+            mask[0] = 1 << 5;
+            Ok(())
+        }
+
+        fn accept(&mut self, token: u32) -> Result<bool, String> {
+            self.0.push(token);
+            Ok(token == 5)
+        }
+    }
+
+    fn allows(c: &mut dyn Constraint) -> Vec<u32> {
+        let mut mask = [0u32; 1];
+        c.allowed(&mut mask, 8).expect("mask");
+        (0..32).filter(|t| mask[0] >> t & 1 == 1).collect()
+    }
+
+    /// Thinking is free; the grammar holds what follows `</think>` (2); an output outside the
+    /// block may open one with its first token (1) only.
+    #[test]
+    fn the_grammar_holds_the_answer_after_the_thinking() {
+        let span = |start: pb::ReasoningStart| pb::ReasoningSpan {
+            start_token: 1,
+            end_token: 2,
+            start: start as i32,
+        };
+        let mut c = after_reasoning(
+            Box::new(Five::default()),
+            &span(pb::ReasoningStart::Thinking),
+        );
+        assert_eq!(allows(c.as_mut()).len(), 32, "thinking: any token");
+        for t in [7, 8, 2] {
+            assert_eq!(c.accept(t), Ok(false));
+        }
+        assert_eq!(allows(c.as_mut()), [5]);
+        assert_eq!(c.accept(5), Ok(true));
+
+        let may_open = span(pb::ReasoningStart::MayOpen);
+        let mut c = after_reasoning(Box::new(Five::default()), &may_open);
+        assert_eq!(
+            allows(c.as_mut()),
+            [1, 5],
+            "the grammar or the opening marker"
+        );
+        assert_eq!(c.accept(1), Ok(false));
+        assert_eq!(allows(c.as_mut()).len(), 32);
+        let mut c = after_reasoning(Box::new(Five::default()), &may_open);
+        assert_eq!(c.accept(5), Ok(true), "answered at once");
+        // The prompt closed the block: the grammar alone, from the first token.
+        let closed = span(pb::ReasoningStart::Answering);
+        let mut c = after_reasoning(Box::new(Five::default()), &closed);
+        assert_eq!(allows(c.as_mut()), [5]);
     }
 }

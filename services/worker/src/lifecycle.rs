@@ -56,6 +56,11 @@ pub struct WorkerConfig {
     pub pooling: ferrite_engine::model::pooling::Pooling,
     /// A reranker's score template (`--score-template`), its Jinja source.
     pub score_template: Option<String>,
+    /// A reasoning model's parser (`--reasoning-parser`), by vLLM's name.
+    pub reasoning_parser: Option<String>,
+    /// What the chat template gets unless a request says otherwise
+    /// (`--default-chat-template-kwargs`), a JSON object.
+    pub default_chat_template_kwargs: Option<String>,
 }
 
 /// Why a worker could not start.
@@ -103,8 +108,13 @@ pub fn model_info(
         max_model_len: u32::try_from(max_model_len).unwrap_or(u32::MAX),
         sampling_defaults: cfg.sampling_defaults.clone(),
         score_template: cfg.score_template.clone(),
+        reasoning_parser: cfg.reasoning_parser.clone(),
+        default_chat_template_kwargs: cfg.default_chat_template_kwargs.clone(),
         ..pb::ModelInfo::default()
     };
+    if let Some(kwargs) = &cfg.default_chat_template_kwargs {
+        ferrite_text::chat::parse_kwargs(kwargs)?;
+    }
     if let Some(t) = tokenizer {
         info.tokenizer_json = t.to_tokenizer_json()?;
         info.bos_token = t.bos_token().map(str::to_owned);
@@ -113,6 +123,14 @@ pub fn model_info(
         info.eos_token_ids = t.eos_ids().to_vec();
         // Whether encoding text adds anything (a BOS) tells the gateway how to tokenize.
         info.add_special_tokens = t.encode("a", true)? != t.encode("a", false)?;
+        // Its markers must be tokens of this vocabulary: refused here, at start-up.
+        if let Some(name) = &cfg.reasoning_parser {
+            ferrite_text::Reasoning::new(name, t)?;
+        }
+    } else if let Some(name) = &cfg.reasoning_parser {
+        return Err(ferrite_text::TextError::Reasoning(format!(
+            "reasoning parser `{name}`: the model has no tokenizer"
+        )));
     }
     info.text_digest = text_digest(&info);
     Ok(info)

@@ -443,7 +443,11 @@ impl pb::worker_server::Worker for WorkerService {
         let constraint = match &req.grammar {
             Some(g) => {
                 let vocabulary = self.vocabulary.clone().await;
-                Some(crate::guide::compile(&vocabulary, g).await?)
+                let guide = crate::guide::compile(&vocabulary, g).await?;
+                Some(match &req.reasoning {
+                    Some(span) => crate::guide::after_reasoning(guide, span),
+                    None => guide,
+                })
             }
             None => None,
         };

@@ -245,6 +245,7 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
                     ..Default::default()
                 }],
                 tool_choice: "auto".into(),
+                chat_template_kwargs: r#"{"enable_thinking": false}"#.into(),
                 ..Default::default()
             }
             .encode_to_vec()
@@ -263,7 +264,10 @@ fn grpc_requests_decode_and_validate_or_fail_cleanly() {
             };
             let _ = tools_of(req.tools, &req.tool_choice, req.parallel_tool_calls);
             let constraint = req.constraint.map(constraint_of).transpose();
-            if let (Ok(prompt), Ok(constraint)) = (Prompt::from_proto(req.prompt), constraint) {
+            if let (Ok(prompt), Ok(constraint)) = (
+                Prompt::from_proto(req.prompt, &req.chat_template_kwargs),
+                constraint,
+            ) {
                 let _ = validate(
                     model.clone(),
                     16,

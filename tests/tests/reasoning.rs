@@ -1,0 +1,170 @@
+//! Reasoning models served end to end: worker processes serving the tiny reasoning model of
+//! `tests/fixtures/models/generate_think.py` (its greedy answer thinks "Hm!" between
+//! `<think>` and `</think>`, then says "OK", as transformers generates it) with
+//! `--reasoning-parser qwen3`, and with `deepseek_r1` and template defaults that turn
+//! thinking off, behind one gateway. OpenAI's official client reads the thinking apart from
+//! the answer, whole and streamed; `chat_template_kwargs` reach the template; a JSON schema
+//! holds the answer and leaves the thinking free; the Responses API gives a reasoning item.
+//! A parser whose markers are not tokens of the model is refused at start-up.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, http, python, serial, wait};
+use serde_json::{Value, json};
+
+fn fixture() -> std::path::PathBuf {
+    ferrite_cluster_tests::workspace_root().join("tests/fixtures/models/qwen3_think")
+}
+
+/// The fixture served as `name` with `flags`.
+async fn serve(cluster: &Cluster, name: &str, flags: &[&str]) -> Result<WorkerProc> {
+    let options = WorkerOptions {
+        model_file: Some(fixture()),
+        served_name: Some(name.to_owned()),
+        kv_cache_mib: 16,
+        extra_args: flags.iter().map(|f| f.to_string()).collect(),
+        ..WorkerOptions::default()
+    };
+    WorkerProc::start(&cluster.etcd.endpoint(), name, &options).await
+}
+
+async fn chat(cluster: &Cluster, model: &str, extra: Value) -> Result<(u16, Value)> {
+    let mut body = json!({"model": model, "temperature": 0, "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Is the sky blue?"}]});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    let r = http::post_json(cluster.gateway.http, "/v1/chat/completions", &body).await?;
+    Ok((r.status, r.json()?))
+}
+
+/// A 200's message: its thinking (null where none) and its answer.
+fn parts(status: u16, body: &Value) -> Result<(Value, Value)> {
+    ensure!(status == 200, "{status} {body}");
+    let m = &body["choices"][0]["message"];
+    Ok((m["reasoning_content"].clone(), m["content"].clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_models_thinking_comes_apart_from_its_answer() -> Result<()> {
+    let _turn = serial().await;
+    let expected: Value = serde_json::from_slice(&std::fs::read(fixture().join("expected.json"))?)?;
+    ensure!(
+        expected["cases"][0]["output"] == json!("<think>Hm!</think>OK"),
+        "{expected}"
+    );
+    // A pool of the default model beside them (the cluster waits for one).
+    let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
+    let off = r#"{"enable_thinking": false}"#;
+    let r1 = [
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--default-chat-template-kwargs",
+        off,
+    ];
+    let _workers = tokio::try_join!(
+        serve(&cluster, "think", &["--reasoning-parser", "qwen3"]),
+        serve(&cluster, "think_r1", &r1),
+    )?;
+    let listed = || async {
+        let models = http::get(cluster.gateway.http, "/v1/models").await;
+        match models.and_then(|m| m.json()).map(|m| m.to_string()) {
+            Ok(t) if t.contains("\"think\"") && t.contains("think_r1") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    };
+    wait::until("the models listed", Duration::from_secs(30), listed).await?;
+
+    openai_client(&cluster).await?;
+    // The model's defaults turn thinking off; a request turns it back on.
+    let (status, body) = chat(&cluster, "think_r1", json!({})).await?;
+    ensure!(
+        parts(status, &body)? == (Value::Null, json!("OK")),
+        "{body}"
+    );
+    let on = json!({"chat_template_kwargs": {"enable_thinking": true}});
+    let (status, body) = chat(&cluster, "think_r1", on).await?;
+    ensure!(
+        parts(status, &body)? == (json!("Hm!"), json!("OK")),
+        "{body}"
+    );
+    // include_reasoning false: the answer alone.
+    let hide = json!({"include_reasoning": false});
+    let (status, body) = chat(&cluster, "think", hide).await?;
+    ensure!(
+        parts(status, &body)? == (Value::Null, json!("OK")),
+        "{body}"
+    );
+    // A past answer's thinking reaches the template (it renders it in a <think> block).
+    let history = json!({"model": "think", "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "OK", "reasoning_content": "Hm!"}]});
+    let r = http::post_json(cluster.gateway.http, "/tokenize", &history).await?;
+    let ids = r.json()?["tokens"].clone();
+    let ids: Vec<u64> = serde_json::from_value(ids).context("tokens")?;
+    ensure!(ids.contains(&258) && ids.contains(&259), "{ids:?}");
+    // What cannot be a template variable is refused, naming the field.
+    let bad = json!({"chat_template_kwargs": {"add_generation_prompt": false}});
+    let (status, body) = chat(&cluster, "think", bad).await?;
+    ensure!(status == 400, "{status} {body}");
+    ensure!(body["error"]["param"] == "chat_template_kwargs", "{body}");
+    refused_at_start(&cluster).await
+}
+
+/// The official client: thinking and answer whole and streamed, thinking off by
+/// `chat_template_kwargs`, a schema that holds the answer only, the Responses API.
+async fn openai_client(cluster: &Cluster) -> Result<()> {
+    let args = [
+        "--base-url".to_owned(),
+        format!("http://{}", cluster.gateway.http),
+        "--model".into(),
+        "think".into(),
+        "--question".into(),
+        "Is the sky blue?".into(),
+    ];
+    let got = python::run_client("reasoning_client.py", &args, Duration::from_secs(90)).await?;
+    let whole = &got["whole"];
+    ensure!(
+        whole["content"] == "OK" && whole["reasoning_content"] == "Hm!",
+        "{got}"
+    );
+    ensure!(whole["reasoning"] == "Hm!", "{got}");
+    // <think> H m ! </think> O K, and the end of the sequence.
+    ensure!(
+        whole["completion_tokens"] == 8 && whole["reasoning_tokens"] == 5,
+        "{got}"
+    );
+    let streamed = &got["streamed"];
+    let want = json!({"content": "OK", "reasoning_content": "Hm!", "role": "assistant"});
+    ensure!(streamed == &want, "{got}");
+    ensure!(got["no_thinking"]["content"] == "OK", "{got}");
+    ensure!(got["no_thinking"]["reasoning_content"].is_null(), "{got}");
+    // Without the thinking left free, the schema would have forbidden <think>.
+    ensure!(got["schema"]["content"] == "\"NO\"", "{got}");
+    ensure!(got["schema"]["reasoning_content"] == "Hm!", "{got}");
+    let responses = &got["responses"];
+    ensure!(
+        responses["types"] == json!(["reasoning", "message"]),
+        "{got}"
+    );
+    ensure!(responses["reasoning"] == json!(["Hm!"]), "{got}");
+    ensure!(
+        responses["text"] == "OK" && responses["reasoning_tokens"] == 5,
+        "{got}"
+    );
+    Ok(())
+}
+
+/// `--reasoning-parser` on a model whose vocabulary lacks the markers (the default model):
+/// the worker does not start, and says why.
+async fn refused_at_start(cluster: &Cluster) -> Result<()> {
+    let options = WorkerOptions {
+        extra_args: vec!["--reasoning-parser".into(), "qwen3".into()],
+        ..WorkerOptions::default()
+    };
+    let started = WorkerProc::start(&cluster.etcd.endpoint(), "no-markers", &options).await;
+    let e = format!("{:#}", started.err().context("a worker that started")?);
+    ensure!(e.contains("`<think>` is not a token"), "{e}");
+    Ok(())
+}
