@@ -67,6 +67,8 @@ fn request(prompt: Prompt, max_tokens: u32) -> GenerateRequest {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Completion {
     pub text: String,
+    /// A reasoning model's thinking (`Delta.reasoning`).
+    pub reasoning: String,
     pub token_ids: Vec<u32>,
     /// Delta messages received.
     pub deltas: usize,
@@ -87,6 +89,7 @@ impl Completion {
             Some(Event::Delta(d)) => {
                 self.deltas += 1;
                 self.text.push_str(&d.text);
+                self.reasoning.push_str(&d.reasoning);
                 self.token_ids.extend(d.token_ids);
             }
             Some(Event::Finish(f)) => self.finish = Some(f),

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, http, python, serial, wait};
+use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, grpc, http, python, serial, wait};
 use serde_json::{Value, json};
 
 fn fixture() -> std::path::PathBuf {
@@ -77,6 +77,7 @@ async fn a_reasoning_models_thinking_comes_apart_from_its_answer() -> Result<()>
     wait::until("the models listed", Duration::from_secs(30), listed).await?;
 
     openai_client(&cluster).await?;
+    grpc(&cluster).await?;
     // The model's defaults turn thinking off; a request turns it back on.
     let (status, body) = chat(&cluster, "think_r1", json!({})).await?;
     ensure!(
@@ -153,6 +154,35 @@ async fn openai_client(cluster: &Cluster) -> Result<()> {
         responses["text"] == "OK" && responses["reasoning_tokens"] == 5,
         "{got}"
     );
+    Ok(())
+}
+
+/// The public gRPC API: `Delta.reasoning`, the thinking's tokens in the usage, and
+/// `chat_template_kwargs` as JSON text (a bad one is INVALID_ARGUMENT).
+async fn grpc(cluster: &Cluster) -> Result<()> {
+    let mut client = cluster.inference().await?;
+    let mut req = grpc::greedy_chat("Is the sky blue?", 16);
+    req.model = "think".into();
+    let c = grpc::generate(&mut client, req.clone()).await?;
+    ensure!(
+        (c.reasoning.as_str(), c.text.as_str()) == ("Hm!", "OK"),
+        "{c:?}"
+    );
+    let usage = c.finish.and_then(|f| f.usage).context("usage")?;
+    let details = usage.completion_tokens_details.context("details")?;
+    ensure!(details.reasoning_tokens == 5, "{usage:?}");
+    req.chat_template_kwargs = r#"{"enable_thinking": false}"#.into();
+    let c = grpc::generate(&mut client, req.clone()).await?;
+    ensure!(
+        (c.reasoning.as_str(), c.text.as_str()) == ("", "OK"),
+        "{c:?}"
+    );
+    req.chat_template_kwargs = "[1]".into();
+    let e = grpc::generate(&mut client, req)
+        .await
+        .err()
+        .context("refused")?;
+    ensure!(e.code() == tonic::Code::InvalidArgument, "{e:?}");
     Ok(())
 }
 

@@ -118,7 +118,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             messages.push(ChatMessage::new("system", system));
         }
         messages.push(ChatMessage::new("user", &args.prompt));
-        let rendered = template.render(&messages, true)?;
+        // The model's template defaults (`--default-chat-template-kwargs`), as served.
+        let kwargs = match &args.model.default_chat_template_kwargs {
+            Some(json) => ferrite_text::chat::parse_kwargs(json)?,
+            None => ferrite_text::TemplateKwargs::new(),
+        };
+        let rendered = template.render_with(&messages, None, true, &kwargs)?;
         let ids = tokenizer.encode(&rendered, false)?;
         (Some(rendered), ids)
     } else {

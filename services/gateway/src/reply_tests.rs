@@ -285,22 +285,12 @@ async fn an_echoed_prompt_leads_each_choice_with_its_logprobs() {
     assert_eq!(choice(&chunks[0])["logprobs"], Value::Null);
 }
 
-/// A delta of a reasoning model's chat: thinking and answer.
-fn thinking(reasoning: &str, text: &str) -> Result<GenerateEvent, GatewayError> {
-    Ok(GenerateEvent::Delta {
-        text: text.into(),
-        reasoning: reasoning.into(),
-        token_ids: vec![1],
-        logprobs: Vec::new(),
-        calls: Vec::new(),
-    })
-}
-
 /// A reasoning model's thinking: its own chunks before the answer's (the first naming the
 /// role), beside the content in the body, under both names; its tokens in the usage; left out
 /// with `include_reasoning: false`.
 #[tokio::test]
 async fn thinking_goes_out_beside_the_answer() {
+    let thinking = GenerateEvent::thinking;
     let events = || {
         let finish = Ok(GenerateEvent::Finish {
             reason: api::FinishReason::Stop,

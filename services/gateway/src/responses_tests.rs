@@ -377,15 +377,7 @@ fn a_kept_response_continues_its_conversation() {
 /// the assistant message after it.
 #[test]
 fn thinking_is_a_reasoning_item_and_comes_back_as_input() {
-    let thinking = |reasoning: &str, text: &str| {
-        Ok(GenerateEvent::Delta {
-            text: text.into(),
-            reasoning: reasoning.into(),
-            token_ids: vec![1],
-            logprobs: Vec::new(),
-            calls: Vec::new(),
-        })
-    };
+    let thinking = GenerateEvent::thinking;
     let mut w = writer(false);
     let events = run(
         &mut w,

@@ -55,6 +55,20 @@ pub enum GenerateEvent {
     },
 }
 
+#[cfg(test)]
+impl GenerateEvent {
+    /// A delta of one token (id 1) that adds `reasoning` and `text`, for the writers' tests.
+    pub(crate) fn thinking(reasoning: &str, text: &str) -> Result<Self, GatewayError> {
+        Ok(Self::Delta {
+            text: text.into(),
+            reasoning: reasoning.into(),
+            token_ids: vec![1],
+            logprobs: Vec::new(),
+            calls: Vec::new(),
+        })
+    }
+}
+
 /// One choice's event, with the choice's index.
 pub type Indexed = (usize, Result<GenerateEvent, GatewayError>);
 
