@@ -4,84 +4,16 @@
 //! A sequence's block table maps its logical block `p / block_size` to a physical block; token
 //! `p`'s key sits at slot `p % block_size` of that block.
 //!
-//! The cache holds f32 or f16 ([`KvElem`]): f16 halves its memory and what attention reads
-//! (llama.cpp's default), each row widened to f32 as it is loaded, so the arithmetic is the
-//! f32 kernels' on the stored values.
+//! The cache holds f32, f16 or FP8 e4m3 ([`KvElem`]): f16 halves its memory and what
+//! attention reads (llama.cpp's default), e4m3 quarters it (vLLM's `fp8` cache, scale 1);
+//! each row is widened to f32 as it is loaded, so the arithmetic is the f32 kernels' on the
+//! stored values.
 
 use std::ops::Range;
 
-use half::f16;
 use rayon::prelude::*;
 
-/// What a KV cache's values are stored as.
-#[allow(unsafe_code)]
-pub trait KvElem: Copy + Send + Sync + 'static {
-    fn to_f32(self) -> f32;
-    /// Round to nearest, ties to even (as `torch.Tensor.half()`).
-    fn from_f32(x: f32) -> Self;
-    /// 8 values from `p`, widened.
-    ///
-    /// # Safety
-    /// AVX2 and F16C available; `p` points at 8 values.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
-    /// 16 values from `p`, widened.
-    ///
-    /// # Safety
-    /// AVX-512F available; `p` points at 16 values.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
-}
-
-#[allow(unsafe_code)]
-impl KvElem for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
-        // SAFETY: the caller's contract.
-        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        // SAFETY: the caller's contract.
-        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
-    }
-}
-
-#[allow(unsafe_code)]
-impl KvElem for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's contract: 8 f16 (16 bytes) at `p`, F16C present.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's contract: 16 f16 (32 bytes) at `p`, AVX-512F present.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
-    }
-}
+pub use super::kv_elem::{E4m3, KvElem};
 
 /// One layer of the paged KV cache, read-only.
 #[derive(Debug, Clone, Copy)]
@@ -554,6 +486,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     const KV_HEADS: usize = 2;
     const N_HEADS: usize = 4;
@@ -567,12 +500,14 @@ mod tests {
 
     /// Runs paged attention over `LEN` tokens whose K/V sit in scattered blocks, and checks it
     /// against dense attention over the positions each token may see, at several head sizes,
-    /// with the cache in f32 and in f16 (against the f16-rounded values).
+    /// with the cache in f32, f16 and e4m3 (against the values rounded as the cache holds
+    /// them).
     fn check_against_dense(opts: AttentionOptions) {
         // 8 runs the generic lanes; 64 and 128 the AVX-512 kernels where the CPU has them.
         for hd in [HD, 64, 128] {
             check_against_dense_hd::<f32>(opts, hd);
             check_against_dense_hd::<f16>(opts, hd);
+            check_against_dense_hd::<E4m3>(opts, hd);
         }
     }
 
@@ -678,7 +613,7 @@ mod tests {
 
     /// Each instruction set's `dot` and `axpy` equal f64 sums, at lengths with and without a
     /// tail of fewer than 8 (the head sizes attention meets are multiples of 8, but need not be),
-    /// over rows stored in f32 and in f16.
+    /// over rows stored in f32, f16 and e4m3.
     #[test]
     fn lanes_match_a_plain_sum_at_every_length() {
         fn check<L: Lanes, E: KvElem>() {
@@ -705,10 +640,12 @@ mod tests {
         }
         check::<Portable, f32>();
         check::<Portable, f16>();
+        check::<Portable, E4m3>();
         #[cfg(target_arch = "x86_64")]
         if crate::quant::Avx2::detect().is_some() {
             check::<x86::Fma, f32>();
             check::<x86::Fma, f16>();
+            check::<x86::Fma, E4m3>();
         }
     }
 

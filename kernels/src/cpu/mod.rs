@@ -5,6 +5,7 @@ pub mod attention;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod exp16;
+pub mod kv_elem;
 pub mod matmul;
 pub mod norm;
 pub mod rope;

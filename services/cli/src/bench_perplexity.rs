@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ferrite_engine::model::kv::KvDtype;
 use ferrite_engine::model::{self, LoadOptions, LoadQuantize};
 use ferrite_engine::registry;
 use ferrite_quantize::calib::split_tokens;
@@ -42,6 +43,10 @@ pub struct PerplexityArgs {
         value_delimiter = ','
     )]
     formats: Vec<String>,
+    /// Comma-separated KV cache types each format is scored with (`f32`: exact; `f16`, `fp8`:
+    /// what `--kv-cache-dtype` costs in quality).
+    #[arg(long, default_value = "f32", value_delimiter = ',')]
+    kv_cache_dtypes: Vec<KvDtype>,
     /// Tokens per chunk (the second half of each is scored).
     #[arg(long, default_value_t = 512)]
     ctx: usize,
@@ -77,7 +82,8 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let mut table = Table::new(&[
-        "model", "weights", "text", "tokens", "ctx", "scored", "ppl", "vs first", "seconds",
+        "model", "weights", "kv cache", "text", "tokens", "ctx", "scored", "ppl", "vs first",
+        "seconds",
     ]);
     let mut rows = Vec::new();
     let mut first_ppl = None;
@@ -107,9 +113,6 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         if args.split == Split::HeldOut {
             tokens = split_tokens(&tokens).1.to_vec();
         }
-        let start = Instant::now();
-        let p = perplexity(&loaded.model, &tokens, args.ctx, args.max_chunks)?;
-        let seconds = start.elapsed().as_secs_f64();
         let weights = match (&row, quantize) {
             (_, Some(f)) => format!("rtn-{f}"),
             (Row::Dir(d), None) => {
@@ -117,25 +120,31 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             }
             (Row::Model(_), None) => format!("original ({})", loaded.model.linear_storage()),
         };
-        let base = *first_ppl.get_or_insert(p.ppl);
-        let rel = (p.ppl / base - 1.0) * 100.0;
-        table.row(vec![
-            args.model.clone(),
-            weights.clone(),
-            text_name.clone(),
-            tokens.len().to_string(),
-            args.ctx.to_string(),
-            p.scored_tokens.to_string(),
-            format!("{:.4}", p.ppl),
-            format!("{rel:+.2}%"),
-            format!("{seconds:.1}"),
-        ]);
-        rows.push(json!({
-            "model": args.model, "weights": weights, "text": text_name,
-            "tokens": tokens.len(), "ctx": args.ctx, "scored_tokens": p.scored_tokens,
-            "chunks": p.chunks, "ppl": p.ppl, "mean_nll": p.mean_nll,
-            "vs_first_percent": rel, "seconds": seconds,
-        }));
+        for &kv in &args.kv_cache_dtypes {
+            let start = Instant::now();
+            let p = perplexity(&loaded.model, &tokens, (args.ctx, args.max_chunks), kv)?;
+            let seconds = start.elapsed().as_secs_f64();
+            let base = *first_ppl.get_or_insert(p.ppl);
+            let rel = (p.ppl / base - 1.0) * 100.0;
+            table.row(vec![
+                args.model.clone(),
+                weights.clone(),
+                kv.as_str().into(),
+                text_name.clone(),
+                tokens.len().to_string(),
+                args.ctx.to_string(),
+                p.scored_tokens.to_string(),
+                format!("{:.4}", p.ppl),
+                format!("{rel:+.2}%"),
+                format!("{seconds:.1}"),
+            ]);
+            rows.push(json!({
+                "model": args.model, "weights": weights, "kv_cache": kv.as_str(),
+                "text": text_name, "tokens": tokens.len(), "ctx": args.ctx,
+                "scored_tokens": p.scored_tokens, "chunks": p.chunks, "ppl": p.ppl,
+                "mean_nll": p.mean_nll, "vs_first_percent": rel, "seconds": seconds,
+            }));
+        }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

@@ -96,8 +96,9 @@ pub struct ModelArgs {
     /// What the KV cache stores: `auto` (f16 on the CPU; on a GPU the weights' 16-bit type),
     /// `f16` (on the CPU half the memory of f32, so twice the tokens in --kv-cache-mib, and
     /// half the bytes attention reads, each value rounded once, as llama.cpp's default cache;
-    /// on a GPU with --dtype float16 only), or `f32` (the CPU's exact path: with
-    /// --cpu-activations f32, what the golden tests hold against transformers).
+    /// on a GPU with --dtype float16 only), `fp8` (on the CPU: FP8 e4m3, vLLM's `fp8` cache
+    /// of scale 1, a quarter of f32's bytes: twice f16's tokens), or `f32` (the CPU's exact
+    /// path: with --cpu-activations f32, what the golden tests hold against transformers).
     #[arg(
         long,
         value_enum,
@@ -200,6 +201,9 @@ pub enum KvCacheDtype {
     Auto,
     F32,
     F16,
+    /// FP8 e4m3 (vLLM's `fp8`).
+    #[value(alias = "fp8_e4m3", alias = "fp8-e4m3")]
+    Fp8,
 }
 
 impl KvCacheDtype {
@@ -209,6 +213,7 @@ impl KvCacheDtype {
         match (self, gpu) {
             (KvCacheDtype::F32, None) => Ok(KvDtype::F32),
             (KvCacheDtype::Auto | KvCacheDtype::F16, None) => Ok(KvDtype::F16),
+            (KvCacheDtype::Fp8, None) => Ok(KvDtype::Fp8),
             (KvCacheDtype::Auto, Some(_)) | (KvCacheDtype::F16, Some(Dtype::F16)) => {
                 Ok(KvDtype::default())
             }

@@ -196,6 +196,36 @@ fn an_f16_cache_keeps_the_greedy_tokens_but_at_near_ties() {
     );
 }
 
+/// With the KV cache in FP8 e4m3 (`--kv-cache-dtype fp8`): four times the blocks of f32 in
+/// the same bytes, every value of K and V rounded to 3 mantissa bits, so the greedy tokens are
+/// transformers' up to where its own pick is closer than `NEAR_TIE`; how many prompts keep
+/// all 32 tokens is printed.
+#[test]
+fn an_fp8_cache_keeps_the_greedy_tokens_but_at_close_calls() {
+    const NEAR_TIE: f32 = 0.5;
+    let (exact, exact_stats) = golden_in_one_batch(None);
+    let (fp8, fp8_stats) = greedy_with(None, KvDtype::Fp8);
+    assert_eq!(fp8_stats.kv_blocks_total, 4 * exact_stats.kv_blocks_total);
+    let (mut same, mut turns) = (0, Vec::new());
+    for ((got, want), case) in fp8.iter().zip(&exact).zip(cases()) {
+        let agree = got.iter().zip(want).take_while(|(a, b)| a == b).count();
+        same += usize::from(agree == want.len());
+        if agree < want.len() {
+            let margin = floats(&case["greedy_margins"])[agree];
+            turns.push(format!("{} at {agree} (margin {margin:.3})", case["name"]));
+            assert!(
+                margin < NEAR_TIE,
+                "{}: the fp8 cache turns token {agree} where transformers' margin is {margin}",
+                case["name"]
+            );
+        }
+    }
+    eprintln!(
+        "an fp8 cache: {same}/{} prompts keep all 32 greedy tokens; turns: {turns:?}",
+        cases().len()
+    );
+}
+
 /// Every case's 32 greedy tokens through one engine in one batch (checking the first 16
 /// against the reference), with `speculation`; and the engine's figures after.
 fn golden_in_one_batch(speculation: Option<Speculation>) -> (Vec<Vec<u32>>, EngineStats) {

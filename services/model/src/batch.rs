@@ -54,6 +54,14 @@ impl<'m> BatchForward<'m> {
         })
     }
 
+    /// The same, its KV cache (emptied) storing its values as `dtype`.
+    pub fn with_kv_dtype(mut self, dtype: crate::kv::KvDtype) -> Self {
+        let k = &self.kv;
+        let shape = (k.num_blocks, k.block_size, k.kv_heads, k.head_dim);
+        self.kv = KvCache::with_dtype(self.model.config().num_layers, shape, dtype);
+        self
+    }
+
     /// One forward of `seqs` (each from position 0); the logits `wanted`, in order.
     pub fn run(&mut self, seqs: &[&[u32]], wanted: LogitsWanted) -> Result<Vec<f32>> {
         self.run_at(seqs, 0, wanted)

@@ -5,13 +5,14 @@
 //!
 //! Token `p` of a sequence lives at slot `p % block_size` of its block `p / block_size`.
 //!
-//! The values are stored as f32, or as f16 ([`KvDtype`], `--kv-cache-dtype f16`): half the
-//! memory, so twice the tokens in the same bytes, and half what attention reads at each step;
-//! each K and V value is rounded once, as it is written.
+//! The values are stored as f32, as f16 ([`KvDtype`], `--kv-cache-dtype f16`): half the
+//! memory, so twice the tokens in the same bytes, and half what attention reads at each step,
+//! or as FP8 e4m3 (`fp8`, vLLM's cache of scale 1): a quarter of f32's bytes; each K and V
+//! value is rounded once, as it is written.
 
 use std::str::FromStr;
 
-use ferrite_kernels::cpu::attention::{AttentionOptions, KvElem, PagedKv, QueryToken};
+use ferrite_kernels::cpu::attention::{AttentionOptions, E4m3, KvElem, PagedKv, QueryToken};
 use half::f16;
 use half::slice::HalfBitsSliceExt;
 
@@ -29,6 +30,9 @@ pub enum KvDtype {
     F32,
     /// Half the memory; each value rounded to nearest once.
     F16,
+    /// A quarter of the memory: FP8 e4m3, each value rounded to nearest once, saturating at
+    /// ±448 (no scale: vLLM's `fp8` cache uncalibrated; keys and values stay far inside).
+    Fp8,
 }
 
 impl KvDtype {
@@ -37,6 +41,7 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 => 2,
+            KvDtype::Fp8 => 1,
         }
     }
 
@@ -44,6 +49,7 @@ impl KvDtype {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            KvDtype::Fp8 => "fp8",
         }
     }
 }
@@ -54,7 +60,8 @@ impl FromStr for KvDtype {
         match s {
             "f32" | "float32" => Ok(KvDtype::F32),
             "f16" | "float16" | "half" => Ok(KvDtype::F16),
-            other => Err(format!("kv cache dtype `{other}`: f32 or f16")),
+            "fp8" | "fp8_e4m3" | "fp8-e4m3" => Ok(KvDtype::Fp8),
+            other => Err(format!("kv cache dtype `{other}`: f32, f16 or fp8")),
         }
     }
 }
@@ -67,6 +74,8 @@ enum Values {
     /// touched only when written (filling `f16::ZERO` element by element wrote the whole
     /// cache at start-up, 0.4 s for 1 GiB).
     F16(Vec<u16>),
+    /// e4m3 codes (a zeroed allocation, as above).
+    Fp8(Vec<u8>),
 }
 
 impl Values {
@@ -74,6 +83,7 @@ impl Values {
         match dtype {
             KvDtype::F32 => Values::F32(vec![0.0; n]),
             KvDtype::F16 => Values::F16(vec![0u16; n]),
+            KvDtype::Fp8 => Values::Fp8(vec![0u8; n]),
         }
     }
 
@@ -86,6 +96,7 @@ impl Values {
         match self {
             Values::F32(v) => v[at..at + row.len()].copy_from_slice(row),
             Values::F16(v) => put(v[at..at + row.len()].reinterpret_cast_mut::<f16>(), row),
+            Values::Fp8(v) => put(E4m3::slice_mut(&mut v[at..at + row.len()]), row),
         }
     }
 }
@@ -175,6 +186,10 @@ impl KvCache {
                 let (k, v) = (k.reinterpret_cast::<f16>(), v.reinterpret_cast::<f16>());
                 paged_attention(q, tokens, n_heads, &self.view(k, v), opts, out)
             }
+            (Values::Fp8(k), Values::Fp8(v)) => {
+                let (k, v) = (E4m3::slice(k), E4m3::slice(v));
+                paged_attention(q, tokens, n_heads, &self.view(k, v), opts, out)
+            }
             _ => unreachable!("K and V are made with one dtype"),
         }
     }
@@ -193,13 +208,14 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrite_kernels::fp8::fake_quantize;
 
-    /// An f16 cache holds each value rounded to nearest: attention over one position gives
-    /// back its V row as stored, and the f32 cache the row itself.
+    /// An f16 or FP8 cache holds each value rounded to nearest: attention over one position
+    /// gives back its V row as stored, and the f32 cache the row itself.
     #[test]
     fn an_f16_cache_rounds_each_value_once() {
         let row: Vec<f32> = (0..16).map(|i| 1.0 + i as f32 * 1e-4).collect();
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Fp8] {
             let mut kv = KvCache::with_dtype(1, (2, 4, 1, 16), dtype);
             let table = [1u32];
             kv.write(0, &table, 2, &row, &row);
@@ -219,6 +235,7 @@ mod tests {
             let want: Vec<f32> = match dtype {
                 KvDtype::F32 => row.clone(),
                 KvDtype::F16 => row.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+                KvDtype::Fp8 => row.iter().map(|&x| fake_quantize(x, 1.0)).collect(),
             };
             assert_eq!(out, want, "{dtype:?}");
         }
@@ -228,7 +245,9 @@ mod tests {
             "the row is not f16-exact"
         );
         assert_eq!(KvCache::bytes_per_token(2, 3, 64, KvDtype::F16), 1536);
+        assert_eq!(KvCache::bytes_per_token(2, 3, 64, KvDtype::Fp8), 768);
         assert_eq!("f16".parse::<KvDtype>(), Ok(KvDtype::F16));
+        assert_eq!("fp8".parse::<KvDtype>(), Ok(KvDtype::Fp8));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! scored, so every scored token sees at least `ctx / 2` tokens of context. Perplexity is
 //! `exp(mean negative log-likelihood)` over the scored tokens.
 
+use ferrite_engine::model::kv::KvDtype;
 use ferrite_engine::model::{BatchForward, LlamaModel, LogitsWanted};
 use ferrite_engine::sampler::token_nll;
 use ferrite_engine::{EngineError, Result};
@@ -19,12 +20,13 @@ pub struct Perplexity {
     pub chunks: usize,
 }
 
-/// Perplexity of `model` over `tokens` in chunks of `ctx` (at most `max_chunks` of them).
+/// Perplexity of `model` over `tokens` in chunks of `ctx` (at most `max_chunks` of them), its
+/// KV cache storing `kv` (f32: the exact path).
 pub fn perplexity(
     model: &LlamaModel,
     tokens: &[u32],
-    ctx: usize,
-    max_chunks: Option<usize>,
+    (ctx, max_chunks): (usize, Option<usize>),
+    kv: KvDtype,
 ) -> Result<Perplexity> {
     let c = model.config();
     if ctx < 4 || ctx > c.max_position_embeddings {
@@ -46,7 +48,7 @@ pub fn perplexity(
             c.vocab_size
         )));
     }
-    let mut runner = BatchForward::new(model, 1, ctx)?;
+    let mut runner = BatchForward::new(model, 1, ctx)?.with_kv_dtype(kv);
     let (mut nll, mut scored) = (0f64, 0usize);
     let vocab = c.vocab_size;
     for chunk in tokens.chunks_exact(ctx).take(chunks) {

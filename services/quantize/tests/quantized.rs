@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
+use ferrite_engine::model::kv::KvDtype;
 use ferrite_engine::model::{self, LoadOptions, LoadQuantize, LogitsWanted};
 use ferrite_engine::sampler::token_nll;
 use ferrite_kernels::wq::WqFormat;
@@ -119,7 +120,7 @@ fn perplexity_matches_the_reference_logits() {
         .sum::<f64>()
         / 7.0;
     let loaded = model::load(&qwen2()).expect("model");
-    let got = perplexity(&loaded.model, &tokens, 16, None).expect("perplexity");
+    let got = perplexity(&loaded.model, &tokens, (16, None), KvDtype::F32).expect("perplexity");
     assert_eq!((got.chunks, got.scored_tokens), (1, 7));
     assert!(
         (got.mean_nll - want).abs() < 1e-4,
@@ -127,7 +128,7 @@ fn perplexity_matches_the_reference_logits() {
         got.mean_nll
     );
     assert!(
-        perplexity(&loaded.model, &tokens, 32, None).is_err(),
+        perplexity(&loaded.model, &tokens, (32, None), KvDtype::F32).is_err(),
         "short text"
     );
 }
