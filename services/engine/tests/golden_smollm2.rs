@@ -169,59 +169,46 @@ fn drafts_keep_the_greedy_continuations() {
 
 /// With the KV cache in f16 (`--kv-cache-dtype f16`): twice the blocks in the same bytes, and
 /// every value of K and V rounded once, so the greedy tokens are transformers' up to where its
-/// own pick is a near-tie (the f32 cache is exact there); how many prompts keep all 32 tokens
-/// of the f32 cache is printed.
+/// own pick is a near-tie (the f32 cache is exact there).
 #[test]
 fn an_f16_cache_keeps_the_greedy_tokens_but_at_near_ties() {
-    const NEAR_TIE: f32 = 0.05;
-    let (exact, exact_stats) = golden_in_one_batch(None);
-    let (f16, f16_stats) = greedy_with(None, KvDtype::F16);
-    assert_eq!(f16_stats.kv_blocks_total, 2 * exact_stats.kv_blocks_total);
-    let mut same = 0;
-    for ((got, want), case) in f16.iter().zip(&exact).zip(cases()) {
-        let agree = got.iter().zip(want).take_while(|(a, b)| a == b).count();
-        same += usize::from(agree == want.len());
-        if agree < want.len() {
-            let margin = floats(&case["greedy_margins"])[agree];
-            assert!(
-                margin < NEAR_TIE,
-                "{}: the f16 cache turns token {agree} where transformers' margin is {margin}",
-                case["name"]
-            );
-        }
-    }
-    eprintln!(
-        "an f16 cache: {same}/{} prompts keep all 32 greedy tokens",
-        cases().len()
-    );
+    rounded_cache_turns_only_at_close_calls(KvDtype::F16, 2, 0.05);
 }
 
 /// With the KV cache in FP8 e4m3 (`--kv-cache-dtype fp8`): four times the blocks of f32 in
 /// the same bytes, every value of K and V rounded to 3 mantissa bits, so the greedy tokens are
-/// transformers' up to where its own pick is closer than `NEAR_TIE`; how many prompts keep
-/// all 32 tokens is printed.
+/// transformers' up to where its own pick is closer than half a logit.
 #[test]
 fn an_fp8_cache_keeps_the_greedy_tokens_but_at_close_calls() {
-    const NEAR_TIE: f32 = 0.5;
+    rounded_cache_turns_only_at_close_calls(KvDtype::Fp8, 4, 0.5);
+}
+
+/// A cache of `dtype` holds `blocks` times the f32 cache's blocks in the same bytes, and its
+/// greedy tokens turn from the f32 cache's only where transformers' margin is under
+/// `near_tie`; how many prompts keep all 32 tokens, and where the others turn, is printed.
+fn rounded_cache_turns_only_at_close_calls(dtype: KvDtype, blocks: usize, near_tie: f32) {
     let (exact, exact_stats) = golden_in_one_batch(None);
-    let (fp8, fp8_stats) = greedy_with(None, KvDtype::Fp8);
-    assert_eq!(fp8_stats.kv_blocks_total, 4 * exact_stats.kv_blocks_total);
+    let (rounded, stats) = greedy_with(None, dtype);
+    assert_eq!(stats.kv_blocks_total, blocks * exact_stats.kv_blocks_total);
     let (mut same, mut turns) = (0, Vec::new());
-    for ((got, want), case) in fp8.iter().zip(&exact).zip(cases()) {
+    for ((got, want), case) in rounded.iter().zip(&exact).zip(cases()) {
         let agree = got.iter().zip(want).take_while(|(a, b)| a == b).count();
         same += usize::from(agree == want.len());
         if agree < want.len() {
             let margin = floats(&case["greedy_margins"])[agree];
             turns.push(format!("{} at {agree} (margin {margin:.3})", case["name"]));
             assert!(
-                margin < NEAR_TIE,
-                "{}: the fp8 cache turns token {agree} where transformers' margin is {margin}",
-                case["name"]
+                margin < near_tie,
+                "{}: the {} cache turns token {agree} where transformers' margin is \
+                 {margin}",
+                case["name"],
+                dtype.as_str()
             );
         }
     }
     eprintln!(
-        "an fp8 cache: {same}/{} prompts keep all 32 greedy tokens; turns: {turns:?}",
+        "an {} cache: {same}/{} prompts keep all 32 greedy tokens; turns: {turns:?}",
+        dtype.as_str(),
         cases().len()
     );
 }
