@@ -8,9 +8,9 @@
 //!
 //! Where the output starts: the prompt's last marker says (a template that opens the block
 //! itself, as DeepSeek-R1's newer ones do, or closes it empty, as Qwen3's with
-//! `enable_thinking=False`: then it is all answer). A prompt with neither: `deepseek_r1` starts inside the block (its
-//! models may leave out the opening tag), `qwen3` in the answer, where the model may still
-//! open a block with its very first token.
+//! `enable_thinking=False`: then it is all answer). A prompt with neither: `deepseek_r1` and
+//! `deepseek_v3` start inside the block (their models may leave out the opening tag), `qwen3`
+//! and `glm45` in the answer, where the model may still open a block with its first token.
 
 use crate::{TextError, Tokenizer};
 
@@ -25,7 +25,8 @@ const END: &str = "</think>";
 /// A model's reasoning parser with its markers' token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reasoning {
-    /// The output starts inside the block when the prompt has no marker (`deepseek_r1`).
+    /// The output starts inside the block when the prompt has no marker (`deepseek_r1`,
+    /// `deepseek_v3`).
     pub open_by_default: bool,
     pub start: u32,
     pub end: u32,
