@@ -47,13 +47,15 @@ pub fn e4m3_to_f32(code: u8) -> f32 {
 
 /// The e4m3 code nearest `x` (ties to even), `x` first clamped to ±448 (the cast PyTorch does
 /// after compressed-tensors' clamp). NaN stays NaN.
+#[inline]
 pub fn e4m3_from_f32(x: f32) -> u8 {
     if x.is_nan() {
         return 0x7f;
     }
     let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
     let a = x.abs().min(E4M3_MAX);
-    let min_normal = (2f32).powi(-6);
+    // 2⁻⁶ (a constant: `powi` is a call per value, and a KV cache rounds every value written).
+    let min_normal = 1.0 / 64.0;
     if a < min_normal {
         // Subnormals are multiples of 2⁻⁹; scaling by a power of two is exact, so this rounds
         // once. A result of 8 is the smallest normal, which has the same bits (exp 1, man 0).
