@@ -397,7 +397,7 @@ impl Pending {
 
     /// An assistant message begun by a `reasoning` item, still waiting for its text.
     fn thought_only(&self) -> bool {
-        self.role == "assistant" && self.content.is_empty() && self.calls.is_empty()
+        self.reasoning.is_some() && self.content.is_empty() && self.calls.is_empty()
     }
 }
 
@@ -421,11 +421,17 @@ fn input_messages(items: &[Value]) -> Result<Vec<ChatMessage>, String> {
                     _ => pending.push(Pending::new(role, content)),
                 }
             }
-            // The model's thinking: the assistant message it comes before has it.
-            "reasoning" => pending.push(Pending {
-                reasoning: Some(reasoning_text(item)).filter(|r| !r.is_empty()),
-                ..Pending::new("assistant".into(), String::new())
-            }),
+            // The model's thinking: the assistant message it comes before has it (one that
+            // carries no text, another server's, adds nothing).
+            "reasoning" => {
+                let thought = reasoning_text(item);
+                if !thought.is_empty() {
+                    pending.push(Pending {
+                        reasoning: Some(thought),
+                        ..Pending::new("assistant".into(), String::new())
+                    });
+                }
+            }
             "function_call" => {
                 let (Some(id), Some(name)) = (text("call_id"), text("name")) else {
                     return Err(at("a function_call needs `call_id` and `name`".into()));

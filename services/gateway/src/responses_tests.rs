@@ -415,4 +415,11 @@ fn thinking_is_a_reasoning_item_and_comes_back_as_input() {
     assert_eq!(messages.len(), 3, "{messages:?}");
     assert_eq!(messages[1].content, "OK");
     assert_eq!(messages[1].reasoning_content.as_deref(), Some("Hm!"));
+    // Another server's item that carries no text adds nothing.
+    let items = json!([{ "role": "user", "content": "q" },
+        { "type": "reasoning", "summary": [], "encrypted_content": "x" },
+        { "role": "assistant", "content": "OK" }]);
+    let messages = chat(&request(json!({ "model": "m", "input": items }))).expect("a chat");
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[1].reasoning_content, None);
 }
