@@ -285,25 +285,10 @@ pub(crate) mod testing {
         defaults: ferrite_proto::v1::SamplingDefaults,
         template: &str,
     ) -> Arc<ModelText> {
-        let tokenizer = serde_json::json!({
-            "version": "1.0",
-            "added_tokens": [],
-            "normalizer": null,
-            "pre_tokenizer": { "type": "Whitespace" },
-            "post_processor": null,
-            "decoder": null,
-            "model": { "type": "WordLevel", "unk_token": "<unk>",
-                "vocab": { "<unk>": 0, "a": 1, "b": 2, "c": 3, "user": 4, ":": 5, "x": 6, "y": 7 } }
-        });
         let info = pb::ModelInfo {
-            model: "m".into(),
-            tokenizer_json: tokenizer.to_string(),
-            chat_template: Some(template.into()),
-            vocab_size: 8,
-            max_model_len: 16,
             text_digest: "d1".into(),
             sampling_defaults: Some(defaults),
-            ..pb::ModelInfo::default()
+            ..word_info(template, &[])
         };
         Arc::new(ModelText::from_info(info).expect("model text"))
     }
@@ -317,34 +302,49 @@ pub(crate) mod testing {
 
     /// [`think_model`] whose template variables default to `kwargs` (JSON text).
     pub fn think_model_with(parser: &str, kwargs: Option<&str>) -> Arc<ModelText> {
-        let added = |id: u32, content: &str| {
-            serde_json::json!({ "id": id, "content": content, "single_word": false,
-                "lstrip": false, "rstrip": false, "normalized": false, "special": false })
+        let template = "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}\
+            {% if enable_thinking is defined and not enable_thinking %}<think> </think>{% endif %}";
+        let info = pb::ModelInfo {
+            reasoning_parser: Some(parser.into()),
+            default_chat_template_kwargs: kwargs.map(str::to_owned),
+            ..word_info(template, &["<think>", "</think>"])
         };
+        Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+
+    /// A model `m` of a word-level tokenizer of 8 words (`<unk> a b c user : x y`) and
+    /// `added` after them (added tokens, not special), a context of 16 tokens and a chat
+    /// `template`.
+    fn word_info(template: &str, added: &[&str]) -> pb::ModelInfo {
+        let words = ["<unk>", "a", "b", "c", "user", ":", "x", "y"];
+        let vocab: serde_json::Map<String, serde_json::Value> = (words.iter().chain(added))
+            .enumerate()
+            .map(|(id, w)| ((*w).to_owned(), id.into()))
+            .collect();
+        let added_tokens: Vec<serde_json::Value> = (added.iter().enumerate())
+            .map(|(i, content)| {
+                serde_json::json!({ "id": words.len() + i, "content": content,
+                    "single_word": false, "lstrip": false, "rstrip": false,
+                    "normalized": false, "special": false })
+            })
+            .collect();
         let tokenizer = serde_json::json!({
             "version": "1.0",
-            "added_tokens": [added(8, "<think>"), added(9, "</think>")],
+            "added_tokens": added_tokens,
             "normalizer": null,
             "pre_tokenizer": { "type": "Whitespace" },
             "post_processor": null,
             "decoder": null,
-            "model": { "type": "WordLevel", "unk_token": "<unk>",
-                "vocab": { "<unk>": 0, "a": 1, "b": 2, "c": 3, "user": 4, ":": 5, "x": 6,
-                    "y": 7, "<think>": 8, "</think>": 9 } }
+            "model": { "type": "WordLevel", "unk_token": "<unk>", "vocab": vocab }
         });
-        let template = "{% for m in messages %}{{ m.role }} : {{ m.content }} {% endfor %}\
-            {% if enable_thinking is defined and not enable_thinking %}<think> </think>{% endif %}";
-        let info = pb::ModelInfo {
+        pb::ModelInfo {
             model: "m".into(),
             tokenizer_json: tokenizer.to_string(),
             chat_template: Some(template.into()),
-            vocab_size: 10,
+            vocab_size: (words.len() + added.len()) as u32,
             max_model_len: 16,
-            reasoning_parser: Some(parser.into()),
-            default_chat_template_kwargs: kwargs.map(str::to_owned),
             ..pb::ModelInfo::default()
-        };
-        Arc::new(ModelText::from_info(info).expect("model text"))
+        }
     }
 }
 

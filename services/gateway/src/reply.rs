@@ -299,27 +299,17 @@ impl ChunkWriter {
         &mut self,
         index: usize,
         text: String,
-        (first, logprobs): (Option<&str>, &[api::TokenLogprob]),
+        logprobs: (Option<&str>, &[api::TokenLogprob]),
     ) -> Value {
-        let writer = self
-            .choices
-            .get_mut(index)
-            .and_then(|c| c.logprobs.as_mut());
-        let logprobs = writer.map_or(Value::Null, |w| w.render_after(first, logprobs));
-        let choice = match self.reply.kind {
+        match self.reply.kind {
             Kind::Completion => {
-                json!({ "index": index, "text": text, "logprobs": logprobs, "finish_reason": null })
+                let logprobs = self.logprobs_json(index, logprobs);
+                let choice = json!({ "index": index, "text": text, "logprobs": logprobs,
+                    "finish_reason": null });
+                self.chunk(json!([choice]))
             }
-            Kind::Chat => {
-                let delta = if self.take_first(index) {
-                    json!({ "role": "assistant", "content": text })
-                } else {
-                    json!({ "content": text })
-                };
-                json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null })
-            }
-        };
-        self.chunk(json!([choice]))
+            Kind::Chat => self.delta_chunk(index, json!({ "content": text }), logprobs),
+        }
     }
 
     /// The chunk of a chat's new thinking (and its delta's logprobs, where no text follows).
@@ -329,19 +319,40 @@ impl ChunkWriter {
         reasoning: String,
         logprobs: &[api::TokenLogprob],
     ) -> Value {
+        let mut delta = json!({});
+        with_reasoning(&mut delta, reasoning);
+        self.delta_chunk(index, delta, (None, logprobs))
+    }
+
+    /// The chunk of a chat's `delta` (naming the role in the choice's first), with its
+    /// logprobs.
+    fn delta_chunk(
+        &mut self,
+        index: usize,
+        mut delta: Value,
+        logprobs: (Option<&str>, &[api::TokenLogprob]),
+    ) -> Value {
+        let logprobs = self.logprobs_json(index, logprobs);
+        if self.take_first(index) {
+            delta["role"] = json!("assistant");
+        }
+        let choice =
+            json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null });
+        self.chunk(json!([choice]))
+    }
+
+    /// Choice `index`'s logprobs of `logprobs` (after an echoed prompt's `first` token), or
+    /// null where the request asked for none.
+    fn logprobs_json(
+        &mut self,
+        index: usize,
+        (first, logprobs): (Option<&str>, &[api::TokenLogprob]),
+    ) -> Value {
         let writer = self
             .choices
             .get_mut(index)
             .and_then(|c| c.logprobs.as_mut());
-        let logprobs = writer.map_or(Value::Null, |w| w.render_after(None, logprobs));
-        let mut delta = json!({});
-        if self.take_first(index) {
-            delta["role"] = json!("assistant");
-        }
-        with_reasoning(&mut delta, reasoning);
-        let choice =
-            json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": null });
-        self.chunk(json!([choice]))
+        writer.map_or(Value::Null, |w| w.render_after(first, logprobs))
     }
 
     /// The chunks of pieces of a chat's tool calls, in order: each call's id, type and name

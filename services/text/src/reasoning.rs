@@ -83,10 +83,7 @@ impl Reasoning {
 
     /// The split of an output that starts in `state` ([`Self::state_after`] its prompt).
     pub fn split_from(&self, state: State) -> Split {
-        Split {
-            reasoning: *self,
-            state,
-        }
+        Split::new((self.start, self.end), state)
     }
 }
 
@@ -113,20 +110,27 @@ pub enum State {
 /// One output's split, token by token.
 #[derive(Debug, Clone)]
 pub struct Split {
-    reasoning: Reasoning,
+    /// The markers' ids: opening, closing.
+    start: u32,
+    end: u32,
     state: State,
 }
 
 impl Split {
+    /// The split of an output that starts in `state`, by the markers `(start, end)`.
+    pub fn new((start, end): (u32, u32), state: State) -> Self {
+        Self { start, end, state }
+    }
+
     /// Which part `token` (the output's next) is.
     pub fn on_token(&mut self, token: u32) -> Part {
-        let r = self.reasoning;
+        let (start, end) = (self.start, self.end);
         let (state, part) = match self.state {
-            State::Start if token == r.start => (State::Thinking, Part::Marker),
+            State::Start if token == start => (State::Thinking, Part::Marker),
             State::Start | State::Answering => (State::Answering, Part::Content),
-            State::Thinking if token == r.end => (State::Answering, Part::Marker),
+            State::Thinking if token == end => (State::Answering, Part::Marker),
             // A model that writes the opening tag its template already wrote.
-            State::Thinking if token == r.start => (State::Thinking, Part::Marker),
+            State::Thinking if token == start => (State::Thinking, Part::Marker),
             State::Thinking => (State::Thinking, Part::Reasoning),
         };
         self.state = state;
@@ -146,7 +150,7 @@ impl Split {
 
     /// The opening marker's id.
     pub fn start_token(&self) -> u32 {
-        self.reasoning.start
+        self.start
     }
 }
 

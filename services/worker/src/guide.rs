@@ -8,7 +8,7 @@ use ferrite_engine::constraint::Constraint;
 use ferrite_proto::worker::v1 as pb;
 use ferrite_structured::{Grammar, Guide, Vocabulary};
 use ferrite_text::Tokenizer;
-use ferrite_text::reasoning::{Part, Reasoning, Split, State};
+use ferrite_text::reasoning::{Part, Split, State};
 use tonic::Status;
 
 /// The model's vocabulary for grammars, or why it has none (it serves unconstrained requests
@@ -47,19 +47,13 @@ pub fn after_reasoning(
     grammar: Box<dyn Constraint>,
     span: &pb::ReasoningSpan,
 ) -> Box<dyn Constraint> {
-    let reasoning = Reasoning {
-        // Unused: where the output starts is `span.start`.
-        open_by_default: false,
-        start: span.start_token,
-        end: span.end_token,
-    };
     let state = match span.start() {
         pb::ReasoningStart::MayOpen => State::Start,
         pb::ReasoningStart::Thinking => State::Thinking,
         pb::ReasoningStart::Answering => State::Answering,
     };
     Box::new(AfterReasoning {
-        split: reasoning.split_from(state),
+        split: Split::new((span.start_token, span.end_token), state),
         grammar,
     })
 }
