@@ -48,6 +48,16 @@ fn make_repos(root: &Path, default_model: &Path) -> Result<()> {
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         put(sharded, f, Ok(tok.join(f)))?;
     }
+    // sentence-transformers' description: its pooling is in a subfolder (read), its
+    // Normalize module's folder has nothing ferrite reads.
+    let modules = br#"[{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#;
+    put(sharded, "modules.json", Err(modules))?;
+    put(
+        sharded,
+        POOLING,
+        Err(br#"{"pooling_mode_mean_tokens": true}"#),
+    )?;
+    put(sharded, "2_Normalize/README.md", Err(b"nothing\n"))?;
     // Files ferrite does not read: never downloaded.
     put(sharded, "README.md", Err(b"# tiny\n"))?;
     put(sharded, "pytorch_model.bin", Err(&[7u8; 1000]))?;
@@ -184,6 +194,9 @@ async fn hub_models_share_huggingface_hubs_cache_and_serve_from_it_offline() -> 
     Ok(())
 }
 
+/// sentence-transformers' pooling configuration, the one file of a subfolder ferrite reads.
+const POOLING: &str = "1_Pooling/config.json";
+
 /// ferrite downloads the model's files and no others into cache `a`; huggingface_hub
 /// downloads the same files into `b`: the two trees are the same, huggingface_hub reads
 /// ferrite's without the network, and so does ferrite.
@@ -197,8 +210,10 @@ async fn shares_the_cache(endpoint: &str, a: &str, b: &str) -> Result<()> {
     files.sort();
     let shards = (1..=3).map(|i| format!("model-0000{i}-of-00003.safetensors"));
     let mut want: Vec<String> = [
+        "1_Pooling",
         "config.json",
         "model.safetensors.index.json",
+        "modules.json",
         "tokenizer.json",
         "tokenizer_config.json",
     ]
@@ -208,8 +223,12 @@ async fn shares_the_cache(endpoint: &str, a: &str, b: &str) -> Result<()> {
     .collect();
     want.sort();
     assert_eq!(files, want);
+    anyhow::ensure!(Path::new(path.trim()).join(POOLING).is_file(), "{POOLING}");
     let mut download = vec!["download", "tiny/llama31-sharded", "--cache", b, "--allow"];
-    download.extend(files.iter().map(String::as_str));
+    download.extend(files.iter().map(|f| match f.as_str() {
+        "1_Pooling" => POOLING,
+        f => f,
+    }));
     interop(&download, endpoint).await?;
     assert_eq!(tree(Path::new(a))?, tree(Path::new(b))?);
     let read = interop(&["read", "tiny/llama31-sharded", "--cache", a], NOWHERE).await?;

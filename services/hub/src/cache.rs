@@ -87,7 +87,25 @@ pub(crate) fn find(repo_dir: &Path, revision: &str, wanted: &Wanted) -> Result<O
     let has = |f: &str| files.iter().any(|x| x == f);
     let tokenizer = has("tokenizer.json") || has("tokenizer.model");
     let complete = has("config.json") && tokenizer && index_complete(&snap, &files);
-    Ok(complete.then_some(snap))
+    Ok((complete && pooling_complete(&snap)).then_some(snap))
+}
+
+/// Whether the pooling configuration of each Pooling module sentence-transformers'
+/// `modules.json` names is there (true without one): without it an embedding model would
+/// be pooled by another rule.
+fn pooling_complete(snap: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(snap.join("modules.json")) else {
+        return true;
+    };
+    let Ok(modules) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return true;
+    };
+    let pooling = (modules.as_array().into_iter().flatten())
+        .filter(|m| m["type"].as_str().is_some_and(|t| t.ends_with(".Pooling")))
+        .filter_map(|m| m["path"].as_str());
+    pooling
+        .into_iter()
+        .all(|p| snap.join(p).join("config.json").is_file())
 }
 
 /// Whether every shard `model.safetensors.index.json` names is there (true without one).

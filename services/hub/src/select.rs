@@ -21,6 +21,14 @@ pub const ADAPTER_FILES: [&str; 2] = ["adapter_config.json", "adapter_model.safe
 /// sentencepiece or tiktoken vocabulary, merges.
 const BESIDE: [&str; 5] = [".json", ".jinja", ".model", ".txt", ".tiktoken"];
 
+/// Whether `f` is sentence-transformers' pooling configuration (`1_Pooling/config.json`), the
+/// one file of a subfolder ferrite reads: how an embedding model pools (mean, for
+/// all-MiniLM), which the files at the top do not say.
+fn pooling_config(f: &str) -> bool {
+    f.split_once('/')
+        .is_some_and(|(dir, file)| dir.ends_with("_Pooling") && file == "config.json")
+}
+
 /// The files of `files` (paths in the repository) to have, in order; or why none fit.
 pub fn choose(files: &[String], wanted: &Wanted) -> Result<Vec<String>, String> {
     let top = |f: &&String| !f.contains('/');
@@ -36,11 +44,11 @@ pub fn choose(files: &[String], wanted: &Wanted) -> Result<Vec<String>, String> 
     match wanted {
         Wanted::Model if !weights.is_empty() => Ok(files
             .iter()
-            .filter(top)
             .filter(|f| {
                 let weight = f.ends_with(".safetensors") && (only_consolidated || !consolidated(f));
-                weight || BESIDE.iter().any(|x| f.ends_with(x))
+                top(f) && (weight || BESIDE.iter().any(|x| f.ends_with(x)))
             })
+            .chain(files.iter().filter(|f| pooling_config(f)))
             .cloned()
             .collect()),
         Wanted::Model => match ggufs(files).as_slice() {
@@ -169,6 +177,10 @@ mod tests {
             "consolidated.safetensors",
             "params.json",
             "model-q4.gguf",
+            "modules.json",
+            "1_Pooling/config.json",
+            "2_Normalize/README.md",
+            "openvino/openvino_model.xml",
         ]);
         let got = choose(&repo, &Wanted::Model).expect("a model");
         assert_eq!(
@@ -184,6 +196,8 @@ mod tests {
                 "chat_template.jinja",
                 "merges.txt",
                 "params.json",
+                "modules.json",
+                "1_Pooling/config.json",
             ])
         );
     }
