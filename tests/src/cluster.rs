@@ -213,6 +213,24 @@ pub struct WorkerProc {
 }
 
 impl WorkerProc {
+    /// A worker serving the tiny fixture model `fixture` ([`crate::fixture_model`]) as pool
+    /// and model `name`, with `flags` besides, in `cluster`'s etcd: started and ready.
+    pub async fn serve_fixture(
+        cluster: &Cluster,
+        fixture: &str,
+        name: &str,
+        flags: &[&str],
+    ) -> Result<Self> {
+        let options = WorkerOptions {
+            model_file: Some(crate::fixture_model(fixture)),
+            served_name: Some(name.to_owned()),
+            kv_cache_mib: 16,
+            extra_args: flags.iter().map(|f| f.to_string()).collect(),
+            ..WorkerOptions::default()
+        };
+        Self::start(&cluster.etcd.endpoint(), name, &options).await
+    }
+
     /// Starts the process without waiting for it (see [`WorkerProc::ready`]).
     pub fn spawn(etcd: &str, pool: &str, options: &WorkerOptions) -> Result<Proc> {
         Self::spawn_rank(etcd, pool, 0, 1, options)
@@ -388,6 +406,21 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// Waits (up to 30 s) until the gateway's `/v1/models` lists every model of `names`.
+    pub async fn wait_listed(&self, names: &[&str]) -> Result<()> {
+        let listed = || async {
+            let models = crate::http::get(self.gateway.http, "/v1/models").await;
+            match models.and_then(|m| m.json()).map(|m| m.to_string()) {
+                Ok(t) if names.iter().all(|n| t.contains(&format!("\"{n}\""))) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        };
+        let what = format!("{names:?} listed");
+        wait::until(&what, Duration::from_secs(30), listed)
+            .await
+            .map(|_| ())
+    }
+
     /// Starts etcd, then one worker per pool and the gateway side by side, and waits until the
     /// gateway lists every pool as ready.
     pub async fn start(pools: &[&str], options: WorkerOptions) -> Result<Self> {

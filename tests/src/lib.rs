@@ -51,6 +51,11 @@ pub fn workspace_root() -> PathBuf {
     here.parent().map_or(here.clone(), PathBuf::from)
 }
 
+/// The tiny model fixture `name` (`tests/fixtures/models/{name}`, made by the scripts there).
+pub fn fixture_model(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures/models").join(name)
+}
+
 /// The `ferrite` binary under test.
 pub fn ferrite_bin() -> anyhow::Result<PathBuf> {
     let bin = std::env::var_os(FERRITE_BIN_ENV).map_or_else(

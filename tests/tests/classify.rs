@@ -1,7 +1,8 @@
 //! Sequence classifiers served end to end: worker processes serving the tiny reranker, the
 //! tiny classifier and a tiny causal LM made a reranker by two of its tokens
 //! (`--classifier-from-tokens`, its pairs rendered by a `--score-template`;
-//! `tests/fixtures/models/generate_classify.py`), beside a pool
+//! `tests/fixtures/models/generate_classify.py`), a BERT cross-encoder and an XLM-RoBERTa
+//! classifier (`generate_bert.py`), beside a pool
 //! of the default model, behind one gateway. `/v1/rerank` (and `/v2/rerank`), `/v1/score`
 //! and `/classify` answer with transformers' scores and labels for texts the gateway
 //! tokenizes (query-document pairs as the tokenizer joins them), through a Rust HTTP client,
@@ -10,22 +11,14 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ferrite_cluster_tests::{
-    Cluster, MODEL, WorkerOptions, WorkerProc, http, python, serial, wait,
-};
+use ferrite_cluster_tests::{Cluster, MODEL, WorkerOptions, WorkerProc, http, python, serial};
 use serde_json::{Value, json};
 
 /// fp32 against fp32, through a sigmoid or softmax.
 const TOLERANCE: f64 = 1e-4;
 
-fn fixture(name: &str) -> std::path::PathBuf {
-    ferrite_cluster_tests::workspace_root()
-        .join("tests/fixtures/models")
-        .join(name)
-}
-
 fn expected(name: &str) -> Result<Value> {
-    let path = fixture(name).join("expected.json");
+    let path = ferrite_cluster_tests::fixture_model(name).join("expected.json");
     Ok(serde_json::from_slice(
         &std::fs::read(&path).with_context(|| path.display().to_string())?,
     )?)
@@ -34,16 +27,8 @@ fn expected(name: &str) -> Result<Value> {
 /// A worker serving the fixture `name` under that name, on the CPU's exact path (an f32 KV
 /// cache beside the tests' f32 activations).
 async fn serve(cluster: &Cluster, name: &str, flags: &[&str]) -> Result<WorkerProc> {
-    let mut extra_args = vec!["--kv-cache-dtype".to_owned(), "f32".to_owned()];
-    extra_args.extend(flags.iter().map(|f| f.to_string()));
-    let options = WorkerOptions {
-        model_file: Some(fixture(name)),
-        served_name: Some(name.to_owned()),
-        kv_cache_mib: 16,
-        extra_args,
-        ..WorkerOptions::default()
-    };
-    WorkerProc::start(&cluster.etcd.endpoint(), name, &options).await
+    let flags = [&["--kv-cache-dtype", "f32"], flags].concat();
+    WorkerProc::serve_fixture(cluster, name, name, &flags).await
 }
 
 async fn post(cluster: &Cluster, path: &str, body: Value) -> Result<(u16, Value)> {
@@ -59,8 +44,14 @@ fn close(got: &Value, want: &Value) -> bool {
 async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
     let _turn = serial().await;
     let cluster = Cluster::start(&["a"], WorkerOptions::default()).await?;
-    let names = ["qwen3_rerank", "llama_classify", "qwen3_yes_no"];
-    let template = fixture(names[2]).join("score_template.jinja");
+    let names = [
+        "qwen3_rerank",
+        "llama_classify",
+        "qwen3_yes_no",
+        "bert_rerank",
+        "xlmr_classify",
+    ];
+    let template = ferrite_cluster_tests::fixture_model(names[2]).join("score_template.jinja");
     let template = template.to_string_lossy().into_owned();
     let by_tokens = [
         "--classifier-from-tokens",
@@ -72,23 +63,22 @@ async fn rerankers_and_classifiers_answer_as_transformers_does() -> Result<()> {
         serve(&cluster, names[0], &[]),
         serve(&cluster, names[1], &[]),
         serve(&cluster, names[2], &by_tokens),
+        serve(&cluster, names[3], &[]),
+        serve(&cluster, names[4], &[]),
     )?;
-    let listed = || async {
-        let models = http::get(cluster.gateway.http, "/v1/models").await;
-        match models.and_then(|m| m.json()).map(|m| m.to_string()) {
-            Ok(t) if names.iter().all(|n| t.contains(n)) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    };
-    wait::until("the classifiers listed", Duration::from_secs(30), listed).await?;
+    cluster.wait_listed(&names).await?;
 
     rerank(&cluster, "qwen3_rerank", "pairs").await?;
     // A causal LM asked by two of its tokens, each pair rendered by its score template:
     // Qwen3-Reranker's model card's scores of the rendered prompts.
     rerank(&cluster, "qwen3_yes_no", "templated_pairs").await?;
+    // Encoders: a BERT cross-encoder (its pairs' second segment of token type 1) and an
+    // XLM-RoBERTa classifier.
+    rerank(&cluster, "bert_rerank", "pairs").await?;
     cut_documents(&cluster).await?;
     score(&cluster).await?;
-    classify(&cluster).await?;
+    classify(&cluster, "llama_classify").await?;
+    classify(&cluster, "xlmr_classify").await?;
     grpc(&cluster).await?;
     cohere_client(&cluster).await?;
     refusals(&cluster).await
@@ -199,14 +189,14 @@ async fn score(cluster: &Cluster) -> Result<()> {
 }
 
 /// Each text's probabilities and label, as transformers gives them.
-async fn classify(cluster: &Cluster) -> Result<()> {
-    let want = expected("llama_classify")?;
+async fn classify(cluster: &Cluster, model: &str) -> Result<()> {
+    let want = expected(model)?;
     let texts = want["texts"].as_array().context("texts")?;
     let inputs: Vec<&Value> = texts.iter().map(|t| &t["text"]).collect();
     let (status, got) = post(
         cluster,
         "/classify",
-        json!({"model": "llama_classify", "input": inputs}),
+        json!({"model": model, "input": inputs}),
     )
     .await?;
     ensure!(status == 200, "{status} {got}");

@@ -10,23 +10,16 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, grpc, http, python, serial, wait};
+use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, grpc, http, python, serial};
 use serde_json::{Value, json};
 
 fn fixture() -> std::path::PathBuf {
-    ferrite_cluster_tests::workspace_root().join("tests/fixtures/models/qwen3_think")
+    ferrite_cluster_tests::fixture_model("qwen3_think")
 }
 
 /// The fixture served as `name` with `flags`.
 async fn serve(cluster: &Cluster, name: &str, flags: &[&str]) -> Result<WorkerProc> {
-    let options = WorkerOptions {
-        model_file: Some(fixture()),
-        served_name: Some(name.to_owned()),
-        kv_cache_mib: 16,
-        extra_args: flags.iter().map(|f| f.to_string()).collect(),
-        ..WorkerOptions::default()
-    };
-    WorkerProc::start(&cluster.etcd.endpoint(), name, &options).await
+    WorkerProc::serve_fixture(cluster, "qwen3_think", name, flags).await
 }
 
 async fn chat(cluster: &Cluster, model: &str, extra: Value) -> Result<(u16, Value)> {
@@ -67,14 +60,7 @@ async fn a_reasoning_models_thinking_comes_apart_from_its_answer() -> Result<()>
         serve(&cluster, "think", &["--reasoning-parser", "qwen3"]),
         serve(&cluster, "think_r1", &r1),
     )?;
-    let listed = || async {
-        let models = http::get(cluster.gateway.http, "/v1/models").await;
-        match models.and_then(|m| m.json()).map(|m| m.to_string()) {
-            Ok(t) if t.contains("\"think\"") && t.contains("think_r1") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    };
-    wait::until("the models listed", Duration::from_secs(30), listed).await?;
+    cluster.wait_listed(&["think", "think_r1"]).await?;
 
     openai_client(&cluster).await?;
     grpc(&cluster).await?;

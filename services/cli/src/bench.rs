@@ -18,6 +18,9 @@ pub enum BenchCommand {
     Gateway(crate::bench_gateway::GatewayBenchArgs),
     /// Start-up phase times of fresh `ferrite serve` processes, from their exported spans.
     Startup(crate::bench_startup::StartupBenchArgs),
+    /// Embeddings throughput of the engine at several batch sizes (an encoder's, or a
+    /// decoder's last-token pooling).
+    Embed(crate::bench_embed::EmbedArgs),
     /// Perplexity on a text with the original weights and with each --quantize format.
     Perplexity(crate::bench_perplexity::PerplexityArgs),
     /// Quantized linear layers vs f16 per model shape, in the columns of seed 004.
@@ -92,6 +95,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Decode(args) => decode(args),
         BenchCommand::Gateway(args) => crate::bench_gateway::run(args),
         BenchCommand::Startup(args) => crate::bench_startup::run(args),
+        BenchCommand::Embed(args) => crate::bench_embed::run(args),
         BenchCommand::Perplexity(args) => crate::bench_perplexity::run(args),
         BenchCommand::Kernels(args) => crate::bench_kernels::run(args),
         BenchCommand::Forward(args) => crate::bench_forward::run(args),

@@ -524,6 +524,9 @@ impl ModelArgs {
                 .with_context(|| format!("dummy weights of shape {}", self.model))?;
             return Ok((EngineModel::DeviceRandom(shape), None, Pooling::default()));
         }
+        if let Some(encoder) = self.load_encoder(tp)? {
+            return Ok(encoder);
+        }
         // The GPU upload reads every page as it copies: no separate pass over them first.
         let lazy_pages = matches!(device, Device::Cuda(_));
         let mut loaded = self.load_on_host(LoadOptions {
@@ -540,6 +543,34 @@ impl ModelArgs {
             loaded.model.load_lora(&m.name, &path).with_context(what)?;
         }
         Ok((loaded.model.into(), loaded.tokenizer, loaded.pooling))
+    }
+
+    /// `--model` loaded as an encoder ([`model::encoder`]), if it names one.
+    fn load_encoder(&self, tp: TpRank) -> Result<Option<ForEngine>> {
+        if self.load_format == LoadFormat::Dummy {
+            return Ok(None);
+        }
+        let path = self.resolve()?;
+        if !model::is_encoder_dir(&path) {
+            return Ok(None);
+        }
+        if !self.lora_modules.is_empty() {
+            anyhow::bail!(
+                "--lora-modules: {} is an encoder, which takes no adapters",
+                self.model
+            );
+        }
+        let options = LoadOptions {
+            tp,
+            ..self.load_options()
+        };
+        let loaded = model::load_encoder(&path, &options)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok(Some((
+            loaded.model.into(),
+            loaded.tokenizer,
+            loaded.pooling,
+        )))
     }
 
     /// `--score-template`'s Jinja source (a built-in's, or the file's), checked to compile.

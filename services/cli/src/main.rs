@@ -17,6 +17,7 @@
 mod bench;
 mod bench_collective;
 mod bench_collective_gpu;
+mod bench_embed;
 mod bench_forward;
 mod bench_gateway;
 mod bench_kernels;

@@ -15,8 +15,10 @@
 
 use super::Engine;
 use crate::error::{EngineError, Result};
+use crate::executor::{EngineConfig, Executor};
+use crate::kv_cache::BlockHash;
 use crate::sampler::{EmbedParams, SamplingParams};
-use crate::scheduler::Schedule;
+use crate::scheduler::{Schedule, SchedulerConfig};
 
 /// `hidden`, one row of the model's final hidden state, as `p` asks for it.
 pub fn pool(hidden: &[f32], p: EmbedParams) -> Vec<f32> {
@@ -34,6 +36,31 @@ pub fn pool(hidden: &[f32], p: EmbedParams) -> Vec<f32> {
     v
 }
 
+/// The scheduler's limits for `exec`'s model under `cfg` (`seed`: its block hashes' seed, if
+/// prefix caching is on). An encoder's prompts run whole (its tokens see the whole prompt),
+/// so a step's budget holds the longest, and none shares a prefix (its states depend on what
+/// follows it).
+pub(crate) fn scheduler_config(
+    exec: &Executor,
+    cfg: &EngineConfig,
+    seed: BlockHash,
+) -> SchedulerConfig {
+    let whole = exec.encodes();
+    let max_num_batched_tokens = match whole {
+        true => cfg.max_num_batched_tokens.max(exec.max_model_len()),
+        false => cfg.max_num_batched_tokens,
+    };
+    SchedulerConfig {
+        max_num_batched_tokens,
+        max_num_seqs: cfg.max_num_seqs,
+        max_model_len: exec.max_model_len(),
+        block_size: cfg.block_size,
+        prefix_cache: (cfg.prefix_caching && !whole).then_some(seed),
+        max_logits_rows: exec.max_logits_rows(cfg.max_num_seqs, max_num_batched_tokens),
+        whole_prompts: whole,
+    }
+}
+
 impl Engine {
     /// A sequence classifier's labels, in the order of its logits; `None` for a generative
     /// model.
@@ -46,6 +73,11 @@ impl Engine {
     pub(crate) fn warmup_params(&self) -> SamplingParams {
         match self.exec.classifier() {
             Some(_) => SamplingParams::classify(),
+            None if self.exec.encodes() => SamplingParams::embed(EmbedParams {
+                normalize: true,
+                dimensions: None,
+                classify: false,
+            }),
             None => SamplingParams {
                 ignore_eos: true,
                 ..SamplingParams::greedy(2)
@@ -58,6 +90,13 @@ impl Engine {
     pub(crate) fn check_embed(&self, params: &SamplingParams) -> Result<()> {
         let refuse = |why: String| Err(EngineError::InvalidRequest(why));
         let Some(e) = params.embed else {
+            if self.exec.encodes() {
+                return refuse(
+                    "this model is an encoder: it makes embeddings (/v1/embeddings) and \
+                     generates no text"
+                        .into(),
+                );
+            }
             if self.exec.classifier().is_some() {
                 return refuse(
                     "this model is a sequence classifier: it scores and classifies \

@@ -33,7 +33,7 @@ use crate::model::EngineModel;
 use crate::model::MaskSource;
 use crate::plan::{PlanBuilder, StepPlan};
 use crate::sampler::{Rng, SampledToken, Sampler, SamplingParams};
-use crate::scheduler::{Schedule, Scheduler, SchedulerConfig, SeqId, SeqState};
+use crate::scheduler::{Schedule, Scheduler, SeqId, SeqState};
 use draws::{STAND_IN, device_sampling, draw_extras, extras_on_ranks, ranks_draw, wants_extras};
 
 pub use crate::executor::{CudaPlacement, EngineConfig};
@@ -213,19 +213,8 @@ impl Engine {
         let num_blocks = exec.agree_on_blocks()?;
         let num_blocks = u32::try_from(num_blocks).unwrap_or(u32::MAX - 1);
         let seed = prefix_cache_seed(&exec, cfg);
-        let prefix_cache = cfg.prefix_caching.then_some(seed);
         let lora_seeds = lora::seeds(seed, exec.lora_names());
-        let sched = Scheduler::new(
-            SchedulerConfig {
-                max_num_batched_tokens: cfg.max_num_batched_tokens,
-                max_num_seqs: cfg.max_num_seqs,
-                max_model_len: exec.max_model_len(),
-                block_size: cfg.block_size,
-                prefix_cache,
-                max_logits_rows: exec.max_logits_rows(cfg.max_num_seqs, cfg.max_num_batched_tokens),
-            },
-            num_blocks,
-        );
+        let sched = Scheduler::new(embed::scheduler_config(&exec, cfg, seed), num_blocks);
         let mut engine = Self {
             cfg: exec.config().clone(),
             exec,

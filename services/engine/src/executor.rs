@@ -11,7 +11,7 @@
 //! the error, [`EngineError::RankLost`], names the rank and the last step every rank finished.
 
 use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ferrite_collective::{Collective, CollectiveError, Solo};
@@ -20,15 +20,16 @@ use ferrite_kernels::cuda::Gpu;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::gpu::{self, GpuOptions, GpuRunner, StepLimits};
-use crate::kv_cache::{KvCache, blocks_for};
+use crate::kv_cache::KvCache;
 use crate::model::classify::Classifier;
-use crate::model::{
-    DrawExtras, Draws, EngineModel, LlamaModel, MaskSource, ModelError, TokenLogprobs,
-};
+use crate::model::{EngineModel, MaskSource, ModelError};
 use crate::plan::{BlockTables, Order, OrderRef, StepPlan};
 
+#[path = "executor_cpu.rs"]
+mod cpu;
 #[path = "executor_picks.rs"]
 mod picks;
+use cpu::{CpuModel, cpu_step, with_carried};
 pub use picks::Picks;
 pub(crate) use picks::{Pick, per_chunk};
 
@@ -92,7 +93,7 @@ enum Backend {
     /// `drawn`: the ids the last step drew, if it drew here (greedy picks under async
     /// scheduling: see [`Executor::start`]).
     Cpu {
-        model: Box<LlamaModel>,
+        model: Box<CpuModel>,
         kv: KvCache,
         drawn: Vec<u32>,
     },
@@ -193,6 +194,7 @@ impl Executor {
         let model_cfg = model.config().clone();
         let (lora, classifies) = match &model {
             EngineModel::Host(m) => (m.lora_names(), m.classifier().is_some()),
+            EngineModel::Encoder(m) => (Vec::new(), m.classifier().is_some()),
             EngineModel::DeviceRandom(_) => (Vec::new(), false),
         };
         if cfg.cuda.is_some() && !lora.is_empty() {
@@ -211,6 +213,9 @@ impl Executor {
                 Self::cuda(model, gpu, cfg, max_model_len, opts, comm.as_mut())?
             }
             (None, EngineModel::Host(model)) => Self::cpu(model, cfg, max_model_len)?,
+            (None, EngineModel::Encoder(model)) => {
+                Self::encoder(model, cfg, max_model_len, comm.world())?
+            }
             (None, EngineModel::DeviceRandom(_)) => {
                 return Err(EngineError::BadConfig(
                     "random weights made on the device need a GPU (--device cuda)".into(),
@@ -233,38 +238,6 @@ impl Executor {
             pending: VecDeque::new(),
             drawn_step: None,
             hidden: None,
-        })
-    }
-
-    fn cpu(model: LlamaModel, cfg: &EngineConfig, max_model_len: usize) -> Result<Backend> {
-        let mc = model.config();
-        let dtype = cfg.kv_cache_dtype;
-        let per_token =
-            KvCache::bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype);
-        let num_blocks = cfg.kv_cache_bytes / (per_token * cfg.block_size);
-        let needed = blocks_for(max_model_len, cfg.block_size);
-        if num_blocks < needed {
-            return Err(EngineError::BadConfig(format!(
-                "a KV cache of {} MiB holds {} tokens, less than one {max_model_len}-token sequence ({} MiB): lower max_model_len or give the KV cache more memory",
-                cfg.kv_cache_bytes >> 20,
-                num_blocks * cfg.block_size,
-                (needed * cfg.block_size * per_token) >> 20
-            )));
-        }
-        let num_blocks = num_blocks.min(u32::MAX as usize - 1);
-        let _span = tracing::info_span!(target: crate::model::STARTUP_TARGET, "kv_cache_init",
-            device = "cpu", dtype = dtype.as_str(), num_blocks = num_blocks as i64,
-            block_size = cfg.block_size as i64,
-            bytes = (num_blocks * cfg.block_size * per_token) as i64,
-            max_model_len = max_model_len as i64, max_num_seqs = cfg.max_num_seqs as i64,
-            max_num_batched_tokens = cfg.max_num_batched_tokens as i64)
-        .entered();
-        let shape = (num_blocks, cfg.block_size, mc.num_kv_heads, mc.head_dim);
-        let kv = KvCache::with_dtype(mc.num_layers, shape, dtype);
-        Ok(Backend::Cpu {
-            model: Box::new(model),
-            kv,
-            drawn: Vec::new(),
         })
     }
 
@@ -315,6 +288,12 @@ impl Executor {
             Backend::Cpu { model, .. } => model.classifier(),
             Backend::Cuda(_) => None,
         }
+    }
+
+    /// Whether the model is an encoder ([`crate::model::encoder`]): each of its prompts runs
+    /// whole, and it makes embeddings only.
+    pub fn encodes(&self) -> bool {
+        matches!(&self.backend, Backend::Cpu { model, .. } if matches!(**model, CpuModel::Encoder(_)))
     }
 
     pub fn max_model_len(&self) -> usize {
@@ -607,106 +586,6 @@ impl Executor {
             reason: e.to_string(),
         }
     }
-}
-
-/// `plan` with the tokens it carries put in their placeholders' place, from `drawn` (the CPU's
-/// draws of the step before). A draw outside the vocabulary (a row with no distribution)
-/// becomes token 0, as on a GPU: its request fails when the draw is read, and what this step
-/// computes for it is dropped.
-fn with_carried<'a>(
-    plan: &'a StepPlan,
-    drawn: &[u32],
-    vocab: usize,
-) -> std::borrow::Cow<'a, StepPlan> {
-    if plan.carried.is_empty() {
-        return std::borrow::Cow::Borrowed(plan);
-    }
-    let mut plan = plan.clone();
-    for c in &plan.carried {
-        let token = (plan.chunks.get_mut(c.chunk as usize))
-            .and_then(|ch| ch.tokens.get_mut(c.index as usize));
-        if let (Some(t), Some(&d)) = (token, drawn.get(c.row as usize)) {
-            *t = if (d as usize) < vocab { d } else { 0 };
-        }
-    }
-    std::borrow::Cow::Owned(plan)
-}
-
-/// The CPU's forward of `chunks`; with `draws` (`drawn`, and `plan`, the step's with its
-/// carried tokens in place), it also draws each row's greedy pick there (with the plan's
-/// extras, [`cpu_draws`]), keeps them in `drawn` for the next step's carried tokens, and
-/// gives back the logits of the plan's host rows as well. With `hidden`, the rows' final
-/// hidden states are kept there.
-fn cpu_step(
-    model: &LlamaModel,
-    kv: &mut KvCache,
-    chunks: &[crate::model::SeqChunk<'_>],
-    draws: Option<(&mut Vec<u32>, &StepPlan)>,
-    comm: &mut dyn Collective,
-    hidden: Option<&mut Vec<f32>>,
-) -> std::result::Result<Picks, ModelError> {
-    let mut logits = match hidden {
-        Some(kept) => {
-            let (logits, rows) = model.forward_with_hidden(chunks, kv, comm)?;
-            *kept = rows;
-            logits
-        }
-        None => model.forward(chunks, kv, comm)?,
-    };
-    let Some((drawn, plan)) = draws else {
-        return Ok(Picks::Logits(logits));
-    };
-    let vocab = model.config().vocab_size.max(1);
-    let draws = cpu_draws(&mut logits, vocab, plan);
-    drawn.clone_from(&draws.ids);
-    if plan.host_rows.is_empty() {
-        return Ok(Picks::Ids(draws));
-    }
-    let rows = (plan.host_rows.iter())
-        .filter_map(|&r| {
-            let at = r as usize * vocab;
-            Some((r, logits.get(at..at + vocab)?.to_vec()))
-        })
-        .collect();
-    Ok(Picks::Mixed(draws, rows))
-}
-
-/// The greedy pick of each row of `logits`, taken as a GPU takes it: with the penalties and
-/// logprobs of `plan`'s extras where the row has them (each chunk's last token, in `plan`,
-/// is the one [`DrawExtras::last_is_output`] counts). A row with no distribution (a NaN or
-/// infinite logit) draws `u32::MAX`: the engine fails that request alone.
-fn cpu_draws(logits: &mut [f32], vocab: usize, plan: &StepPlan) -> Draws {
-    use rayon::prelude::*;
-    let last: Vec<Option<u32>> = (plan.chunks.iter())
-        .filter(|c| c.samples())
-        .map(|c| c.tokens.last().copied())
-        .collect();
-    let extras: HashMap<u32, &DrawExtras> = plan.extras.iter().map(|x| (x.row, x)).collect();
-    // A row with extras is penalized in place: its logits are not among those that come back.
-    let draw = |(row, l): (usize, &mut [f32])| match extras.get(&(row as u32)) {
-        None => (crate::sampler::greedy_pick(l).unwrap_or(u32::MAX), None),
-        Some(x) => {
-            let last = last.get(row).copied().flatten();
-            crate::sampler::greedy_with_extras(l, x, last)
-        }
-    };
-    // Rows with extras in parallel (each a few passes over the row), as the host samples them.
-    let drawn: Vec<(u32, Option<TokenLogprobs>)> = match plan.extras.len() > 1 {
-        true => (logits.par_chunks_exact_mut(vocab).enumerate())
-            .map(draw)
-            .collect(),
-        false => logits
-            .chunks_exact_mut(vocab)
-            .enumerate()
-            .map(draw)
-            .collect(),
-    };
-    let mut draws = Draws::default();
-    for (row, (id, logprobs)) in drawn.into_iter().enumerate() {
-        draws.ids.push(id);
-        draws.logprobs.extend(logprobs.map(|lp| (row as u32, lp)));
-    }
-    draws
 }
 
 impl Drop for Executor {

@@ -14,6 +14,7 @@ fn sched(blocks: u32) -> Scheduler {
             block_size: 4,
             prefix_cache: None,
             max_logits_rows: 64,
+            whole_prompts: false,
         },
         blocks,
     )
@@ -206,6 +207,7 @@ fn a_table_that_begins_with_shared_cached_blocks_reaches_the_ranks_in_full() -> 
             block_size: 4,
             prefix_cache: Some(ferrite_proto::prefix::seed("plan test")),
             max_logits_rows: 64,
+            whole_prompts: false,
         },
         32,
     );

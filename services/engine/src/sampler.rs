@@ -96,13 +96,19 @@ impl SamplingParams {
     /// A sequence classifier's request: one greedy token, never shown; the classifier's
     /// logits of the prompt ride on its event.
     pub fn classify() -> Self {
+        Self::embed(EmbedParams {
+            normalize: false,
+            dimensions: None,
+            classify: true,
+        })
+    }
+
+    /// An embeddings request (a classifier's, with `e.classify`): one greedy token, never
+    /// shown; the embedding of the prompt rides on its event.
+    pub fn embed(e: EmbedParams) -> Self {
         Self {
             ignore_eos: true,
-            embed: Some(EmbedParams {
-                normalize: false,
-                dimensions: None,
-                classify: true,
-            }),
+            embed: Some(e),
             ..Self::greedy(1)
         }
     }

@@ -72,6 +72,8 @@ pub struct SchedulerConfig {
     /// Rows of logits one step may bring back (a GPU's room for them; at least
     /// `max_num_seqs`).
     pub max_logits_rows: usize,
+    /// A prompt runs in one chunk or waits (an encoder's: each token sees the whole prompt).
+    pub whole_prompts: bool,
 }
 
 /// What the scheduler knows of a sequence: its tokens and where its KV is.
@@ -257,6 +259,12 @@ impl Scheduler {
 
     /// Why a prompt of `prompt_len` tokens can never run, if it cannot.
     pub fn check_fits(&self, prompt_len: usize) -> Result<(), String> {
+        let positions = self.cfg.max_model_len - 1;
+        if self.cfg.whole_prompts && prompt_len > positions {
+            return Err(format!(
+                "the prompt has {prompt_len} tokens; this encoder takes {positions} at most"
+            ));
+        }
         if prompt_len >= self.cfg.max_model_len {
             return Err(format!(
                 "the prompt has {prompt_len} tokens; the context holds {} (prompt plus at least one new token)",
@@ -506,7 +514,8 @@ impl Scheduler {
             seq.num_computed
         };
         let want = seq.chunk_cap(computed, budget, rows);
-        if want == 0 {
+        let cut = self.cfg.whole_prompts && computed + want < seq.tokens.len();
+        if want == 0 || cut {
             return None;
         }
         let have = seq.block_table.len() + hits.len();

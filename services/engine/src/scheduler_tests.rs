@@ -10,6 +10,7 @@ fn sched(budget: usize, max_seqs: usize, blocks: u32) -> Scheduler {
             block_size: 4,
             prefix_cache: None,
             max_logits_rows: 64,
+            whole_prompts: false,
         },
         blocks,
     )
@@ -25,6 +26,27 @@ fn run_step(s: &mut Scheduler, token: u32) -> Schedule {
         }
     }
     plan
+}
+
+/// An encoder's prompts run whole: one that does not fit what is left of a step waits for
+/// the next (in its turn: a shorter one behind it does not pass it), and one longer than the
+/// model takes is refused with its length.
+#[test]
+fn whole_prompts_wait_for_a_step_with_room_for_them() {
+    let mut s = sched(12, 8, 64);
+    s.cfg.whole_prompts = true;
+    s.add(1, vec![0; 10]);
+    s.add(2, vec![0; 8]);
+    s.add(3, vec![0; 1]);
+    let whole = |p: &Schedule| -> Vec<(u64, usize, usize)> {
+        p.chunks.iter().map(|c| (c.id, c.start, c.len)).collect()
+    };
+    assert_eq!(whole(&run_step(&mut s, 9)), [(1, 0, 10)]);
+    s.remove(1);
+    assert_eq!(whole(&run_step(&mut s, 9)), [(2, 0, 8), (3, 0, 1)]);
+    let e = s.check_fits(64).expect_err("64 positions of 63");
+    assert!(e.contains("takes 63 at most"), "{e}");
+    assert!(s.check_fits(63).is_ok());
 }
 
 #[test]
@@ -179,6 +201,7 @@ fn cached_sched(budget: usize, blocks: u32) -> Scheduler {
             block_size: 4,
             prefix_cache: Some(prefix::seed("test model")),
             max_logits_rows: 64,
+            whole_prompts: false,
         },
         blocks,
     )

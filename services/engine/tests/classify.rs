@@ -41,15 +41,7 @@ fn logits_by_tokens(dir: &str, tokens: &[&str], inputs: &[Vec<u32>]) -> HashMap<
     let requests = (inputs.iter().enumerate())
         .map(|(i, ids)| (i as u64, ids.clone(), SamplingParams::classify()))
         .collect();
-    let mut got = HashMap::new();
-    engine
-        .run_to_completion(requests, |ev| {
-            if let Some(e) = &ev.embedding {
-                got.insert(ev.id, e.clone());
-            }
-            true
-        })
-        .expect("run");
+    let got = embeddings_of(&mut engine, requests);
     assert_eq!(got.len(), inputs.len(), "one answer per request");
     got
 }

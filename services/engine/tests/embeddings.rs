@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use common::*;
 use ferrite_engine::engine::{EmbedParams, Engine, EngineConfig};
 use ferrite_engine::error::EngineError;
-use ferrite_engine::model::{self, pooling::Pooling};
+use ferrite_engine::model::{self, pooling::PoolingMode};
 use ferrite_engine::sampler::SamplingParams;
 
 /// fp32 against fp32, normalized: only summation order differs.
@@ -35,7 +35,11 @@ fn embed(dimensions: Option<usize>) -> SamplingParams {
 fn embeddings_match_the_model_cards_recipe() {
     let dir = fixtures().join("models/qwen3_embed");
     let loaded = model::load(&dir).expect("embedding model");
-    assert_eq!(loaded.pooling, Pooling::default());
+    let p = loaded.pooling;
+    assert_eq!(
+        (p.normalize, p.refused, p.mode),
+        (true, None, Some(PoolingMode::LastToken))
+    );
     let expected = read_json(&dir.join("expected.json"));
     let cases = expected["cases"].as_array().expect("cases");
     let cfg = EngineConfig {

@@ -324,9 +324,11 @@ pub fn validate(
     let limit = context;
     if prompt_ids.len() >= limit {
         return bad(format!(
-            "the prompt has {} tokens; the context length of `{}` is {limit} (prompt plus at least one new token)",
+            "the prompt has {} tokens; `{}` takes {} at most (its context length {limit}, less \
+             one new token)",
             prompt_ids.len(),
-            text.name
+            text.name,
+            limit - 1
         ));
     }
     let s = sampling.unwrap_or_default();

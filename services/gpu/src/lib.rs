@@ -113,6 +113,11 @@ pub fn build_runner(
             drop(span);
             random_weights(gpu.clone(), opts.dtype, shape)?
         }
+        EngineModel::Encoder(_) => {
+            return Err(ModelError::BadConfig(
+                "encoders run on the CPU only for now (--device cpu)".into(),
+            ));
+        }
     };
     let per_block =
         kv_bytes_per_token(c.num_kv_heads, c.head_dim, c.num_layers) * limits.block_size;

@@ -324,6 +324,6 @@ pub fn default_dtype(model: &EngineModel) -> Dtype {
             Weight::Ggml(v) if v.ty == GgmlType::BF16 => Dtype::Bf16,
             _ => Dtype::F16,
         },
-        EngineModel::DeviceRandom(_) => Dtype::F16,
+        EngineModel::DeviceRandom(_) | EngineModel::Encoder(_) => Dtype::F16,
     }
 }

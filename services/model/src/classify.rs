@@ -29,6 +29,8 @@ pub struct Classifier {
     /// `[labels][hidden]`, in f32 whatever the checkpoint's type (a few rows).
     weight: Vec<f32>,
     hidden: usize,
+    /// One per label (an encoder's head has them), or none.
+    bias: Vec<f32>,
 }
 
 impl Classifier {
@@ -56,7 +58,20 @@ impl Classifier {
             labels: labels.clone(),
             weight,
             hidden: cfg.hidden_size,
+            bias: Vec::new(),
         }))
+    }
+
+    /// A head of `labels` rows of `weight` (`[labels][hidden]`) and, where not empty, their
+    /// `bias`.
+    pub(crate) fn new(labels: Vec<String>, weight: Vec<f32>, bias: Vec<f32>) -> Self {
+        let hidden = weight.len() / labels.len().max(1);
+        Self {
+            labels,
+            weight,
+            hidden,
+            bias,
+        }
     }
 
     /// The labels, in the order of [`Self::logits`].
@@ -64,16 +79,19 @@ impl Classifier {
         &self.labels
     }
 
-    /// One logit per label of a final hidden state (after the last norm), summed in f64.
+    /// One logit per label of a final hidden state (after the last norm), summed in f64, and
+    /// its bias.
     pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
         (self.weight.chunks_exact(self.hidden))
-            .map(|row| {
+            .enumerate()
+            .map(|(i, row)| {
                 let dot: f64 = row
                     .iter()
                     .zip(hidden)
                     .map(|(w, x)| *w as f64 * *x as f64)
                     .sum();
-                dot as f32
+                let bias = self.bias.get(i).copied().unwrap_or(0.0);
+                (dot + bias as f64) as f32
             })
             .collect()
     }
@@ -156,8 +174,11 @@ mod tests {
             labels: vec!["a".into(), "b".into()],
             weight: vec![1.0, 2.0, 3.0, -1.0, 0.5, 0.0],
             hidden: 3,
+            bias: Vec::new(),
         };
         assert_eq!(c.logits(&[1.0, 1.0, 2.0]), vec![9.0, -0.5]);
         assert_eq!(c.labels(), ["a", "b"]);
+        let biased = Classifier::new(c.labels.clone(), c.weight.clone(), vec![0.5, -1.0]);
+        assert_eq!(biased.logits(&[1.0, 1.0, 2.0]), vec![9.5, -1.5]);
     }
 }

@@ -42,6 +42,9 @@ pub enum Architecture {
     /// Gemma 3 (text): Gemma 2 without the soft caps, with an RMSNorm on each head of Q and K,
     /// five sliding layers to one full, and a rotary base of their own for the sliding ones.
     Gemma3,
+    /// BERT, RoBERTa and XLM-RoBERTa: encoders, for embeddings, with a forward of their own
+    /// ([`crate::encoder`]); the decoder's options do not apply to them.
+    Encoder,
 }
 
 impl FromStr for Architecture {
@@ -178,7 +181,7 @@ fn causal_name(arch: &str) -> String {
 
 /// A sequence classifier's labels: `id2label` in id order, else `num_labels` of transformers'
 /// default names (`LABEL_0`...), else its default two. `None` for another architecture.
-fn classifier_labels(cfg: &Value, arch: &str) -> Option<Vec<String>> {
+pub(crate) fn classifier_labels(cfg: &Value, arch: &str) -> Option<Vec<String>> {
     if !arch.ends_with(CLASSIFIER) {
         return None;
     }
@@ -273,19 +276,21 @@ impl ModelConfig {
     }
 
     /// Whether the GPU runner runs this model; if not (it runs on the CPU), why: it has no
-    /// kernels yet for a mixture's experts.
+    /// kernels yet for a mixture's experts, nor for an encoder.
     pub fn gpu_check(&self) -> Result<()> {
-        match self.moe {
-            Some(_) => Err(ModelError::BadConfig(
-                "the GPU runner does not take mixture-of-experts models yet (they run on the \
-                 CPU: --device cpu)"
-                    .into(),
-            )),
-            None => Ok(()),
+        let lacks = |what: &str| {
+            Err(ModelError::BadConfig(format!(
+                "the GPU runner does not take {what} yet (they run on the CPU: --device cpu)"
+            )))
+        };
+        match (self.architecture, &self.moe) {
+            (Architecture::Encoder, _) => lacks("encoders"),
+            (_, Some(_)) => lacks("mixture-of-experts models"),
+            _ => Ok(()),
         }
     }
 
-    fn validate(self) -> Result<Self> {
+    pub(crate) fn validate(self) -> Result<Self> {
         let bad = |m: String| Err(ModelError::BadConfig(m));
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
             return bad("hidden size, layer count and vocabulary size must be non-zero".into());
@@ -404,7 +409,8 @@ impl ModelConfig {
             | Architecture::Qwen3Moe
             | Architecture::Gemma2
             | Architecture::Gemma3
-            | Architecture::Phi3 => RopeStyle::Neox,
+            | Architecture::Phi3
+            | Architecture::Encoder => RopeStyle::Neox,
         };
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
         let num_layers = layer_count(req("block_count")?)?;
@@ -621,7 +627,10 @@ fn window_rule(arch: Architecture) -> WindowRule {
         // transformers' Phi-3 attention slides where `sliding_window` is set (Phi-3-mini-4k's
         // 2047), on every layer, as Mixtral's.
         Architecture::Mixtral | Architecture::Phi3 => WindowRule::Mixtral,
-        Architecture::Llama | Architecture::Gemma2 | Architecture::Gemma3 => WindowRule::None,
+        Architecture::Llama
+        | Architecture::Gemma2
+        | Architecture::Gemma3
+        | Architecture::Encoder => WindowRule::None,
     }
 }
 

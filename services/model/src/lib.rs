@@ -10,6 +10,7 @@
 //!   made on a device ([`EngineModel::DeviceRandom`]).
 //! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
 //!   face the offline tools drive layer by layer.
+//! - [`encoder`]: BERT-family encoders (embeddings): their shape, weights and forward.
 //! - [`moe`]: mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE): their shape, weights
 //!   and CPU forward.
 //! - [`schedule`]: a decoder layer's steps and tensor parallelism's all-reduce points, the one
@@ -35,6 +36,7 @@ mod batch;
 pub mod classify;
 pub mod config;
 mod dummy;
+pub mod encoder;
 pub mod error;
 mod gemma;
 pub mod kv;
@@ -57,8 +59,9 @@ pub use error::ModelError;
 pub use ferrite_formats::LoadQuantize;
 pub use llama::{LlamaModel, WeightNaming};
 pub use load::{
-    EngineModel, LoadOptions, LoadedModel, RandomShape, STARTUP_TARGET, WeightFormat,
-    device_random_shape, load, load_dummy, load_with, parse_quantize,
+    EngineModel, LoadOptions, LoadedEncoder, LoadedModel, RandomShape, STARTUP_TARGET,
+    WeightFormat, device_random_shape, is_encoder_dir, load, load_dummy, load_encoder, load_with,
+    parse_quantize,
 };
 pub use step::{
     Carried, DeviceSampling, DrawExtras, Draws, LogitsWanted, MaskSource, Penalties, SeqChunk,

@@ -14,6 +14,7 @@ use tracing::field::Empty;
 
 use crate::config::ModelConfig;
 use crate::dummy::dummy_tensors;
+use crate::encoder::EncoderModel;
 use crate::error::{ModelError, Result};
 use crate::llama::{LlamaModel, WeightNaming};
 use crate::pooling::Pooling;
@@ -52,6 +53,8 @@ pub struct LoadedModel {
 pub enum EngineModel {
     Host(LlamaModel),
     DeviceRandom(RandomShape),
+    /// An encoder in host memory, run on the CPU ([`crate::encoder`]).
+    Encoder(EncoderModel),
 }
 
 /// Random weights of a preset's shape, to be made on the device.
@@ -68,6 +71,7 @@ impl EngineModel {
         match self {
             Self::Host(m) => m.config(),
             Self::DeviceRandom(s) => &s.cfg,
+            Self::Encoder(m) => m.config(),
         }
     }
 
@@ -76,6 +80,7 @@ impl EngineModel {
         match self {
             Self::Host(m) => m.linear_storage(),
             Self::DeviceRandom(s) => s.quantize.map_or("F16".into(), |f| f.to_string()),
+            Self::Encoder(_) => "as stored".into(),
         }
     }
 }
@@ -83,6 +88,12 @@ impl EngineModel {
 impl From<LlamaModel> for EngineModel {
     fn from(m: LlamaModel) -> Self {
         Self::Host(m)
+    }
+}
+
+impl From<EncoderModel> for EngineModel {
+    fn from(m: EncoderModel) -> Self {
+        Self::Encoder(m)
     }
 }
 
@@ -336,6 +347,78 @@ fn shard_align(
     ShardAlign { rows, cols }
 }
 
+/// An encoder loaded ([`crate::encoder`]), with its tokenizer.
+#[derive(Debug)]
+pub struct LoadedEncoder {
+    pub model: EncoderModel,
+    pub tokenizer: Option<Tokenizer>,
+    pub pooling: Pooling,
+    /// Bytes of tensor data in the checkpoint.
+    pub checkpoint_bytes: usize,
+}
+
+/// Whether `path` is a Hugging Face directory whose `config.json` names an encoder.
+pub fn is_encoder_dir(path: &Path) -> bool {
+    let read = std::fs::read(path.join("config.json")).ok();
+    let cfg = read.and_then(|raw| serde_json::from_slice::<serde_json::Value>(&raw).ok());
+    cfg.is_some_and(|c| crate::encoder::is_encoder(&c))
+}
+
+/// The encoder in Hugging Face directory `dir`, through the usual phases. An encoder is run
+/// as its checkpoint stores it, whole, on one rank: `options` may ask for nothing else.
+pub fn load_encoder(dir: &Path, options: &LoadOptions) -> Result<LoadedEncoder> {
+    let refuse = |what: &str| {
+        Err(ModelError::BadConfig(format!(
+            "{what}: an encoder ({}) runs as its checkpoint stores it, whole on one rank",
+            dir.display()
+        )))
+    };
+    if options.quantize.is_some() {
+        return refuse("--quantize");
+    }
+    if !options.tp.is_solo() {
+        return refuse("tensor parallelism");
+    }
+    if !options.classifier_tokens.is_empty() {
+        return refuse("--classifier-from-tokens");
+    }
+    let (cfg, shape, mut tensors) = {
+        let span = config_span(dir, "safetensors");
+        let _entered = span.enter();
+        let p = dir.join("config.json");
+        let raw = std::fs::read(&p).map_err(|source| FormatError::Io { path: p, source })?;
+        let json: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|e| ModelError::BadConfig(format!("config.json: {e}")))?;
+        let (cfg, shape) = crate::encoder::config(&json)?;
+        record_config(&span, &cfg);
+        (cfg, shape, safetensors::open_dir(dir)?)
+    };
+    let tokenizer = hf_tokenizer(dir)?;
+    {
+        let _span = tracing::info_span!(target: STARTUP_TARGET, "load_weights",
+            format = "safetensors", mode = "mmap", bytes = tensors.total_bytes() as i64,
+            tensors = tensors.len() as i64)
+        .entered();
+        tensors.load_pages();
+    }
+    crate::encoder::base_names(&mut tensors);
+    let (pooling, mode) = Pooling::of_encoder_dir(dir);
+    let sep = tokenizer.as_ref().and_then(|t| t.token_to_id("[SEP]"));
+    let model = {
+        let _span = tracing::info_span!(target: STARTUP_TARGET, "model_init",
+            num_layers = cfg.num_layers as i64, num_heads = cfg.num_heads as i64,
+            head_dim = cfg.head_dim as i64, weights = "as stored")
+        .entered();
+        EncoderModel::load(&tensors, cfg, shape, mode, sep)?
+    };
+    Ok(LoadedEncoder {
+        model,
+        tokenizer,
+        pooling,
+        checkpoint_bytes: tensors.total_bytes(),
+    })
+}
+
 /// What a checkpoint loads into: the model, its tokenizer, its format and tensor bytes.
 type Loaded = (LlamaModel, Option<Tokenizer>, WeightFormat, usize);
 
@@ -427,6 +510,13 @@ fn load_hf_dir(dir: &Path, options: LoadOptions) -> Result<Loaded> {
         let _entered = span.enter();
         let cfg_json: serde_json::Value = serde_json::from_slice(&read("config.json")?)
             .map_err(|e| ModelError::BadConfig(format!("config.json: {e}")))?;
+        if crate::encoder::is_encoder(&cfg_json) {
+            return Err(ModelError::BadConfig(format!(
+                "{} is an encoder: it is served for embeddings and classification (ferrite \
+                 serve or worker), and runs no decoder's command",
+                dir.display()
+            )));
+        }
         let cfg = ModelConfig::from_hf_config(&cfg_json)?;
         let mut tensors = safetensors::open_dir(dir)?;
         causal_lm_names(&mut tensors);
@@ -435,6 +525,20 @@ fn load_hf_dir(dir: &Path, options: LoadOptions) -> Result<Loaded> {
         }
         record_config(&span, &cfg);
         (cfg, tensors)
+    };
+    let tokenizer = hf_tokenizer(dir)?;
+    let cfg = with_token_classifier(cfg, tokenizer.as_ref(), &options)?;
+    let naming = WeightNaming::HuggingFace;
+    let (model, bytes) = load_and_init(&tensors, "safetensors", naming, cfg, options)?;
+    Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
+}
+
+/// The tokenizer beside a Hugging Face checkpoint in `dir` (`None` without `tokenizer.json`):
+/// the `tokenizer_init` phase.
+fn hf_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read(&p).map_err(|source| FormatError::Io { path: p, source })
     };
     let tokenizer_span =
         tracing::info_span!(target: STARTUP_TARGET, "tokenizer_init", source = "tokenizer.json")
@@ -461,8 +565,5 @@ fn load_hf_dir(dir: &Path, options: LoadOptions) -> Result<Loaded> {
         t.set_chat_template(&source)?;
     }
     drop(tokenizer_span);
-    let cfg = with_token_classifier(cfg, tokenizer.as_ref(), &options)?;
-    let naming = WeightNaming::HuggingFace;
-    let (model, bytes) = load_and_init(&tensors, "safetensors", naming, cfg, options)?;
-    Ok((model, tokenizer, WeightFormat::Safetensors, bytes))
+    Ok(tokenizer)
 }

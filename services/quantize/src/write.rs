@@ -213,6 +213,12 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
             ));
         }
         Architecture::Phi3 => return Err(phi3_unsupported()),
+        // An encoder never loads as a `LlamaModel`, which this reads.
+        Architecture::Encoder => {
+            return Err(EngineError::BadConfig(
+                "an encoder is not quantized (it runs as stored)".into(),
+            ));
+        }
         Architecture::Gemma2 | Architecture::Gemma3 => {
             return Err(EngineError::BadConfig(
                 "quantizing a Gemma GGUF file is not supported: quantize its Hugging Face \

@@ -79,6 +79,14 @@ impl Tokenizer {
             })?;
         let mut inner =
             parsed.map_err(|e| TextError::InvalidTokenizerJson(format!("tokenizer.json: {e}")))?;
+        // Some files carry the padding and truncation of the batches they were trained with
+        // (sentence-transformers' all-MiniLM pads and cuts at 128): a prompt is neither padded
+        // (pads would join an encoder's mean) nor cut short without a word (its length is
+        // checked against the context, and refused with a reason, where it is used).
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| TextError::InvalidTokenizerJson(format!("tokenizer.json: {e}")))?;
         let empty = json!({});
         let config = tokenizer_config.unwrap_or(&empty);
         if !config.is_object() {

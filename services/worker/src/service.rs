@@ -632,8 +632,8 @@ mod tests {
         let grammar = service.params_of(&req(0, Some("{}"))).expect_err("grammar");
         assert_eq!(grammar.code(), Code::InvalidArgument);
         let mean = service.with_pooling(Pooling {
-            normalize: true,
             refused: Some("pools by `mean_tokens`".into()),
+            ..Pooling::default()
         });
         let refused = mean.params_of(&req(0, None)).expect_err("mean pooling");
         assert_eq!(refused.code(), Code::InvalidArgument);

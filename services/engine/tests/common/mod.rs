@@ -5,9 +5,12 @@
 
 pub mod reference;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
+use ferrite_engine::engine::Engine;
 use ferrite_engine::model::{BatchForward, LlamaModel, LogitsWanted};
+use ferrite_engine::sampler::SamplingParams;
 
 /// The default model's file: `FERRITE_TEST_GGUF`, else pulled into the cache as `ferrite` does.
 pub fn default_model_path() -> PathBuf {
@@ -113,4 +116,22 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// Runs `requests` (id, prompt, params) on `engine` to completion: the embedding (or a
+/// classifier's logits) each embeddings request answered with, by its id.
+pub fn embeddings_of(
+    engine: &mut Engine,
+    requests: Vec<(u64, Vec<u32>, SamplingParams)>,
+) -> HashMap<u64, Vec<f32>> {
+    let mut got = HashMap::new();
+    engine
+        .run_to_completion(requests, |ev| {
+            if let Some(e) = &ev.embedding {
+                got.insert(ev.id, e.clone());
+            }
+            true
+        })
+        .expect("run");
+    got
 }
