@@ -246,3 +246,21 @@ fn tokenizer_config_fields() -> Result<(), TextError> {
     expect_err(again.set_chat_template("{% endfor %}"), "template_syntax");
     Ok(())
 }
+
+/// A file's padding and truncation (sentence-transformers' tokenizers pad and cut at their
+/// training length) are dropped: a prompt is neither padded nor cut short.
+#[test]
+fn a_files_padding_and_truncation_are_dropped() -> Result<(), TextError> {
+    let json = Tokenizer::from_gguf_vocab(tiny_gpt2())?.to_tokenizer_json()?;
+    let mut file: serde_json::Value = serde_json::from_str(&json).expect("json");
+    file["truncation"] = serde_json::json!({"direction": "Right", "max_length": 2,
+        "strategy": "LongestFirst", "stride": 0});
+    file["padding"] = serde_json::json!({"strategy": {"Fixed": 8}, "direction": "Right",
+        "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"});
+    let tok = Tokenizer::from_tokenizer_json(file.to_string().as_bytes(), None)?;
+    let plain = Tokenizer::from_tokenizer_json(json.as_bytes(), None)?;
+    let ids = plain.encode("hello hello", false)?;
+    assert!(ids.len() > 2 && ids.len() < 8, "{ids:?}");
+    assert_eq!(tok.encode("hello hello", false)?, ids);
+    Ok(())
+}
