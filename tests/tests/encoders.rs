@@ -3,14 +3,15 @@
 //! sentence-transformers publishes such models, behind one gateway beside a pool of the
 //! default model. OpenAI's official client gets each text's embedding as
 //! `SentenceTransformer(dir).encode(text)` gives it (the gateway tokenizes: WordPiece and
-//! Unigram, the special tokens around the text), whole and cut to 16 values; a completion
-//! and a text longer than the encoder's positions are 400s saying why.
+//! Unigram, the special tokens around the text), whole and cut to 16 values; a text cut by
+//! `truncate_prompt_tokens` embeds as its first tokens do; a completion and a text longer
+//! than the encoder's positions are 400s saying why.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, python, serial};
-use serde_json::Value;
+use ferrite_cluster_tests::{Cluster, WorkerOptions, WorkerProc, http, python, serial};
+use serde_json::{Value, json};
 
 /// fp32 against fp32, normalized: only summation order differs.
 const TOLERANCE: f64 = 1e-4;
@@ -71,6 +72,7 @@ async fn check(cluster: &Cluster, name: &str) -> Result<()> {
         .filter_map(|c| c["token_ids"].as_array().map(Vec::len))
         .sum();
     ensure!(got["usage"]["prompt_tokens"] == tokens, "{}", got["usage"]);
+    truncation(cluster, name, cases).await?;
     let refused = &got["refused"];
     for (case, says) in [
         ("completion", "is an encoder"),
@@ -83,5 +85,41 @@ async fn check(cluster: &Cluster, name: &str) -> Result<()> {
             "{case}: {r}"
         );
     }
+    Ok(())
+}
+
+/// `truncate_prompt_tokens` (vLLM's): a text cut to its first tokens with its special tokens
+/// kept embeds as those ids do; -1 cuts to the most the model takes (64).
+async fn truncation(cluster: &Cluster, name: &str, cases: &[Value]) -> Result<()> {
+    let long = cases
+        .iter()
+        .max_by_key(|c| c["token_ids"].as_array().map_or(0, Vec::len));
+    let long = long.context("a case")?;
+    let ids: Vec<u64> = serde_json::from_value(long["token_ids"].clone())?;
+    let cut = [&ids[..9], &ids[ids.len() - 1..]].concat();
+    let embed = |input: Value, truncate: Option<i64>| async move {
+        let mut body = json!({"model": name, "input": input, "encoding_format": "float"});
+        if let Some(t) = truncate {
+            body["truncate_prompt_tokens"] = json!(t);
+        }
+        let r = http::post_json(cluster.gateway.http, "/v1/embeddings", &body).await?;
+        let v = r.json()?;
+        ensure!(r.status == 200, "{} {v}", r.status);
+        Ok::<_, anyhow::Error>(v)
+    };
+    let by_text = embed(long["text"].clone(), Some(10)).await?;
+    let by_ids = embed(json!(cut), None).await?;
+    ensure!(
+        by_text["usage"]["prompt_tokens"] == 10,
+        "{}",
+        by_text["usage"]
+    );
+    ensure!(
+        by_text["data"][0]["embedding"] == by_ids["data"][0]["embedding"],
+        "cut text vs ids"
+    );
+    let words = "word ".repeat(200);
+    let most = embed(json!(words), Some(-1)).await?;
+    ensure!(most["usage"]["prompt_tokens"] == 64, "{}", most["usage"]);
     Ok(())
 }

@@ -120,7 +120,7 @@ impl Executor {
         }
         if max_model_len > mc.max_position_embeddings {
             return Err(EngineError::BadConfig(format!(
-                "max_model_len {max_model_len}: this encoder has {} positions (max_model_len \
+                "max_model_len {max_model_len}: this encoder takes {} tokens (max_model_len \
                  {} at most: a prompt and the one token an embeddings request samples)",
                 mc.max_position_embeddings - 1,
                 mc.max_position_embeddings

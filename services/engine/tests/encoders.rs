@@ -51,6 +51,16 @@ fn encoders_embed_as_sentence_transformers_does() {
             let text = c["text"].as_str().expect("text");
             let prompt = tokenizer.encode(text, true).expect("encode");
             assert_eq!(prompt, ids(&c["token_ids"]), "{name}: {text:?}");
+            // Cut to 6 tokens: the text's first ones, its special tokens kept.
+            let at_most = tokenizer.encode_at_most(text, 6).expect("encode");
+            match prompt.len() {
+                ..=6 => assert_eq!(at_most, prompt, "{text:?}"),
+                n => assert_eq!(
+                    at_most,
+                    [&prompt[..5], &prompt[n - 1..]].concat(),
+                    "{text:?}"
+                ),
+            }
             requests.push((2 * i as u64, prompt.clone(), embed(None)));
             requests.push((2 * i as u64 + 1, prompt, embed(Some(16))));
         }
@@ -91,7 +101,7 @@ fn what_an_encoder_cannot_do_is_refused() {
         ..EngineConfig::default()
     };
     let e = Engine::new(loaded.model, vec![], cfg).expect_err("128 positions");
-    assert!(e.to_string().contains("64 positions"), "{e}");
+    assert!(e.to_string().contains("takes 64 tokens"), "{e}");
     let quantized = LoadOptions {
         quantize: Some(model::parse_quantize("rtn-w8a8").expect("format")),
         ..LoadOptions::default()

@@ -413,6 +413,7 @@ impl<'a> Ask<'a> {
                 input: &input,
                 dimensions: 0,
                 classify: true,
+                truncate: None,
                 caller: self.caller,
                 started: self.started,
                 api,

@@ -27,7 +27,7 @@ use crate::error::GatewayError;
 use crate::openai::prompts_in;
 use crate::trace::{Api, RequestTrace};
 use crate::validate::{self, Prompt};
-use crate::{Gateway, route};
+use crate::{Gateway, ModelText, route};
 
 /// `gen_ai.operation.name` of an embeddings request.
 const OP_EMBEDDINGS: &str = "embeddings";
@@ -44,6 +44,10 @@ pub struct EmbeddingsRequest {
     #[serde(default)]
     #[allow(dead_code)]
     user: Option<String>,
+    /// vLLM's: cut each input to this many tokens (its special tokens kept), or with -1 to
+    /// the most the model takes, rather than refuse a longer one.
+    #[serde(default)]
+    truncate_prompt_tokens: Option<i64>,
 }
 
 /// How the vectors are written.
@@ -61,6 +65,19 @@ impl EmbeddingsRequest {
             Some(other) => Err(ApiError::invalid(
                 format!("encoding_format `{other}`: it is `float` or `base64`"),
                 Some("encoding_format"),
+            )),
+        }
+    }
+
+    /// `truncate_prompt_tokens` as [`EmbedArgs::truncate`] takes it.
+    fn truncate(&self) -> Result<Option<usize>, ApiError> {
+        match self.truncate_prompt_tokens {
+            None => Ok(None),
+            Some(-1) => Ok(Some(usize::MAX)),
+            Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+            Some(n) => Err(ApiError::invalid(
+                format!("truncate_prompt_tokens {n}: it is at least 1, or -1 (the model's most)"),
+                Some("truncate_prompt_tokens"),
             )),
         }
     }
@@ -86,7 +103,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let Json(req) = body.map_err(bad_json)?;
-    let (encoding, dimensions) = (req.encoding()?, req.dimensions()?);
+    let (encoding, dimensions, truncate) = (req.encoding()?, req.dimensions()?, req.truncate()?);
     let inputs = inputs_of(&req.input)?;
     let caller = caller.map(|Extension(c)| c).unwrap_or_default();
     let asked = inputs.iter().map(|input| {
@@ -97,6 +114,7 @@ pub async fn create(
             input,
             dimensions,
             classify: false,
+            truncate,
             caller,
             started,
             api: Api::Http,
@@ -178,6 +196,9 @@ pub struct EmbedArgs<'a> {
     pub dimensions: u32,
     /// A sequence classifier's logits instead (`crate::classify`).
     pub classify: bool,
+    /// Cut the input to at most this many tokens (the model's most, if fewer), its special
+    /// tokens kept, instead of refusing a longer one; `None`: refuse.
+    pub truncate: Option<usize>,
     pub caller: Caller,
     /// When the request arrived.
     pub started: Instant,
@@ -203,7 +224,12 @@ impl Gateway {
                 temperature: Some(0.0),
                 ..api::SamplingParams::default()
             };
+            let truncate = args.truncate;
             let validated = tokio::task::spawn_blocking(move || {
+                let input = match truncate {
+                    Some(n) => truncated(&text, input, n.min(context - 1))?,
+                    None => input,
+                };
                 validate::validate(text, context, &input, Some(one_token), None, None)
             })
             .await
@@ -233,6 +259,24 @@ impl Gateway {
     }
 }
 
+/// `input` as at most `max` tokens: a text tokenized (as a prompt is) and cut at its end, its
+/// special tokens kept; token ids cut at their end.
+fn truncated(text: &ModelText, input: Prompt, max: usize) -> Result<Prompt, GatewayError> {
+    let bad = |e: ferrite_text::TextError| GatewayError::InvalidArgument(e.to_string());
+    let mut ids = match input {
+        Prompt::Text(t) if text.add_special_tokens => {
+            return Ok(Prompt::TokenIds(
+                text.tokenizer.encode_at_most(&t, max).map_err(bad)?,
+            ));
+        }
+        Prompt::Text(t) => text.encode_text(&t, None).map_err(bad)?,
+        Prompt::TokenIds(ids) => ids,
+        chat => return Ok(chat),
+    };
+    ids.truncate(max);
+    Ok(Prompt::TokenIds(ids))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +287,18 @@ mod tests {
             v[k] = x.clone();
         }
         serde_json::from_value(v).expect("request")
+    }
+
+    #[test]
+    fn truncate_prompt_tokens_is_a_count_or_the_models_most() {
+        let t = |v: Value| request(json!({"truncate_prompt_tokens": v})).truncate();
+        assert_eq!(request(json!({})).truncate().expect("unset"), None);
+        assert_eq!(t(json!(8)).expect("8"), Some(8));
+        assert_eq!(t(json!(-1)).expect("-1"), Some(usize::MAX));
+        for bad in [json!(0), json!(-2)] {
+            let e = t(bad).expect_err("refused");
+            assert_eq!(e.param, Some("truncate_prompt_tokens"));
+        }
     }
 
     #[test]

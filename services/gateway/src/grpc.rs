@@ -282,6 +282,7 @@ impl api::inference_server::Inference for InferenceService {
                 input,
                 dimensions: req.dimensions,
                 classify: false,
+                truncate: None,
                 caller,
                 started,
                 api: trace::Api::Grpc,

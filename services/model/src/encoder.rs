@@ -40,6 +40,9 @@ pub struct EncoderShape {
     pub position_offset: usize,
     /// Positions a prompt may take: the table's rows after the offset.
     pub positions: usize,
+    /// Tokens a prompt may have: `positions`, or fewer where sentence-transformers'
+    /// `max_seq_length` says (all-MiniLM-L6-v2 was trained on 256 of its 512).
+    pub max_tokens: usize,
     pub type_vocab_size: usize,
 }
 
@@ -66,8 +69,10 @@ pub fn is_encoder(cfg: &Value) -> bool {
 }
 
 /// An encoder's [`ModelConfig`] (the engine's view: its sizes and vocabulary; no rotary
-/// embedding, no KV heads of its own) and its own shape, from `config.json`.
-pub fn config(cfg: &Value) -> Result<(ModelConfig, EncoderShape)> {
+/// embedding, no KV heads of its own) and its own shape, from `config.json`, its prompts no
+/// longer than `max_seq_length` where sentence-transformers' `sentence_bert_config.json` sets
+/// one (as sentence-transformers and vLLM hold them).
+pub fn config(cfg: &Value, max_seq_length: Option<usize>) -> Result<(ModelConfig, EncoderShape)> {
     let bad = |m: String| ModelError::BadConfig(format!("config.json: {m}"));
     let arch = (cfg.get("architectures").and_then(|a| a.get(0)))
         .or_else(|| cfg.get("model_type"))
@@ -107,6 +112,9 @@ pub fn config(cfg: &Value) -> Result<(ModelConfig, EncoderShape)> {
         layer_norm_eps: eps.unwrap_or(1e-12) as f32,
         position_offset,
         positions,
+        max_tokens: max_seq_length
+            .filter(|&n| n > 0)
+            .map_or(positions, |n| n.min(positions)),
         type_vocab_size: uint("type_vocab_size").unwrap_or(2),
     };
     let num_layers = req("num_hidden_layers")?;
@@ -127,7 +135,7 @@ pub fn config(cfg: &Value) -> Result<(ModelConfig, EncoderShape)> {
         rope_dim: head_dim - head_dim % 2,
         // One more than a prompt may hold: the token an embeddings request samples (and
         // never runs) counts against the context.
-        max_position_embeddings: positions + 1,
+        max_position_embeddings: shape.max_tokens + 1,
         tie_word_embeddings: false,
         qkv_bias: true,
         qk_norm: false,
@@ -347,11 +355,11 @@ impl EncoderModel {
                     s.start_pos
                 )));
             }
-            if s.tokens.len() > self.shape.positions {
+            if s.tokens.len() > self.shape.max_tokens {
                 return Err(ModelError::Internal(format!(
-                    "a prompt of {} tokens; the encoder has {} positions",
+                    "a prompt of {} tokens; the encoder takes {}",
                     s.tokens.len(),
-                    self.shape.positions
+                    self.shape.max_tokens
                 )));
             }
         }
@@ -520,4 +528,58 @@ impl EncoderModel {
 fn f32_view(w: &[f32], rows: usize, cols: usize) -> Result<WeightView<'_>> {
     WeightView::new(GgmlType::F32, rows, cols, bytemuck::cast_slice(w))
         .map_err(|e| ModelError::Internal(format!("attention: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bert(extra: Value) -> Value {
+        let mut c = serde_json::json!({"architectures": ["BertModel"], "hidden_size": 64,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
+            "vocab_size": 100, "max_position_embeddings": 512, "hidden_act": "gelu"});
+        c.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        c
+    }
+
+    /// BERT's positions start at 0, RoBERTa's after its padding index; sentence-transformers'
+    /// `max_seq_length` holds a prompt shorter; the context is one more (the sampled token).
+    #[test]
+    fn an_encoders_config_gives_its_positions_and_context() {
+        let (cfg, shape) = config(&bert(serde_json::json!({})), None).expect("bert");
+        assert_eq!((shape.position_offset, shape.max_tokens), (0, 512));
+        assert_eq!((cfg.max_position_embeddings, cfg.head_dim), (513, 16));
+        let (cfg, shape) = config(&bert(serde_json::json!({})), Some(256)).expect("capped");
+        assert_eq!(
+            (
+                shape.positions,
+                shape.max_tokens,
+                cfg.max_position_embeddings
+            ),
+            (512, 256, 257)
+        );
+        let roberta = bert(
+            serde_json::json!({"architectures": ["XLMRobertaForSequenceClassification"],
+            "max_position_embeddings": 514, "pad_token_id": 1, "num_labels": 3}),
+        );
+        let (cfg, shape) = config(&roberta, None).expect("xlm-r");
+        assert_eq!((shape.position_offset, shape.positions), (2, 512));
+        assert_eq!(cfg.labels.map(|l| l.len()), Some(3));
+        for (extra, says) in [
+            (serde_json::json!({"hidden_act": "relu"}), "`relu`"),
+            (
+                serde_json::json!({"position_embedding_type": "relative_key"}),
+                "`relative_key`",
+            ),
+            (
+                serde_json::json!({"architectures": ["BertForQuestionAnswering"]}),
+                "not an encoder",
+            ),
+        ] {
+            let e = config(&bert(extra), None).expect_err(says);
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
 }

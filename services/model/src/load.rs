@@ -389,7 +389,7 @@ pub fn load_encoder(dir: &Path, options: &LoadOptions) -> Result<LoadedEncoder> 
         let raw = std::fs::read(&p).map_err(|source| FormatError::Io { path: p, source })?;
         let json: serde_json::Value = serde_json::from_slice(&raw)
             .map_err(|e| ModelError::BadConfig(format!("config.json: {e}")))?;
-        let (cfg, shape) = crate::encoder::config(&json)?;
+        let (cfg, shape) = crate::encoder::config(&json, max_seq_length(dir))?;
         record_config(&span, &cfg);
         (cfg, shape, safetensors::open_dir(dir)?)
     };
@@ -417,6 +417,13 @@ pub fn load_encoder(dir: &Path, options: &LoadOptions) -> Result<LoadedEncoder> 
         pooling,
         checkpoint_bytes: tensors.total_bytes(),
     })
+}
+
+/// sentence-transformers' `max_seq_length` (`sentence_bert_config.json`), if set.
+fn max_seq_length(dir: &Path) -> Option<usize> {
+    let raw = std::fs::read(dir.join("sentence_bert_config.json")).ok()?;
+    let cfg: serde_json::Value = serde_json::from_slice(&raw).ok()?;
+    cfg.get("max_seq_length")?.as_u64().map(|n| n as usize)
 }
 
 /// What a checkpoint loads into: the model, its tokenizer, its format and tensor bytes.

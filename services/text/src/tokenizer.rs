@@ -205,6 +205,19 @@ impl Tokenizer {
             .map_err(|e| TextError::Tokenizer(e.to_string()))
     }
 
+    /// Text → ids with the special tokens, at most `max` of them: the text's own tokens cut at
+    /// its end to leave room for the special tokens around it, as transformers'
+    /// `tokenizer(text, truncation=True, max_length=max)` and sentence-transformers cut.
+    pub fn encode_at_most(&self, text: &str, max: usize) -> Result<Vec<u32>, TextError> {
+        use tokenizers::{PostProcessor, TruncationDirection};
+        let err = |e: tokenizers::Error| TextError::Tokenizer(e.to_string());
+        let mut encoding = self.inner.encode_fast(text, false).map_err(err)?;
+        let added = (self.inner.get_post_processor()).map_or(0, |p| p.added_tokens(false));
+        encoding.truncate(max.saturating_sub(added), 0, TruncationDirection::Right);
+        let encoding = self.inner.post_process(encoding, None, true).map_err(err)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// A pair of texts → ids, joined as the tokenizer's post-processor joins a pair
     /// (transformers' `tokenizer(text, text_pair)`: a cross-encoder's query and document,
     /// with its special tokens around and between them where it has any).
