@@ -1,7 +1,7 @@
 //! Encoders: BERT, RoBERTa and XLM-RoBERTa (`BertModel`, `RobertaModel`, `XLMRobertaModel`
-//! checkpoints, their `*ForMaskedLM` ones, whose head is not read, and their
-//! `*ForSequenceClassification` ones), the models most text embeddings and rerankers come
-//! from (sentence-transformers' all-MiniLM, bge, e5, gte, bge-m3, multilingual-e5; the
+//! checkpoints, their `*ForMaskedLM` and `*ForPreTraining` ones, whose heads are not read,
+//! and their `*ForSequenceClassification` ones), the models most text embeddings and
+//! rerankers come from (sentence-transformers' all-MiniLM, bge, e5, gte, bge-m3, multilingual-e5; the
 //! ms-marco cross-encoders, bge-reranker), served for embeddings and classification.
 //!
 //! Every token of an encoder sees the whole prompt (no causal mask), so a prompt runs in one
@@ -48,7 +48,13 @@ pub struct EncoderShape {
 
 /// The encoder family `arch` (a config's `architectures` or `model_type`) names, if one.
 fn family(arch: &str) -> Option<&'static str> {
-    let base = ["ForMaskedLM", "ForSequenceClassification", "Model"]
+    let suffixes = [
+        "ForMaskedLM",
+        "ForPreTraining",
+        "ForSequenceClassification",
+        "Model",
+    ];
+    let base = suffixes
         .iter()
         .find_map(|suffix| arch.strip_suffix(suffix))
         .unwrap_or(arch);
