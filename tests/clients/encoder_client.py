@@ -17,14 +17,7 @@ import json
 
 import openai
 
-
-def refusal(call):
-    try:
-        call()
-        return {"raised": None}
-    except openai.APIStatusError as e:
-        body = e.body if isinstance(e.body, dict) else {}
-        return {"status_code": e.status_code, "message": body.get("message")}
+from embeddings_client import refusal
 
 
 def main():

@@ -524,16 +524,22 @@ impl ModelArgs {
                 .with_context(|| format!("dummy weights of shape {}", self.model))?;
             return Ok((EngineModel::DeviceRandom(shape), None, Pooling::default()));
         }
-        if let Some(encoder) = self.load_encoder(tp)? {
-            return Ok(encoder);
+        // `--model` resolved once (a Hub name may pull it), for an encoder or a decoder.
+        let path = match self.load_format {
+            LoadFormat::Dummy => None,
+            _ => Some(self.resolve()?),
+        };
+        if let Some(path) = path.as_deref().filter(|p| model::is_encoder_dir(p)) {
+            return self.load_encoder(path, tp);
         }
         // The GPU upload reads every page as it copies: no separate pass over them first.
         let lazy_pages = matches!(device, Device::Cuda(_));
-        let mut loaded = self.load_on_host(LoadOptions {
+        let options = LoadOptions {
             lazy_pages,
             tp,
             ..self.load_options()
-        })?;
+        };
+        let mut loaded = self.load_on_host(path.as_deref(), options)?;
         for m in &self.lora_modules {
             let what = || format!("--lora-modules {}={}", m.name, m.path);
             let path = registry::resolve_adapter(&m.path, |what| {
@@ -545,15 +551,8 @@ impl ModelArgs {
         Ok((loaded.model.into(), loaded.tokenizer, loaded.pooling))
     }
 
-    /// `--model` loaded as an encoder ([`model::encoder`]), if it names one.
-    fn load_encoder(&self, tp: TpRank) -> Result<Option<ForEngine>> {
-        if self.load_format == LoadFormat::Dummy {
-            return Ok(None);
-        }
-        let path = self.resolve()?;
-        if !model::is_encoder_dir(&path) {
-            return Ok(None);
-        }
+    /// The encoder ([`model::encoder`]) at `path`, `--model` resolved.
+    fn load_encoder(&self, path: &std::path::Path, tp: TpRank) -> Result<ForEngine> {
         if !self.lora_modules.is_empty() {
             anyhow::bail!(
                 "--lora-modules: {} is an encoder, which takes no adapters",
@@ -564,13 +563,9 @@ impl ModelArgs {
             tp,
             ..self.load_options()
         };
-        let loaded = model::load_encoder(&path, &options)
+        let loaded = model::load_encoder(path, &options)
             .with_context(|| format!("loading {}", path.display()))?;
-        Ok(Some((
-            loaded.model.into(),
-            loaded.tokenizer,
-            loaded.pooling,
-        )))
+        Ok((loaded.model.into(), loaded.tokenizer, loaded.pooling))
     }
 
     /// `--score-template`'s Jinja source (a built-in's, or the file's), checked to compile.
@@ -612,15 +607,18 @@ impl ModelArgs {
             .with_context(|| format!("the recommended sampling of {}", path.display()))
     }
 
-    /// Resolves `--model` (pulling a known model on first use, saying so) and loads it into
-    /// host memory.
-    fn load_on_host(&self, options: LoadOptions) -> Result<LoadedModel> {
-        if self.load_format == LoadFormat::Dummy {
+    /// The model at `path` (`--model` resolved) in host memory, or dummy weights of
+    /// `--model`'s shape where there is no path (`--load-format dummy`).
+    fn load_on_host(
+        &self,
+        path: Option<&std::path::Path>,
+        options: LoadOptions,
+    ) -> Result<LoadedModel> {
+        let Some(path) = path else {
             return model::load_dummy(&self.model, 0, options)
                 .with_context(|| format!("making dummy weights of shape {}", self.model));
-        }
-        let path = self.resolve()?;
-        model::load_with(&path, options).with_context(|| format!("loading {}", path.display()))
+        };
+        model::load_with(path, options).with_context(|| format!("loading {}", path.display()))
     }
 
     /// `--model` as a path (pulling a known model on first use, saying so).

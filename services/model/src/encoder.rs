@@ -66,12 +66,16 @@ fn family(arch: &str) -> Option<&'static str> {
     }
 }
 
+/// The architecture `config.json` names: its first `architectures`, else its `model_type`.
+fn arch_name(cfg: &Value) -> Option<&str> {
+    (cfg.get("architectures").and_then(|a| a.get(0)))
+        .or_else(|| cfg.get("model_type"))
+        .and_then(Value::as_str)
+}
+
 /// Whether `config.json` describes an encoder this module runs.
 pub fn is_encoder(cfg: &Value) -> bool {
-    let arch = (cfg.get("architectures").and_then(|a| a.get(0)))
-        .or_else(|| cfg.get("model_type"))
-        .and_then(Value::as_str);
-    arch.and_then(family).is_some()
+    arch_name(cfg).and_then(family).is_some()
 }
 
 /// An encoder's [`ModelConfig`] (the engine's view: its sizes and vocabulary; no rotary
@@ -80,10 +84,7 @@ pub fn is_encoder(cfg: &Value) -> bool {
 /// one (as sentence-transformers and vLLM hold them).
 pub fn config(cfg: &Value, max_seq_length: Option<usize>) -> Result<(ModelConfig, EncoderShape)> {
     let bad = |m: String| ModelError::BadConfig(format!("config.json: {m}"));
-    let arch = (cfg.get("architectures").and_then(|a| a.get(0)))
-        .or_else(|| cfg.get("model_type"))
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let arch = arch_name(cfg).unwrap_or_default();
     let family = family(arch).ok_or_else(|| bad(format!("`{arch}` is not an encoder")))?;
     let uint = |k: &str| cfg.get(k).and_then(Value::as_u64).map(|v| v as usize);
     let req = |k: &str| uint(k).ok_or_else(|| bad(format!("`{k}` missing")));
@@ -412,14 +413,17 @@ impl EncoderModel {
     }
 
     /// `x` (the sequences of `lens` tokens, one after another) through `layer`, in place.
+    /// `l` applied to the `n` rows of `x`: `x · Wᵀ + b`.
+    fn project(&self, l: &Linear, x: &[f32], n: usize) -> Vec<f32> {
+        let mut out = vec![0f32; n * l.w.rows];
+        self.mm.one(x, n, l.w.view(), &mut out);
+        add_bias(&mut out, &l.b);
+        out
+    }
+
     fn layer(&self, layer: &EncoderLayer, lens: &[usize], x: &mut [f32]) -> Result<()> {
-        let (h, n) = (self.cfg.hidden_size, x.len() / self.cfg.hidden_size);
-        let proj = |l: &Linear, input: &[f32]| {
-            let mut out = vec![0f32; n * l.w.rows];
-            self.mm.one(input, n, l.w.view(), &mut out);
-            add_bias(&mut out, &l.b);
-            out
-        };
+        let n = x.len() / self.cfg.hidden_size;
+        let proj = |l: &Linear, input: &[f32]| self.project(l, input, n);
         let (q, k, v) = (proj(&layer.q, x), proj(&layer.k, x), proj(&layer.v, x));
         let attn = self.attention(&q, &k, &v, lens)?;
         let mut sum = proj(&layer.o, &attn);
@@ -428,9 +432,7 @@ impl EncoderModel {
         layer_norm(&sum, &layer.attn_norm.w, &layer.attn_norm.b, eps, x);
         let mut up = proj(&layer.up, x);
         gelu_in_place(&mut up);
-        let mut sum = vec![0f32; n * h];
-        self.mm.one(&up, n, layer.down.w.view(), &mut sum);
-        add_bias(&mut sum, &layer.down.b);
+        let mut sum = proj(&layer.down, &up);
         add_in_place(&mut sum, x);
         layer_norm(&sum, &layer.out_norm.w, &layer.out_norm.b, eps, x);
         Ok(())
@@ -506,11 +508,8 @@ impl EncoderModel {
             match self.pooling {
                 PoolingMode::Cls => match &self.head {
                     Some(head) => {
-                        let mut pooled = vec![0f32; h];
-                        self.mm.one(&rows[..h], 1, head.dense.w.view(), &mut pooled);
-                        add_bias(&mut pooled, &head.dense.b);
-                        pooled.iter_mut().for_each(|v| *v = v.tanh());
-                        out.extend(pooled);
+                        let pooled = self.project(&head.dense, &rows[..h], 1);
+                        out.extend(pooled.iter().map(|v| v.tanh()));
                     }
                     None => out.extend_from_slice(&rows[..h]),
                 },
