@@ -32,7 +32,7 @@ struct Case {
     head_dim: usize,
     /// (context length, query tokens) per sequence.
     seqs: Vec<(usize, usize)>,
-    opts: AttentionOptions,
+    opts: AttentionOptions<'static>,
 }
 
 struct Inputs {
@@ -104,6 +104,7 @@ fn fixture_case(c: &Value) -> (Case, Vec<Kernel>) {
             scale: num(&c["scale"]),
             soft_cap: c["soft_cap"].as_f64().map(|cap| cap as f32),
             sliding_window: c["window"].as_u64().map(|w| w as usize),
+            sinks: None,
         },
     };
     (case, kernels.collect())
@@ -299,6 +300,7 @@ fn gemma2_soft_cap_and_sliding_window() {
         scale: 256f32.powf(-0.5),
         soft_cap: Some(50.0),
         sliding_window: Some(40),
+        sinks: None,
     };
     let case = Case {
         n_heads: 8,

@@ -165,6 +165,8 @@ fn random_weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
                     GgmlType::Q6_K => {
                         b[208..210].copy_from_slice(&rng.f16_bytes(0.0005, 0.01, true))
                     }
+                    // Scales of 2^-10 to 2^-3.
+                    GgmlType::MXFP4 => b[0] = 118 + (rng.next() % 8) as u8,
                     _ => unreachable!(),
                 }
             }

@@ -45,7 +45,7 @@ pub struct QueryToken<'a> {
 
 /// How one layer's attention scores its keys.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttentionOptions {
+pub struct AttentionOptions<'a> {
     /// Multiplies `q · k` (usually `1 / sqrt(head_dim)`).
     pub scale: f32,
     /// Gemma 2: scores become `tanh(s / cap) * cap` after scaling, before the softmax.
@@ -53,16 +53,27 @@ pub struct AttentionOptions {
     /// A token at `pos` sees only positions `pos + 1 - w ..= pos` (itself and the `w - 1` before
     /// it), as transformers' sliding-window mask and llama.cpp's SWA do. `None`: all of `0..=pos`.
     pub sliding_window: Option<usize>,
+    /// gpt-oss: one learned logit per query head (indexed by head) that joins each softmax as
+    /// a position with no value: it takes its share of the weight, so a head can attend to
+    /// nothing (transformers' `sinks`, the "attention sink" of StreamingLLM).
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl AttentionOptions {
+impl AttentionOptions<'_> {
     /// Plain causal attention with `scale`.
     pub fn causal(scale: f32) -> Self {
         Self {
             scale,
             soft_cap: None,
             sliding_window: None,
+            sinks: None,
         }
+    }
+
+    /// Head `h`'s sink logit (minus infinity, which takes no weight, without sinks).
+    #[inline]
+    fn sink(&self, h: usize) -> f32 {
+        self.sinks.map_or(f32::NEG_INFINITY, |s| s[h])
     }
 }
 
@@ -80,7 +91,7 @@ pub fn paged_attention<E: KvElem>(
     tokens: &[QueryToken<'_>],
     n_heads: usize,
     kv: &PagedKv<'_, E>,
-    opts: AttentionOptions,
+    opts: AttentionOptions<'_>,
     out: &mut [f32],
 ) {
     let hd = kv.head_dim;
@@ -94,6 +105,10 @@ pub fn paged_attention<E: KvElem>(
         "attention: heads not a multiple of kv heads"
     );
     assert!(opts.sliding_window != Some(0), "attention: empty window");
+    assert!(
+        opts.sinks.is_none_or(|s| s.len() == n_heads),
+        "attention: one sink per head"
+    );
     let group = n_heads / kv.kv_heads;
     #[cfg(target_arch = "x86_64")]
     if let Some(w) = crate::quant::Avx512::detect().filter(|_| matches!(hd, 64 | 128)) {
@@ -108,6 +123,7 @@ pub fn paged_attention<E: KvElem>(
                     q: &q[at..at + group * hd],
                     tok: &tokens[t],
                     kv_head,
+                    first_head: kv_head * group,
                 };
                 x86::attend_heads(w, &heads, kv, opts, scores, o);
             });
@@ -123,6 +139,7 @@ pub fn paged_attention<E: KvElem>(
                 q: &q[t * row + h * hd..t * row + (h + 1) * hd],
                 tok: &tokens[t],
                 kv_head: h / group,
+                sink: opts.sink(h),
             };
             #[cfg(target_arch = "x86_64")]
             if let Some(a) = avx2 {
@@ -132,11 +149,12 @@ pub fn paged_attention<E: KvElem>(
         });
 }
 
-/// One query head of one token, and the KV head it reads.
+/// One query head of one token, the KV head it reads, and its sink logit.
 struct Head<'a> {
     q: &'a [f32],
     tok: &'a QueryToken<'a>,
     kv_head: usize,
+    sink: f32,
 }
 
 /// The two vector operations of attention, as one instruction set implements them, over rows
@@ -148,12 +166,13 @@ trait Lanes {
     fn axpy<E: KvElem>(w: f32, v: &[E], acc: &mut [f32]);
 }
 
-/// `o = softmax(cap(q · Kᵀ · scale)) · V` for one head; `scores` is reused scratch.
+/// `o = softmax(cap(q · Kᵀ · scale)) · V` for one head (its sink, if any, in the softmax);
+/// `scores` is reused scratch.
 #[inline(always)]
 fn attend<L: Lanes, E: KvElem>(
     head: &Head<'_>,
     kv: &PagedKv<'_, E>,
-    opts: AttentionOptions,
+    opts: AttentionOptions<'_>,
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
@@ -168,7 +187,7 @@ fn attend<L: Lanes, E: KvElem>(
         let s = L::dot(head.q, &kv.k[off..off + hd]) * opts.scale;
         scores.push(opts.soft_cap.map_or(s, |cap| super::norm::soft_cap(s, cap)));
     });
-    let inv = exp_normalizer(scores);
+    let inv = exp_normalizer(scores, head.sink);
     o.fill(0.0);
     let mut p = 0;
     for_each_row(kv, table, start..end, head.kv_head, |off| {
@@ -194,20 +213,21 @@ pub fn softmax_rows(scores: &mut [f32], len: usize) {
         #[cfg(target_arch = "x86_64")]
         let inv = match wide {
             Some(proof) => x86::exp_normalizer_on(proof, row),
-            None => exp_normalizer(row),
+            None => exp_normalizer(row, f32::NEG_INFINITY),
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let inv = exp_normalizer(row);
+        let inv = exp_normalizer(row, f32::NEG_INFINITY);
         row.iter_mut().for_each(|s| *s *= inv);
     }
 }
 
 /// Replaces each score by `exp(s - max)` and returns `1 / Σ`: the softmax, its division left
-/// to the weighted sum.
+/// to the weighted sum. `sink` is one more logit in the softmax, with no score of its own to
+/// weigh (minus infinity: none).
 #[inline]
-fn exp_normalizer(scores: &mut [f32]) -> f32 {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+fn exp_normalizer(scores: &mut [f32], sink: f32) -> f32 {
+    let max = scores.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - max).exp();
     for s in scores.iter_mut() {
         *s = (*s - max).exp();
         sum += *s;
@@ -339,7 +359,7 @@ mod x86 {
     unsafe fn attend_avx2<E: KvElem>(
         head: &Head<'_>,
         kv: &PagedKv<'_, E>,
-        opts: AttentionOptions,
+        opts: AttentionOptions<'_>,
         scores: &mut Vec<f32>,
         o: &mut [f32],
     ) {
@@ -351,6 +371,8 @@ mod x86 {
         pub(super) q: &'a [f32],
         pub(super) tok: &'a QueryToken<'a>,
         pub(super) kv_head: usize,
+        /// The index of `q`'s first head among the token's (its sink's index).
+        pub(super) first_head: usize,
     }
 
     /// [`attend`] for every query head of `heads`, of 64 or 128 dims, on AVX-512: up to 4
@@ -361,7 +383,7 @@ mod x86 {
         _proof: crate::quant::Avx512,
         heads: &Heads<'_>,
         kv: &PagedKv<'_, E>,
-        opts: AttentionOptions,
+        opts: AttentionOptions<'_>,
         scores: &mut Vec<f32>,
         o: &mut [f32],
     ) {
@@ -373,17 +395,18 @@ mod x86 {
             let g = per.min(n - h);
             let q = &heads.q[h * hd..(h + g) * hd];
             let o = &mut o[h * hd..(h + g) * hd];
+            let first = heads.first_head + h;
             // SAFETY: an `Avx512` exists only where detection found AVX-512F (and AVX2/FMA);
             // the caller took this path for heads of 64 or 128 dims only, which N matches,
             // and q and o hold g heads of them.
             unsafe {
                 match (hd, g) {
-                    (64, 4) => wide::<E, 4, 4>(q, heads, kv, opts, scores, o),
-                    (64, 3) => wide::<E, 4, 3>(q, heads, kv, opts, scores, o),
-                    (64, 2) => wide::<E, 4, 2>(q, heads, kv, opts, scores, o),
-                    (64, _) => wide::<E, 4, 1>(q, heads, kv, opts, scores, o),
-                    (_, 2) => wide::<E, 8, 2>(q, heads, kv, opts, scores, o),
-                    _ => wide::<E, 8, 1>(q, heads, kv, opts, scores, o),
+                    (64, 4) => wide::<E, 4, 4>(q, heads, first, kv, opts, scores, o),
+                    (64, 3) => wide::<E, 4, 3>(q, heads, first, kv, opts, scores, o),
+                    (64, 2) => wide::<E, 4, 2>(q, heads, first, kv, opts, scores, o),
+                    (64, _) => wide::<E, 4, 1>(q, heads, first, kv, opts, scores, o),
+                    (_, 2) => wide::<E, 8, 2>(q, heads, first, kv, opts, scores, o),
+                    _ => wide::<E, 8, 1>(q, heads, first, kv, opts, scores, o),
                 }
             }
             h += g;
@@ -399,8 +422,9 @@ mod x86 {
     unsafe fn wide<E: KvElem, const N: usize, const G: usize>(
         q: &[f32],
         heads: &Heads<'_>,
+        first: usize,
         kv: &PagedKv<'_, E>,
-        opts: AttentionOptions,
+        opts: AttentionOptions<'_>,
         scores: &mut Vec<f32>,
         o: &mut [f32],
     ) {
@@ -436,7 +460,7 @@ mod x86 {
         });
         // SAFETY: this function's own features (AVX-512F) cover `exp_normalizer_wide`'s.
         let inv: [f32; G] = std::array::from_fn(|g| unsafe {
-            exp_normalizer_wide(&mut scores[g * len..(g + 1) * len])
+            exp_normalizer_wide(&mut scores[g * len..(g + 1) * len], opts.sink(first + g))
         });
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         let mut p = 0;
@@ -464,7 +488,7 @@ mod x86 {
     /// [`exp_normalizer_wide`], where `_proof` shows the CPU has AVX-512.
     pub(super) fn exp_normalizer_on(_proof: crate::quant::Avx512, scores: &mut [f32]) -> f32 {
         // SAFETY: an `Avx512` exists only where detection found AVX-512F.
-        unsafe { exp_normalizer_wide(scores) }
+        unsafe { exp_normalizer_wide(scores, f32::NEG_INFINITY) }
     }
 
     /// [`exp_normalizer`] 16 scores at a time, with [`exp16`] for libm's `expf`: a
@@ -473,8 +497,8 @@ mod x86 {
     /// # Safety
     /// AVX-512F available.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn exp_normalizer_wide(scores: &mut [f32]) -> f32 {
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    unsafe fn exp_normalizer_wide(scores: &mut [f32], sink: f32) -> f32 {
+        let max = scores.iter().copied().fold(sink, f32::max);
         let (m, mut sum) = (_mm512_set1_ps(max), _mm512_setzero_ps());
         let mut chunks = scores.chunks_exact_mut(16);
         for c in &mut chunks {
@@ -495,7 +519,7 @@ mod x86 {
             _mm512_mask_storeu_ps(rest.as_mut_ptr(), mask, e);
             sum = _mm512_add_ps(sum, e);
         }
-        1.0 / _mm512_reduce_add_ps(sum)
+        1.0 / (_mm512_reduce_add_ps(sum) + (sink - max).exp())
     }
 
     impl Avx2 {
@@ -504,7 +528,7 @@ mod x86 {
             self,
             head: &Head<'_>,
             kv: &PagedKv<'_, E>,
-            opts: AttentionOptions,
+            opts: AttentionOptions<'_>,
             scores: &mut Vec<f32>,
             o: &mut [f32],
         ) {
@@ -560,7 +584,7 @@ mod tests {
     /// against dense attention over the positions each token may see, at several head sizes,
     /// with the cache in f32, f16 and e4m3 (against the values rounded as the cache holds
     /// them).
-    fn check_against_dense(opts: AttentionOptions) {
+    fn check_against_dense(opts: AttentionOptions<'_>) {
         // 8 runs the generic lanes; 64 and 128 the AVX-512 kernels where the CPU has them.
         for hd in [HD, 64, 128] {
             check_against_dense_hd::<f32>(opts, hd);
@@ -569,7 +593,7 @@ mod tests {
         }
     }
 
-    fn check_against_dense_hd<E: KvElem>(opts: AttentionOptions, hd: usize) {
+    fn check_against_dense_hd<E: KvElem>(opts: AttentionOptions<'_>, hd: usize) {
         // What the cache holds of each value.
         let val = |p, h, d, s| E::from_f32(val(p, h, d, s)).to_f32();
         let num_blocks = 6;
@@ -624,9 +648,10 @@ mod tests {
                         opts.soft_cap.map_or(scaled, |c| c * (scaled / c).tanh())
                     })
                     .collect();
-                let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let sink = opts.sinks.map_or(f32::NEG_INFINITY, |s| s[h]);
+                let m = s.iter().cloned().fold(sink, f32::max);
                 let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-                let z: f32 = e.iter().sum();
+                let z: f32 = e.iter().sum::<f32>() + (sink - m).exp();
                 for d in 0..hd {
                     let want: f32 = (lo..=t).map(|p| e[p - lo] / z * val(p, kvh, d, 0.11)).sum();
                     let got = out[(t * N_HEADS + h) * hd + d];
@@ -666,6 +691,23 @@ mod tests {
         check_against_dense(AttentionOptions {
             sliding_window: Some(5),
             ..capped
+        });
+    }
+
+    /// gpt-oss's sinks: each head's own extra logit in its softmax, near the scores' size so
+    /// that it takes a real share (from most of the weight to little of it), with and without
+    /// a window.
+    #[test]
+    fn sinks_take_their_share_of_each_softmax() {
+        let sinks: Vec<f32> = (0..N_HEADS).map(|h| 4.0 - 2.5 * h as f32).collect();
+        let with_sinks = AttentionOptions {
+            sinks: Some(&sinks),
+            ..AttentionOptions::causal(0.3)
+        };
+        check_against_dense(with_sinks);
+        check_against_dense(AttentionOptions {
+            sliding_window: Some(3),
+            ..with_sinks
         });
     }
 

@@ -12,6 +12,6 @@ pub mod rope;
 
 pub use crate::quant::scalar::dot_f32;
 pub use norm::{
-    add_bias, add_in_place, gelu_in_place, gelu_tanh_mul_in_place, layer_norm, rms_norm,
-    rms_norm_in_place, silu_mul_in_place, soft_cap_in_place,
+    add_bias, add_in_place, clamped_swiglu_in_place, gelu_in_place, gelu_tanh_mul_in_place,
+    layer_norm, rms_norm, rms_norm_in_place, silu_mul_in_place, soft_cap_in_place,
 };

@@ -177,6 +177,19 @@ pub fn gelu_tanh_mul_in_place(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate = (clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)` with `g = min(gate, limit)`:
+/// gpt-oss's experts' activation (OpenAI's reference and transformers' `_apply_gate`, with
+/// `alpha` 1.702 and `limit` 7). The clamps bound what an expert passes on; the `+ 1` is part
+/// of the trained function.
+pub fn clamped_swiglu_in_place(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    assert_eq!(gate.len(), up.len(), "clamped_swiglu: length mismatch");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let glu = x / (1.0 + (-(x * alpha)).exp());
+        *g = (u.clamp(-limit, limit) + 1.0) * glu;
+    }
+}
+
 /// `x = tanh(x / cap) * cap`: squashes values smoothly into `(-cap, cap)` (Gemma 2 caps its
 /// final logits this way; attention scores get the same cap inside
 /// [`super::attention::paged_attention`]). Divides rather than multiplying by `1 / cap`, as
@@ -195,6 +208,27 @@ pub(crate) fn soft_cap(v: f32, cap: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clamped_swiglu_clamps_gate_above_and_up_both_ways() {
+        let mut gate = [-3.0f32, 0.5, 9.0, 2.0];
+        let up = [0.25f32, -9.0, 1.0, 8.0];
+        clamped_swiglu_in_place(&mut gate, &up, 1.702, 7.0);
+        let f = |g: f64, u: f64| {
+            let g = g.min(7.0);
+            (u.clamp(-7.0, 7.0) + 1.0) * g / (1.0 + (-1.702 * g).exp())
+        };
+        let want = [f(-3.0, 0.25), f(0.5, -9.0), f(9.0, 1.0), f(2.0, 8.0)];
+        for (g, w) in gate.iter().zip(want) {
+            assert!(
+                (*g as f64 - w).abs() < 1e-5 * w.abs().max(1.0),
+                "{g} vs {w}"
+            );
+        }
+        // The clamps bind: 9 acts as 7, and up of -9 as -7 (so the product's sign flips).
+        assert!((gate[2] as f64 - 2.0 * 7.0 / (1.0 + (-11.914f64).exp())).abs() < 1e-4);
+        assert!(gate[1] < 0.0);
+    }
 
     #[test]
     fn rms_norm_matches_definition() {

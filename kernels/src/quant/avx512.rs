@@ -81,6 +81,7 @@ impl Avx512 {
             match ty {
                 GgmlType::Q4_0 => q8_dot::<Q4_0>(row, x),
                 GgmlType::Q4_1 => q8_dot::<Q4_1>(row, x),
+                GgmlType::MXFP4 => q8_dot::<Mxfp4>(row, x),
                 _ => q8_dot::<Q8_0>(row, x),
             }
         }
@@ -116,7 +117,10 @@ impl Avx512 {
 
     /// Whether [`Self::q8_dot`] and [`Self::decode_row`] take weights of `ty`.
     pub(crate) fn has(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::MXFP4
+        )
     }
 
     /// Decodes a stored row of `ty` (see [`Self::has`]) into the f32s of `dst`, exactly.
@@ -132,6 +136,7 @@ impl Avx512 {
             match ty {
                 GgmlType::Q4_0 => decode::<Q4_0>(row.as_ptr(), dst.as_mut_ptr(), ng),
                 GgmlType::Q4_1 => decode::<Q4_1>(row.as_ptr(), dst.as_mut_ptr(), ng),
+                GgmlType::MXFP4 => decode::<Mxfp4>(row.as_ptr(), dst.as_mut_ptr(), ng),
                 _ => decode::<Q8_0>(row.as_ptr(), dst.as_mut_ptr(), ng),
             }
         }
@@ -220,6 +225,29 @@ impl Decode for Q4_0 {
             let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(2).cast()));
             let eight = _mm512_set1_ps(8.0);
             [lo, hi].map(|h| _mm512_mul_ps(_mm512_sub_ps(bytes_to_f32(h, false), eight), d))
+        }
+    }
+}
+
+/// MXFP4's doubled e2m1 values looked up for `nibbles` (each 0..16), within each 128-bit lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub(super) fn mxfp4_lookup(nibbles: __m512i) -> __m512i {
+    // SAFETY: the table is 16 bytes.
+    let lut = unsafe { _mm_loadu_si128(super::scalar::MXFP4_DOUBLED.as_ptr().cast()) };
+    _mm512_shuffle_epi8(_mm512_broadcast_i32x4(lut), nibbles)
+}
+
+impl Decode for Mxfp4 {
+    #[inline(always)]
+    unsafe fn group(row: *const u8, g: usize) -> [__m512; 2] {
+        // SAFETY: a 17-byte block at 17g (the caller's contract): the exponent, 16 code bytes.
+        unsafe {
+            let b = row.add(17 * g);
+            let d = _mm512_set1_ps(super::scalar::mxfp4_half_scale(*b));
+            let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(1).cast()));
+            let look = |h: __m128i| _mm512_castsi512_si128(mxfp4_lookup(_mm512_castsi128_si512(h)));
+            [lo, hi].map(|h| _mm512_mul_ps(bytes_to_f32(look(h), true), d))
         }
     }
 }
@@ -391,6 +419,7 @@ unsafe fn load16_or_zero(p: *const u8, absent: bool) -> __m128i {
 struct Q4_0;
 struct Q4_1;
 struct Q8_0;
+struct Mxfp4;
 
 impl PairGroup for Q4_0 {
     const SIGNED: bool = true;
@@ -410,6 +439,27 @@ impl PairGroup for Q4_0 {
                     _mm512_maskz_set1_epi8(if last { u32::MAX as u64 } else { u64::MAX }, 8),
                 ),
                 head: heads(a, b, last, true),
+            }
+        }
+    }
+}
+
+impl PairGroup for Mxfp4 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn pair(row: *const u8, g: usize, last: bool) -> Pair {
+        // SAFETY: blocks are 17 bytes (the exponent, 16 nibble bytes); the caller's contract.
+        unsafe {
+            let (a, b) = (row.add(17 * g), row.add(17 * (g + 1)));
+            let q = nibbles2(
+                load16_or_zero(a.add(1), false),
+                load16_or_zero(b.add(1), last),
+            );
+            let d = |p: *const u8| super::scalar::mxfp4_half_scale(*p);
+            Pair {
+                // A missing group's zero nibbles look up 0.
+                q: mxfp4_lookup(q),
+                head: _mm_set_ps(0.0, if last { 0.0 } else { d(b) }, 0.0, d(a)),
             }
         }
     }

@@ -62,11 +62,15 @@ pub enum GgmlType {
     Q5_K,
     /// Super-blocks of 256: `{ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16}`.
     Q6_K,
+    /// Blocks of 32: `{e: u8, qs: [u8; 16]}` (OCP microscaling FP4, gpt-oss's experts), value
+    /// `e2m1(q) · 2^(e − 127)`, Q4_0's nibble order (element `j` low in byte `j`, `j + 16`
+    /// high).
+    MXFP4,
 }
 
 impl GgmlType {
     /// Every supported type, in ggml id order.
-    pub const ALL: [GgmlType; 9] = [
+    pub const ALL: [GgmlType; 10] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -76,6 +80,7 @@ impl GgmlType {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
     /// The type with ggml's numeric id (`ggml_type`), if supported.
@@ -90,6 +95,7 @@ impl GgmlType {
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             30 => Self::BF16,
+            39 => Self::MXFP4,
             _ => return None,
         })
     }
@@ -106,6 +112,7 @@ impl GgmlType {
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
         }
     }
 
@@ -121,6 +128,7 @@ impl GgmlType {
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
+            Self::MXFP4 => "MXFP4",
         }
     }
 
@@ -128,7 +136,7 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 => 32,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::MXFP4 => 32,
             Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
         }
     }
@@ -144,6 +152,7 @@ impl GgmlType {
             Self::Q4_K => 144,
             Self::Q5_K => 176,
             Self::Q6_K => 210,
+            Self::MXFP4 => 17,
         }
     }
 

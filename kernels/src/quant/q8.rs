@@ -281,7 +281,7 @@ pub(crate) mod tests {
     use crate::quant::dequantize;
 
     /// A row of `k` elements of block type `ty`: random bytes, with every f16 scale (and
-    /// minimum) of each block set to a small normal value.
+    /// minimum) of each block set to a small normal value (MXFP4's exponents likewise).
     pub(crate) fn random_row(ty: GgmlType, k: usize, seed: u32) -> Vec<u8> {
         let mut state = seed.wrapping_mul(747796405).wrapping_add(1);
         let mut byte = move || {
@@ -300,6 +300,10 @@ pub(crate) mod tests {
             for &at in f16_fields {
                 let v = half::f16::from_f32(0.002 + f32::from(block[at]) / 4000.0);
                 block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+            // MXFP4's exponent: scales from 2^-10 to 2^-3.
+            if ty == GgmlType::MXFP4 {
+                block[0] = 118 + block[0] % 8;
             }
         }
         row

@@ -55,6 +55,23 @@ pub(crate) fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q4_K => blocks(bytes, out, 144, QK_K, q4_k),
         GgmlType::Q5_K => blocks(bytes, out, 176, QK_K, q5_k),
         GgmlType::Q6_K => blocks(bytes, out, 210, QK_K, q6_k),
+        GgmlType::MXFP4 => blocks(bytes, out, 17, 32, mxfp4),
+    }
+}
+
+/// Each e2m1 code's value doubled (integers): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+pub(crate) const MXFP4_DOUBLED: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// An MXFP4 block's scale for the doubled codes: `2^(e − 128)`, exact for every `e` (down to
+/// f32's subnormal 2^-128).
+#[inline(always)]
+pub(crate) fn mxfp4_half_scale(e: u8) -> f32 {
+    match e {
+        // 2^-127 and 2^-128 are subnormal: their bits, not the exponent field.
+        0 => f32::from_bits(1 << 21),
+        1 => f32::from_bits(1 << 22),
+        _ => f32::from_bits(u32::from(e - 1) << 23),
     }
 }
 
@@ -69,6 +86,15 @@ fn q8_0(b: &[u8], o: &mut [f32]) {
     let d = f16_at(b, 0);
     for (o, &q) in o.iter_mut().zip(&b[2..34]) {
         *o = d * f32::from(q as i8);
+    }
+}
+
+fn mxfp4(b: &[u8], o: &mut [f32]) {
+    let d = mxfp4_half_scale(b[0]);
+    let (lo, hi) = o.split_at_mut(16);
+    for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(&b[1..17]) {
+        *l = d * f32::from(MXFP4_DOUBLED[usize::from(q & 0xF)]);
+        *h = d * f32::from(MXFP4_DOUBLED[usize::from(q >> 4)]);
     }
 }
 

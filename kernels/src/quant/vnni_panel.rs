@@ -81,7 +81,10 @@ fn _mm512_setzero_ps_const() -> __m512 {
 impl Avx512 {
     /// Whether [`Self::q8_panels`] takes weights of `ty`.
     pub(crate) fn has_panels(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::MXFP4
+        )
     }
 
     /// `outs[i][j] = row_j · xs.token(i)` for the `nrows` contiguous rows of `ty` (see
@@ -115,6 +118,7 @@ impl Avx512 {
                     match ty {
                         GgmlType::Q4_0 => decode::<Q4_0>(at, rb, n, panel),
                         GgmlType::Q4_1 => decode::<Q4_1>(at, rb, n, panel),
+                        GgmlType::MXFP4 => decode::<Mxfp4>(at, rb, n, panel),
                         _ => decode::<Q8_0>(at, rb, n, panel),
                     }
                 }
@@ -268,6 +272,7 @@ unsafe fn nibble_codes(rows: &Rows, at: usize, codes: &mut [__m512i]) {
 struct Q4_0;
 struct Q4_1;
 struct Q8_0;
+struct Mxfp4;
 
 impl PanelGroup for Q4_0 {
     const BYTES: usize = GgmlType::Q4_0.block_bytes();
@@ -315,6 +320,29 @@ impl PanelGroup for Q8_0 {
                 for (i, v) in w.into_iter().enumerate() {
                     codes[4 * half + i] = _mm512_xor_si512(v, flip);
                 }
+            }
+            (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)))
+        }
+    }
+}
+
+impl PanelGroup for Mxfp4 {
+    const BYTES: usize = GgmlType::MXFP4.block_bytes();
+    #[inline(always)]
+    unsafe fn group(rows: &Rows, g: usize, codes: &mut [__m512i]) -> (__m512, __m512) {
+        let at = g * Self::BYTES;
+        // SAFETY: a 17-byte block per row at `at` (the caller's contract): the exponent (its
+        // word also holds three code bytes), then 16 code bytes.
+        unsafe {
+            let e = _mm512_and_si512(header(rows, at), _mm512_set1_epi32(0xff));
+            // 2^(e − 128), subnormals included (vscalefps).
+            let exp = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128)));
+            let d = _mm512_scalef_ps(_mm512_set1_ps(1.0), exp);
+            nibble_codes(rows, at + 1, codes);
+            // Signed doubled values + 128 as unsigned bytes: flipping the top bit.
+            let flip = _mm512_set1_epi8(-128);
+            for c in codes.iter_mut().take(8) {
+                *c = _mm512_xor_si512(super::avx512::mxfp4_lookup(*c), flip);
             }
             (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)))
         }
@@ -414,7 +442,12 @@ mod tests {
             return;
         };
         for k in [96, 576] {
-            for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for ty in [
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q8_0,
+                GgmlType::MXFP4,
+            ] {
                 for nrows in [1, 15, 16, 17, 40] {
                     let rows: Vec<u8> = (0..nrows)
                         .flat_map(|j| random_row(ty, k, 5 + j as u32))

@@ -147,6 +147,7 @@ pub fn from_gguf(
         GgmlType::Q4_K => (Bits::B4, true, q4_k),
         GgmlType::Q5_K => (Bits::B8, true, q5_k),
         GgmlType::Q6_K => (Bits::B8, false, q6_k),
+        GgmlType::MXFP4 => (Bits::B8, false, mxfp4),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
     };
     Some(repack(ty, bits, has_mins, block, rows, cols, bytes))
@@ -217,6 +218,17 @@ fn q8_0(b: &[u8], q: &mut [u8], s: &mut [f32], _: &mut [f32]) {
     s[0] = f16_at(b, 0);
     for (q, &x) in q.iter_mut().zip(&b[2..34]) {
         *q = (x as i8 as i16 + 128) as u8;
+    }
+}
+
+/// `w = 2^(e − 128) · doubled(q)`: `w8g32-sym` with code `doubled(q) + 128` (exact where the
+/// scale is an f16, 2^-24 and up: every gpt-oss scale; `repack` refuses one that overflows).
+fn mxfp4(b: &[u8], q: &mut [u8], s: &mut [f32], _: &mut [f32]) {
+    s[0] = crate::quant::scalar::mxfp4_half_scale(b[0]);
+    let mut codes = [0u8; 32];
+    nibbles(&b[1..17], &mut codes);
+    for (q, c) in q.iter_mut().zip(codes) {
+        *q = (i16::from(crate::quant::scalar::MXFP4_DOUBLED[usize::from(c)]) + 128) as u8;
     }
 }
 

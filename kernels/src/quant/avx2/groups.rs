@@ -80,6 +80,7 @@ pub(super) struct BF16;
 pub(super) struct Q8_0;
 pub(super) struct Q4_0;
 pub(super) struct Q4_1;
+pub(super) struct Mxfp4;
 #[allow(non_camel_case_types)]
 pub(super) struct Q4_K;
 #[allow(non_camel_case_types)]
@@ -199,6 +200,46 @@ impl Group for Q4_0 {
             _mm256_fmadd_ps(f1, dl, off),
             _mm256_fmadd_ps(f2, dh, off),
             _mm256_fmadd_ps(f3, dh, off),
+        ]
+    }
+}
+
+/// An MXFP4 block's 32 codes (16 bytes at `qs`) as signed bytes, in element order: each
+/// nibble's doubled e2m1 value, looked up by one byte shuffle per half.
+///
+/// # Safety
+/// AVX2 available; `qs` readable for 16 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn mxfp4_codes(qs: *const u8) -> (__m128i, __m128i) {
+    let d = super::super::scalar::MXFP4_DOUBLED;
+    // SAFETY: 16 bytes at `qs` (caller contract); the table is 16 bytes.
+    let (q, lut) = unsafe { (load16(qs), load16(d.as_ptr().cast())) };
+    let m4 = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(q, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    (_mm_shuffle_epi8(lut, lo), _mm_shuffle_epi8(lut, hi))
+}
+
+impl Group for Mxfp4 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: block g is the 17 bytes at 17g: e at +0, qs at +1..+17 (caller contract).
+        let (d, (lo, hi)) = unsafe {
+            let b = row.add(17 * g);
+            (
+                super::super::scalar::mxfp4_half_scale(*b),
+                mxfp4_codes(b.add(1)),
+            )
+        };
+        let d = _mm256_set1_ps(d);
+        let ((f0, f1), (f2, f3)) = (i8x16_to_f32(lo), i8x16_to_f32(hi));
+        [
+            _mm256_mul_ps(f0, d),
+            _mm256_mul_ps(f1, d),
+            _mm256_mul_ps(f2, d),
+            _mm256_mul_ps(f3, d),
         ]
     }
 }

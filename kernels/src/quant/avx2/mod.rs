@@ -112,6 +112,7 @@ impl Avx2 {
             GgmlType::Q4_K => self.run::<groups::Q4_K>(&a, outs),
             GgmlType::Q5_K => self.run::<groups::Q5_K>(&a, outs),
             GgmlType::Q6_K => self.run::<groups::Q6_K>(&a, outs),
+            GgmlType::MXFP4 => self.run::<groups::Mxfp4>(&a, outs),
         }
     }
 

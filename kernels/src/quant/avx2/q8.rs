@@ -47,6 +47,7 @@ impl Avx2 {
                     GgmlType::Q4_K => dot::<Q4K>(row, x, ng),
                     GgmlType::Q5_K => dot::<Q5K>(row, x, ng),
                     GgmlType::Q6_K => dot::<Q6K>(row, x, ng),
+                    GgmlType::MXFP4 => dot::<Mxfp4>(row, x, ng),
                     GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!(),
                 }
             };
@@ -217,6 +218,26 @@ impl Int8Group for Q4_0 {
             Codes {
                 q: _mm256_sub_epi8(nibbles(load16(b.add(2))), _mm256_set1_epi8(8)),
                 scale: _mm256_set1_ps(f16_at(b) * dx),
+                offset: 0.0,
+            }
+        }
+    }
+}
+
+/// Signed codes (the doubled e2m1 values) under the block's power-of-two scale.
+struct Mxfp4;
+
+impl Int8Group for Mxfp4 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
+        // SAFETY: block g is the 17 bytes at 17g (caller contract); AVX2 likewise.
+        unsafe {
+            let b = row.add(17 * g);
+            let (lo, hi) = super::groups::mxfp4_codes(b.add(1));
+            Codes {
+                q: _mm256_set_m128i(hi, lo),
+                scale: _mm256_set1_ps(super::super::scalar::mxfp4_half_scale(*b) * dx),
                 offset: 0.0,
             }
         }
