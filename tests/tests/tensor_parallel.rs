@@ -212,7 +212,7 @@ fn same_logprobs(what: &str, got: &[Token], want: &[Token]) -> Result<()> {
 }
 
 /// Every tiny architecture (safetensors f32, GGUF f16, GGUF Q4_K/Q6_K, a GPTQ checkpoint
-/// `ferrite quantize` writes, and mixtures of experts) on 2 rank processes, and on 4 where its shapes allow, gives the
+/// `ferrite quantize` writes, mixtures of experts, gpt-oss's MXFP4) on 2 rank processes, and on 4 where its shapes allow, gives the
 /// greedy tokens and logprobs of one rank. Real processes over the CPU backend, through etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result<()> {
@@ -244,7 +244,7 @@ async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result
         Duration::from_secs(120),
     )
     .await?;
-    let cases: [(&str, std::path::PathBuf, &[u32]); 12] = [
+    let cases: [(&str, std::path::PathBuf, &[u32]); 13] = [
         ("llama31", models.join("llama31"), &[2, 4]),
         ("qwen2", models.join("qwen2"), &[2, 4]),
         ("qwen3", models.join("qwen3"), &[2, 4]),
@@ -265,6 +265,8 @@ async fn tiny_models_on_rank_processes_give_the_logprobs_of_one_rank() -> Result
             models.join("qwen2_moe/model.gguf"),
             &[2],
         ),
+        // Served by token ids: no tokenizer, so no default reasoning parser.
+        ("gpt-oss-mxfp4", models.join("gpt_oss_mxfp4"), &[2]),
     ];
     let endpoint = etcd.endpoint();
     for (name, path, sizes) in &cases {

@@ -132,6 +132,49 @@ fn tiny_mixtures_of_experts_split_two_and_four_ways() {
     check_tiny("qwen3_moe", None, None);
     check_tiny("qwen2_moe", None, None);
     check_tiny("qwen2_moe", Some("model.gguf"), Some("gguf"));
+    // Biases on the output projections (rank 0's alone) and per-head sinks (each rank its
+    // heads'), the experts from transformers' stacks and from MXFP4.
+    check_tiny("gpt_oss", None, None);
+}
+
+/// gpt-oss's MXFP4 experts (its checkpoint's and llama.cpp's GGUF, biases on rank 0) split 2
+/// ways, on whole blocks of 32 of their down projection; 4 ways would cut them into 16
+/// columns: refused, naming the sizes that work.
+#[test]
+fn mxfp4_experts_split_on_whole_blocks_only() {
+    let path = fixtures().join("models/gpt_oss_mxfp4");
+    let expected = read_json(&path.join("expected.json"));
+    for case in expected["cases"].as_array().expect("cases") {
+        let got = prefill_on_ranks(&path, 2, &ids(&case["prompt_token_ids"]));
+        let d = max_abs_diff(&got, &floats(&case["first_logits"]));
+        assert!(
+            d < LOGIT_TOLERANCE,
+            "MXFP4 on 2 ranks: the logits differ by {d}"
+        );
+    }
+    let gguf = &expected["gguf"]["cases"];
+    for case in gguf.as_array().expect("GGUF cases") {
+        let got = prefill_on_ranks(&path.join("model.gguf"), 2, &ids(&case["prompt_token_ids"]));
+        let d = max_abs_diff(&got, &floats(&case["first_logits"]));
+        assert!(
+            d < LOGIT_TOLERANCE,
+            "MXFP4 GGUF on 2 ranks: the logits differ by {d}"
+        );
+    }
+    let options = LoadOptions {
+        tp: TpRank { rank: 0, world: 4 },
+        ..LoadOptions::default()
+    };
+    let e = model::load_with(&path, options).expect_err("MXFP4 cut on 4 ranks");
+    let msg = e.to_string();
+    assert!(msg.contains("not whole blocks of 32"), "{msg}");
+    assert!(msg.contains("sizes that work: [1, 2]"), "{msg}");
+    let options = LoadOptions {
+        tp: TpRank { rank: 0, world: 4 },
+        ..LoadOptions::default()
+    };
+    let e = model::load_with(&path.join("model.gguf"), options).expect_err("GGUF on 4 ranks");
+    assert!(e.to_string().contains("sizes that work: [1, 2]"), "{e}");
 }
 
 /// Block-scaled FP8 (transformers' format, blocks of 16x32, activations in groups of 32) split

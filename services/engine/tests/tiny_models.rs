@@ -260,6 +260,34 @@ fn qwen3_moe_with_a_dense_layer() {
     check("qwen3_moe", None, None);
 }
 
+/// gpt-oss: biases on attention's four projections, a sink logit per head, a window of 8
+/// on alternate layers, YaRN (truncate false), a router with a bias and experts with biases
+/// and a clamped SwiGLU, stored as transformers stores them (stacked, inputs first, gate and
+/// up interleaved).
+#[test]
+fn gpt_oss_sinks_biases_and_clamped_experts() {
+    check("gpt_oss", None, None);
+}
+
+/// gpt-oss's experts in MXFP4 as OpenAI publishes them, against transformers' own reader;
+/// held as the checkpoint's blocks.
+#[test]
+fn gpt_oss_mxfp4_experts() {
+    check("gpt_oss_mxfp4", None, None);
+    let path = fixtures().join("models/gpt_oss_mxfp4");
+    let loaded = model::load(&path).expect("load");
+    let storage = loaded.model.linear_storage();
+    assert!(storage.contains("MXFP4"), "experts held as {storage}");
+}
+
+/// llama.cpp's `gpt-oss` GGUF: the MXFP4 stacks in ggml's type with `.bias` tensors beside,
+/// the sinks, `post_attention_norm`, windows on every other layer; YaRN's range truncated as
+/// llama.cpp computes it.
+#[test]
+fn gpt_oss_gguf() {
+    check("gpt_oss_mxfp4", Some("model.gguf"), Some("gguf"));
+}
+
 /// `--cpu-activations int8` on K-quant weights (the tiny Q4_K/Q6_K/Q8_0 Llama of
 /// `generate_kquant.py`): one-token steps stay within the activations' rounding of the exact
 /// path, and batched steps do not change at all.

@@ -17,6 +17,7 @@ pub mod error;
 pub mod fp8_blocks;
 pub mod gguf;
 pub mod gptq;
+pub mod mxfp4;
 mod packing;
 pub mod quantized;
 pub mod safetensors;
@@ -56,13 +57,15 @@ pub enum IntType {
     I64,
     /// FP8 e4m3 (`float8_e4m3fn`): codes, read by [`crate::compressed`].
     F8E4M3,
+    /// Bytes: MXFP4's packed codes and exponents ([`crate::mxfp4`]).
+    U8,
 }
 
 impl IntType {
     pub fn bytes(self) -> usize {
         match self {
             IntType::I32 => 4,
-            IntType::I8 | IntType::F8E4M3 => 1,
+            IntType::I8 | IntType::F8E4M3 | IntType::U8 => 1,
             IntType::I64 => 8,
         }
     }
@@ -103,6 +106,12 @@ impl TensorMap {
 
     pub fn insert(&mut self, name: String, entry: TensorEntry) {
         self.entries.insert(name, entry);
+    }
+
+    /// Adds a mapped file, numbered after those before it (what [`TensorEntry::file`] and
+    /// [`IntTensor::file`] index).
+    pub fn add_file(&mut self, file: Arc<MappedFile>) {
+        self.files.push(file);
     }
 
     pub fn insert_i32(&mut self, name: String, entry: IntTensor) {

@@ -32,13 +32,16 @@ pub enum QuantConfig {
 }
 
 impl QuantConfig {
-    /// Reads config.json's `quantization_config`; `Ok(None)` when there is none.
+    /// Reads config.json's `quantization_config`; `Ok(None)` when there is none, or where
+    /// the model's own loader reads the quantized tensors: gpt-oss's `mxfp4` experts
+    /// ([`crate::mxfp4`]; every other tensor of those checkpoints is bf16).
     pub fn from_hf_config(cfg: &Value) -> Result<Option<Self>> {
         let Some(q) = cfg.get("quantization_config") else {
             return Ok(None);
         };
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
         Ok(Some(match method {
+            "mxfp4" => return Ok(None),
             "gptq" => Self::Gptq(GptqConfig::from_json(q)?),
             "awq" => Self::Awq(AwqConfig::from_json(q)?),
             "compressed-tensors" => Self::Compressed(CompressedConfig::from_json(q)?),
@@ -46,7 +49,7 @@ impl QuantConfig {
             other => {
                 return Err(FormatError::BadConfig(format!(
                     "quantization_config: quant_method `{other}` is not supported (gptq, awq, \
-                     compressed-tensors and fp8 are; or load the unquantized model with \
+                     compressed-tensors, fp8 and gpt-oss's mxfp4 are; or load the unquantized model with \
                      --quantize rtn-w4g128)"
                 )));
             }

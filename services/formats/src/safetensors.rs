@@ -124,9 +124,10 @@ fn read_header(path: &Path, bytes: &[u8], file_index: usize, map: &mut TensorMap
             "I8" => (None, Some(IntType::I8)),
             "I64" => (None, Some(IntType::I64)),
             "F8_E4M3" => (None, Some(IntType::F8E4M3)),
+            "U8" => (None, Some(IntType::U8)),
             other => {
                 return Err(FormatError::UnsupportedTensorType(format!(
-                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32, I8, I64, F8_E4M3)",
+                    "{other} (tensor `{name}` in {}; supported: F32, F16, BF16, I32, I8, I64, F8_E4M3, U8)",
                     path.display()
                 )));
             }

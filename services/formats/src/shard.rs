@@ -144,6 +144,42 @@ impl Matrix {
         }
     }
 
+    /// Columns `picks` of this float matrix (F32, F16 or BF16), in that order, as the rows of
+    /// a matrix of its own type: what a checkpoint stored `[in, out]` (gpt-oss's experts in
+    /// bf16) is to a projection, whose rows are its outputs. Copies: the transposed rows are
+    /// not in the map.
+    pub fn columns_as_rows(&self, name: &str, picks: &[usize]) -> Result<Matrix> {
+        let bad = |reason: String| FormatError::BadTensor {
+            name: name.to_owned(),
+            reason: format!("cannot read its columns as rows: {reason}"),
+        };
+        let (ty, bytes) = match self.view() {
+            ferrite_kernels::cpu::matmul::Weight::Ggml(v) if !v.ty.is_quantized() => {
+                (v.ty, v.bytes)
+            }
+            _ => return Err(bad(format!("it is {}", self.storage_name()))),
+        };
+        if let Some(c) = picks.iter().find(|&&c| c >= self.cols) {
+            return Err(bad(format!("column {c} of {}", self.cols)));
+        }
+        let size = ty.block_bytes();
+        let mut out = Vec::with_capacity(picks.len() * self.rows * size);
+        for &c in picks {
+            for r in 0..self.rows {
+                let at = (r * self.cols + c) * size;
+                out.extend_from_slice(&bytes[at..at + size]);
+            }
+        }
+        Ok(Matrix {
+            rows: picks.len(),
+            cols: self.rows,
+            storage: Storage::Owned {
+                ty,
+                bytes: Arc::from(out),
+            },
+        })
+    }
+
     fn check_range(&self, name: &str, what: &str, r: &Range<usize>, n: usize) -> Result<()> {
         if r.is_empty() || r.end > n {
             return Err(bad(name, format!("{what} {r:?} of {n}")));

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use ferrite_formats::gguf::GgufFile;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
-use ferrite_kernels::cpu::{gelu_tanh_mul_in_place, silu_mul_in_place};
+use ferrite_kernels::cpu::{clamped_swiglu_in_place, gelu_tanh_mul_in_place, silu_mul_in_place};
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
@@ -42,6 +42,10 @@ pub enum Architecture {
     /// Gemma 3 (text): Gemma 2 without the soft caps, with an RMSNorm on each head of Q and K,
     /// five sliding layers to one full, and a rotary base of their own for the sliding ones.
     Gemma3,
+    /// gpt-oss: a mixture of experts with biases everywhere (attention's four projections, the
+    /// router, the experts), a clamped SwiGLU, a learned sink logit per attention head, and
+    /// sliding-window attention on alternate layers ([`crate::gpt_oss`]).
+    GptOss,
     /// BERT, RoBERTa and XLM-RoBERTa: encoders, for embeddings, with a forward of their own
     /// ([`crate::encoder`]); the decoder's options do not apply to them.
     Encoder,
@@ -63,18 +67,22 @@ impl FromStr for Architecture {
             "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Architecture::Gemma3,
             "phi3" | "Phi3ForCausalLM" => Architecture::Phi3,
+            "gpt-oss" | "gpt_oss" | "GptOssForCausalLM" => Architecture::GptOss,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         })
     }
 }
 
 /// The gated activation of the MLP: `down(act(gate(x)) * up(x))`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// SwiGLU: `silu(x) = x * sigmoid(x)`.
     Silu,
     /// GeGLU with the tanh approximation of GELU (HF `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's `(clamp(up) + 1) · g · sigmoid(alpha · g)`, `g = min(gate, limit)`
+    /// (`swiglu_alpha`, `swiglu_limit`).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 impl FromStr for Activation {
@@ -101,6 +109,9 @@ impl Activation {
         match self {
             Activation::Silu => silu_mul_in_place(gate, up),
             Activation::GeluTanh => gelu_tanh_mul_in_place(gate, up),
+            Activation::ClampedSwiglu { alpha, limit } => {
+                clamped_swiglu_in_place(gate, up, alpha, limit)
+            }
         }
     }
 }
@@ -134,6 +145,9 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub qkv_bias: bool,
+    /// A bias on the attention's output projection too (`attention_bias` of Llama, Qwen3,
+    /// Gemma and gpt-oss, which puts one on all four).
+    pub o_bias: bool,
     pub qk_norm: bool,
     pub activation: Activation,
     /// Multiplies the token embeddings (Gemma: `sqrt(hidden_size)`; 1 otherwise).
@@ -151,6 +165,9 @@ pub struct ModelConfig {
     pub attn_logit_softcap: Option<f32>,
     /// Gemma 2: the output logits become `tanh(l / cap) * cap`.
     pub final_logit_softcap: Option<f32>,
+    /// gpt-oss: each attention head has a learned sink logit (`self_attn.sinks`) in its
+    /// softmax.
+    pub attention_sinks: bool,
     /// Per layer: how many of the most recent positions (the token's own included) its
     /// attention sees; `None` for all of them. The KV cache still keeps every position.
     pub attention_window: Vec<Option<usize>>,
@@ -275,6 +292,13 @@ impl ModelConfig {
         self.local_rope_theta.is_some() && matches!(self.attention_window.get(index), Some(Some(_)))
     }
 
+    /// The reasoning parser a model's chats need where `--reasoning-parser` does not say:
+    /// gpt-oss writes every answer in harmony's channels (`openai_gptoss`), which read raw are
+    /// its thinking and answer run together with their channels' names.
+    pub fn default_reasoning_parser(&self) -> Option<&'static str> {
+        (self.architecture == Architecture::GptOss).then_some("openai_gptoss")
+    }
+
     /// Whether the GPU runner runs this model; if not (it runs on the CPU), why: it has no
     /// kernels yet for a mixture's experts, nor for an encoder.
     pub fn gpu_check(&self) -> Result<()> {
@@ -285,6 +309,9 @@ impl ModelConfig {
         };
         match (self.architecture, &self.moe) {
             (Architecture::Encoder, _) => lacks("encoders"),
+            _ if self.attention_sinks || self.o_bias => {
+                lacks("attention sinks or attention output biases")
+            }
             (_, Some(_)) => lacks("mixture-of-experts models"),
             _ => Ok(()),
         }
@@ -410,6 +437,7 @@ impl ModelConfig {
             | Architecture::Gemma2
             | Architecture::Gemma3
             | Architecture::Phi3
+            | Architecture::GptOss
             | Architecture::Encoder => RopeStyle::Neox,
         };
         let tie_word_embeddings = !gguf.tensors.contains("output.weight");
@@ -418,6 +446,7 @@ impl ModelConfig {
         let family = match architecture {
             Architecture::Qwen2Moe => MoeFamily::Qwen2,
             Architecture::Qwen3Moe => MoeFamily::Qwen3,
+            Architecture::GptOss => MoeFamily::GptOss,
             _ => MoeFamily::Mixtral,
         };
         let moe = MoeConfig::from_gguf(gguf, &key, family, intermediate_size, num_layers)?;
@@ -444,6 +473,7 @@ impl ModelConfig {
             max_position_embeddings,
             tie_word_embeddings,
             qkv_bias: gguf.tensors.contains("blk.0.attn_q.bias"),
+            o_bias: gguf.tensors.contains("blk.0.attn_output.bias"),
             qk_norm: gguf.tensors.contains("blk.0.attn_q_norm.weight"),
             activation: Activation::Silu,
             embedding_scale: 1.0,
@@ -452,6 +482,7 @@ impl ModelConfig {
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             attn_logit_softcap: None,
             final_logit_softcap: None,
+            attention_sinks: false,
             attention_window: vec![None; num_layers],
             moe,
             local_rope_theta: None,
@@ -461,6 +492,9 @@ impl ModelConfig {
         if let Some(g) = gemma_of(architecture) {
             cfg.activation = Activation::GeluTanh;
             cfg.set_gemma(gemma::from_gguf(gguf, &key, g, cfg.gemma_shape()));
+        }
+        if architecture == Architecture::GptOss {
+            crate::gpt_oss::set_gguf(&mut cfg, gguf, &key);
         }
         cfg.validate()
     }
@@ -549,6 +583,8 @@ impl ModelConfig {
             "hidden_act"
         };
         let activation = match cfg.get(act_key) {
+            // gpt-oss's configs say `silu`, which its experts do not run.
+            _ if architecture == Architecture::GptOss => crate::gpt_oss::activation(cfg)?,
             None | Some(Value::Null) if gemma.is_some() => Activation::GeluTanh,
             None | Some(Value::Null) => Activation::Silu,
             Some(v) => v
@@ -563,6 +599,7 @@ impl ModelConfig {
             Architecture::Mixtral => Some(MoeConfig::from_hf(cfg, MoeFamily::Mixtral, num_layers)?),
             Architecture::Qwen2Moe => Some(MoeConfig::from_hf(cfg, MoeFamily::Qwen2, num_layers)?),
             Architecture::Qwen3Moe => Some(MoeConfig::from_hf(cfg, MoeFamily::Qwen3, num_layers)?),
+            Architecture::GptOss => Some(MoeConfig::from_hf(cfg, MoeFamily::GptOss, num_layers)?),
             _ => None,
         };
         let mut model = ModelConfig {
@@ -592,8 +629,11 @@ impl ModelConfig {
                 .or(attention_bias)
                 .unwrap_or(matches!(
                     architecture,
-                    Architecture::Qwen2 | Architecture::Qwen2Moe
+                    Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::GptOss
                 )),
+            // Qwen2's biases are Q, K and V's alone, whatever its config says.
+            o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
+                && attention_bias.unwrap_or(architecture == Architecture::GptOss),
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
             activation,
             embedding_scale: 1.0,
@@ -602,6 +642,7 @@ impl ModelConfig {
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             attn_logit_softcap: None,
             final_logit_softcap: None,
+            attention_sinks: architecture == Architecture::GptOss,
             attention_window: window::windows(cfg, window_rule(architecture), num_layers)?,
             moe,
             local_rope_theta: None,
@@ -627,6 +668,7 @@ fn window_rule(arch: Architecture) -> WindowRule {
         // transformers' Phi-3 attention slides where `sliding_window` is set (Phi-3-mini-4k's
         // 2047), on every layer, as Mixtral's.
         Architecture::Mixtral | Architecture::Phi3 => WindowRule::Mixtral,
+        Architecture::GptOss => WindowRule::GptOss,
         Architecture::Llama
         | Architecture::Gemma2
         | Architecture::Gemma3

@@ -238,3 +238,54 @@ fn sequence_classifiers_have_labels() {
     let refused = config("LlamaForSequenceClassification", none.clone());
     assert!(bad_config(refused, &none).contains("no labels"));
 }
+
+/// openai/gpt-oss-20b's config.json (its shape and options; `layer_types` cut to 4 layers):
+/// every projection of attention with a bias, sinks, alternate windows of 128, YaRN 32 over
+/// 4096 without truncation, 32 experts of 2880, 4 per token renormalized, its clamped SwiGLU
+/// whatever `hidden_act` says.
+#[test]
+fn gpt_oss_20b_config() {
+    let c = ModelConfig::from_hf_config(&json!({
+        "architectures": ["GptOssForCausalLM"], "attention_bias": true, "head_dim": 64,
+        "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                        "full_attention"],
+        "max_position_embeddings": 131072, "model_type": "gpt_oss",
+        "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 4,
+        "num_key_value_heads": 8, "num_local_experts": 32,
+        "quantization_config": {"quant_method": "mxfp4"}, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                         "truncate": false},
+        "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+        "tie_word_embeddings": false, "vocab_size": 201088,
+    }))
+    .expect("config");
+    assert_eq!(c.architecture, Architecture::GptOss);
+    assert!(c.qkv_bias && c.o_bias && c.attention_sinks && !c.qk_norm);
+    let act = Activation::ClampedSwiglu {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+    assert_eq!(c.activation, act);
+    assert_eq!(c.attention_window, [Some(128), None, Some(128), None]);
+    let moe = c.moe.as_ref().expect("experts");
+    assert_eq!((moe.num_experts, moe.experts_per_token), (32, 4));
+    assert!(moe.normalize_top_k && moe.expert_intermediate_size == 2880);
+    assert!(matches!(
+        c.rope_scaling,
+        RopeScaling::Yarn {
+            truncate: false,
+            original_max_position: 4096,
+            ..
+        }
+    ));
+    let e = c.gpu_check().expect_err("not on the GPU yet");
+    assert!(e.to_string().contains("--device cpu"), "{e}");
+    // Qwen2's config may say `attention_bias`: its output projection has no bias all the same.
+    let qwen2 = json!({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": 256, "attention_bias": true});
+    let q = ModelConfig::from_hf_config(&qwen2).expect("qwen2");
+    assert!(q.qkv_bias && !q.o_bias);
+}

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use ferrite_formats::{TensorEntry, TensorMap};
+use ferrite_formats::{IntTensor, IntType, TensorEntry, TensorMap};
 use ferrite_kernels::mapped::MappedFile;
 use ferrite_kernels::quant::GgmlType;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 
 /// Uniform in ±this: the spread of a N(0, 0.02) initialisation, so activations stay finite
 /// through deep stacks.
@@ -41,6 +41,16 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             ("self_attn.o_proj".to_owned(), h, q),
         ];
         match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
+            // gpt-oss: the router and the experts' biases here, their MXFP4 weights in bytes
+            // ([`byte_shapes`]).
+            Some(m) if c.architecture == Architecture::GptOss => {
+                let (e, ef) = (m.num_experts, m.expert_intermediate_size);
+                t.push((p("mlp.router.bias"), vec![e]));
+                t.push((p("mlp.experts.gate_up_proj_bias"), vec![e, 2 * ef]));
+                t.push((p("mlp.experts.down_proj_bias"), vec![e, h]));
+                t.push((p("self_attn.sinks"), vec![c.num_heads]));
+                matrices.push(("mlp.router".to_owned(), e, h));
+            }
             // Qwen2/3-MoE's names (the loader also takes Mixtral's).
             Some(m) => {
                 let ef = m.expert_intermediate_size;
@@ -72,6 +82,9 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             t.push((p("self_attn.k_proj.bias"), vec![kv]));
             t.push((p("self_attn.v_proj.bias"), vec![kv]));
         }
+        if c.o_bias {
+            t.push((p("self_attn.o_proj.bias"), vec![h]));
+        }
         if c.qk_norm {
             t.push((p("self_attn.q_norm.weight"), vec![c.head_dim]));
             t.push((p("self_attn.k_norm.weight"), vec![c.head_dim]));
@@ -80,9 +93,81 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     t
 }
 
+/// gpt-oss's experts as OpenAI publishes them, in MXFP4: per layer the gate|up and down stacks'
+/// `_blocks` `[experts, rows, cols / 32, 16]` and `_scales` `[experts, rows, cols / 32]`.
+fn byte_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let Some(m) = c
+        .moe
+        .as_ref()
+        .filter(|_| c.architecture == Architecture::GptOss)
+    else {
+        return Vec::new();
+    };
+    let (e, h, ef) = (m.num_experts, c.hidden_size, m.expert_intermediate_size);
+    let mut t = Vec::new();
+    for i in 0..c.num_layers {
+        for (stem, rows, cols) in [("gate_up_proj", 2 * ef, h), ("down_proj", h, ef)] {
+            let name = format!("model.layers.{i}.mlp.experts.{stem}");
+            t.push((format!("{name}_blocks"), vec![e, rows, cols / 32, 16]));
+            t.push((format!("{name}_scales"), vec![e, rows, cols / 32]));
+        }
+    }
+    t
+}
+
 /// Random weights of shape `c` (deterministic in `seed`): matrices and biases uniform in
-/// ±[`SPREAD`], norms at an effective weight of 1.
+/// ±[`SPREAD`], norms at an effective weight of 1; gpt-oss's MXFP4 experts random codes under
+/// scales of 2^-7 to 2^-5, values within ±0.19.
 pub fn dummy_tensors(c: &ModelConfig, seed: u64) -> TensorMap {
+    let mut map = float_tensors(c, seed);
+    let shapes = byte_shapes(c);
+    let total: usize = shapes
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum();
+    if total == 0 {
+        return map;
+    }
+    let mut buf = vec![0u8; total];
+    let mut entries = Vec::with_capacity(shapes.len());
+    let mut at = 0;
+    for (name, shape) in shapes {
+        let bytes = shape.iter().product::<usize>();
+        let region = &mut buf[at..at + bytes];
+        if name.ends_with("_scales") {
+            region
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, v)| *v = 120 + (j % 3) as u8);
+        } else {
+            fill_random(
+                region,
+                seed ^ (at as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            );
+        }
+        let (file, end) = (1, at + bytes);
+        let ty = IntType::U8;
+        entries.push((
+            name,
+            IntTensor {
+                ty,
+                shape,
+                file,
+                start: at,
+                end,
+            },
+        ));
+        at += bytes;
+    }
+    map.add_file(Arc::new(MappedFile::from_vec(buf)));
+    for (name, entry) in entries {
+        map.insert_i32(name, entry);
+    }
+    map
+}
+
+/// The F16 tensors of [`dummy_tensors`].
+fn float_tensors(c: &ModelConfig, seed: u64) -> TensorMap {
     let shapes = tensor_shapes(c);
     let total: usize = shapes
         .iter()

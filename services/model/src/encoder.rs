@@ -145,6 +145,8 @@ pub fn config(cfg: &Value, max_seq_length: Option<usize>) -> Result<(ModelConfig
         max_position_embeddings: shape.max_tokens + 1,
         tie_word_embeddings: false,
         qkv_bias: true,
+        // The encoder's forward is its own ([`EncoderModel`]), biases and all.
+        o_bias: false,
         qk_norm: false,
         activation: Activation::Silu,
         embedding_scale: 1.0,
@@ -153,6 +155,7 @@ pub fn config(cfg: &Value, max_seq_length: Option<usize>) -> Result<(ModelConfig
         attention_scale: 1.0 / (head_dim as f32).sqrt(),
         attn_logit_softcap: None,
         final_logit_softcap: None,
+        attention_sinks: false,
         attention_window: vec![None; num_layers],
         moe: None,
         local_rope_theta: None,

@@ -39,6 +39,7 @@ mod dummy;
 pub mod encoder;
 pub mod error;
 mod gemma;
+mod gpt_oss;
 pub mod kv;
 pub mod llama;
 mod load;

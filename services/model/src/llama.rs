@@ -54,6 +54,11 @@ pub struct Layer {
     pub k: Matrix,
     pub v: Matrix,
     pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// The output projection's bias ([`ModelConfig::o_bias`]), on rank 0 only: the ranks'
+    /// partial sums are added up after it.
+    pub o_bias: Option<Vec<f32>>,
+    /// gpt-oss: this rank's heads' sink logits ([`ModelConfig::attention_sinks`]).
+    pub sinks: Option<Vec<f32>>,
     /// Qwen3: the RMSNorms of each head's q and k.
     pub qk_norm: Option<[Vec<f32>; 2]>,
     pub o: Matrix,
@@ -128,6 +133,15 @@ impl Layer {
         } else {
             None
         };
+        let o_bias = match c.o_bias && tp.rank == 0 {
+            true => Some(vec("attn_output.bias", "self_attn.o_proj.bias", h)?),
+            false => None,
+        };
+        let heads = q_rows.start / c.head_dim..q_rows.end / c.head_dim;
+        let sinks = match c.attention_sinks {
+            true => Some(vec("attn_sinks.weight", "self_attn.sinks", c.num_heads)?[heads].to_vec()),
+            false => None,
+        };
         let qk_norm = if c.qk_norm {
             Some([
                 norm("attn_q_norm.weight", "self_attn.q_norm.weight", c.head_dim)?,
@@ -198,6 +212,8 @@ impl Layer {
             k,
             v,
             qkv_bias,
+            o_bias,
+            sinks,
             qk_norm,
             o: cols_of(
                 "attn_output.weight",
@@ -207,18 +223,20 @@ impl Layer {
                 &q_rows,
             )?,
             post_norms,
-            ffn_norm: norm("ffn_norm.weight", ffn_norm_hf, h)?,
+            ffn_norm: norm(ffn_norm_gguf(c), ffn_norm_hf, h)?,
             mlp: match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
                 Some(moe) => Mlp::Sparse(Moe::load(t, n, i, c, moe, tp)?),
                 None if fused_mlp => Mlp::Dense(Ffn {
                     gate: part_of(gate_up, 2 * ffn, 0, &ffn_part)?,
                     up: part_of(gate_up, 2 * ffn, ffn, &ffn_part)?,
                     down: cols_of("ffn_down.weight", "mlp.down_proj.weight", h, ffn, &ffn_part)?,
+                    bias: None,
                 }),
                 None => Mlp::Dense(Ffn {
                     gate: rows_of("ffn_gate.weight", "mlp.gate_proj.weight", ffn, h, &ffn_part)?,
                     up: rows_of("ffn_up.weight", "mlp.up_proj.weight", ffn, h, &ffn_part)?,
                     down: cols_of("ffn_down.weight", "mlp.down_proj.weight", h, ffn, &ffn_part)?,
+                    bias: None,
                 }),
             },
         })
@@ -684,6 +702,15 @@ impl LlamaModel {
             dst[..mine].copy_from_slice(src);
         }
         Ok(crate::tp::gather_logits(self.tp, vocab, &padded, n, comm)?.unwrap_or_default())
+    }
+}
+
+/// GGUF's name of the norm before the MLP: llama.cpp's converter names gpt-oss's (transformers'
+/// `post_attention_layernorm`, as Llama's) `post_attention_norm`.
+fn ffn_norm_gguf(c: &ModelConfig) -> &'static str {
+    match c.architecture {
+        crate::config::Architecture::GptOss => "post_attention_norm.weight",
+        _ => "ffn_norm.weight",
     }
 }
 

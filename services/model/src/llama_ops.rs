@@ -124,6 +124,7 @@ impl LayerOps for CpuLayer<'_, '_> {
             scale: c.attention_scale,
             soft_cap: c.attn_logit_softcap,
             sliding_window: c.attention_window[index],
+            sinks: self.model.layers[index].sinks.as_deref(),
         };
         let (q, attn) = (&self.b.q, &mut self.b.attn);
         let queries = (q.as_slice(), self.at.query_tokens, c.num_heads);
@@ -137,6 +138,9 @@ impl LayerOps for CpuLayer<'_, '_> {
         (self.tap)(Site::O, &b.attn);
         self.mm.one(&b.attn, n_tok, layer.o.view(), &mut b.proj);
         lora.add(Proj::O, &b.attn, &mut b.proj);
+        if let Some(bias) = &layer.o_bias {
+            add_bias(&mut b.proj, bias);
+        }
         Ok(())
     }
 

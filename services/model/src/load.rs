@@ -334,12 +334,18 @@ fn shard_align(
         [
             naming.layer(i, "attn_output.weight", "self_attn.o_proj.weight"),
             naming.layer(i, "ffn_down.weight", "mlp.down_proj.weight"),
+            // GGUF's stacked experts (Hugging Face's are named per expert).
+            naming.layer(i, "ffn_down_exps.weight", "mlp.experts.down_proj"),
         ]
     });
     let quantized = t.quant().and_then(QuantConfig::group_size);
+    // gpt-oss's MXFP4 experts: blocks of 32 columns.
+    let mxfp4 = (t.int_type(&naming.layer(0, "", "mlp.experts.down_proj_blocks")))
+        .map(|_| ferrite_formats::mxfp4::BLOCK);
     let cols = stored
         .filter_map(|name| t.entry(&name).map(|e| e.ty.block_elems()))
         .chain(quantized)
+        .chain(mxfp4)
         .chain(quantize.and_then(|f| f.group_size()))
         .max()
         .unwrap_or(1);

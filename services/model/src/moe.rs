@@ -15,21 +15,34 @@
 use std::ops::Range;
 
 use ferrite_formats::{Matrix, TensorMap};
+use ferrite_kernels::cpu::add_bias;
 use ferrite_kernels::cpu::matmul::MatmulOptions;
 use rayon::prelude::*;
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::gpt_oss;
 pub use crate::moe_config::{MoeConfig, MoeFamily};
 use crate::naming::WeightNaming;
 use crate::tp::TpRank;
 
-/// A gated MLP's weights: `down(act(gate(x)) * up(x))`.
+/// A gated MLP's weights: `down(act(gate(x) + b_gate) * (up(x) + b_up)) + b_down`.
 #[derive(Debug, Clone)]
 pub struct Ffn {
     pub gate: Matrix,
     pub up: Matrix,
     pub down: Matrix,
+    /// gpt-oss's experts' biases; `None` for every other family.
+    pub bias: Option<Box<FfnBias>>,
+}
+
+/// An MLP's biases (this rank's rows of gate's and up's).
+#[derive(Debug, Clone)]
+pub struct FfnBias {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// On rank 0 only: the ranks' partial sums of down's output are added up after it.
+    pub down: Option<Vec<f32>>,
 }
 
 impl Ffn {
@@ -118,6 +131,8 @@ pub fn moe_unsupported(what: &str) -> ModelError {
 pub struct Moe {
     /// `[experts, hidden]`, whole on every rank.
     pub router: Matrix,
+    /// gpt-oss: the router's bias, added to its logits.
+    pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<Ffn>,
     pub experts_per_token: usize,
     pub normalize_top_k: bool,
@@ -148,6 +163,26 @@ impl Moe {
     ) -> Result<Self> {
         let (h, ffn, count) = (c.hidden_size, moe.expert_intermediate_size, moe.num_experts);
         let ffn_part = &tp.part(ffn);
+        if gpt_oss::Stack::is_gpt_oss(t, n, i) {
+            let stack = gpt_oss::Stack {
+                t,
+                n,
+                layer: i,
+                h,
+                ffn,
+                count,
+            };
+            let router = stack.router();
+            let bias = router.replace(".weight", ".bias");
+            return Ok(Moe {
+                router: rows(t, &router, count, h)?,
+                router_bias: Some(t.vector_of_len(&bias, count)?),
+                experts: stack.experts(tp)?,
+                experts_per_token: moe.experts_per_token,
+                normalize_top_k: moe.normalize_top_k,
+                shared: None,
+            });
+        }
         let (router_name, experts) = match n {
             WeightNaming::Gguf => (
                 n.layer(i, "ffn_gate_inp.weight", ""),
@@ -169,6 +204,7 @@ impl Moe {
                             gate: rows(t, &g, ffn, h)?.slice_rows(&g, ffn_part.clone())?,
                             up: rows(t, &u, ffn, h)?.slice_rows(&u, ffn_part.clone())?,
                             down: rows(t, &d, h, ffn)?.slice_cols(&d, ffn_part.clone())?,
+                            bias: None,
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -179,8 +215,18 @@ impl Moe {
             Some(size) => Some(SharedExpert::load(t, n, i, h, size, &tp.part(size))?),
             None => None,
         };
+        // llama.cpp's gpt-oss: a bias beside the router and each stack.
+        let bias = router_name.replace(".weight", ".bias");
+        let (router_bias, experts) = match n == WeightNaming::Gguf && t.contains(&bias) {
+            true => (
+                Some(t.vector_of_len(&bias, count)?),
+                gguf_expert_biases(t, i, (h, ffn, count), tp, experts)?,
+            ),
+            false => (None, experts),
+        };
         Ok(Moe {
             router: rows(t, &router_name, count, h)?,
+            router_bias,
             experts,
             experts_per_token: moe.experts_per_token,
             normalize_top_k: moe.normalize_top_k,
@@ -218,6 +264,9 @@ impl Moe {
             .map(|((expert, mine), (_, a))| {
                 let mut y = vec![0f32; mine.len() * h];
                 mm.one(&a, mine.len(), expert.down.view(), &mut y);
+                if let Some(b) = expert.bias.as_ref().and_then(|b| b.down.as_ref()) {
+                    add_bias(&mut y, b);
+                }
                 y
             })
             .collect();
@@ -255,6 +304,9 @@ impl Moe {
         let count = self.router.rows;
         let mut logits = vec![0f32; n_tok * count];
         mm.exact().one(xn, n_tok, self.router.view(), &mut logits);
+        if let Some(b) = &self.router_bias {
+            add_bias(&mut logits, b);
+        }
         logits
             .chunks_exact(count)
             .map(|row| top_k(row, self.experts_per_token, self.normalize_top_k))
@@ -306,10 +358,14 @@ fn gated(
     group
         .iter()
         .map(|&i| {
-            let (mut gate, up) = (
+            let (mut gate, mut up) = (
                 outs.next().unwrap_or_default(),
                 outs.next().unwrap_or_default(),
             );
+            if let Some(b) = &busy[i].0.bias {
+                add_bias(&mut gate, &b.gate);
+                add_bias(&mut up, &b.up);
+            }
             act.gated_in_place(&mut gate, &up);
             (i, gate)
         })
@@ -362,6 +418,7 @@ impl SharedExpert {
                 gate: rows(t, &g, size, h)?.slice_rows(&g, part.clone())?,
                 up: rows(t, &u, size, h)?.slice_rows(&u, part.clone())?,
                 down: rows(t, &d, h, size)?.slice_cols(&d, part.clone())?,
+                bias: None,
             },
             gate: t.vector_of_len(&gate, h)?,
         })
@@ -433,9 +490,39 @@ fn gguf_experts(
                 down: down
                     .slice_rows(&dn, shift(&(0..h), e, h))?
                     .slice_cols(&dn, ffn_part.clone())?,
+                bias: None,
             })
         })
         .collect()
+}
+
+/// `experts` with layer `i`'s biases from GGUF's stacks `ffn_{gate,up,down}_exps.bias`
+/// (`[experts, ffn]`, and `[experts, hidden]` for down: on rank 0 alone, the ranks' parts
+/// being summed after it).
+fn gguf_expert_biases(
+    t: &TensorMap,
+    i: usize,
+    (h, ffn, count): (usize, usize, usize),
+    tp: TpRank,
+    experts: Vec<Ffn>,
+) -> Result<Vec<Ffn>> {
+    let stack = |name: &str, len: usize| t.vector_of_len(&format!("blk.{i}.{name}"), count * len);
+    let (gate, up) = (
+        stack("ffn_gate_exps.bias", ffn)?,
+        stack("ffn_up_exps.bias", ffn)?,
+    );
+    let down = stack("ffn_down_exps.bias", h)?;
+    let part = tp.part(ffn);
+    let mine = |v: &[f32], e: usize| v[e * ffn + part.start..e * ffn + part.end].to_vec();
+    let with = |(e, f): (usize, Ffn)| Ffn {
+        bias: Some(Box::new(FfnBias {
+            gate: mine(&gate, e),
+            up: mine(&up, e),
+            down: (tp.rank == 0).then(|| down[e * h..(e + 1) * h].to_vec()),
+        })),
+        ..f
+    };
+    Ok(experts.into_iter().enumerate().map(with).collect())
 }
 
 #[cfg(test)]

@@ -13,6 +13,9 @@ pub enum MoeFamily {
     /// Qwen2-MoE: a shared expert too, never renormalized in llama.cpp's files.
     Qwen2,
     Qwen3,
+    /// gpt-oss: Mixtral's keys, with transformers' `GptOssConfig` defaults (the router's
+    /// softmax over the chosen `k` alone, which is the renormalized one).
+    GptOss,
 }
 
 /// The experts of a mixture-of-experts model (`ModelConfig::moe`).
@@ -47,11 +50,15 @@ impl MoeConfig {
                 .ok_or_else(|| bad(format!("`{k}` is not a count: {v}"))),
         };
         let qwen2 = family == MoeFamily::Qwen2;
-        let moe = if family == MoeFamily::Mixtral {
+        let oss = family == MoeFamily::GptOss;
+        let moe = if matches!(family, MoeFamily::Mixtral | MoeFamily::GptOss) {
             MoeConfig {
-                num_experts: uint("num_local_experts", 8)?,
-                experts_per_token: uint("num_experts_per_tok", 2)?,
-                expert_intermediate_size: uint("intermediate_size", 14336)?,
+                num_experts: uint("num_local_experts", if oss { 128 } else { 8 })?,
+                experts_per_token: uint("num_experts_per_tok", if oss { 4 } else { 2 })?,
+                expert_intermediate_size: uint(
+                    "intermediate_size",
+                    if oss { 2880 } else { 14336 },
+                )?,
                 normalize_top_k: true,
                 sparse_layers: vec![true; num_layers],
                 shared_expert_intermediate_size: None,

@@ -50,6 +50,23 @@ fn qwen3_30b_a3b(layers: u64) -> Value {
         "max_position_embeddings": 40960, "tie_word_embeddings": false})
 }
 
+/// gpt-oss-20b's config.json with `layers` of its 24 layers: 32 experts of 2880, 4 a token,
+/// alternate windows of 128.
+fn gpt_oss_20b(layers: usize) -> Value {
+    let types: Vec<&str> = (0..layers)
+        .map(|i| ["sliding_attention", "full_attention"][i % 2])
+        .collect();
+    json!({"architectures": ["GptOssForCausalLM"], "hidden_size": 2880,
+        "num_hidden_layers": layers, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 32,
+        "num_experts_per_tok": 4, "vocab_size": 201_088, "attention_bias": true,
+        "layer_types": types, "sliding_window": 128, "swiglu_limit": 7.0,
+        "rope_theta": 150_000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+        "max_position_embeddings": 131_072,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096}})
+}
+
 /// The Transformer LMs of seed 002 in Llama-style blocks, vocab 10000. Their feed-forward is
 /// SwiGLU at d_ff = 8/3 d_model (rounded up to 64), the width with the parameters of a plain
 /// 4 d_model MLP, which is what the sizes' names count (2.7B: 2.57B here).
@@ -142,6 +159,19 @@ pub const PRESETS: &[Preset] = &[
             v["architectures"] = json!(["Qwen3ForCausalLM"]);
             v
         },
+    },
+    // Its experts in MXFP4, as published: 13.7 GB in all (random weights take twice that
+    // while they load: the MXFP4 blocks are copied into ggml's order).
+    Preset {
+        name: "gpt-oss-20b",
+        model: "openai/gpt-oss-20b",
+        config: || gpt_oss_20b(24),
+    },
+    // Its first 4 layers (2.9 GB, the LM head's 1.2 GB among them).
+    Preset {
+        name: "gpt-oss-20b-4l",
+        model: "openai/gpt-oss-20b(4-layers)",
+        config: || gpt_oss_20b(4),
     },
     Preset {
         name: "gemma-2-9b",
@@ -236,7 +266,18 @@ fn count_parameters(c: &ModelConfig, active: bool) -> u64 {
         c.vocab_size as u64,
     );
     let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);
-    let attn = h * q + 2 * h * kv + q * h + if c.qkv_bias { q + 2 * kv } else { 0 };
+    let attn = h * q
+        + 2 * h * kv
+        + q * h
+        + if c.qkv_bias { q + 2 * kv } else { 0 }
+        + if c.o_bias { h } else { 0 }
+        + if c.attention_sinks {
+            c.num_heads as u64
+        } else {
+            0
+        };
+    // gpt-oss's router and experts have biases.
+    let oss = c.architecture == crate::config::Architecture::GptOss;
     let norms = if c.post_norms { 4 * h } else { 2 * h }
         + if c.qk_norm { 2 * c.head_dim as u64 } else { 0 };
     let dense = 3 * h * f;
@@ -252,7 +293,9 @@ fn count_parameters(c: &ModelConfig, active: bool) -> u64 {
                 let shared = m
                     .shared_expert_intermediate_size
                     .map_or(0, |s| 3 * h * s as u64 + h);
-                used * 3 * h * m.expert_intermediate_size as u64 + e * h + shared
+                let ef = m.expert_intermediate_size as u64;
+                let biases = if oss { used * (2 * ef + h) + e } else { 0 };
+                used * 3 * h * ef + e * h + shared + biases
             }
             None => dense,
         })
@@ -281,6 +324,7 @@ mod tests {
             ("phi-4", 14.7e9),
             ("qwen3-30b-a3b", 30.53e9),
             ("qwen1.5-moe-a2.7b", 14.32e9),
+            ("gpt-oss-20b", 20.91e9),
         ];
         for &(name, want) in published {
             let cfg = preset(name).expect(name).config().expect(name);

@@ -14,6 +14,9 @@ pub(crate) enum WindowRule {
     Mixtral,
     /// Qwen2/3 and their mixtures.
     Qwen,
+    /// gpt-oss: `layer_types`, else every other layer from the first, by `sliding_window`
+    /// (128 where the key is missing).
+    GptOss,
     /// Llama: no window.
     None,
 }
@@ -26,6 +29,8 @@ fn bad(m: String) -> ModelError {
 /// - Mistral: every layer slides by `sliding_window` (4096 where the key is missing, as
 ///   transformers' `MistralConfig`; null: none). Mistral-7B-v0.1 says 4096, later ones null.
 /// - Mixtral: the same, with no window where the key is missing.
+/// - gpt-oss: the layers `layer_types` names slide (every other one from the first where it
+///   is missing), by `sliding_window` (128 where the key is missing).
 /// - Qwen2/3 and their mixtures: with `use_sliding_window`, the layers from
 ///   `max_window_layers` on (or those `layer_types` names) slide by `sliding_window`; without
 ///   it, none do.
@@ -38,6 +43,10 @@ pub(crate) fn windows(
     let (window, default_slides): (Option<usize>, Box<dyn Fn(usize) -> bool>) = match rule {
         WindowRule::Mistral => (window_size(cfg, Some(4096))?, Box::new(|_| true)),
         WindowRule::Mixtral => (window_size(cfg, None)?, Box::new(|_| true)),
+        WindowRule::GptOss => (
+            window_size(cfg, Some(128))?,
+            Box::new(|i: usize| i.is_multiple_of(2)),
+        ),
         WindowRule::Qwen => {
             if cfg.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok(vec![None; num_layers]);
@@ -131,6 +140,9 @@ mod tests {
                             "sliding_attention"]});
         assert_eq!(w(typed, WindowRule::Qwen), [Some(16), None, None, Some(16)]);
         assert_eq!(w(json!({"sliding_window": 8}), WindowRule::None), all(None));
+        // gpt-oss: sliding, full, sliding, full where layer_types is missing.
+        let oss = [Some(128), None, Some(128), None];
+        assert_eq!(w(json!({}), WindowRule::GptOss), oss);
         let e = windows(&json!({"sliding_window": 0}), WindowRule::Mistral, 4);
         assert!(e.is_err(), "a window of 0");
     }

@@ -167,8 +167,10 @@ fn mlp_tensors(
 /// Refuses, before any calibration, a model whose checkpoint the writers here cannot make:
 /// Phi-3's (fused projections) and a multimodal one's (its vision tower would be dropped).
 pub(super) fn check_writable(c: &ModelConfig, hf: Option<&serde_json::Value>) -> Result<()> {
-    if c.architecture == Architecture::Phi3 {
-        return Err(phi3_unsupported());
+    match c.architecture {
+        Architecture::Phi3 => return Err(phi3_unsupported()),
+        Architecture::GptOss => return Err(gpt_oss_unsupported()),
+        _ => {}
     }
     if c.labels.is_some() {
         return Err(EngineError::BadConfig(
@@ -186,6 +188,15 @@ pub(super) fn check_writable(c: &ModelConfig, hf: Option<&serde_json::Value>) ->
         ));
     }
     Ok(())
+}
+
+/// gpt-oss's stacked experts, their biases and the attention sinks have no writer here.
+fn gpt_oss_unsupported() -> EngineError {
+    EngineError::BadConfig(
+        "writing a quantized gpt-oss checkpoint is not supported (its stacked experts, biases \
+         and attention sinks have no writer here); quantize it at load instead (--quantize)"
+            .into(),
+    )
 }
 
 /// Phi-3 checkpoints keep Q|K|V and gate|up fused, which the writers here do not pack yet.
@@ -213,6 +224,7 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
             ));
         }
         Architecture::Phi3 => return Err(phi3_unsupported()),
+        Architecture::GptOss => return Err(gpt_oss_unsupported()),
         // An encoder never loads as a `LlamaModel`, which this reads.
         Architecture::Encoder => {
             return Err(EngineError::BadConfig(
