@@ -13,8 +13,8 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 use ferrite_engine::model::presets;
-use ferrite_kernels::cpu::matmul::{Weight, WeightView, matmul};
-use ferrite_kernels::quant::GgmlType;
+use ferrite_kernels::cpu::matmul::{MatmulOptions, Weight, WeightView};
+use ferrite_kernels::quant::{GgmlActivations, GgmlType};
 use ferrite_kernels::wq::{WqFormat, quantize_rtn};
 use half::f16;
 use serde_json::json;
@@ -40,7 +40,9 @@ pub struct KernelsArgs {
         value_delimiter = ','
     )]
     models: Vec<String>,
-    /// `f16` (the baseline) and weight formats (`w8g128`, `w4g128-sym`, ...).
+    /// `f16` (the baseline), weight formats (`w8g128`, `w4g128-sym`, ...) and GGUF block
+    /// types of 32 (`q8_0`, `q4_0`, `q4_1`, `mxfp4`: random codes, timed with int8
+    /// activations, the CPU's default).
     #[arg(
         long,
         default_value = "f16,w8g128,w4g128,w2g128",
@@ -67,35 +69,89 @@ pub struct KernelsArgs {
 enum Stored {
     F16(Vec<u8>),
     Wq(ferrite_kernels::wq::WqMatrix),
+    Blocks(GgmlType, Vec<u8>),
 }
 
 impl Stored {
+    fn new(w: &[f32], n: usize, k: usize, format: Format) -> Result<Self> {
+        Ok(match format {
+            Format::F16 => Stored::F16(
+                w.iter()
+                    .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                    .collect(),
+            ),
+            Format::Wq(fmt) => Stored::Wq(quantize_rtn(w, n, k, fmt)?),
+            Format::Blocks(ty) => Stored::Blocks(ty, random_blocks(ty, n * k)),
+        })
+    }
+
     fn weight(&self, rows: usize, cols: usize) -> Result<Weight<'_>> {
         Ok(match self {
             Stored::F16(b) => Weight::Ggml(WeightView::new(GgmlType::F16, rows, cols, b)?),
             Stored::Wq(w) => Weight::Wq(w),
+            Stored::Blocks(ty, b) => Weight::Ggml(WeightView::new(*ty, rows, cols, b)?),
         })
     }
 
     fn bytes(&self) -> usize {
         match self {
-            Stored::F16(b) => b.len(),
+            Stored::F16(b) | Stored::Blocks(_, b) => b.len(),
             Stored::Wq(w) => w.bytes_len(),
         }
     }
+}
+
+/// A compared format: the f16 baseline, a weight-only format, or a GGUF block type.
+#[derive(Debug, Clone, Copy)]
+enum Format {
+    F16,
+    Wq(WqFormat),
+    Blocks(GgmlType),
+}
+
+impl Format {
+    fn parse(s: &str) -> Result<Self> {
+        let blocks = ["q8_0", "q4_0", "q4_1", "mxfp4"];
+        Ok(match s {
+            "f16" => Format::F16,
+            b if blocks.contains(&b) => Format::Blocks(b.parse()?),
+            other => Format::Wq(other.parse()?),
+        })
+    }
+
+    fn wq(self) -> Option<WqFormat> {
+        match self {
+            Format::Wq(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+/// `n` weights of block type `ty` (of 32): random codes under scales of a trained model's size
+/// (f16 `d` from 0.002 to 0.0045, MXFP4 exponents 2^-10 to 2^-7), a Q4_1 minimum likewise.
+fn random_blocks(ty: GgmlType, n: usize) -> Vec<u8> {
+    let codes = random(n / 32 * ty.block_bytes(), 7);
+    let mut bytes: Vec<u8> = codes.iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+    for (i, b) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        let d = f16::from_f32(0.002 + (i % 6) as f32 * 0.0005).to_le_bytes();
+        match ty {
+            GgmlType::MXFP4 => b[0] = 117 + (i % 4) as u8,
+            GgmlType::Q4_1 => {
+                b[..2].copy_from_slice(&d);
+                b[2..4].copy_from_slice(&f16::from_f32(-0.01).to_le_bytes());
+            }
+            _ => b[..2].copy_from_slice(&d),
+        }
+    }
+    bytes
 }
 
 pub fn run(args: KernelsArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let formats: Vec<Option<WqFormat>> = args
-        .formats
-        .iter()
-        .map(|f| match f.as_str() {
-            "f16" => Ok(None),
-            other => other.parse().map(Some).map_err(anyhow::Error::from),
-        })
+    let formats: Vec<Format> = (args.formats.iter())
+        .map(|f| Format::parse(f))
         .collect::<Result<_>>()?;
     let mut stages: Vec<(&'static str, usize, usize)> = args
         .batch_sizes
@@ -106,6 +162,12 @@ pub fn run(args: KernelsArgs) -> Result<()> {
         stages.push(("prefill", args.prefill_tokens, args.prefill_tokens));
     }
     if args.mode == Mode::Model {
+        let formats = (formats.iter())
+            .map(|f| match f {
+                Format::Blocks(ty) => bail!("--mode model runs weight formats, not {ty} blocks"),
+                f => Ok(f.wq()),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let (device, rows) =
             crate::bench_kernels_model::rows(&args.models, &formats, &stages, args.runs)?;
         return print(&device, &rows, args.json);
@@ -128,15 +190,8 @@ pub fn run(args: KernelsArgs) -> Result<()> {
         let mut totals = vec![vec![(0f64, 0usize); stages.len()]; formats.len()];
         for (si, &(n, k)) in shapes.iter().enumerate() {
             let w = random(n * k, si as u64 + 1);
-            for (fi, format) in formats.iter().enumerate() {
-                let stored = match format {
-                    None => Stored::F16(
-                        w.iter()
-                            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                            .collect(),
-                    ),
-                    Some(fmt) => Stored::Wq(quantize_rtn(&w, n, k, *fmt)?),
-                };
+            for (fi, &format) in formats.iter().enumerate() {
+                let stored = Stored::new(&w, n, k, format)?;
                 let weight = stored.weight(n, k)?;
                 for (ti, &(_, m, _)) in stages.iter().enumerate() {
                     let secs = median_seconds(&weight, m, k, n, args.runs);
@@ -146,18 +201,29 @@ pub fn run(args: KernelsArgs) -> Result<()> {
             }
         }
         for (fi, format) in formats.iter().enumerate() {
+            let (wq, blocks) = match format {
+                Format::Blocks(ty) => (None, Some(*ty)),
+                f => (f.wq(), None),
+            };
             for (ti, &(stage, bs, tokens)) in stages.iter().enumerate() {
                 let (secs, bytes) = totals[fi][ti];
                 rows.push(Row {
                     stage,
                     mode: "layer",
-                    a_dtype: "float32",
+                    a_dtype: if blocks.is_some() { "int8" } else { "float32" },
                     model: preset.model.to_owned(),
-                    backend: backend_of(format),
-                    b_dtype: b_dtype_of(format),
+                    backend: if blocks.is_some() {
+                        "ferrite"
+                    } else {
+                        backend_of(&wq)
+                    },
+                    b_dtype: blocks.map_or_else(|| b_dtype_of(&wq), |t| t.name().to_lowercase()),
                     bs: if stage == "prefill" { 1 } else { bs },
                     tokens,
-                    group_size: format.and_then(|f| f.group_size).map_or(-1, |g| g as i64),
+                    group_size: match blocks {
+                        Some(_) => 32,
+                        None => wq.and_then(|f| f.group_size).map_or(-1, |g| g as i64),
+                    },
                     latency_ms: secs * 1e3,
                     gb_per_s: bytes as f64 / secs / 1e9,
                 });
@@ -219,15 +285,20 @@ fn print(device: &str, rows: &[Row], json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Median wall seconds of `matmul` with `m` activation rows, after one warm-up call.
+/// Median wall seconds of a product with `m` activation rows, after one warm-up call: int8
+/// activations for GGUF blocks (the CPU's default), f32 for the other formats.
 fn median_seconds(w: &Weight<'_>, m: usize, k: usize, n: usize, runs: usize) -> f64 {
     let x = random(m * k, 99);
     let mut out = vec![0f32; m * n];
-    matmul(&x, m, w, &mut out);
+    let opts = MatmulOptions {
+        ggml_activations: GgmlActivations::Int8,
+        ..MatmulOptions::default()
+    };
+    opts.one(&x, m, *w, &mut out);
     let mut times: Vec<f64> = (0..runs)
         .map(|_| {
             let t = Instant::now();
-            matmul(black_box(&x), m, w, &mut out);
+            opts.one(black_box(&x), m, *w, &mut out);
             black_box(&mut out);
             t.elapsed().as_secs_f64()
         })

@@ -455,7 +455,8 @@ async fn start_worker(
         sampling_defaults,
         pooling,
         score_template: args.model.score_template_source()?,
-        reasoning_parser: args.model.reasoning_parser.clone(),
+        reasoning_parser: (args.model.reasoning_parser.clone())
+            .or_else(|| default_reasoning_parser(&model, tokenizer.as_ref())),
         default_chat_template_kwargs: args.model.default_chat_template_kwargs.clone(),
     };
     if tp.rank > 0 {
@@ -470,6 +471,17 @@ async fn start_worker(
     };
     let worker = RunningWorker::start(model, tokenizer, cfg, store, schema, comm, record).await?;
     Ok(Started::Leader(Box::new(worker)))
+}
+
+/// The parser `model`'s chats need where `--reasoning-parser` does not say (gpt-oss's), if its
+/// tokenizer has the parser's tokens: a checkpoint served by token ids alone has none.
+fn default_reasoning_parser(
+    model: &ferrite_engine::model::EngineModel,
+    tokenizer: Option<&ferrite_text::Tokenizer>,
+) -> Option<String> {
+    let name = model.config().default_reasoning_parser()?;
+    ferrite_text::Reasoning::new(name, tokenizer?).ok()?;
+    Some(name.to_owned())
 }
 
 fn hostname() -> String {

@@ -158,7 +158,8 @@ pub struct ModelArgs {
     /// grammar holds the answer only. `deepseek_r1` (DeepSeek-R1, QwQ) and `deepseek_v3`
     /// (DeepSeek-V3.1): the output starts thinking unless the prompt closed the block;
     /// `qwen3` and `glm45`: thinking only where the output's first token or the prompt opens
-    /// it.
+    /// it. `openai_gptoss` (gpt-oss, its default): the `analysis` channel's messages are the
+    /// thinking, the `final` channel's the answer.
     #[arg(long, env = "FERRITE_REASONING_PARSER",
           value_parser = clap::builder::PossibleValuesParser::new(ferrite_text::reasoning::PARSERS))]
     pub reasoning_parser: Option<String>,

@@ -312,6 +312,30 @@ pub(crate) mod testing {
         Arc::new(ModelText::from_info(info).expect("model text"))
     }
 
+    /// gpt-oss's format over [`word_model`]'s words: `<|start|>` (8), `<|channel|>` (9),
+    /// `<|constrain|>` (10), `<|message|>` (11), `<|end|>` (12), `final` (13), `analysis` (14)
+    /// and `assistant` (15), served with `openai_gptoss`, a template that ends its prompts
+    /// with `<|start|>assistant`, as gpt-oss's does.
+    pub fn harmony_model() -> Arc<ModelText> {
+        let template = "{% for m in messages %}<|start|> {{ m.role }} <|message|> \
+            {{ m.content }} <|end|> {% endfor %}<|start|> assistant";
+        let added = [
+            "<|start|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|message|>",
+            "<|end|>",
+            "final",
+            "analysis",
+            "assistant",
+        ];
+        let info = pb::ModelInfo {
+            reasoning_parser: Some("openai_gptoss".into()),
+            ..word_info(template, &added)
+        };
+        Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+
     /// A model `m` of a word-level tokenizer of 8 words (`<unk> a b c user : x y`) and
     /// `added` after them (added tokens, not special), a context of 16 tokens and a chat
     /// `template`.

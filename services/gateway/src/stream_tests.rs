@@ -327,3 +327,27 @@ async fn a_reasoning_models_thinking_comes_apart_from_its_answer() {
     .await;
     assert_eq!(split_of(&evs).0, "", "completions are not split");
 }
+
+/// gpt-oss's chat comes apart by channel: `analysis` is the thinking, `final` the answer,
+/// the headers neither; a stop string ends the answer only.
+#[tokio::test]
+async fn gpt_oss_channels_come_apart_into_thinking_and_answer() {
+    let (start, channel, message, end, fin, analysis, assistant) = (8, 9, 11, 12, 13, 14, 15);
+    let chat = chat(serde_json::json!({}));
+    let thinking = [channel, analysis, message, 1, 2, end];
+    let answer = [start, assistant, channel, fin, message, 3, 1];
+    let ids = [thinking.as_slice(), &answer].concat();
+    let model = crate::models::testing::harmony_model();
+    let evs = events_for(
+        (model.clone(), &chat),
+        &ids,
+        Ok(pb::FinishReason::Stop),
+        &[],
+    )
+    .await;
+    let (thought, text, tokens) = split_of(&evs);
+    assert_eq!((thought.trim(), text.trim(), tokens), ("a b", "c a", 11));
+    let evs = events_for((model, &chat), &ids, Ok(pb::FinishReason::Stop), &["a"]).await;
+    let (thought, text, _) = split_of(&evs);
+    assert_eq!((thought.trim(), text.trim()), ("a b", "c"));
+}

@@ -19,7 +19,8 @@
 //! - [`chat`]: [`ChatTemplate`], minijinja configured like HF's jinja2
 //!   environment; [`score_template`]: a reranker's query and document as one
 //!   prompt through such a template.
-//! - [`reasoning`]: a reasoning model's thinking told apart from its answer, by token.
+//! - [`reasoning`]: a reasoning model's thinking told apart from its answer, by token
+//!   (gpt-oss's channels: [`harmony`]).
 //! - `strftime`: the date formatting behind the `strftime_now` template global.
 //! - [`stream`]: [`DecodeStream`], token-by-token text deltas.
 //! - [`stop`]: [`StopMatcher`], stop strings across delta boundaries.
@@ -29,6 +30,7 @@
 pub mod chat;
 mod error;
 pub mod gguf;
+pub mod harmony;
 mod pretok;
 pub mod reasoning;
 pub mod score_template;

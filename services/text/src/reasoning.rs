@@ -11,20 +11,40 @@
 //! `enable_thinking=False`: then it is all answer). A prompt with neither: `deepseek_r1` and
 //! `deepseek_v3` start inside the block (their models may leave out the opening tag), `qwen3`
 //! and `glm45` in the answer, where the model may still open a block with its first token.
+//!
+//! gpt-oss writes its thinking and its answer as messages of channels instead
+//! (`openai_gptoss`: [`crate::harmony`]), split the same way, by token.
 
+use crate::harmony::{self, Harmony};
 use crate::{TextError, Tokenizer};
 
 /// The parsers served, by vLLM's names: DeepSeek-R1 and QwQ (`deepseek_r1`), DeepSeek-V3.1
 /// (`deepseek_v3`, whose template writes one marker or the other at the prompt's end), Qwen3
-/// (`qwen3`) and GLM-4.5 (`glm45`), all of `<think>` and `</think>`.
-pub const PARSERS: [&str; 4] = ["deepseek_r1", "deepseek_v3", "glm45", "qwen3"];
+/// (`qwen3`) and GLM-4.5 (`glm45`), all of `<think>` and `</think>`; gpt-oss
+/// (`openai_gptoss`), of harmony's channels.
+pub const PARSERS: [&str; 5] = [
+    "deepseek_r1",
+    "deepseek_v3",
+    "glm45",
+    "openai_gptoss",
+    "qwen3",
+];
 
 const START: &str = "<think>";
 const END: &str = "</think>";
 
 /// A model's reasoning parser with its markers' token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reasoning {
+pub enum Reasoning {
+    /// Thinking between `<think>` and `</think>`.
+    Think(Think),
+    /// gpt-oss's channels.
+    Harmony(Harmony),
+}
+
+/// A `<think>` block's markers, and where an output starts without one in its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Think {
     /// The output starts inside the block when the prompt has no marker (`deepseek_r1`,
     /// `deepseek_v3`).
     pub open_by_default: bool,
@@ -39,6 +59,7 @@ impl Reasoning {
         let open_by_default = match name {
             "deepseek_r1" | "deepseek_v3" => true,
             "qwen3" | "glm45" => false,
+            "openai_gptoss" => return Harmony::new(tokenizer).map(Reasoning::Harmony),
             _ => {
                 return Err(TextError::Reasoning(format!(
                     "unknown reasoning parser `{name}` (served: {})",
@@ -54,13 +75,36 @@ impl Reasoning {
                 ))
             })
         };
-        Ok(Self {
+        Ok(Reasoning::Think(Think {
             open_by_default,
             start: id(START)?,
             end: id(END)?,
-        })
+        }))
     }
 
+    /// Where an output after `prompt` starts.
+    pub fn state_after(&self, prompt: &[u32]) -> State {
+        match self {
+            Reasoning::Think(t) => t.state_after(prompt),
+            Reasoning::Harmony(h) => h.state_after(prompt),
+        }
+    }
+
+    /// The split of an output after `prompt`.
+    pub fn split(&self, prompt: &[u32]) -> Split {
+        self.split_from(self.state_after(prompt))
+    }
+
+    /// The split of an output that starts in `state` ([`Self::state_after`] its prompt).
+    pub fn split_from(&self, state: State) -> Split {
+        match self {
+            Reasoning::Think(t) => Split::new((t.start, t.end), state),
+            Reasoning::Harmony(h) => Split(Machine::Harmony(h.machine_from(state))),
+        }
+    }
+}
+
+impl Think {
     /// Where an output after `prompt` starts: inside the block where the prompt's last marker
     /// opened it, in the answer where it closed it; with no marker, as the parser says.
     pub fn state_after(&self, prompt: &[u32]) -> State {
@@ -74,16 +118,6 @@ impl Reasoning {
             None if self.open_by_default => State::Thinking,
             None => State::Start,
         }
-    }
-
-    /// The split of an output after `prompt`.
-    pub fn split(&self, prompt: &[u32]) -> Split {
-        self.split_from(self.state_after(prompt))
-    }
-
-    /// The split of an output that starts in `state` ([`Self::state_after`] its prompt).
-    pub fn split_from(&self, state: State) -> Split {
-        Split::new((self.start, self.end), state)
     }
 }
 
@@ -109,21 +143,63 @@ pub enum State {
 
 /// One output's split, token by token.
 #[derive(Debug, Clone)]
-pub struct Split {
+pub struct Split(Machine);
+
+#[derive(Debug, Clone)]
+enum Machine {
+    Think(ThinkSplit),
+    Harmony(harmony::Machine),
+}
+
+impl Split {
+    /// The split of an output that starts in `state`, by the `<think>` markers `(start, end)`.
+    pub fn new((start, end): (u32, u32), state: State) -> Self {
+        Self(Machine::Think(ThinkSplit { start, end, state }))
+    }
+
+    /// Which part `token` (the output's next) is.
+    pub fn on_token(&mut self, token: u32) -> Part {
+        match &mut self.0 {
+            Machine::Think(t) => t.on_token(token),
+            Machine::Harmony(h) => h.on_token(token),
+        }
+    }
+
+    /// Whether the answer may begin with the next token (a grammar holds it from there): not
+    /// inside a block (nor, for harmony, outside a `final` body). Before the first token it
+    /// may, and so may the opening marker.
+    pub fn answering(&self) -> bool {
+        match &self.0 {
+            Machine::Think(t) => t.state != State::Thinking,
+            Machine::Harmony(h) => h.answering(),
+        }
+    }
+
+    /// Whether the next token may open the block instead of beginning the answer.
+    pub fn may_open(&self) -> bool {
+        matches!(&self.0, Machine::Think(t) if t.state == State::Start)
+    }
+
+    /// The opening marker's id.
+    pub fn start_token(&self) -> u32 {
+        match &self.0 {
+            Machine::Think(t) => t.start,
+            Machine::Harmony(h) => h.start_token(),
+        }
+    }
+}
+
+/// A `<think>` block's split.
+#[derive(Debug, Clone)]
+struct ThinkSplit {
     /// The markers' ids: opening, closing.
     start: u32,
     end: u32,
     state: State,
 }
 
-impl Split {
-    /// The split of an output that starts in `state`, by the markers `(start, end)`.
-    pub fn new((start, end): (u32, u32), state: State) -> Self {
-        Self { start, end, state }
-    }
-
-    /// Which part `token` (the output's next) is.
-    pub fn on_token(&mut self, token: u32) -> Part {
+impl ThinkSplit {
+    fn on_token(&mut self, token: u32) -> Part {
         let (start, end) = (self.start, self.end);
         let (state, part) = match self.state {
             State::Start if token == start => (State::Thinking, Part::Marker),
@@ -136,37 +212,22 @@ impl Split {
         self.state = state;
         part
     }
-
-    /// Whether the answer may begin with the next token (a grammar holds it from there): not
-    /// inside the block. Before the first token it may, and so may the opening marker.
-    pub fn answering(&self) -> bool {
-        self.state != State::Thinking
-    }
-
-    /// Whether the next token may open the block instead of beginning the answer.
-    pub fn may_open(&self) -> bool {
-        self.state == State::Start
-    }
-
-    /// The opening marker's id.
-    pub fn start_token(&self) -> u32 {
-        self.start
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const R1: Reasoning = Reasoning {
+    const R1: Reasoning = Reasoning::Think(Think {
         open_by_default: true,
         start: 1,
         end: 2,
-    };
-    const QWEN3: Reasoning = Reasoning {
+    });
+    const QWEN3: Reasoning = Reasoning::Think(Think {
         open_by_default: false,
-        ..R1
-    };
+        start: 1,
+        end: 2,
+    });
 
     fn parts(r: Reasoning, prompt: &[u32], output: &[u32]) -> Vec<Part> {
         let mut s = r.split(prompt);
