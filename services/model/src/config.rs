@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::gemma::{self, Gemma, GemmaOptions};
+use crate::gpt_oss_config;
 use crate::moe_config::{MoeConfig, MoeFamily};
 pub use crate::rope::RopeScaling;
 use crate::rope::{HfRope, yarn_mscale};
@@ -44,7 +45,7 @@ pub enum Architecture {
     Gemma3,
     /// gpt-oss: a mixture of experts with biases everywhere (attention's four projections, the
     /// router, the experts), a clamped SwiGLU, a learned sink logit per attention head, and
-    /// sliding-window attention on alternate layers ([`crate::gpt_oss`]).
+    /// sliding-window attention on alternate layers ([`crate::gpt_oss_config`]).
     GptOss,
     /// BERT, RoBERTa and XLM-RoBERTa: encoders, for embeddings, with a forward of their own
     /// ([`crate::encoder`]); the decoder's options do not apply to them.
@@ -494,7 +495,10 @@ impl ModelConfig {
             cfg.set_gemma(gemma::from_gguf(gguf, &key, g, cfg.gemma_shape()));
         }
         if architecture == Architecture::GptOss {
-            crate::gpt_oss::set_gguf(&mut cfg, gguf, &key);
+            let o = gpt_oss_config::from_gguf(gguf, &key, num_layers);
+            let (alpha, limit) = o.swiglu;
+            cfg.activation = Activation::ClampedSwiglu { alpha, limit };
+            (cfg.attention_sinks, cfg.attention_window) = (o.sinks, o.windows);
         }
         cfg.validate()
     }
@@ -584,7 +588,10 @@ impl ModelConfig {
         };
         let activation = match cfg.get(act_key) {
             // gpt-oss's configs say `silu`, which its experts do not run.
-            _ if architecture == Architecture::GptOss => crate::gpt_oss::activation(cfg)?,
+            _ if architecture == Architecture::GptOss => {
+                let (alpha, limit) = gpt_oss_config::swiglu(cfg)?;
+                Activation::ClampedSwiglu { alpha, limit }
+            }
             None | Some(Value::Null) if gemma.is_some() => Activation::GeluTanh,
             None | Some(Value::Null) => Activation::Silu,
             Some(v) => v

@@ -1,7 +1,7 @@
 //! gpt-oss (OpenAI's open-weight models, `GptOssForCausalLM`): the Llama layer with options
-//! ([`ModelConfig`]'s biases on all four attention projections, a sink logit per head, sliding
-//! windows on alternate layers, YaRN) and a mixture of experts whose router and experts have
-//! biases and whose activation is a clamped SwiGLU ([`Activation::ClampedSwiglu`]).
+//! (biases on all four attention projections, a sink logit per head, sliding windows on
+//! alternate layers, YaRN: [`crate::gpt_oss_config`]) and a mixture of experts whose router
+//! and experts have biases and whose activation is a clamped SwiGLU.
 //!
 //! Its checkpoints store the experts of a layer stacked and the other way round from every
 //! other family: `mlp.experts.gate_up_proj` `[experts, hidden, 2 · intermediate]` (inputs
@@ -12,52 +12,15 @@
 //! mixture's forward ([`crate::moe`]) runs, its rows this rank's share, as for any expert.
 //! llama.cpp's GGUF files (arch `gpt-oss`) hold them as other families' stacks, gate and up
 //! apart, with `.bias` tensors beside ([`crate::moe`] reads them).
-//!
 
 use std::ops::Range;
 
-use ferrite_formats::gguf::GgufFile;
 use ferrite_formats::{IntType, Matrix, TensorMap, mxfp4};
-use serde_json::Value;
 
-use crate::config::{Activation, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::moe::{Ffn, FfnBias};
+use crate::ffn::{Ffn, FfnBias};
 use crate::naming::WeightNaming;
 use crate::tp::TpRank;
-
-/// A gpt-oss GGUF file's options (llama.cpp's `gpt-oss` architecture, as its converter writes
-/// it): the sinks where the file has them, `{arch}.attention.sliding_window` on every other
-/// layer from the first (llama.cpp's pattern for it), and the experts' activation with the
-/// constants llama.cpp hard-codes (the file carries neither).
-pub(crate) fn set_gguf(cfg: &mut ModelConfig, gguf: &GgufFile, key: &dyn Fn(&str) -> String) {
-    cfg.attention_sinks = gguf.tensors.contains("blk.0.attn_sinks.weight");
-    let window = (gguf.get_u64(&key("attention.sliding_window"))).map(|w| w as usize);
-    cfg.attention_window = (0..cfg.num_layers)
-        .map(|i| window.filter(|_| i.is_multiple_of(2)))
-        .collect();
-    cfg.activation = Activation::ClampedSwiglu {
-        alpha: 1.702,
-        limit: 7.0,
-    };
-}
-
-/// The experts' activation: `swiglu_alpha` and `swiglu_limit`, transformers' defaults (1.702
-/// and 7, what the released configs say) where missing.
-pub(crate) fn activation(cfg: &Value) -> Result<Activation> {
-    let num = |k: &str, default: f32| match cfg.get(k) {
-        None | Some(Value::Null) => Ok(default),
-        Some(v) => v
-            .as_f64()
-            .map(|v| v as f32)
-            .filter(|v| v.is_finite() && *v > 0.0)
-            .ok_or_else(|| ModelError::BadConfig(format!("config.json: `{k}` {v} is not > 0"))),
-    };
-    Ok(Activation::ClampedSwiglu {
-        alpha: num("swiglu_alpha", 1.702)?,
-        limit: num("swiglu_limit", 7.0)?,
-    })
-}
 
 /// Where a layer's stacked experts are and how big: `h` hidden, `ffn` each expert's
 /// intermediate size, `count` experts.

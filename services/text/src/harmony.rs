@@ -8,7 +8,7 @@
 //! headers are markers, a `final` body is the answer, every other body thinking. (Tool calls,
 //! `commentary to=functions.…` headers, are not read: a request with tools is refused.)
 
-use crate::reasoning::{Part, State};
+use crate::thinking::{Part, State};
 use crate::{TextError, Tokenizer};
 
 /// The format's tokens, by id.

@@ -38,6 +38,7 @@ pub mod stop;
 pub mod stream;
 mod strftime;
 pub mod text_stream;
+mod thinking;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate, TemplateKwargs};

@@ -16,6 +16,7 @@
 //! (`openai_gptoss`: [`crate::harmony`]), split the same way, by token.
 
 use crate::harmony::{self, Harmony};
+pub use crate::thinking::{Part, State};
 use crate::{TextError, Tokenizer};
 
 /// The parsers served, by vLLM's names: DeepSeek-R1 and QwQ (`deepseek_r1`), DeepSeek-V3.1
@@ -119,26 +120,6 @@ impl Think {
             None => State::Start,
         }
     }
-}
-
-/// Which part of the output a token is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    /// The thinking's text.
-    Reasoning,
-    /// A marker: neither part's text.
-    Marker,
-    /// The answer.
-    Content,
-}
-
-/// Where an output stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// Before the first token, outside the block: the model may open one.
-    Start,
-    Thinking,
-    Answering,
 }
 
 /// One output's split, token by token.
