@@ -1,8 +1,8 @@
 //! Mixture-of-experts MLPs: Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss. A sparse layer's MLP is
 //! a router (a small `[experts, hidden]` matrix) and a set of experts, each an MLP of its own
-//! (gate, up, down); each token goes through the `k` experts the router scores highest, and their outputs
-//! are summed weighted by the router's softmax (renormalized over the chosen `k` where the
-//! model says so). Qwen2-MoE adds a shared expert every token goes through, behind a sigmoid
+//! (gate, up, down); each token goes through the `k` experts the router scores highest, and
+//! their outputs are summed weighted by the router's softmax (renormalized over the chosen `k`
+//! where the model says so). Qwen2-MoE adds a shared expert every token goes through, behind a sigmoid
 //! gate; gpt-oss biases on the router and on each expert's projections (its stacked layout is
 //! read by [`crate::gpt_oss`]).
 //!
