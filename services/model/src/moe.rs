@@ -2,9 +2,9 @@
 //! a router (a small `[experts, hidden]` matrix) and a set of experts, each an MLP of its own
 //! (gate, up, down); each token goes through the `k` experts the router scores highest, and
 //! their outputs are summed weighted by the router's softmax (renormalized over the chosen `k`
-//! where the model says so). Qwen2-MoE adds a shared expert every token goes through, behind a sigmoid
-//! gate; gpt-oss biases on the router and on each expert's projections (its stacked layout is
-//! read by [`crate::gpt_oss`]).
+//! where the model says so). Qwen2-MoE adds a shared expert every token goes through, behind a
+//! sigmoid gate; gpt-oss biases on the router and on each expert's projections (its stacked
+//! layout is read by `gpt_oss.rs`).
 //!
 //! Under tensor parallelism every rank holds every expert, cut as a dense MLP is (gate and up
 //! by rows, down by columns: [`crate::tp`]), and the router whole: each rank routes the same
