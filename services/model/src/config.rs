@@ -45,7 +45,7 @@ pub enum Architecture {
     Gemma3,
     /// gpt-oss: a mixture of experts with biases everywhere (attention's four projections, the
     /// router, the experts), a clamped SwiGLU, a learned sink logit per attention head, and
-    /// sliding-window attention on alternate layers ([`crate::gpt_oss_config`]).
+    /// sliding-window attention on alternate layers (`gpt_oss.rs`, `gpt_oss_config.rs`).
     GptOss,
     /// BERT, RoBERTa and XLM-RoBERTa: encoders, for embeddings, with a forward of their own
     /// ([`crate::encoder`]); the decoder's options do not apply to them.
