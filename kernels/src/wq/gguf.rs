@@ -397,6 +397,8 @@ mod tests {
                     b[16] &= 0xF0;
                     b[128 + 16] &= 0xFC;
                 }
+                // MXFP4's exponent: scales of 2^-10 to 2^-3.
+                GgmlType::MXFP4 => b[0] = 118 + (i % 8) as u8,
                 _ => unreachable!("not a block type"),
             }
         }
@@ -413,13 +415,13 @@ mod tests {
         (r, want)
     }
 
-    /// Q8_0, Q4_0 and Q4_1 change no value: the repack dequantizes to exactly what GGUF's own
-    /// dequantization gives (Q4_1's `d·(q − 8) + (m + 8d)` and `d·q + m` round the same exact
-    /// sum once).
+    /// Q8_0, Q4_0, Q4_1 and MXFP4 change no value: the repack dequantizes to exactly what
+    /// GGUF's own dequantization gives (Q4_1's `d·(q − 8) + (m + 8d)` and `d·q + m` round the
+    /// same exact sum once; MXFP4's doubled codes are 8-bit codes under its halved scale).
     #[test]
     fn q8_0_q4_0_and_q4_1_repack_exactly() {
         let (rows, cols) = (5, 96);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::MXFP4] {
             let (r, want) = repack_of(ty, rows, cols);
             assert_eq!(r.dequantize(), want, "{ty}");
             assert_eq!(r.mins.is_some(), ty == GgmlType::Q4_1, "{ty}");
