@@ -421,7 +421,12 @@ mod tests {
     #[test]
     fn q8_0_q4_0_and_q4_1_repack_exactly() {
         let (rows, cols) = (5, 96);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::MXFP4] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::MXFP4,
+        ] {
             let (r, want) = repack_of(ty, rows, cols);
             assert_eq!(r.dequantize(), want, "{ty}");
             assert_eq!(r.mins.is_some(), ty == GgmlType::Q4_1, "{ty}");
