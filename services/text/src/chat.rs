@@ -491,4 +491,49 @@ mod tests {
         assert_eq!(render(src, &msgs, false)?, "1");
         Ok(())
     }
+
+    /// The constructs gpt-oss's chat template leans on, in a template of its shape: a recursive
+    /// macro with a default argument rendering a tool's JSON schema (`is iterable`, `is not
+    /// mapping`, `.items()`, `not in (x or [])`), a loop variable reassigned, slices of the
+    /// messages (`messages[1:]`, `loop_messages[loop.index:]`), `"key" in message` for absent
+    /// keys, namespaces set inside loops. The expected text is jinja2 3.1's rendering of the
+    /// same template and inputs (trim and lstrip blocks, as transformers sets them).
+    #[test]
+    fn gpt_oss_template_constructs_render_as_jinja2() -> Result<(), TextError> {
+        let src = r#"{%- macro ts(spec, required, is_nullable=false) -%}
+{%- if spec.type == "array" -%}{{ ts(spec['items'], required) + "[]" }}
+{%- elif spec.type is defined and spec.type is iterable and spec.type is not string and spec.type is not mapping and spec.type[0] is defined -%}{{ spec.type | join(" | ") }}
+{%- elif spec.type == "object" -%}{{ "{" }}{%- for name, p in spec.properties.items() -%}{{ name }}{%- if name not in (spec.required or []) -%}?{%- endif -%}: {{ ts(p, spec.required or []) }}{%- if not loop.last -%}, {% endif -%}{%- endfor -%}{{ "}" }}
+{%- else -%}{{ spec.type }}{%- endif -%}
+{%- endmacro -%}
+{%- set last = namespace(name=none) -%}
+<|start|>system<|message|>{{ "Reasoning: " + (reasoning_effort if reasoning_effort is defined else "medium") }}<|end|>
+{%- for tool in tools -%}{%- set tool = tool.function -%}// {{ tool.name }}: {{ ts(tool.parameters, tool.parameters.required or []) }}{%- endfor -%}
+{%- set loop_messages = messages[1:] if messages[0].role == "system" else messages -%}
+{%- for message in loop_messages -%}
+{%- set later = namespace(found=false) -%}
+{%- for future in loop_messages[loop.index:] -%}{%- if future.role == 'assistant' and "tool_calls" not in future -%}{%- set later.found = true -%}{%- endif -%}{%- endfor -%}
+<|start|>{{ message.role }}{% if "thinking" in message %} thinking{% endif %}{% if later.found %} later{% endif %}<|message|>{{ message.content }}<|end|>
+{%- set last.name = message.role -%}
+{%- endfor -%}
+{{ last.name }}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"#;
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"location": {"type": "string"},
+            "days": {"type": "array", "items": {"type": "integer"}},
+            "unit": {"type": ["string", "null"]}}, "required": ["location"]}}}]);
+        let msgs = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "Hello"),
+            ChatMessage::new("user", "Weather?"),
+        ];
+        let t = ChatTemplate::new(src, None, None)?;
+        let out = t.render_with_tools(&msgs, Some(&tools), true)?;
+        let want = "<|start|>system<|message|>Reasoning: medium<|end|>// get_weather: {location: \
+            string, days?: integer[], unit?: string | null}<|start|>user later<|message|>Hi<|end|>\
+            <|start|>assistant<|message|>Hello<|end|><|start|>user<|message|>Weather?<|end|>user\
+            <|start|>assistant";
+        assert_eq!(out, want);
+        Ok(())
+    }
 }
