@@ -52,9 +52,10 @@ pub fn rows(
             if e == 255 {
                 return Err(bad(format!("row {r}: exponent 255 (E8M0's NaN)")));
             }
-            let c: Vec<u8> = run.iter().flat_map(|b| [b & 15, b >> 4]).collect();
+            // Code k is byte k / 2's low nibble for even k, its high one for odd k.
+            let code = |k: usize| (run[k / 2] >> (4 * (k % 2))) & 15;
             out.push(e);
-            out.extend((0..BLOCK / 2).map(|j| c[j] | (c[j + BLOCK / 2] << 4)));
+            out.extend((0..BLOCK / 2).map(|j| code(j) | (code(j + BLOCK / 2) << 4)));
         }
     }
     let ty = GgmlType::MXFP4;
