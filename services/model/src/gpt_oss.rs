@@ -86,12 +86,10 @@ impl Stack<'_> {
         let gate_up = self.name("mlp.experts.gate_up_proj");
         let down = self.name("mlp.experts.down_proj");
         let (h, ffn) = (self.h, self.ffn);
-        let gates = |base: usize| part.clone().map(move |j| base + 2 * j).collect::<Vec<_>>();
-        let ups = |base: usize| {
-            part.clone()
-                .map(move |j| base + 2 * j + 1)
-                .collect::<Vec<_>>()
-        };
+        // Gate `j` is row (or column) `first + 2j` of the interleaved stack, up `j` the one
+        // after it: every other one from `first`, or from `first + 1`.
+        let every_other =
+            |first: usize| -> Vec<usize> { part.clone().map(|j| first + 2 * j).collect() };
         if self.t.int_type(&format!("{gate_up}_blocks")).is_some() {
             let gu = Mxfp4::read(self.t, &gate_up, [self.count, 2 * ffn, h])?;
             let dn = Mxfp4::read(self.t, &down, [self.count, h, ffn])?;
@@ -99,8 +97,8 @@ impl Stack<'_> {
                 .map(|e| {
                     let rows: Vec<usize> = (e * h..(e + 1) * h).collect();
                     Ok((
-                        gu.rows(&gates(e * 2 * ffn))?,
-                        gu.rows(&ups(e * 2 * ffn))?,
+                        gu.rows(&every_other(e * 2 * ffn))?,
+                        gu.rows(&every_other(e * 2 * ffn + 1))?,
                         dn.rows(&rows)?.slice_cols(&down, part.clone())?,
                     ))
                 })
@@ -117,8 +115,8 @@ impl Stack<'_> {
                 let mine = gu.slice_rows(&gate_up, e * h..(e + 1) * h)?;
                 let rows = e * ffn + part.start..e * ffn + part.end;
                 Ok((
-                    mine.columns_as_rows(&gate_up, &gates(0))?,
-                    mine.columns_as_rows(&gate_up, &ups(0))?,
+                    mine.columns_as_rows(&gate_up, &every_other(0))?,
+                    mine.columns_as_rows(&gate_up, &every_other(1))?,
                     (dn.slice_rows(&down, rows)?).columns_as_rows(&down, &all_h)?,
                 ))
             })
