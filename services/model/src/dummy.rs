@@ -1,6 +1,7 @@
 //! `--load-format dummy`: a preset's tensors filled with random F16 values in memory, then
 //! loaded through the same path as a checkpoint (so every shape check still runs).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use ferrite_formats::{IntTensor, IntType, TensorEntry, TensorMap};
@@ -119,98 +120,89 @@ fn byte_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 /// ±[`SPREAD`], norms at an effective weight of 1; gpt-oss's MXFP4 experts random codes under
 /// scales of 2^-7 to 2^-5, values within ±0.19.
 pub fn dummy_tensors(c: &ModelConfig, seed: u64) -> TensorMap {
-    let mut map = float_tensors(c, seed);
-    let shapes = byte_shapes(c);
-    let total: usize = shapes
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>())
-        .sum();
-    if total == 0 {
-        return map;
-    }
-    let mut buf = vec![0u8; total];
-    let mut entries = Vec::with_capacity(shapes.len());
-    let mut at = 0;
-    for (name, shape) in shapes {
-        let bytes = shape.iter().product::<usize>();
-        let region = &mut buf[at..at + bytes];
-        if name.ends_with("_scales") {
+    // A norm stores `1 - offset`, so that with the architecture's offset it scales by 1.
+    let norm_value = f16::from_f32(1.0 - c.norm_weight_offset).to_le_bytes();
+    let (buf, floats) = lay_out(tensor_shapes(c), 2, seed, |name, region, seed| {
+        if name.ends_with("norm.weight") {
             region
-                .iter_mut()
-                .enumerate()
-                .for_each(|(j, v)| *v = 120 + (j % 3) as u8);
+                .chunks_exact_mut(2)
+                .for_each(|v| v.copy_from_slice(&norm_value));
         } else {
-            fill_random(
-                region,
-                seed ^ (at as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            );
+            fill_random(region, seed);
         }
-        let (file, end) = (1, at + bytes);
-        let ty = IntType::U8;
-        entries.push((
+    });
+    let mut map = TensorMap::new(vec![Arc::new(MappedFile::from_vec(buf))]);
+    for (name, shape, at) in floats {
+        let (ty, file, start, end) = (GgmlType::F16, 0, at.start, at.end);
+        map.insert(
+            name,
+            TensorEntry {
+                ty,
+                shape,
+                file,
+                start,
+                end,
+            },
+        );
+    }
+    let (buf, bytes) = lay_out(byte_shapes(c), 1, seed, |name, region, seed| {
+        if name.ends_with("_scales") {
+            (region.iter_mut().enumerate()).for_each(|(j, v)| *v = 120 + (j % 3) as u8);
+        } else {
+            fill_random(region, seed);
+        }
+    });
+    if !bytes.is_empty() {
+        map.add_file(Arc::new(MappedFile::from_vec(buf)));
+    }
+    for (name, shape, at) in bytes {
+        let (ty, file, start, end) = (IntType::U8, 1, at.start, at.end);
+        map.insert_i32(
             name,
             IntTensor {
                 ty,
                 shape,
                 file,
-                start: at,
+                start,
                 end,
             },
-        ));
-        at += bytes;
-    }
-    map.add_file(Arc::new(MappedFile::from_vec(buf)));
-    for (name, entry) in entries {
-        map.insert_i32(name, entry);
+        );
     }
     map
 }
 
-/// The F16 tensors of [`dummy_tensors`].
-fn float_tensors(c: &ModelConfig, seed: u64) -> TensorMap {
-    let shapes = tensor_shapes(c);
+/// A tensor's name, shape and byte range in its buffer.
+type Placed = (String, Vec<usize>, Range<usize>);
+
+/// One buffer holding the tensors of `shapes` back to back, `elem` bytes per element, each
+/// region filled by `fill(name, region, its own seed)`; with each tensor's byte range.
+fn lay_out(
+    shapes: Vec<(String, Vec<usize>)>,
+    elem: usize,
+    seed: u64,
+    fill: impl Fn(&str, &mut [u8], u64),
+) -> (Vec<u8>, Vec<Placed>) {
     let total: usize = shapes
         .iter()
         .map(|(_, s)| s.iter().product::<usize>())
         .sum();
-    let mut buf = vec![0u8; total * 2];
-    let mut entries = Vec::with_capacity(shapes.len());
+    let mut buf = vec![0u8; total * elem];
     let mut at = 0;
-    // A norm stores `1 - offset`, so that with the architecture's offset it scales by 1.
-    let norm_value = f16::from_f32(1.0 - c.norm_weight_offset).to_le_bytes();
-    for (name, shape) in shapes {
-        let bytes = shape.iter().product::<usize>() * 2;
-        let region = &mut buf[at..at + bytes];
-        if name.ends_with("norm.weight") {
-            for v in region.chunks_exact_mut(2) {
-                v.copy_from_slice(&norm_value);
-            }
-        } else {
-            fill_random(
-                region,
-                seed ^ (at as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            );
-        }
-        entries.push((
-            name,
-            TensorEntry {
-                ty: GgmlType::F16,
-                shape,
-                file: 0,
-                start: at,
-                end: at + bytes,
-            },
-        ));
-        at += bytes;
-    }
-    let mut map = TensorMap::new(vec![Arc::new(MappedFile::from_vec(buf))]);
-    for (name, entry) in entries {
-        map.insert(name, entry);
-    }
-    map
+    let placed = shapes
+        .into_iter()
+        .map(|(name, shape)| {
+            let range = at..at + shape.iter().product::<usize>() * elem;
+            let region_seed = seed ^ (at as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            fill(&name, &mut buf[range.clone()], region_seed);
+            at = range.end;
+            (name, shape, range)
+        })
+        .collect();
+    (buf, placed)
 }
 
-/// Uniform F16 values in ±SPREAD, 64 KiB chunks in parallel, each from its own xorshift.
+/// Uniform F16 values in ±SPREAD (as bytes, MXFP4's random codes), 64 KiB chunks in parallel,
+/// each from its own xorshift.
 fn fill_random(region: &mut [u8], seed: u64) {
     region
         .par_chunks_mut(1 << 16)
