@@ -28,7 +28,14 @@ const EOG_TOKENS: &[&str] = &[
     "<EOT>",
     "<|end_of_text|>",
     "<｜end▁of▁sentence｜>",
+    "<|return|>",
+    "<|call|>",
 ];
+
+/// In gpt-oss's vocabulary (o200k_harmony) `<|end|>` ends a message, and the output goes
+/// on with the next; the output ends on `<|return|>` (the answer) or `<|call|>` (a tool
+/// call). llama.cpp's rule: a vocabulary with both of those does not end on `<|end|>`.
+const HARMONY_ENDS: [&str; 2] = ["<|return|>", "<|call|>"];
 
 /// Text ↔ token ids for one model. Cheap to clone (the vocabulary is shared).
 #[derive(Clone)]
@@ -178,10 +185,18 @@ impl Tokenizer {
             .map(|(id, t)| (id, t.content))
             .collect();
         added.sort_unstable();
-        for (id, content) in added {
-            if EOG_TOKENS.contains(&content.as_str()) && !eos_ids.contains(&id) {
-                eos_ids.push(id);
+        let harmony = (HARMONY_ENDS.iter()).all(|end| added.iter().any(|(_, c)| c == end));
+        for (id, content) in &added {
+            if EOG_TOKENS.contains(&content.as_str()) && !eos_ids.contains(id) {
+                eos_ids.push(*id);
             }
+        }
+        if harmony {
+            let message_end = added
+                .iter()
+                .find(|(_, c)| c == "<|end|>")
+                .map(|(id, _)| *id);
+            eos_ids.retain(|id| Some(*id) != message_end);
         }
         Self {
             inner: Arc::new(inner),

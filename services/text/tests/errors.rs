@@ -264,3 +264,24 @@ fn a_files_padding_and_truncation_are_dropped() -> Result<(), TextError> {
     assert_eq!(tok.encode("hello hello", false)?, ids);
     Ok(())
 }
+
+/// `<|end|>` ends Phi-3's turn, but only a message of gpt-oss's (whose vocabulary also has
+/// `<|return|>` and `<|call|>`, its outputs' two ends): llama.cpp's end-of-generation rule.
+#[test]
+fn harmony_ends_on_return_or_call_not_on_a_messages_end() -> Result<(), TextError> {
+    let with = |specials: &[&str]| -> Result<Vec<u32>, TextError> {
+        let mut v = tiny_gpt2();
+        v.tokens.extend(specials.iter().map(|s| s.to_string()));
+        let types = v.token_types.get_or_insert_with(Vec::new);
+        types.extend(specials.iter().map(|_| 3));
+        Ok(Tokenizer::from_gguf_vocab(v)?.eos_ids().to_vec())
+    };
+    assert_eq!(
+        with(&["<|end|>"])?,
+        [0, 8, 9],
+        "Phi-3's turn ends on <|end|>"
+    );
+    let harmony = with(&["<|end|>", "<|return|>", "<|call|>"])?;
+    assert_eq!(harmony, [0, 8, 10, 11]);
+    Ok(())
+}
