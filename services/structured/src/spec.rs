@@ -30,7 +30,14 @@ pub enum Spec {
     Choice(Vec<String>),
     /// Text of this Lark grammar (llguidance's dialect).
     Lark(String),
+    /// Text of the Lark grammar `lark`, in which `@answer` is text of `answer`: a model's own
+    /// output format around what a request asks of its answer (gpt-oss's channels around the
+    /// final one).
+    Within { lark: String, answer: Box<Spec> },
 }
+
+/// The name `@answer` refers to in a [`Spec::Within`]'s grammar.
+const ANSWER: &str = "answer";
 
 /// A compiled-to-be grammar in llguidance's own form: what the gateway sends a pool.
 #[derive(Debug, Clone)]
@@ -58,6 +65,8 @@ impl Spec {
             Spec::JsonSchema { schema, .. } => schema.to_string().len(),
             Spec::Regex(r) | Spec::Lark(r) => r.len(),
             Spec::Choice(c) => c.iter().map(String::len).sum(),
+            // The answer's own size is checked as it is built.
+            Spec::Within { lark, .. } => lark.len(),
         };
         if size > MAX_GRAMMAR_BYTES {
             return bad(format!(
@@ -77,6 +86,19 @@ impl Spec {
                 TopLevelGrammar::from_regex(&format!("(?:{})", alternatives.join("|")))
             }
             Spec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Spec::Within { lark, answer } => {
+                let Grammar(inner) = answer.build(bounded)?;
+                let mut top = TopLevelGrammar::from_lark(lark.clone());
+                for (i, mut g) in inner.grammars.into_iter().enumerate() {
+                    g.name = Some(if i == 0 {
+                        ANSWER.into()
+                    } else {
+                        format!("{ANSWER}_{i}")
+                    });
+                    top.grammars.push(g);
+                }
+                top
+            }
         };
         Ok(Grammar(top))
     }

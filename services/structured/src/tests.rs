@@ -548,3 +548,32 @@ fn a_short_answer_within_its_budget_is_the_models() {
     assert!(closed, "{out}");
     assert_eq!(out, "maybe");
 }
+
+/// A model's own format around the request's answer: the format's text is forced, the answer
+/// follows the request's schema (bounded, as on its own), and the format goes on after it.
+#[test]
+fn an_answer_within_a_format_follows_its_own_spec() {
+    let v = vocabulary();
+    let answer = Spec::JsonSchema {
+        schema: json!({"type": "object", "properties": {"n": {"type": "integer"}},
+            "required": ["n"], "additionalProperties": false}),
+        strict: true,
+    };
+    let spec = Spec::Within {
+        lark: "start: (\"think \" /[a-z]+/ \";\")* \"say \" @answer \"!\"".into(),
+        answer: Box::new(answer),
+    };
+    let mut g = v.compile(&spec.grammar().expect("g")).expect("c");
+    assert!(!feed(&mut g, "think abc;think d;say "));
+    assert_eq!(allowed(&mut g), [u32::from(b'{')], "the answer's schema");
+    feed(&mut g, &format!(r#"{{"n": {}"#, "1".repeat(16)));
+    assert!(!allowed(&mut g).contains(&u32::from(b'1')), "bounded");
+    assert!(!feed(&mut g, "}"), "the format goes on after the answer");
+    assert!(feed(&mut g, "!"));
+    // The answer's own faults are the request's, named as on their own.
+    let bad = Spec::Within {
+        lark: "start: @answer".into(),
+        answer: Box::new(Spec::Choice(Vec::new())),
+    };
+    assert!(bad.grammar().is_err());
+}
