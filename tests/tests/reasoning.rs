@@ -5,7 +5,9 @@
 //! thinking off, behind one gateway. OpenAI's official client reads the thinking apart from
 //! the answer, whole and streamed; `chat_template_kwargs` reach the template; a JSON schema
 //! holds the answer and leaves the thinking free; the Responses API gives a reasoning item.
-//! A parser whose markers are not tokens of the model is refused at start-up.
+//! A parser whose markers are not tokens of the model is refused at start-up. gpt-oss (the
+//! tiny random one of `generate_gpt_oss.py` with harmony's tokens, `gpt_oss_chat`) calls
+//! tools and answers in a JSON schema through the official client, held by grammars.
 
 use std::time::Duration;
 
@@ -59,8 +61,12 @@ async fn a_reasoning_models_thinking_comes_apart_from_its_answer() -> Result<()>
     let _workers = tokio::try_join!(
         serve(&cluster, "think", &["--reasoning-parser", "qwen3"]),
         serve(&cluster, "think_r1", &r1),
+        WorkerProc::serve_fixture(&cluster, "gpt_oss_chat", "gpt-oss", &[]),
     )?;
-    cluster.wait_listed(&["think", "think_r1"]).await?;
+    cluster
+        .wait_listed(&["think", "think_r1", "gpt-oss"])
+        .await?;
+    gpt_oss(&cluster).await?;
 
     openai_client(&cluster).await?;
     grpc(&cluster).await?;
@@ -169,6 +175,71 @@ async fn grpc(cluster: &Cluster) -> Result<()> {
         .err()
         .context("refused")?;
     ensure!(e.code() == tonic::Code::InvalidArgument, "{e:?}");
+    Ok(())
+}
+
+/// gpt-oss, served with its reasoning parser by default (its vocabulary has harmony's
+/// tokens): through the official client a call by name and a required one, whole and
+/// streamed, an answer in a JSON schema, a second turn after a call. The model is random: a
+/// logit bias keeps it out of the thinking channel, and the grammars leave it one output.
+async fn gpt_oss(cluster: &Cluster) -> Result<()> {
+    let tokens = |text: &str| {
+        let body = json!({"model": "gpt-oss", "prompt": text});
+        async move {
+            let r = http::post_json(cluster.gateway.http, "/tokenize", &body).await?;
+            let ids: Vec<u32> = serde_json::from_value(r.json()?["tokens"].clone())?;
+            anyhow::Ok(ids)
+        }
+    };
+    let analysis = tokens("analysis").await?;
+    ensure!(analysis.len() == 1, "{analysis:?}");
+    let args = [
+        "--base-url".to_owned(),
+        format!("http://{}", cluster.gateway.http),
+        "--model".into(),
+        "gpt-oss".into(),
+        "--analysis-token".into(),
+        analysis[0].to_string(),
+    ];
+    let got = python::run_client("harmony_client.py", &args, Duration::from_secs(120)).await?;
+    let weather = json!({"name": "get_weather", "arguments": {"city": "Paris"}});
+    let named = &got["named"];
+    ensure!(named["calls"][0]["name"] == "get_weather", "{got}");
+    ensure!(
+        named["calls"][0]["arguments"] == weather["arguments"],
+        "{got}"
+    );
+    // A call by name finishes on `stop` (OpenAI's), no answer beside it.
+    ensure!(named["finish_reason"] == "stop", "{got}");
+    ensure!(
+        named["content"].is_null() || named["content"] == "",
+        "{got}"
+    );
+    let time = json!({"name": "get_time", "arguments": {"zone": "UTC"}});
+    let streamed = &got["required_streamed"];
+    let call = &streamed["calls"];
+    ensure!(call == &json!([weather]) || call == &json!([time]), "{got}");
+    ensure!(streamed["finish_reason"] == "tool_calls", "{got}");
+    let schema = &got["schema"];
+    ensure!(schema["content"] == json!({"answer": "Paris"}), "{got}");
+    ensure!(schema["reasoning_content"].is_null(), "{got}");
+    ensure!(schema["finish_reason"] == "stop", "{got}");
+    ensure!(
+        got["second_turn"]["content"] == json!({"answer": "Paris"}),
+        "{got}"
+    );
+    // The second turn's prompt holds the call's thinking, and the call as gpt-oss wrote it.
+    let history = json!({"model": "gpt-oss", "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "reasoning_content": "Hm",
+         "tool_calls": [{"id": "c", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "18"}]});
+    let r = http::post_json(cluster.gateway.http, "/tokenize", &history).await?;
+    let ids: Vec<u32> = serde_json::from_value(r.json()?["tokens"].clone())?;
+    let call_end = tokens("<|call|>").await?;
+    ensure!(ids.contains(&analysis[0]), "{ids:?}");
+    ensure!(call_end.len() == 1 && ids.contains(&call_end[0]), "{ids:?}");
     Ok(())
 }
 

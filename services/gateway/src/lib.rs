@@ -35,6 +35,7 @@ pub mod classify;
 pub mod embeddings;
 pub mod error;
 pub mod grpc;
+pub mod harmony;
 pub mod http;
 pub mod kv_index;
 pub mod limits;

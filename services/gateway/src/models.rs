@@ -312,26 +312,56 @@ pub(crate) mod testing {
         Arc::new(ModelText::from_info(info).expect("model text"))
     }
 
-    /// gpt-oss's format over [`word_model`]'s words: `<|start|>` (8), `<|channel|>` (9),
-    /// `<|constrain|>` (10), `<|message|>` (11), `<|end|>` (12), `final` (13), `analysis` (14)
-    /// and `assistant` (15), served with `openai_gptoss`, a template that ends its prompts
-    /// with `<|start|>assistant`, as gpt-oss's does.
+    /// gpt-oss's format over a byte-level vocabulary (id = byte): `<|start|>` 256,
+    /// `<|channel|>` 257, `<|constrain|>` 258, `<|message|>` 259, `<|end|>` 260, `<|call|>`
+    /// 261 and `<|return|>` 262 (special tokens, as gpt-oss's are), then `final` 263 and
+    /// `analysis` 264 (words of one token each, as in its vocabulary). Served with
+    /// `openai_gptoss`, ending on `<|return|>` or `<|call|>`, with a template that renders
+    /// tools as JSON in a developer message, past calls (and the `thinking` before them) and
+    /// their results as gpt-oss's does, and ends its prompts with `<|start|>assistant`.
     pub fn harmony_model() -> Arc<ModelText> {
-        let template = "{% for m in messages %}<|start|> {{ m.role }} <|message|> \
-            {{ m.content }} <|end|> {% endfor %}<|start|> assistant";
-        let added = [
+        let template = "{% if tools %}<|start|>developer<|message|>{{ tools | tojson }}<|end|>\
+            {% endif %}{% set last = namespace(name=none) %}{% for m in messages %}\
+            {% if m.tool_calls %}{% if m.thinking %}<|start|>assistant<|channel|>analysis\
+            <|message|>{{ m.thinking }}<|end|>{% endif %}{% set call = m.tool_calls[0].function %}\
+            <|start|>assistant to=functions.{{ call.name }}<|channel|>commentary json<|message|>\
+            {{ call.arguments | tojson }}<|call|>{% set last.name = call.name %}\
+            {% elif m.role == 'tool' %}<|start|>functions.{{ last.name }} to=assistant\
+            <|channel|>commentary<|message|>{{ m.content | tojson }}<|end|>{% else %}\
+            <|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}{% endfor %}\
+            <|start|>assistant";
+        let special = [
             "<|start|>",
             "<|channel|>",
             "<|constrain|>",
             "<|message|>",
             "<|end|>",
-            "final",
-            "analysis",
-            "assistant",
+            "<|call|>",
+            "<|return|>",
         ];
+        let vocab = ferrite_text::GgufVocab::byte_level();
+        let json = Tokenizer::from_gguf_vocab(vocab)
+            .and_then(|t| t.to_tokenizer_json())
+            .expect("a byte-level tokenizer");
+        let mut json: serde_json::Value = serde_json::from_str(&json).expect("its json");
+        let added: Vec<serde_json::Value> = (special.iter().chain(&["final", "analysis"]))
+            .enumerate()
+            .map(|(i, content)| {
+                serde_json::json!({ "id": 256 + i, "content": content,
+                    "single_word": false, "lstrip": false, "rstrip": false,
+                    "normalized": false, "special": content.starts_with("<|") })
+            })
+            .collect();
+        json["added_tokens"] = added.into();
         let info = pb::ModelInfo {
+            model: "m".into(),
+            tokenizer_json: json.to_string(),
+            chat_template: Some(template.into()),
+            vocab_size: 265,
+            max_model_len: 4096,
+            eos_token_ids: vec![262, 261],
             reasoning_parser: Some("openai_gptoss".into()),
-            ..word_info(template, &added)
+            ..pb::ModelInfo::default()
         };
         Arc::new(ModelText::from_info(info).expect("model text"))
     }

@@ -131,16 +131,35 @@ struct Thinking {
     split: Split,
     text: TextStream,
     tokens: u32,
+    /// gpt-oss's: whether the body being written is a call (known from its first token on).
+    calling: Option<bool>,
 }
 
 impl Thinking {
-    /// Takes `token` where it is the thinking's (its text onto `thought`) or a marker: `false`
-    /// where it is the answer's.
-    fn take(&mut self, token: u32, thought: &mut String) -> Result<bool, TextError> {
+    /// Takes `token` where it is the thinking's (its text onto `thought`), a marker, or, for
+    /// gpt-oss with `tools` that may be called, a call's (onto the calls): `false` where it is
+    /// the answer's.
+    fn take(
+        &mut self,
+        token: u32,
+        thought: &mut String,
+        tools: Option<&mut ToolText>,
+    ) -> Result<bool, TextError> {
         match self.split.on_token(token) {
             Part::Content => return Ok(false),
-            Part::Marker => {}
-            Part::Reasoning => thought.push_str(&self.text.push(token)?.text),
+            Part::Marker => self.calling = None,
+            Part::Reasoning => match (tools, self.split.header()) {
+                (Some(tools), Some(header)) if tools.format == ToolFormat::Harmony => {
+                    if self.calling.is_none() {
+                        self.calling = Some(tools.open_call(header)?);
+                    }
+                    if self.calling == Some(true) {
+                        return tools.call_token(token).map(|()| true);
+                    }
+                    thought.push_str(&self.text.push(token)?.text);
+                }
+                _ => thought.push_str(&self.text.push(token)?.text),
+            },
         }
         self.tokens += 1;
         Ok(true)
@@ -178,6 +197,7 @@ pub fn events(
             split,
             text: TextStream::new(text.tokenizer.clone(), Vec::new()),
             tokens: 0,
+            calling: None,
         }),
         tools: req
             .tools()
@@ -188,6 +208,9 @@ pub fn events(
                 text: String::new(),
                 prefix: format!("{:016x}", crate::tools::random_u64()),
                 scanner: CallScanner::new(*format),
+                tokenizer: text.tokenizer.clone(),
+                read: Vec::new(),
+                pending: Vec::new(),
             }),
         done: false,
     };
@@ -285,7 +308,9 @@ impl State {
             if let Some(text) = &self.logprobs_of {
                 logprobs.push(token_logprob(text, t));
             }
-            match self.reasoning.as_mut().map(|r| r.take(t.id, &mut thought)) {
+            let taken =
+                (self.reasoning.as_mut()).map(|r| r.take(t.id, &mut thought, self.tools.as_mut()));
+            match taken {
                 Some(Ok(true)) => continue,
                 Some(Err(e)) => return self.fail(e),
                 Some(Ok(false)) | None => {}
@@ -325,13 +350,19 @@ impl State {
         };
         let ttft_ms = self.trace.delta(token_ids.len()) * 1e3;
         let (mut tool_calls, mut calls, mut streamed_calls) = (Vec::new(), Vec::new(), 0);
+        let flushed = (self.tools.as_mut())
+            .filter(|_| last || stopped)
+            .map_or(Ok(()), ToolText::flush_calls);
+        if let Err(e) = flushed {
+            return self.fail(e);
+        }
         if let Some(t) = &mut self.tools {
             t.text.push_str(&std::mem::take(&mut emit));
             calls = t.pieces();
             if last || stopped {
                 let (content, found, called) = t.finish(reason);
                 (emit, tool_calls, reason) = (content, found, called);
-                streamed_calls = t.scanner.streamed();
+                streamed_calls = t.streamed();
             }
         }
         if !self.prompt_only {
@@ -370,7 +401,7 @@ impl State {
 }
 
 /// A tool request's text so far, and how to read it: as it is written (for streaming) and
-/// when it ends.
+/// when it ends. gpt-oss's calls are not in the text: they come token by token.
 struct ToolText {
     tools: Arc<Tools>,
     format: ToolFormat,
@@ -378,11 +409,60 @@ struct ToolText {
     /// Names this answer's calls (`call_<prefix>_<i>`), streamed or parsed at the end alike.
     prefix: String,
     scanner: CallScanner,
+    tokenizer: ferrite_text::Tokenizer,
+    /// gpt-oss's calls so far, each with its arguments' detokenizer.
+    read: Vec<(ToolCall, TextStream)>,
+    /// Pieces of them not yet sent.
+    pending: Vec<CallDelta>,
 }
 
 impl ToolText {
-    /// The pieces of calls the text added since the last time.
+    /// Whether a gpt-oss body whose header's words are `header` is a call; if so, it is
+    /// the next call, its head the next piece.
+    fn open_call(&mut self, header: &[Vec<u32>]) -> Result<bool, TextError> {
+        let Some(name) = crate::harmony::function(&self.tokenizer, header)? else {
+            return Ok(false);
+        };
+        let index = self.read.len();
+        let id = crate::tools::call_id(&self.prefix, index);
+        self.pending.push(CallDelta {
+            index,
+            head: Some((id.clone(), name.clone())),
+            arguments: String::new(),
+        });
+        let call = ToolCall {
+            id,
+            name,
+            arguments: String::new(),
+        };
+        let text = TextStream::new(self.tokenizer.clone(), Vec::new());
+        self.read.push((call, text));
+        Ok(true)
+    }
+
+    /// The next token of the last call's arguments.
+    fn call_token(&mut self, token: u32) -> Result<(), TextError> {
+        let index = self.read.len().saturating_sub(1);
+        let Some((call, text)) = self.read.last_mut() else {
+            return Ok(());
+        };
+        let piece = text.push(token)?.text;
+        if !piece.is_empty() {
+            call.arguments.push_str(&piece);
+            self.pending.push(CallDelta {
+                index,
+                head: None,
+                arguments: piece,
+            });
+        }
+        Ok(())
+    }
+
+    /// The pieces of calls the text (or gpt-oss's tokens) added since the last time.
     fn pieces(&mut self) -> Vec<CallDelta> {
+        if self.format == ToolFormat::Harmony {
+            return std::mem::take(&mut self.pending);
+        }
         self.scanner
             .advance(&self.text)
             .into_iter()
@@ -401,10 +481,33 @@ impl ToolText {
             .collect()
     }
 
+    /// The output ended: what gpt-oss's calls' detokenizers held back goes out.
+    fn flush_calls(&mut self) -> Result<(), TextError> {
+        for (index, (call, text)) in self.read.iter_mut().enumerate() {
+            let rest = text.finish()?.text;
+            if !rest.is_empty() {
+                call.arguments.push_str(&rest);
+                self.pending.push(CallDelta {
+                    index,
+                    head: None,
+                    arguments: rest,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls whose head has been streamed.
+    fn streamed(&self) -> usize {
+        self.scanner.streamed() + self.read.len()
+    }
+
     /// The content, the calls and the finish reason of the whole text: `tool_calls` when the
     /// model chose to call (OpenAI says `stop` for a call it was told to make by name).
     fn finish(&mut self, reason: api::FinishReason) -> (String, Vec<ToolCall>, api::FinishReason) {
-        let out = self.tools.parse(self.format, &self.text, &self.prefix);
+        let mut out = self.tools.parse(self.format, &self.text, &self.prefix);
+        out.calls
+            .extend(self.read.iter().map(|(call, _)| call.clone()));
         let chose = !matches!(self.tools.choice, ToolChoice::Named(_));
         let reason = if !out.calls.is_empty() && chose && reason == api::FinishReason::Stop {
             api::FinishReason::ToolCalls

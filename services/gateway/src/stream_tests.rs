@@ -50,6 +50,15 @@ async fn events_for(
         ..api::SamplingParams::default()
     };
     let req = validate(model, 16, prompt, Some(sampling), None, None).expect("valid");
+    events_of_request(&req, ids, end).await
+}
+
+/// The events of `req` whose worker sends `ids` and then `end`, as [`events_for`].
+async fn events_of_request(
+    req: &ValidatedRequest,
+    ids: &[u32],
+    end: Result<pb::FinishReason, tonic::Status>,
+) -> Vec<Result<GenerateEvent, GatewayError>> {
     let mut msgs: Vec<Result<pb::GenerateResponse, tonic::Status>> = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
         let last = i + 1 == ids.len();
@@ -72,7 +81,7 @@ async fn events_for(
         Instant::now(),
     );
     let upstream = Upstream::canned(first, msgs);
-    events(&req, upstream, trace, None, Duration::from_secs(30))
+    events(req, upstream, trace, None, Duration::from_secs(30))
         .collect()
         .await
 }
@@ -332,22 +341,125 @@ async fn a_reasoning_models_thinking_comes_apart_from_its_answer() {
 /// the headers neither; a stop string ends the answer only.
 #[tokio::test]
 async fn gpt_oss_channels_come_apart_into_thinking_and_answer() {
-    let (start, channel, message, end, fin, analysis, assistant) = (8, 9, 11, 12, 13, 14, 15);
     let chat = chat(serde_json::json!({}));
-    let thinking = [channel, analysis, message, 1, 2, end];
-    let answer = [start, assistant, channel, fin, message, 3, 1];
-    let ids = [thinking.as_slice(), &answer].concat();
+    let ids = harmony_ids(&[
+        Harmony::Header("<|channel|>analysis<|message|>"),
+        Harmony::Text("x y"),
+        Harmony::Header("<|end|><|start|>assistant<|channel|>final<|message|>"),
+        Harmony::Text("a b"),
+    ]);
     let model = crate::models::testing::harmony_model();
-    let evs = events_for(
-        (model.clone(), &chat),
-        &ids,
-        Ok(pb::FinishReason::Stop),
-        &[],
-    )
-    .await;
+    let req = |stop: &[&str]| {
+        let sampling = api::SamplingParams {
+            stop: stop.iter().map(|s| (*s).to_owned()).collect(),
+            ..api::SamplingParams::default()
+        };
+        validate(model.clone(), 4096, &chat, Some(sampling), None, None).expect("valid")
+    };
+    let evs = events_of_request(&req(&[]), &ids, Ok(pb::FinishReason::Stop)).await;
     let (thought, text, tokens) = split_of(&evs);
-    assert_eq!((thought.trim(), text.trim(), tokens), ("a b", "c a", 11));
-    let evs = events_for((model, &chat), &ids, Ok(pb::FinishReason::Stop), &["a"]).await;
+    // Thinking: the 3 bytes and 3 markers of its header, `<|end|>`, the next header's 13.
+    assert_eq!(
+        (thought.as_str(), text.as_str(), tokens),
+        ("x y", "a b", 20)
+    );
+    let evs = events_of_request(&req(&["b"]), &ids, Ok(pb::FinishReason::Stop)).await;
     let (thought, text, _) = split_of(&evs);
-    assert_eq!((thought.trim(), text.trim()), ("a b", "c"));
+    assert_eq!((thought.as_str(), text.as_str()), ("x y", "a "));
+}
+
+/// Pieces of a harmony output for [`harmony_model`]: text of markers and channel names (each
+/// one token), or of bytes.
+enum Harmony<'a> {
+    Header(&'a str),
+    Text(&'a str),
+}
+
+fn harmony_ids(pieces: &[Harmony]) -> Vec<u32> {
+    let model = crate::models::testing::harmony_model();
+    pieces
+        .iter()
+        .flat_map(|p| match p {
+            Harmony::Header(h) => model.tokenizer.encode(h, false).expect("ids"),
+            Harmony::Text(t) => t.bytes().map(u32::from).collect(),
+        })
+        .collect()
+}
+
+/// gpt-oss's call is a message to `functions.NAME`: its body streams as the call's arguments,
+/// neither thinking nor answer, and the output finishes on `tool_calls`; a preamble (a
+/// commentary with no recipient) is thinking; under `tool_choice: none` a call is thinking
+/// too.
+#[tokio::test]
+async fn a_gpt_oss_call_streams_as_a_tool_call() {
+    let model = crate::models::testing::harmony_model();
+    let chat = chat(serde_json::json!({}));
+    let ids = harmony_ids(&[
+        Harmony::Header("<|channel|>commentary<|message|>"),
+        Harmony::Text("Let me look."),
+        Harmony::Header(
+            "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather \
+             <|constrain|>json<|message|>",
+        ),
+        Harmony::Text(r#"{"city": "Paris"}"#),
+        Harmony::Header("<|call|>"),
+    ]);
+    let tools = |choice: ToolChoice| {
+        let f = crate::tools::Function::new("get_weather", None, None).expect("f");
+        Tools::new(vec![f], choice, true)
+            .expect("tools")
+            .map(Arc::new)
+    };
+    let req = validate(
+        model.clone(),
+        4096,
+        &chat,
+        None,
+        None,
+        tools(ToolChoice::Auto),
+    );
+    let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+    let (mut thought, mut args, mut heads) = (String::new(), String::new(), Vec::new());
+    for e in &evs {
+        match e {
+            Ok(GenerateEvent::Delta {
+                text,
+                reasoning,
+                calls,
+                ..
+            }) => {
+                assert_eq!(text, "", "no answer");
+                thought.push_str(reasoning);
+                for c in calls {
+                    heads.extend(c.head.clone().map(|(_, name)| name));
+                    args.push_str(&c.arguments);
+                }
+            }
+            Ok(GenerateEvent::Finish {
+                reason,
+                tool_calls,
+                streamed_calls,
+                ..
+            }) => {
+                assert_eq!(
+                    (*reason, *streamed_calls),
+                    (api::FinishReason::ToolCalls, 1)
+                );
+                assert_eq!(tool_calls.len(), 1);
+                assert_eq!(tool_calls[0].name, "get_weather");
+                assert_eq!(tool_calls[0].arguments, r#"{"city": "Paris"}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(thought, "Let me look.");
+    assert_eq!(
+        (heads, args.as_str()),
+        (vec!["get_weather".to_owned()], r#"{"city": "Paris"}"#)
+    );
+    let req = validate(model, 4096, &chat, None, None, tools(ToolChoice::None));
+    let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+    let (thought, text, _) = split_of(&evs);
+    assert_eq!(thought, r#"Let me look.{"city": "Paris"}"#);
+    assert_eq!(text, "");
 }

@@ -120,6 +120,8 @@ impl CallScanner {
             }
             ToolFormat::Hermes => after("<tool_call>"),
             ToolFormat::Mistral => after("[TOOL_CALLS]"),
+            // Its calls are never in the answer's text.
+            ToolFormat::Harmony => None,
             ToolFormat::Llama3 => {
                 let body = text.trim_start();
                 let body = body.strip_prefix("<|python_tag|>").unwrap_or(body);

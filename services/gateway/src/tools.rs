@@ -3,7 +3,8 @@
 //!
 //! A model's template that names `tools` gets them as HF templates expect, and the model
 //! answers in its family's own format: Hermes/Qwen `<tool_call>{json}</tool_call>`, Llama 3.1
-//! `{"name", "parameters"}`, Mistral `[TOOL_CALLS][...]`. A template that ignores tools
+//! `{"name", "parameters"}`, Mistral `[TOOL_CALLS][...]`, gpt-oss a message to
+//! `functions.NAME` in its harmony channels ([`crate::harmony`]). A template that ignores tools
 //! (SmolLM2's) gets them in a system message, with the generic format: one JSON object, either
 //! `{"tool_calls": [{"name", "arguments"}]}` or `{"response": "..."}`, held to it by a grammar.
 //! `required` and a named function are enforced by a grammar in every format.
@@ -47,6 +48,9 @@ pub enum ToolFormat {
     Hermes,
     Llama3,
     Mistral,
+    /// gpt-oss's: a call is a message of its own, read by token ([`crate::harmony`]), never
+    /// in the answer's text.
+    Harmony,
 }
 
 /// One call the model made.
@@ -207,7 +211,7 @@ impl ToolFormat {
 
 impl Tools {
     /// The functions the model may call now (a named choice: that one alone).
-    fn callable(&self) -> impl Iterator<Item = &Function> {
+    pub(crate) fn callable(&self) -> impl Iterator<Item = &Function> {
         self.functions.iter().filter(|f| match &self.choice {
             ToolChoice::Named(n) => &f.name == n,
             _ => true,
@@ -264,6 +268,8 @@ impl Tools {
             }
             // A model with its own format answers in text or calls as it likes under `auto`.
             _ if !must_call => None,
+            // Its grammar holds its channels too, and is built with them.
+            ToolFormat::Harmony => None,
             ToolFormat::Hermes => {
                 let call = self.call_schema(format);
                 let repeat = if self.parallel && !matches!(self.choice, ToolChoice::Named(_)) {
@@ -390,6 +396,7 @@ impl Tools {
             ToolFormat::Hermes => hermes_calls(text),
             ToolFormat::Llama3 => llama3_calls(text),
             ToolFormat::Mistral => mistral_calls(text),
+            ToolFormat::Harmony => None,
         };
         let Some((content, raw)) = found else {
             return ToolOutput {

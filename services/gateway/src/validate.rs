@@ -210,6 +210,9 @@ impl Prompt {
 /// How a chat with tools is put before `text`'s model: in the format its template knows, or
 /// the generic one.
 pub fn tool_format(text: &ModelText) -> ToolFormat {
+    if matches!(text.reasoning, Some(Reasoning::Harmony(_))) {
+        return ToolFormat::Harmony;
+    }
     let template = text.tokenizer.chat_template();
     ToolFormat::of(template.filter(|t| t.takes_tools()).map(|t| t.source()))
 }
@@ -258,6 +261,14 @@ pub fn tokenize(
                     text.name
                 ))
             })?;
+            let harmony;
+            let messages = match text.reasoning {
+                Some(Reasoning::Harmony(_)) => {
+                    harmony = crate::harmony::template_messages(messages);
+                    &harmony
+                }
+                _ => messages,
+            };
             // The request's variables over the model's defaults.
             let mut vars = text.template_kwargs.clone();
             vars.extend(kwargs.clone());
@@ -312,23 +323,6 @@ pub fn validate(
             field: "tools",
             message: "tools need a chat prompt".into(),
         });
-    }
-    // gpt-oss's channels are told apart, its tool calls and a grammar's place in them are not.
-    if matches!(text.reasoning, Some(Reasoning::Harmony(_))) && matches!(prompt, Prompt::Chat(_)) {
-        let field = match (&tools, constraint) {
-            (Some(_), _) => Some("tools"),
-            (None, Some(c)) => Some(c.field),
-            (None, None) => None,
-        };
-        if let Some(field) = field {
-            return Err(GatewayError::InvalidField {
-                field,
-                message: "not served yet with gpt-oss's reasoning parser (openai_gptoss): \
-                          its tool calls and its answer's format are written in channels \
-                          ferrite does not read yet"
-                    .into(),
-            });
-        }
     }
     let (prompt_ids, _) = tokenize(&text, prompt, tools.as_deref())?;
     if prompt_ids.is_empty() {
@@ -393,32 +387,20 @@ pub fn validate(
     };
     // The same ranges the engine admits: a bad value is refused here, not by a worker.
     ferrite_proto::sampling::check(&sampling).map_err(GatewayError::InvalidArgument)?;
-    let tools = tools.map(|t| {
-        let format = tool_format(&text);
-        (t, format)
-    });
-    let tool_constraint = tools.as_ref().and_then(|(t, f)| {
-        t.constraint(*f).map(|spec| Constraint {
-            spec,
-            field: "tools",
-        })
-    });
-    let constraint = match (constraint, &tool_constraint) {
-        (Some(_), Some(_)) => {
-            return Err(GatewayError::InvalidField {
-                field: "tools",
-                message: "tools that must be called (or a model without its own tool format) \
-                          cannot also follow response_format or structured_outputs"
-                    .into(),
-            });
-        }
-        (c, t) => c.or(t.as_ref()),
-    };
-    let grammar = constraint.map(|c| grammar(&text, c)).transpose()?;
     // A reasoning model's chats think before they answer (completions' raw text does not).
     let reasoning = (text.reasoning)
         .filter(|_| matches!(prompt, Prompt::Chat(_)))
         .map(|r| (r, r.state_after(&prompt_ids)));
+    let tools = tools.map(|t| {
+        let format = tool_format(&text);
+        (t, format)
+    });
+    let constraint = output_constraint(
+        constraint,
+        tools.as_ref().map(|(t, f)| (t.as_ref(), *f)),
+        reasoning,
+    )?;
+    let grammar = constraint.map(|c| grammar(&text, &c)).transpose()?;
     Ok(ValidatedRequest {
         text,
         prompt_ids,
@@ -430,6 +412,41 @@ pub fn validate(
         embed: None,
         reasoning,
     })
+}
+
+/// What the output follows: the request's `constraint`, or the grammar its `tools` need (in
+/// the format they are called in), or, for gpt-oss (harmony `reasoning`), a grammar of its
+/// channels holding either. Refused where both hold the whole output.
+fn output_constraint(
+    constraint: Option<&Constraint>,
+    tools: Option<(&Tools, ToolFormat)>,
+    reasoning: Option<(Reasoning, State)>,
+) -> Result<Option<Constraint>, GatewayError> {
+    if let Some((Reasoning::Harmony(h), state)) = reasoning {
+        // The answer's schema is the request's constraint's, named by its field.
+        let field = constraint.map_or("tools", |c| c.field);
+        let answer = constraint.map(|c| c.spec.clone());
+        return crate::harmony::grammar(&h, state, answer, tools.map(|(t, _)| t))
+            .map(|spec| spec.map(|spec| Constraint { spec, field }))
+            .map_err(|message| GatewayError::InvalidField {
+                field: "tools",
+                message,
+            });
+    }
+    let tool_constraint = tools.and_then(|(t, f)| t.constraint(f));
+    match (constraint, tool_constraint) {
+        (Some(_), Some(_)) => Err(GatewayError::InvalidField {
+            field: "tools",
+            message: "tools that must be called (or a model without its own tool format) \
+                      cannot also follow response_format or structured_outputs"
+                .into(),
+        }),
+        (Some(c), None) => Ok(Some(c.clone())),
+        (None, t) => Ok(t.map(|spec| Constraint {
+            spec,
+            field: "tools",
+        })),
+    }
 }
 
 #[cfg(test)]

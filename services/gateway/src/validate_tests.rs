@@ -250,25 +250,3 @@ fn a_reasoning_chat_says_where_its_thinking_is() {
     assert_eq!(span(&think, &Prompt::Text("a".into())), None);
     assert_eq!(span(&model(), &chat), None);
 }
-
-/// gpt-oss's tool calls and a grammar's place in its channels are not read yet: refused,
-/// naming the field (before the model's vocabulary is asked whether it can be constrained at
-/// all); a plain chat is split, with no span for the worker.
-#[test]
-fn gpt_oss_chats_refuse_tools_and_response_formats() {
-    let harmony = crate::models::testing::harmony_model();
-    let chat = Prompt::Chat(Chat::new(vec![ChatMessage::new("user", "x")]));
-    let regex = Constraint {
-        spec: ferrite_structured::Spec::Regex("a+".into()),
-        field: "response_format",
-    };
-    let e =
-        validate(harmony.clone(), CONTEXT, &chat, None, Some(&regex), None).expect_err("a grammar");
-    assert!(
-        e.to_string().contains("`response_format`: not served yet"),
-        "{e}"
-    );
-    let req = validate(harmony, CONTEXT, &chat, None, None, None).expect("a plain chat");
-    assert_eq!(req.reasoning_span(), None);
-    assert!(req.reasoning_split().is_some());
-}

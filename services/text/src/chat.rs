@@ -39,6 +39,10 @@ pub struct ChatMessage {
     /// templates read it; most leave it out of the history).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The same, by the name gpt-oss's template reads (`thinking`): set in its stead for a
+    /// model served with harmony.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
@@ -50,6 +54,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             reasoning_content: None,
+            thinking: None,
         }
     }
 }

@@ -5,8 +5,10 @@
 //!
 //! Every marker is one special token, and so is each channel's name in the o200k vocabulary,
 //! so the output comes apart by token id, as `<think>` blocks do ([`crate::reasoning`]):
-//! headers are markers, a `final` body is the answer, every other body thinking. (Tool calls,
-//! `commentary to=functions.…` headers, are not read: a request with tools is refused.)
+//! headers are markers, a `final` body is the answer, every other body thinking. A tool call is
+//! a body whose header names its recipient (`<|channel|>commentary to=functions.get_weather
+//! <|constrain|>json<|message|>{…}<|call|>`): the header's words are ordinary tokens, kept
+//! ([`Machine::header`]) for the gateway to read the recipient from ([`recipient`]).
 
 use crate::thinking::{Part, State};
 use crate::{TextError, Tokenizer};
@@ -24,8 +26,15 @@ pub struct Harmony {
     pub message: u32,
     /// `<|end|>`: the body ends.
     pub end: u32,
+    /// `<|call|>`, `<|return|>`: the body ends, and with it the output (a tool call; the
+    /// final answer).
+    pub call: u32,
+    pub return_: u32,
     /// `final`: the answer's channel.
     pub final_channel: u32,
+    /// `analysis`: the thinking's channel (a grammar names channels by these two tokens, so
+    /// that the model cannot spell them in other tokens the split would not know).
+    pub analysis_channel: u32,
 }
 
 impl Harmony {
@@ -46,7 +55,10 @@ impl Harmony {
             constrain: id("<|constrain|>")?,
             message: id("<|message|>")?,
             end: id("<|end|>")?,
+            call: id("<|call|>")?,
+            return_: id("<|return|>")?,
             final_channel: id("final")?,
+            analysis_channel: id("analysis")?,
         })
     }
 
@@ -80,6 +92,7 @@ impl Harmony {
             tokens: *self,
             place,
             final_seen: false,
+            header: Vec::new(),
         }
     }
 }
@@ -102,6 +115,9 @@ pub struct Machine {
     place: Place,
     /// Whether the current header named the `final` channel.
     final_seen: bool,
+    /// The current (or last) header's words: its runs of ordinary tokens, one per run
+    /// between markers (`assistant to=functions.f`, `commentary`, `json`).
+    header: Vec<Vec<u32>>,
 }
 
 impl Machine {
@@ -114,21 +130,32 @@ impl Machine {
                 (Place::Body { answer }, Part::Marker)
             }
             Place::Header { .. } if token == h.channel => {
+                self.header.push(Vec::new());
                 (Place::Header { name: true }, Part::Marker)
             }
             Place::Header { .. } if token == h.constrain => {
+                self.header.push(Vec::new());
                 (Place::Header { name: false }, Part::Marker)
             }
             Place::Header { name } => {
                 if name {
                     self.final_seen = token == h.final_channel;
                 }
+                match self.header.last_mut() {
+                    Some(run) => run.push(token),
+                    None => self.header.push(vec![token]),
+                }
                 (Place::Header { name }, Part::Marker)
             }
-            Place::Body { .. } if token == h.end => (Place::Between, Part::Marker),
+            Place::Body { .. } if [h.end, h.call, h.return_].contains(&token) => {
+                (Place::Between, Part::Marker)
+            }
             Place::Body { answer: true } => (self.place, Part::Content),
             Place::Body { answer: false } => (self.place, Part::Reasoning),
-            Place::Between if token == h.start => (Place::Header { name: false }, Part::Marker),
+            Place::Between if token == h.start => {
+                self.header.clear();
+                (Place::Header { name: false }, Part::Marker)
+            }
             // Text with no header: the model answered outright.
             Place::Between => (Place::Body { answer: true }, Part::Content),
         };
@@ -145,6 +172,22 @@ impl Machine {
     pub fn start_token(&self) -> u32 {
         self.tokens.start
     }
+
+    /// The words of the header the output is in, or of the body it is in: runs of ordinary
+    /// tokens, one per run between the header's markers. (Before the output's first
+    /// `<|start|>`, the prompt's part of the header, `assistant`, is not among them.)
+    pub fn header(&self) -> &[Vec<u32>] {
+        &self.header
+    }
+}
+
+/// The recipient a header's text names (`to=functions.get_weather`), wherever in the header
+/// it stands: after the role (`assistant to=…`) or after the channel (`commentary to=…`).
+pub fn recipient(header: &str) -> Option<&str> {
+    header
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("to="))
+        .filter(|r| !r.is_empty())
 }
 
 #[cfg(test)]
@@ -153,14 +196,17 @@ mod tests {
     use Part::{Content as C, Marker as M, Reasoning as R};
 
     // <|start|> 1, <|channel|> 2, <|constrain|> 3, <|message|> 4, <|end|> 5, final 6;
-    // analysis 7, assistant 8, commentary 9, words 10 and up.
+    // analysis 7, assistant 8, commentary 9, words 10 to 97, <|call|> 98, <|return|> 99.
     const H: Harmony = Harmony {
         start: 1,
         channel: 2,
         constrain: 3,
         message: 4,
         end: 5,
+        call: 98,
+        return_: 99,
         final_channel: 6,
+        analysis_channel: 7,
     };
 
     fn parts(prompt: &[u32], output: &[u32]) -> Vec<Part> {
@@ -200,5 +246,37 @@ mod tests {
         assert!(m.answering());
         m.on_token(5);
         assert!(!m.answering());
+    }
+
+    #[test]
+    fn a_headers_words_are_kept_by_run_and_calls_and_returns_end_bodies() {
+        let mut m = H.machine_from(State::Start);
+        // <|channel|>commentary to=f <|constrain|>json<|message|>{…}<|call|>
+        let call = [2, 9, 10, 11, 3, 12, 4, 13, 98];
+        let parts: Vec<Part> = call.iter().map(|&t| m.on_token(t)).collect();
+        assert_eq!(parts, [M, M, M, M, M, M, M, R, M]);
+        assert_eq!(m.header(), [vec![9, 10, 11], vec![12]]);
+        // The next message's header starts afresh; the role's words are a run of their own.
+        for t in [1, 8, 10, 2, 6, 4] {
+            m.on_token(t);
+        }
+        assert_eq!(m.header(), [vec![8, 10], vec![6]]);
+        assert!(m.answering());
+        assert_eq!(m.on_token(99), M, "<|return|> ends the answer");
+        assert!(!m.answering());
+    }
+
+    #[test]
+    fn the_recipient_is_read_wherever_the_header_names_it() {
+        assert_eq!(
+            recipient("commentary to=functions.get_weather json"),
+            Some("functions.get_weather")
+        );
+        assert_eq!(
+            recipient("assistant to=functions.f commentary"),
+            Some("functions.f")
+        );
+        assert_eq!(recipient("commentary"), None);
+        assert_eq!(recipient("commentary to= json"), None);
     }
 }

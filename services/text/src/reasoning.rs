@@ -161,6 +161,15 @@ impl Split {
         matches!(&self.0, Machine::Think(t) if t.state == State::Start)
     }
 
+    /// gpt-oss's: the words of the header the output is in (or of its body's), by run
+    /// ([`harmony::Machine::header`]); `None` for a `<think>` split.
+    pub fn header(&self) -> Option<&[Vec<u32>]> {
+        match &self.0 {
+            Machine::Think(_) => None,
+            Machine::Harmony(h) => Some(h.header()),
+        }
+    }
+
     /// The opening marker's id.
     pub fn start_token(&self) -> u32 {
         match &self.0 {
