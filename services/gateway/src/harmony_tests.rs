@@ -172,7 +172,10 @@ fn what_auto_required_and_formats_together_ask() {
     let free = request(None, tools(ToolChoice::Auto)).expect("valid");
     assert_eq!(free.worker_request().grammar, None);
     let e = request(Some(&schema()), tools(ToolChoice::Required)).expect_err("both");
-    assert!(e.to_string().contains("`tools`: tools that must be called"), "{e}");
+    assert!(
+        e.to_string().contains("`tools`: tools that must be called"),
+        "{e}"
+    );
 }
 
 /// A prompt that opened a thinking body starts the grammar inside it; one that opened the

@@ -100,7 +100,7 @@ impl Harmony {
 /// Where in a message the output stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
-    /// In a header; `name` while the channel's name is being written.
+    /// In a header; `name` where the next token is the channel's name.
     Header { name: bool },
     /// In a body: the answer's (the `final` channel) or thinking.
     Body { answer: bool },
@@ -138,6 +138,8 @@ impl Machine {
                 (Place::Header { name: false }, Part::Marker)
             }
             Place::Header { name } => {
+                // The channel's name is its first token (`final` is one): what follows it
+                // (` <|constrain|>json`, a recipient) leaves it as it is.
                 if name {
                     self.final_seen = token == h.final_channel;
                 }
@@ -145,7 +147,7 @@ impl Machine {
                     Some(run) => run.push(token),
                     None => self.header.push(vec![token]),
                 }
-                (Place::Header { name }, Part::Marker)
+                (Place::Header { name: false }, Part::Marker)
             }
             Place::Body { .. } if [h.end, h.call, h.return_].contains(&token) => {
                 (Place::Between, Part::Marker)
@@ -264,6 +266,12 @@ mod tests {
         assert!(m.answering());
         assert_eq!(m.on_token(99), M, "<|return|> ends the answer");
         assert!(!m.answering());
+        // What follows the channel's name in its header leaves it the answer's:
+        // <|start|>assistant<|channel|>final <|constrain|>json<|message|>
+        for t in [1, 8, 2, 6, 10, 3, 12, 4] {
+            m.on_token(t);
+        }
+        assert!(m.answering());
     }
 
     #[test]
