@@ -447,14 +447,7 @@ impl ToolText {
             return Ok(());
         };
         let piece = text.push(token)?.text;
-        if !piece.is_empty() {
-            call.arguments.push_str(&piece);
-            self.pending.push(CallDelta {
-                index,
-                head: None,
-                arguments: piece,
-            });
-        }
+        add_arguments(call, &mut self.pending, index, piece);
         Ok(())
     }
 
@@ -485,14 +478,7 @@ impl ToolText {
     fn flush_calls(&mut self) -> Result<(), TextError> {
         for (index, (call, text)) in self.read.iter_mut().enumerate() {
             let rest = text.finish()?.text;
-            if !rest.is_empty() {
-                call.arguments.push_str(&rest);
-                self.pending.push(CallDelta {
-                    index,
-                    head: None,
-                    arguments: rest,
-                });
-            }
+            add_arguments(call, &mut self.pending, index, rest);
         }
         Ok(())
     }
@@ -515,6 +501,18 @@ impl ToolText {
             reason
         };
         (out.content, out.calls, reason)
+    }
+}
+
+/// `piece` of gpt-oss's call `index` (`call`): onto its arguments, and out as a piece.
+fn add_arguments(call: &mut ToolCall, pending: &mut Vec<CallDelta>, index: usize, piece: String) {
+    if !piece.is_empty() {
+        call.arguments.push_str(&piece);
+        pending.push(CallDelta {
+            index,
+            head: None,
+            arguments: piece,
+        });
     }
 }
 
