@@ -13,7 +13,6 @@ use ferrite_structured::Spec;
 use ferrite_text::harmony::{Harmony, recipient};
 use ferrite_text::reasoning::State;
 use ferrite_text::{ChatMessage, TextError, Tokenizer};
-use serde_json::Value;
 
 use crate::tools::{ToolChoice, Tools};
 
@@ -42,7 +41,8 @@ pub fn template_messages(messages: &[ChatMessage]) -> Vec<ChatMessage> {
 
 /// The grammar of a gpt-oss chat's output whose prompt leaves it in `state`: any thinking,
 /// then the answer in the `final` channel, held to `answer`, and/or a call that `tools`
-/// allow. `None` where nothing is held (no `answer`, and calls left to the model); an error
+/// allow, its arguments held to its parameters (both built as a response format's JSON is:
+/// bounded, whitespace too). `None` where nothing is held (no `answer`, and calls left to the model); an error
 /// naming what cannot be met. The channels' names are `h`'s tokens, as the split reads them.
 pub fn grammar(
     h: &Harmony,
@@ -81,33 +81,29 @@ pub fn grammar(
         }
         State::Answering => return Ok(answer),
     };
-    let mut tails = Vec::new();
-    if answer.is_some() {
+    let (mut tails, mut parts) = (Vec::new(), Vec::new());
+    if let Some(answer) = answer {
         tails.push(format!(
             "<|channel|> <[{}]> <|message|> @answer",
             h.final_channel
         ));
+        parts.push(("answer".to_owned(), answer));
     }
-    if let Some(t) = calls {
-        tails.extend(t.callable().map(|f| call_rule(&f.name, &f.parameters)));
+    for (i, f) in calls.iter().flat_map(|t| t.callable()).enumerate() {
+        // A name of `[a-zA-Z0-9_-]` (checked when the request was read) is a Lark string.
+        tails.push(format!(
+            "<|channel|> \"commentary to=functions.{} \" <|constrain|> \"json\" <|message|> \
+             @args_{i} <|call|>",
+            f.name
+        ));
+        let schema = Spec::JsonSchema {
+            schema: f.parameters.clone(),
+            strict: false,
+        };
+        parts.push((format!("args_{i}"), schema));
     }
     let lark = format!("{head}{thought}tail: {}\n", tails.join(" | "));
-    Ok(Some(match answer {
-        Some(answer) => Spec::Within {
-            lark,
-            answer: Box::new(answer),
-        },
-        None => Spec::Lark(lark),
-    }))
-}
-
-/// A call of function `name` (a name of `[a-zA-Z0-9_-]`, checked when the request was read)
-/// as gpt-oss writes one, its arguments held to `parameters`.
-fn call_rule(name: &str, parameters: &Value) -> String {
-    format!(
-        "<|channel|> \"commentary to=functions.{name} \" <|constrain|> \"json\" <|message|> \
-         %json {parameters} <|call|>"
-    )
+    Ok(Some(Spec::Within { lark, parts }))
 }
 
 #[cfg(test)]

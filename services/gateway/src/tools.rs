@@ -270,21 +270,26 @@ impl Tools {
             _ if !must_call => None,
             // Its grammar holds its channels too, and is built with them.
             ToolFormat::Harmony => None,
+            // The calls' JSON is a part of the format's grammar, built as a schema's is
+            // (bounded, its whitespace too).
             ToolFormat::Hermes => {
-                let call = self.call_schema(format);
                 let repeat = if self.parallel && !matches!(self.choice, ToolChoice::Named(_)) {
                     "+"
                 } else {
                     ""
                 };
-                Some(Spec::Lark(format!(
-                    "start: call{repeat}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {call}\n"
-                )))
+                Some(Spec::Within {
+                    lark: format!(
+                        "start: call{repeat}\ncall: \"<tool_call>\\n\" @call \"\\n</tool_call>\"\n"
+                    ),
+                    parts: vec![("call".into(), schema(self.call_schema(format)))],
+                })
             }
             ToolFormat::Llama3 => Some(schema(self.call_schema(format))),
-            ToolFormat::Mistral => Some(Spec::Lark(format!(
-                "start: \"[TOOL_CALLS]\" body\nbody: %json {calls}\n"
-            ))),
+            ToolFormat::Mistral => Some(Spec::Within {
+                lark: "start: \"[TOOL_CALLS]\" @calls\n".into(),
+                parts: vec![("calls".into(), schema(calls))],
+            }),
         }
     }
 

@@ -102,25 +102,57 @@ fn the_grammar_follows_the_choice() {
         None
     );
     let required = tools(ToolChoice::Required, false).constraint(ToolFormat::Hermes);
-    let Some(Spec::Lark(g)) = required else {
+    let Some(Spec::Within { lark, .. }) = required else {
         panic!("hermes required: {required:?}")
     };
     assert!(
-        g.starts_with("start: call\n"),
-        "one call without parallel: {g}"
+        lark.starts_with("start: call\n"),
+        "one call without parallel: {lark}"
     );
-    // Every grammar is well formed.
-    for format in [
-        ToolFormat::Generic,
-        ToolFormat::Hermes,
-        ToolFormat::Llama3,
-        ToolFormat::Mistral,
+    // Every grammar compiles, and takes the call of its format (over a byte-level vocabulary).
+    let model = crate::models::testing::harmony_model();
+    let vocabulary = model.vocabulary().expect("vocabulary");
+    for (format, call) in [
+        (
+            ToolFormat::Generic,
+            r#"{"tool_calls": [{"name": "weather", "arguments": {"city": "Paris"}}]}"#,
+        ),
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        ),
+        (
+            ToolFormat::Llama3,
+            r#"{"name": "weather", "parameters": {"city": "Paris"}}"#,
+        ),
+        (
+            ToolFormat::Mistral,
+            r#"[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Paris"}}]"#,
+        ),
     ] {
         for choice in [ToolChoice::Required, ToolChoice::Named("weather".into())] {
             let spec = tools(choice, true).constraint(format).expect("a grammar");
-            spec.grammar().expect("well formed");
+            let mut guide = vocabulary
+                .compile(&spec.grammar().expect("built"))
+                .expect("compiled");
+            let ended = call.bytes().map(|b| guide.accept(u32::from(b))).last();
+            let ended = ended.map(|r| r.expect("accepted"));
+            let mut mask = vec![0u32; guide.mask_words()];
+            guide.allowed(&mut mask, 1000).expect("mask");
+            // Done, or (more calls allowed) free to end there: on `<|return|>`, 262.
+            let may_end = mask[262 / 32] >> (262 % 32) & 1 == 1;
+            assert!(ended == Some(true) || may_end, "{format:?}: {call}");
         }
     }
+    // The calls' JSON is bounded as a response format's: no 17th space before a key.
+    let hermes = tools(ToolChoice::Required, false).constraint(ToolFormat::Hermes);
+    let mut guide = vocabulary
+        .compile(&hermes.expect("a grammar").grammar().expect("built"))
+        .expect("compiled");
+    for b in "<tool_call>\n{".bytes().chain([b' '; 16]) {
+        guide.accept(u32::from(b)).expect("accepted");
+    }
+    assert!(guide.accept(u32::from(b' ')).is_err(), "a 17th space");
 }
 
 #[test]

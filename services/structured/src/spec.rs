@@ -30,14 +30,15 @@ pub enum Spec {
     Choice(Vec<String>),
     /// Text of this Lark grammar (llguidance's dialect).
     Lark(String),
-    /// Text of the Lark grammar `lark`, in which `@answer` is text of `answer`: a model's own
-    /// output format around what a request asks of its answer (gpt-oss's channels around the
-    /// final one).
-    Within { lark: String, answer: Box<Spec> },
+    /// Text of the Lark grammar `lark`, in which `@NAME` is text of the spec `parts` names
+    /// NAME: a model's own output format around what a request asks of the parts it frames
+    /// (gpt-oss's channels around its answer; a call's header around its arguments). Each
+    /// part is built as on its own (a JSON schema bounded, its whitespace too).
+    Within {
+        lark: String,
+        parts: Vec<(String, Spec)>,
+    },
 }
-
-/// The name `@answer` refers to in a [`Spec::Within`]'s grammar.
-const ANSWER: &str = "answer";
 
 /// A compiled-to-be grammar in llguidance's own form: what the gateway sends a pool.
 #[derive(Debug, Clone)]
@@ -86,16 +87,18 @@ impl Spec {
                 TopLevelGrammar::from_regex(&format!("(?:{})", alternatives.join("|")))
             }
             Spec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
-            Spec::Within { lark, answer } => {
-                let Grammar(inner) = answer.build(bounded)?;
+            Spec::Within { lark, parts } => {
                 let mut top = TopLevelGrammar::from_lark(lark.clone());
-                for (i, mut g) in inner.grammars.into_iter().enumerate() {
-                    g.name = Some(if i == 0 {
-                        ANSWER.into()
-                    } else {
-                        format!("{ANSWER}_{i}")
-                    });
-                    top.grammars.push(g);
+                for (name, part) in parts {
+                    let Grammar(inner) = part.build(bounded)?;
+                    for (i, mut g) in inner.grammars.into_iter().enumerate() {
+                        g.name = Some(if i == 0 {
+                            name.clone()
+                        } else {
+                            format!("{name}_{i}")
+                        });
+                        top.grammars.push(g);
+                    }
                 }
                 top
             }

@@ -560,8 +560,11 @@ fn an_answer_within_a_format_follows_its_own_spec() {
         strict: true,
     };
     let spec = Spec::Within {
-        lark: "start: (\"think \" /[a-z]+/ \";\")* \"say \" @answer \"!\"".into(),
-        answer: Box::new(answer),
+        lark: "start: (\"think \" /[a-z]+/ \";\")* \"say \" @answer \"!\" | \"do \" @why".into(),
+        parts: vec![
+            ("answer".into(), answer),
+            ("why".into(), Spec::Regex("[0-9]".into())),
+        ],
     };
     let mut g = v.compile(&spec.grammar().expect("g")).expect("c");
     assert!(!feed(&mut g, "think abc;think d;say "));
@@ -570,10 +573,12 @@ fn an_answer_within_a_format_follows_its_own_spec() {
     assert!(!allowed(&mut g).contains(&u32::from(b'1')), "bounded");
     assert!(!feed(&mut g, "}"), "the format goes on after the answer");
     assert!(feed(&mut g, "!"));
-    // The answer's own faults are the request's, named as on their own.
+    let mut g = v.compile(&spec.grammar().expect("g")).expect("c");
+    assert!(feed(&mut g, "do 7"), "the other part");
+    // A part's own faults are the request's, named as on their own.
     let bad = Spec::Within {
         lark: "start: @answer".into(),
-        answer: Box::new(Spec::Choice(Vec::new())),
+        parts: vec![("answer".into(), Spec::Choice(Vec::new()))],
     };
     assert!(bad.grammar().is_err());
 }
