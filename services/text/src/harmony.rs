@@ -3,8 +3,9 @@
 //! ending on `<|return|>` (or `<|call|>`; both are its end-of-sequence tokens). The `analysis`
 //! channel is its thinking, `final` its answer, `commentary` its preambles and tool calls.
 //!
-//! Every marker is one special token, and so is each channel's name in the o200k vocabulary,
-//! so the output comes apart by token id, as `<think>` blocks do ([`crate::reasoning`]):
+//! Every marker is one special token, and the names of the `final` and `analysis` channels
+//! are one token each in the o200k vocabulary (`commentary` is two), so the output comes
+//! apart by token id, as `<think>` blocks do ([`crate::reasoning`]):
 //! headers are markers, a `final` body is the answer, every other body thinking. A tool call is
 //! a body whose header names its recipient (`<|channel|>commentary to=functions.get_weather
 //! <|constrain|>json<|message|>{…}<|call|>`): the header's words are ordinary tokens, kept
