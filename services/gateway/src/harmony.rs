@@ -108,4 +108,4 @@ pub fn grammar(
 
 #[cfg(test)]
 #[path = "harmony_tests.rs"]
-mod tests;
+pub(crate) mod tests;

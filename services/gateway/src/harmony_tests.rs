@@ -10,7 +10,7 @@ use serde_json::json;
 use super::*;
 use crate::error::GatewayError;
 use crate::models::ModelText;
-use crate::models::testing::harmony_model;
+use crate::models::testing::{harmony_model, o200k_model, text_fixture};
 use crate::tools::{self, Function};
 use crate::validate::{Chat, Constraint, Prompt, ValidatedRequest, validate};
 
@@ -188,10 +188,15 @@ fn the_grammar_starts_where_the_prompt_left_the_output() {
     };
     let grammar = |state, answer, tools| grammar(&h, state, answer, tools);
     let thinking = grammar(State::Thinking, answer(), None).expect("ok");
-    let Some(Spec::Within { lark, .. }) = thinking else {
-        panic!("{thinking:?}")
-    };
-    assert!(lark.starts_with("start: TEXT? <|end|>"), "{lark}");
+    let model = harmony_model();
+    let vocabulary = model.vocabulary().expect("vocabulary");
+    let built = thinking.expect("a grammar").grammar().expect("built");
+    let mut g = vocabulary.compile(&built).expect("compiled");
+    assert!(!feed(&mut g, &bytes("the rest of a thought")));
+    assert!(!feed(&mut g, &[END, START]));
+    assert!(!feed(&mut g, &bytes("assistant")));
+    assert!(!feed(&mut g, &[CHANNEL, FINAL, MESSAGE]));
+    assert!(feed(&mut g, &bytes(r#"{"n": 1}"#)));
     assert_eq!(grammar(State::Answering, answer(), None), Ok(answer()));
     let required = tools(ToolChoice::Required);
     let e = grammar(State::Answering, None, required.as_deref()).expect_err("no call");
@@ -254,4 +259,47 @@ fn a_past_call_renders_with_its_thinking_for_the_next_turn() {
         panic!("served with harmony")
     };
     assert_eq!(h.state_after(&ids), State::Start);
+}
+
+/// The ids of gpt-oss output `name` of `harmony_reference.json` (openai-harmony's encoding).
+pub(crate) fn reference_ids(name: &str) -> Vec<u32> {
+    let f: serde_json::Value =
+        serde_json::from_str(&text_fixture("harmony_reference.json")).expect("json");
+    serde_json::from_value(f["outputs"][name]["ids"].clone()).expect("ids")
+}
+
+/// gpt-oss's outputs in its own vocabulary, as openai-harmony encodes them, follow the
+/// grammars built for them: a required call (its header in the tokens gpt-oss writes:
+/// `comment`, `ary`, ` to`, `=`, `functions`, `.get`, `_weather`, ` `) to `<|call|>`, and a
+/// response format after thinking, ended by `<|return|>`.
+#[test]
+fn gpt_oss_outputs_in_its_own_vocabulary_follow_the_grammars() {
+    let model = o200k_model();
+    let chat = Prompt::Chat(Chat::new(vec![ChatMessage::new("user", "Paris?")]));
+    let params = json!({"type": "object", "properties": {"location": {"type": "string"},
+        "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["location"]});
+    let weather = Function::new("get_weather", None, Some(params)).expect("f");
+    let tools = Tools::new(vec![weather], ToolChoice::Required, true).expect("tools");
+    let req = validate(model.clone(), 4096, &chat, None, None, tools.map(Arc::new));
+    let mut g = guide(&model, &req.expect("valid"));
+    let ids = reference_ids("call_named_in_the_channel");
+    let ended = ids.iter().map(|&t| g.accept(t).expect("accepted")).last();
+    assert_eq!(ended, Some(true), "done at <|call|>");
+    let answer = Constraint {
+        spec: Spec::Regex("The capital of France is [A-Z][a-z]+\\.".into()),
+        field: "structured_outputs",
+    };
+    let req = validate(model.clone(), 4096, &chat, None, Some(&answer), None);
+    let mut g = guide(&model, &req.expect("valid"));
+    let ids = reference_ids("think_then_answer");
+    let (last, answer) = ids.split_last().expect("ids");
+    let ended = answer
+        .iter()
+        .map(|&t| g.accept(t).expect("accepted"))
+        .last();
+    assert_eq!(ended, Some(true), "done at the answer's end");
+    let mut mask = vec![0u32; g.mask_words()];
+    g.allowed(&mut mask, 100).expect("mask");
+    let at = *last as usize;
+    assert!(mask[at / 32] >> (at % 32) & 1 == 1, "<|return|> ends it");
 }

@@ -312,24 +312,49 @@ pub(crate) mod testing {
         Arc::new(ModelText::from_info(info).expect("model text"))
     }
 
+    /// A template of gpt-oss's shape: tools as JSON in a developer message, past calls (and
+    /// the `thinking` before them) and their results as gpt-oss's writes them, and
+    /// `<|start|>assistant` last.
+    const HARMONY_TEMPLATE: &str = "{% if tools %}<|start|>developer<|message|>\
+        {{ tools | tojson }}<|end|>{% endif %}{% set last = namespace(name=none) %}\
+        {% for m in messages %}{% if m.tool_calls %}{% if m.thinking %}<|start|>assistant\
+        <|channel|>analysis<|message|>{{ m.thinking }}<|end|>{% endif %}\
+        {% set call = m.tool_calls[0].function %}<|start|>assistant to=functions.\
+        {{ call.name }}<|channel|>commentary json<|message|>{{ call.arguments | tojson }}\
+        <|call|>{% set last.name = call.name %}{% elif m.role == 'tool' %}<|start|>functions.\
+        {{ last.name }} to=assistant<|channel|>commentary<|message|>{{ m.content | tojson }}\
+        <|end|>{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}\
+        {% endfor %}<|start|>assistant";
+
+    /// A fixture of `tests/fixtures/text` (made by the scripts there).
+    pub fn text_fixture(name: &str) -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/text/");
+        std::fs::read_to_string(format!("{path}{name}")).expect("a text fixture")
+    }
+
+    /// gpt-oss's own vocabulary, o200k_harmony (every id the real one; cut down to what
+    /// `harmony_reference.json`'s outputs use, with every special token and byte), served
+    /// with `openai_gptoss` and [`harmony_model`]'s template.
+    pub fn o200k_model() -> Arc<ModelText> {
+        let info = pb::ModelInfo {
+            model: "gpt-oss".into(),
+            tokenizer_json: text_fixture("o200k_harmony_subset.json"),
+            chat_template: Some(HARMONY_TEMPLATE.into()),
+            vocab_size: 201_088,
+            max_model_len: 4096,
+            eos_token_ids: vec![200_002, 200_012],
+            reasoning_parser: Some("openai_gptoss".into()),
+            ..pb::ModelInfo::default()
+        };
+        Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+
     /// gpt-oss's format over a byte-level vocabulary (id = byte): `<|start|>` 256,
     /// `<|channel|>` 257, `<|constrain|>` 258, `<|message|>` 259, `<|end|>` 260, `<|call|>`
     /// 261 and `<|return|>` 262 (special tokens, as gpt-oss's are), then `final` 263 and
     /// `analysis` 264 (words of one token each, as in its vocabulary). Served with
-    /// `openai_gptoss`, ending on `<|return|>` or `<|call|>`, with a template that renders
-    /// tools as JSON in a developer message, past calls (and the `thinking` before them) and
-    /// their results as gpt-oss's does, and ends its prompts with `<|start|>assistant`.
+    /// `openai_gptoss`, ending on `<|return|>` or `<|call|>`, with [`HARMONY_TEMPLATE`].
     pub fn harmony_model() -> Arc<ModelText> {
-        let template = "{% if tools %}<|start|>developer<|message|>{{ tools | tojson }}<|end|>\
-            {% endif %}{% set last = namespace(name=none) %}{% for m in messages %}\
-            {% if m.tool_calls %}{% if m.thinking %}<|start|>assistant<|channel|>analysis\
-            <|message|>{{ m.thinking }}<|end|>{% endif %}{% set call = m.tool_calls[0].function %}\
-            <|start|>assistant to=functions.{{ call.name }}<|channel|>commentary json<|message|>\
-            {{ call.arguments | tojson }}<|call|>{% set last.name = call.name %}\
-            {% elif m.role == 'tool' %}<|start|>functions.{{ last.name }} to=assistant\
-            <|channel|>commentary<|message|>{{ m.content | tojson }}<|end|>{% else %}\
-            <|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}{% endfor %}\
-            <|start|>assistant";
         let special = [
             "<|start|>",
             "<|channel|>",
@@ -356,7 +381,7 @@ pub(crate) mod testing {
         let info = pb::ModelInfo {
             model: "m".into(),
             tokenizer_json: json.to_string(),
-            chat_template: Some(template.into()),
+            chat_template: Some(HARMONY_TEMPLATE.into()),
             vocab_size: 265,
             max_model_len: 4096,
             eos_token_ids: vec![262, 261],

@@ -463,3 +463,64 @@ async fn a_gpt_oss_call_streams_as_a_tool_call() {
     assert_eq!(thought, r#"Let me look.{"city": "Paris"}"#);
     assert_eq!(text, "");
 }
+
+/// gpt-oss's outputs in its own vocabulary (openai-harmony's encoding of them) come apart as
+/// openai-harmony reads them: thinking, answer, and the calls to functions with their
+/// arguments; a built-in tool's call stays thinking.
+#[tokio::test]
+async fn gpt_oss_outputs_in_its_own_vocabulary_come_apart_as_openai_harmony_reads_them() {
+    use crate::harmony::tests::reference_ids;
+    let model = crate::models::testing::o200k_model();
+    let chat = chat(serde_json::json!({}));
+    let names = ["lookup_user", "list_events"];
+    let functions = names.map(|n| crate::tools::Function::new(n, None, None).expect("f"));
+    let tools = Tools::new(functions.to_vec(), ToolChoice::Auto, true).expect("tools");
+    let req = validate(model, 4096, &chat, None, None, tools.map(Arc::new)).expect("valid");
+    let cases = [
+        (
+            "think_then_answer",
+            "User asks the capital. Paris.",
+            "The capital of France is Paris.",
+            None,
+        ),
+        (
+            "call_named_after_the_role",
+            "Look the user up.",
+            "",
+            Some(("lookup_user", r#"{"id": 7}"#)),
+        ),
+        (
+            "preamble_then_call",
+            "Checking the calendar now.",
+            "",
+            Some(("list_events", r#"{"day":"2026-11-29"}"#)),
+        ),
+        ("builtin_tool_call", r#"{"query":"ferrite"}"#, "", None),
+    ];
+    for (name, thought, answer, call) in cases {
+        let evs = events_of_request(&req, &reference_ids(name), Ok(pb::FinishReason::Stop)).await;
+        let (mut got_thought, mut got_answer, mut calls) = (String::new(), String::new(), None);
+        for e in &evs {
+            match e {
+                Ok(GenerateEvent::Delta {
+                    text, reasoning, ..
+                }) => {
+                    got_thought.push_str(reasoning);
+                    got_answer.push_str(text);
+                }
+                Ok(GenerateEvent::Finish { tool_calls, .. }) => calls = Some(tool_calls.clone()),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            (got_thought.as_str(), got_answer.as_str()),
+            (thought, answer),
+            "{name}"
+        );
+        let calls = calls.expect("a finish");
+        let calls: Vec<(&str, &str)> = (calls.iter())
+            .map(|c| (c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(calls, call.into_iter().collect::<Vec<_>>(), "{name}");
+    }
+}
