@@ -42,8 +42,9 @@ pub fn template_messages(messages: &[ChatMessage]) -> Vec<ChatMessage> {
 /// The grammar of a gpt-oss chat's output whose prompt leaves it in `state`: any thinking,
 /// then the answer in the `final` channel, held to `answer`, and/or a call that `tools`
 /// allow, its arguments held to its parameters (both built as a response format's JSON is:
-/// bounded, whitespace too). `None` where nothing is held (no `answer`, and calls left to the model); an error
-/// naming what cannot be met. The channels' names are `h`'s tokens, as the split reads them.
+/// bounded, whitespace too). `None` where nothing is held (no `answer`, and calls left to
+/// the model); an error naming what cannot be met. The channels' names are `h`'s tokens, as
+/// the split reads them.
 pub fn grammar(
     h: &Harmony,
     state: State,
@@ -54,11 +55,9 @@ pub fn grammar(
         tools.is_some_and(|t| matches!(t.choice, ToolChoice::Required | ToolChoice::Named(_)));
     let may_call = tools.is_some_and(Tools::may_call);
     if must_call && answer.is_some() {
-        return Err(
-            "tools that must be called cannot also follow response_format or \
-                    structured_outputs"
-                .into(),
-        );
+        let why = "tools that must be called cannot also follow response_format or \
+                   structured_outputs";
+        return Err(why.into());
     }
     let calls = tools.filter(|_| must_call || (may_call && answer.is_some()));
     if answer.is_none() && calls.is_none() {
