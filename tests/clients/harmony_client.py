@@ -50,7 +50,9 @@ def main():
     a = p.parse_args()
     client = OpenAI(base_url=a.base_url + "/v1", api_key="none")
     question = [{"role": "user", "content": "What is the weather in Paris?"}]
-    held = dict(model=a.model, temperature=0, max_tokens=128,
+    # Room for the JSON's whitespace a random model may write (16 characters at most between
+    # tokens, one token each in this vocabulary) besides a call's 43-token header.
+    held = dict(model=a.model, temperature=0, max_tokens=256,
                 logit_bias={str(a.analysis_token): -100})
     out = {}
 
