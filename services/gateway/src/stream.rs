@@ -148,18 +148,19 @@ impl Thinking {
         match self.split.on_token(token) {
             Part::Content => return Ok(false),
             Part::Marker => self.calling = None,
-            Part::Reasoning => match (tools, self.split.header()) {
-                (Some(tools), Some(header)) if tools.format == ToolFormat::Harmony => {
-                    if self.calling.is_none() {
-                        self.calling = Some(tools.open_call(header)?);
-                    }
-                    if self.calling == Some(true) {
+            Part::Reasoning => {
+                let harmony = tools.filter(|t| t.format == ToolFormat::Harmony);
+                if let (Some(tools), Some(header)) = (harmony, self.split.header()) {
+                    let calling = match self.calling {
+                        Some(calling) => calling,
+                        None => *self.calling.insert(tools.open_call(header)?),
+                    };
+                    if calling {
                         return tools.call_token(token).map(|()| true);
                     }
-                    thought.push_str(&self.text.push(token)?.text);
                 }
-                _ => thought.push_str(&self.text.push(token)?.text),
-            },
+                thought.push_str(&self.text.push(token)?.text);
+            }
         }
         self.tokens += 1;
         Ok(true)
