@@ -10,7 +10,7 @@ use serde_json::json;
 use super::*;
 use crate::error::GatewayError;
 use crate::models::ModelText;
-use crate::models::testing::{harmony_model, o200k_model, text_fixture};
+use crate::models::testing::{fixture, harmony_model, o200k_model};
 use crate::tools::{self, Function};
 use crate::validate::{Chat, Constraint, Prompt, ValidatedRequest, validate};
 
@@ -264,7 +264,7 @@ fn a_past_call_renders_with_its_thinking_for_the_next_turn() {
 /// The ids of gpt-oss output `name` of `harmony_reference.json` (openai-harmony's encoding).
 pub(crate) fn reference_ids(name: &str) -> Vec<u32> {
     let f: serde_json::Value =
-        serde_json::from_str(&text_fixture("harmony_reference.json")).expect("json");
+        serde_json::from_str(&fixture("text/harmony_reference.json")).expect("json");
     serde_json::from_value(f["outputs"][name]["ids"].clone()).expect("ids")
 }
 

@@ -312,34 +312,28 @@ pub(crate) mod testing {
         Arc::new(ModelText::from_info(info).expect("model text"))
     }
 
-    /// A template of gpt-oss's shape: tools as JSON in a developer message, past calls (and
-    /// the `thinking` before them) and their results as gpt-oss's writes them, and
-    /// `<|start|>assistant` last.
-    const HARMONY_TEMPLATE: &str = "{% if tools %}<|start|>developer<|message|>\
-        {{ tools | tojson }}<|end|>{% endif %}{% set last = namespace(name=none) %}\
-        {% for m in messages %}{% if m.tool_calls %}{% if m.thinking %}<|start|>assistant\
-        <|channel|>analysis<|message|>{{ m.thinking }}<|end|>{% endif %}\
-        {% set call = m.tool_calls[0].function %}<|start|>assistant to=functions.\
-        {{ call.name }}<|channel|>commentary json<|message|>{{ call.arguments | tojson }}\
-        <|call|>{% set last.name = call.name %}{% elif m.role == 'tool' %}<|start|>functions.\
-        {{ last.name }} to=assistant<|channel|>commentary<|message|>{{ m.content | tojson }}\
-        <|end|>{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}\
-        {% endfor %}<|start|>assistant";
+    /// A file of `tests/fixtures` (made by the scripts there).
+    pub fn fixture(path: &str) -> String {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/");
+        std::fs::read_to_string(format!("{root}{path}")).expect("a fixture")
+    }
 
-    /// A fixture of `tests/fixtures/text` (made by the scripts there).
-    pub fn text_fixture(name: &str) -> String {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/text/");
-        std::fs::read_to_string(format!("{path}{name}")).expect("a text fixture")
+    /// The gpt-oss-shaped template the cluster tests serve (`gpt_oss_chat`'s, made by
+    /// `generate_gpt_oss_chat.py`): tools as JSON in a developer message, past calls (and the
+    /// `thinking` before them) and their results as gpt-oss writes them, and
+    /// `<|start|>assistant` last.
+    fn harmony_template() -> String {
+        fixture("models/gpt_oss_chat/chat_template.jinja")
     }
 
     /// gpt-oss's own vocabulary, o200k_harmony (every id the real one; cut down to what
     /// `harmony_reference.json`'s outputs use, with every special token and byte), served
-    /// with `openai_gptoss` and [`harmony_model`]'s template.
+    /// with `openai_gptoss` and [`harmony_template`].
     pub fn o200k_model() -> Arc<ModelText> {
         let info = pb::ModelInfo {
             model: "gpt-oss".into(),
-            tokenizer_json: text_fixture("o200k_harmony_subset.json"),
-            chat_template: Some(HARMONY_TEMPLATE.into()),
+            tokenizer_json: fixture("text/o200k_harmony_subset.json"),
+            chat_template: Some(harmony_template()),
             vocab_size: 201_088,
             max_model_len: 4096,
             eos_token_ids: vec![200_002, 200_012],
@@ -353,7 +347,7 @@ pub(crate) mod testing {
     /// `<|channel|>` 257, `<|constrain|>` 258, `<|message|>` 259, `<|end|>` 260, `<|call|>`
     /// 261 and `<|return|>` 262 (special tokens, as gpt-oss's are), then `final` 263 and
     /// `analysis` 264 (words of one token each, as in its vocabulary). Served with
-    /// `openai_gptoss`, ending on `<|return|>` or `<|call|>`, with [`HARMONY_TEMPLATE`].
+    /// `openai_gptoss`, ending on `<|return|>` or `<|call|>`, with [`harmony_template`].
     pub fn harmony_model() -> Arc<ModelText> {
         let special = [
             "<|start|>",
@@ -369,19 +363,12 @@ pub(crate) mod testing {
             .and_then(|t| t.to_tokenizer_json())
             .expect("a byte-level tokenizer");
         let mut json: serde_json::Value = serde_json::from_str(&json).expect("its json");
-        let added: Vec<serde_json::Value> = (special.iter().chain(&["final", "analysis"]))
-            .enumerate()
-            .map(|(i, content)| {
-                serde_json::json!({ "id": 256 + i, "content": content,
-                    "single_word": false, "lstrip": false, "rstrip": false,
-                    "normalized": false, "special": content.starts_with("<|") })
-            })
-            .collect();
-        json["added_tokens"] = added.into();
+        let contents: Vec<&str> = special.into_iter().chain(["final", "analysis"]).collect();
+        json["added_tokens"] = added_tokens(256, &contents, |c| c.starts_with("<|")).into();
         let info = pb::ModelInfo {
             model: "m".into(),
             tokenizer_json: json.to_string(),
-            chat_template: Some(HARMONY_TEMPLATE.into()),
+            chat_template: Some(harmony_template()),
             vocab_size: 265,
             max_model_len: 4096,
             eos_token_ids: vec![262, 261],
@@ -389,6 +376,22 @@ pub(crate) mod testing {
             ..pb::ModelInfo::default()
         };
         Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+
+    /// `tokenizer.json`'s entries of added tokens `contents`, from id `first` on, each
+    /// `special` or not.
+    fn added_tokens(
+        first: usize,
+        contents: &[&str],
+        special: impl Fn(&str) -> bool,
+    ) -> Vec<serde_json::Value> {
+        (contents.iter().enumerate())
+            .map(|(i, &content)| {
+                serde_json::json!({ "id": first + i, "content": content,
+                    "single_word": false, "lstrip": false, "rstrip": false,
+                    "normalized": false, "special": special(content) })
+            })
+            .collect()
     }
 
     /// A model `m` of a word-level tokenizer of 8 words (`<unk> a b c user : x y`) and
@@ -400,16 +403,9 @@ pub(crate) mod testing {
             .enumerate()
             .map(|(id, w)| ((*w).to_owned(), id.into()))
             .collect();
-        let added_tokens: Vec<serde_json::Value> = (added.iter().enumerate())
-            .map(|(i, content)| {
-                serde_json::json!({ "id": words.len() + i, "content": content,
-                    "single_word": false, "lstrip": false, "rstrip": false,
-                    "normalized": false, "special": false })
-            })
-            .collect();
         let tokenizer = serde_json::json!({
             "version": "1.0",
-            "added_tokens": added_tokens,
+            "added_tokens": added_tokens(words.len(), added, |_| false),
             "normalizer": null,
             "pre_tokenizer": { "type": "Whitespace" },
             "post_processor": null,
