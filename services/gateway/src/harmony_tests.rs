@@ -65,11 +65,25 @@ fn guide(model: &ModelText, req: &ValidatedRequest) -> Guide {
 }
 
 fn allowed(g: &mut Guide) -> Vec<u32> {
+    let mask = mask(g);
+    (0..265).filter(|&i| has(&mask, i)).collect()
+}
+
+/// What `g` allows next, as the worker asks it (a budget far from its end).
+fn mask(g: &mut Guide) -> Vec<u32> {
     let mut mask = vec![0u32; g.mask_words()];
     g.allowed(&mut mask, 100_000).expect("mask");
-    (0..265)
-        .filter(|&i| mask[i as usize / 32] >> (i % 32) & 1 == 1)
-        .collect()
+    mask
+}
+
+/// Whether `mask` allows `token`.
+fn has(mask: &[u32], token: u32) -> bool {
+    mask[token as usize / 32] >> (token % 32) & 1 == 1
+}
+
+/// Whether `g` allows `token` next.
+pub(crate) fn allows(g: &mut Guide, token: u32) -> bool {
+    has(&mask(g), token)
 }
 
 /// Feeds `ids`, each allowed; returns whether the last completed the grammar.
@@ -298,8 +312,5 @@ fn gpt_oss_outputs_in_its_own_vocabulary_follow_the_grammars() {
         .map(|&t| g.accept(t).expect("accepted"))
         .last();
     assert_eq!(ended, Some(true), "done at the answer's end");
-    let mut mask = vec![0u32; g.mask_words()];
-    g.allowed(&mut mask, 100).expect("mask");
-    let at = *last as usize;
-    assert!(mask[at / 32] >> (at % 32) & 1 == 1, "<|return|> ends it");
+    assert!(allows(&mut g, *last), "<|return|> ends it");
 }
