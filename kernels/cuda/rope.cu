@@ -99,7 +99,9 @@ __device__ __forceinline__ void rope(T* q, i32 q_stride, T* k, i32 k_stride,
 // n_kv_heads heads at stride k_stride (k may be null when n_kv_heads == 0). Q and K may be
 // column ranges of one fused QKV buffer but must not overlap each other.
 // positions: [n_tokens] >= 0. inv_freq: [rope_dim / 2]. scale multiplies cos and sin. rope_dim
-// even, 2 <= rope_dim <= head_dim, rope_dim <= 1024. adjacent: 0 = pairs (i, i + rope_dim/2), else (2i, 2i+1).
+// even, rope_dim <= head_dim, rope_dim <= 1024; 0 rotates nothing (a layer without rotary
+// embeddings: with k_cache the launch only writes the cache). adjacent: 0 = pairs
+// (i, i + rope_dim/2), else (2i, 2i+1).
 // Elements at index >= rope_dim within each head are left as they are.
 // With k_cache non-null the launch also writes the KV cache, as kv_write_* does: each token's
 // rotated K row and its V row (v, rows v_stride apart) into slot slots[t] of k_cache /

@@ -116,6 +116,7 @@ pub struct RopeShape {
     pub n_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// The dimensions of each head that rotate; 0: none (the launch only writes the cache).
     pub rope_dim: usize,
     pub position_scale: f32,
     /// Multiplies the rotation's cos and sin (YaRN's and LongRoPE's attention factor; 1

@@ -419,9 +419,9 @@ fn prefix_cache_hits_on_the_gpu_give_its_cold_tokens() {
     }
 }
 
-/// Gemma 2 and 3, Qwen3 and Phi-3 (f16, graphs): the first token's top-5 log-probabilities
-/// (Gemma 3's sliding layers rotate by a base of their own; Phi-3 rotates half of a head;
-/// YaRN and LongRoPE scale cos and sin).
+/// Gemma 2 and 3, Qwen3, Phi-3 and SmolLM3 (f16, graphs): the first token's top-5
+/// log-probabilities (Gemma 3's sliding layers rotate by a base of their own; Phi-3 rotates
+/// half of a head; YaRN and LongRoPE scale cos and sin; SmolLM3's fourth layer rotates none).
 #[test]
 fn tiny_models_match_the_cpu() {
     let Some(gpu) = gpu("tiny_models_match_the_cpu") else {
@@ -434,6 +434,7 @@ fn tiny_models_match_the_cpu() {
         "models/phi3",
         "models/qwen3_yarn",
         "models/phi3_longrope",
+        "models/smollm3",
     ] {
         let path = fixtures().join(dir);
         let want = generate(model::load(&path).expect("tiny model").model, None);

@@ -110,6 +110,10 @@ fn tiny_llama_family_split_two_and_four_ways() {
     check_tiny("phi3", None, None);
     check_tiny("phi3", Some("model.gguf"), Some("gguf"));
     check_tiny("phi3_longrope", None, None);
+    check_tiny("smollm3", None, None);
+    check_tiny("smollm3", Some("model.gguf"), Some("gguf"));
+    check_tiny("granite", None, None);
+    check_tiny("granite", Some("model.gguf"), Some("gguf"));
 }
 
 #[test]

@@ -229,6 +229,32 @@ fn gemma3_gguf() {
     check("gemma3", Some("model.gguf"), Some("gguf"));
 }
 
+/// SmolLM3 (`tests/fixtures/models/generate_variants.py`): its fourth layer rotates nothing
+/// (`no_rope_layers`), tied embeddings.
+#[test]
+fn smollm3_nope_layer_safetensors() {
+    check("smollm3", None, None);
+}
+
+/// llama.cpp's `smollm3`: Q/K permuted as Llama's, every fourth layer without rotation by the
+/// arch's own rule.
+#[test]
+fn smollm3_gguf() {
+    check("smollm3", Some("model.gguf"), Some("gguf"));
+}
+
+/// Granite 3.x: the embedding, residual, attention and logit multipliers.
+#[test]
+fn granite_multipliers_safetensors() {
+    check("granite", None, None);
+}
+
+/// llama.cpp's `granite`: the four multipliers as its converter writes them.
+#[test]
+fn granite_gguf() {
+    check("granite", Some("model.gguf"), Some("gguf"));
+}
+
 /// A mixture of experts: 4 experts, 2 per token, renormalized, each its own tensors.
 #[test]
 fn mixtral_experts_safetensors() {

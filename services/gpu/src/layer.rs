@@ -260,7 +260,9 @@ impl LayerOps for DeviceLayers<'_> {
             n_heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
-            rope_dim: c.rope_dim,
+            // A layer without rotation (SmolLM3's NoPE) rotates no pair: the launch only
+            // writes the cache.
+            rope_dim: if c.rotates[index] { c.rope_dim } else { 0 },
             position_scale: freqs.position_scale,
             scale: freqs.scale,
             adjacent: r.w.adjacent_rope,

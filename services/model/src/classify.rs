@@ -113,9 +113,10 @@ pub fn by_tokens(
     if cfg.labels.is_some() {
         return bad("the model is a sequence classifier already".into());
     }
-    if cfg.final_logit_softcap.is_some() {
+    if cfg.final_logit_softcap.is_some() || cfg.logits_divisor != 1.0 {
         return bad(
-            "this model's logits are soft-capped, which rows of its head do not give".into(),
+            "this model's logits are soft-capped or divided, which rows of its head do not give"
+                .into(),
         );
     }
     let Some(tokenizer) = tokenizer else {

@@ -3,7 +3,6 @@
 
 use std::str::FromStr;
 
-use ferrite_formats::gguf::GgufFile;
 use ferrite_kernels::cpu::rope::{Rope, RopePairing};
 use ferrite_kernels::cpu::{clamped_swiglu_in_place, gelu_tanh_mul_in_place, silu_mul_in_place};
 use serde_json::Value;
@@ -14,6 +13,7 @@ use crate::gpt_oss_config;
 use crate::moe_config::{MoeConfig, MoeFamily};
 pub use crate::rope::RopeScaling;
 use crate::rope::{HfRope, yarn_mscale};
+use crate::variants;
 use crate::window::{self, WindowRule};
 
 /// The model families ferrite runs. They share one forward ([`crate::llama`]) and differ
@@ -43,6 +43,11 @@ pub enum Architecture {
     /// Gemma 3 (text): Gemma 2 without the soft caps, with an RMSNorm on each head of Q and K,
     /// five sliding layers to one full, and a rotary base of their own for the sliding ones.
     Gemma3,
+    /// SmolLM3: Llama with no rotary embedding on every fourth layer (NoPE).
+    SmolLm3,
+    /// Granite 3.x: Llama with multipliers of the embeddings, the residual branches, the
+    /// attention scores and the logits.
+    Granite,
     /// gpt-oss: a mixture of experts with biases everywhere (attention's four projections, the
     /// router, the experts), a clamped SwiGLU, a learned sink logit per attention head, and
     /// sliding-window attention on alternate layers (`gpt_oss.rs`, `gpt_oss_config.rs`).
@@ -68,6 +73,8 @@ impl FromStr for Architecture {
             "gemma2" | "Gemma2ForCausalLM" => Architecture::Gemma2,
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Architecture::Gemma3,
             "phi3" | "Phi3ForCausalLM" => Architecture::Phi3,
+            "smollm3" | "SmolLM3ForCausalLM" => Architecture::SmolLm3,
+            "granite" | "GraniteForCausalLM" => Architecture::Granite,
             "gpt-oss" | "gpt_oss" | "GptOssForCausalLM" => Architecture::GptOss,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         })
@@ -169,6 +176,13 @@ pub struct ModelConfig {
     /// gpt-oss: each attention head has a learned sink logit (`self_attn.sinks`) in its
     /// softmax.
     pub attention_sinks: bool,
+    /// Per layer: whether it rotates q and k by position (SmolLM3's every fourth layer does
+    /// not: its attention knows order only through the causal mask).
+    pub rotates: Vec<bool>,
+    /// Granite: multiplies each attention and MLP output before its residual add; 1 otherwise.
+    pub residual_scale: f32,
+    /// Granite: divides the output logits; 1 otherwise.
+    pub logits_divisor: f32,
     /// Per layer: how many of the most recent positions (the token's own included) its
     /// attention sees; `None` for all of them. The KV cache still keeps every position.
     pub attention_window: Vec<Option<usize>>,
@@ -314,6 +328,9 @@ impl ModelConfig {
                 lacks("attention sinks or attention output biases")
             }
             (_, Some(_)) => lacks("mixture-of-experts models"),
+            _ if self.residual_scale != 1.0 || self.logits_divisor != 1.0 => {
+                lacks("residual or logit multipliers (Granite's)")
+            }
             _ => Ok(()),
         }
     }
@@ -346,16 +363,28 @@ impl ModelConfig {
             ));
         }
         let positive = |v: f32| v.is_finite() && v > 0.0;
-        if !positive(self.attention_scale) || !positive(self.embedding_scale) {
+        let scales = [
+            self.attention_scale,
+            self.embedding_scale,
+            self.residual_scale,
+            self.logits_divisor,
+        ];
+        if !scales.into_iter().all(positive) {
             return bad(format!(
-                "attention scale {} and embedding scale {} must be positive",
-                self.attention_scale, self.embedding_scale
+                "attention, embedding, residual and logit scales {scales:?} must be positive"
             ));
         }
         let caps = [self.attn_logit_softcap, self.final_logit_softcap];
         if caps.into_iter().flatten().any(|c| !positive(c)) || !self.norm_weight_offset.is_finite()
         {
             return bad("logit soft caps must be positive, the norm offset finite".into());
+        }
+        if self.rotates.len() != self.num_layers {
+            return bad(format!(
+                "{} layers marked rotating or not for {} layers",
+                self.rotates.len(),
+                self.num_layers
+            ));
         }
         if self.attention_window.len() != self.num_layers
             || self.attention_window.contains(&Some(0))
@@ -388,121 +417,6 @@ impl ModelConfig {
         Ok(self)
     }
 
-    /// From GGUF metadata (`{arch}.block_count`, …).
-    pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
-        let arch_name = gguf
-            .get_str("general.architecture")
-            .ok_or_else(|| ModelError::BadConfig("GGUF has no general.architecture".into()))?
-            .to_owned();
-        let mut architecture: Architecture = arch_name.parse()?;
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let req = |k: &str| -> Result<usize> {
-            gguf.get_u64(&key(k))
-                .map(|v| v as usize)
-                .ok_or_else(|| ModelError::BadConfig(format!("GGUF metadata `{}` missing", key(k))))
-        };
-        let hidden_size = req("embedding_length")?;
-        let num_heads = req("attention.head_count")?;
-        let num_kv_heads = gguf
-            .get_u64(&key("attention.head_count_kv"))
-            .map_or(num_heads, |v| v as usize);
-        let head_dim = match gguf.get_u64(&key("attention.key_length")) {
-            Some(v) => v as usize,
-            None if num_heads > 0 => hidden_size / num_heads,
-            None => 0,
-        };
-        let vocab_size = match gguf.get_u64(&key("vocab_size")) {
-            Some(v) => v as usize,
-            None => gguf
-                .get("tokenizer.ggml.tokens")
-                .and_then(|v| v.as_array())
-                .map_or(0, <[_]>::len),
-        };
-        let rope_dim = gguf
-            .get_u64(&key("rope.dimension_count"))
-            .map_or(head_dim, |v| v as usize);
-        let max_position_embeddings = gguf
-            .get_u64(&key("context_length"))
-            .map_or(4096, |v| v as usize);
-        let rope_scaling = gguf_rope_scaling(gguf, &key, rope_dim, max_position_embeddings)?;
-        // llama.cpp's converter permutes Q/K of `llama` checkpoints for interleaved RoPE; Qwen
-        // and Gemma checkpoints keep the HF layout and use NEOX.
-        let rope_style = match architecture {
-            Architecture::Llama | Architecture::Mistral | Architecture::Mixtral => {
-                RopeStyle::Interleaved
-            }
-            Architecture::Qwen2
-            | Architecture::Qwen2Moe
-            | Architecture::Qwen3
-            | Architecture::Qwen3Moe
-            | Architecture::Gemma2
-            | Architecture::Gemma3
-            | Architecture::Phi3
-            | Architecture::GptOss
-            | Architecture::Encoder => RopeStyle::Neox,
-        };
-        let tie_word_embeddings = !gguf.tensors.contains("output.weight");
-        let num_layers = layer_count(req("block_count")?)?;
-        let intermediate_size = req("feed_forward_length")?;
-        let family = match architecture {
-            Architecture::Qwen2Moe => MoeFamily::Qwen2,
-            Architecture::Qwen3Moe => MoeFamily::Qwen3,
-            Architecture::GptOss => MoeFamily::GptOss,
-            _ => MoeFamily::Mixtral,
-        };
-        let moe = MoeConfig::from_gguf(gguf, &key, family, intermediate_size, num_layers)?;
-        // llama.cpp writes Mixtral as `llama` with experts.
-        if architecture == Architecture::Llama && moe.is_some() {
-            architecture = Architecture::Mixtral;
-        }
-        let mut cfg = ModelConfig {
-            architecture,
-            vocab_size,
-            hidden_size,
-            intermediate_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            rms_norm_eps: gguf
-                .get_f64(&key("attention.layer_norm_rms_epsilon"))
-                .unwrap_or(1e-5) as f32,
-            rope_theta: gguf.get_f64(&key("rope.freq_base")).unwrap_or(10_000.0) as f32,
-            rope_style,
-            rope_scaling,
-            rope_dim,
-            max_position_embeddings,
-            tie_word_embeddings,
-            qkv_bias: gguf.tensors.contains("blk.0.attn_q.bias"),
-            o_bias: gguf.tensors.contains("blk.0.attn_output.bias"),
-            qk_norm: gguf.tensors.contains("blk.0.attn_q_norm.weight"),
-            activation: Activation::Silu,
-            embedding_scale: 1.0,
-            norm_weight_offset: 0.0,
-            post_norms: false,
-            attention_scale: 1.0 / (head_dim as f32).sqrt(),
-            attn_logit_softcap: None,
-            final_logit_softcap: None,
-            attention_sinks: false,
-            attention_window: vec![None; num_layers],
-            moe,
-            local_rope_theta: None,
-            labels: None,
-            label_tokens: None,
-        };
-        if let Some(g) = gemma_of(architecture) {
-            cfg.activation = Activation::GeluTanh;
-            cfg.set_gemma(gemma::from_gguf(gguf, &key, g, cfg.gemma_shape()));
-        }
-        if architecture == Architecture::GptOss {
-            let o = gpt_oss_config::from_gguf(gguf, &key, num_layers);
-            let (alpha, limit) = o.swiglu;
-            cfg.activation = Activation::ClampedSwiglu { alpha, limit };
-            (cfg.attention_sinks, cfg.attention_window) = (o.sinks, o.windows);
-        }
-        cfg.validate()
-    }
-
     fn gemma_shape(&self) -> gemma::Shape {
         gemma::Shape {
             hidden_size: self.hidden_size,
@@ -524,6 +438,14 @@ impl ModelConfig {
         self.final_logit_softcap = o.final_logit_softcap;
         self.attention_window = o.attention_window;
         self.local_rope_theta = o.local_rope_theta;
+    }
+
+    /// Granite's multipliers over the Llama family's.
+    fn set_scales(&mut self, s: variants::Scales) {
+        self.embedding_scale = s.embedding;
+        self.residual_scale = s.residual;
+        self.attention_scale = s.attention;
+        self.logits_divisor = s.logits_divisor;
     }
 
     /// From a Hugging Face `config.json` (transformers 4.x `rope_theta`/`rope_scaling` or 5.x
@@ -630,7 +552,7 @@ impl ModelConfig {
             tie_word_embeddings: cfg
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
-                .unwrap_or(gemma.is_some()),
+                .unwrap_or(gemma.is_some() || architecture == Architecture::SmolLm3),
             // Qwen2-MoE's config says `qkv_bias` (true unless it says otherwise).
             qkv_bias: (cfg.get("qkv_bias").and_then(Value::as_bool))
                 .or(attention_bias)
@@ -650,6 +572,9 @@ impl ModelConfig {
             attn_logit_softcap: None,
             final_logit_softcap: None,
             attention_sinks: architecture == Architecture::GptOss,
+            rotates: vec![true; num_layers],
+            residual_scale: 1.0,
+            logits_divisor: 1.0,
             attention_window: window::windows(cfg, window_rule(architecture), num_layers)?,
             moe,
             local_rope_theta: None,
@@ -659,6 +584,14 @@ impl ModelConfig {
         if let Some(g) = gemma {
             let options = gemma::from_hf(cfg, g, model.gemma_shape())?;
             model.set_gemma(options);
+        }
+        match architecture {
+            Architecture::SmolLm3 => {
+                model.rotates = variants::smollm3_rotates(cfg, num_layers)?;
+                model.attention_window = variants::smollm3_windows(cfg, &model.rotates)?;
+            }
+            Architecture::Granite => model.set_scales(variants::granite_from_hf(cfg, head_dim)?),
+            _ => {}
         }
         model.validate()
     }
@@ -676,7 +609,10 @@ fn window_rule(arch: Architecture) -> WindowRule {
         // 2047), on every layer, as Mixtral's.
         Architecture::Mixtral | Architecture::Phi3 => WindowRule::Mixtral,
         Architecture::GptOss => WindowRule::GptOss,
+        // SmolLM3 sets its own ([`variants::smollm3_windows`]).
         Architecture::Llama
+        | Architecture::SmolLm3
+        | Architecture::Granite
         | Architecture::Gemma2
         | Architecture::Gemma3
         | Architecture::Encoder => WindowRule::None,
@@ -718,59 +654,5 @@ mod tests;
 #[path = "rope_tests.rs"]
 mod rope_tests;
 
-/// The scaling of a GGUF file's rotary frequencies: linear or YaRN from its metadata as
-/// llama.cpp reads them, LongRoPE from its `rope_factors_short`/`_long` tensors (Phi-3.5,
-/// Phi-4-mini). Llama 3.1's per-pair divisors (`rope_freqs`) are applied at load.
-fn gguf_rope_scaling(
-    gguf: &GgufFile,
-    key: &dyn Fn(&str) -> String,
-    rope_dim: usize,
-    max_position: usize,
-) -> Result<RopeScaling> {
-    let float = |k: &str| gguf.get_f64(&key(k));
-    let original = gguf
-        .get_u64(&key("rope.scaling.original_context_length"))
-        .map_or(max_position, |v| v as usize);
-    let factor = float("rope.scaling.factor");
-    if gguf.tensors.contains("rope_factors_long.weight") {
-        let factors = |name: &str| {
-            gguf.tensors
-                .vector_of_len(name, rope_dim / 2)
-                .map_err(|e| ModelError::BadConfig(format!("LongRoPE: {e}")))
-        };
-        let ratio = max_position as f64 / original as f64;
-        return Ok(RopeScaling::LongRope {
-            short_factor: factors("rope_factors_short.weight")?,
-            long_factor: factors("rope_factors_long.weight")?,
-            original_max_position: original,
-            attention_factor: float("rope.scaling.attn_factor")
-                .unwrap_or_else(|| crate::rope::longrope_attention(ratio, original))
-                as f32,
-        });
-    }
-    Ok(match gguf.get_str(&key("rope.scaling.type")) {
-        None | Some("none") => RopeScaling::None,
-        Some("linear") => RopeScaling::Linear {
-            factor: factor.unwrap_or(1.0) as f32,
-        },
-        // llama.cpp multiplies its `attn_factor` (1 unless written) by YaRN's own.
-        Some("yarn") => {
-            let factor = factor.unwrap_or(1.0);
-            let attn = float("rope.scaling.attn_factor").unwrap_or(1.0);
-            RopeScaling::Yarn {
-                factor: factor as f32,
-                original_max_position: original,
-                beta_fast: float("rope.scaling.yarn_beta_fast").unwrap_or(32.0) as f32,
-                beta_slow: float("rope.scaling.yarn_beta_slow").unwrap_or(1.0) as f32,
-                truncate: true,
-                attention_factor: (attn * yarn_mscale(factor, 1.0)) as f32,
-            }
-        }
-        Some(other) => {
-            return Err(ModelError::BadConfig(format!(
-                "rope scaling `{other}` is not supported (supported: none, linear, yarn, \
-                 LongRoPE factors, and Llama 3.1 rope_freqs)"
-            )));
-        }
-    })
-}
+#[path = "config_gguf.rs"]
+mod gguf;

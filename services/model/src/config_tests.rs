@@ -289,3 +289,53 @@ fn gpt_oss_20b_config() {
     let q = ModelConfig::from_hf_config(&qwen2).expect("qwen2");
     assert!(q.qkv_bias && !q.o_bias);
 }
+
+/// SmolLM3-3B's config.json (its shape and options, cut to 8 layers): every fourth layer
+/// without rotation, tied embeddings, no window; it runs on the GPU too.
+#[test]
+fn smollm3_config() {
+    let c = ModelConfig::from_hf_config(&json!({
+        "architectures": ["SmolLM3ForCausalLM"], "hidden_size": 2048,
+        "intermediate_size": 11008, "max_position_embeddings": 65536, "model_type": "smollm3",
+        "no_rope_layer_interval": 4, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0],
+        "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 4,
+        "rope_theta": 5000000.0, "sliding_window": null, "use_sliding_window": false,
+        "vocab_size": 128256,
+    }))
+    .expect("config");
+    assert_eq!(c.architecture, Architecture::SmolLm3);
+    assert_eq!(
+        c.rotates,
+        [true, true, true, false, true, true, true, false]
+    );
+    assert!(c.tie_word_embeddings && c.attention_window.iter().all(Option::is_none));
+    assert_eq!((c.residual_scale, c.logits_divisor), (1.0, 1.0));
+    c.gpu_check().expect("SmolLM3 on the GPU");
+}
+
+/// A Granite 3.x config.json (granite-3.3-2b's multipliers, cut to 2 layers): the four
+/// multipliers read; the GPU runner refuses them (its kernels have no residual multiplier).
+#[test]
+fn granite_config() {
+    let c = ModelConfig::from_hf_config(&json!({
+        "architectures": ["GraniteForCausalLM"], "attention_multiplier": 0.015625,
+        "embedding_multiplier": 12.0, "hidden_size": 2048, "intermediate_size": 8192,
+        "logits_scaling": 8.0, "model_type": "granite", "num_attention_heads": 32,
+        "num_hidden_layers": 2, "num_key_value_heads": 8, "residual_multiplier": 0.22,
+        "rope_theta": 10000000.0, "tie_word_embeddings": true, "vocab_size": 49159,
+    }))
+    .expect("config");
+    assert_eq!(c.architecture, Architecture::Granite);
+    assert_eq!((c.embedding_scale, c.attention_scale), (12.0, 0.015625));
+    assert_eq!((c.residual_scale, c.logits_divisor), (0.22, 8.0));
+    assert_eq!(c.rotates, [true, true]);
+    let e = c.gpu_check().expect_err("not on the GPU yet");
+    assert!(e.to_string().contains("Granite"), "{e}");
+    let zero = json!({"architectures": ["GraniteForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": 256, "logits_scaling": 0.0});
+    assert!(
+        ModelConfig::from_hf_config(&zero).is_err(),
+        "a zero divisor"
+    );
+}

@@ -10,6 +10,8 @@
 //!   made on a device ([`EngineModel::DeviceRandom`]).
 //! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
 //!   face the offline tools drive layer by layer.
+//! - `gemma.rs`, `variants.rs`: families that are options of the Llama forward (Gemma 2 and 3;
+//!   SmolLM3's layers without rotation, Granite's multipliers), read from their configs.
 //! - [`encoder`]: BERT-family encoders (embeddings): their shape, weights and forward.
 //! - [`moe`]: mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE): their shape, weights
 //!   and CPU forward.
@@ -55,6 +57,7 @@ pub mod rope;
 pub mod schedule;
 pub mod step;
 pub mod tp;
+mod variants;
 mod window;
 
 pub use batch::BatchForward;

@@ -481,6 +481,9 @@ impl LlamaModel {
         let mut normed = vec![0f32; picked.len()];
         rms_norm(&picked, &self.norm, c.rms_norm_eps, &mut normed);
         let mut logits = self.lm_head_logits(&normed, n_out, comm)?;
+        if c.logits_divisor != 1.0 {
+            logits.iter_mut().for_each(|l| *l /= c.logits_divisor);
+        }
         if let Some(cap) = c.final_logit_softcap {
             soft_cap_in_place(&mut logits, cap);
         }

@@ -66,6 +66,15 @@ impl Lora<'_, '_> {
     }
 }
 
+/// `x += scale · branch` (Granite's `residual_multiplier`; 1 elsewhere, where `branch` is
+/// added as it is). The product is rounded before the add, as transformers computes it.
+fn residual_add(x: &mut [f32], branch: &mut [f32], scale: f32) {
+    if scale != 1.0 {
+        branch.iter_mut().for_each(|v| *v *= scale);
+    }
+    add_in_place(x, branch);
+}
+
 /// `layer`'s dense MLP: the schedule asks a sparse layer for its experts instead.
 fn dense(layer: &Layer) -> Result<&crate::moe::Ffn> {
     (layer.mlp.dense()).ok_or_else(|| ModelError::Internal("a dense step of a sparse layer".into()))
@@ -107,9 +116,11 @@ impl LayerOps for CpuLayer<'_, '_> {
     fn rope_and_cache(&mut self, index: usize) -> Result<()> {
         let (c, b) = (&self.model.cfg, &mut *self.b);
         let kv_dim = c.kv_dim();
-        let rope = self.model.rope_of(index);
-        rope.apply(&mut b.q, self.at.positions, c.num_heads);
-        rope.apply(&mut b.k, self.at.positions, c.num_kv_heads);
+        if c.rotates[index] {
+            let rope = self.model.rope_of(index);
+            rope.apply(&mut b.q, self.at.positions, c.num_heads);
+            rope.apply(&mut b.k, self.at.positions, c.num_kv_heads);
+        }
         for (t, qt) in self.at.query_tokens.iter().enumerate() {
             let rows = t * kv_dim..(t + 1) * kv_dim;
             let (k, v) = (&b.k[rows.clone()], &b.v[rows]);
@@ -153,7 +164,7 @@ impl LayerOps for CpuLayer<'_, '_> {
         if let Some([post_attn, _]) = &layer.post_norms {
             rms_norm_in_place(&mut b.proj, post_attn, eps);
         }
-        add_in_place(&mut b.x, &b.proj);
+        residual_add(&mut b.x, &mut b.proj, self.model.cfg.residual_scale);
         rms_norm(&b.x, &layer.ffn_norm, eps, &mut b.xn);
         Ok(())
     }
@@ -205,7 +216,7 @@ impl LayerOps for CpuLayer<'_, '_> {
         if let Some([_, post_ffn]) = &layer.post_norms {
             rms_norm_in_place(&mut b.proj, post_ffn, eps);
         }
-        add_in_place(&mut b.x, &b.proj);
+        residual_add(&mut b.x, &mut b.proj, self.model.cfg.residual_scale);
         Ok(())
     }
 }

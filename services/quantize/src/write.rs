@@ -231,12 +231,17 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
                 "an encoder is not quantized (it runs as stored)".into(),
             ));
         }
-        Architecture::Gemma2 | Architecture::Gemma3 => {
-            return Err(EngineError::BadConfig(
-                "quantizing a Gemma GGUF file is not supported: quantize its Hugging Face \
-                 directory"
-                    .into(),
-            ));
+        // Their options (Gemma's norms and caps, SmolLM3's layers without rotation,
+        // Granite's multipliers) have no writer of their config.json here.
+        Architecture::Gemma2
+        | Architecture::Gemma3
+        | Architecture::SmolLm3
+        | Architecture::Granite => {
+            return Err(EngineError::BadConfig(format!(
+                "quantizing a {:?} GGUF file is not supported: quantize its Hugging Face \
+                 directory",
+                c.architecture
+            )));
         }
     };
     let rope_scaling = hf_rope_scaling(&c.rope_scaling);

@@ -1,7 +1,8 @@
 // rope.cu's launch that also writes the KV cache, under the CPU emulation (emu.h), against the
 // two launches it replaces (rope without a cache, then kv_cache.cu's kv_write): the same q and
-// the same caches bit for bit, with padding slots, partial rotary dims, both pairings, and rows
-// that take the 16-byte and the element copies. And the rotation scaled by YaRN's or LongRoPE's
+// the same caches bit for bit, with padding slots, partial rotary dims, both pairings, rows
+// that take the 16-byte and the element copies, and no rotation at all (rope_dim 0: q and k
+// as they were). And the rotation scaled by YaRN's or LongRoPE's
 // attention factor against an f64 reference.
 #include "kv_cache.cu"
 #include "rope.cu"
@@ -45,6 +46,7 @@ static void rope_cache_case(int heads, int kv_heads, int head_dim, int rope_dim,
     for (size_t i = 0; i < a.size(); ++i) c.expect(a[i].bits == b[i].bits, what, 0, (int)i);
   };
   same(q[0], q[1], "q or k in the QKV rows");
+  if (rope_dim == 0) same(src, q[1], "q or k of a layer without rotation");
   same(kc[0], kc[1], "the K cache");
   same(vc[0], vc[1], "the V cache");
 }
@@ -95,5 +97,6 @@ int main() {
   rope_cache_case<bf16>(4, 2, 64, 48, 1, 0);
   rope_cache_case<f16>(6, 3, 64, 32, 0, 4);  // rows 8 bytes off 16: element copies
   rope_cache_case<bf16>(8, 2, 128, 128, 0, 0);
+  rope_cache_case<f16>(4, 2, 64, 0, 0, 0);  // SmolLM3's NoPE layers: the cache write alone
   return Check::report();
 }
