@@ -255,6 +255,18 @@ fn granite_gguf() {
     check("granite", Some("model.gguf"), Some("gguf"));
 }
 
+/// OLMo 2: no norm before attention or the MLP, norms after both, q/k norms over all heads.
+#[test]
+fn olmo2_norms_after_safetensors() {
+    check("olmo2", None, None);
+}
+
+/// llama.cpp's `olmo2`: the norms after as `post_attention_norm` and `post_ffw_norm`, NEOX rope.
+#[test]
+fn olmo2_gguf() {
+    check("olmo2", Some("model.gguf"), Some("gguf"));
+}
+
 /// A mixture of experts: 4 experts, 2 per token, renormalized, each its own tensors.
 #[test]
 fn mixtral_experts_safetensors() {

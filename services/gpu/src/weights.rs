@@ -24,7 +24,7 @@ use ferrite_kernels::cuda::ops::Dtype;
 use ferrite_kernels::cuda::{DevPtr, Gpu};
 use ferrite_kernels::quant::GgmlType;
 use ferrite_model::config::ModelConfig;
-use ferrite_model::error::Result;
+use ferrite_model::error::{ModelError, Result};
 use ferrite_model::moe::moe_unsupported;
 use ferrite_model::tp::TpRank;
 use ferrite_model::{EngineModel, LlamaModel};
@@ -143,14 +143,21 @@ impl GpuWeights {
                     None => None,
                 })
             };
+            // `gpu_check` refused a model without them (OLMo 2).
+            let pre_norm = |n: &Option<Vec<f32>>| match n {
+                Some(w) => vec(w),
+                None => Err(ModelError::BadConfig(
+                    "the GPU runner needs the norms before attention and the MLP".into(),
+                )),
+            };
             let layer = GpuLayer {
-                attn_norm: vec(&l.attn_norm)?,
+                attn_norm: pre_norm(&l.attn_norm)?,
                 qkv: DeviceMatrix::upload(g, dtype, qkv, &mut jobs)?,
                 qkv_bias,
                 qk_norm: pair(&l.qk_norm)?,
                 o: DeviceMatrix::upload(g, dtype, o, &mut jobs)?,
                 post_norms: pair(&l.post_norms)?,
-                ffn_norm: vec(&l.ffn_norm)?,
+                ffn_norm: pre_norm(&l.ffn_norm)?,
                 gate_up: DeviceMatrix::upload(g, dtype, gate_up, &mut jobs)?,
                 down: DeviceMatrix::upload(g, dtype, down, &mut jobs)?,
             };

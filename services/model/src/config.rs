@@ -48,6 +48,9 @@ pub enum Architecture {
     /// Granite 3.x: Llama with multipliers of the embeddings, the residual branches, the
     /// attention scores and the logits.
     Granite,
+    /// OLMo 2: no norm before attention or the MLP, one after each (before its residual add),
+    /// and RMSNorms over the whole of Q and of K (all heads together).
+    Olmo2,
     /// gpt-oss: a mixture of experts with biases everywhere (attention's four projections, the
     /// router, the experts), a clamped SwiGLU, a learned sink logit per attention head, and
     /// sliding-window attention on alternate layers (`gpt_oss.rs`, `gpt_oss_config.rs`).
@@ -75,6 +78,7 @@ impl FromStr for Architecture {
             "phi3" | "Phi3ForCausalLM" => Architecture::Phi3,
             "smollm3" | "SmolLM3ForCausalLM" => Architecture::SmolLm3,
             "granite" | "GraniteForCausalLM" => Architecture::Granite,
+            "olmo2" | "Olmo2ForCausalLM" => Architecture::Olmo2,
             "gpt-oss" | "gpt_oss" | "GptOssForCausalLM" => Architecture::GptOss,
             other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
         })
@@ -156,7 +160,13 @@ pub struct ModelConfig {
     /// A bias on the attention's output projection too (`attention_bias` of Llama, Qwen3,
     /// Gemma and gpt-oss, which puts one on all four).
     pub o_bias: bool,
+    /// An RMSNorm on q and on k after their projections (and biases): of each head (Qwen3,
+    /// Gemma 3), or with [`Self::qk_norm_all_heads`] of all heads together (OLMo 2).
     pub qk_norm: bool,
+    pub qk_norm_all_heads: bool,
+    /// An RMSNorm before attention and before the MLP (every family but OLMo 2, whose norms
+    /// are the [`Self::post_norms`] alone).
+    pub pre_norms: bool,
     pub activation: Activation,
     /// Multiplies the token embeddings (Gemma: `sqrt(hidden_size)`; 1 otherwise).
     pub embedding_scale: f32,
@@ -164,8 +174,8 @@ pub struct ModelConfig {
     /// checkpoints store `w`; llama.cpp's converter adds the 1 when it writes GGUF, so 0 there.
     /// Folding it in once gives the same f32 product as adding it at every token.
     pub norm_weight_offset: f32,
-    /// Gemma 2: an RMSNorm on the attention output and on the MLP output, each before its
-    /// residual add.
+    /// Gemma 2 and 3, OLMo 2: an RMSNorm on the attention output and on the MLP output, each
+    /// before its residual add.
     pub post_norms: bool,
     /// Multiplies `q · k` (`1/sqrt(head_dim)`; Gemma 2: `query_pre_attn_scalar^-0.5`).
     pub attention_scale: f32,
@@ -301,6 +311,14 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
+    /// The lengths of the q and k norms' weights ([`Self::qk_norm`]): a head's, or all heads'.
+    pub fn qk_norm_lens(&self) -> (usize, usize) {
+        match self.qk_norm_all_heads {
+            true => (self.q_dim(), self.kv_dim()),
+            false => (self.head_dim, self.head_dim),
+        }
+    }
+
     /// Whether layer `index` rotates with the sliding layers' own base (Gemma 3's sliding
     /// layers) rather than `rope_theta`.
     pub fn local_rope_at(&self, index: usize) -> bool {
@@ -330,6 +348,9 @@ impl ModelConfig {
             (_, Some(_)) => lacks("mixture-of-experts models"),
             _ if self.residual_scale != 1.0 || self.logits_divisor != 1.0 => {
                 lacks("residual or logit multipliers (Granite's)")
+            }
+            _ if !self.pre_norms || self.qk_norm_all_heads => {
+                lacks("OLMo 2's norms (none before attention or the MLP; q/k norms over all heads)")
             }
             _ => Ok(()),
         }
@@ -438,6 +459,15 @@ impl ModelConfig {
         self.final_logit_softcap = o.final_logit_softcap;
         self.attention_window = o.attention_window;
         self.local_rope_theta = o.local_rope_theta;
+    }
+
+    /// OLMo 2's norms over the Llama family's: after attention and the MLP instead of before,
+    /// and over all heads of q and k.
+    fn set_olmo2(&mut self) {
+        self.pre_norms = false;
+        self.post_norms = true;
+        self.qk_norm = true;
+        self.qk_norm_all_heads = true;
     }
 
     /// Granite's multipliers over the Llama family's.
@@ -564,6 +594,8 @@ impl ModelConfig {
             o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
                 && attention_bias.unwrap_or(architecture == Architecture::GptOss),
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
+            qk_norm_all_heads: false,
+            pre_norms: true,
             activation,
             embedding_scale: 1.0,
             norm_weight_offset: 0.0,
@@ -591,6 +623,7 @@ impl ModelConfig {
                 model.attention_window = variants::smollm3_windows(cfg, &model.rotates)?;
             }
             Architecture::Granite => model.set_scales(variants::granite_from_hf(cfg, head_dim)?),
+            Architecture::Olmo2 => model.set_olmo2(),
             _ => {}
         }
         model.validate()
@@ -613,6 +646,7 @@ fn window_rule(arch: Architecture) -> WindowRule {
         Architecture::Llama
         | Architecture::SmolLm3
         | Architecture::Granite
+        | Architecture::Olmo2
         | Architecture::Gemma2
         | Architecture::Gemma3
         | Architecture::Encoder => WindowRule::None,

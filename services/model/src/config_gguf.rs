@@ -59,6 +59,7 @@ impl ModelConfig {
             | Architecture::Gemma2
             | Architecture::Gemma3
             | Architecture::Phi3
+            | Architecture::Olmo2
             | Architecture::GptOss
             | Architecture::Encoder => RopeStyle::Neox,
         };
@@ -97,6 +98,8 @@ impl ModelConfig {
             qkv_bias: gguf.tensors.contains("blk.0.attn_q.bias"),
             o_bias: gguf.tensors.contains("blk.0.attn_output.bias"),
             qk_norm: gguf.tensors.contains("blk.0.attn_q_norm.weight"),
+            qk_norm_all_heads: false,
+            pre_norms: true,
             activation: Activation::Silu,
             embedding_scale: 1.0,
             norm_weight_offset: 0.0,
@@ -123,6 +126,7 @@ impl ModelConfig {
             Architecture::Granite => {
                 cfg.set_scales(variants::granite_from_gguf(gguf, &key, head_dim))
             }
+            Architecture::Olmo2 => cfg.set_olmo2(),
             _ => {}
         }
         if architecture == Architecture::GptOss {

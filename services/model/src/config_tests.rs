@@ -339,3 +339,25 @@ fn granite_config() {
         "a zero divisor"
     );
 }
+
+/// An OLMo 2 config.json (OLMo-2-1B's options, cut to 2 layers): norms after attention and
+/// the MLP only, q/k norms over all heads; one rank only, and not on the GPU.
+#[test]
+fn olmo2_config() {
+    let c = ModelConfig::from_hf_config(&json!({
+        "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "hidden_size": 2048,
+        "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "olmo2",
+        "num_attention_heads": 16, "num_hidden_layers": 2, "num_key_value_heads": 16,
+        "rms_norm_eps": 1e-06, "rope_theta": 500000, "tie_word_embeddings": false,
+        "vocab_size": 100352,
+    }))
+    .expect("config");
+    assert_eq!(c.architecture, Architecture::Olmo2);
+    assert!(!c.pre_norms && c.post_norms && c.qk_norm && c.qk_norm_all_heads);
+    assert_eq!(c.qk_norm_lens(), (2048, 2048));
+    let e = c.gpu_check().expect_err("not on the GPU yet");
+    assert!(e.to_string().contains("OLMo 2"), "{e}");
+    let align = crate::tp::ShardAlign { rows: 1, cols: 1 };
+    let e = crate::tp::check_split(&c, 2, align).expect_err("one rank");
+    assert!(e.to_string().contains("sizes that work: [1]"), "{e}");
+}

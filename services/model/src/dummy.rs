@@ -29,10 +29,16 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     }
     for i in 0..c.num_layers {
         let p = |n: &str| format!("model.layers.{i}.{n}");
-        t.push((p("input_layernorm.weight"), vec![h]));
+        // Llama's post_attention_layernorm is the MLP's pre-norm; Gemma's and OLMo 2's the
+        // attention output's.
+        if c.pre_norms {
+            t.push((p("input_layernorm.weight"), vec![h]));
+        }
         t.push((p("post_attention_layernorm.weight"), vec![h]));
         if c.post_norms {
-            t.push((p("pre_feedforward_layernorm.weight"), vec![h]));
+            if c.pre_norms {
+                t.push((p("pre_feedforward_layernorm.weight"), vec![h]));
+            }
             t.push((p("post_feedforward_layernorm.weight"), vec![h]));
         }
         let mut matrices = vec![
@@ -87,8 +93,9 @@ fn tensor_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             t.push((p("self_attn.o_proj.bias"), vec![h]));
         }
         if c.qk_norm {
-            t.push((p("self_attn.q_norm.weight"), vec![c.head_dim]));
-            t.push((p("self_attn.k_norm.weight"), vec![c.head_dim]));
+            let (qn, kn) = c.qk_norm_lens();
+            t.push((p("self_attn.q_norm.weight"), vec![qn]));
+            t.push((p("self_attn.k_norm.weight"), vec![kn]));
         }
     }
     t

@@ -148,6 +148,8 @@ pub fn config(cfg: &Value, max_seq_length: Option<usize>) -> Result<(ModelConfig
         // The encoder's forward is its own ([`EncoderModel`]), biases and all.
         o_bias: false,
         qk_norm: false,
+        qk_norm_all_heads: false,
+        pre_norms: true,
         activation: Activation::Silu,
         embedding_scale: 1.0,
         norm_weight_offset: 0.0,

@@ -11,7 +11,8 @@
 //! - [`llama`]: the Llama family and Gemma 2, one layer struct with `load` and `forward`; the
 //!   face the offline tools drive layer by layer.
 //! - `gemma.rs`, `variants.rs`: families that are options of the Llama forward (Gemma 2 and 3;
-//!   SmolLM3's layers without rotation, Granite's multipliers), read from their configs.
+//!   SmolLM3's layers without rotation, Granite's multipliers; OLMo 2's are in `config.rs`),
+//!   read from their configs.
 //! - [`encoder`]: BERT-family encoders (embeddings): their shape, weights and forward.
 //! - [`moe`]: mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE): their shape, weights
 //!   and CPU forward.

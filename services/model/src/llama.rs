@@ -1,7 +1,9 @@
-//! The Llama family (Llama 2/3/3.1, SmolLM2, Mistral, Qwen2/2.5, Qwen3) and Gemma 2: one layer
-//! struct with `load` and `forward`, weights borrowed in place from the checkpoint. Gemma 2 is
-//! the same forward with the options of [`ModelConfig`] it sets (GeGLU, scaled embeddings, norms
-//! after attention and MLP, soft caps, sliding windows).
+//! The Llama family (Llama 2/3/3.1, SmolLM2 and 3, Mistral, Qwen2/2.5, Qwen3, Phi-3, Granite,
+//! OLMo 2) and Gemma 2 and 3: one layer struct with `load` and `forward`, weights borrowed in
+//! place from the checkpoint. Each family is the same forward with the options of
+//! [`ModelConfig`] it sets (Gemma's GeGLU, scaled embeddings, norms after attention and MLP,
+//! soft caps, sliding windows; SmolLM3's layers without rotation; Granite's multipliers; OLMo
+//! 2's norms after and none before).
 //!
 //! A forward runs a batch of sequence chunks of different lengths (prefill chunks and single
 //! decode tokens mixed) as one flat `[tokens, hidden]` activation matrix, so every projection is
@@ -48,8 +50,8 @@ use ops::CpuLayer;
 /// rows) and runs it with [`LlamaModel::layer_forward`]; `ferrite quantize` writes it out.
 #[derive(Debug, Clone)]
 pub struct Layer {
-    /// The RMSNorm before attention (with Gemma's offset folded in).
-    pub attn_norm: Vec<f32>,
+    /// The RMSNorm before attention (with Gemma's offset folded in); OLMo 2 has none.
+    pub attn_norm: Option<Vec<f32>>,
     pub q: Matrix,
     pub k: Matrix,
     pub v: Matrix,
@@ -59,13 +61,14 @@ pub struct Layer {
     pub o_bias: Option<Vec<f32>>,
     /// gpt-oss: this rank's heads' sink logits ([`ModelConfig::attention_sinks`]).
     pub sinks: Option<Vec<f32>>,
-    /// Qwen3: the RMSNorms of each head's q and k.
+    /// The RMSNorms of q and k: of each head (Qwen3, Gemma 3; `head_dim` weights), or of all
+    /// heads together (OLMo 2; `q_dim` and `kv_dim` weights).
     pub qk_norm: Option<[Vec<f32>; 2]>,
     pub o: Matrix,
-    /// Gemma 2: the norms of the attention output and of the MLP output.
+    /// Gemma 2 and 3, OLMo 2: the norms of the attention output and of the MLP output.
     pub post_norms: Option<[Vec<f32>; 2]>,
-    /// The RMSNorm before the MLP.
-    pub ffn_norm: Vec<f32>,
+    /// The RMSNorm before the MLP; OLMo 2 has none.
+    pub ffn_norm: Option<Vec<f32>>,
     pub mlp: Mlp,
 }
 
@@ -142,13 +145,19 @@ impl Layer {
             true => Some(vec("attn_sinks.weight", "self_attn.sinks", c.num_heads)?[heads].to_vec()),
             false => None,
         };
+        // Norms over all heads are whole-model vectors (tensor parallelism refuses them).
+        let (q_norm_len, k_norm_len) = c.qk_norm_lens();
         let qk_norm = if c.qk_norm {
             Some([
-                norm("attn_q_norm.weight", "self_attn.q_norm.weight", c.head_dim)?,
-                norm("attn_k_norm.weight", "self_attn.k_norm.weight", c.head_dim)?,
+                norm("attn_q_norm.weight", "self_attn.q_norm.weight", q_norm_len)?,
+                norm("attn_k_norm.weight", "self_attn.k_norm.weight", k_norm_len)?,
             ])
         } else {
             None
+        };
+        let pre_norm = |gguf: &str, hf: &str| match c.pre_norms {
+            true => norm(gguf, hf, h).map(Some),
+            false => Ok(None),
         };
         // Gemma 2's HF `post_attention_layernorm` normalizes the attention output; Llama's is
         // the norm before the MLP, which Gemma 2 calls `pre_feedforward_layernorm`.
@@ -207,7 +216,7 @@ impl Layer {
         let fused_mlp =
             !has("ffn_gate.weight", "mlp.gate_proj.weight") && has(gate_up.0, gate_up.1);
         Ok(Layer {
-            attn_norm: norm("attn_norm.weight", "input_layernorm.weight", h)?,
+            attn_norm: pre_norm("attn_norm.weight", "input_layernorm.weight")?,
             q,
             k,
             v,
@@ -223,7 +232,7 @@ impl Layer {
                 &q_rows,
             )?,
             post_norms,
-            ffn_norm: norm(ffn_norm_gguf(c), ffn_norm_hf, h)?,
+            ffn_norm: pre_norm(ffn_norm_gguf(c), ffn_norm_hf)?,
             mlp: match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {
                 Some(moe) => Mlp::Sparse(Moe::load(t, n, i, c, moe, tp)?),
                 None if fused_mlp => Mlp::Dense(Ffn {

@@ -66,6 +66,14 @@ impl Lora<'_, '_> {
     }
 }
 
+/// `xn = norm(x)`, or `x` itself where the layer has no such norm (OLMo 2).
+fn pre_norm(x: &[f32], norm: Option<&[f32]>, eps: f32, xn: &mut [f32]) {
+    match norm {
+        Some(w) => rms_norm(x, w, eps, xn),
+        None => xn.copy_from_slice(x),
+    }
+}
+
 /// `x += scale · branch` (Granite's `residual_multiplier`; 1 elsewhere, where `branch` is
 /// added as it is). The product is rounded before the add, as transformers computes it.
 fn residual_add(x: &mut [f32], branch: &mut [f32], scale: f32) {
@@ -84,7 +92,12 @@ impl LayerOps for CpuLayer<'_, '_> {
     type Layer = Layer;
 
     fn attn_norm(&mut self, layer: &Layer) -> Result<()> {
-        rms_norm(&self.b.x, &layer.attn_norm, self.eps(), &mut self.b.xn);
+        pre_norm(
+            &self.b.x,
+            layer.attn_norm.as_deref(),
+            self.eps(),
+            &mut self.b.xn,
+        );
         Ok(())
     }
 
@@ -165,7 +178,7 @@ impl LayerOps for CpuLayer<'_, '_> {
             rms_norm_in_place(&mut b.proj, post_attn, eps);
         }
         residual_add(&mut b.x, &mut b.proj, self.model.cfg.residual_scale);
-        rms_norm(&b.x, &layer.ffn_norm, eps, &mut b.xn);
+        pre_norm(&b.x, layer.ffn_norm.as_deref(), eps, &mut b.xn);
         Ok(())
     }
 

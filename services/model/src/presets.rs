@@ -278,8 +278,9 @@ fn count_parameters(c: &ModelConfig, active: bool) -> u64 {
         };
     // gpt-oss's router and experts have biases.
     let oss = c.architecture == crate::config::Architecture::GptOss;
-    let norms = if c.post_norms { 4 * h } else { 2 * h }
-        + if c.qk_norm { 2 * c.head_dim as u64 } else { 0 };
+    let (qn, kn) = c.qk_norm_lens();
+    let norms = h * (2 * c.pre_norms as u64 + 2 * c.post_norms as u64)
+        + if c.qk_norm { (qn + kn) as u64 } else { 0 };
     let dense = 3 * h * f;
     let mlps: u64 = (0..c.num_layers)
         .map(|i| match c.moe.as_ref().filter(|m| m.sparse_layers[i]) {

@@ -156,6 +156,12 @@ fn split_problem_with(
     if world == 1 {
         return None;
     }
+    if cfg.qk_norm_all_heads {
+        return Some(
+            "its q/k norms span every head (OLMo 2's), so each rank would need the others' sums"
+                .into(),
+        );
+    }
     let whole = |n: usize, run: usize| n.is_multiple_of(run.max(1));
     let (q_cols, ffn_cols) = (cfg.q_dim() / world, ffn / world);
     if !(whole(q_cols, align.cols) && whole(ffn_cols, align.cols)) {

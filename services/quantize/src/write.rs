@@ -72,30 +72,22 @@ fn layer_tensors(
     out: &mut Vec<Out>,
 ) -> Result<()> {
     let p = |n: &str| format!("model.layers.{i}.{n}");
-    out.push(norm_tensor(p("input_layernorm.weight"), &l.attn_norm, c));
+    // Gemma's names where there are norms after attention and the MLP (OLMo 2's too, which
+    // has none before them); Llama's otherwise.
+    let (attn, ffn) = (l.attn_norm.as_deref(), l.ffn_norm.as_deref());
+    let mut norms = vec![("input_layernorm", attn)];
     match &l.post_norms {
-        Some([post_attn, post_ffn]) => {
-            out.push(norm_tensor(
-                p("post_attention_layernorm.weight"),
-                post_attn,
-                c,
-            ));
-            out.push(norm_tensor(
-                p("pre_feedforward_layernorm.weight"),
-                &l.ffn_norm,
-                c,
-            ));
-            out.push(norm_tensor(
-                p("post_feedforward_layernorm.weight"),
-                post_ffn,
-                c,
-            ));
+        Some([post_attn, post_ffn]) => norms.extend([
+            ("post_attention_layernorm", Some(post_attn.as_slice())),
+            ("pre_feedforward_layernorm", ffn),
+            ("post_feedforward_layernorm", Some(post_ffn.as_slice())),
+        ]),
+        None => norms.push(("post_attention_layernorm", ffn)),
+    }
+    for (name, w) in norms {
+        if let Some(w) = w {
+            out.push(norm_tensor(p(&format!("{name}.weight")), w, c));
         }
-        None => out.push(norm_tensor(
-            p("post_attention_layernorm.weight"),
-            &l.ffn_norm,
-            c,
-        )),
     }
     if let Some(biases) = &l.qkv_bias {
         for (b, n) in biases.iter().zip(["q", "k", "v"]) {
@@ -231,12 +223,13 @@ fn config_from_gguf(m: &LlamaModel, tok: Option<&Tokenizer>) -> Result<serde_jso
                 "an encoder is not quantized (it runs as stored)".into(),
             ));
         }
-        // Their options (Gemma's norms and caps, SmolLM3's layers without rotation,
-        // Granite's multipliers) have no writer of their config.json here.
+        // Their options (Gemma's and OLMo 2's norms, Gemma's caps, SmolLM3's layers without
+        // rotation, Granite's multipliers) have no writer of their config.json here.
         Architecture::Gemma2
         | Architecture::Gemma3
         | Architecture::SmolLm3
-        | Architecture::Granite => {
+        | Architecture::Granite
+        | Architecture::Olmo2 => {
             return Err(EngineError::BadConfig(format!(
                 "quantizing a {:?} GGUF file is not supported: quantize its Hugging Face \
                  directory",

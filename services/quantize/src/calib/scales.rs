@@ -4,8 +4,8 @@
 //!
 //! | site | `x` comes from | `1/s` folds into |
 //! |---|---|---|
-//! | q, k, v | the attention RMSNorm | its weight |
-//! | gate, up | the MLP RMSNorm | its weight |
+//! | q, k, v | the attention RMSNorm | its weight (none in OLMo 2, which has no such norm) |
+//! | gate, up | the MLP RMSNorm | its weight (likewise) |
 //! | down | `act(gate) ⊙ up` | up's rows |
 //! | o | attention over v | v's rows (only without grouped-query heads: with them a v row feeds several heads' o columns, which would need equal scales) |
 //!
@@ -35,7 +35,11 @@ use super::{CalibOptions, F32Weights, SITES, site_members};
 
 /// Whether `site`'s scales can be folded in this model (see the module table).
 fn foldable(c: &ModelConfig, site: Site) -> bool {
-    site != Site::O || c.num_heads == c.num_kv_heads
+    match site {
+        Site::Qkv | Site::GateUp => c.pre_norms,
+        Site::O => c.num_heads == c.num_kv_heads,
+        Site::Down => true,
+    }
 }
 
 /// Folds `s` into the layer at `site`: the producer divided, the projections' columns
@@ -50,11 +54,13 @@ fn fold(layer: &mut Layer, wf: &mut F32Weights, stats: &mut SiteStats, site: Sit
         Site::Qkv => layer
             .attn_norm
             .iter_mut()
+            .flatten()
             .zip(s)
             .for_each(|(w, sj)| *w /= sj),
         Site::GateUp => layer
             .ffn_norm
             .iter_mut()
+            .flatten()
             .zip(s)
             .for_each(|(w, sj)| *w /= sj),
         Site::O => {
