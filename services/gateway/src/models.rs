@@ -378,6 +378,35 @@ pub(crate) mod testing {
         Arc::new(ModelText::from_info(info).expect("model text"))
     }
 
+    /// A model whose tool calls follow `marker` as a JSON list (Mistral's `[TOOL_CALLS]` or
+    /// Granite's `<|tool_call|>`, named by its chat template) over a byte-level vocabulary
+    /// (id = byte): `[TOOL_CALLS]` 256, `<|tool_call|>` 257 and `</s>` 258, special tokens as
+    /// in those models' tokenizers, `</s>` ending the output.
+    pub fn marker_model(marker: &str) -> Arc<ModelText> {
+        let vocab = ferrite_text::GgufVocab::byte_level();
+        let json = Tokenizer::from_gguf_vocab(vocab)
+            .and_then(|t| t.to_tokenizer_json())
+            .expect("a byte-level tokenizer");
+        let mut json: serde_json::Value = serde_json::from_str(&json).expect("its json");
+        let contents = ["[TOOL_CALLS]", "<|tool_call|>", "</s>"];
+        json["added_tokens"] = added_tokens(256, &contents, |_| true).into();
+        let template = format!(
+            "{{% if tools %}}{{{{ tools | tojson }}}}{{% endif %}}{{% for m in messages %}}\
+             {{% if m.tool_calls %}}{marker}{{{{ m.tool_calls | tojson }}}}\
+             {{% else %}}{{{{ m.content }}}}{{% endif %}}{{% endfor %}}"
+        );
+        let info = pb::ModelInfo {
+            model: "m".into(),
+            tokenizer_json: json.to_string(),
+            chat_template: Some(template),
+            vocab_size: 259,
+            max_model_len: 4096,
+            eos_token_ids: vec![258],
+            ..pb::ModelInfo::default()
+        };
+        Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+
     /// `tokenizer.json`'s entries of added tokens `contents`, from id `first` on, each
     /// `special` or not.
     fn added_tokens(

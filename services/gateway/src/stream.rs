@@ -167,6 +167,19 @@ impl Thinking {
     }
 }
 
+/// The special tokens a request's answer keeps in its text: its tool format's markers, where
+/// the tokenizer holds them as special tokens and the answer may hold calls (read from the
+/// text at its end).
+fn kept_markers(req: &ValidatedRequest) -> Vec<u32> {
+    let Some((_, format)) = req.tools().filter(|(t, _)| t.may_call()) else {
+        return Vec::new();
+    };
+    let tokenizer = &req.model_text().tokenizer;
+    (format.markers().iter())
+        .filter_map(|m| crate::tools::special_id(tokenizer, m))
+        .collect()
+}
+
 /// The events of one request, from its upstream stream. Dropping the returned stream drops the
 /// upstream, which cancels the worker's request.
 /// Past `deadline` the stream ends with [`GatewayError::DeadlineExceeded`]; when the pool sends
@@ -183,7 +196,8 @@ pub fn events(
     let state = State {
         pending_first: Some(upstream.first.clone()),
         upstream: Some(upstream),
-        text: TextStream::new(text.tokenizer.clone(), req.stop().to_vec()),
+        text: TextStream::new(text.tokenizer.clone(), req.stop().to_vec())
+            .keeping(kept_markers(req)),
         prompt_tokens: u32::try_from(req.prompt_ids().len()).unwrap_or(u32::MAX),
         cached_tokens: 0,
         completion_tokens: 0,

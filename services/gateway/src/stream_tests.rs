@@ -524,3 +524,64 @@ async fn gpt_oss_outputs_in_its_own_vocabulary_come_apart_as_openai_harmony_read
         assert_eq!(calls, call.into_iter().collect::<Vec<_>>(), "{name}");
     }
 }
+
+/// Mistral's `[TOOL_CALLS]` and Granite's `<|tool_call|>` are special tokens of their
+/// tokenizers, which an answer's text skips: a request that may call tools keeps its format's
+/// marker, so the call after it comes back (streamed, and whole at the end); one that may not
+/// gets the text without it.
+#[tokio::test]
+async fn a_call_after_a_special_marker_token_comes_back() {
+    let list = r#"[{"name": "get_weather", "arguments": {"city": "Paris"}}]"#;
+    let chat = chat(serde_json::json!({}));
+    for (marker, id) in [("[TOOL_CALLS]", 256), ("<|tool_call|>", 257)] {
+        let model = crate::models::testing::marker_model(marker);
+        let ids: Vec<u32> = std::iter::once(id)
+            .chain(list.bytes().map(u32::from))
+            .chain([258])
+            .collect();
+        let tools = |choice: ToolChoice| {
+            let f = crate::tools::Function::new("get_weather", None, None).expect("f");
+            Tools::new(vec![f], choice, true)
+                .expect("tools")
+                .map(Arc::new)
+        };
+        let req = validate(
+            model.clone(),
+            4096,
+            &chat,
+            None,
+            None,
+            tools(ToolChoice::Auto),
+        );
+        let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+        let mut streamed = String::new();
+        let mut finished = false;
+        for e in &evs {
+            match e {
+                Ok(GenerateEvent::Delta { text, calls, .. }) => {
+                    assert_eq!(text, "", "{marker}: no answer text");
+                    streamed.extend(calls.iter().map(|c| c.arguments.as_str()));
+                }
+                Ok(GenerateEvent::Finish {
+                    reason, tool_calls, ..
+                }) => {
+                    assert_eq!(*reason, api::FinishReason::ToolCalls, "{marker}");
+                    assert_eq!(tool_calls.len(), 1, "{marker}");
+                    assert_eq!(tool_calls[0].name, "get_weather");
+                    assert_eq!(tool_calls[0].arguments, r#"{"city":"Paris"}"#);
+                    finished = true;
+                }
+                other => panic!("{marker}: {other:?}"),
+            }
+        }
+        assert!(finished, "{marker}");
+        assert_eq!(streamed, r#"{"city": "Paris"}"#, "{marker}");
+        let req = validate(model, 4096, &chat, None, None, tools(ToolChoice::None));
+        let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+        assert_eq!(
+            text_of(&evs),
+            list,
+            "{marker}: skipped without tools to call"
+        );
+    }
+}

@@ -4,7 +4,8 @@
 //! The scanner reads the text so far of a tool request (every format writes a call as a JSON
 //! object whose `"name"` comes before its arguments object: `arguments`, or `parameters` for
 //! Llama 3.1) once the text is a call in its format: the generic format's `"tool_calls"` (not
-//! its `"response"`), Hermes' `<tool_call>`, Mistral's `[TOOL_CALLS]`, Llama 3.1's leading `{`.
+//! its `"response"`), Hermes' `<tool_call>`, Mistral's `[TOOL_CALLS]`, Granite's `<|tool_call|>`,
+//! Llama 3.1's leading `{`.
 //! The arguments' end is found by matching braces outside strings. The whole text is still
 //! parsed when it ends ([`crate::tools::Tools::parse`]); a call the scanner streamed is not
 //! sent again.
@@ -119,7 +120,7 @@ impl CallScanner {
                 Some(calls + "\"tool_calls\"".len())
             }
             ToolFormat::Hermes => after("<tool_call>"),
-            ToolFormat::Mistral => after("[TOOL_CALLS]"),
+            ToolFormat::Mistral | ToolFormat::Granite => after(self.format.markers()[0]),
             // Its calls are never in the answer's text.
             ToolFormat::Harmony => None,
             ToolFormat::Llama3 => {

@@ -3,8 +3,10 @@
 //!
 //! A model's template that names `tools` gets them as HF templates expect, and the model
 //! answers in its family's own format: Hermes/Qwen `<tool_call>{json}</tool_call>`, Llama 3.1
-//! `{"name", "parameters"}`, Mistral `[TOOL_CALLS][...]`, gpt-oss a message to
-//! `functions.NAME` in its harmony channels ([`crate::harmony`]). A template that ignores tools
+//! `{"name", "parameters"}`, Mistral `[TOOL_CALLS][...]`, Granite `<|tool_call|>[...]`, gpt-oss
+//! a message to `functions.NAME` in its harmony channels ([`crate::harmony`]). A format's
+//! markers may be special tokens of the model's tokenizer (Mistral's and Granite's are): the
+//! grammars then name them by id, and the answer's text keeps them ([`ToolFormat::markers`]). A template that ignores tools
 //! (SmolLM2's) gets them in a system message, with the generic format: one JSON object, either
 //! `{"tool_calls": [{"name", "arguments"}]}` or `{"response": "..."}`, held to it by a grammar.
 //! `required` and a named function are enforced by a grammar in every format.
@@ -12,7 +14,7 @@
 use serde_json::{Value, json};
 
 use ferrite_structured::Spec;
-use ferrite_text::ChatMessage;
+use ferrite_text::{ChatMessage, Tokenizer};
 
 /// A request's functions and how the model may call them.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +50,8 @@ pub enum ToolFormat {
     Hermes,
     Llama3,
     Mistral,
+    /// Granite 3.x's: `<|tool_call|>` and a JSON list of calls, as Mistral's.
+    Granite,
     /// gpt-oss's: a call is a message of its own, read by token ([`crate::harmony`]), never
     /// in the answer's text.
     Harmony,
@@ -195,8 +199,21 @@ impl ToolFormat {
         match source {
             Some(s) if s.contains("<tool_call>") => ToolFormat::Hermes,
             Some(s) if s.contains("[TOOL_CALLS]") => ToolFormat::Mistral,
+            Some(s) if s.contains("<|tool_call|>") => ToolFormat::Granite,
             Some(s) if s.contains("<|python_tag|>") || s.contains("ipython") => ToolFormat::Llama3,
             _ => ToolFormat::Generic,
+        }
+    }
+
+    /// The texts that mark a format's calls, which a tokenizer may hold as special tokens
+    /// (skipped in an answer's text unless kept): what opens the calls, and Hermes' close.
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes => &["<tool_call>", "</tool_call>"],
+            ToolFormat::Mistral => &["[TOOL_CALLS]"],
+            ToolFormat::Granite => &["<|tool_call|>"],
+            ToolFormat::Llama3 => &["<|python_tag|>"],
+            ToolFormat::Generic | ToolFormat::Harmony => &[],
         }
     }
 
@@ -246,8 +263,14 @@ impl Tools {
         self.choice != ToolChoice::None
     }
 
-    /// The grammar the output follows, if the choice or the format needs one.
-    pub fn constraint(&self, format: ToolFormat) -> Option<Spec> {
+    /// The grammar the output follows, if the choice or the format needs one. `special`
+    /// gives the id of a marker the tokenizer holds as a special token: the grammar names it
+    /// by id (`<[id]>`), as no spelling of its text is that token.
+    pub fn constraint(
+        &self,
+        format: ToolFormat,
+        special: &dyn Fn(&str) -> Option<u32>,
+    ) -> Option<Spec> {
         if !self.may_call() {
             return None;
         }
@@ -278,16 +301,17 @@ impl Tools {
                 } else {
                     ""
                 };
+                let [open, close] = ["<tool_call>", "</tool_call>"].map(|m| lark(m, special));
                 Some(Spec::Within {
                     lark: format!(
-                        "start: call{repeat}\ncall: \"<tool_call>\\n\" @call \"\\n</tool_call>\"\n"
+                        "start: call{repeat}\ncall: {open} \"\\n\" @call \"\\n\" {close}\n"
                     ),
                     parts: vec![("call".into(), schema(self.call_schema(format)))],
                 })
             }
             ToolFormat::Llama3 => Some(schema(self.call_schema(format))),
-            ToolFormat::Mistral => Some(Spec::Within {
-                lark: "start: \"[TOOL_CALLS]\" @calls\n".into(),
+            ToolFormat::Mistral | ToolFormat::Granite => Some(Spec::Within {
+                lark: format!("start: {} @calls\n", lark(format.markers()[0], special)),
                 parts: vec![("calls".into(), schema(calls))],
             }),
         }
@@ -400,7 +424,7 @@ impl Tools {
             ToolFormat::Generic => generic_calls(text),
             ToolFormat::Hermes => hermes_calls(text),
             ToolFormat::Llama3 => llama3_calls(text),
-            ToolFormat::Mistral => mistral_calls(text),
+            ToolFormat::Mistral | ToolFormat::Granite => list_calls(text, format.markers()[0]),
             ToolFormat::Harmony => None,
         };
         let Some((content, raw)) = found else {
@@ -454,13 +478,18 @@ fn generic_calls(text: &str) -> Option<(String, Vec<Value>)> {
     Some((String::new(), calls))
 }
 
-/// Text, then `<tool_call>{json}</tool_call>` blocks.
+/// Text, then `<tool_call>{json}</tool_call>` blocks. A block may hold a list of calls
+/// (Granite 3.1 and later write `<tool_call>[...]`, with no close), as vLLM's Granite parser
+/// reads it.
 fn hermes_calls(text: &str) -> Option<(String, Vec<Value>)> {
     let start = text.find("<tool_call>")?;
     let mut calls = Vec::new();
     for block in text[start..].split("<tool_call>").skip(1) {
         let body = block.split("</tool_call>").next().unwrap_or(block);
-        calls.push(serde_json::from_str(body.trim()).ok()?);
+        match serde_json::from_str(body.trim()).ok()? {
+            Value::Array(list) => calls.extend(list),
+            call => calls.push(call),
+        }
     }
     Some((text[..start].trim().to_owned(), calls))
 }
@@ -482,11 +511,27 @@ fn llama3_calls(text: &str) -> Option<(String, Vec<Value>)> {
         .then(|| (String::new(), calls))
 }
 
-/// Text, then `[TOOL_CALLS]` and a JSON list of calls.
-fn mistral_calls(text: &str) -> Option<(String, Vec<Value>)> {
-    let start = text.find("[TOOL_CALLS]")?;
-    let list: Value = serde_json::from_str(text[start + "[TOOL_CALLS]".len()..].trim()).ok()?;
+/// Text, then `marker` (Mistral's `[TOOL_CALLS]`, Granite's `<|tool_call|>`) and a JSON list
+/// of calls.
+fn list_calls(text: &str, marker: &str) -> Option<(String, Vec<Value>)> {
+    let start = text.find(marker)?;
+    let list: Value = serde_json::from_str(text[start + marker.len()..].trim()).ok()?;
     Some((text[..start].trim().to_owned(), list.as_array()?.clone()))
+}
+
+/// `marker` in Lark: its special token by id where the tokenizer holds it as one, else its
+/// text.
+fn lark(marker: &str, special: &dyn Fn(&str) -> Option<u32>) -> String {
+    match special(marker) {
+        Some(id) => format!("<[{id}]>"),
+        None => format!("\"{marker}\""),
+    }
+}
+
+/// The id of `marker` where `tokenizer` holds it as one special token (which an answer's text
+/// skips, and no spelling of its text produces).
+pub fn special_id(tokenizer: &Tokenizer, marker: &str) -> Option<u32> {
+    (tokenizer.token_to_id(marker)).filter(|&id| tokenizer.is_special(id))
 }
 
 #[cfg(test)]

@@ -5,6 +5,11 @@ use serde_json::json;
 
 use super::*;
 
+/// A tokenizer that holds no format's marker as a special token.
+fn no_special(_: &str) -> Option<u32> {
+    None
+}
+
 fn tools(choice: ToolChoice, parallel: bool) -> Tools {
     let f = |name: &str| Function {
         name: name.into(),
@@ -39,6 +44,15 @@ fn each_family_reads_back_as_calls() {
             ToolFormat::Mistral,
             r#"[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Paris"}}]"#,
         ),
+        (
+            ToolFormat::Granite,
+            r#"<|tool_call|>[{"name": "weather", "arguments": {"city": "Paris"}}]"#,
+        ),
+        // Granite 3.1 and later may write its list after Hermes' opening, unclosed.
+        (
+            ToolFormat::Hermes,
+            r#"<tool_call>[{"name": "weather", "arguments": {"city": "Paris"}}]"#,
+        ),
     ];
     for (format, text) in cases {
         let out = t.parse(format, text, "x");
@@ -63,7 +77,12 @@ fn an_answer_without_calls_is_content() {
             calls: vec![]
         }
     );
-    for format in [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral] {
+    for format in [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::Mistral,
+        ToolFormat::Granite,
+    ] {
         let plain = t.parse(format, "It is sunny.", "x");
         assert_eq!(plain.content, "It is sunny.", "{format:?}");
         assert!(plain.calls.is_empty());
@@ -80,12 +99,13 @@ fn an_answer_without_calls_is_content() {
 #[test]
 fn the_grammar_follows_the_choice() {
     // Generic: always a grammar; `auto` allows an answer, the others a call only.
-    let auto = tools(ToolChoice::Auto, true).constraint(ToolFormat::Generic);
+    let auto = tools(ToolChoice::Auto, true).constraint(ToolFormat::Generic, &no_special);
     let Some(Spec::JsonSchema { schema, .. }) = auto else {
         panic!("generic auto: {auto:?}")
     };
     assert_eq!(schema["anyOf"].as_array().map(Vec::len), Some(2));
-    let named = tools(ToolChoice::Named("time".into()), true).constraint(ToolFormat::Generic);
+    let named =
+        tools(ToolChoice::Named("time".into()), true).constraint(ToolFormat::Generic, &no_special);
     let Some(Spec::JsonSchema { schema, .. }) = named else {
         panic!("generic named: {named:?}")
     };
@@ -98,10 +118,10 @@ fn the_grammar_follows_the_choice() {
     );
     // A family with its own format calls or answers freely under `auto`.
     assert_eq!(
-        tools(ToolChoice::Auto, true).constraint(ToolFormat::Hermes),
+        tools(ToolChoice::Auto, true).constraint(ToolFormat::Hermes, &no_special),
         None
     );
-    let required = tools(ToolChoice::Required, false).constraint(ToolFormat::Hermes);
+    let required = tools(ToolChoice::Required, false).constraint(ToolFormat::Hermes, &no_special);
     let Some(Spec::Within { lark, .. }) = required else {
         panic!("hermes required: {required:?}")
     };
@@ -129,9 +149,15 @@ fn the_grammar_follows_the_choice() {
             ToolFormat::Mistral,
             r#"[TOOL_CALLS][{"name": "weather", "arguments": {"city": "Paris"}}]"#,
         ),
+        (
+            ToolFormat::Granite,
+            r#"<|tool_call|>[{"name": "weather", "arguments": {"city": "Paris"}}]"#,
+        ),
     ] {
         for choice in [ToolChoice::Required, ToolChoice::Named("weather".into())] {
-            let spec = tools(choice, true).constraint(format).expect("a grammar");
+            let spec = tools(choice, true)
+                .constraint(format, &no_special)
+                .expect("a grammar");
             let mut guide = vocabulary
                 .compile(&spec.grammar().expect("built"))
                 .expect("compiled");
@@ -143,7 +169,7 @@ fn the_grammar_follows_the_choice() {
         }
     }
     // The calls' JSON is bounded as a response format's: no 17th space before a key.
-    let hermes = tools(ToolChoice::Required, false).constraint(ToolFormat::Hermes);
+    let hermes = tools(ToolChoice::Required, false).constraint(ToolFormat::Hermes, &no_special);
     let mut guide = vocabulary
         .compile(&hermes.expect("a grammar").grammar().expect("built"))
         .expect("compiled");
@@ -151,6 +177,20 @@ fn the_grammar_follows_the_choice() {
         guide.accept(u32::from(b)).expect("accepted");
     }
     assert!(guide.accept(u32::from(b' ')).is_err(), "a 17th space");
+    // A marker the tokenizer holds as a special token is that token in the grammar (here the
+    // byte-level vocabulary's 257, `<|channel|>`), not its spelling.
+    let special = |m: &str| (m == "[TOOL_CALLS]").then_some(257);
+    let mistral = tools(ToolChoice::Required, true).constraint(ToolFormat::Mistral, &special);
+    let mistral = mistral.expect("a grammar").grammar().expect("built");
+    let mut guide = vocabulary.compile(&mistral).expect("compiled");
+    assert!(
+        !crate::harmony::tests::allows(&mut guide, u32::from(b'[')),
+        "its spelling"
+    );
+    guide.accept(257).expect("the marker's token");
+    let list = r#"[{"name": "weather", "arguments": {"city": "Paris"}}]"#;
+    let ended = list.bytes().map(|b| guide.accept(u32::from(b))).last();
+    assert!(ended.is_some_and(|r| r.is_ok()), "the list after it");
 }
 
 #[test]
@@ -186,13 +226,15 @@ fn the_format_comes_from_the_template() {
         ToolFormat::Hermes
     );
     assert_eq!(ToolFormat::of(Some("[TOOL_CALLS]")), ToolFormat::Mistral);
+    let granite = "respond only with <|tool_call|> followed by a JSON list of tools used";
+    assert_eq!(ToolFormat::of(Some(granite)), ToolFormat::Granite);
     assert_eq!(ToolFormat::of(Some("<|python_tag|>")), ToolFormat::Llama3);
 }
 
 #[test]
 fn with_choice_none_the_history_renders_and_nothing_constrains() {
     let t = tools(ToolChoice::None, true);
-    assert_eq!(t.constraint(ToolFormat::Generic), None);
+    assert_eq!(t.constraint(ToolFormat::Generic, &no_special), None);
     let mut call = ChatMessage::new("assistant", "");
     call.tool_calls = Some(json!([{"id": "c1", "type": "function",
         "function": {"name": "weather", "arguments": {"city": "Paris"}}}]));

@@ -395,10 +395,12 @@ pub fn validate(
         let format = tool_format(&text);
         (t, format)
     });
+    let special = |marker: &str| crate::tools::special_id(&text.tokenizer, marker);
     let constraint = output_constraint(
         constraint,
         tools.as_ref().map(|(t, f)| (t.as_ref(), *f)),
         reasoning,
+        &special,
     )?;
     let grammar = constraint.map(|c| grammar(&text, &c)).transpose()?;
     Ok(ValidatedRequest {
@@ -421,6 +423,7 @@ fn output_constraint(
     constraint: Option<&Constraint>,
     tools: Option<(&Tools, ToolFormat)>,
     reasoning: Option<(Reasoning, State)>,
+    special: &dyn Fn(&str) -> Option<u32>,
 ) -> Result<Option<Constraint>, GatewayError> {
     if let Some((Reasoning::Harmony(h), state)) = reasoning {
         // The answer's schema is the request's constraint's, named by its field.
@@ -433,7 +436,7 @@ fn output_constraint(
                 message,
             });
     }
-    let tool_constraint = tools.and_then(|(t, f)| t.constraint(f));
+    let tool_constraint = tools.and_then(|(t, f)| t.constraint(f, special));
     match (constraint, tool_constraint) {
         (Some(_), Some(_)) => Err(GatewayError::InvalidField {
             field: "tools",

@@ -211,6 +211,47 @@ pub const PRESETS: &[Preset] = &[
         },
     },
     Preset {
+        name: "smollm3-3b",
+        model: "HuggingFaceTB/SmolLM3-3B",
+        config: || {
+            let mut v = llama(2048, 36, 16, 4, 11008, 128_256, 5_000_000.0);
+            v["architectures"] = json!(["SmolLM3ForCausalLM"]);
+            v["no_rope_layer_interval"] = json!(4);
+            v["tie_word_embeddings"] = json!(true);
+            v["max_position_embeddings"] = json!(65_536);
+            v
+        },
+    },
+    Preset {
+        name: "granite-3.3-2b",
+        model: "ibm-granite/granite-3.3-2b-instruct",
+        config: || {
+            let mut v = llama(2048, 40, 32, 8, 8192, 49_159, 10_000_000.0);
+            v["architectures"] = json!(["GraniteForCausalLM"]);
+            for (k, x) in [
+                ("embedding_multiplier", 12.0),
+                ("residual_multiplier", 0.22),
+                ("attention_multiplier", 0.015625),
+                ("logits_scaling", 8.0),
+            ] {
+                v[k] = json!(x);
+            }
+            v["tie_word_embeddings"] = json!(true);
+            v["max_position_embeddings"] = json!(131_072);
+            v
+        },
+    },
+    Preset {
+        name: "olmo-2-1b",
+        model: "allenai/OLMo-2-0425-1B",
+        config: || {
+            let mut v = llama(2048, 16, 16, 16, 8192, 100_352, 500_000.0);
+            v["architectures"] = json!(["Olmo2ForCausalLM"]);
+            v["max_position_embeddings"] = json!(4096);
+            v
+        },
+    },
+    Preset {
         name: "small",
         model: "seed002/small-d768",
         config: || seed_lm(768, 12, 12),
@@ -326,6 +367,9 @@ mod tests {
             ("qwen3-30b-a3b", 30.53e9),
             ("qwen1.5-moe-a2.7b", 14.32e9),
             ("gpt-oss-20b", 20.91e9),
+            ("smollm3-3b", 3.08e9),
+            ("granite-3.3-2b", 2.53e9),
+            ("olmo-2-1b", 1.48e9),
         ];
         for &(name, want) in published {
             let cfg = preset(name).expect(name).config().expect(name);

@@ -17,6 +17,8 @@ use crate::{TextError, Tokenizer};
 pub struct DecodeStream {
     tokenizer: Tokenizer,
     skip_special_tokens: bool,
+    /// Special tokens kept in the text all the same ([`Self::keeping`]).
+    keep: Vec<u32>,
     /// The decode window: the tokens of the last emission (context) followed
     /// by tokens not emitted yet. Older tokens are dropped, which keeps each
     /// step O(window) instead of O(sequence).
@@ -33,15 +35,28 @@ impl DecodeStream {
         Self {
             tokenizer,
             skip_special_tokens,
+            keep: Vec::new(),
             window: Vec::new(),
             read_offset: 0,
             prefix_text: String::new(),
         }
     }
 
+    /// Keeps the special tokens `ids` in the text where special tokens are skipped: a tool
+    /// format's markers, such as Mistral's `[TOOL_CALLS]`, which its tokenizer marks special
+    /// but which say where the calls are. The other special tokens are dropped as they come,
+    /// so the window decodes without skipping.
+    pub fn keeping(mut self, ids: Vec<u32>) -> Self {
+        self.keep = ids;
+        self
+    }
+
     /// Feeds one token; returns the text it completes (possibly empty, when
     /// the token ends mid-character or decodes to nothing).
     pub fn step(&mut self, id: u32) -> Result<String, TextError> {
+        if self.filters() && !self.keep.contains(&id) && self.tokenizer.is_special(id) {
+            return Ok(String::new());
+        }
         self.window.push(id);
         let text = self.decode_window()?;
         if text.len() <= self.prefix_text.len() || text.ends_with('\u{FFFD}') {
@@ -78,9 +93,14 @@ impl DecodeStream {
         Ok(delta)
     }
 
+    /// Whether special tokens are skipped as they come (some are kept), not by the decoder.
+    fn filters(&self) -> bool {
+        self.skip_special_tokens && !self.keep.is_empty()
+    }
+
     fn decode_window(&self) -> Result<String, TextError> {
-        self.tokenizer
-            .decode(&self.window, self.skip_special_tokens)
+        let skip = self.skip_special_tokens && !self.filters();
+        self.tokenizer.decode(&self.window, skip)
     }
 
     /// Everything in the window is now emitted: the tokens just emitted

@@ -19,6 +19,12 @@ impl TextStream {
         }
     }
 
+    /// Keeps the special tokens `ids` in the text ([`DecodeStream::keeping`]).
+    pub fn keeping(mut self, ids: Vec<u32>) -> Self {
+        self.decoder = self.decoder.keeping(ids);
+        self
+    }
+
     /// Feeds one token; returns the text now safe to send and whether a stop string matched
     /// (then the text ends before it and later input is ignored).
     pub fn push(&mut self, id: u32) -> Result<StopOutput, TextError> {

@@ -264,3 +264,36 @@ fn decode_rejects_out_of_range_ids() {
         other => panic!("expected UnknownTokenId, got {other:?}"),
     }
 }
+
+/// A stream that keeps one special token (a tool format's marker) gives the text of a decode
+/// without skipping, of the ids less the other special tokens; one that keeps none skips
+/// them all, as a decode with skipping does.
+#[test]
+fn a_stream_keeps_the_special_tokens_it_is_told_to() {
+    let tok = tokenizer();
+    let (start, end) = (1, 2); // <|im_start|>, <|im_end|>: control tokens
+    assert!(tok.is_special(start) && tok.is_special(end));
+    let word = |s: &str| tok.encode(s, false).expect("encode");
+    let ids: Vec<u32> = [
+        word("Héllo"),
+        vec![start],
+        word(" world"),
+        vec![end],
+        word("!"),
+    ]
+    .concat();
+    let streamed = |keep: Vec<u32>| {
+        let mut s = tok.decode_stream(true).keeping(keep);
+        let mut out: String = ids.iter().map(|&id| s.step(id).expect("step")).collect();
+        out.push_str(&s.flush().expect("flush"));
+        out
+    };
+    let without_end: Vec<u32> = ids.iter().copied().filter(|&id| id != end).collect();
+    let kept = streamed(vec![start]);
+    assert_eq!(kept, tok.decode(&without_end, false).expect("decode"));
+    assert_eq!(kept, "Héllo<|im_start|> world!");
+    assert_eq!(
+        streamed(Vec::new()),
+        tok.decode(&ids, true).expect("decode")
+    );
+}
