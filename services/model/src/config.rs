@@ -163,6 +163,7 @@ pub struct ModelConfig {
     /// An RMSNorm on q and on k after their projections (and biases): of each head (Qwen3,
     /// Gemma 3), or with [`Self::qk_norm_all_heads`] of all heads together (OLMo 2).
     pub qk_norm: bool,
+    /// OLMo 2: [`Self::qk_norm`] over all heads together.
     pub qk_norm_all_heads: bool,
     /// An RMSNorm before attention and before the MLP (every family but OLMo 2, whose norms
     /// are the [`Self::post_norms`] alone).
