@@ -390,6 +390,14 @@ fn harmony_ids(pieces: &[Harmony]) -> Vec<u32> {
 /// neither thinking nor answer, and the output finishes on `tool_calls`; a preamble (a
 /// commentary with no recipient) is thinking; under `tool_choice: none` a call is thinking
 /// too.
+/// One function, `get_weather` (any arguments), called as `choice` says.
+fn weather_tools(choice: ToolChoice) -> Option<Arc<Tools>> {
+    let f = crate::tools::Function::new("get_weather", None, None).expect("f");
+    Tools::new(vec![f], choice, true)
+        .expect("tools")
+        .map(Arc::new)
+}
+
 #[tokio::test]
 async fn a_gpt_oss_call_streams_as_a_tool_call() {
     let model = crate::models::testing::harmony_model();
@@ -404,19 +412,13 @@ async fn a_gpt_oss_call_streams_as_a_tool_call() {
         Harmony::Text(r#"{"city": "Paris"}"#),
         Harmony::Header("<|call|>"),
     ]);
-    let tools = |choice: ToolChoice| {
-        let f = crate::tools::Function::new("get_weather", None, None).expect("f");
-        Tools::new(vec![f], choice, true)
-            .expect("tools")
-            .map(Arc::new)
-    };
     let req = validate(
         model.clone(),
         4096,
         &chat,
         None,
         None,
-        tools(ToolChoice::Auto),
+        weather_tools(ToolChoice::Auto),
     );
     let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
     let (mut thought, mut args, mut heads) = (String::new(), String::new(), Vec::new());
@@ -457,7 +459,14 @@ async fn a_gpt_oss_call_streams_as_a_tool_call() {
         (heads, args.as_str()),
         (vec!["get_weather".to_owned()], r#"{"city": "Paris"}"#)
     );
-    let req = validate(model, 4096, &chat, None, None, tools(ToolChoice::None));
+    let req = validate(
+        model,
+        4096,
+        &chat,
+        None,
+        None,
+        weather_tools(ToolChoice::None),
+    );
     let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
     let (thought, text, _) = split_of(&evs);
     assert_eq!(thought, r#"Let me look.{"city": "Paris"}"#);
@@ -539,19 +548,13 @@ async fn a_call_after_a_special_marker_token_comes_back() {
             .chain(list.bytes().map(u32::from))
             .chain([258])
             .collect();
-        let tools = |choice: ToolChoice| {
-            let f = crate::tools::Function::new("get_weather", None, None).expect("f");
-            Tools::new(vec![f], choice, true)
-                .expect("tools")
-                .map(Arc::new)
-        };
         let req = validate(
             model.clone(),
             4096,
             &chat,
             None,
             None,
-            tools(ToolChoice::Auto),
+            weather_tools(ToolChoice::Auto),
         );
         let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
         let mut streamed = String::new();
@@ -576,7 +579,14 @@ async fn a_call_after_a_special_marker_token_comes_back() {
         }
         assert!(finished, "{marker}");
         assert_eq!(streamed, r#"{"city": "Paris"}"#, "{marker}");
-        let req = validate(model, 4096, &chat, None, None, tools(ToolChoice::None));
+        let req = validate(
+            model,
+            4096,
+            &chat,
+            None,
+            None,
+            weather_tools(ToolChoice::None),
+        );
         let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
         assert_eq!(
             text_of(&evs),

@@ -212,6 +212,19 @@ pub struct ModelConfig {
     pub label_tokens: Option<Vec<u32>>,
 }
 
+/// What every model states: its family and sizes ([`ModelConfig::plain`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
 const CLASSIFIER: &str = "ForSequenceClassification";
 
 /// The causal LM whose layers a sequence classifier (`LlamaForSequenceClassification`) has.
@@ -264,6 +277,52 @@ fn layer_count(n: usize) -> Result<usize> {
 }
 
 impl ModelConfig {
+    /// A model of `d`'s sizes with a plain Llama layer's options, which each reader (of
+    /// `config.json`, of GGUF metadata, of an encoder's config) then changes where its family
+    /// differs: SiLU, norms before attention and the MLP only, every layer rotating all of a
+    /// head by base 10 000 unscaled (NEOX pairs), attention scaled by `1/sqrt(head_dim)`, no
+    /// biases, caps, windows, sinks, experts, multipliers or labels, untied.
+    pub(crate) fn plain(d: Dims) -> Self {
+        ModelConfig {
+            architecture: d.architecture,
+            vocab_size: d.vocab_size,
+            hidden_size: d.hidden_size,
+            intermediate_size: d.intermediate_size,
+            num_layers: d.num_layers,
+            num_heads: d.num_heads,
+            num_kv_heads: d.num_kv_heads,
+            head_dim: d.head_dim,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            rope_style: RopeStyle::Neox,
+            rope_scaling: RopeScaling::None,
+            rope_dim: d.head_dim,
+            max_position_embeddings: 4096,
+            tie_word_embeddings: false,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+            qk_norm_all_heads: false,
+            pre_norms: true,
+            activation: Activation::Silu,
+            embedding_scale: 1.0,
+            norm_weight_offset: 0.0,
+            post_norms: false,
+            attention_scale: 1.0 / (d.head_dim as f32).sqrt(),
+            attn_logit_softcap: None,
+            final_logit_softcap: None,
+            attention_sinks: false,
+            rotates: vec![true; d.num_layers],
+            residual_scale: 1.0,
+            logits_divisor: 1.0,
+            attention_window: vec![None; d.num_layers],
+            moe: None,
+            local_rope_theta: None,
+            labels: None,
+            label_tokens: None,
+        }
+    }
+
     /// The context a model is served with where `--max-model-len` does not say: its own
     /// length, at most 8192.
     pub fn default_context(&self) -> usize {
@@ -562,7 +621,7 @@ impl ModelConfig {
             Architecture::GptOss => Some(MoeConfig::from_hf(cfg, MoeFamily::GptOss, num_layers)?),
             _ => None,
         };
-        let mut model = ModelConfig {
+        let dims = Dims {
             architecture,
             vocab_size: req("vocab_size")?,
             hidden_size,
@@ -571,6 +630,8 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+        };
+        let mut model = ModelConfig {
             rms_norm_eps: cfg
                 .get("rms_norm_eps")
                 .and_then(Value::as_f64)
@@ -595,24 +656,12 @@ impl ModelConfig {
             o_bias: !matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
                 && attention_bias.unwrap_or(architecture == Architecture::GptOss),
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
-            qk_norm_all_heads: false,
-            pre_norms: true,
             activation,
-            embedding_scale: 1.0,
-            norm_weight_offset: 0.0,
-            post_norms: false,
-            attention_scale: 1.0 / (head_dim as f32).sqrt(),
-            attn_logit_softcap: None,
-            final_logit_softcap: None,
             attention_sinks: architecture == Architecture::GptOss,
-            rotates: vec![true; num_layers],
-            residual_scale: 1.0,
-            logits_divisor: 1.0,
             attention_window: window::windows(cfg, window_rule(architecture), num_layers)?,
             moe,
-            local_rope_theta: None,
             labels: classifier_labels(cfg, arch_name),
-            label_tokens: None,
+            ..ModelConfig::plain(dims)
         };
         if let Some(g) = gemma {
             let options = gemma::from_hf(cfg, g, model.gemma_shape())?;

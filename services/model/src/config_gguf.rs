@@ -77,7 +77,7 @@ impl ModelConfig {
         if architecture == Architecture::Llama && moe.is_some() {
             architecture = Architecture::Mixtral;
         }
-        let mut cfg = ModelConfig {
+        let dims = Dims {
             architecture,
             vocab_size,
             hidden_size,
@@ -86,6 +86,8 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+        };
+        let mut cfg = ModelConfig {
             rms_norm_eps: gguf
                 .get_f64(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5) as f32,
@@ -98,24 +100,8 @@ impl ModelConfig {
             qkv_bias: gguf.tensors.contains("blk.0.attn_q.bias"),
             o_bias: gguf.tensors.contains("blk.0.attn_output.bias"),
             qk_norm: gguf.tensors.contains("blk.0.attn_q_norm.weight"),
-            qk_norm_all_heads: false,
-            pre_norms: true,
-            activation: Activation::Silu,
-            embedding_scale: 1.0,
-            norm_weight_offset: 0.0,
-            post_norms: false,
-            attention_scale: 1.0 / (head_dim as f32).sqrt(),
-            attn_logit_softcap: None,
-            final_logit_softcap: None,
-            attention_sinks: false,
-            rotates: vec![true; num_layers],
-            residual_scale: 1.0,
-            logits_divisor: 1.0,
-            attention_window: vec![None; num_layers],
             moe,
-            local_rope_theta: None,
-            labels: None,
-            label_tokens: None,
+            ..ModelConfig::plain(dims)
         };
         if let Some(g) = gemma_of(architecture) {
             cfg.activation = Activation::GeluTanh;

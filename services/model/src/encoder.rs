@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::classify::Classifier;
-use crate::config::{Activation, Architecture, ModelConfig, RopeScaling, RopeStyle};
+use crate::config::{Architecture, Dims, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::pooling::PoolingMode;
 use crate::step::{LogitsWanted, SeqChunk};
@@ -126,7 +126,7 @@ pub fn config(cfg: &Value, max_seq_length: Option<usize>) -> Result<(ModelConfig
     };
     let num_layers = req("num_hidden_layers")?;
     let head_dim = hidden / heads;
-    let model = ModelConfig {
+    let dims = Dims {
         architecture: Architecture::Encoder,
         vocab_size: req("vocab_size")?,
         hidden_size: hidden,
@@ -135,37 +135,17 @@ pub fn config(cfg: &Value, max_seq_length: Option<usize>) -> Result<(ModelConfig
         num_heads: heads,
         num_kv_heads: heads,
         head_dim,
+    };
+    let model = ModelConfig {
         rms_norm_eps: shape.layer_norm_eps,
-        rope_theta: 10_000.0,
-        rope_style: RopeStyle::Neox,
-        rope_scaling: RopeScaling::None,
         rope_dim: head_dim - head_dim % 2,
         // One more than a prompt may hold: the token an embeddings request samples (and
         // never runs) counts against the context.
         max_position_embeddings: shape.max_tokens + 1,
-        tie_word_embeddings: false,
-        qkv_bias: true,
         // The encoder's forward is its own ([`EncoderModel`]), biases and all.
-        o_bias: false,
-        qk_norm: false,
-        qk_norm_all_heads: false,
-        pre_norms: true,
-        activation: Activation::Silu,
-        embedding_scale: 1.0,
-        norm_weight_offset: 0.0,
-        post_norms: false,
-        attention_scale: 1.0 / (head_dim as f32).sqrt(),
-        attn_logit_softcap: None,
-        final_logit_softcap: None,
-        attention_sinks: false,
-        rotates: vec![true; num_layers],
-        residual_scale: 1.0,
-        logits_divisor: 1.0,
-        attention_window: vec![None; num_layers],
-        moe: None,
-        local_rope_theta: None,
+        qkv_bias: true,
         labels: crate::config::classifier_labels(cfg, arch),
-        label_tokens: None,
+        ..ModelConfig::plain(dims)
     };
     Ok((model.validate()?, shape))
 }
