@@ -386,18 +386,26 @@ fn harmony_ids(pieces: &[Harmony]) -> Vec<u32> {
         .collect()
 }
 
+/// The events of `chat` to `model` with one function, `get_weather` (any arguments), called
+/// as `choice` says, whose worker sends `ids` and stops.
+async fn weather_events(
+    model: Arc<ModelText>,
+    chat: &Prompt,
+    ids: &[u32],
+    choice: ToolChoice,
+) -> Vec<Result<GenerateEvent, GatewayError>> {
+    let f = crate::tools::Function::new("get_weather", None, None).expect("f");
+    let tools = Tools::new(vec![f], choice, true)
+        .expect("tools")
+        .map(Arc::new);
+    let req = validate(model, 4096, chat, None, None, tools).expect("valid");
+    events_of_request(&req, ids, Ok(pb::FinishReason::Stop)).await
+}
+
 /// gpt-oss's call is a message to `functions.NAME`: its body streams as the call's arguments,
 /// neither thinking nor answer, and the output finishes on `tool_calls`; a preamble (a
 /// commentary with no recipient) is thinking; under `tool_choice: none` a call is thinking
 /// too.
-/// One function, `get_weather` (any arguments), called as `choice` says.
-fn weather_tools(choice: ToolChoice) -> Option<Arc<Tools>> {
-    let f = crate::tools::Function::new("get_weather", None, None).expect("f");
-    Tools::new(vec![f], choice, true)
-        .expect("tools")
-        .map(Arc::new)
-}
-
 #[tokio::test]
 async fn a_gpt_oss_call_streams_as_a_tool_call() {
     let model = crate::models::testing::harmony_model();
@@ -412,15 +420,7 @@ async fn a_gpt_oss_call_streams_as_a_tool_call() {
         Harmony::Text(r#"{"city": "Paris"}"#),
         Harmony::Header("<|call|>"),
     ]);
-    let req = validate(
-        model.clone(),
-        4096,
-        &chat,
-        None,
-        None,
-        weather_tools(ToolChoice::Auto),
-    );
-    let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+    let evs = weather_events(model.clone(), &chat, &ids, ToolChoice::Auto).await;
     let (mut thought, mut args, mut heads) = (String::new(), String::new(), Vec::new());
     for e in &evs {
         match e {
@@ -459,15 +459,7 @@ async fn a_gpt_oss_call_streams_as_a_tool_call() {
         (heads, args.as_str()),
         (vec!["get_weather".to_owned()], r#"{"city": "Paris"}"#)
     );
-    let req = validate(
-        model,
-        4096,
-        &chat,
-        None,
-        None,
-        weather_tools(ToolChoice::None),
-    );
-    let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+    let evs = weather_events(model, &chat, &ids, ToolChoice::None).await;
     let (thought, text, _) = split_of(&evs);
     assert_eq!(thought, r#"Let me look.{"city": "Paris"}"#);
     assert_eq!(text, "");
@@ -548,15 +540,7 @@ async fn a_call_after_a_special_marker_token_comes_back() {
             .chain(list.bytes().map(u32::from))
             .chain([258])
             .collect();
-        let req = validate(
-            model.clone(),
-            4096,
-            &chat,
-            None,
-            None,
-            weather_tools(ToolChoice::Auto),
-        );
-        let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+        let evs = weather_events(model.clone(), &chat, &ids, ToolChoice::Auto).await;
         let mut streamed = String::new();
         let mut finished = false;
         for e in &evs {
@@ -579,15 +563,7 @@ async fn a_call_after_a_special_marker_token_comes_back() {
         }
         assert!(finished, "{marker}");
         assert_eq!(streamed, r#"{"city": "Paris"}"#, "{marker}");
-        let req = validate(
-            model,
-            4096,
-            &chat,
-            None,
-            None,
-            weather_tools(ToolChoice::None),
-        );
-        let evs = events_of_request(&req.expect("valid"), &ids, Ok(pb::FinishReason::Stop)).await;
+        let evs = weather_events(model, &chat, &ids, ToolChoice::None).await;
         assert_eq!(
             text_of(&evs),
             list,
