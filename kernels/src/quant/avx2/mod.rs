@@ -122,8 +122,10 @@ impl Avx2 {
         let direct = a.ty == GgmlType::F32;
         match outs.len() {
             0 => {}
-            1 if a.ty == GgmlType::Q8_0 && self.wide.is_some() => self.single_q8_0_wide(a, outs[0]),
-            1 => self.single::<G>(a, outs[0]),
+            1 => match self.wide.filter(|_| Avx512::has(a.ty)) {
+                Some(wide) => single_wide(wide, a, outs[0]),
+                None => self.single::<G>(a, outs[0]),
+            },
             2 if !direct => self.fused::<G, 2>(a, outs),
             3 if !direct => self.fused::<G, 3>(a, outs),
             4 if !direct => self.fused::<G, 4>(a, outs),
@@ -158,19 +160,6 @@ impl Avx2 {
                     .sum::<f32>();
             }
             *o = y;
-        }
-    }
-
-    /// One activation row of Q8_0 weights (the tied LM head's usual type) on AVX-512.
-    fn single_q8_0_wide(self, a: &Args<'_>, out: &mut [f32]) {
-        let Some(wide) = self.wide else {
-            return self.single::<groups::Q8_0>(a, out);
-        };
-        let ng = a.k / 32; // Q8_0 rows are whole blocks
-        for (j, o) in out[..a.nrows].iter_mut().enumerate() {
-            let row = &a.rows[j * a.rb..(j + 1) * a.rb];
-            // SAFETY: `row` holds ng blocks and `x` k = 32ng f32s (asserted in `rows`).
-            *o = unsafe { wide.q8_0_dot_f32(row.as_ptr(), a.x.as_ptr(), ng) };
         }
     }
 
@@ -257,6 +246,18 @@ impl Avx2 {
             }
             j0 += tw;
         }
+    }
+}
+
+/// One activation row of weights AVX-512 decodes (Q8_0, Q4_0, Q4_1, MXFP4: the LM head's
+/// usual types), exactly ([`Avx512::dot_f32`]).
+fn single_wide(wide: Avx512, a: &Args<'_>, out: &mut [f32]) {
+    let ng = a.k / 32; // these types' rows are whole blocks
+    for (j, o) in out[..a.nrows].iter_mut().enumerate() {
+        let row = &a.rows[j * a.rb..(j + 1) * a.rb];
+        // SAFETY: `row` holds ng blocks of `a.ty` and `x` k = 32ng f32s (asserted in `rows`);
+        // `a.ty` is one `Avx512::has` takes (the caller's match).
+        *o = unsafe { wide.dot_f32(a.ty, row.as_ptr(), a.x.as_ptr(), ng) };
     }
 }
 
