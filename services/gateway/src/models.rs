@@ -358,16 +358,10 @@ pub(crate) mod testing {
             "<|call|>",
             "<|return|>",
         ];
-        let vocab = ferrite_text::GgufVocab::byte_level();
-        let json = Tokenizer::from_gguf_vocab(vocab)
-            .and_then(|t| t.to_tokenizer_json())
-            .expect("a byte-level tokenizer");
-        let mut json: serde_json::Value = serde_json::from_str(&json).expect("its json");
         let contents: Vec<&str> = special.into_iter().chain(["final", "analysis"]).collect();
-        json["added_tokens"] = added_tokens(256, &contents, |c| c.starts_with("<|")).into();
         let info = pb::ModelInfo {
             model: "m".into(),
-            tokenizer_json: json.to_string(),
+            tokenizer_json: byte_level_json(&contents, |c| c.starts_with("<|")),
             chat_template: Some(harmony_template()),
             vocab_size: 265,
             max_model_len: 4096,
@@ -383,13 +377,6 @@ pub(crate) mod testing {
     /// (id = byte): `[TOOL_CALLS]` 256, `<|tool_call|>` 257 and `</s>` 258, special tokens as
     /// in those models' tokenizers, `</s>` ending the output.
     pub fn marker_model(marker: &str) -> Arc<ModelText> {
-        let vocab = ferrite_text::GgufVocab::byte_level();
-        let json = Tokenizer::from_gguf_vocab(vocab)
-            .and_then(|t| t.to_tokenizer_json())
-            .expect("a byte-level tokenizer");
-        let mut json: serde_json::Value = serde_json::from_str(&json).expect("its json");
-        let contents = ["[TOOL_CALLS]", "<|tool_call|>", "</s>"];
-        json["added_tokens"] = added_tokens(256, &contents, |_| true).into();
         let template = format!(
             "{{% if tools %}}{{{{ tools | tojson }}}}{{% endif %}}{{% for m in messages %}}\
              {{% if m.tool_calls %}}{marker}{{{{ m.tool_calls | tojson }}}}\
@@ -397,7 +384,7 @@ pub(crate) mod testing {
         );
         let info = pb::ModelInfo {
             model: "m".into(),
-            tokenizer_json: json.to_string(),
+            tokenizer_json: byte_level_json(&["[TOOL_CALLS]", "<|tool_call|>", "</s>"], |_| true),
             chat_template: Some(template),
             vocab_size: 259,
             max_model_len: 4096,
@@ -405,6 +392,18 @@ pub(crate) mod testing {
             ..pb::ModelInfo::default()
         };
         Arc::new(ModelText::from_info(info).expect("model text"))
+    }
+
+    /// A byte-level `tokenizer.json` (id = byte) with added tokens `contents` from id 256 on,
+    /// each `special` or not.
+    fn byte_level_json(contents: &[&str], special: impl Fn(&str) -> bool) -> String {
+        let vocab = ferrite_text::GgufVocab::byte_level();
+        let json = Tokenizer::from_gguf_vocab(vocab)
+            .and_then(|t| t.to_tokenizer_json())
+            .expect("a byte-level tokenizer");
+        let mut json: serde_json::Value = serde_json::from_str(&json).expect("its json");
+        json["added_tokens"] = added_tokens(256, contents, special).into();
+        json.to_string()
     }
 
     /// `tokenizer.json`'s entries of added tokens `contents`, from id `first` on, each
