@@ -7,11 +7,13 @@
 //!   accumulators (32 registers allow it; AVX2's 16 allow 4 × 2), so each loaded vector feeds
 //!   4 FMAs.
 //! - [`decode`]: rows of Q4_0, Q4_1 or Q8_0 decoded to f32 for those tiles, 16 lanes at a time.
-//! - [`q8_dot`]: a stored row of Q4_0, Q4_1 or Q8_0 times int8 activations (one-token steps,
+//! - [`q8_rows`]: stored rows of Q4_0, Q4_1, Q8_0 or MXFP4 times int8 activations (one-token steps,
 //!   `--cpu-activations int8`), two groups of 32 per instruction with VNNI's `vpdpbusd`
 //!   (unsigned × signed bytes, summed by fours into i32), which replaces AVX2's
-//!   `maddubs` + `madd`. Signed weight codes go in as `|w|` against `x·sign(w)`.
-//! - [`q8_0_dot_f32`] and [`dot_f32`]: a stored row of Q8_0, or of Q4_0, Q4_1 or MXFP4, times
+//!   `maddubs` + `madd`. Q4_0's and Q8_0's codes go in unsigned with an offset per group
+//!   (`d·(u − 8)`, `d·(u − 128)`: the panels' reading, [`super::vnni_panel`]), which the
+//!   activations' block sums pay for; MXFP4's signed values as `|w|` against `x·sign(w)`.
+//! - [`scaled_dot_f32`] and [`dot_f32`]: a stored row of Q8_0, Q4_0, MXFP4, or Q4_1, times
 //!   f32 activations, exactly (the one-token LM head, which stays exact under
 //!   `GgmlActivations::Fine`): AVX2's exact path reads a 4-bit head at about 17 GB/s where
 //!   these two cores stream 40.
@@ -71,29 +73,37 @@ impl Avx512 {
         unsafe { tile::<X>(w, x, k) }
     }
 
-    /// `Σ row · x` for a stored row of `ty` (Q4_0, Q4_1 or Q8_0: see [`Self::has`]) of
-    /// `x.blocks()` groups.
+    /// `out[j] = row_j · x` for the `out.len()` consecutive rows of `rb` bytes at `rows`, each
+    /// a stored row of `ty` (Q4_0, Q4_1, Q8_0 or MXFP4: see [`Self::has`]) of `x.blocks()`
+    /// groups.
     ///
     /// # Safety
-    /// `row` readable for `x.blocks()` blocks of `ty`.
+    /// `rows` readable for `out.len()` rows of `rb` bytes, each `x.blocks()` blocks of `ty`.
     #[inline]
-    pub(crate) unsafe fn q8_dot(self, ty: GgmlType, row: *const u8, x: &Q8Row) -> f32 {
-        // SAFETY: `self` proves the features; the row is the caller's.
+    pub(crate) unsafe fn q8_rows(
+        self,
+        ty: GgmlType,
+        rows: *const u8,
+        rb: usize,
+        x: &Q8Row,
+        out: &mut [f32],
+    ) {
+        // SAFETY: `self` proves the features; the rows are the caller's.
         unsafe {
             match ty {
-                GgmlType::Q4_0 => q8_dot::<Q4_0>(row, x),
-                GgmlType::Q4_1 => q8_dot::<Q4_1>(row, x),
-                GgmlType::MXFP4 => q8_dot::<Mxfp4>(row, x),
-                _ => q8_dot::<Q8_0>(row, x),
+                GgmlType::Q4_0 => q8_rows::<Q4_0>(rows, rb, x, out),
+                GgmlType::Q4_1 => q8_rows::<Q4_1>(rows, rb, x, out),
+                GgmlType::MXFP4 => q8_rows::<Mxfp4>(rows, rb, x, out),
+                _ => q8_rows::<Q8_0>(rows, rb, x, out),
             }
         }
     }
 
     /// `Σ row · x` for a stored row of `ng` groups of `ty` (see [`Self::has`]) and f32
     /// activations, exactly (the weights dequantized without rounding; f32 sums): the
-    /// one-token LM head, which `GgmlActivations::Fine` keeps exact. Q8_0's codes times `x`,
-    /// then each block's scale ([`q8_0_dot_f32`]); the others' groups decoded as
-    /// [`Self::decode_row`] decodes them, times `x`.
+    /// one-token LM head, which `GgmlActivations::Fine` keeps exact. Q8_0's, Q4_0's and
+    /// MXFP4's integer codes times `x`, then each block's scale ([`scaled_dot_f32`]); Q4_1's
+    /// groups decoded as [`Self::decode_row`] decodes them, times `x`.
     ///
     /// # Safety
     /// `row` readable for `ng` blocks of `ty`, `x` for `32 * ng` f32s.
@@ -108,10 +118,10 @@ impl Avx512 {
         // SAFETY: `self` proves the features; the pointers are the caller's.
         unsafe {
             match ty {
-                GgmlType::Q4_0 => dot_f32::<Q4_0>(row, x, ng),
+                GgmlType::Q4_0 => scaled_dot_f32::<Q4_0>(row, x, ng),
                 GgmlType::Q4_1 => dot_f32::<Q4_1>(row, x, ng),
-                GgmlType::MXFP4 => dot_f32::<Mxfp4>(row, x, ng),
-                _ => q8_0_dot_f32(row, x, ng),
+                GgmlType::MXFP4 => scaled_dot_f32::<Mxfp4>(row, x, ng),
+                _ => scaled_dot_f32::<Q8_0>(row, x, ng),
             }
         }
     }
@@ -132,7 +142,7 @@ impl Avx512 {
         unsafe { quantize_q8(x, d, s, qs) }
     }
 
-    /// Whether [`Self::q8_dot`] and [`Self::decode_row`] take weights of `ty`.
+    /// Whether [`Self::q8_rows`] and [`Self::decode_row`] take weights of `ty`.
     pub(crate) fn has(ty: GgmlType) -> bool {
         matches!(
             ty,
@@ -347,24 +357,96 @@ unsafe fn tile<const X: usize>(
     r
 }
 
-/// See [`Avx512::dot_f32`]: per Q8_0 block `d · Σ q·x`, 16 lanes, two blocks per iteration
-/// into two accumulators, their scales decoded together ([`heads`]).
+/// A type whose groups of 32 are integer codes (signed bytes) times one scale per group:
+/// Q8_0, Q4_0 (nibbles − 8) and MXFP4 (doubled e2m1 values, times half the scale).
+trait Scaled {
+    /// Bytes per block.
+    const BYTES: usize;
+
+    /// The 32 codes of the block at `b`, 16 per vector, in element order.
+    ///
+    /// # Safety
+    /// AVX-512 as [`Avx512`]; `b` readable for one block.
+    unsafe fn codes(b: *const u8) -> [__m128i; 2];
+
+    /// `[s(a), _, s(b), _]`: the scales of the blocks at `a` and `b` (zero if `absent`).
+    ///
+    /// # Safety
+    /// AVX-512 as [`Avx512`]; `a` readable for one block, and `b` unless `absent`.
+    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128;
+}
+
+impl Scaled for Q8_0 {
+    const BYTES: usize = 34;
+    #[inline(always)]
+    unsafe fn codes(b: *const u8) -> [__m128i; 2] {
+        // SAFETY: the codes are bytes 2..34 of the block (the caller's contract).
+        unsafe { [2, 18].map(|o| _mm_loadu_si128(b.add(o).cast())) }
+    }
+    #[inline(always)]
+    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128 {
+        // SAFETY: forwarded.
+        unsafe { heads(a, b, absent, true) }
+    }
+}
+
+impl Scaled for Q4_0 {
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn codes(b: *const u8) -> [__m128i; 2] {
+        // SAFETY: the nibbles are bytes 2..18 of the block (the caller's contract); the
+        // features are the caller's.
+        unsafe {
+            let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(2).cast()));
+            [lo, hi].map(|h| _mm_sub_epi8(h, _mm_set1_epi8(8)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128 {
+        // SAFETY: forwarded.
+        unsafe { heads(a, b, absent, true) }
+    }
+}
+
+impl Scaled for Mxfp4 {
+    const BYTES: usize = 17;
+    #[inline(always)]
+    unsafe fn codes(b: *const u8) -> [__m128i; 2] {
+        // SAFETY: the nibbles are bytes 1..17 of the block (the caller's contract); the
+        // features are the caller's.
+        unsafe {
+            let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(1).cast()));
+            [lo, hi].map(|h| _mm512_castsi512_si128(mxfp4_lookup(_mm512_castsi128_si512(h))))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128 {
+        let d = super::scalar::mxfp4_half_scale;
+        // SAFETY: the exponent is the block's first byte (the caller's contract).
+        unsafe { _mm_set_ps(0.0, if absent { 0.0 } else { d(*b) }, 0.0, d(*a)) }
+    }
+}
+
+/// See [`Avx512::dot_f32`]: per block `s · Σ c·x` over its integer codes `c`, 16 lanes, two
+/// blocks per iteration into two accumulators, their scales decoded together. (Decoding each
+/// weight to `s·c` first, then multiplying, took twice the vector instructions: Q4_0's head
+/// read at about 24 GB/s.)
 ///
 /// # Safety
 /// As [`Avx512::dot_f32`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_dot_f32(row: *const u8, x: *const f32, ng: usize) -> f32 {
-    // Σ q·x over block `g`'s 32 codes (at +2 of its 34 bytes), in 16 lanes.
+unsafe fn scaled_dot_f32<S: Scaled>(row: *const u8, x: *const f32, ng: usize) -> f32 {
+    // Σ c·x over block `g`'s 32 codes, in 16 lanes.
     let block = |g: usize| {
         // SAFETY: g < ng: the block and its 32 activations are readable (caller contract).
         unsafe {
-            let (b, p) = (row.add(34 * g + 2), x.add(32 * g));
-            let w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.cast())));
-            let w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(16).cast())));
+            let [c0, c1] = S::codes(row.add(S::BYTES * g));
+            let p = x.add(32 * g);
+            let w = |c| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c));
             _mm512_fmadd_ps(
-                w1,
+                w(c1),
                 _mm512_loadu_ps(p.add(16)),
-                _mm512_mul_ps(w0, _mm512_loadu_ps(p)),
+                _mm512_mul_ps(w(c0), _mm512_loadu_ps(p)),
             )
         }
     };
@@ -373,7 +455,7 @@ unsafe fn q8_0_dot_f32(row: *const u8, x: *const f32, ng: usize) -> f32 {
     while g < ng {
         let last = g + 1 == ng;
         // SAFETY: blocks g and, unless `last`, g + 1 are in the row.
-        let d = unsafe { heads(row.add(34 * g), row.add(34 * (g + 1)), last, true) };
+        let d = unsafe { S::scales(row.add(S::BYTES * g), row.add(S::BYTES * (g + 1)), last) };
         a0 = _mm512_fmadd_ps(block(g), _mm512_broadcastss_ps(d), a0);
         if !last {
             let d1 = _mm512_permutexvar_ps(_mm512_set1_epi32(2), _mm512_castps128_ps512(d));
@@ -425,16 +507,15 @@ trait PairGroup {
 }
 
 /// The 32 nibbles of each of two 16-byte runs, in element order: `[lo(a), hi(a), lo(b),
-/// hi(b)]`, 16 bytes each.
+/// hi(b)]`, 16 bytes each: `[a, a, b, b]`, the odd 128-bit lanes shifted down by a nibble.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
 fn nibbles2(a: __m128i, b: __m128i) -> __m512i {
-    let m4 = _mm_set1_epi8(0x0f);
-    let lo = |v: __m128i| _mm_and_si128(v, m4);
-    let hi = |v: __m128i| _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-    let first = _mm256_set_m128i(hi(a), lo(a));
-    let second = _mm256_set_m128i(hi(b), lo(b));
-    _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
+    let v = _mm512_inserti32x4::<1>(_mm512_castsi128_si512(a), a);
+    let v = _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(v, b), b);
+    // 16-bit elements 8..16 and 24..32 are lanes 1 and 3.
+    let v = _mm512_mask_srli_epi16::<4>(v, 0xff00_ff00, v);
+    _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
 }
 
 /// 16 bytes at `p`, or zeros when `absent`.
@@ -458,23 +539,19 @@ struct Q8_0;
 struct Mxfp4;
 
 impl PairGroup for Q4_0 {
-    const SIGNED: bool = true;
+    const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn pair(row: *const u8, g: usize, last: bool) -> Pair {
         // SAFETY: blocks are 18 bytes (f16 d, 16 nibble bytes); the caller's contract.
         unsafe {
             let (a, b) = (row.add(18 * g), row.add(18 * (g + 1)));
-            let q = nibbles2(
-                load16_or_zero(a.add(2), false),
-                load16_or_zero(b.add(2), last),
-            );
             Pair {
-                // Codes 0..16 stand for −8..8; a missing group's zeros stay zero.
-                q: _mm512_sub_epi8(
-                    q,
-                    _mm512_maskz_set1_epi8(if last { u32::MAX as u64 } else { u64::MAX }, 8),
+                // The codes u stand for d·(u − 8): unsigned, with the offset −8d.
+                q: nibbles2(
+                    load16_or_zero(a.add(2), false),
+                    load16_or_zero(b.add(2), last),
                 ),
-                head: heads(a, b, last, true),
+                head: offset_by(heads(a, b, last, true), -8.0),
             }
         }
     }
@@ -520,7 +597,7 @@ impl PairGroup for Q4_1 {
 }
 
 impl PairGroup for Q8_0 {
-    const SIGNED: bool = true;
+    const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn pair(row: *const u8, g: usize, last: bool) -> Pair {
         // SAFETY: blocks are 34 bytes (f16 d, 32 codes); the caller's contract.
@@ -532,30 +609,80 @@ impl PairGroup for Q8_0 {
             } else {
                 _mm256_loadu_si256(b.add(2).cast())
             };
+            let q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
             Pair {
-                q: _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                head: heads(a, b, last, true),
+                // The signed codes q as u = q + 128 (flipping the top bit), with the offset
+                // −128d; a missing group's codes become 128, against zero activations.
+                q: _mm512_xor_si512(q, _mm512_set1_epi8(-128)),
+                head: offset_by(heads(a, b, last, true), -128.0),
             }
         }
     }
 }
 
-/// `Σ row · x`: per pair of groups one `vpdpbusd` (64 products summed by fours), converted to
-/// f32 and scaled per lane by the weight scale times the activations' block scale. Two pairs
-/// per iteration into two accumulators, so the loop-carried FMA's latency overlaps.
+/// `[d(g), 0, d(g+1), 0]` as `[d(g), c·d(g), d(g+1), c·d(g+1)]`: a signed type's scales with
+/// the offset of its codes read unsigned (`d·(u + c)` for a code `u`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn offset_by(scales: __m128, c: f32) -> __m128 {
+    _mm_mul_ps(_mm_moveldup_ps(scales), _mm_set_ps(c, 1.0, c, 1.0))
+}
+
+/// See [`Avx512::q8_rows`]: 4 rows at a time, one after the other (so that they stream from
+/// memory as one run), their sums across lanes taken together (for rows of 2048 weights, each
+/// row's own reduction was a tenth of its dot); then the rest one by one.
+///
+/// # Safety
+/// AVX-512 as [`Avx512`]; as [`Avx512::q8_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_rows<G: PairGroup>(rows: *const u8, rb: usize, x: &Q8Row, out: &mut [f32]) {
+    let whole = out.len() / 4 * 4;
+    let (fours, rest) = out.split_at_mut(whole);
+    for (j, o) in fours.chunks_exact_mut(4).enumerate() {
+        // SAFETY: rows 4j..4j + 4 are in `rows` (the caller's contract).
+        let lanes = unsafe {
+            let at = |r: usize| rows.add((4 * j + r) * rb);
+            [
+                q8_dot::<G>(at(0), x),
+                q8_dot::<G>(at(1), x),
+                q8_dot::<G>(at(2), x),
+                q8_dot::<G>(at(3), x),
+            ]
+        };
+        o.copy_from_slice(&sum4(lanes));
+    }
+    for (j, o) in rest.iter_mut().enumerate() {
+        // SAFETY: as above.
+        *o = _mm512_reduce_add_ps(unsafe { q8_dot::<G>(rows.add((whole + j) * rb), x) });
+    }
+}
+
+/// `Σ row · x` as lanes to be summed: per pair of groups one `vpdpbusd` (64 products summed by
+/// fours), converted to f32 and scaled per lane by the weight scale times the activations'
+/// block scale. Two pairs per iteration into two accumulators, so the loop-carried FMA's
+/// latency overlaps; only the last pair asks whether it is whole.
+///
+/// One row at a time, so that a thread's rows stream from memory as one run: interleaving two
+/// or four rows (to share the activations' loads) made the hardware prefetcher follow short
+/// runs and ran 2-4 times slower on a 3B model (2026-11-30).
 ///
 /// # Safety
 /// AVX-512 as [`Avx512`]; `row` holds `x.blocks()` groups of `G`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_dot<G: PairGroup>(row: *const u8, x: &Q8Row) -> f32 {
+#[inline(never)] // inlined four times into `q8_rows`, the rows' loops were run as one, slowly
+unsafe fn q8_dot<G: PairGroup>(row: *const u8, x: &Q8Row) -> __m512 {
     let ng = x.blocks();
     let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut offsets = _mm_setzero_ps();
     let mut g = 0;
     while g + 4 <= ng {
         // SAFETY: groups g..g + 4 are in the row and in x.
-        let ((p0, f0), (p1, f1)) =
-            unsafe { (pair_dot::<G>(row, x, g), pair_dot::<G>(row, x, g + 2)) };
+        let ((p0, f0), (p1, f1)) = unsafe {
+            (
+                pair_dot::<G>(row, x, g, false),
+                pair_dot::<G>(row, x, g + 2, false),
+            )
+        };
         acc0 = _mm512_fmadd_ps(p0, spread(f0), acc0);
         acc1 = _mm512_fmadd_ps(p1, spread(f1), acc1);
         offsets = _mm_add_ps(offsets, _mm_add_ps(f0, f1));
@@ -563,28 +690,63 @@ unsafe fn q8_dot<G: PairGroup>(row: *const u8, x: &Q8Row) -> f32 {
     }
     while g < ng {
         // SAFETY: g < ng (a last odd group reads only itself).
-        let (p, f) = unsafe { pair_dot::<G>(row, x, g) };
+        let (p, f) = unsafe { pair_dot::<G>(row, x, g, g + 1 == ng) };
         acc0 = _mm512_fmadd_ps(p, spread(f), acc0);
         offsets = _mm_add_ps(offsets, f);
         g += 2;
     }
     // Lanes 1 and 3 of `offsets` hold Σ m·s; lanes 0 and 2 the scales, not wanted here.
-    let odd = _mm_movehdup_ps(offsets);
-    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
-        + _mm_cvtss_f32(_mm_add_ss(odd, _mm_movehl_ps(odd, odd)))
+    let minimums = _mm_blend_ps::<0b1010>(_mm_setzero_ps(), offsets);
+    _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_zextps128_ps512(minimums))
 }
 
-/// Groups `g` and `g + 1` (only `g` when it is the row's last) times the activations: the
+/// The sums of the lanes of each of 4 vectors: halves, then quarters, of two vectors added in
+/// one instruction, then within each 128-bit lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn sum4([v0, v1, v2, v3]: [__m512; 4]) -> [f32; 4] {
+    // 128-bit lanes: [v0.0 + v0.2, v0.1 + v0.3, v1.0 + v1.2, v1.1 + v1.3], and for v2, v3.
+    let h = |a, b| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (a, b) = (h(v0, v1), h(v2, v3));
+    // Lane r: the four partial sums of v_r.
+    let q = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+    );
+    let q = _mm512_add_ps(q, _mm512_permute_ps::<0b10_11_00_01>(q));
+    let q = _mm512_add_ps(q, _mm512_permute_ps::<0b01_00_11_10>(q));
+    let idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+    let mut out = [0f32; 4];
+    // SAFETY: 4 f32s written to `out`.
+    unsafe {
+        _mm_storeu_ps(
+            out.as_mut_ptr(),
+            _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, q)),
+        )
+    };
+    out
+}
+
+/// Groups `g` and `g + 1` (only `g` if `last`, the row's last) times the activations: the
 /// integer dot per 4 codes as f32, and `[d(g)·xd(g), m(g)·xs(g), d(g+1)·xd(g+1),
 /// m(g+1)·xs(g+1)]`: the scales (lanes 0, 2) and the minimums' terms (lanes 1, 3).
 ///
 /// # Safety
-/// AVX-512 as [`Avx512`]; `row` holds group `g` of `G` and `x` block `g`, and both `g + 1` unless
-/// `g + 1 == x.blocks()`.
+/// AVX-512 as [`Avx512`]; `row` holds group `g` of `G` and `x` block `g`, and both `g + 1`
+/// unless `last`, which is `g + 1 == x.blocks()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn pair_dot<G: PairGroup>(row: *const u8, x: &Q8Row, g: usize) -> (__m512, __m128) {
-    let last = g + 1 == x.blocks();
+unsafe fn pair_dot<G: PairGroup>(
+    row: *const u8,
+    x: &Q8Row,
+    g: usize,
+    last: bool,
+) -> (__m512, __m128) {
     // SAFETY: g < ng (and g + 1 < ng unless `last`) groups of the row; x.qs holds 32 codes
     // per block: 64 at 32g, or 32 when `last` (the mask loads no more); x.d and x.s one value
     // per block (two at g unless `last`).

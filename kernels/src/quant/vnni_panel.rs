@@ -2,7 +2,7 @@
 //! decode) with AVX-512 VNNI, each weight decoded once for all the tokens. Each token comes as
 //! one or two int8 terms ([`Q8Tokens`]): one is llama.cpp's arithmetic, two are close to exact.
 //!
-//! The single-token dot ([`super::avx512`]'s `q8_dot`) lays a row's codes along the lanes. Here
+//! The single-token dot ([`super::avx512`]'s `q8_rows`) lays a row's codes along the lanes. Here
 //! a *panel* of 16 weight rows lies across the lanes instead: lane `r` of a code vector holds
 //! four consecutive codes of row `r`, so one `vpdpbusd` against four activation codes
 //! broadcast from memory adds four products to each of 16 rows at once, and eight of them sum a

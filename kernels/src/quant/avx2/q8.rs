@@ -29,14 +29,14 @@ impl Avx2 {
         let rb = ng * 32 / ty.block_elems() * ty.block_bytes();
         assert_eq!(rows.len(), rb * out.len(), "weight bytes");
         assert_eq!(x.qs.len(), 32 * ng, "activation codes");
-        let wide = self.wide.filter(|_| Avx512::has(ty));
+        if let Some(w) = self.wide.filter(|_| Avx512::has(ty)) {
+            // SAFETY: `rows` holds out.len() rows of ng groups of `ty` (asserted above); `w`
+            // proves AVX-512.
+            unsafe { w.q8_rows(ty, rows.as_ptr(), rb, x, out) };
+            return;
+        }
         for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
             let row = row.as_ptr();
-            if let Some(w) = wide {
-                // SAFETY: `row` holds ng groups of `ty` (asserted above); `w` proves AVX-512.
-                *o = unsafe { w.q8_dot(ty, row, x) };
-                continue;
-            }
             // SAFETY: `self` proves AVX2/FMA/F16C; `row` holds ng groups of `ty` and `x` holds
             // ng blocks (asserted above).
             *o = unsafe {
@@ -395,7 +395,7 @@ mod tests {
             // last odd group after either.
             for blocks in [1, 2, 5, 6, 9] {
                 let k = be * blocks;
-                let nrows = 3;
+                let nrows = 7; // AVX-512's rows by fours, then three alone
                 let mut rows: Vec<u8> = (0..nrows)
                     .flat_map(|r| random_row(ty, k, 17 + r as u32))
                     .collect();
