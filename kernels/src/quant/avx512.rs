@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::GgmlType;
-use super::f16::heads;
+use super::f16::{heads, offset_heads};
 use super::q8::Q8Row;
 
 /// Proof that the running CPU has AVX-512 F/BW/VL/DQ/VNNI (and AVX2, FMA, F16C).
@@ -551,7 +551,7 @@ impl PairGroup for Q4_0 {
                     load16_or_zero(a.add(2), false),
                     load16_or_zero(b.add(2), last),
                 ),
-                head: offset_by(heads(a, b, last, true), -8.0),
+                head: offset_heads(a, b, last, -8.0),
             }
         }
     }
@@ -614,18 +614,10 @@ impl PairGroup for Q8_0 {
                 // The signed codes q as u = q + 128 (flipping the top bit), with the offset
                 // −128d; a missing group's codes become 128, against zero activations.
                 q: _mm512_xor_si512(q, _mm512_set1_epi8(-128)),
-                head: offset_by(heads(a, b, last, true), -128.0),
+                head: offset_heads(a, b, last, -128.0),
             }
         }
     }
-}
-
-/// `[d(g), 0, d(g+1), 0]` as `[d(g), c·d(g), d(g+1), c·d(g+1)]`: a signed type's scales with
-/// the offset of its codes read unsigned (`d·(u + c)` for a code `u`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[inline]
-fn offset_by(scales: __m128, c: f32) -> __m128 {
-    _mm_mul_ps(_mm_moveldup_ps(scales), _mm_set_ps(c, 1.0, c, 1.0))
 }
 
 /// See [`Avx512::q8_rows`]: 4 rows at a time, one after the other (so that they stream from

@@ -79,6 +79,27 @@ pub(in crate::quant) unsafe fn heads(
     _mm_cvtph_ps(h)
 }
 
+/// [`heads`] of two blocks whose header is a scale `d` and whose codes `u` stand for
+/// `d·(u + c)`: `[d(a), c·d(a), d(b), c·d(b)]`, the scales and the offsets a block's unsigned
+/// codes need (Q4_0's nibbles with `c = −8`, Q8_0's codes read as `q + 128` with `c = −128`).
+///
+/// # Safety
+/// As [`heads`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(in crate::quant) unsafe fn offset_heads(
+    a: *const u8,
+    b: *const u8,
+    absent: bool,
+    c: f32,
+) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::*;
+    // SAFETY: forwarded.
+    let h = unsafe { heads(a, b, absent, true) };
+    _mm_mul_ps(_mm_moveldup_ps(h), _mm_set_ps(c, 1.0, c, 1.0))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

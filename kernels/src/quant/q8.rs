@@ -77,16 +77,19 @@ impl Q8Row {
         r
     }
 
-    /// [`Self::new`] on `isa`'s vector units where it has a version (AVX-512): the
+    /// [`Self::new`] on `isa`'s vector units (AVX-512's or AVX2's version): the
     /// activations of every GGUF matmul of a step are quantized first, on one thread.
     ///
     /// # Panics
     /// If `x.len()` is not a multiple of 32.
     pub(crate) fn new_with(isa: Isa, x: &[f32]) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if let Some(wide) = isa.simd().and_then(|s| s.wide()) {
+        if let Some(simd) = isa.simd() {
             let mut r = Self::zeroed(x.len());
-            wide.quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs);
+            match simd.wide() {
+                Some(wide) => wide.quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs),
+                None => simd.quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs),
+            }
             return r;
         }
         let _ = isa;
@@ -342,12 +345,16 @@ pub(crate) mod tests {
         x[3] = 62.5; // with max 127 in its block, d = 1: a tie
         x[7] = 127.0;
         x[64..96].fill(0.0);
-        let (a, b) = (Q8Row::new(&x), Q8Row::new_with(Isa::best(), &x));
-        assert_eq!(a.qs, b.qs);
+        x[100] = -300.0; // a block whose largest magnitude is negative
+        let a = Q8Row::new(&x);
         assert_eq!(a.qs[3], 62, "ties round to even");
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a.d), bits(&b.d));
-        assert_eq!(bits(&a.s), bits(&b.s));
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let b = Q8Row::new_with(isa, &x);
+            assert_eq!(a.qs, b.qs, "{isa}");
+            assert_eq!(bits(&a.d), bits(&b.d), "{isa}");
+            assert_eq!(bits(&a.s), bits(&b.s), "{isa}");
+        }
     }
 
     /// The int8 dot is within the activations' rounding of the exact product of the

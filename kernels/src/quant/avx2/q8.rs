@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::f16::{f16_at, f16x2_at, heads};
+use super::super::f16::{f16_at, f16x2_at, heads, offset_heads};
 use super::super::q8::Q8Row;
 use super::super::scalar::scale_min_k4;
 use super::groups::{load16, load32};
@@ -52,6 +52,67 @@ impl Avx2 {
                 }
             };
         }
+    }
+}
+
+impl Avx2 {
+    /// [`Q8Row::new`]'s quantization of `x` into `d`, `s` and `qs`, 8 activations at a time
+    /// (the same bits: the amax is exact in any order, and the rounding is half to even), for
+    /// CPUs without AVX-512, where the portable loop called libm's `rintf` per activation (3%
+    /// of a 3B model's one-token step).
+    ///
+    /// # Panics
+    /// If the lengths are not `x.len() / 32` blocks.
+    pub(crate) fn quantize_q8(self, x: &[f32], d: &mut [f32], s: &mut [f32], qs: &mut [i8]) {
+        let nb = x.len() / 32;
+        assert!(x.len().is_multiple_of(32), "whole blocks");
+        assert!(
+            d.len() == nb && s.len() == nb && qs.len() == x.len(),
+            "block counts"
+        );
+        // SAFETY: `self` proves AVX2/FMA/F16C; the lengths are asserted above.
+        unsafe { quantize_q8(x, d, s, qs) }
+    }
+}
+
+/// See [`Avx2::quantize_q8`].
+///
+/// # Safety
+/// AVX2; `d` and `s` hold `x.len() / 32` blocks, `qs` `x.len()` codes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8(x: &[f32], d: &mut [f32], s: &mut [f32], qs: &mut [i8]) {
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+    for (b, blk) in x.chunks_exact(32).enumerate() {
+        // SAFETY: 32 f32s in `blk` (4 vectors of 8).
+        let v: [__m256; 4] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(blk[8 * i..].as_ptr()) });
+        let m = v.map(|v| _mm256_and_ps(v, abs));
+        let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let db = amax / 127.0;
+        let id = _mm256_set1_ps(if db > 0.0 { 1.0 / db } else { 0.0 });
+        let q = v.map(|v| _mm256_cvtps_epi32(_mm256_round_ps::<NEAREST>(_mm256_mul_ps(v, id))));
+        // i32 → i16 → i8 packs within 128-bit lanes; the permutation puts the words in order.
+        let packed = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let ordered =
+            _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: 32 codes at 32b in `qs` (the caller's lengths).
+        unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(32 * b).cast(), ordered) };
+        let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let sum = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256(sum, 1),
+        );
+        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0b01_00_11_10));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0b10_11_00_01)));
+        d[b] = db;
+        s[b] = db * sum as f32;
     }
 }
 
@@ -116,11 +177,14 @@ trait Headed: Int8Group {
     const BYTES: usize;
     /// Whether the header is the scale alone (else scale and minimum).
     const SCALE_ONLY: bool;
+    /// For a header of a scale `d` alone, the offset of the codes: `d·(u + OFFSET)`.
+    const OFFSET: f32 = 0.0;
 }
 
 impl Headed for Q4_0 {
     const BYTES: usize = GgmlType::Q4_0.block_bytes();
     const SCALE_ONLY: bool = true;
+    const OFFSET: f32 = -8.0;
 }
 
 impl Headed for Q4_1 {
@@ -160,7 +224,11 @@ unsafe fn dot_headed<G: Headed>(row: *const u8, x: &Q8Row, ng: usize) -> f32 {
         // x.d and x.s). The codes' own scalar scale is unused (and so never computed).
         let (f, c0, c1) = unsafe {
             let (a, b) = (row.add(G::BYTES * g), row.add(G::BYTES * (g + 1)));
-            let h = heads(a, b, last, G::SCALE_ONLY);
+            let h = if G::OFFSET == 0.0 {
+                heads(a, b, last, G::SCALE_ONLY)
+            } else {
+                offset_heads(a, b, last, G::OFFSET)
+            };
             let f = _mm_mul_ps(h, x.scales_sums(g, last));
             (
                 f,
@@ -209,16 +277,19 @@ struct Q5K;
 struct Q6K;
 
 impl Int8Group for Q4_0 {
-    const SIGNED: bool = true;
+    // The nibbles u stand for d·(u − 8): unsigned codes with the offset −8d, two instructions
+    // fewer per group than signed ones (`maddubs` takes unsigned weights).
+    const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
         // SAFETY: block g is the 18 bytes at 18g (caller contract); AVX2 likewise.
         unsafe {
             let b = row.add(18 * g);
+            let d = f16_at(b);
             Codes {
-                q: _mm256_sub_epi8(nibbles(load16(b.add(2))), _mm256_set1_epi8(8)),
-                scale: _mm256_set1_ps(f16_at(b) * dx),
-                offset: 0.0,
+                q: nibbles(load16(b.add(2))),
+                scale: _mm256_set1_ps(d * dx),
+                offset: -8.0 * d,
             }
         }
     }
