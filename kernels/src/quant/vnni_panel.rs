@@ -349,6 +349,12 @@ impl PanelGroup for Mxfp4 {
     }
 }
 
+/// How far ahead in each of a panel's rows [`decode`] asks for the bytes it will read. The
+/// 16 rows are 16 short runs through memory at once, which the hardware prefetcher follows
+/// badly: 8 sequences of a 3B Q4_0 model decoded at 55 tok/s with the panels' decoding half of
+/// the time, 66 with this hint (128 to 320 bytes measured alike; 512 and more as none).
+const PREFETCH: usize = 256;
+
 /// Decodes the `n` rows (of `rb` bytes) at `rows` into `panel`.
 ///
 /// # Safety
@@ -358,6 +364,10 @@ unsafe fn decode<G: PanelGroup>(rows: *const u8, rb: usize, n: usize, panel: &mu
     // SAFETY: rows 0..n exist; the padding lanes read row n - 1 again.
     let ptrs: Rows = std::array::from_fn(|r| unsafe { rows.add(r.min(n - 1) * rb) });
     for g in 0..panel.scale.len() {
+        for p in &ptrs {
+            // A hint (it never faults, past the rows too).
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(g * G::BYTES + PREFETCH).cast());
+        }
         // SAFETY: block g of each row (g < the rows' groups).
         let (d, o) = unsafe { G::group(&ptrs, g, &mut panel.codes[8 * g..8 * g + 8]) };
         panel.scale[g] = d;
