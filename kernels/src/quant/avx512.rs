@@ -130,16 +130,11 @@ impl Avx512 {
     /// (the same bits: the amax is exact in any order, and the conversion rounds half to even).
     ///
     /// # Panics
-    /// If the lengths are not `x.len() / 32` blocks.
-    pub(crate) fn quantize_q8(self, x: &[f32], d: &mut [f32], s: &mut [f32], qs: &mut [i8]) {
-        let nb = x.len() / 32;
-        assert!(x.len().is_multiple_of(32), "whole blocks");
-        assert!(
-            d.len() == nb && s.len() == nb && qs.len() == x.len(),
-            "block counts"
-        );
-        // SAFETY: `self` proves AVX-512F/BW; the lengths are asserted above.
-        unsafe { quantize_q8(x, d, s, qs) }
+    /// If `r` is not sized for `x` ([`Q8Row::zeroed`]).
+    pub(crate) fn quantize_q8(self, x: &[f32], r: &mut Q8Row) {
+        r.check_len(x.len());
+        // SAFETY: `self` proves AVX-512F/BW; the lengths are checked above.
+        unsafe { quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs) }
     }
 
     /// Whether [`Self::q8_rows`] and [`Self::decode_row`] take weights of `ty`.
@@ -489,17 +484,19 @@ unsafe fn dot_f32<G: Decode>(row: *const u8, x: *const f32, ng: usize) -> f32 {
 /// `g`'s, in element order), and their headers.
 struct Pair {
     q: __m512i,
-    /// `[d(g), m(g), d(g + 1), m(g + 1)]`: the groups' scales and minimums (Q4_1; zero for the
-    /// types without one), decoded from f16 in one instruction.
+    /// `[d(g), m(g), d(g + 1), m(g + 1)]`: the groups' scales and offsets (Q4_1's minimums,
+    /// Q4_0's −8d and Q8_0's −128d for their codes read unsigned; zero for MXFP4), decoded from
+    /// f16 in one instruction.
     head: __m128,
 }
 
 /// A storage type whose groups of 32 VNNI reads two at a time.
 trait PairGroup {
-    /// Whether the codes are signed (else unsigned, below 128).
+    /// Whether the codes are signed (else unsigned bytes).
     const SIGNED: bool;
 
-    /// Groups `g` and `g + 1` (the latter all zero codes if `g + 1` is past the row: `last`).
+    /// Groups `g` and `g + 1` (if `g + 1` is past the row, `last`, its header is zero, and its
+    /// codes meet zero activations).
     ///
     /// # Safety
     /// AVX-512 as [`Avx512`]; `row` readable for group `g`'s block and, unless `last`, `g + 1`'s.

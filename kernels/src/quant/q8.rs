@@ -87,8 +87,8 @@ impl Q8Row {
         if let Some(simd) = isa.simd() {
             let mut r = Self::zeroed(x.len());
             match simd.wide() {
-                Some(wide) => wide.quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs),
-                None => simd.quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs),
+                Some(wide) => wide.quantize_q8(x, &mut r),
+                None => simd.quantize_q8(x, &mut r),
             }
             return r;
         }
@@ -96,8 +96,19 @@ impl Q8Row {
         Self::new(x)
     }
 
+    /// Panics unless `self` holds the blocks of `len` activations, as [`Self::zeroed`] makes
+    /// them: what the vector quantizations write into.
+    pub(crate) fn check_len(&self, len: usize) {
+        let nb = len / 32;
+        assert!(len.is_multiple_of(32), "whole blocks");
+        assert!(
+            self.d.len() == nb && self.s.len() == nb && self.qs.len() == len,
+            "block counts"
+        );
+    }
+
     /// All-zero blocks for `len` activations.
-    fn zeroed(len: usize) -> Self {
+    pub(crate) fn zeroed(len: usize) -> Self {
         assert!(
             len.is_multiple_of(32),
             "int8 activations need whole blocks of 32"

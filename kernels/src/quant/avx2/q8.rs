@@ -62,16 +62,11 @@ impl Avx2 {
     /// of a 3B model's one-token step).
     ///
     /// # Panics
-    /// If the lengths are not `x.len() / 32` blocks.
-    pub(crate) fn quantize_q8(self, x: &[f32], d: &mut [f32], s: &mut [f32], qs: &mut [i8]) {
-        let nb = x.len() / 32;
-        assert!(x.len().is_multiple_of(32), "whole blocks");
-        assert!(
-            d.len() == nb && s.len() == nb && qs.len() == x.len(),
-            "block counts"
-        );
-        // SAFETY: `self` proves AVX2/FMA/F16C; the lengths are asserted above.
-        unsafe { quantize_q8(x, d, s, qs) }
+    /// If `r` is not sized for `x` ([`Q8Row::zeroed`]).
+    pub(crate) fn quantize_q8(self, x: &[f32], r: &mut Q8Row) {
+        r.check_len(x.len());
+        // SAFETY: `self` proves AVX2/FMA/F16C; the lengths are checked above.
+        unsafe { quantize_q8(x, &mut r.d, &mut r.s, &mut r.qs) }
     }
 }
 
