@@ -237,20 +237,6 @@ fn nibble_halves(q: __m128i) -> (__m128i, __m128i) {
     )
 }
 
-impl Decode for Q4_0 {
-    #[inline(always)]
-    unsafe fn group(row: *const u8, g: usize) -> [__m512; 2] {
-        // SAFETY: an 18-byte block at 18g (the caller's contract).
-        unsafe {
-            let b = row.add(18 * g);
-            let d = _mm512_set1_ps(super::f16::f16_at(b));
-            let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(2).cast()));
-            let eight = _mm512_set1_ps(8.0);
-            [lo, hi].map(|h| _mm512_mul_ps(_mm512_sub_ps(bytes_to_f32(h, false), eight), d))
-        }
-    }
-}
-
 /// MXFP4's doubled e2m1 values looked up for `nibbles` (each 0..16), within each 128-bit lane.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[inline]
@@ -260,16 +246,15 @@ pub(super) fn mxfp4_lookup(nibbles: __m512i) -> __m512i {
     _mm512_shuffle_epi8(_mm512_broadcast_i32x4(lut), nibbles)
 }
 
-impl Decode for Mxfp4 {
+/// The types of integer codes times one scale per block decode as exactly that.
+impl<S: Scaled> Decode for S {
     #[inline(always)]
     unsafe fn group(row: *const u8, g: usize) -> [__m512; 2] {
-        // SAFETY: a 17-byte block at 17g (the caller's contract): the exponent, 16 code bytes.
+        // SAFETY: a block at `S::BYTES · g` (the caller's contract).
         unsafe {
-            let b = row.add(17 * g);
-            let d = _mm512_set1_ps(super::scalar::mxfp4_half_scale(*b));
-            let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(1).cast()));
-            let look = |h: __m128i| _mm512_castsi512_si128(mxfp4_lookup(_mm512_castsi128_si512(h)));
-            [lo, hi].map(|h| _mm512_mul_ps(bytes_to_f32(look(h), true), d))
+            let b = row.add(S::BYTES * g);
+            let d = _mm512_broadcastss_ps(S::scales(b, b, true));
+            S::codes(b).map(|c| _mm512_mul_ps(bytes_to_f32(c, true), d))
         }
     }
 }
@@ -284,20 +269,6 @@ impl Decode for Q4_1 {
             let (d, m) = (_mm512_set1_ps(d), _mm512_set1_ps(m));
             let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(4).cast()));
             [lo, hi].map(|h| _mm512_fmadd_ps(bytes_to_f32(h, false), d, m))
-        }
-    }
-}
-
-impl Decode for Q8_0 {
-    #[inline(always)]
-    unsafe fn group(row: *const u8, g: usize) -> [__m512; 2] {
-        // SAFETY: a 34-byte block at 34g (the caller's contract).
-        unsafe {
-            let b = row.add(34 * g);
-            let d = _mm512_set1_ps(super::f16::f16_at(b));
-            let lo = _mm_loadu_si128(b.add(2).cast());
-            let hi = _mm_loadu_si128(b.add(18).cast());
-            [lo, hi].map(|h| _mm512_mul_ps(bytes_to_f32(h, true), d))
         }
     }
 }
@@ -364,11 +335,16 @@ trait Scaled {
     /// AVX-512 as [`Avx512`]; `b` readable for one block.
     unsafe fn codes(b: *const u8) -> [__m128i; 2];
 
-    /// `[s(a), _, s(b), _]`: the scales of the blocks at `a` and `b` (zero if `absent`).
+    /// `[s(a), _, s(b), _]`: the scales of the blocks at `a` and `b` (zero if `absent`); by
+    /// default an f16 first in each block.
     ///
     /// # Safety
     /// AVX-512 as [`Avx512`]; `a` readable for one block, and `b` unless `absent`.
-    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128;
+    #[inline(always)]
+    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128 {
+        // SAFETY: forwarded.
+        unsafe { heads(a, b, absent, true) }
+    }
 }
 
 impl Scaled for Q8_0 {
@@ -377,11 +353,6 @@ impl Scaled for Q8_0 {
     unsafe fn codes(b: *const u8) -> [__m128i; 2] {
         // SAFETY: the codes are bytes 2..34 of the block (the caller's contract).
         unsafe { [2, 18].map(|o| _mm_loadu_si128(b.add(o).cast())) }
-    }
-    #[inline(always)]
-    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128 {
-        // SAFETY: forwarded.
-        unsafe { heads(a, b, absent, true) }
     }
 }
 
@@ -395,11 +366,6 @@ impl Scaled for Q4_0 {
             let (lo, hi) = nibble_halves(_mm_loadu_si128(b.add(2).cast()));
             [lo, hi].map(|h| _mm_sub_epi8(h, _mm_set1_epi8(8)))
         }
-    }
-    #[inline(always)]
-    unsafe fn scales(a: *const u8, b: *const u8, absent: bool) -> __m128 {
-        // SAFETY: forwarded.
-        unsafe { heads(a, b, absent, true) }
     }
 }
 
