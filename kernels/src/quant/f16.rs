@@ -4,23 +4,7 @@
 //! `vcvtph2ps` instead ([`heads`]): in scalar registers they were a third of AVX-512's dot's
 //! instructions.
 
-/// An f16 bit pattern as f32, exactly (subnormals, infinities and NaNs included).
-///
-/// Done in general-purpose registers on purpose: building a vector for `vcvtph2ps` from one
-/// 16-bit value makes LLVM emit `vpinsrw` into whatever register is free, often a loop
-/// accumulator, which chains every iteration to the previous one.
-#[inline(always)]
-fn f16_to_f32(h: u16) -> f32 {
-    let h = u32::from(h);
-    let sign = (h & 0x8000) << 16;
-    let em = h & 0x7fff;
-    if em >= 0x7c00 {
-        return f32::from_bits(sign | 0x7f80_0000 | ((em & 0x3ff) << 13));
-    }
-    // The f16 bits shifted into an f32 read 2^112 too small (subnormals included): rescale,
-    // exactly.
-    f32::from_bits(sign | (em << 13)) * f32::from_bits(0x7780_0000)
-}
+use super::scalar::f16_to_f32;
 
 /// The little-endian f16 at `p`, as f32.
 ///
@@ -98,19 +82,4 @@ pub(in crate::quant) unsafe fn offset_heads(
     // SAFETY: forwarded.
     let h = unsafe { heads(a, b, absent, true) };
     _mm_mul_ps(_mm_moveldup_ps(h), _mm_set_ps(c, 1.0, c, 1.0))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn f16_to_f32_is_exact_for_every_bit_pattern() {
-        for h in 0..=u16::MAX {
-            let want = half::f16::from_bits(h).to_f32();
-            let got = super::f16_to_f32(h);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{h:#06x}: {got} vs {want}"
-            );
-        }
-    }
 }

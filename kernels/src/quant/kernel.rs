@@ -7,12 +7,15 @@ use super::{GgmlType, QuantError, check_bytes, scalar};
 #[cfg(target_arch = "x86_64")]
 use super::avx2::Avx2;
 
-/// Which implementation of the kernels to run, ordered by capability: `Scalar < Avx2 <
-/// Avx512`.
+/// Which implementation of the kernels to run, ordered by capability: `Scalar < Neon < Avx2 <
+/// Avx512` (a CPU has one architecture's levels; the order across them only serves the cap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// Portable Rust (auto-vectorized where the compiler can); available everywhere.
     Scalar,
+    /// ARM (aarch64) with the dot-product extension (`sdot`: Apple M1 on, Graviton 2 on): the
+    /// portable kernels, compiled with it where integer dots are summed (`q8_dot.rs`).
+    Neon,
     /// x86-64 AVX2 + FMA + F16C intrinsics.
     Avx2,
     /// AVX2, with AVX-512 (F/BW/VL/DQ/VNNI) for the kernels that have it: the f32 tile of
@@ -24,14 +27,14 @@ impl Isa {
     /// The fastest implementation this CPU supports (detected once, then cached), within
     /// [`Isa::cap`].
     pub fn best() -> Self {
-        [Self::Avx512, Self::Avx2]
+        [Self::Avx512, Self::Avx2, Self::Neon]
             .into_iter()
             .find(|i| i.is_available())
             .unwrap_or(Self::Scalar)
     }
 
     /// The most the CPU detection admits to: the level `FERRITE_CPU_ISA` names (`scalar`,
-    /// `avx2` or `avx512`; unset or anything else: no cap), read once. Every kernel's
+    /// `neon`, `avx2` or `avx512`; unset or anything else: no cap), read once. Every kernel's
     /// detection obeys it, so an AVX-512 machine runs as a laptop without AVX-512 would, to
     /// measure or check that path.
     pub fn cap() -> Self {
@@ -43,6 +46,7 @@ impl Isa {
     fn parse_cap(value: Option<String>) -> Self {
         match value.as_deref().map(str::trim) {
             Some("scalar") => Self::Scalar,
+            Some("neon") => Self::Neon,
             Some("avx2") => Self::Avx2,
             _ => Self::Avx512,
         }
@@ -50,7 +54,22 @@ impl Isa {
 
     /// Whether this CPU can run `self`. Requesting an unavailable one falls back to scalar.
     pub fn is_available(self) -> bool {
-        self.simd().is_some() || self == Self::Scalar
+        match self {
+            Self::Scalar => true,
+            Self::Neon => Self::has_dotprod(),
+            Self::Avx2 | Self::Avx512 => self.simd().is_some(),
+        }
+    }
+
+    /// Whether this is an ARM CPU with the dot-product extension, within [`Isa::cap`].
+    #[cfg(target_arch = "aarch64")]
+    fn has_dotprod() -> bool {
+        Self::cap() >= Self::Neon && std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+
+    #[cfg(not(target_arch = "aarch64"))]
+    fn has_dotprod() -> bool {
+        false
     }
 
     /// Whether `self` runs the AVX2 kernels (and is available).
@@ -62,7 +81,7 @@ impl Isa {
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn simd(self) -> Option<Avx2> {
         match self {
-            Self::Scalar => None,
+            Self::Scalar | Self::Neon => None,
             Self::Avx2 => Avx2::detect(),
             Self::Avx512 => Avx2::with_avx512(),
         }
@@ -73,10 +92,11 @@ impl Isa {
         None
     }
 
-    /// A short lowercase name (`"scalar"`, `"avx2"`, `"avx512"`).
+    /// A short lowercase name (`"scalar"`, `"neon"`, `"avx2"`, `"avx512"`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Scalar => "scalar",
+            Self::Neon => "neon",
             Self::Avx2 => "avx2",
             Self::Avx512 => "avx512",
         }
@@ -111,7 +131,10 @@ impl RowKernel {
         #[cfg(target_arch = "x86_64")]
         let imp = isa.simd().map_or(Imp::Scalar, Imp::Avx2);
         #[cfg(not(target_arch = "x86_64"))]
-        let imp = Imp::Scalar;
+        let imp = {
+            let _ = isa; // the f32 rows have x86 kernels only
+            Imp::Scalar
+        };
         Self { ty, k, imp }
     }
 
@@ -193,12 +216,13 @@ mod tests {
         assert_eq!(cap(Some("avx2")), Isa::Avx2);
         assert_eq!(cap(Some(" scalar\n")), Isa::Scalar);
         assert_eq!(cap(Some("avx512")), Isa::Avx512);
+        assert_eq!(cap(Some("neon")), Isa::Neon);
         assert_eq!(
-            cap(Some("neon")),
+            cap(Some("sve2")),
             Isa::Avx512,
             "an unknown name caps nothing"
         );
         assert_eq!(cap(None), Isa::Avx512);
-        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512);
+        assert!(Isa::Scalar < Isa::Neon && Isa::Neon < Isa::Avx2 && Isa::Avx2 < Isa::Avx512);
     }
 }

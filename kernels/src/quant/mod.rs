@@ -7,8 +7,9 @@
 //!
 //! Two implementations exist for every type: a portable scalar one ([`Isa::Scalar`]) and, on
 //! x86-64 CPUs with AVX2 + FMA + F16C, an intrinsics one ([`Isa::Avx2`]); on CPUs with
-//! AVX-512, [`Isa::Avx512`] runs the hottest of them wider (`avx512.rs`). [`Isa::best`] picks
-//! the fastest available (detected once, then cached).
+//! AVX-512, [`Isa::Avx512`] runs the hottest of them wider (`avx512.rs`). On ARM the portable
+//! code is the kernel, its integer dots compiled with `sdot` ([`Isa::Neon`], `q8_dot.rs`).
+//! [`Isa::best`] picks the fastest available (detected once, then cached).
 
 use std::fmt;
 use std::str::FromStr;
@@ -24,6 +25,7 @@ mod avx512;
 mod f16;
 mod kernel;
 pub(crate) mod q8;
+mod q8_dot;
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]

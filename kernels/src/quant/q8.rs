@@ -8,7 +8,7 @@
 //! element, mostly cancelling in the sum): the library's default is the f32 path, which keeps
 //! the golden tests' agreement with transformers; `ferrite`'s CPU default is int8.
 
-use super::{GgmlType, Isa, scalar};
+use super::{GgmlType, Isa};
 
 /// How block-quantized GGUF weights multiply the activations of a step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -98,6 +98,7 @@ impl Q8Row {
 
     /// Panics unless `self` holds the blocks of `len` activations, as [`Self::zeroed`] makes
     /// them: what the vector quantizations write into.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // x86's quantizations
     pub(crate) fn check_len(&self, len: usize) {
         let nb = len / 32;
         assert!(len.is_multiple_of(32), "whole blocks");
@@ -162,6 +163,7 @@ pub(crate) struct Q8Tokens {
     terms: usize,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by x86's panels
 impl Q8Tokens {
     /// The tokens of `x` (rows of `k`, a multiple of 32) in `terms` (1 or 2) terms each.
     ///
@@ -214,7 +216,8 @@ impl Q8Tokens {
 }
 
 /// `out[j] = row_j · x` for the `out.len()` contiguous rows of block type `ty` in `rows`, on
-/// `isa` if this CPU has it.
+/// `isa` if this CPU has it (x86's kernels, else the portable one, with ARM's `sdot` for
+/// [`Isa::Neon`]).
 ///
 /// # Panics
 /// If `ty` is a float type or `rows` is not `out.len()` rows of `x.blocks()` groups of 32.
@@ -223,11 +226,7 @@ pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f3
     if let Some(simd) = isa.simd() {
         return simd.q8_rows(ty, rows, x, out);
     }
-    let rb = ty.row_bytes(32 * x.blocks()).expect("whole blocks");
-    assert_eq!(rows.len(), rb * out.len(), "weight bytes");
-    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb.max(1))) {
-        *o = dot(ty, row, x);
-    }
+    super::q8_dot::rows(ty, rows, x, out, isa == Isa::Neon);
 }
 
 /// Whether batched steps (several activation rows) with weights of `ty` take integer
@@ -271,12 +270,13 @@ pub(crate) fn panels(
 ///
 /// # Panics
 /// If `ty` is a float type or `row` does not hold `x.blocks()` groups of 32.
+#[cfg(test)]
 pub(crate) fn dot(ty: GgmlType, row: &[u8], x: &Q8Row) -> f32 {
     assert!(ty.is_quantized(), "no int8-activation dot for {ty}");
     let k = 32 * x.blocks();
     assert_eq!(Some(row.len()), ty.row_bytes(k).ok(), "weight bytes");
     let mut w = vec![0f32; k];
-    scalar::dequantize(ty, row, &mut w);
+    super::scalar::dequantize(ty, row, &mut w);
     let mut acc = 0f64;
     for (g, (wg, qg)) in w.chunks_exact(32).zip(x.qs.chunks_exact(32)).enumerate() {
         let sum: f64 = wg
@@ -325,7 +325,7 @@ pub(crate) mod tests {
 
     fn sample(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
-            .map(|i| (((i as u32 * 2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
             .collect()
     }
 

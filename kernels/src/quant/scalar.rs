@@ -8,7 +8,26 @@ use super::{GgmlType, QK_K};
 /// Reads the little-endian f16 at `b[i..i + 2]` as f32 (exact).
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
+}
+
+/// An f16 bit pattern as f32, exactly (subnormals, infinities and NaNs included).
+///
+/// Done in general-purpose registers on purpose: on x86 building a vector for `vcvtph2ps` from
+/// one 16-bit value makes LLVM emit `vpinsrw` into whatever register is free, often a loop
+/// accumulator, which chains every iteration to the previous one; on ARM the `half` crate's
+/// conversion is a call behind a run-time feature check, per block.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    if em >= 0x7c00 {
+        return f32::from_bits(sign | 0x7f80_0000 | ((em & 0x3ff) << 13));
+    }
+    // The f16 bits shifted into an f32 read 2^112 too small (subnormals included): rescale,
+    // exactly.
+    f32::from_bits(sign | (em << 13)) * f32::from_bits(0x7780_0000)
 }
 
 /// bfloat16 bits to f32 (exact).
@@ -41,7 +60,7 @@ pub(crate) fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         }
         GgmlType::F16 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
         }
         GgmlType::BF16 => {
@@ -181,7 +200,8 @@ fn q6_k(b: &[u8], o: &mut [f32]) {
 }
 
 /// `Σ a[i] * b[i]` over `min(a.len(), b.len())` elements, with 16 independent partial sums so
-/// LLVM vectorizes it on any target. (No `mul_add`: without hardware FMA that is a libm call.)
+/// LLVM vectorizes it on any target. `mul_add` only on ARM, where FMA is part of every aarch64
+/// CPU (`fmla`); on baseline x86-64 it would be a libm call.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 16;
@@ -193,7 +213,11 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let (ar, br) = (ac.remainder(), bc.remainder());
     for (x, y) in ac.zip(bc) {
         for i in 0..L {
-            acc[i] += x[i] * y[i];
+            acc[i] = if cfg!(target_arch = "aarch64") {
+                x[i].mul_add(y[i], acc[i])
+            } else {
+                acc[i] + x[i] * y[i]
+            };
         }
     }
     let mut tail = 0f32;
@@ -209,4 +233,19 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc[0] + tail
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn f16_to_f32_is_exact_for_every_bit_pattern() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = super::f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
+    }
 }

@@ -265,6 +265,7 @@ pub struct I8Activations {
     pub(crate) padded_cols: usize,
     pub(crate) q: Vec<i8>,
     /// `q + 128` (the VNNI kernel's unsigned operand); padding is 128, i.e. 0.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) u: Vec<u8>,
     pub(crate) scales: Vec<f32>,
 }

@@ -105,7 +105,7 @@ fn cpu() -> Check {
     check(
         "CPU",
         Verdict::Ok,
-        format!("{cores} cores, kernels for {isa:?}"),
+        format!("{cores} cores, kernels for {isa}"),
     )
 }
 
