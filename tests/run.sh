@@ -73,3 +73,8 @@ export FERRITE_K8S_TOOLS
 
 echo "== tests"
 cargo test --release --workspace --no-fail-fast
+
+# The CPU kernels cross-built for ARM (aarch64) and tested under qemu, and the binary
+# type-checked for macOS (tests/arm/run.sh). Last: it reuses the host build's proc macros.
+echo "== ARM (aarch64 kernels emulated, macOS type-check)"
+bash tests/arm/run.sh
