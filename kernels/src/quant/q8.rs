@@ -231,13 +231,13 @@ pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f3
 
 /// Whether batched steps (several activation rows) with weights of `ty` take integer
 /// activations ([`Q8Tokens`]) on `isa`: only where an integer kernel shares each decoded weight
-/// across the rows (AVX-512 VNNI panels of Q4_0, Q4_1 and Q8_0). Elsewhere the f32 tiles,
+/// across the rows (the VNNI panels of Q4_0, Q4_1, Q8_0, and at 512 bits MXFP4). Elsewhere the f32 tiles,
 /// which share it too, are faster than one integer dot per row and token, so batches keep f32
 /// activations there.
 pub(crate) fn has_panels(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     if let Some(simd) = isa.simd() {
-        return simd.wide().is_some() && super::Avx512::has_panels(ty);
+        return super::vnni_panel::Panels::of(simd).is_some_and(|p| p.has(ty));
     }
     let _ = (isa, ty);
     false
@@ -257,8 +257,8 @@ pub(crate) fn panels(
     outs: &mut [&mut [f32]],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(wide) = isa.simd().and_then(|s| s.wide()) {
-        return wide.q8_panels(ty, rows, nrows, xs, outs);
+    if let Some(panels) = isa.simd().and_then(super::vnni_panel::Panels::of) {
+        return panels.run(ty, rows, nrows, xs, outs);
     }
     let _ = (isa, ty, rows, nrows, xs, outs);
     panic!("no int8 panel kernel on this CPU");
