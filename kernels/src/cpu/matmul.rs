@@ -11,7 +11,8 @@
 use rayon::prelude::*;
 
 use crate::fp8::{Fp8Activations, Fp8Matrix, quantize_activations};
-use crate::quant::q8::{self, Q8Tokens};
+use crate::quant::int8;
+use crate::quant::q8::Q8Tokens;
 use crate::quant::{GgmlActivations, GgmlType, Isa, QuantError, RowKernel};
 use crate::w8a8::{I8Activations, I8Matrix};
 use crate::wq::WqMatrix;
@@ -362,8 +363,8 @@ fn run_many(opts: &MatmulOptions, x: &[f32], m: usize, ws: &[Weight<'_>], outs: 
                 let (n, rb) = (task.outs[0].len(), w.row_bytes());
                 let rows = &w.bytes[task.r0 * rb..(task.r0 + n) * rb];
                 match &mut task.outs[..] {
-                    [out] if m == 1 => q8::rows(isa, w.ty, rows, &a.terms_of(0..1)[0], out),
-                    outs => q8::panels(isa, w.ty, rows, n, a, outs),
+                    [out] if m == 1 => int8::rows(isa, w.ty, rows, &a.terms_of(0..1)[0], out),
+                    outs => int8::panels(isa, w.ty, rows, n, a, outs),
                 }
             }
         }
@@ -428,7 +429,7 @@ fn fp8_activations(x: &[f32], k: usize, ws: &[Weight<'_>]) -> Vec<Option<Vec<f32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::q8::tests::random_row;
+    use crate::quant::q8::{self, tests::random_row};
 
     /// With integer activations a matmul is the integer dot of every row and token (over rows
     /// split into parallel tasks), in one int8 term under `Int8` (one-token steps, and batches
@@ -453,7 +454,7 @@ mod tests {
                     opts.one(x, tokens, w, &mut got);
                     let mut exact = vec![0f32; tokens * n];
                     matmul(x, tokens, w, &mut exact);
-                    let panels = q8::has_panels(opts.isa, ty);
+                    let panels = int8::has_panels(opts.isa, ty);
                     let terms = match (mode, tokens) {
                         (GgmlActivations::Int8, 1) => 1,
                         (GgmlActivations::Int8, _) if panels => 1,

@@ -23,6 +23,7 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod f16;
+pub(crate) mod int8;
 mod kernel;
 pub(crate) mod q8;
 mod q8_dot;
@@ -35,9 +36,9 @@ mod vnni_panel;
 pub(crate) use avx2::{Avx2, dot_i8_i8, hsum as hsum256};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::Avx512;
+pub use int8::GgmlActivations;
 pub(crate) use kernel::RowKernel;
 pub use kernel::{Isa, vec_dot, vec_dot_with};
-pub use q8::GgmlActivations;
 
 /// Elements in one K-quant super-block.
 pub const QK_K: usize = 256;

@@ -1,6 +1,6 @@
 //! Activations quantized to int8 per block of 32, for integer dot products with GGUF's block
 //! types: llama.cpp's arithmetic for them (its `Q8_0`/`Q8_1`/`Q8_K` activation blocks), opted
-//! into with [`GgmlActivations::Int8`].
+//! into with [`super::GgmlActivations::Int8`]; which kernel takes them is `int8.rs`'s choice.
 //!
 //! A block of 32 activations becomes `d = max|x| / 127` and `q = round(x / d)` in −127..=127;
 //! a group of 32 weights `w = dw·qw + m` then gives `Σ w·x ≈ dw·d·Σ qw·q + m·d·Σ q`, whose inner
@@ -8,39 +8,7 @@
 //! element, mostly cancelling in the sum): the library's default is the f32 path, which keeps
 //! the golden tests' agreement with transformers; `ferrite`'s CPU default is int8.
 
-use super::{GgmlType, Isa};
-
-/// How block-quantized GGUF weights multiply the activations of a step.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum GgmlActivations {
-    /// f32 activations times exactly dequantized weights (the default).
-    #[default]
-    F32,
-    /// llama.cpp's arithmetic for block-quantized weights: activations rounded to int8 per
-    /// block of 32, integer dot products per group of 32. One-token steps for every block
-    /// type (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); batched ones where the panel kernel runs
-    /// ([`has_panels`]), f32 elsewhere. Float weights keep f32.
-    Int8,
-    /// As close to exact as the fastest kernel allows: one-token steps exact; batched steps
-    /// in two int8 terms ([`Q8Tokens`], within `max|x| / 64516` of each block) where the
-    /// panel kernel runs ([`has_panels`]), f32 elsewhere. For prompts and the LM head, where
-    /// one int8 term flips near-ties of what is sampled.
-    Fine,
-}
-
-impl GgmlActivations {
-    /// The int8 terms each token of a step of `m` tokens takes with weights of `ty` on `isa`:
-    /// 0 for exact f32 activations.
-    pub(crate) fn terms(self, isa: Isa, ty: GgmlType, m: usize) -> usize {
-        match self {
-            _ if !ty.is_quantized() => 0,
-            Self::Int8 if m == 1 => 1,
-            Self::Int8 if has_panels(isa, ty) => 1,
-            Self::Fine if m > 1 && has_panels(isa, ty) => 2,
-            _ => 0,
-        }
-    }
-}
+use super::Isa;
 
 /// One row of activations quantized per block of 32.
 #[derive(Debug, Clone)]
@@ -215,55 +183,6 @@ impl Q8Tokens {
     }
 }
 
-/// `out[j] = row_j · x` for the `out.len()` contiguous rows of block type `ty` in `rows`, on
-/// `isa` if this CPU has it (x86's kernels, else the portable one, with ARM's `sdot` for
-/// [`Isa::Neon`]).
-///
-/// # Panics
-/// If `ty` is a float type or `rows` is not `out.len()` rows of `x.blocks()` groups of 32.
-pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = isa.simd() {
-        return simd.q8_rows(ty, rows, x, out);
-    }
-    super::q8_dot::rows(ty, rows, x, out, isa == Isa::Neon);
-}
-
-/// Whether batched steps (several activation rows) with weights of `ty` take integer
-/// activations ([`Q8Tokens`]) on `isa`: only where an integer kernel shares each decoded weight
-/// across the rows (the VNNI panels of Q4_0, Q4_1, Q8_0, and at 512 bits MXFP4). Elsewhere the f32 tiles,
-/// which share it too, are faster than one integer dot per row and token, so batches keep f32
-/// activations there.
-pub(crate) fn has_panels(isa: Isa, ty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(simd) = isa.simd() {
-        return super::vnni_panel::Panels::of(simd).is_some_and(|p| p.has(ty));
-    }
-    let _ = (isa, ty);
-    false
-}
-
-/// `outs[i][j] = row_j · xs.token(i)` for the `nrows` contiguous rows of `ty` in `rows`,
-/// where [`has_panels`] says so.
-///
-/// # Panics
-/// If [`has_panels`] is false, or the lengths do not match.
-pub(crate) fn panels(
-    isa: Isa,
-    ty: GgmlType,
-    rows: &[u8],
-    nrows: usize,
-    xs: &Q8Tokens,
-    outs: &mut [&mut [f32]],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(panels) = isa.simd().and_then(super::vnni_panel::Panels::of) {
-        return panels.run(ty, rows, nrows, xs, outs);
-    }
-    let _ = (isa, ty, rows, nrows, xs, outs);
-    panic!("no int8 panel kernel on this CPU");
-}
-
 /// `Σ row · x` for one stored row of block type `ty` and quantized activations, in portable
 /// Rust: the exactly dequantized weights times the activations' codes times their scales. The
 /// integer kernels compute the same sum up to float rounding, and are tested against it.
@@ -271,7 +190,7 @@ pub(crate) fn panels(
 /// # Panics
 /// If `ty` is a float type or `row` does not hold `x.blocks()` groups of 32.
 #[cfg(test)]
-pub(crate) fn dot(ty: GgmlType, row: &[u8], x: &Q8Row) -> f32 {
+pub(crate) fn dot(ty: super::GgmlType, row: &[u8], x: &Q8Row) -> f32 {
     assert!(ty.is_quantized(), "no int8-activation dot for {ty}");
     let k = 32 * x.blocks();
     assert_eq!(Some(row.len()), ty.row_bytes(k).ok(), "weight bytes");
@@ -292,7 +211,7 @@ pub(crate) fn dot(ty: GgmlType, row: &[u8], x: &Q8Row) -> f32 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::quant::dequantize;
+    use crate::quant::{GgmlType, dequantize};
 
     /// A row of `k` elements of block type `ty`: random bytes, with every f16 scale (and
     /// minimum) of each block set to a small normal value (MXFP4's exponents likewise).
