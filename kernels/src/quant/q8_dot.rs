@@ -3,10 +3,10 @@
 //!
 //! Each group of 32 weights is unpacked to 32 small integer codes with a scale per half and
 //! an offset (`w = scale·code + offset`); its products with the activation codes are summed
-//! in `i32` (exact), scaled once, and the offset multiplies the activations' block sum. The
-//! sums over 16 codes are plain loops LLVM vectorizes: with ARM's dot-product extension
-//! enabled ([`rows`] turns it on where the CPU has it) each becomes one `sdot` per 16 bytes,
-//! so this one definition is also the NEON kernel.
+//! in `i32` (exact), scaled once, and the offset multiplies the activations' block sum. How
+//! the 16-code sums are taken is the one part per CPU ([`Dot`]): plain loops the compiler
+//! vectorizes, or, on ARM with the dot-product extension ([`rows`] checks the CPU), one `sdot`
+//! per 16 bytes. The unpacking, written once, is compiled into both.
 
 use super::q8::Q8Row;
 use super::scalar::{MXFP4_DOUBLED, f16_at, mxfp4_half_scale, scale_min_k4};
