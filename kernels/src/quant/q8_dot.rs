@@ -213,7 +213,7 @@ fn nibble_of(qs: &[u8], shift: u32) -> [i8; 32] {
 
 struct Q8_0;
 impl Blocks for Q8_0 {
-    const BYTES: usize = 34;
+    const BYTES: usize = GgmlType::Q8_0.block_bytes();
     const GROUPS: usize = 1;
     #[inline(always)]
     fn group(b: &[u8], _: usize) -> Group {
@@ -232,7 +232,7 @@ impl Blocks for Q8_0 {
 
 struct Q4_0;
 impl Blocks for Q4_0 {
-    const BYTES: usize = 18;
+    const BYTES: usize = GgmlType::Q4_0.block_bytes();
     const GROUPS: usize = 1;
     #[inline(always)]
     fn group(b: &[u8], _: usize) -> Group {
@@ -248,7 +248,7 @@ impl Blocks for Q4_0 {
 
 struct Q4_1;
 impl Blocks for Q4_1 {
-    const BYTES: usize = 20;
+    const BYTES: usize = GgmlType::Q4_1.block_bytes();
     const GROUPS: usize = 1;
     #[inline(always)]
     fn group(b: &[u8], _: usize) -> Group {
@@ -263,7 +263,7 @@ impl Blocks for Q4_1 {
 
 struct Mxfp4;
 impl Blocks for Mxfp4 {
-    const BYTES: usize = 17;
+    const BYTES: usize = GgmlType::MXFP4.block_bytes();
     const GROUPS: usize = 1;
     #[inline(always)]
     fn group(b: &[u8], _: usize) -> Group {
@@ -290,7 +290,7 @@ fn k_scale_offset(b: &[u8], j: usize) -> ([f32; 2], f32) {
 
 struct Q4K;
 impl Blocks for Q4K {
-    const BYTES: usize = 144;
+    const BYTES: usize = GgmlType::Q4_K.block_bytes();
     const GROUPS: usize = QK_K / 32;
     #[inline(always)]
     fn group(b: &[u8], j: usize) -> Group {
@@ -307,7 +307,7 @@ impl Blocks for Q4K {
 
 struct Q5K;
 impl Blocks for Q5K {
-    const BYTES: usize = 176;
+    const BYTES: usize = GgmlType::Q5_K.block_bytes();
     const GROUPS: usize = QK_K / 32;
     #[inline(always)]
     fn group(b: &[u8], j: usize) -> Group {
@@ -329,7 +329,7 @@ impl Blocks for Q5K {
 
 struct Q6K;
 impl Blocks for Q6K {
-    const BYTES: usize = 210;
+    const BYTES: usize = GgmlType::Q6_K.block_bytes();
     const GROUPS: usize = QK_K / 32;
     #[inline(always)]
     fn group(b: &[u8], j: usize) -> Group {
