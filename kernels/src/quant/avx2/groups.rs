@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::super::f16::{f16_at, f16x2_at};
-use super::super::scalar::scale_min_k4;
+use super::kquant::SuperBlock;
 use super::{dot_rows, hsum};
 
 /// A storage type, viewed as consecutive groups of 32 elements.
@@ -18,6 +18,21 @@ pub(super) trait Group {
     /// # Safety
     /// AVX2/FMA/F16C must be available and `row` readable for every byte of group `g`'s block.
     unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4];
+
+    /// Groups of 32 under one block header: 8 for the K-quants' super-blocks, whose header
+    /// [`Group::block`] decodes once for the eight.
+    const GROUPS: usize = 1;
+
+    /// Decodes block `blk`'s [`Group::GROUPS`] groups (`blk · GROUPS + s` of the row), handing
+    /// each to `f(s, weights)`.
+    ///
+    /// # Safety
+    /// As [`Group::decode`] for the block's groups.
+    #[inline(always)]
+    unsafe fn block(row: *const u8, blk: usize, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: forwarded (one group a block).
+        f(0, unsafe { Self::decode(row, blk) })
+    }
 
     /// `Σ row · x` over `ng` groups.
     ///
@@ -81,12 +96,6 @@ pub(super) struct Q8_0;
 pub(super) struct Q4_0;
 pub(super) struct Q4_1;
 pub(super) struct Mxfp4;
-#[allow(non_camel_case_types)]
-pub(super) struct Q4_K;
-#[allow(non_camel_case_types)]
-pub(super) struct Q5_K;
-#[allow(non_camel_case_types)]
-pub(super) struct Q6_K;
 
 impl Group for F32 {
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -316,106 +325,82 @@ fn nibbles32_to_f32(q: __m256i) -> [__m256; 4] {
     [a, b, c, e]
 }
 
-/// Scale `d·sc` and min `dmin·m` of sub-block `s` of a Q4_K/Q5_K super-block at `b`.
+/// The K-quants (`kquant.rs`): `scale · code − min` per run of 16, from the super-block's
+/// header, decoded once a block by [`Group::block`].
+impl<K: SuperBlock> Group for K {
+    const GROUPS: usize = 8;
+
+    #[inline(always)]
+    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: super-block g / 8 of the row holds group g (the caller's contract).
+        unsafe {
+            let b = row.add(K::BYTES * (g / 8));
+            k_group::<K>(b, g % 8, &k_header::<K>(b))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn block(row: *const u8, blk: usize, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: super-block blk of the row (the caller's contract).
+        unsafe {
+            let b = row.add(K::BYTES * blk);
+            let header = k_header::<K>(b);
+            for s in 0..8 {
+                f(s, k_group::<K>(b, s, &header));
+            }
+        }
+    }
+}
+
+/// A K-quant super-block's header as [`k_group`] reads it: the scale of each run of 16 and the
+/// minimum of each group.
+type KHeader = ([f32; 16], [f32; 8]);
+
+/// [`SuperBlock::header`], stored.
 ///
 /// # Safety
-/// `b` readable for 16 bytes.
+/// As [`SuperBlock::header`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn k4_scale_min(b: *const u8, s: usize) -> (__m256, __m256) {
-    // SAFETY: d, dmin, scales[12] are the first 16 bytes (caller contract); [u8; 12] has
-    // alignment 1.
-    let ((d, dmin), scales) = unsafe { (f16x2_at(b), &*b.add(4).cast::<[u8; 12]>()) };
-    let (sc, m) = scale_min_k4(s, scales);
-    (
-        _mm256_set1_ps(d * f32::from(sc)),
-        _mm256_set1_ps(dmin * f32::from(m)),
-    )
-}
-
-impl Group for Q4_K {
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
-        let (blk, s) = (g / 8, g % 8);
-        // SAFETY: super-block `blk` is the 144 bytes at 144·blk: header 16, qs 128.
-        let ((d, m), q) = unsafe {
-            let b = row.add(144 * blk);
-            (k4_scale_min(b, s), load32(b.add(16 + 32 * (s / 2))))
-        };
-        let shift = _mm_cvtsi32_si128(4 * (s as i32 & 1));
-        let q = _mm256_and_si256(_mm256_srl_epi16(q, shift), _mm256_set1_epi8(0x0F));
-        nibbles32_to_f32(q).map(|v| _mm256_fmsub_ps(v, d, m))
+unsafe fn k_header<K: SuperBlock>(b: *const u8) -> KHeader {
+    let (mut scale, mut min) = ([0f32; 16], [0f32; 8]);
+    // SAFETY: forwarded; 16 and 8 f32s stored.
+    unsafe {
+        let ([lo, hi], m) = K::header(b);
+        _mm256_storeu_ps(scale.as_mut_ptr(), lo);
+        _mm256_storeu_ps(scale.as_mut_ptr().add(8), hi);
+        _mm256_storeu_ps(min.as_mut_ptr(), m);
     }
+    (scale, min)
 }
 
-impl Group for Q5_K {
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
-        let (blk, s) = (g / 8, g % 8);
-        // SAFETY: super-block `blk` is the 176 bytes at 176·blk: header 16, qh 32, qs 128.
-        let ((d, m), qh, q) = unsafe {
-            let b = row.add(176 * blk);
-            (
-                k4_scale_min(b, s),
-                load32(b.add(16)),
-                load32(b.add(48 + 32 * (s / 2))),
-            )
-        };
-        let shift = _mm_cvtsi32_si128(4 * (s as i32 & 1));
-        let lo = _mm256_and_si256(_mm256_srl_epi16(q, shift), _mm256_set1_epi8(0x0F));
-        let hb = _mm256_and_si256(
-            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s as i32)),
-            _mm256_set1_epi8(1),
-        );
-        let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-        nibbles32_to_f32(q).map(|v| _mm256_fmsub_ps(v, d, m))
-    }
-}
-
-impl Group for Q6_K {
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn decode(row: *const u8, g: usize) -> [__m256; 4] {
-        let (blk, s) = (g / 8, g % 8);
-        let (n, j) = (s / 4, s % 4);
-        // SAFETY: super-block `blk` is the 210 bytes at 210·blk: ql 128, qh 64, scales 16,
-        // d 2; every offset below stays inside it.
-        let (ql, qh, sa, sb, d) = unsafe {
-            let b = row.add(210 * blk);
-            let sc = b.add(192 + 8 * n + 2 * j);
-            (
-                load32(b.add(64 * n + 32 * (j & 1))),
-                load32(b.add(128 + 32 * n)),
-                *sc as i8,
-                *sc.add(1) as i8,
-                f16_at(b.add(208)),
-            )
-        };
-        let lo = _mm256_and_si256(
-            _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (j as i32 >> 1))),
-            _mm256_set1_epi8(0x0F),
-        );
-        let hi = _mm256_and_si256(
-            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)),
-            _mm256_set1_epi8(3),
-        );
-        let q = _mm256_sub_epi8(
-            _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)),
-            _mm256_set1_epi8(32),
-        );
+/// Group `s` of the K-quant super-block at `b`, under its `header`, as 32 f32 weights.
+///
+/// # Safety
+/// As [`SuperBlock::codes`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k_group<K: SuperBlock>(b: *const u8, s: usize, (scale, min): &KHeader) -> [__m256; 4] {
+    // SAFETY: forwarded.
+    let q = unsafe { K::codes(b, s) };
+    let [w0, w1, w2, w3] = if K::SIGNED {
         let (a, b) = i8x16_to_f32(_mm256_castsi256_si128(q));
         let (c, e) = i8x16_to_f32(_mm256_extracti128_si256(q, 1));
-        let da = _mm256_set1_ps(d * f32::from(sa));
-        let db = _mm256_set1_ps(d * f32::from(sb));
-        [
-            _mm256_mul_ps(a, da),
-            _mm256_mul_ps(b, da),
-            _mm256_mul_ps(c, db),
-            _mm256_mul_ps(e, db),
-        ]
-    }
+        [a, b, c, e]
+    } else {
+        nibbles32_to_f32(q)
+    };
+    let m = _mm256_set1_ps(min[s]);
+    let (first, second) = (
+        _mm256_set1_ps(scale[2 * s]),
+        _mm256_set1_ps(scale[2 * s + 1]),
+    );
+    [
+        _mm256_fmsub_ps(w0, first, m),
+        _mm256_fmsub_ps(w1, first, m),
+        _mm256_fmsub_ps(w2, second, m),
+        _mm256_fmsub_ps(w3, second, m),
+    ]
 }
 
 /// Block `gg` of a Q8_0 row: `(d, Σ q·x)` (as 8 partial sums).

@@ -22,6 +22,7 @@ use super::avx512::{Avx512, TILE_W};
 use super::scalar;
 
 mod groups;
+mod kquant;
 mod q8;
 
 use groups::Group;
@@ -109,9 +110,9 @@ impl Avx2 {
             GgmlType::Q8_0 => self.run::<groups::Q8_0>(&a, outs),
             GgmlType::Q4_0 => self.run::<groups::Q4_0>(&a, outs),
             GgmlType::Q4_1 => self.run::<groups::Q4_1>(&a, outs),
-            GgmlType::Q4_K => self.run::<groups::Q4_K>(&a, outs),
-            GgmlType::Q5_K => self.run::<groups::Q5_K>(&a, outs),
-            GgmlType::Q6_K => self.run::<groups::Q6_K>(&a, outs),
+            GgmlType::Q4_K => self.run::<kquant::Q4K>(&a, outs),
+            GgmlType::Q5_K => self.run::<kquant::Q5K>(&a, outs),
+            GgmlType::Q6_K => self.run::<kquant::Q6K>(&a, outs),
             GgmlType::MXFP4 => self.run::<groups::Mxfp4>(&a, outs),
         }
     }
@@ -328,15 +329,17 @@ struct Args<'a> {
 unsafe fn decode_row<G: Group>(ty: GgmlType, row: &[u8], dst: &mut [f32]) {
     let k = dst.len();
     let ng = k / 32;
-    for g in 0..ng {
-        // SAFETY: g < ng whole groups in `row` (caller contract); dst has 32 f32s at 32g.
+    for blk in 0..ng / G::GROUPS {
+        // SAFETY: the block's groups are whole groups (< ng) in `row` (caller contract); dst has
+        // 32 f32s at 32g for each.
         unsafe {
-            let v = G::decode(row.as_ptr(), g);
-            let p = dst.as_mut_ptr().add(32 * g);
-            _mm256_storeu_ps(p, v[0]);
-            _mm256_storeu_ps(p.add(8), v[1]);
-            _mm256_storeu_ps(p.add(16), v[2]);
-            _mm256_storeu_ps(p.add(24), v[3]);
+            G::block(row.as_ptr(), blk, |s, v| {
+                let p = dst.as_mut_ptr().add(32 * (blk * G::GROUPS + s));
+                _mm256_storeu_ps(p, v[0]);
+                _mm256_storeu_ps(p.add(8), v[1]);
+                _mm256_storeu_ps(p.add(16), v[2]);
+                _mm256_storeu_ps(p.add(24), v[3]);
+            });
         }
     }
     let tail = k % 32;
@@ -374,9 +377,7 @@ unsafe fn dot_rows_m<G: Group + ?Sized, const M: usize>(
     ng: usize,
 ) -> [f32; M] {
     let mut acc = [_mm256_setzero_ps(); M];
-    for g in 0..ng {
-        // SAFETY: g < ng, per the caller's contract.
-        let w = unsafe { G::decode(row, g) };
+    let group = |acc: &mut [__m256; M], g: usize, w: [__m256; 4]| {
         for (i, a) in acc.iter_mut().enumerate() {
             // SAFETY: i < M and 32g + 32 <= 32ng, within the caller's bound on `x`.
             let (x0, x1, x2, x3) = unsafe {
@@ -392,6 +393,10 @@ unsafe fn dot_rows_m<G: Group + ?Sized, const M: usize>(
             let u = _mm256_fmadd_ps(w[3], x3, _mm256_mul_ps(w[2], x2));
             *a = _mm256_add_ps(*a, _mm256_add_ps(t, u));
         }
+    };
+    for blk in 0..ng / G::GROUPS {
+        // SAFETY: the block's groups are < ng, per the caller's contract.
+        unsafe { G::block(row, blk, |s, w| group(&mut acc, blk * G::GROUPS + s, w)) };
     }
     acc.map(|a| hsum(a))
 }

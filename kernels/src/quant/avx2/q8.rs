@@ -8,8 +8,8 @@ use std::arch::x86_64::*;
 
 use super::super::f16::{f16_at, f16x2_at, heads, offset_heads};
 use super::super::q8::Q8Row;
-use super::super::scalar::scale_min_k4;
 use super::groups::{load16, load32};
+use super::kquant;
 use super::{Avx2, dot_i8_i8, dot_u8_i8, hsum};
 use crate::quant::GgmlType;
 use crate::quant::avx512::Avx512;
@@ -44,9 +44,9 @@ impl Avx2 {
                     GgmlType::Q4_0 => dot_headed::<Q4_0>(row, x, ng),
                     GgmlType::Q4_1 => dot_headed::<Q4_1>(row, x, ng),
                     GgmlType::Q8_0 => dot_headed::<Q8_0>(row, x, ng),
-                    GgmlType::Q4_K => dot::<Q4K>(row, x, ng),
-                    GgmlType::Q5_K => dot::<Q5K>(row, x, ng),
-                    GgmlType::Q6_K => dot::<Q6K>(row, x, ng),
+                    GgmlType::Q4_K => kquant::dot::<kquant::Q4K>(row, x, ng),
+                    GgmlType::Q5_K => kquant::dot::<kquant::Q5K>(row, x, ng),
+                    GgmlType::Q6_K => kquant::dot::<kquant::Q6K>(row, x, ng),
                     GgmlType::MXFP4 => dot::<Mxfp4>(row, x, ng),
                     GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!(),
                 }
@@ -255,21 +255,9 @@ fn nibbles(q: __m128i) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
-/// Bits `shift..shift + width` of each byte of `v`, as bytes (`shift + width <= 8`). The 16-bit
-/// shift moves no bit of one byte into the kept bits of the other.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn byte_bits(v: __m256i, shift: u32, mask: u8) -> __m256i {
-    let shifted = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
-    _mm256_and_si256(shifted, _mm256_set1_epi8(mask as i8))
-}
-
 struct Q4_0;
 struct Q4_1;
 struct Q8_0;
-struct Q4K;
-struct Q5K;
-struct Q6K;
 
 impl Int8Group for Q4_0 {
     // The nibbles u stand for d·(u − 8): unsigned codes with the offset −8d, two instructions
@@ -337,95 +325,6 @@ impl Int8Group for Q8_0 {
             Codes {
                 q: load32(b.add(2)),
                 scale: _mm256_set1_ps(f16_at(b) * dx),
-                offset: 0.0,
-            }
-        }
-    }
-}
-
-/// Sub-block `s` of a Q4_K/Q5_K super-block at `b`: its scale `d·sc` (times `dx`) and minimum
-/// `−dmin·m`.
-///
-/// # Safety
-/// `b` readable for the 16-byte header.
-#[inline(always)]
-unsafe fn k_scale_min(b: *const u8, s: usize, dx: f32) -> (__m256, f32) {
-    // SAFETY: d, dmin, scales[12] are the first 16 bytes; [u8; 12] has alignment 1.
-    let ((d, dmin), scales) = unsafe { (f16x2_at(b), &*b.add(4).cast::<[u8; 12]>()) };
-    let (sc, m) = scale_min_k4(s, scales);
-    // SAFETY: AVX is implied by the callers' AVX2 contract.
-    let scale = unsafe { _mm256_set1_ps(d * f32::from(sc) * dx) };
-    (scale, -dmin * f32::from(m))
-}
-
-impl Int8Group for Q4K {
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
-        let (blk, s) = (g / 8, g % 8);
-        // SAFETY: super-block blk is the 144 bytes at 144·blk (caller contract): header 16,
-        // then 4 runs of 32 bytes, sub-blocks 2j (low nibbles) and 2j + 1 (high) of run j.
-        unsafe {
-            let b = row.add(144 * blk);
-            let (scale, offset) = k_scale_min(b, s, dx);
-            let run = load32(b.add(16 + 32 * (s / 2)));
-            Codes {
-                q: byte_bits(run, 4 * (s as u32 % 2), 0x0f),
-                scale,
-                offset,
-            }
-        }
-    }
-}
-
-impl Int8Group for Q5K {
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
-        let (blk, s) = (g / 8, g % 8);
-        // SAFETY: super-block blk is the 176 bytes at 176·blk (caller contract): header 16,
-        // qh 32 (bit s of byte l is element l's fifth bit in sub-block s), qs 128 as Q4_K's.
-        unsafe {
-            let b = row.add(176 * blk);
-            let (scale, offset) = k_scale_min(b, s, dx);
-            let low = byte_bits(load32(b.add(48 + 32 * (s / 2))), 4 * (s as u32 % 2), 0x0f);
-            let high = byte_bits(load32(b.add(16)), s as u32, 1);
-            Codes {
-                q: _mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
-                scale,
-                offset,
-            }
-        }
-    }
-}
-
-impl Int8Group for Q6K {
-    const SIGNED: bool = true;
-    #[inline(always)]
-    unsafe fn codes(row: *const u8, g: usize, dx: f32) -> Codes {
-        let (blk, s) = (g / 8, g % 8);
-        let (half, quarter) = (s / 4, s % 4);
-        // SAFETY: super-block blk is the 210 bytes at 210·blk (caller contract): ql 128, qh
-        // 64, scales 16 (i8, one per 16 elements), d. In half n, quarter t takes the low
-        // (t < 2) or high nibbles of ql[64n + 32(t % 2)..][..32] and bits 2t, 2t + 1 of
-        // qh[32n..][..32].
-        unsafe {
-            let b = row.add(210 * blk);
-            let ql = load32(b.add(64 * half + 32 * (quarter % 2)));
-            let low = byte_bits(ql, 4 * (quarter as u32 / 2), 0x0f);
-            let high = byte_bits(load32(b.add(128 + 32 * half)), 2 * quarter as u32, 3);
-            let q = _mm256_sub_epi8(
-                _mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
-                _mm256_set1_epi8(32),
-            );
-            let d = f16_at(b.add(208)) * dx;
-            let sc = b.add(192 + 8 * half + 2 * quarter);
-            let (first, second) = (d * f32::from(*sc as i8), d * f32::from(*sc.add(1) as i8));
-            // madd's lanes 0-3 are elements 0..16 (the first scale), lanes 4-7 16..32.
-            let scale = _mm256_setr_ps(first, first, first, first, second, second, second, second);
-            Codes {
-                q,
-                scale,
                 offset: 0.0,
             }
         }
