@@ -32,6 +32,7 @@ use super::avx512::Avx512;
 use super::q8::{Q8Row, Q8Tokens};
 use std::arch::x86_64::*;
 
+mod kquant;
 mod widths;
 
 pub(crate) use widths::AvxVnni;
@@ -62,9 +63,17 @@ impl Panels {
         match self {
             Self::Wide(_) => matches!(
                 ty,
-                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::MXFP4
+                GgmlType::Q4_0
+                    | GgmlType::Q4_1
+                    | GgmlType::Q8_0
+                    | GgmlType::Q4_K
+                    | GgmlType::Q5_K
+                    | GgmlType::MXFP4
             ),
-            Self::Vex(_) => matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0),
+            Self::Vex(_) => matches!(
+                ty,
+                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K
+            ),
         }
     }
 
@@ -84,7 +93,7 @@ impl Panels {
     ) {
         assert!(self.has(ty), "no int8 panel kernel for {ty}");
         assert_eq!(xs.tokens(), outs.len(), "one output per token");
-        let rb = xs.blocks() * ty.block_bytes();
+        let rb = ty.row_bytes(32 * xs.blocks()).expect("whole blocks");
         assert_eq!(rows.len(), rb * nrows, "weight bytes");
         assert!(outs.iter().all(|o| o.len() >= nrows), "output length");
         // SAFETY: the token proves the width's features; the lengths are checked above.
@@ -140,6 +149,12 @@ trait Width: Sized {
     unsafe fn low_nibbles(v: Self::I, shift4: bool) -> Self::I;
     /// Each byte's top bit flipped: signed codes read as unsigned ones + 128.
     unsafe fn flip(v: Self::I) -> Self::I;
+    /// Bitwise and, or; each 32-bit lane shifted right or left by `n`; a lane repeated.
+    unsafe fn and(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn shr(v: Self::I, n: u32) -> Self::I;
+    unsafe fn shl(v: Self::I, n: u32) -> Self::I;
+    unsafe fn splat_i(v: u32) -> Self::I;
     /// `vpdpbusd`: each lane adds its 4 unsigned bytes of `w` times the 4 signed bytes of `x`.
     unsafe fn dpbusd(acc: Self::I, w: Self::I, x: i32) -> Self::I;
     unsafe fn zero_i() -> Self::I;
@@ -229,16 +244,26 @@ unsafe fn run<W: Width>(
 /// repeat its last row; their lanes are never stored). Sized for the widest panel.
 type Rows = [*const u8; MAX_LANES];
 
-/// A storage type as a panel of width `W` reads it.
+/// A storage type as a panel of width `W` reads it: blocks of [`PanelGroup::GROUPS`] groups of
+/// 32 (one, or the K-quants' eight under one header).
 trait PanelGroup<W: Width> {
-    /// Block bytes.
+    /// Bytes per block.
     const BYTES: usize;
+    /// Groups of 32 per block.
+    const GROUPS: usize = 1;
 
-    /// The rows' scales and offsets for group `g`, and its 8 code vectors into `codes`.
+    /// The rows' block `blk`: group `s`'s 8 code vectors into `codes[8s..8s + 8]`, its scales
+    /// and offsets into `scale[s]` and `offset[s]`.
     ///
     /// # Safety
-    /// `W`'s features; block `g` of every row readable.
-    unsafe fn group(rows: &Rows, g: usize, codes: &mut [W::I]) -> (W::F, W::F);
+    /// `W`'s features; block `blk` of every row readable; room for the block's groups.
+    unsafe fn block(
+        rows: &Rows,
+        blk: usize,
+        codes: &mut [W::I],
+        scale: &mut [W::F],
+        offset: &mut [W::F],
+    );
 }
 
 /// The first 32-bit word at `rows[r] + at` (a block's scales) of every row, in lane `r`: the
@@ -300,14 +325,20 @@ struct Mxfp4;
 impl<W: Width> PanelGroup<W> for Q4_0 {
     const BYTES: usize = GgmlType::Q4_0.block_bytes();
     #[inline(always)]
-    unsafe fn group(rows: &Rows, g: usize, codes: &mut [W::I]) -> (W::F, W::F) {
-        let at = g * <Self as PanelGroup<W>>::BYTES;
+    unsafe fn block(
+        rows: &Rows,
+        blk: usize,
+        codes: &mut [W::I],
+        scale: &mut [W::F],
+        offset: &mut [W::F],
+    ) {
+        let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: an 18-byte block per row at `at` (the caller's contract): the f16 scale (its
         // word also holds two code bytes), then 16 code bytes.
         unsafe {
             let d = W::f16_lanes(header::<W>(rows, at), false);
             nibble_codes::<W>(rows, at + 2, codes);
-            (d, W::mul(d, W::splat(-8.0)))
+            (scale[0], offset[0]) = (d, W::mul(d, W::splat(-8.0)));
         }
     }
 }
@@ -315,14 +346,20 @@ impl<W: Width> PanelGroup<W> for Q4_0 {
 impl<W: Width> PanelGroup<W> for Q4_1 {
     const BYTES: usize = GgmlType::Q4_1.block_bytes();
     #[inline(always)]
-    unsafe fn group(rows: &Rows, g: usize, codes: &mut [W::I]) -> (W::F, W::F) {
-        let at = g * <Self as PanelGroup<W>>::BYTES;
+    unsafe fn block(
+        rows: &Rows,
+        blk: usize,
+        codes: &mut [W::I],
+        scale: &mut [W::F],
+        offset: &mut [W::F],
+    ) {
+        let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: a 20-byte block per row at `at` (the caller's contract): f16 scale and
         // minimum, then 16 code bytes.
         unsafe {
             let dm = header::<W>(rows, at);
             nibble_codes::<W>(rows, at + 4, codes);
-            (W::f16_lanes(dm, false), W::f16_lanes(dm, true))
+            (scale[0], offset[0]) = (W::f16_lanes(dm, false), W::f16_lanes(dm, true));
         }
     }
 }
@@ -330,8 +367,14 @@ impl<W: Width> PanelGroup<W> for Q4_1 {
 impl<W: Width> PanelGroup<W> for Q8_0 {
     const BYTES: usize = GgmlType::Q8_0.block_bytes();
     #[inline(always)]
-    unsafe fn group(rows: &Rows, g: usize, codes: &mut [W::I]) -> (W::F, W::F) {
-        let at = g * <Self as PanelGroup<W>>::BYTES;
+    unsafe fn block(
+        rows: &Rows,
+        blk: usize,
+        codes: &mut [W::I],
+        scale: &mut [W::F],
+        offset: &mut [W::F],
+    ) {
+        let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: a 34-byte block per row at `at` (the caller's contract): the f16 scale, then
         // 32 signed codes.
         unsafe {
@@ -342,7 +385,7 @@ impl<W: Width> PanelGroup<W> for Q8_0 {
                     codes[4 * half + i] = W::flip(v);
                 }
             }
-            (d, W::mul(d, W::splat(-128.0)))
+            (scale[0], offset[0]) = (d, W::mul(d, W::splat(-128.0)));
         }
     }
 }
@@ -350,8 +393,14 @@ impl<W: Width> PanelGroup<W> for Q8_0 {
 impl PanelGroup<Zmm> for Mxfp4 {
     const BYTES: usize = GgmlType::MXFP4.block_bytes();
     #[inline(always)]
-    unsafe fn group(rows: &Rows, g: usize, codes: &mut [__m512i]) -> (__m512, __m512) {
-        let at = g * Self::BYTES;
+    unsafe fn block(
+        rows: &Rows,
+        blk: usize,
+        codes: &mut [__m512i],
+        scale: &mut [__m512],
+        offset: &mut [__m512],
+    ) {
+        let at = blk * Self::BYTES;
         // SAFETY: a 17-byte block per row at `at` (the caller's contract): the exponent (its
         // word also holds three code bytes), then 16 code bytes; AVX-512 (the caller's).
         unsafe {
@@ -364,7 +413,7 @@ impl PanelGroup<Zmm> for Mxfp4 {
             for c in codes.iter_mut().take(8) {
                 *c = Zmm::flip(super::avx512::mxfp4_lookup(*c));
             }
-            (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)))
+            (scale[0], offset[0]) = (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)));
         }
     }
 }
@@ -388,18 +437,29 @@ unsafe fn decode<W: Width, G: PanelGroup<W>>(
 ) {
     // SAFETY: rows 0..n exist; the padding lanes read row n - 1 again.
     let ptrs: Rows = std::array::from_fn(|r| unsafe { rows.add(r.min(n - 1) * rb) });
-    for g in 0..panel.scale.len() {
+    let groups = G::GROUPS;
+    for blk in 0..panel.scale.len() / groups {
         for p in &ptrs[..W::LANES] {
-            // A hint (it never faults, past the rows too).
-            // SAFETY: SSE, part of x86-64.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(g * G::BYTES + PREFETCH).cast());
+            for line in (0..G::BYTES).step_by(64) {
+                // A hint (it never faults, past the rows too).
+                // SAFETY: SSE, part of x86-64.
+                unsafe {
+                    let ahead = p.wrapping_add(blk * G::BYTES + line + PREFETCH);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                }
             }
         }
-        // SAFETY: block g of each row (g < the rows' groups).
-        let (d, o) = unsafe { G::group(&ptrs, g, &mut panel.codes[8 * g..8 * g + 8]) };
-        panel.scale[g] = d;
-        panel.offset[g] = o;
+        let g = blk * groups;
+        // SAFETY: block blk of each row (its groups are < the rows' groups); room for them.
+        unsafe {
+            G::block(
+                &ptrs,
+                blk,
+                &mut panel.codes[8 * g..8 * (g + groups)],
+                &mut panel.scale[g..g + groups],
+                &mut panel.offset[g..g + groups],
+            )
+        };
     }
 }
 
@@ -494,8 +554,14 @@ mod tests {
 
     /// [`panels_match_the_portable_reference`] at one width.
     fn check_panels(panels: Panels) {
-        for k in [96, 576] {
-            for ty in GgmlType::ALL.into_iter().filter(|&t| panels.has(t)) {
+        for ty in GgmlType::ALL.into_iter().filter(|&t| panels.has(t)) {
+            // 3 and 18 groups of 32, or 1 and 3 of the K-quants' super-blocks of 256.
+            let ks = if ty.block_elems() == 256 {
+                [256, 768]
+            } else {
+                [96, 576]
+            };
+            for k in ks {
                 // Around both widths (8 and 16 rows a panel).
                 for nrows in [1, 7, 8, 9, 15, 16, 17, 40] {
                     let rows: Vec<u8> = (0..nrows)

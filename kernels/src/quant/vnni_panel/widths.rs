@@ -10,6 +10,7 @@
 
 use std::arch::x86_64::*;
 
+use super::kquant::{Q4K, Q5K};
 use super::{Panel, PanelGroup, Q4_0, Q4_1, Q8_0, Rows, Width};
 use crate::quant::q8::Q8Row;
 use crate::quant::{Avx2, GgmlType};
@@ -110,6 +111,8 @@ impl Width for Zmm {
             match ty {
                 GgmlType::Q4_0 => decode_zmm::<Q4_0>(rows, rb, n, p),
                 GgmlType::Q4_1 => decode_zmm::<Q4_1>(rows, rb, n, p),
+                GgmlType::Q4_K => decode_zmm::<Q4K>(rows, rb, n, p),
+                GgmlType::Q5_K => decode_zmm::<Q5K>(rows, rb, n, p),
                 GgmlType::MXFP4 => decode_zmm::<super::Mxfp4>(rows, rb, n, p),
                 _ => decode_zmm::<Q8_0>(rows, rb, n, p),
             }
@@ -169,6 +172,31 @@ impl Width for Zmm {
     }
 
     #[inline(always)]
+    unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_and_si512(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_or_si512(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn shr(v: __m512i, n: u32) -> __m512i {
+        unsafe { _mm512_srl_epi32(v, _mm_cvtsi32_si128(n as i32)) }
+    }
+
+    #[inline(always)]
+    unsafe fn shl(v: __m512i, n: u32) -> __m512i {
+        unsafe { _mm512_sll_epi32(v, _mm_cvtsi32_si128(n as i32)) }
+    }
+
+    #[inline(always)]
+    unsafe fn splat_i(v: u32) -> __m512i {
+        unsafe { _mm512_set1_epi32(v as i32) }
+    }
+
+    #[inline(always)]
     unsafe fn dpbusd(acc: __m512i, w: __m512i, x: i32) -> __m512i {
         unsafe { _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x)) }
     }
@@ -224,6 +252,8 @@ impl Width for Ymm {
             match ty {
                 GgmlType::Q4_0 => decode_ymm::<Q4_0>(rows, rb, n, p),
                 GgmlType::Q4_1 => decode_ymm::<Q4_1>(rows, rb, n, p),
+                GgmlType::Q4_K => decode_ymm::<Q4K>(rows, rb, n, p),
+                GgmlType::Q5_K => decode_ymm::<Q5K>(rows, rb, n, p),
                 _ => decode_ymm::<Q8_0>(rows, rb, n, p),
             }
         }
@@ -282,6 +312,31 @@ impl Width for Ymm {
     #[inline(always)]
     unsafe fn flip(v: __m256i) -> __m256i {
         unsafe { _mm256_xor_si256(v, _mm256_set1_epi8(-128)) }
+    }
+
+    #[inline(always)]
+    unsafe fn and(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_and_si256(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_or_si256(a, b) }
+    }
+
+    #[inline(always)]
+    unsafe fn shr(v: __m256i, n: u32) -> __m256i {
+        unsafe { _mm256_srl_epi32(v, _mm_cvtsi32_si128(n as i32)) }
+    }
+
+    #[inline(always)]
+    unsafe fn shl(v: __m256i, n: u32) -> __m256i {
+        unsafe { _mm256_sll_epi32(v, _mm_cvtsi32_si128(n as i32)) }
+    }
+
+    #[inline(always)]
+    unsafe fn splat_i(v: u32) -> __m256i {
+        unsafe { _mm256_set1_epi32(v as i32) }
     }
 
     #[inline(always)]
