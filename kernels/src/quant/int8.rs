@@ -59,7 +59,7 @@ pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f3
 pub(crate) fn has_panels(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     if let Some(simd) = isa.simd() {
-        return super::vnni_panel::Panels::of(simd).is_some_and(|p| p.has(ty));
+        return super::vnni_panel::Panels::of(simd).has(ty);
     }
     let _ = (isa, ty);
     false
@@ -79,7 +79,7 @@ pub(crate) fn panels(
     outs: &mut [&mut [f32]],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(panels) = isa.simd().and_then(super::vnni_panel::Panels::of) {
+    if let Some(panels) = isa.simd().map(super::vnni_panel::Panels::of) {
         return panels.run(ty, rows, nrows, xs, outs);
     }
     let _ = (isa, ty, rows, nrows, xs, outs);

@@ -34,21 +34,34 @@ impl Isa {
     }
 
     /// The most the CPU detection admits to: the level `FERRITE_CPU_ISA` names (`scalar`,
-    /// `neon`, `avx2` or `avx512`; unset or anything else: no cap), read once. Every kernel's
-    /// detection obeys it, so an AVX-512 machine runs as a laptop without AVX-512 would, to
-    /// measure or check that path.
+    /// `neon`, `avx2`, `avxvnni` (AVX2 with AVX-VNNI) or `avx512`; unset or anything else: no
+    /// cap), read once. Every kernel's detection obeys it, so an AVX-512 machine runs as a
+    /// laptop without AVX-512 would, to measure or check that path.
     pub fn cap() -> Self {
-        static CAP: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        Self::caps().0
+    }
+
+    /// Whether [`Isa::cap`] admits AVX-VNNI, the VEX `vpdpbusd` of Intel's CPUs without
+    /// AVX-512 since Alder Lake: not below `avxvnni` (`avx2` is a CPU without it: Intel's
+    /// before Alder Lake, AMD's before Zen 4).
+    pub(crate) fn cap_admits_avx_vnni() -> bool {
+        Self::caps().1
+    }
+
+    /// [`Isa::cap`] and [`Isa::cap_admits_avx_vnni`], read once.
+    fn caps() -> (Self, bool) {
+        static CAP: std::sync::OnceLock<(Isa, bool)> = std::sync::OnceLock::new();
         *CAP.get_or_init(|| Self::parse_cap(std::env::var("FERRITE_CPU_ISA").ok()))
     }
 
-    /// `FERRITE_CPU_ISA`'s value as a cap.
-    fn parse_cap(value: Option<String>) -> Self {
+    /// `FERRITE_CPU_ISA`'s value as a cap, and whether it admits AVX-VNNI.
+    fn parse_cap(value: Option<String>) -> (Self, bool) {
         match value.as_deref().map(str::trim) {
-            Some("scalar") => Self::Scalar,
-            Some("neon") => Self::Neon,
-            Some("avx2") => Self::Avx2,
-            _ => Self::Avx512,
+            Some("scalar") => (Self::Scalar, false),
+            Some("neon") => (Self::Neon, false),
+            Some("avx2") => (Self::Avx2, false),
+            Some("avxvnni") => (Self::Avx2, true),
+            _ => (Self::Avx512, true),
         }
     }
 
@@ -213,16 +226,17 @@ mod tests {
     #[test]
     fn the_isa_cap_names_a_level_or_caps_nothing() {
         let cap = |v: Option<&str>| Isa::parse_cap(v.map(String::from));
-        assert_eq!(cap(Some("avx2")), Isa::Avx2);
-        assert_eq!(cap(Some(" scalar\n")), Isa::Scalar);
-        assert_eq!(cap(Some("avx512")), Isa::Avx512);
-        assert_eq!(cap(Some("neon")), Isa::Neon);
+        assert_eq!(cap(Some("avx2")), (Isa::Avx2, false));
+        assert_eq!(cap(Some("avxvnni")), (Isa::Avx2, true));
+        assert_eq!(cap(Some(" scalar\n")), (Isa::Scalar, false));
+        assert_eq!(cap(Some("avx512")), (Isa::Avx512, true));
+        assert_eq!(cap(Some("neon")), (Isa::Neon, false));
         assert_eq!(
             cap(Some("sve2")),
-            Isa::Avx512,
+            (Isa::Avx512, true),
             "an unknown name caps nothing"
         );
-        assert_eq!(cap(None), Isa::Avx512);
+        assert_eq!(cap(None), (Isa::Avx512, true));
         assert!(Isa::Scalar < Isa::Neon && Isa::Neon < Isa::Avx2 && Isa::Avx2 < Isa::Avx512);
     }
 }

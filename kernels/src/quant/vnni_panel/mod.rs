@@ -36,7 +36,7 @@ mod kquant;
 mod widths;
 
 pub(crate) use widths::AvxVnni;
-use widths::{Ymm, Zmm};
+use widths::{Madd, Vnni, Ymm, Zmm};
 
 /// The most rows a panel has (one per 32-bit lane at 512 bits).
 const MAX_LANES: usize = 16;
@@ -46,16 +46,21 @@ const MAX_LANES: usize = 16;
 pub(crate) enum Panels {
     /// 16 rows a panel; Q4_0, Q4_1, Q8_0 and MXFP4.
     Wide(Avx512),
-    /// 8 rows a panel; Q4_0, Q4_1 and Q8_0 (MXFP4's scales need AVX-512's `vscalefps`).
+    /// 8 rows a panel; Q4_0, Q4_1, Q8_0, Q4_K and Q5_K (MXFP4's scales need AVX-512's
+    /// `vscalefps`).
     Vex(AvxVnni),
+    /// 8 rows a panel, AVX2 alone (`vpmaddubsw`, `vpmaddwd`); the types whose codes fit its
+    /// 16-bit sums: Q4_0, Q4_1, Q4_K and Q5_K.
+    Madd(#[allow(dead_code)] super::Avx2), // held as the proof of AVX2, as the others' tokens
 }
 
 impl Panels {
     /// The widest panels `simd`'s CPU runs.
-    pub(crate) fn of(simd: super::Avx2) -> Option<Self> {
+    pub(crate) fn of(simd: super::Avx2) -> Self {
         simd.wide()
             .map(Self::Wide)
             .or_else(|| AvxVnni::detect().map(Self::Vex))
+            .unwrap_or(Self::Madd(simd))
     }
 
     /// Whether [`Self::run`] takes weights of `ty`.
@@ -73,6 +78,10 @@ impl Panels {
             Self::Vex(_) => matches!(
                 ty,
                 GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K
+            ),
+            Self::Madd(_) => matches!(
+                ty,
+                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K
             ),
         }
     }
@@ -100,7 +109,8 @@ impl Panels {
         unsafe {
             match self {
                 Self::Wide(_) => run::<Zmm>(ty, rows, rb, nrows, xs, outs),
-                Self::Vex(_) => run::<Ymm>(ty, rows, rb, nrows, xs, outs),
+                Self::Vex(_) => run::<Ymm<Vnni>>(ty, rows, rb, nrows, xs, outs),
+                Self::Madd(_) => run::<Ymm<Madd>>(ty, rows, rb, nrows, xs, outs),
             }
         }
     }
@@ -540,6 +550,7 @@ mod tests {
         let widths: Vec<Panels> = [
             Avx512::detect().map(Panels::Wide),
             AvxVnni::detect().map(Panels::Vex),
+            super::super::Avx2::detect().map(Panels::Madd),
         ]
         .into_iter()
         .flatten()

@@ -19,20 +19,61 @@ use crate::quant::{Avx2, GgmlType};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Zmm;
 
-/// AVX-VNNI (with AVX2, FMA, F16C): 8 rows a panel.
+/// 256 bits (AVX2, FMA, F16C): 8 rows a panel, four byte products summed into each 32-bit
+/// lane by `D`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Ymm;
+pub(crate) struct Ymm<D>(std::marker::PhantomData<D>);
+
+/// How a 256-bit panel sums byte products, and the entry points compiled for it.
+pub(crate) trait Sum256: Sized {
+    /// [`Width::dpbusd`].
+    ///
+    /// # Safety
+    /// The flavor's features.
+    unsafe fn dpbusd(acc: __m256i, w: __m256i, x: i32) -> __m256i;
+    /// [`Width::with_panel`].
+    fn with_panel<R>(f: impl FnOnce(&mut Panel<Ymm<Self>>) -> R) -> R;
+    /// [`Width::decode`].
+    ///
+    /// # Safety
+    /// As [`Width::decode`].
+    unsafe fn decode(ty: GgmlType, rows: *const u8, rb: usize, n: usize, p: &mut Panel<Ymm<Self>>);
+    /// [`Width::dots`].
+    ///
+    /// # Safety
+    /// As [`Width::dots`].
+    unsafe fn dots<const T: usize, const N: usize>(
+        p: &Panel<Ymm<Self>>,
+        xs: &[Q8Row],
+        outs: &mut [&mut [f32]],
+        j0: usize,
+        n: usize,
+    );
+}
+
+/// AVX-VNNI's `vpdpbusd` (the VEX form, Intel's CPUs without AVX-512 since Alder Lake).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Vnni;
+
+/// AVX2's `vpmaddubsw` (pairs of byte products, saturated to 16 bits) then `vpmaddwd` by ones
+/// (CPUs with AVX2 alone: Intel's before Alder Lake, AMD's before Zen 4). Exact for codes up to
+/// 127 (two products of at most 127 · 128 fit), so Q8_0's shifted codes stay on the f32 tiles.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Madd;
 
 /// Proof that the running CPU has AVX-VNNI besides AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AvxVnni(());
 
 impl AvxVnni {
-    /// The token, if the CPU has the features and [`crate::quant::Isa::cap`] admits AVX2.
+    /// The token, if the CPU has the features and [`crate::quant::Isa::cap`] admits AVX2 and
+    /// AVX-VNNI.
     pub(crate) fn detect() -> Option<Self> {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let has = *HAS.get_or_init(|| {
-            Avx2::detect().is_some() && std::arch::is_x86_feature_detected!("avxvnni")
+            Avx2::detect().is_some()
+                && crate::quant::Isa::cap_admits_avx_vnni()
+                && std::arch::is_x86_feature_detected!("avxvnni")
         });
         has.then_some(Self(()))
     }
@@ -44,7 +85,10 @@ thread_local! {
     static ZMM_PANEL: std::cell::RefCell<Panel<Zmm>> = const {
         std::cell::RefCell::new(Panel::new())
     };
-    static YMM_PANEL: std::cell::RefCell<Panel<Ymm>> = const {
+    static VNNI_PANEL: std::cell::RefCell<Panel<Ymm<Vnni>>> = const {
+        std::cell::RefCell::new(Panel::new())
+    };
+    static MADD_PANEL: std::cell::RefCell<Panel<Ymm<Madd>>> = const {
         std::cell::RefCell::new(Panel::new())
     };
 }
@@ -91,7 +135,78 @@ entry_points!(
     decode_zmm,
     dots_zmm
 );
-entry_points!(Ymm, "avxvnni,avx2,fma,f16c", decode_ymm, dots_ymm);
+entry_points!(Ymm<Vnni>, "avxvnni,avx2,fma,f16c", decode_vnni, dots_vnni);
+entry_points!(Ymm<Madd>, "avx2,fma,f16c", decode_madd, dots_madd);
+
+// SAFETY (of every `unsafe` in the two impls below): as for the widths' impls.
+impl Sum256 for Vnni {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, w: __m256i, x: i32) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(x)) }
+    }
+
+    fn with_panel<R>(f: impl FnOnce(&mut Panel<Ymm<Self>>) -> R) -> R {
+        VNNI_PANEL.with_borrow_mut(f)
+    }
+
+    unsafe fn decode(ty: GgmlType, rows: *const u8, rb: usize, n: usize, p: &mut Panel<Ymm<Self>>) {
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 => decode_vnni::<Q4_0>(rows, rb, n, p),
+                GgmlType::Q4_1 => decode_vnni::<Q4_1>(rows, rb, n, p),
+                GgmlType::Q4_K => decode_vnni::<Q4K>(rows, rb, n, p),
+                GgmlType::Q5_K => decode_vnni::<Q5K>(rows, rb, n, p),
+                _ => decode_vnni::<Q8_0>(rows, rb, n, p),
+            }
+        }
+    }
+
+    unsafe fn dots<const T: usize, const N: usize>(
+        p: &Panel<Ymm<Self>>,
+        xs: &[Q8Row],
+        outs: &mut [&mut [f32]],
+        j0: usize,
+        n: usize,
+    ) {
+        unsafe { dots_vnni::<T, N>(p, xs, outs, j0, n) }
+    }
+}
+
+impl Sum256 for Madd {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, w: __m256i, x: i32) -> __m256i {
+        unsafe {
+            let pairs = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x));
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+    }
+
+    fn with_panel<R>(f: impl FnOnce(&mut Panel<Ymm<Self>>) -> R) -> R {
+        MADD_PANEL.with_borrow_mut(f)
+    }
+
+    unsafe fn decode(ty: GgmlType, rows: *const u8, rb: usize, n: usize, p: &mut Panel<Ymm<Self>>) {
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 => decode_madd::<Q4_0>(rows, rb, n, p),
+                GgmlType::Q4_1 => decode_madd::<Q4_1>(rows, rb, n, p),
+                GgmlType::Q4_K => decode_madd::<Q4K>(rows, rb, n, p),
+                GgmlType::Q5_K => decode_madd::<Q5K>(rows, rb, n, p),
+                _ => unreachable!("no 16-bit-exact panel for {ty}"),
+            }
+        }
+    }
+
+    unsafe fn dots<const T: usize, const N: usize>(
+        p: &Panel<Ymm<Self>>,
+        xs: &[Q8Row],
+        outs: &mut [&mut [f32]],
+        j0: usize,
+        n: usize,
+    ) {
+        unsafe { dots_madd::<T, N>(p, xs, outs, j0, n) }
+    }
+}
 
 // SAFETY (of every `unsafe` in the two impls below): intrinsics of the width's features,
 // reached only through the entry points above (see the module's comment), and loads within the
@@ -237,26 +352,18 @@ impl Width for Zmm {
     }
 }
 
-impl Width for Ymm {
+impl<D: Sum256> Width for Ymm<D> {
     const LANES: usize = 8;
     const TOKENS: usize = 4;
     type I = __m256i;
     type F = __m256;
 
     fn with_panel<R>(f: impl FnOnce(&mut Panel<Self>) -> R) -> R {
-        YMM_PANEL.with_borrow_mut(f)
+        D::with_panel(f)
     }
 
     unsafe fn decode(ty: GgmlType, rows: *const u8, rb: usize, n: usize, p: &mut Panel<Self>) {
-        unsafe {
-            match ty {
-                GgmlType::Q4_0 => decode_ymm::<Q4_0>(rows, rb, n, p),
-                GgmlType::Q4_1 => decode_ymm::<Q4_1>(rows, rb, n, p),
-                GgmlType::Q4_K => decode_ymm::<Q4K>(rows, rb, n, p),
-                GgmlType::Q5_K => decode_ymm::<Q5K>(rows, rb, n, p),
-                _ => decode_ymm::<Q8_0>(rows, rb, n, p),
-            }
-        }
+        unsafe { D::decode(ty, rows, rb, n, p) }
     }
 
     unsafe fn dots<const T: usize, const N: usize>(
@@ -266,7 +373,7 @@ impl Width for Ymm {
         j0: usize,
         n: usize,
     ) {
-        unsafe { dots_ymm::<T, N>(p, xs, outs, j0, n) }
+        unsafe { D::dots::<T, N>(p, xs, outs, j0, n) }
     }
 
     #[inline(always)]
@@ -341,7 +448,7 @@ impl Width for Ymm {
 
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, w: __m256i, x: i32) -> __m256i {
-        unsafe { _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(x)) }
+        unsafe { D::dpbusd(acc, w, x) }
     }
 
     #[inline(always)]
