@@ -53,9 +53,9 @@ pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f3
 
 /// Whether batched steps (several activation rows) with weights of `ty` take integer
 /// activations ([`Q8Tokens`]) on `isa`: only where an integer kernel shares each decoded weight
-/// across the rows (the VNNI panels of Q4_0, Q4_1, Q8_0, and at 512 bits MXFP4). Elsewhere the
-/// f32 tiles, which share it too, are faster than one integer dot per row and token, so
-/// batches keep f32 activations there.
+/// across the rows (the panels: Q4_0, Q4_1, Q4_K and Q5_K on every x86 CPU with AVX2, Q8_0
+/// with VNNI, MXFP4 with AVX-512). Elsewhere (Q6_K, ARM) the f32 tiles, which share it too, are
+/// faster than one integer dot per row and token, so batches keep f32 activations there.
 pub(crate) fn has_panels(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     if let Some(simd) = isa.simd() {

@@ -1,8 +1,9 @@
 //! Block-quantized weights times several rows of activations in integers (prefill, batched
 //! decode) with VNNI's `vpdpbusd`, each weight decoded once for all the tokens: at 512 bits
-//! (AVX-512 VNNI, 16 rows a panel) or 256 (AVX-VNNI, 8: Intel's CPUs without AVX-512), one
-//! kernel written over the width's operations ([`Width`], `widths.rs`). Each token comes as
-//! one or two int8 terms ([`Q8Tokens`]): one is llama.cpp's arithmetic, two are close to exact.
+//! (AVX-512 VNNI, 16 rows a panel) or 256 (8 rows: AVX-VNNI, Intel's CPUs without AVX-512 since
+//! Alder Lake; or AVX2 alone, `vpmaddubsw` and `vpmaddwd` standing for `vpdpbusd`), one kernel
+//! written over the width's operations ([`Width`], `widths.rs`). Each token comes as one or two
+//! int8 terms ([`Q8Tokens`]): one is llama.cpp's arithmetic, two are close to exact.
 //!
 //! The single-token dot ([`super::avx512`]'s `q8_rows`) lays a row's codes along the lanes. Here
 //! a *panel* of weight rows (16 at 512 bits) lies across the lanes instead: lane `r` of a code
@@ -14,17 +15,20 @@
 //!
 //! Every type is read as unsigned codes `u` with a scale `d` and an offset `o` per group, so
 //! that `Σ w·x = d·dx·Σ u·q + o·(dx·Σ q)`: Q4_1 is `d·u + m` (`o = m`); Q4_0 is `d·(u − 8)`
-//! (`o = −8d`); Q8_0's signed codes are stored as `u = q + 128` (`o = −128d`). The integer
-//! sums are exact (at most 32 · 255 · 127 per group), so the result is the portable
-//! [`super::q8::dot`] up to float rounding.
+//! (`o = −8d`); Q8_0's signed codes are stored as `u = q + 128` (`o = −128d`); Q4_K's and
+//! Q5_K's groups are `d·sc·u − dmin·m` (`kquant.rs`: each super-block of 256 decoded whole,
+//! its header once). The integer sums are exact (at most 32 · 255 · 127 per group; AVX2's
+//! 16-bit pair sums only for codes up to 127, which Q8_0's are not), so the result is the
+//! portable [`super::q8::dot`] up to float rounding.
 //!
 //! A panel's codes and scales come by plain 16-byte loads, four rows per 128-bit lane, put in
-//! order by a 4×4 word transpose within each lane (the same at both widths). (Gathering the codes took 55% of an
-//! 8-sequence decode step on the development machine; the loads and transposes about a
-//! quarter of that.)
+//! order by a 4×4 word transpose within each lane (the same at both widths). (Gathering the
+//! codes took 55% of an 8-sequence decode step on the development machine; the loads and
+//! transposes about a quarter of that.)
 //!
 //! The unsafe code is the SIMD modules': `#[target_feature]` calls justified by the
-//! [`Panels`] token (made from [`Avx512`]'s or [`AvxVnni`]'s detection), and loads through raw
+//! [`Panels`] token (made from [`Avx512`]'s, [`AvxVnni`]'s or `Avx2`'s detection), and loads
+//! through raw
 //! pointers, justified by [`Panels::run`]'s length checks.
 
 use super::GgmlType;

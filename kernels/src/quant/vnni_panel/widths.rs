@@ -1,8 +1,8 @@
-//! The two vector widths the panels run at: [`Zmm`] (AVX-512 VNNI, 16 rows a panel) and
-//! [`Ymm`] (AVX-VNNI, the VEX form of `vpdpbusd` on Intel's laptop and desktop CPUs without
-//! AVX-512 since Alder Lake, 8 rows). Each is the handful of operations the one kernel in
-//! `mod.rs` is written in, and the `#[target_feature]` entry points that compile it for the
-//! width.
+//! The vector widths the panels run at: [`Zmm`] (AVX-512 VNNI, 16 rows a panel) and [`Ymm`]
+//! (8 rows), the latter with AVX-VNNI's `vpdpbusd` (the VEX form, on Intel's laptop and desktop
+//! CPUs without AVX-512 since Alder Lake: [`Vnni`]) or with AVX2's `vpmaddubsw` and `vpmaddwd`
+//! ([`Madd`]). Each is the handful of operations the one kernel in `mod.rs` is written in, and
+//! the `#[target_feature]` entry points that compile it for the width.
 //!
 //! The operations are `#[inline(always)]` without target features of their own: they are only
 //! ever inlined into the entry points below, which carry the features (the callers' safety
