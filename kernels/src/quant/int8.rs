@@ -31,7 +31,9 @@ impl GgmlActivations {
             _ if !ty.is_quantized() => 0,
             Self::Int8 if m == 1 => 1,
             Self::Int8 if has_panels(isa, ty) => 1,
-            Self::Fine if m > 1 && has_panels(isa, ty) => 2,
+            // Not Q6_K: its two runs a group double the float work per term, and in two terms
+            // the f32 tiles were as fast (a 128-token prompt of a 3B Q4_K_M file, 2026-11-30).
+            Self::Fine if m > 1 && has_panels(isa, ty) && ty != GgmlType::Q6_K => 2,
             _ => 0,
         }
     }
@@ -53,8 +55,8 @@ pub(crate) fn rows(isa: Isa, ty: GgmlType, rows: &[u8], x: &Q8Row, out: &mut [f3
 
 /// Whether batched steps (several activation rows) with weights of `ty` take integer
 /// activations ([`Q8Tokens`]) on `isa`: only where an integer kernel shares each decoded weight
-/// across the rows (the panels: Q4_0, Q4_1, Q4_K and Q5_K on every x86 CPU with AVX2, Q8_0
-/// with VNNI, MXFP4 with AVX-512). Elsewhere (Q6_K, ARM) the f32 tiles, which share it too, are
+/// across the rows (the panels: Q4_0, Q4_1 and the K-quants on every x86 CPU with AVX2, Q8_0
+/// with VNNI, MXFP4 with AVX-512). Elsewhere (ARM) the f32 tiles, which share it too, are
 /// faster than one integer dot per row and token, so batches keep f32 activations there.
 pub(crate) fn has_panels(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -63,6 +65,16 @@ pub(crate) fn has_panels(isa: Isa, ty: GgmlType) -> bool {
     }
     let _ = (isa, ty);
     false
+}
+
+/// Which integer panels batched steps run on `isa` (for `ferrite doctor`), if any.
+pub fn panels_name(isa: Isa) -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = isa.simd() {
+        return Some(super::vnni_panel::Panels::of(simd).name());
+    }
+    let _ = isa;
+    None
 }
 
 /// `outs[i][j] = row_j · xs.token(i)` for the `nrows` contiguous rows of `ty` in `rows`,

@@ -36,7 +36,7 @@ mod vnni_panel;
 pub(crate) use avx2::{Avx2, dot_i8_i8, hsum as hsum256};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::Avx512;
-pub use int8::GgmlActivations;
+pub use int8::{GgmlActivations, panels_name};
 pub(crate) use kernel::RowKernel;
 pub use kernel::{Isa, vec_dot, vec_dot_with};
 

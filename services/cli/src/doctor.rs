@@ -102,10 +102,14 @@ pub fn run(args: DoctorArgs) -> Result<()> {
 fn cpu() -> Check {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let isa = ferrite_kernels::quant::Isa::best();
+    let panels = match ferrite_kernels::quant::panels_name(isa) {
+        Some(p) => format!("int8 panels at {p}"),
+        None => "no int8 panels (batches of GGUF blocks in f32)".into(),
+    };
     check(
         "CPU",
         Verdict::Ok,
-        format!("{cores} cores, kernels for {isa}"),
+        format!("{cores} cores, kernels for {isa}, {panels}"),
     )
 }
 

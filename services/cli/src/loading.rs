@@ -84,7 +84,7 @@ pub struct ModelArgs {
     /// On the CPU, how GGUF block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
     /// multiply activations: `int8` (the default: a one-token step's rounded per block of 32
     /// and multiplied in integers, as llama.cpp does, logits moving by up to ~2.5%; prompts
-    /// and batches, on x86 CPUs with AVX2 (not Q6_K; Q8_0 with VNNI only), in two int8 terms,
+    /// and batches, on x86 CPUs with AVX2 (Q8_0 with VNNI only), in two int8 terms,
     /// close to exact) or `f32` (exact: what the golden tests hold against transformers).
     #[arg(
         long,

@@ -1,15 +1,15 @@
-//! Q4_K and Q5_K in the panels: each super-block (256 weights, eight groups of 32 under one
-//! header) decoded whole, its header once. Group `s`'s weights are `d·sc_s·u − dmin·m_s`, so the
-//! panel's scale is `d·sc_s` and its offset `−dmin·m_s`, with unsigned codes `u` of 4 bits
-//! (Q4_K) or 5 (Q5_K): the same form as Q4_1's.
-//!
-//! (Q6_K has a scale per 16 weights, two per group of the activations: it keeps the f32 tiles.)
+//! The K-quants in the panels: each super-block (256 weights, eight groups of 32 under one
+//! header) decoded whole, its header once. Q4_K's and Q5_K's group `s` is `d·sc_s·u − dmin·m_s`,
+//! so the panel's scale is `d·sc_s` and its offset `−dmin·m_s`, with unsigned codes `u` of 4 bits
+//! (Q4_K) or 5 (Q5_K): the same form as Q4_1's. Q6_K's weights are `d·sc_r·(u − 32)` with a
+//! scale per run `r` of 16 (two runs a group: `PanelGroup::RUNS`), `u` of 6 bits.
 
-use super::{PanelGroup, Rows, Width, words};
+use super::{Groups, PanelGroup, Rows, Width, words};
 use crate::quant::GgmlType;
 
 pub(super) struct Q4K;
 pub(super) struct Q5K;
+pub(super) struct Q6K;
 
 /// The rows' header at `at` (f16 `d` and `dmin`, then the eight 6-bit scales and minima in 12
 /// bytes, ggml's `get_scale_min_k4`): scale and offset per group.
@@ -72,19 +72,13 @@ impl<W: Width> PanelGroup<W> for Q4K {
     const GROUPS: usize = 8;
 
     #[inline(always)]
-    unsafe fn block(
-        rows: &Rows,
-        blk: usize,
-        codes: &mut [W::I],
-        scale: &mut [W::F],
-        offset: &mut [W::F],
-    ) {
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>) {
         let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: a 144-byte block per row at `at` (the caller's contract): the 16-byte header,
         // then 128 code bytes.
         unsafe {
-            k4_header::<W>(rows, at, scale, offset);
-            k4_codes::<W>(rows, at + 16, codes);
+            k4_header::<W>(rows, at, out.scale, out.offset);
+            k4_codes::<W>(rows, at + 16, out.codes);
         }
     }
 }
@@ -94,19 +88,13 @@ impl<W: Width> PanelGroup<W> for Q5K {
     const GROUPS: usize = 8;
 
     #[inline(always)]
-    unsafe fn block(
-        rows: &Rows,
-        blk: usize,
-        codes: &mut [W::I],
-        scale: &mut [W::F],
-        offset: &mut [W::F],
-    ) {
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>) {
         let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: a 176-byte block per row at `at` (the caller's contract): the 16-byte header,
         // 32 bytes of fifth bits (bit s of byte l is group s's element l), 128 as Q4_K's.
         unsafe {
-            k4_header::<W>(rows, at, scale, offset);
-            k4_codes::<W>(rows, at + 48, codes);
+            k4_header::<W>(rows, at, out.scale, out.offset);
+            k4_codes::<W>(rows, at + 48, out.codes);
             for half in 0..2 {
                 let qh = words::<W>(rows, at + 16 + 16 * half);
                 for s in 0..8 {
@@ -117,8 +105,51 @@ impl<W: Width> PanelGroup<W> for Q5K {
                         } else {
                             W::shr(v, s as u32 - 4)
                         };
-                        let c = &mut codes[8 * s + 4 * half + i];
+                        let c = &mut out.codes[8 * s + 4 * half + i];
                         *c = W::or(*c, W::and(v, W::splat_i(0x1010_1010)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<W: Width> PanelGroup<W> for Q6K {
+    const BYTES: usize = GgmlType::Q6_K.block_bytes();
+    const GROUPS: usize = 8;
+    const RUNS: usize = 2;
+
+    #[inline(always)]
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>) {
+        let at = blk * <Self as PanelGroup<W>>::BYTES;
+        // SAFETY: a 210-byte block per row at `at` (the caller's contract): ql 128 (low four
+        // bits), qh 64 (the top two), 16 i8 scales (one per run), f16 d. Every 16 bytes read
+        // are inside it.
+        unsafe {
+            // d is the high half of the last word of bytes 194..210.
+            let d = W::f16_lanes(words::<W>(rows, at + 194)[3], true);
+            let sc = words::<W>(rows, at + 192);
+            for r in 0..16 {
+                // Scale r, byte r % 4 of word r / 4, sign-extended.
+                let byte = W::sra(W::shl(sc[r / 4], 24 - 8 * (r as u32 % 4)), 24);
+                out.scale[r] = W::mul(d, W::to_f32(byte));
+                out.offset[r] = W::mul(out.scale[r], W::splat(-32.0));
+            }
+            // Group s = 4·half + q: the low (q < 2) or high nibbles of ql's 32 bytes at
+            // 64·half + 32·(q % 2), and bits 2q, 2q + 1 of qh's 32 bytes at 128 + 32·half.
+            for half in 0..2 {
+                for sixteen in 0..2 {
+                    let qh = words::<W>(rows, at + 128 + 32 * half + 16 * sixteen);
+                    for run in 0..2 {
+                        let ql = words::<W>(rows, at + 64 * half + 32 * run + 16 * sixteen);
+                        for q in [run, run + 2] {
+                            for i in 0..4 {
+                                let low = W::low_nibbles(ql[i], q >= 2);
+                                let high = W::shl(W::shr(qh[i], 2 * q as u32), 4);
+                                let high = W::and(high, W::splat_i(0x3030_3030));
+                                out.codes[8 * (4 * half + q) + 4 * sixteen + i] = W::or(low, high);
+                            }
+                        }
                     }
                 }
             }

@@ -67,26 +67,25 @@ impl Panels {
             .unwrap_or(Self::Madd(simd))
     }
 
-    /// Whether [`Self::run`] takes weights of `ty`.
-    pub(crate) fn has(self, ty: GgmlType) -> bool {
+    /// What the panels are, in a few words.
+    pub(crate) fn name(self) -> &'static str {
         match self {
-            Self::Wide(_) => matches!(
-                ty,
-                GgmlType::Q4_0
-                    | GgmlType::Q4_1
-                    | GgmlType::Q8_0
-                    | GgmlType::Q4_K
-                    | GgmlType::Q5_K
-                    | GgmlType::MXFP4
-            ),
-            Self::Vex(_) => matches!(
-                ty,
-                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K
-            ),
-            Self::Madd(_) => matches!(
-                ty,
-                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K
-            ),
+            Self::Wide(_) => "512 bits (AVX-512 VNNI)",
+            Self::Vex(_) => "256 bits (AVX-VNNI)",
+            Self::Madd(_) => "256 bits (AVX2 maddubs; Q8_0 in f32)",
+        }
+    }
+
+    /// Whether [`Self::run`] takes weights of `ty`: at every width the types whose codes are
+    /// at most 63 (exact in AVX2's 16-bit pair sums); Q8_0's (shifted to 0..255) with VNNI;
+    /// MXFP4, whose scales need `vscalefps`, at 512 bits.
+    pub(crate) fn has(self, ty: GgmlType) -> bool {
+        use GgmlType::*;
+        let small = matches!(ty, Q4_0 | Q4_1 | Q4_K | Q5_K | Q6_K);
+        match self {
+            Self::Wide(_) => small || matches!(ty, Q8_0 | MXFP4),
+            Self::Vex(_) => small || ty == Q8_0,
+            Self::Madd(_) => small,
         }
     }
 
@@ -143,9 +142,10 @@ trait Width: Sized {
     /// [`decode`] of `ty`, compiled with the width's features.
     unsafe fn decode(ty: GgmlType, rows: *const u8, rb: usize, n: usize, p: &mut Panel<Self>);
     /// [`dots`], compiled with the width's features.
-    unsafe fn dots<const T: usize, const N: usize>(
+    unsafe fn dots<const T: usize, const N: usize, const R: usize>(
         p: &Panel<Self>,
         xs: &[Q8Row],
+        halves: &[Vec<f32>],
         outs: &mut [&mut [f32]],
         j0: usize,
         n: usize,
@@ -168,6 +168,8 @@ trait Width: Sized {
     unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn shr(v: Self::I, n: u32) -> Self::I;
     unsafe fn shl(v: Self::I, n: u32) -> Self::I;
+    /// Each 32-bit lane shifted right by `n`, its sign repeated.
+    unsafe fn sra(v: Self::I, n: u32) -> Self::I;
     unsafe fn splat_i(v: u32) -> Self::I;
     /// `vpdpbusd`: each lane adds its 4 unsigned bytes of `w` times the 4 signed bytes of `x`.
     unsafe fn dpbusd(acc: Self::I, w: Self::I, x: i32) -> Self::I;
@@ -182,7 +184,7 @@ trait Width: Sized {
 }
 
 /// One panel's rows, decoded: per group, 8 vectors of codes (chunk `c` holds codes
-/// `4c..4c + 4` of every row), the rows' scales and offsets.
+/// `4c..4c + 4` of every row), the rows' scales and offsets (per run: [`runs`] a group).
 struct Panel<W: Width> {
     codes: Vec<W::I>,
     scale: Vec<W::F>,
@@ -198,14 +200,20 @@ impl<W: Width> Panel<W> {
         }
     }
 
-    /// Room for exactly `ng` groups (the kernels read the group count from `scale`).
-    fn resize(&mut self, ng: usize) {
+    /// Room for exactly `ng` groups of `runs` runs (the kernels read the group count from
+    /// `codes`).
+    fn resize(&mut self, ng: usize, runs: usize) {
         // SAFETY: all-zero bits are a valid vector of integers and of 0.0f32 (the width's
         // zeroing intrinsics would need its target features).
         let (zi, zf) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
         self.codes.resize(8 * ng, zi);
-        self.scale.resize(ng, zf);
-        self.offset.resize(ng, zf);
+        self.scale.resize(runs * ng, zf);
+        self.offset.resize(runs * ng, zf);
+    }
+
+    /// The groups of 32 it holds.
+    fn groups(&self) -> usize {
+        self.codes.len() / 8
     }
 }
 
@@ -221,37 +229,86 @@ unsafe fn run<W: Width>(
     xs: &Q8Tokens,
     outs: &mut [&mut [f32]],
 ) {
+    let runs = runs(ty);
+    // Q6_K's offsets multiply each run's activation sum: `d · Σ q` per 16, per term.
+    let halves: Vec<Vec<f32>> = match runs {
+        1 => Vec::new(),
+        _ => xs.terms_of(0..xs.tokens()).iter().map(half_sums).collect(),
+    };
     W::with_panel(|panel| {
-        panel.resize(xs.blocks());
+        panel.resize(xs.blocks(), runs);
         for j0 in (0..nrows).step_by(W::LANES) {
             let n = W::LANES.min(nrows - j0);
             // SAFETY: the caller's features; rows j0..j0 + n hold the groups (its lengths).
             unsafe { W::decode(ty, rows.as_ptr().add(j0 * rb), rb, n, panel) };
             let mut i = 0;
             while i < outs.len() {
+                // Two runs a group take twice the integer sums: half the tokens fit.
                 let t = [8, 4, 2, 1]
                     .into_iter()
-                    .find(|&t| t <= W::TOKENS && t <= outs.len() - i)
+                    .find(|&t| t * runs <= W::TOKENS && t <= outs.len() - i)
                     .unwrap_or(1);
-                let (x, o) = (xs.terms_of(i..i + t), &mut outs[i..i + t]);
+                let terms = xs.terms();
+                let x = xs.terms_of(i..i + t);
+                let h = halves.get(i * terms..(i + t) * terms).unwrap_or(&[]);
+                let o = &mut outs[i..i + t];
                 // SAFETY: the caller's features; the panel holds the groups every term of
-                // tokens i..i + t has; each output has lanes j0..j0 + n.
+                // tokens i..i + t has (and `h` their runs' sums, with two runs); each output
+                // has lanes j0..j0 + n.
                 unsafe {
-                    match (t, xs.terms()) {
-                        (8, 1) => W::dots::<8, 1>(panel, x, o, j0, n),
-                        (8, _) => W::dots::<8, 2>(panel, x, o, j0, n),
-                        (4, 1) => W::dots::<4, 1>(panel, x, o, j0, n),
-                        (4, _) => W::dots::<4, 2>(panel, x, o, j0, n),
-                        (2, 1) => W::dots::<2, 1>(panel, x, o, j0, n),
-                        (2, _) => W::dots::<2, 2>(panel, x, o, j0, n),
-                        (_, 1) => W::dots::<1, 1>(panel, x, o, j0, n),
-                        _ => W::dots::<1, 2>(panel, x, o, j0, n),
+                    match runs {
+                        1 => dots_of::<W, 1>(t, terms, panel, x, h, o, j0, n),
+                        _ => dots_of::<W, 2>(t, terms, panel, x, h, o, j0, n),
                     }
                 }
                 i += t;
             }
         }
     });
+}
+
+/// Runs (scales) per group of 32 of `ty`'s panels: Q6_K has a scale per 16 weights.
+fn runs(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q6_K { 2 } else { 1 }
+}
+
+/// `d · Σ q` over each half of each block of `x`.
+fn half_sums(x: &Q8Row) -> Vec<f32> {
+    let sum = |c: &[i8]| c.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+    x.qs.chunks_exact(16)
+        .enumerate()
+        .map(|(h, c)| x.d[h / 2] * sum(c))
+        .collect()
+}
+
+/// [`Width::dots`] for `t` tokens of `terms` terms each, `R` runs a group.
+///
+/// # Safety
+/// As [`dots`].
+#[allow(clippy::too_many_arguments)] // the kernel's inputs, passed through
+unsafe fn dots_of<W: Width, const R: usize>(
+    t: usize,
+    terms: usize,
+    panel: &Panel<W>,
+    x: &[Q8Row],
+    h: &[Vec<f32>],
+    o: &mut [&mut [f32]],
+    j0: usize,
+    n: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match (t, terms) {
+            (8, 1) => W::dots::<8, 1, R>(panel, x, h, o, j0, n),
+            (8, _) => W::dots::<8, 2, R>(panel, x, h, o, j0, n),
+            (4, 1) => W::dots::<4, 1, R>(panel, x, h, o, j0, n),
+            (4, _) => W::dots::<4, 2, R>(panel, x, h, o, j0, n),
+            (2, 1) => W::dots::<2, 1, R>(panel, x, h, o, j0, n),
+            (2, _) => W::dots::<2, 2, R>(panel, x, h, o, j0, n),
+            (_, 1) => W::dots::<1, 1, R>(panel, x, h, o, j0, n),
+            _ => W::dots::<1, 2, R>(panel, x, h, o, j0, n),
+        }
+    }
 }
 
 /// A panel's rows: each one's block `g` is at `row[r] + g · BYTES` (rows past the panel's end
@@ -265,19 +322,23 @@ trait PanelGroup<W: Width> {
     const BYTES: usize;
     /// Groups of 32 per block.
     const GROUPS: usize = 1;
+    /// Runs per group, each with its scale and offset ([`runs`]).
+    const RUNS: usize = 1;
 
-    /// The rows' block `blk`: group `s`'s 8 code vectors into `codes[8s..8s + 8]`, its scales
-    /// and offsets into `scale[s]` and `offset[s]`.
+    /// The rows' block `blk`, its groups into `out`.
     ///
     /// # Safety
-    /// `W`'s features; block `blk` of every row readable; room for the block's groups.
-    unsafe fn block(
-        rows: &Rows,
-        blk: usize,
-        codes: &mut [W::I],
-        scale: &mut [W::F],
-        offset: &mut [W::F],
-    );
+    /// `W`'s features; block `blk` of every row readable; room in `out` for the block's groups.
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>);
+}
+
+/// Where [`PanelGroup::block`] puts a block's groups: group `s`'s 8 code vectors into
+/// `codes[8s..8s + 8]`, its runs' scales and offsets into `scale[RUNS·s..]` and
+/// `offset[RUNS·s..]`.
+struct Groups<'a, W: Width> {
+    codes: &'a mut [W::I],
+    scale: &'a mut [W::F],
+    offset: &'a mut [W::F],
 }
 
 /// The first 32-bit word at `rows[r] + at` (a block's scales) of every row, in lane `r`: the
@@ -339,20 +400,14 @@ struct Mxfp4;
 impl<W: Width> PanelGroup<W> for Q4_0 {
     const BYTES: usize = GgmlType::Q4_0.block_bytes();
     #[inline(always)]
-    unsafe fn block(
-        rows: &Rows,
-        blk: usize,
-        codes: &mut [W::I],
-        scale: &mut [W::F],
-        offset: &mut [W::F],
-    ) {
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>) {
         let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: an 18-byte block per row at `at` (the caller's contract): the f16 scale (its
         // word also holds two code bytes), then 16 code bytes.
         unsafe {
             let d = W::f16_lanes(header::<W>(rows, at), false);
-            nibble_codes::<W>(rows, at + 2, codes);
-            (scale[0], offset[0]) = (d, W::mul(d, W::splat(-8.0)));
+            nibble_codes::<W>(rows, at + 2, out.codes);
+            (out.scale[0], out.offset[0]) = (d, W::mul(d, W::splat(-8.0)));
         }
     }
 }
@@ -360,20 +415,14 @@ impl<W: Width> PanelGroup<W> for Q4_0 {
 impl<W: Width> PanelGroup<W> for Q4_1 {
     const BYTES: usize = GgmlType::Q4_1.block_bytes();
     #[inline(always)]
-    unsafe fn block(
-        rows: &Rows,
-        blk: usize,
-        codes: &mut [W::I],
-        scale: &mut [W::F],
-        offset: &mut [W::F],
-    ) {
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>) {
         let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: a 20-byte block per row at `at` (the caller's contract): f16 scale and
         // minimum, then 16 code bytes.
         unsafe {
             let dm = header::<W>(rows, at);
-            nibble_codes::<W>(rows, at + 4, codes);
-            (scale[0], offset[0]) = (W::f16_lanes(dm, false), W::f16_lanes(dm, true));
+            nibble_codes::<W>(rows, at + 4, out.codes);
+            (out.scale[0], out.offset[0]) = (W::f16_lanes(dm, false), W::f16_lanes(dm, true));
         }
     }
 }
@@ -381,13 +430,7 @@ impl<W: Width> PanelGroup<W> for Q4_1 {
 impl<W: Width> PanelGroup<W> for Q8_0 {
     const BYTES: usize = GgmlType::Q8_0.block_bytes();
     #[inline(always)]
-    unsafe fn block(
-        rows: &Rows,
-        blk: usize,
-        codes: &mut [W::I],
-        scale: &mut [W::F],
-        offset: &mut [W::F],
-    ) {
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>) {
         let at = blk * <Self as PanelGroup<W>>::BYTES;
         // SAFETY: a 34-byte block per row at `at` (the caller's contract): the f16 scale, then
         // 32 signed codes.
@@ -396,10 +439,10 @@ impl<W: Width> PanelGroup<W> for Q8_0 {
             for half in 0..2 {
                 let w = words::<W>(rows, at + 2 + 16 * half);
                 for (i, v) in w.into_iter().enumerate() {
-                    codes[4 * half + i] = W::flip(v);
+                    out.codes[4 * half + i] = W::flip(v);
                 }
             }
-            (scale[0], offset[0]) = (d, W::mul(d, W::splat(-128.0)));
+            (out.scale[0], out.offset[0]) = (d, W::mul(d, W::splat(-128.0)));
         }
     }
 }
@@ -407,13 +450,7 @@ impl<W: Width> PanelGroup<W> for Q8_0 {
 impl PanelGroup<Zmm> for Mxfp4 {
     const BYTES: usize = GgmlType::MXFP4.block_bytes();
     #[inline(always)]
-    unsafe fn block(
-        rows: &Rows,
-        blk: usize,
-        codes: &mut [__m512i],
-        scale: &mut [__m512],
-        offset: &mut [__m512],
-    ) {
+    unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, Zmm>) {
         let at = blk * Self::BYTES;
         // SAFETY: a 17-byte block per row at `at` (the caller's contract): the exponent (its
         // word also holds three code bytes), then 16 code bytes; AVX-512 (the caller's).
@@ -422,12 +459,12 @@ impl PanelGroup<Zmm> for Mxfp4 {
             // 2^(e − 128), subnormals included (vscalefps).
             let exp = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128)));
             let d = _mm512_scalef_ps(_mm512_set1_ps(1.0), exp);
-            nibble_codes::<Zmm>(rows, at + 1, codes);
+            nibble_codes::<Zmm>(rows, at + 1, out.codes);
             // Signed doubled values + 128 as unsigned bytes: flipping the top bit.
-            for c in codes.iter_mut().take(8) {
+            for c in out.codes.iter_mut().take(8) {
                 *c = Zmm::flip(super::avx512::mxfp4_lookup(*c));
             }
-            (scale[0], offset[0]) = (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)));
+            (out.scale[0], out.offset[0]) = (d, _mm512_mul_ps(d, _mm512_set1_ps(-128.0)));
         }
     }
 }
@@ -451,8 +488,8 @@ unsafe fn decode<W: Width, G: PanelGroup<W>>(
 ) {
     // SAFETY: rows 0..n exist; the padding lanes read row n - 1 again.
     let ptrs: Rows = std::array::from_fn(|r| unsafe { rows.add(r.min(n - 1) * rb) });
-    let groups = G::GROUPS;
-    for blk in 0..panel.scale.len() / groups {
+    let (groups, runs) = (G::GROUPS, G::RUNS);
+    for blk in 0..panel.groups() / groups {
         for p in &ptrs[..W::LANES] {
             for line in (0..G::BYTES).step_by(64) {
                 // A hint (it never faults, past the rows too).
@@ -466,30 +503,31 @@ unsafe fn decode<W: Width, G: PanelGroup<W>>(
         let g = blk * groups;
         // SAFETY: block blk of each row (its groups are < the rows' groups); room for them.
         unsafe {
-            G::block(
-                &ptrs,
-                blk,
-                &mut panel.codes[8 * g..8 * (g + groups)],
-                &mut panel.scale[g..g + groups],
-                &mut panel.offset[g..g + groups],
-            )
+            let out = Groups {
+                codes: &mut panel.codes[8 * g..8 * (g + groups)],
+                scale: &mut panel.scale[runs * g..runs * (g + groups)],
+                offset: &mut panel.offset[runs * g..runs * (g + groups)],
+            };
+            G::block(&ptrs, blk, out)
         };
     }
 }
 
 /// `outs[t][j0 + r] = Σ_g Σ_n d·dx_n·Σ u·q_n + o·Σ_n s_n` for the `T` tokens of `xs` (token
 /// `t` is the `N` terms `xs[t·N..t·N + N]`) and the panel's rows `r < lanes`: per group, 8
-/// `vpdpbusd` per token and term (its 4 codes broadcast), then one multiply-add per term, one
-/// for the scale and one for the offset.
+/// `vpdpbusd` per token and term (its 4 codes broadcast), then per run (`R` a group, of
+/// `8 / R` chunks) one multiply-add per term, one for the scale and one for the offset, whose
+/// activation sums `s_n` are the blocks' (`R = 1`) or `halves[t·N + n]`'s (`R = 2`).
 ///
 /// # Safety
-/// `W`'s features; `xs` holds `T·N` rows of the panel's groups; each output has `lanes`
-/// lanes at `j0`.
+/// `W`'s features; `xs` holds `T·N` rows of the panel's groups (and `halves` their runs' sums
+/// if `R = 2`); each output has `lanes` lanes at `j0`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // index loops read clearest in a register-blocked kernel
-unsafe fn dots<W: Width, const T: usize, const N: usize>(
+unsafe fn dots<W: Width, const T: usize, const N: usize, const R: usize>(
     panel: &Panel<W>,
     xs: &[Q8Row],
+    halves: &[Vec<f32>],
     outs: &mut [&mut [f32]],
     j0: usize,
     lanes: usize,
@@ -499,28 +537,35 @@ unsafe fn dots<W: Width, const T: usize, const N: usize>(
         let mut acc = [W::zero(); T];
         let q: [[*const i32; N]; T] =
             std::array::from_fn(|t| std::array::from_fn(|n| xs[t * N + n].qs.as_ptr().cast()));
-        for g in 0..panel.scale.len() {
-            let mut sums = [[W::zero_i(); N]; T];
+        for g in 0..panel.groups() {
+            let mut sums = [[[W::zero_i(); R]; N]; T];
             for c in 0..8 {
                 let w = panel.codes[8 * g + c];
                 for t in 0..T {
                     for n in 0..N {
                         // The term's codes 32g + 4c..32g + 4c + 4 exist (g < its blocks).
                         let x = q[t][n].add(8 * g + c).read_unaligned();
-                        sums[t][n] = W::dpbusd(sums[t][n], w, x);
+                        let r = c * R / 8;
+                        sums[t][n][r] = W::dpbusd(sums[t][n][r], w, x);
                     }
                 }
             }
             for t in 0..T {
                 let x = &xs[t * N..t * N + N];
-                let mut f = W::mul(W::to_f32(sums[t][0]), W::splat(x[0].d[g]));
-                let mut s = x[0].s[g];
-                for n in 1..N {
-                    f = W::fmadd(W::to_f32(sums[t][n]), W::splat(x[n].d[g]), f);
-                    s += x[n].s[g];
+                let sum = |n: usize, r: usize| match R {
+                    1 => x[n].s[g],
+                    _ => halves[t * N + n][R * g + r],
+                };
+                for r in 0..R {
+                    let mut f = W::mul(W::to_f32(sums[t][0][r]), W::splat(x[0].d[g]));
+                    let mut s = sum(0, r);
+                    for n in 1..N {
+                        f = W::fmadd(W::to_f32(sums[t][n][r]), W::splat(x[n].d[g]), f);
+                        s += sum(n, r);
+                    }
+                    acc[t] = W::fmadd(f, panel.scale[R * g + r], acc[t]);
+                    acc[t] = W::fmadd(panel.offset[R * g + r], W::splat(s), acc[t]);
                 }
-                acc[t] = W::fmadd(f, panel.scale[g], acc[t]);
-                acc[t] = W::fmadd(panel.offset[g], W::splat(s), acc[t]);
             }
         }
         for t in 0..T {

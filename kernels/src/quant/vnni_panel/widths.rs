@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kquant::{Q4K, Q5K};
+use super::kquant::{Q4K, Q5K, Q6K};
 use super::{Panel, PanelGroup, Q4_0, Q4_1, Q8_0, Rows, Width};
 use crate::quant::q8::Q8Row;
 use crate::quant::{Avx2, GgmlType};
@@ -42,9 +42,10 @@ pub(crate) trait Sum256: Sized {
     ///
     /// # Safety
     /// As [`Width::dots`].
-    unsafe fn dots<const T: usize, const N: usize>(
+    unsafe fn dots<const T: usize, const N: usize, const R: usize>(
         p: &Panel<Ymm<Self>>,
         xs: &[Q8Row],
+        halves: &[Vec<f32>],
         outs: &mut [&mut [f32]],
         j0: usize,
         n: usize,
@@ -116,15 +117,16 @@ macro_rules! entry_points {
         /// # Safety
         /// As `super::dots`, on a CPU with this width's features.
         #[target_feature(enable = $features)]
-        unsafe fn $dots<const T: usize, const N: usize>(
+        unsafe fn $dots<const T: usize, const N: usize, const R: usize>(
             panel: &Panel<$w>,
             xs: &[Q8Row],
+            halves: &[Vec<f32>],
             outs: &mut [&mut [f32]],
             j0: usize,
             n: usize,
         ) {
             // SAFETY: forwarded.
-            unsafe { super::dots::<$w, T, N>(panel, xs, outs, j0, n) }
+            unsafe { super::dots::<$w, T, N, R>(panel, xs, halves, outs, j0, n) }
         }
     };
 }
@@ -156,19 +158,21 @@ impl Sum256 for Vnni {
                 GgmlType::Q4_1 => decode_vnni::<Q4_1>(rows, rb, n, p),
                 GgmlType::Q4_K => decode_vnni::<Q4K>(rows, rb, n, p),
                 GgmlType::Q5_K => decode_vnni::<Q5K>(rows, rb, n, p),
+                GgmlType::Q6_K => decode_vnni::<Q6K>(rows, rb, n, p),
                 _ => decode_vnni::<Q8_0>(rows, rb, n, p),
             }
         }
     }
 
-    unsafe fn dots<const T: usize, const N: usize>(
+    unsafe fn dots<const T: usize, const N: usize, const R: usize>(
         p: &Panel<Ymm<Self>>,
         xs: &[Q8Row],
+        halves: &[Vec<f32>],
         outs: &mut [&mut [f32]],
         j0: usize,
         n: usize,
     ) {
-        unsafe { dots_vnni::<T, N>(p, xs, outs, j0, n) }
+        unsafe { dots_vnni::<T, N, R>(p, xs, halves, outs, j0, n) }
     }
 }
 
@@ -192,19 +196,21 @@ impl Sum256 for Madd {
                 GgmlType::Q4_1 => decode_madd::<Q4_1>(rows, rb, n, p),
                 GgmlType::Q4_K => decode_madd::<Q4K>(rows, rb, n, p),
                 GgmlType::Q5_K => decode_madd::<Q5K>(rows, rb, n, p),
+                GgmlType::Q6_K => decode_madd::<Q6K>(rows, rb, n, p),
                 _ => unreachable!("no 16-bit-exact panel for {ty}"),
             }
         }
     }
 
-    unsafe fn dots<const T: usize, const N: usize>(
+    unsafe fn dots<const T: usize, const N: usize, const R: usize>(
         p: &Panel<Ymm<Self>>,
         xs: &[Q8Row],
+        halves: &[Vec<f32>],
         outs: &mut [&mut [f32]],
         j0: usize,
         n: usize,
     ) {
-        unsafe { dots_madd::<T, N>(p, xs, outs, j0, n) }
+        unsafe { dots_madd::<T, N, R>(p, xs, halves, outs, j0, n) }
     }
 }
 
@@ -228,20 +234,22 @@ impl Width for Zmm {
                 GgmlType::Q4_1 => decode_zmm::<Q4_1>(rows, rb, n, p),
                 GgmlType::Q4_K => decode_zmm::<Q4K>(rows, rb, n, p),
                 GgmlType::Q5_K => decode_zmm::<Q5K>(rows, rb, n, p),
+                GgmlType::Q6_K => decode_zmm::<Q6K>(rows, rb, n, p),
                 GgmlType::MXFP4 => decode_zmm::<super::Mxfp4>(rows, rb, n, p),
                 _ => decode_zmm::<Q8_0>(rows, rb, n, p),
             }
         }
     }
 
-    unsafe fn dots<const T: usize, const N: usize>(
+    unsafe fn dots<const T: usize, const N: usize, const R: usize>(
         p: &Panel<Self>,
         xs: &[Q8Row],
+        halves: &[Vec<f32>],
         outs: &mut [&mut [f32]],
         j0: usize,
         n: usize,
     ) {
-        unsafe { dots_zmm::<T, N>(p, xs, outs, j0, n) }
+        unsafe { dots_zmm::<T, N, R>(p, xs, halves, outs, j0, n) }
     }
 
     #[inline(always)]
@@ -307,6 +315,11 @@ impl Width for Zmm {
     }
 
     #[inline(always)]
+    unsafe fn sra(v: __m512i, n: u32) -> __m512i {
+        unsafe { _mm512_sra_epi32(v, _mm_cvtsi32_si128(n as i32)) }
+    }
+
+    #[inline(always)]
     unsafe fn splat_i(v: u32) -> __m512i {
         unsafe { _mm512_set1_epi32(v as i32) }
     }
@@ -366,14 +379,15 @@ impl<D: Sum256> Width for Ymm<D> {
         unsafe { D::decode(ty, rows, rb, n, p) }
     }
 
-    unsafe fn dots<const T: usize, const N: usize>(
+    unsafe fn dots<const T: usize, const N: usize, const R: usize>(
         p: &Panel<Self>,
         xs: &[Q8Row],
+        halves: &[Vec<f32>],
         outs: &mut [&mut [f32]],
         j0: usize,
         n: usize,
     ) {
-        unsafe { D::dots::<T, N>(p, xs, outs, j0, n) }
+        unsafe { D::dots::<T, N, R>(p, xs, halves, outs, j0, n) }
     }
 
     #[inline(always)]
@@ -439,6 +453,11 @@ impl<D: Sum256> Width for Ymm<D> {
     #[inline(always)]
     unsafe fn shl(v: __m256i, n: u32) -> __m256i {
         unsafe { _mm256_sll_epi32(v, _mm_cvtsi32_si128(n as i32)) }
+    }
+
+    #[inline(always)]
+    unsafe fn sra(v: __m256i, n: u32) -> __m256i {
+        unsafe { _mm256_sra_epi32(v, _mm_cvtsi32_si128(n as i32)) }
     }
 
     #[inline(always)]
