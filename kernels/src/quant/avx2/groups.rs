@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::super::f16::{f16_at, f16x2_at};
 use super::kquant::SuperBlock;
-use super::{dot_rows, hsum};
+use super::{dot_rows, hsum, load16};
 
 /// A storage type, viewed as consecutive groups of 32 elements.
 pub(super) trait Group {
@@ -45,28 +45,6 @@ pub(super) trait Group {
         // SAFETY: forwarded from the caller.
         unsafe { dot_rows::<Self>(row, x, ng) }
     }
-}
-
-/// 16 bytes at `p`.
-///
-/// # Safety
-/// `p` readable for 16 bytes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn load16(p: *const u8) -> __m128i {
-    // SAFETY: caller guarantees 16 readable bytes; loadu has no alignment needs.
-    unsafe { _mm_loadu_si128(p.cast()) }
-}
-
-/// 32 bytes at `p`.
-///
-/// # Safety
-/// `p` readable for 32 bytes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn load32(p: *const u8) -> __m256i {
-    // SAFETY: caller guarantees 32 readable bytes; loadu has no alignment needs.
-    unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
 /// Sign-extends 16 i8 to two vectors of 8 f32.

@@ -11,8 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::super::q8::Q8Row;
-use super::groups::load32;
-use super::{dot_i8_i8, dot_u8_i8, hsum};
+use super::{dot_i8_i8, dot_u8_i8, hsum, load32};
 use crate::quant::GgmlType;
 
 /// A K-quant super-block: eight groups of 32 codes under one header.

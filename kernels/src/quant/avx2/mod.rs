@@ -466,6 +466,28 @@ pub(crate) fn dot_i8_i8(a: __m256i, b: __m256i) -> __m256i {
     dot_u8_i8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a))
 }
 
+/// 16 bytes at `p`.
+///
+/// # Safety
+/// `p` readable for 16 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn load16(p: *const u8) -> __m128i {
+    // SAFETY: caller guarantees 16 readable bytes; loadu has no alignment needs.
+    unsafe { _mm_loadu_si128(p.cast()) }
+}
+
+/// 32 bytes at `p`.
+///
+/// # Safety
+/// `p` readable for 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 32 readable bytes; loadu has no alignment needs.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
 /// The sum of the 8 lanes of `v`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -8,9 +8,8 @@ use std::arch::x86_64::*;
 
 use super::super::f16::{f16_at, f16x2_at, heads, offset_heads};
 use super::super::q8::Q8Row;
-use super::groups::{load16, load32};
 use super::kquant;
-use super::{Avx2, dot_i8_i8, dot_u8_i8, hsum};
+use super::{Avx2, dot_i8_i8, dot_u8_i8, hsum, load16, load32};
 use crate::quant::GgmlType;
 use crate::quant::avx512::Avx512;
 
