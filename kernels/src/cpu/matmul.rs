@@ -445,7 +445,7 @@ mod tests {
                 ggml_activations: mode,
                 ..MatmulOptions::default()
             };
-            for ty in [GgmlType::Q4_1, GgmlType::Q4_K] {
+            for ty in [GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q6_K] {
                 let bytes: Vec<u8> = (0..n).flat_map(|r| random_row(ty, k, r as u32)).collect();
                 let w = WeightView::new(ty, n, k, &bytes).expect("whole blocks");
                 for tokens in [1, m] {
@@ -458,7 +458,8 @@ mod tests {
                     let terms = match (mode, tokens) {
                         (GgmlActivations::Int8, 1) => 1,
                         (GgmlActivations::Int8, _) if panels => 1,
-                        (GgmlActivations::Fine, 2..) if panels => 2,
+                        // Q6_K's prompts stay on the tiles (`GgmlActivations::terms`).
+                        (GgmlActivations::Fine, 2..) if panels && ty != GgmlType::Q6_K => 2,
                         _ => 0,
                     };
                     assert_eq!(terms, mode.terms(opts.isa, ty, tokens), "{mode:?} {ty}");

@@ -17,9 +17,11 @@
 //! that `Σ w·x = d·dx·Σ u·q + o·(dx·Σ q)`: Q4_1 is `d·u + m` (`o = m`); Q4_0 is `d·(u − 8)`
 //! (`o = −8d`); Q8_0's signed codes are stored as `u = q + 128` (`o = −128d`); Q4_K's and
 //! Q5_K's groups are `d·sc·u − dmin·m` (`kquant.rs`: each super-block of 256 decoded whole,
-//! its header once). The integer sums are exact (at most 32 · 255 · 127 per group; AVX2's
-//! 16-bit pair sums only for codes up to 127, which Q8_0's are not), so the result is the
-//! portable [`super::q8::dot`] up to float rounding.
+//! its header once); Q6_K's `d·sc·(u − 32)` with a scale per run of 16, two a group, each run
+//! with its scale and offset against the activations' sum over the run. The integer sums are
+//! exact (at most 32 · 255 · 127 per group; AVX2's 16-bit pair sums only for codes up to 127,
+//! which Q8_0's are not), so the result is the portable [`super::q8::dot`] up to float
+//! rounding.
 //!
 //! A panel's codes and scales come by plain 16-byte loads, four rows per 128-bit lane, put in
 //! order by a 4×4 word transpose within each lane (the same at both widths). (Gathering the
@@ -28,8 +30,7 @@
 //!
 //! The unsafe code is the SIMD modules': `#[target_feature]` calls justified by the
 //! [`Panels`] token (made from [`Avx512`]'s, [`AvxVnni`]'s or `Avx2`'s detection), and loads
-//! through raw
-//! pointers, justified by [`Panels::run`]'s length checks.
+//! through raw pointers, justified by [`Panels::run`]'s length checks.
 
 use super::GgmlType;
 use super::avx512::Avx512;
@@ -45,16 +46,14 @@ use widths::{Madd, Vnni, Ymm, Zmm};
 /// The most rows a panel has (one per 32-bit lane at 512 bits).
 const MAX_LANES: usize = 16;
 
-/// The panel kernel this CPU runs, if any: its width's token.
+/// The panel kernel this CPU runs: its width's token (the types each takes: [`Panels::has`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Panels {
-    /// 16 rows a panel; Q4_0, Q4_1, Q8_0 and MXFP4.
+    /// 16 rows a panel (AVX-512 VNNI).
     Wide(Avx512),
-    /// 8 rows a panel; Q4_0, Q4_1, Q8_0, Q4_K and Q5_K (MXFP4's scales need AVX-512's
-    /// `vscalefps`).
+    /// 8 rows a panel (AVX-VNNI).
     Vex(AvxVnni),
-    /// 8 rows a panel, AVX2 alone (`vpmaddubsw`, `vpmaddwd`); the types whose codes fit its
-    /// 16-bit sums: Q4_0, Q4_1, Q4_K and Q5_K.
+    /// 8 rows a panel, AVX2 alone (`vpmaddubsw`, `vpmaddwd`).
     Madd(#[allow(dead_code)] super::Avx2), // held as the proof of AVX2, as the others' tokens
 }
 
