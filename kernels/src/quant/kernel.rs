@@ -44,6 +44,7 @@ impl Isa {
     /// Whether [`Isa::cap`] admits AVX-VNNI, the VEX `vpdpbusd` of Intel's CPUs without
     /// AVX-512 since Alder Lake: not below `avxvnni` (`avx2` is a CPU without it: Intel's
     /// before Alder Lake, AMD's before Zen 4).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn cap_admits_avx_vnni() -> bool {
         Self::caps().1
     }
