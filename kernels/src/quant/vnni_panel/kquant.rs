@@ -2,7 +2,7 @@
 //! header) decoded whole, its header once. Q4_K's and Q5_K's group `s` is `d·sc_s·u − dmin·m_s`,
 //! so the panel's scale is `d·sc_s` and its offset `−dmin·m_s`, with unsigned codes `u` of 4 bits
 //! (Q4_K) or 5 (Q5_K): the same form as Q4_1's. Q6_K's weights are `d·sc_r·(u − 32)` with a
-//! scale per run `r` of 16 (two runs a group: `PanelGroup::RUNS`), `u` of 6 bits.
+//! scale per run `r` of 16 (two runs a group: `runs` in `mod.rs`), `u` of 6 bits.
 
 use super::{Groups, PanelGroup, Rows, Width, words};
 use crate::quant::GgmlType;
@@ -117,7 +117,6 @@ impl<W: Width> PanelGroup<W> for Q5K {
 impl<W: Width> PanelGroup<W> for Q6K {
     const BYTES: usize = GgmlType::Q6_K.block_bytes();
     const GROUPS: usize = 8;
-    const RUNS: usize = 2;
 
     #[inline(always)]
     unsafe fn block(rows: &Rows, blk: usize, out: Groups<'_, W>) {

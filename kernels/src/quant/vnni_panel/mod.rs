@@ -214,6 +214,11 @@ impl<W: Width> Panel<W> {
     fn groups(&self) -> usize {
         self.codes.len() / 8
     }
+
+    /// The runs of each group, as [`Panel::resize`] was told ([`runs`] of the type).
+    fn runs(&self) -> usize {
+        self.scale.len() / self.groups().max(1)
+    }
 }
 
 /// [`Panels::run`] at width `W`.
@@ -321,8 +326,6 @@ trait PanelGroup<W: Width> {
     const BYTES: usize;
     /// Groups of 32 per block.
     const GROUPS: usize = 1;
-    /// Runs per group, each with its scale and offset ([`runs`]).
-    const RUNS: usize = 1;
 
     /// The rows' block `blk`, its groups into `out`.
     ///
@@ -332,8 +335,8 @@ trait PanelGroup<W: Width> {
 }
 
 /// Where [`PanelGroup::block`] puts a block's groups: group `s`'s 8 code vectors into
-/// `codes[8s..8s + 8]`, its runs' scales and offsets into `scale[RUNS·s..]` and
-/// `offset[RUNS·s..]`.
+/// `codes[8s..8s + 8]`, its runs' scales and offsets (one or, Q6_K's, two a group: [`runs`])
+/// into `scale[runs·s..]` and `offset[runs·s..]`.
 struct Groups<'a, W: Width> {
     codes: &'a mut [W::I],
     scale: &'a mut [W::F],
@@ -487,7 +490,7 @@ unsafe fn decode<W: Width, G: PanelGroup<W>>(
 ) {
     // SAFETY: rows 0..n exist; the padding lanes read row n - 1 again.
     let ptrs: Rows = std::array::from_fn(|r| unsafe { rows.add(r.min(n - 1) * rb) });
-    let (groups, runs) = (G::GROUPS, G::RUNS);
+    let (groups, runs) = (G::GROUPS, panel.runs());
     for blk in 0..panel.groups() / groups {
         for p in &ptrs[..W::LANES] {
             for line in (0..G::BYTES).step_by(64) {
